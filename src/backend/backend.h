@@ -1,0 +1,76 @@
+/* The one door between the engine and the hardware: a backend runs the model
+ * forward over a batch of sequences, each with its own new tokens, positions
+ * and pages, prefill and decode mixed in one call.
+ *
+ * The batch is plain arrays (what pegainfer calls decode meta): token ids,
+ * positions, per-sequence offsets, page-table rows and the KV slot of every
+ * new token. The engine builds it on the host; a CUDA backend copies it into
+ * a fixed device block once per step so captured graphs stay valid. Kernels
+ * and backends never see requests, sampling state or text. */
+#ifndef RP_BACKEND_BACKEND_H
+#define RP_BACKEND_BACKEND_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+#include "util/err.h"
+
+typedef struct rp_batch {
+    int num_seqs;
+    int num_tokens;              /* new tokens in this step, all sequences */
+    const int32_t *tokens;       /* [num_tokens], grouped by sequence */
+    const int32_t *positions;    /* [num_tokens], position of each token in its sequence */
+    const int32_t *seq_start;    /* [num_seqs + 1], offsets into tokens (cu_seqlens_q) */
+    const int32_t *seq_kv_len;   /* [num_seqs], tokens in the cache after this step */
+    const int32_t *seq_page_row; /* [num_seqs], the sequence's row in page_table */
+    const int32_t *page_table;   /* [rows][page_table_stride] page ids */
+    int page_table_stride;
+    const int32_t *slot_mapping; /* [num_tokens], KV slot (page * page_size + offset) */
+    int num_logits;              /* rows of logits wanted */
+    const int32_t *logit_token;  /* [num_logits], index into tokens of each wanted row */
+} rp_batch;
+
+typedef struct rp_backend_config {
+    int num_pages;  /* KV pages, excluding the dummy page the backend adds */
+    int page_size;  /* tokens per page */
+    int max_batch_tokens; /* largest num_tokens one forward takes */
+    int max_batch_seqs;
+    int max_logit_rows; /* rows of logits one forward can return; 0 = max_batch_seqs */
+    int num_threads; /* CPU backend; 0 = all cores */
+} rp_backend_config;
+
+typedef struct rp_backend rp_backend;
+
+typedef struct rp_backend_ops {
+    /* Runs the model over the batch: writes new K/V into the cache at the
+     * slot mapping and computes logits for the requested rows. */
+    int (*forward)(rp_backend *b, const rp_batch *batch, rp_err *err);
+    /* Copies the last forward's logits to host memory, [num_logits][vocab]. */
+    int (*read_logits)(rp_backend *b, float *dst, rp_err *err);
+    void (*destroy)(rp_backend *b);
+} rp_backend_ops;
+
+struct rp_backend {
+    const rp_backend_ops *ops;
+    const char *name;
+    const rp_model *model; /* not owned */
+    rp_backend_config cfg;
+};
+
+rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err);
+
+static inline int rp_backend_forward(rp_backend *b, const rp_batch *batch, rp_err *err) {
+    return b->ops->forward(b, batch, err);
+}
+static inline int rp_backend_read_logits(rp_backend *b, float *dst, rp_err *err) {
+    return b->ops->read_logits(b, dst, err);
+}
+static inline void rp_backend_destroy(rp_backend *b) {
+    if (b) b->ops->destroy(b);
+}
+
+/* Checks a batch against the backend's limits and the model, so a bad batch
+ * is an error and never an out-of-bounds access. Shared by all backends. */
+int rp_batch_validate(const rp_batch *batch, const rp_backend *b, rp_err *err);
+
+#endif

@@ -1,0 +1,300 @@
+/* The CPU reference backend: the whole forward pass, clear rather than
+ * clever, in fp32 arithmetic over bf16 weights.
+ *
+ * It is the oracle the CUDA kernels are tested against and the backend CI
+ * and the demo run on, so each step follows transformers' modeling code
+ * (RMSNorm in fp32, RoPE by rotate_half, softmax in fp32) and the KV cache
+ * has the same paged layout as on the GPU: k_cache[layer][slot][kv_head *
+ * head_dim] with slot = page * page_size + offset. The cache is fp32 here
+ * (bf16 on the GPU) so this backend matches fp32 transformers to ~1e-6. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "util/dtype.h"
+
+#define ROWS_PER_BLOCK 4
+
+typedef struct cpu_backend {
+    rp_backend base;
+    int num_threads;
+    int64_t slots;        /* (num_pages + 1) * page_size, the +1 is the dummy page */
+    float *k_cache, *v_cache; /* [layers][slots][kv_dim] */
+    float *inv_freq;      /* [head_dim / 2] */
+    /* activations, [max_batch_tokens][...] */
+    float *x, *xn, *q, *k, *v, *attn, *gate, *up;
+    float *logit_in;      /* [max_logit_rows][hidden] */
+    float *logits;        /* [max_logit_rows][vocab] */
+    int last_num_logits;
+    /* per thread scratch */
+    float *wrows;         /* [threads][ROWS_PER_BLOCK][max_k] */
+    float *scores;        /* [threads][max_kv_len] */
+    int max_k, max_kv_len;
+} cpu_backend;
+
+/* ---- building blocks -------------------------------------------------- */
+
+static inline float dot_f32(const float *a, const float *b, int n) {
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int i = 0; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+/* y[T][N] = x[T][K] . W[N][K]^T. Parallel over blocks of weight rows, each
+ * converted from bf16 once and reused for every token. */
+static void matmul(cpu_backend *cb, float *y, const float *x, const rp_weight *w, int T) {
+    const int K = (int)w->cols, N = (int)w->rows;
+    const uint16_t *wd = w->data;
+#pragma omp parallel num_threads(cb->num_threads)
+    {
+        float *wr = cb->wrows + (size_t)omp_get_thread_num() * ROWS_PER_BLOCK * cb->max_k;
+#pragma omp for schedule(static)
+        for (int n0 = 0; n0 < N; n0 += ROWS_PER_BLOCK) {
+            int nr = N - n0 < ROWS_PER_BLOCK ? N - n0 : ROWS_PER_BLOCK;
+            for (int r = 0; r < nr; r++) {
+                const uint16_t *src = wd + (int64_t)(n0 + r) * K;
+                float *dst = wr + (size_t)r * K;
+                for (int i = 0; i < K; i++) dst[i] = rp_bf16_to_f32(src[i]);
+            }
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + (int64_t)t * K;
+                float *yt = y + (int64_t)t * N + n0;
+                for (int r = 0; r < nr; r++) yt[r] = dot_f32(xt, wr + (size_t)r * K, K);
+            }
+        }
+    }
+}
+
+/* transformers' RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, in fp32. */
+static void rmsnorm_row(float *out, const float *x, const uint16_t *w, int n, float eps) {
+    float ss = dot_f32(x, x, n) / (float)n;
+    float r = 1.0f / sqrtf(ss + eps);
+    for (int i = 0; i < n; i++) out[i] = rp_bf16_to_f32(w[i]) * (x[i] * r);
+}
+
+static void rmsnorm(cpu_backend *cb, float *out, const float *x, const rp_weight *w, int T, int n, float eps) {
+#pragma omp parallel for num_threads(cb->num_threads) schedule(static)
+    for (int t = 0; t < T; t++) rmsnorm_row(out + (int64_t)t * n, x + (int64_t)t * n, w->data, n, eps);
+}
+
+/* rotate_half RoPE: pairs (i, i + d/2) rotate by pos * inv_freq[i]. The
+ * angle and its cos/sin are fp32, as transformers computes them. */
+static void rope_head(float *v, int head_dim, int pos, const float *inv_freq) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float ang = (float)pos * inv_freq[i];
+        float c = cosf(ang), s = sinf(ang);
+        float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+    }
+}
+
+/* inv_freq as transformers' default and llama3 rope_init_fn compute it. */
+static void compute_inv_freq(float *inv_freq, const rp_model_config *c) {
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float expo = (float)(2 * i) / (float)c->head_dim;
+        inv_freq[i] = 1.0f / powf((float)c->rope.theta, expo);
+    }
+    if (c->rope.type != RP_ROPE_LLAMA3) return;
+    const double pi = 3.14159265358979323846;
+    double factor = c->rope.factor, lo = c->rope.low_freq_factor, hi = c->rope.high_freq_factor;
+    double old_ctx = c->rope.original_max_position_embeddings;
+    double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    for (int i = 0; i < half; i++) {
+        float f = inv_freq[i];
+        float wavelen = (float)(2 * pi) / f;
+        float scaled = wavelen > (float)lo_wavelen ? f / (float)factor : f;
+        float smooth = ((float)old_ctx / wavelen - (float)lo) / (float)(hi - lo);
+        float smoothed = (1.0f - smooth) * scaled / (float)factor + smooth * scaled;
+        int medium = !(wavelen < (float)hi_wavelen) && !(wavelen > (float)lo_wavelen);
+        inv_freq[i] = medium ? smoothed : scaled;
+    }
+}
+
+/* ---- the forward pass ------------------------------------------------- */
+
+static void attention(cpu_backend *cb, const rp_batch *bt, int layer) {
+    const rp_model_config *c = &cb->base.model->cfg;
+    const int hd = c->head_dim, nh = c->num_heads, group = c->num_heads / c->num_kv_heads;
+    const int kv_dim = c->num_kv_heads * hd, q_dim = nh * hd, ps = cb->base.cfg.page_size;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const float *kc = cb->k_cache + (int64_t)layer * cb->slots * kv_dim;
+    const float *vc = cb->v_cache + (int64_t)layer * cb->slots * kv_dim;
+    const int pairs = bt->num_tokens * nh;
+#pragma omp parallel num_threads(cb->num_threads)
+    {
+        float *sc = cb->scores + (size_t)omp_get_thread_num() * cb->max_kv_len;
+#pragma omp for schedule(dynamic, 4)
+        for (int th = 0; th < pairs; th++) {
+            int t = th / nh, h = th % nh, kvh = h / group;
+            int s = 0;
+            while (bt->seq_start[s + 1] <= t) s++;
+            const int32_t *row = bt->page_table + (int64_t)bt->seq_page_row[s] * bt->page_table_stride;
+            int kv_len = bt->positions[t] + 1; /* causal: keys up to and including this token */
+            const float *qv = cb->q + (int64_t)t * q_dim + h * hd;
+            float mx = -INFINITY;
+            for (int j = 0; j < kv_len; j++) {
+                int64_t slot = (int64_t)row[j / ps] * ps + j % ps;
+                sc[j] = dot_f32(qv, kc + slot * kv_dim + kvh * hd, hd) * scale;
+                if (sc[j] > mx) mx = sc[j];
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < kv_len; j++) {
+                sc[j] = expf(sc[j] - mx);
+                sum += sc[j];
+            }
+            float *out = cb->attn + (int64_t)t * q_dim + h * hd;
+            for (int d = 0; d < hd; d++) out[d] = 0.0f;
+            for (int j = 0; j < kv_len; j++) {
+                int64_t slot = (int64_t)row[j / ps] * ps + j % ps;
+                const float *vv = vc + slot * kv_dim + kvh * hd;
+                float p = sc[j] / sum;
+                for (int d = 0; d < hd; d++) out[d] += p * vv[d];
+            }
+        }
+    }
+}
+
+static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    const rp_model *m = b->model;
+    const rp_model_config *c = &m->cfg;
+    if (rp_batch_validate(bt, b, err)) return RP_ERR;
+    const int T = bt->num_tokens, H = c->hidden_size, hd = c->head_dim, F = c->intermediate_size;
+    const int q_dim = c->num_heads * hd, kv_dim = c->num_kv_heads * hd;
+    const float eps = (float)c->rms_norm_eps;
+
+    const rp_weight *emb = rp_model_weight(m, RP_W_EMBED, 0);
+    for (int t = 0; t < T; t++) {
+        const uint16_t *e = emb->data + (int64_t)bt->tokens[t] * H;
+        float *xt = cb->x + (int64_t)t * H;
+        for (int i = 0; i < H; i++) xt[i] = rp_bf16_to_f32(e[i]);
+    }
+
+    for (int l = 0; l < c->num_layers; l++) {
+        rmsnorm(cb, cb->xn, cb->x, rp_model_weight(m, RP_W_ATTN_NORM, l), T, H, eps);
+        matmul(cb, cb->q, cb->xn, rp_model_weight(m, RP_W_Q, l), T);
+        matmul(cb, cb->k, cb->xn, rp_model_weight(m, RP_W_K, l), T);
+        matmul(cb, cb->v, cb->xn, rp_model_weight(m, RP_W_V, l), T);
+        const rp_weight *qn = rp_model_weight(m, RP_W_Q_NORM, l), *kn = rp_model_weight(m, RP_W_K_NORM, l);
+        float *kc = cb->k_cache + (int64_t)l * cb->slots * kv_dim;
+        float *vc = cb->v_cache + (int64_t)l * cb->slots * kv_dim;
+#pragma omp parallel for num_threads(cb->num_threads) schedule(static)
+        for (int t = 0; t < T; t++) {
+            float *qt = cb->q + (int64_t)t * q_dim, *kt = cb->k + (int64_t)t * kv_dim;
+            for (int h = 0; h < c->num_heads; h++) {
+                if (qn->data) rmsnorm_row(qt + h * hd, qt + h * hd, qn->data, hd, eps);
+                rope_head(qt + h * hd, hd, bt->positions[t], cb->inv_freq);
+            }
+            for (int h = 0; h < c->num_kv_heads; h++) {
+                if (kn->data) rmsnorm_row(kt + h * hd, kt + h * hd, kn->data, hd, eps);
+                rope_head(kt + h * hd, hd, bt->positions[t], cb->inv_freq);
+            }
+            int64_t slot = bt->slot_mapping[t];
+            memcpy(kc + slot * kv_dim, kt, (size_t)kv_dim * sizeof(float));
+            memcpy(vc + slot * kv_dim, cb->v + (int64_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
+        }
+        attention(cb, bt, l);
+        matmul(cb, cb->xn, cb->attn, rp_model_weight(m, RP_W_O, l), T);
+        for (int64_t i = 0; i < (int64_t)T * H; i++) cb->x[i] += cb->xn[i];
+
+        rmsnorm(cb, cb->xn, cb->x, rp_model_weight(m, RP_W_MLP_NORM, l), T, H, eps);
+        matmul(cb, cb->gate, cb->xn, rp_model_weight(m, RP_W_GATE, l), T);
+        matmul(cb, cb->up, cb->xn, rp_model_weight(m, RP_W_UP, l), T);
+#pragma omp parallel for num_threads(cb->num_threads) schedule(static)
+        for (int64_t i = 0; i < (int64_t)T * F; i++) {
+            float g = cb->gate[i];
+            cb->gate[i] = g / (1.0f + expf(-g)) * cb->up[i];
+        }
+        matmul(cb, cb->xn, cb->gate, rp_model_weight(m, RP_W_DOWN, l), T);
+        for (int64_t i = 0; i < (int64_t)T * H; i++) cb->x[i] += cb->xn[i];
+    }
+
+    const rp_weight *fnorm = rp_model_weight(m, RP_W_FINAL_NORM, 0);
+    for (int i = 0; i < bt->num_logits; i++)
+        rmsnorm_row(cb->logit_in + (int64_t)i * H, cb->x + (int64_t)bt->logit_token[i] * H, fnorm->data, H, eps);
+    matmul(cb, cb->logits, cb->logit_in, rp_model_weight(m, RP_W_LM_HEAD, 0), bt->num_logits);
+    cb->last_num_logits = bt->num_logits;
+    return 0;
+}
+
+static int cpu_read_logits(rp_backend *b, float *dst, rp_err *err) {
+    (void)err;
+    cpu_backend *cb = (cpu_backend *)b;
+    memcpy(dst, cb->logits, (size_t)cb->last_num_logits * b->model->cfg.vocab_size * sizeof(float));
+    return 0;
+}
+
+static void cpu_destroy(rp_backend *b) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (!cb) return;
+    float *bufs[] = {cb->k_cache, cb->v_cache, cb->inv_freq, cb->x,        cb->xn,     cb->q,     cb->k,
+                     cb->v,       cb->attn,    cb->gate,     cb->up,       cb->logit_in, cb->logits, cb->wrows,
+                     cb->scores};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(cb);
+}
+
+static const rp_backend_ops cpu_ops = {cpu_forward, cpu_read_logits, cpu_destroy};
+
+static float *alloc_f32(int64_t n, int *failed) {
+    float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    if (!p) *failed = 1;
+    return p;
+}
+
+rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err) {
+    const rp_model_config *c = &model->cfg;
+    if (cfg->num_pages <= 0 || cfg->page_size <= 0 || cfg->max_batch_tokens <= 0 || cfg->max_batch_seqs <= 0) {
+        rp_errf(err, "cpu backend: num_pages, page_size and batch limits must be positive");
+        return NULL;
+    }
+    cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) {
+        rp_errf(err, "out of memory");
+        return NULL;
+    }
+    cb->base.ops = &cpu_ops;
+    cb->base.name = "cpu";
+    cb->base.model = model;
+    cb->base.cfg = *cfg;
+    if (cb->base.cfg.max_logit_rows <= 0) cb->base.cfg.max_logit_rows = cfg->max_batch_seqs;
+    cb->num_threads = cfg->num_threads > 0 ? cfg->num_threads : omp_get_max_threads();
+
+    const int64_t T = cfg->max_batch_tokens, H = c->hidden_size, F = c->intermediate_size;
+    const int64_t q_dim = (int64_t)c->num_heads * c->head_dim, kv_dim = (int64_t)c->num_kv_heads * c->head_dim;
+    const int64_t L = cb->base.cfg.max_logit_rows;
+    cb->slots = (int64_t)(cfg->num_pages + 1) * cfg->page_size;
+    cb->max_k = (int)(H > F ? H : F);
+    if (q_dim > cb->max_k) cb->max_k = (int)q_dim;
+    cb->max_kv_len = (int)(cb->slots < c->max_position_embeddings ? cb->slots : c->max_position_embeddings);
+
+    int failed = 0;
+    cb->k_cache = alloc_f32((int64_t)c->num_layers * cb->slots * kv_dim, &failed);
+    cb->v_cache = alloc_f32((int64_t)c->num_layers * cb->slots * kv_dim, &failed);
+    cb->inv_freq = alloc_f32(c->head_dim / 2, &failed);
+    cb->x = alloc_f32(T * H, &failed);
+    cb->xn = alloc_f32(T * H, &failed);
+    cb->q = alloc_f32(T * q_dim, &failed);
+    cb->k = alloc_f32(T * kv_dim, &failed);
+    cb->v = alloc_f32(T * kv_dim, &failed);
+    cb->attn = alloc_f32(T * q_dim, &failed);
+    cb->gate = alloc_f32(T * F, &failed);
+    cb->up = alloc_f32(T * F, &failed);
+    cb->logit_in = alloc_f32(L * H, &failed);
+    cb->logits = alloc_f32(L * c->vocab_size, &failed);
+    cb->wrows = alloc_f32((int64_t)cb->num_threads * ROWS_PER_BLOCK * cb->max_k, &failed);
+    cb->scores = alloc_f32((int64_t)cb->num_threads * cb->max_kv_len, &failed);
+    if (failed) {
+        cpu_destroy(&cb->base);
+        rp_errf(err, "cpu backend: out of memory for %d KV pages of %d tokens", cfg->num_pages, cfg->page_size);
+        return NULL;
+    }
+    compute_inv_freq(cb->inv_freq, c);
+    return &cb->base;
+}

@@ -1,0 +1,135 @@
+/* Model options, loading and error printing shared by CLI commands. */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/log.h"
+
+void rp_model_opts_init(rp_model_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->load_format = "auto";
+    o->device = "auto";
+}
+
+int rp_parse_int(const char *s, long min, long max, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > max) return -1;
+    *out = v;
+    return 0;
+}
+
+int rp_parse_float(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int rp_parse_u64(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    if (*s == '-') return -1;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+static void vprint(const char *cmd, const char *fmt, va_list ap) {
+    fprintf(stderr, "replay%s%s: ", cmd ? " " : "", cmd ? cmd : "");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
+int rp_cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprint(cmd, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "Try 'replay %s%s--help' for more information.\n", cmd ? cmd : "", cmd ? " " : "");
+    return RP_EXIT_USAGE;
+}
+
+int rp_cli_runtime_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprint(cmd, fmt, ap);
+    va_end(ap);
+    return RP_EXIT_RUNTIME;
+}
+
+int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *cmd) {
+    long v;
+    switch (opt) {
+    case 0x100: o->model_dir = arg; return 1;
+    case 0x101: o->dummy_name = arg; return 1;
+    case 0x102:
+        if (strcmp(arg, "auto") && strcmp(arg, "dummy") && strcmp(arg, "safetensors")) {
+            rp_cli_usage_error(cmd, "--load-format must be auto, safetensors or dummy, got '%s'", arg);
+            return -1;
+        }
+        o->load_format = arg;
+        return 1;
+    case 0x103:
+        if (strcmp(arg, "auto") && strcmp(arg, "cpu") && strcmp(arg, "cuda")) {
+            rp_cli_usage_error(cmd, "--device must be auto, cpu or cuda, got '%s'", arg);
+            return -1;
+        }
+        o->device = arg;
+        return 1;
+    case 0x104:
+        if (rp_parse_u64(arg, &o->weight_seed)) {
+            rp_cli_usage_error(cmd, "--weight-seed must be a non-negative integer, got '%s'", arg);
+            return -1;
+        }
+        return 1;
+    case 0x105:
+        if (rp_parse_int(arg, 1, 1024, &v)) {
+            rp_cli_usage_error(cmd, "--threads must be an integer from 1 to 1024, got '%s'", arg);
+            return -1;
+        }
+        o->threads = (int)v;
+        return 1;
+    }
+    return 0;
+}
+
+int rp_model_opts_check(const rp_model_opts *o, const char *cmd) {
+    if (o->model_dir && o->dummy_name)
+        return rp_cli_usage_error(cmd, "give either --model or --dummy-weights, not both");
+    if (!o->model_dir && !o->dummy_name)
+        return rp_cli_usage_error(cmd, "a model is required: --model DIR or --dummy-weights NAME (%s)",
+                                  rp_config_preset_names());
+    if (o->dummy_name && strcmp(o->load_format, "auto") && strcmp(o->load_format, "dummy"))
+        return rp_cli_usage_error(cmd, "--load-format %s needs --model", o->load_format);
+    return 0;
+}
+
+rp_model *rp_cli_load_model(const rp_model_opts *o) {
+    rp_err err;
+    rp_load_options lo = {.format = RP_LOAD_AUTO, .seed = o->weight_seed, .progress = 1};
+    if (!strcmp(o->load_format, "dummy")) lo.format = RP_LOAD_DUMMY;
+    double t0 = rp_now_s();
+    rp_model *m = o->model_dir ? rp_model_load(o->model_dir, &lo, &err) : rp_model_dummy(o->dummy_name, &lo, &err);
+    if (!m) {
+        fprintf(stderr, "replay: %s\n", err.msg);
+        return NULL;
+    }
+    const rp_model_config *c = &m->cfg;
+    rp_log_info("model: %s, %d layers, hidden %d, %d heads (%d kv) x %d, vocab %d, %.2fB params, loaded in %.2fs",
+                c->arch_name, c->num_layers, c->hidden_size, c->num_heads, c->num_kv_heads, c->head_dim,
+                c->vocab_size, (double)rp_config_num_params(c) / 1e9, rp_now_s() - t0);
+    if (m->dummy)
+        rp_log_warn("the weights are RANDOM (%s): output is meaningless text, useful only for testing and timing",
+                    o->dummy_name ? "--dummy-weights" : "--load-format dummy");
+    return m;
+}

@@ -1,0 +1,58 @@
+/* Shared by the CLI commands: exit codes, the model options every command
+ * takes (--model / --dummy-weights / --load-format / --device), and model
+ * loading with the user-facing messages. */
+#ifndef RP_CLI_CLI_H
+#define RP_CLI_CLI_H
+
+#include <getopt.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+enum { RP_EXIT_OK = 0, RP_EXIT_RUNTIME = 1, RP_EXIT_USAGE = 2 };
+
+typedef struct rp_model_opts {
+    const char *model_dir;
+    const char *dummy_name;
+    const char *load_format; /* "auto" or "dummy" */
+    const char *device;      /* "auto", "cpu", "cuda" */
+    uint64_t weight_seed;
+    int threads;
+} rp_model_opts;
+
+/* Long options for rp_model_opts; commands append their own. */
+#define RP_MODEL_LONG_OPTIONS                                                 \
+    {"model", required_argument, 0, 0x100}, {"dummy-weights", required_argument, 0, 0x101}, \
+        {"load-format", required_argument, 0, 0x102}, {"device", required_argument, 0, 0x103}, \
+        {"weight-seed", required_argument, 0, 0x104}, {"threads", required_argument, 0, 0x105}
+
+#define RP_MODEL_OPTIONS_HELP                                                                   \
+    "Model:\n"                                                                                  \
+    "  --model DIR            Hugging Face model directory (config.json, *.safetensors)\n"       \
+    "  --dummy-weights NAME   random weights of a named shape, no files needed\n"               \
+    "  --load-format FMT      auto (default) or dummy: DIR's config with random weights\n"     \
+    "  --weight-seed N        seed for dummy weights (default 0)\n"                             \
+    "  --device DEV           auto (default), cpu or cuda\n"                                    \
+    "  --threads N            CPU threads (default: all cores)\n"
+
+void rp_model_opts_init(rp_model_opts *o);
+/* Handles one of the RP_MODEL_LONG_OPTIONS; returns 1 if it was one, 0 if
+ * not, -1 on a bad value (message printed). */
+int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *cmd);
+/* Checks that exactly one model source is given; prints a usage error. */
+int rp_model_opts_check(const rp_model_opts *o, const char *cmd);
+/* Loads the model; prints a one-line error and returns NULL on failure. */
+rp_model *rp_cli_load_model(const rp_model_opts *o);
+
+/* Prints "replay CMD: message" and a hint to stderr; returns RP_EXIT_USAGE. */
+int rp_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int rp_cli_runtime_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Strict number parsing for option values. */
+int rp_parse_int(const char *s, long min, long max, long *out);
+int rp_parse_float(const char *s, double *out);
+int rp_parse_u64(const char *s, uint64_t *out);
+
+int rp_cmd_generate(int argc, char **argv);
+
+#endif

@@ -1,0 +1,260 @@
+/* `replay generate`: one prompt in, tokens streamed out, then a stats line. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "cli/cli.h"
+#include "engine/generate.h"
+#include "engine/sampler.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "util/log.h"
+
+#define CMD "generate"
+
+static void help(FILE *f) {
+    fprintf(f,
+            "Usage: replay generate (--model DIR | --dummy-weights NAME) (--prompt TEXT | --prompt-ids IDS) [OPTIONS]\n"
+            "\n"
+            "Generates a continuation of the prompt, printing tokens as they are produced,\n"
+            "then a stats line (prompt and generated tokens, prefill and decode tok/s) on stderr.\n"
+            "\n" RP_MODEL_OPTIONS_HELP
+            "\n"
+            "Prompt and length:\n"
+            "  --prompt TEXT          the prompt text\n"
+            "  --prompt-ids IDS       the prompt as comma-separated token ids\n"
+            "  --max-tokens N         tokens to generate at most (default 64)\n"
+            "  --ignore-eos           keep going past end-of-sequence tokens\n"
+            "\n"
+            "Sampling (vLLM's meanings; defaults leave each off):\n"
+            "  --temperature T        0 = greedy (default 1.0)\n"
+            "  --top-p P              nucleus sampling, (0, 1] (default 1)\n"
+            "  --top-k K              keep the K most likely tokens; -1 or 0 = off (default)\n"
+            "  --min-p P              drop tokens below P x the top probability, [0, 1] (default 0)\n"
+            "  --repetition-penalty R >1 discourages tokens seen in prompt or output (default 1)\n"
+            "  --presence-penalty P   [-2, 2], per generated token present (default 0)\n"
+            "  --frequency-penalty F  [-2, 2], per occurrence in the output (default 0)\n"
+            "  --seed N               sampling seed: same seed, same output (default: random)\n"
+            "\n"
+            "Engine:\n"
+            "  --page-size N          KV cache page size in tokens (default 16)\n"
+            "  --max-batch-tokens N   tokens per forward step; longer prompts are chunked (default 2048)\n"
+            "  -q, --quiet            no log lines, only the generated text and stats\n"
+            "  -h, --help             show this help\n");
+}
+
+static int parse_ids(const char *s, int32_t **out, int *n_out) {
+    int cap = 16, n = 0;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 0x7fffffff) {
+            free(ids);
+            return -1;
+        }
+        if (n == cap) ids = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+        ids[n++] = (int32_t)v;
+        p = end;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    if (n == 0) {
+        free(ids);
+        return -1;
+    }
+    *out = ids;
+    *n_out = n;
+    return 0;
+}
+
+typedef struct stream_ctx {
+    int printed;
+} stream_ctx;
+
+static void on_token(void *ctx, int request, int32_t token) {
+    (void)request;
+    stream_ctx *sc = ctx;
+    printf("%s%d", sc->printed++ ? " " : "", token);
+    fflush(stdout);
+}
+
+int rp_cmd_generate(int argc, char **argv) {
+    static const struct option longopts[] = {
+        RP_MODEL_LONG_OPTIONS,
+        {"prompt", required_argument, 0, 'p'},
+        {"prompt-ids", required_argument, 0, 'I'},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"ignore-eos", no_argument, 0, 'E'},
+        {"temperature", required_argument, 0, 't'},
+        {"top-p", required_argument, 0, 'P'},
+        {"top-k", required_argument, 0, 'k'},
+        {"min-p", required_argument, 0, 'm'},
+        {"repetition-penalty", required_argument, 0, 'r'},
+        {"presence-penalty", required_argument, 0, 'R'},
+        {"frequency-penalty", required_argument, 0, 'F'},
+        {"seed", required_argument, 0, 's'},
+        {"page-size", required_argument, 0, 'g'},
+        {"max-batch-tokens", required_argument, 0, 'b'},
+        {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    rp_model_opts mo;
+    rp_model_opts_init(&mo);
+    rp_sampling_params sp;
+    rp_sampling_params_default(&sp);
+    const char *prompt = NULL, *prompt_ids = NULL;
+    long max_tokens = 64, page_size = 16, max_batch_tokens = 2048, v;
+    int ignore_eos = 0;
+    double d;
+    optind = 1;
+    opterr = 0;
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":hq", longopts, NULL)) != -1) {
+        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
+        if (r < 0) return RP_EXIT_USAGE;
+        if (r > 0) continue;
+        switch (opt) {
+        case 'h': help(stdout); return RP_EXIT_OK;
+        case 'q': rp_log_set_level(RP_LOG_ERROR); break;
+        case 'p': prompt = optarg; break;
+        case 'I': prompt_ids = optarg; break;
+        case 'E': ignore_eos = 1; break;
+        case 'n':
+            if (rp_parse_int(optarg, 0, 1 << 24, &max_tokens))
+                return rp_cli_usage_error(CMD, "--max-tokens must be a non-negative integer, got '%s'", optarg);
+            break;
+        case 'g':
+            if (rp_parse_int(optarg, 1, 4096, &page_size))
+                return rp_cli_usage_error(CMD, "--page-size must be an integer from 1 to 4096, got '%s'", optarg);
+            break;
+        case 'b':
+            if (rp_parse_int(optarg, 1, 1 << 20, &max_batch_tokens))
+                return rp_cli_usage_error(CMD, "--max-batch-tokens must be a positive integer, got '%s'", optarg);
+            break;
+        case 'k':
+            if (rp_parse_int(optarg, -1, 1 << 30, &v))
+                return rp_cli_usage_error(CMD, "--top-k must be an integer >= -1, got '%s'", optarg);
+            sp.top_k = (int)v;
+            break;
+        case 's':
+            if (rp_parse_u64(optarg, &sp.seed))
+                return rp_cli_usage_error(CMD, "--seed must be a non-negative integer, got '%s'", optarg);
+            sp.has_seed = 1;
+            break;
+        case 't': case 'P': case 'm': case 'r': case 'R': case 'F': {
+            if (rp_parse_float(optarg, &d))
+                return rp_cli_usage_error(CMD, "--%s needs a number, got '%s'",
+                                          opt == 't' ? "temperature" : opt == 'P' ? "top-p" : opt == 'm' ? "min-p"
+                                          : opt == 'r' ? "repetition-penalty" : opt == 'R' ? "presence-penalty"
+                                                       : "frequency-penalty", optarg);
+            float f = (float)d;
+            if (opt == 't') sp.temperature = f;
+            if (opt == 'P') sp.top_p = f;
+            if (opt == 'm') sp.min_p = f;
+            if (opt == 'r') sp.repetition_penalty = f;
+            if (opt == 'R') sp.presence_penalty = f;
+            if (opt == 'F') sp.frequency_penalty = f;
+            break;
+        }
+        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
+        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    if (!prompt == !prompt_ids) return rp_cli_usage_error(CMD, "give exactly one of --prompt or --prompt-ids");
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    if (prompt_ids && parse_ids(prompt_ids, &ids, &n_ids))
+        return rp_cli_usage_error(CMD, "--prompt-ids must be comma-separated non-negative integers");
+    if (!strcmp(mo.device, "cuda")) {
+        free(ids);
+        return rp_cli_runtime_error(CMD, "the CUDA backend is not available in this build yet; use --device cpu");
+    }
+    rp_err err;
+    if (!sp.has_seed) {
+        sp.seed = (uint64_t)(rp_now_s() * 1e9) ^ (uint64_t)getpid();
+        sp.has_seed = 1;
+    }
+
+    rp_model *model = rp_cli_load_model(&mo);
+    if (!model) {
+        free(ids);
+        return RP_EXIT_RUNTIME;
+    }
+    const rp_model_config *c = &model->cfg;
+    if (prompt) {
+        /* No tokenizer yet: the prompt's bytes stand in for token ids. */
+        rp_log_warn("no tokenizer: using the prompt's bytes as token ids");
+        n_ids = (int)strlen(prompt);
+        ids = malloc((size_t)(n_ids ? n_ids : 1) * sizeof *ids);
+        for (int i = 0; i < n_ids; i++) ids[i] = (int32_t)((unsigned char)prompt[i] % (unsigned)c->vocab_size);
+    }
+    int rc = RP_EXIT_RUNTIME;
+    rp_page_pool *pool = NULL;
+    rp_page_table *table = NULL;
+    rp_backend *be = NULL;
+    int32_t *output = NULL;
+    if (n_ids == 0) {
+        rc = rp_cli_usage_error(CMD, "the prompt is empty");
+        goto out;
+    }
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i] >= c->vocab_size) {
+            rc = rp_cli_usage_error(CMD, "prompt token id %d is outside the vocabulary (%d)", ids[i], c->vocab_size);
+            goto out;
+        }
+    if (rp_sampling_params_validate(&sp, c->vocab_size, &err)) {
+        rc = rp_cli_usage_error(CMD, "%s", err.msg);
+        goto out;
+    }
+    if ((long)n_ids + max_tokens > c->max_position_embeddings) {
+        rc = rp_cli_runtime_error(CMD, "%d prompt tokens + %ld new tokens exceed the model's context of %d", n_ids,
+                                  max_tokens, c->max_position_embeddings);
+        goto out;
+    }
+    int ctx_tokens = n_ids + (int)max_tokens;
+    int num_pages = (ctx_tokens + (int)page_size - 1) / (int)page_size;
+    pool = rp_page_pool_new(num_pages, (int)page_size);
+    table = pool ? rp_page_table_new(pool, 1, ctx_tokens) : NULL;
+    rp_backend_config bc = {.num_pages = num_pages, .page_size = (int)page_size,
+                            .max_batch_tokens = (int)(max_batch_tokens < ctx_tokens ? max_batch_tokens : ctx_tokens),
+                            .max_batch_seqs = 1, .max_logit_rows = 1, .num_threads = mo.threads};
+    be = table ? rp_backend_cpu_new(model, &bc, &err) : NULL;
+    if (!be) {
+        rc = rp_cli_runtime_error(CMD, "%s", table ? err.msg : "out of memory");
+        goto out;
+    }
+    output = malloc((size_t)(max_tokens ? max_tokens : 1) * sizeof *output);
+    rp_gen_request req = {.prompt = ids, .num_prompt = n_ids, .max_tokens = (int)max_tokens,
+                          .ignore_eos = ignore_eos, .sampling = sp, .output = output};
+    stream_ctx sc = {0};
+    rp_gen_stats st;
+    if (rp_generate(be, table, &req, 1, on_token, &sc, &st, &err)) {
+        if (sc.printed) printf("\n");
+        rc = rp_cli_runtime_error(CMD, "%s", err.msg);
+        goto out;
+    }
+    printf("\n");
+    fflush(stdout);
+    int decode_tokens = st.generated_tokens > 0 ? st.generated_tokens - 1 : 0;
+    fprintf(stderr,
+            "[stats] prompt %d tokens, generated %d tokens (%s); prefill %.1f tok/s (%.3f s), "
+            "decode %.1f tok/s (%.3f s)\n",
+            st.prompt_tokens, st.generated_tokens, rp_finish_reason_name(req.finish),
+            st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0.0, st.prefill_s,
+            st.decode_s > 0 ? decode_tokens / st.decode_s : 0.0, st.decode_s);
+    rc = RP_EXIT_OK;
+out:
+    free(output);
+    rp_backend_destroy(be);
+    rp_page_table_free(table);
+    rp_page_pool_free(pool);
+    rp_model_free(model);
+    free(ids);
+    return rc;
+}

@@ -1,0 +1,43 @@
+/* replay's command-line entry: dispatches to one command per file. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+#define REPLAY_VERSION "0.1.0"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "replay " REPLAY_VERSION ": LLM inference for NVIDIA Hopper, with a CPU reference backend\n"
+            "\n"
+            "Usage: replay COMMAND [OPTIONS]\n"
+            "\n"
+            "Commands:\n"
+            "  generate   generate text from a prompt, streaming tokens\n"
+            "\n"
+            "Options:\n"
+            "  -h, --help       show this help (COMMAND --help for a command's options)\n"
+            "  -V, --version    print the version\n"
+            "\n"
+            "Examples:\n"
+            "  replay generate --dummy-weights tiny-qwen3 --prompt-ids 1,2,3 --max-tokens 16\n"
+            "  replay generate --model ~/models/Qwen3-0.6B --prompt 'The capital of France is'\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return RP_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return RP_EXIT_OK;
+    }
+    if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version")) {
+        printf("replay %s\n", REPLAY_VERSION);
+        return RP_EXIT_OK;
+    }
+    if (!strcmp(cmd, "generate")) return rp_cmd_generate(argc - 1, argv + 1);
+    return rp_cli_usage_error(NULL, "unknown command '%s'", cmd);
+}

@@ -1,0 +1,74 @@
+/* Host-side sampler: turns one row of logits into one token id.
+ *
+ * Owns the meaning of every sampling parameter (vLLM's meaning, see
+ * docs/sampling.md for the order and the corner cases) and the scratch
+ * buffers needed to apply them, sized once per vocabulary so that a decode
+ * step allocates nothing. The engine calls rp_sampler_sample once per
+ * sequence per step; the CUDA sampling kernel reproduces the same scheme
+ * (same order, same RNG draw, same tie-breaking) and is tested against it.
+ *
+ * Randomness is counter-based: the uniform for step n of a request is
+ * rp_rand_uniform(seed, 0, n), so a seeded request gives the same tokens
+ * whatever the batch composition, thread count or history. */
+#ifndef RP_ENGINE_SAMPLER_H
+#define RP_ENGINE_SAMPLER_H
+
+#include <stdint.h>
+
+#include "util/err.h"
+
+/* vLLM raises temperatures in (0, 0.01) to 0.01 ("may cause numerical errors
+ * nan or inf"); we do the same so a request means the same thing here. */
+#define RP_SAMPLING_MIN_TEMPERATURE 0.01f
+
+typedef struct rp_sampling_params {
+    float temperature;        /* 0 = greedy; default 1.0; must be >= 0 and finite */
+    float top_p;              /* (0, 1]; 1 = off */
+    int top_k;                /* -1 or 0 = off; else >= 1 (larger than the vocab = off) */
+    float min_p;              /* [0, 1]; 0 = off */
+    float repetition_penalty; /* > 0; 1 = off. Prompt AND generated tokens:
+                                 logit > 0 ? logit / p : logit * p */
+    float presence_penalty;   /* [-2, 2]; generated tokens only: logit -= p if count > 0 */
+    float frequency_penalty;  /* [-2, 2]; generated tokens only: logit -= p * count */
+    uint64_t seed;            /* always used: the engine draws one at submit for
+                                 requests that did not set one */
+    int has_seed;             /* whether the user set seed (informational here) */
+} rp_sampling_params;
+
+/* vLLM's defaults: temperature 1, everything else off, seed 0 / unset. */
+void rp_sampling_params_default(rp_sampling_params *p);
+
+/* Checks every parameter against its allowed range (and vocab_size >= 1).
+ * Messages use vLLM's wording: "temperature must be non-negative, got -1".
+ * NaN is rejected everywhere. Returns 0 or RP_ERR. */
+int rp_sampling_params_validate(const rp_sampling_params *p, int vocab_size, rp_err *err);
+
+/* Greedy (argmax) decoding: temperature == 0. */
+int rp_sampling_is_greedy(const rp_sampling_params *p);
+
+typedef struct rp_sampler rp_sampler;
+
+/* Scratch for one vocabulary size; O(vocab) memory, allocated here once.
+ * Returns NULL if vocab_size < 1 or memory is short. Not thread-safe: use one
+ * sampler per thread. */
+rp_sampler *rp_sampler_new(int vocab_size);
+void rp_sampler_free(rp_sampler *s);
+
+/* Samples one token from logits[vocab] (fp32; overwritten in place with the
+ * penalised logits, NaN replaced by -inf and +inf by FLT_MAX).
+ *
+ * prompt/output: the request's token ids so far (for the penalties), each in
+ * [0, vocab). step: index of the token being generated within the request
+ * (0 for the first); it is the RNG counter. p must have passed
+ * rp_sampling_params_validate.
+ *
+ * Returns the token id (>= 0). If logprob_out is non-NULL it receives the
+ * chosen token's log-probability under the distribution actually sampled
+ * from (after temperature, top-k, top-p, min-p and renormalisation); for
+ * greedy, the log-softmax of the penalised logits at temperature 1. If every
+ * logit is -inf or NaN, returns token 0 with logprob -inf. */
+int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
+                      const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                      uint64_t step, float *logprob_out);
+
+#endif

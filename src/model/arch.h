@@ -1,0 +1,59 @@
+/* What differs between architectures, behind one small table per
+ * architecture (qwen3.c, llama.c). Adding an architecture means one new file
+ * and one line in rp_arch_find (arch.c). */
+#ifndef RP_MODEL_ARCH_H
+#define RP_MODEL_ARCH_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "model/config.h"
+
+/* Every weight a decoder layer stack can have. The forward pass is written
+ * against these, never against tensor names. */
+typedef enum rp_weight_kind {
+    RP_W_EMBED = 0,
+    RP_W_FINAL_NORM,
+    RP_W_LM_HEAD,
+    /* per layer: */
+    RP_W_ATTN_NORM,
+    RP_W_Q,
+    RP_W_K,
+    RP_W_V,
+    RP_W_O,
+    RP_W_Q_NORM,
+    RP_W_K_NORM,
+    RP_W_MLP_NORM,
+    RP_W_GATE,
+    RP_W_UP,
+    RP_W_DOWN,
+    RP_W_COUNT
+} rp_weight_kind;
+
+#define RP_W_FIRST_LAYER_KIND RP_W_ATTN_NORM
+
+typedef struct rp_arch {
+    const char *hf_class; /* config.json "architectures"[0] */
+    const char *model_type; /* config.json "model_type" */
+    int has_qk_norm;
+    /* Architecture-specific config fields and defaults, after the common ones. */
+    int (*parse_config)(rp_model_config *cfg, json_t *root, rp_err *err);
+    /* The checkpoint's tensor name for a weight; returns 0 when the
+     * architecture has no such weight. */
+    int (*tensor_name)(rp_weight_kind kind, int layer, char *buf, size_t n);
+} rp_arch;
+
+const rp_arch *rp_arch_find(const char *hf_class, const char *model_type);
+const char *rp_arch_supported(void);
+
+/* The expected shape of a weight, [rows, cols] (norms: [n, 1]). */
+void rp_weight_shape(const rp_model_config *cfg, rp_weight_kind kind, int64_t shape[2]);
+const char *rp_weight_kind_name(rp_weight_kind kind);
+
+/* Shared by the architectures: the HF LlamaModel naming scheme. */
+int rp_arch_llama_style_name(rp_weight_kind kind, int layer, char *buf, size_t n);
+
+extern const rp_arch rp_arch_qwen3;
+extern const rp_arch rp_arch_llama;
+
+#endif

@@ -1,0 +1,58 @@
+/* A loaded model: its config and every weight as a bf16 [rows, cols] view.
+ *
+ * Weights come from a Hugging Face directory (model.safetensors or sharded
+ * model-*.safetensors with model.safetensors.index.json, mmap'd) or are made
+ * up (dummy weights: a named preset shape, or a directory's config.json with
+ * --load-format dummy). Backends read weights only through rp_model_weight,
+ * so they never see file formats, tensor names or architectures. */
+#ifndef RP_MODEL_MODEL_H
+#define RP_MODEL_MODEL_H
+
+#include <stdint.h>
+
+#include "model/arch.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+typedef struct rp_weight {
+    const uint16_t *data; /* bf16, row-major [rows, cols]; NULL when absent */
+    int64_t rows, cols;
+} rp_weight;
+
+typedef enum rp_load_format { RP_LOAD_AUTO = 0, RP_LOAD_DUMMY } rp_load_format;
+
+typedef struct rp_model {
+    rp_model_config cfg;
+    rp_weight global[RP_W_FIRST_LAYER_KIND]; /* embed, final_norm, lm_head */
+    rp_weight *layers;                       /* [num_layers][RP_W_COUNT] */
+    char *dir;                               /* model directory, NULL for presets */
+    int dummy;                               /* weights are random */
+    uint64_t weight_bytes;                   /* bf16 bytes of distinct weights */
+    /* ownership */
+    rp_safetensors **files;
+    int num_files;
+    void **owned;
+    int num_owned, cap_owned;
+} rp_model;
+
+typedef struct rp_load_options {
+    rp_load_format format;
+    uint64_t seed; /* dummy weights */
+    int progress;  /* draw a progress bar (only when stderr is a terminal) */
+} rp_load_options;
+
+/* Loads DIR (config, generation config, weights per options->format). */
+rp_model *rp_model_load(const char *dir, const rp_load_options *opts, rp_err *err);
+/* Builds a model of a named shape with seeded random weights, no files. */
+rp_model *rp_model_dummy(const char *preset, const rp_load_options *opts, rp_err *err);
+/* Builds a model of the given config with seeded random weights. */
+rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_options *opts, rp_err *err);
+void rp_model_free(rp_model *m);
+
+/* layer is ignored for embed/final_norm/lm_head. */
+static inline const rp_weight *rp_model_weight(const rp_model *m, rp_weight_kind kind, int layer) {
+    if (kind < RP_W_FIRST_LAYER_KIND) return &m->global[kind];
+    return &m->layers[(int64_t)layer * RP_W_COUNT + kind];
+}
+
+#endif

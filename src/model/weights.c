@@ -1,0 +1,301 @@
+/* Weight loading: safetensors files or dummy random weights into rp_model.
+ *
+ * bf16 tensors stay as mmap'd views; f16/f32 tensors are converted to bf16
+ * once at load (the model's compute dtype is bf16 on every backend). Shapes
+ * are checked against the config so a mismatched checkpoint fails here, not
+ * as garbage output later. */
+#include "model/model.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "util/dtype.h"
+#include "util/log.h"
+#include "util/progress.h"
+#include "util/rng.h"
+
+static void *own(rp_model *m, size_t bytes) {
+    if (m->num_owned == m->cap_owned) {
+        m->cap_owned = m->cap_owned ? m->cap_owned * 2 : 16;
+        m->owned = realloc(m->owned, (size_t)m->cap_owned * sizeof *m->owned);
+        if (!m->owned) return NULL;
+    }
+    void *p = malloc(bytes ? bytes : 1);
+    if (p) m->owned[m->num_owned++] = p;
+    return p;
+}
+
+void rp_model_free(rp_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->num_files; i++) rp_safetensors_close(m->files[i]);
+    free(m->files);
+    for (int i = 0; i < m->num_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    free(m->dir);
+    free(m);
+}
+
+static rp_model *model_new(const rp_model_config *cfg) {
+    rp_model *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->cfg = *cfg;
+    m->layers = calloc((size_t)cfg->num_layers * RP_W_COUNT, sizeof *m->layers);
+    if (!m->layers) {
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static int kind_present(const rp_model_config *cfg, rp_weight_kind k) {
+    if ((k == RP_W_Q_NORM || k == RP_W_K_NORM) && !cfg->arch->has_qk_norm) return 0;
+    if (k == RP_W_LM_HEAD && cfg->tie_word_embeddings) return 0; /* aliases embed */
+    return 1;
+}
+
+static rp_weight *slot(rp_model *m, rp_weight_kind kind, int layer) {
+    return (rp_weight *)rp_model_weight(m, kind, layer);
+}
+
+/* Iterates over every (kind, layer) the model has. */
+#define FOR_EACH_WEIGHT(cfg, kind, layer)                                                            \
+    for (int kind = 0; kind < RP_W_COUNT; kind++)                                                  \
+        for (int layer = 0; layer < (kind < RP_W_FIRST_LAYER_KIND ? 1 : (cfg)->num_layers); layer++) \
+            if (kind_present((cfg), (rp_weight_kind)kind))
+
+/* ---- dummy weights ---------------------------------------------------- */
+
+/* Scales chosen so activations stay O(1) through the stack: projections
+ * ~U with std 1/sqrt(fan_in), norms near 1, embeddings std 1. What matters
+ * for benchmarks is only the shape; for tests, that outputs are not
+ * degenerate (no overflow, not all equal). */
+static float dummy_scale(const rp_model_config *cfg, rp_weight_kind k, int64_t cols) {
+    (void)cfg;
+    switch (k) {
+    case RP_W_EMBED: return 1.0f;
+    case RP_W_LM_HEAD: return 1.0f / sqrtf((float)cols);
+    case RP_W_FINAL_NORM:
+    case RP_W_ATTN_NORM:
+    case RP_W_MLP_NORM:
+    case RP_W_Q_NORM:
+    case RP_W_K_NORM: return 0.1f;
+    default: return 1.0f / sqrtf((float)cols);
+    }
+}
+
+rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_options *opts, rp_err *err) {
+    rp_model *m = model_new(cfg);
+    if (!m) {
+        rp_errf(err, "out of memory");
+        return NULL;
+    }
+    m->dummy = 1;
+    uint64_t total = 0;
+    FOR_EACH_WEIGHT(cfg, kind, layer) {
+        int64_t shape[2];
+        rp_weight_shape(cfg, (rp_weight_kind)kind, shape);
+        total += (uint64_t)(shape[0] * shape[1]);
+    }
+    uint16_t *buf = own(m, total * sizeof(uint16_t));
+    if (!buf) {
+        rp_model_free(m);
+        rp_errf(err, "out of memory for %.2f GB of dummy weights", (double)total * 2 / 1e9);
+        return NULL;
+    }
+    m->weight_bytes = total * 2;
+    rp_progress prog;
+    rp_progress_begin(&prog, "dummy weights", total);
+    if (!opts || !opts->progress) prog.enabled = 0;
+    uint64_t seed = opts ? opts->seed : 0, off = 0;
+    FOR_EACH_WEIGHT(cfg, kind, layer) {
+        int64_t shape[2];
+        rp_weight_shape(cfg, (rp_weight_kind)kind, shape);
+        int64_t n = shape[0] * shape[1];
+        uint16_t *dst = buf + off;
+        float scale = dummy_scale(cfg, (rp_weight_kind)kind, shape[1]);
+        int is_norm = shape[1] == 1;
+        uint64_t stream = (uint64_t)kind * 100003u + (uint64_t)layer;
+        /* uniform(-1,1) * sqrt(3) has unit variance */
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float u = rp_rand_uniform(seed, stream, (uint64_t)i) * 2.0f - 1.0f;
+            float v = u * 1.7320508f * scale;
+            dst[i] = rp_f32_to_bf16(is_norm ? 1.0f + v : v);
+        }
+        rp_weight *w = slot(m, (rp_weight_kind)kind, layer);
+        w->data = dst;
+        w->rows = shape[0];
+        w->cols = shape[1];
+        off += (uint64_t)n;
+        rp_progress_add(&prog, (uint64_t)n);
+    }
+    rp_progress_end(&prog);
+    if (cfg->tie_word_embeddings) m->global[RP_W_LM_HEAD] = m->global[RP_W_EMBED];
+    return m;
+}
+
+rp_model *rp_model_dummy(const char *preset, const rp_load_options *opts, rp_err *err) {
+    rp_model_config cfg;
+    if (rp_config_preset(&cfg, preset, err)) return NULL;
+    return rp_model_dummy_from_config(&cfg, opts, err);
+}
+
+/* ---- safetensors ------------------------------------------------------ */
+
+static int file_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static int open_file(rp_model *m, const char *path, rp_err *err) {
+    rp_safetensors *st = rp_safetensors_open(path, err);
+    if (!st) return RP_ERR;
+    rp_safetensors **files = realloc(m->files, (size_t)(m->num_files + 1) * sizeof *files);
+    if (!files) {
+        rp_safetensors_close(st);
+        return rp_errf(err, "out of memory");
+    }
+    m->files = files;
+    m->files[m->num_files++] = st;
+    return 0;
+}
+
+/* Opens every shard named by model.safetensors.index.json's weight_map. */
+static int open_sharded(rp_model *m, const char *dir, const char *index_path, rp_err *err) {
+    json_error_t jerr;
+    json_t *root = json_load_file(index_path, 0, &jerr);
+    if (!root) return rp_errf(err, "%s: %s", index_path, jerr.text);
+    json_t *map = json_object_get(root, "weight_map");
+    int rc = 0;
+    if (!json_is_object(map)) {
+        rc = rp_errf(err, "%s: no \"weight_map\" object", index_path);
+        goto out;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(map, key, v) {
+        if (!json_is_string(v)) {
+            rc = rp_errf(err, "%s: weight_map[\"%s\"] must be a file name", index_path, key);
+            goto out;
+        }
+        const char *fname = json_string_value(v);
+        if (strchr(fname, '/') || !strcmp(fname, "..")) {
+            rc = rp_errf(err, "%s: shard name \"%s\" must be a plain file name", index_path, fname);
+            goto out;
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, fname);
+        int seen = 0;
+        for (int i = 0; i < m->num_files && !seen; i++) seen = !strcmp(m->files[i]->path, path);
+        if (!seen && (rc = open_file(m, path, err))) goto out;
+    }
+out:
+    json_decref(root);
+    return rc;
+}
+
+static const rp_st_tensor *find_tensor(const rp_model *m, const char *name) {
+    for (int i = 0; i < m->num_files; i++) {
+        const rp_st_tensor *t = rp_safetensors_find(m->files[i], name);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+static int bind_weight(rp_model *m, rp_weight_kind kind, int layer, rp_err *err) {
+    const rp_model_config *cfg = &m->cfg;
+    char name[256];
+    if (!cfg->arch->tensor_name(kind, layer, name, sizeof name)) return 0;
+    const rp_st_tensor *t = find_tensor(m, name);
+    if (!t) return rp_errf(err, "weight \"%s\" not found in the checkpoint", name);
+    int64_t shape[2];
+    rp_weight_shape(cfg, kind, shape);
+    int64_t rows = t->ndim >= 1 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : 1;
+    if (t->ndim < 1 || t->ndim > 2 || rows != shape[0] || cols != shape[1])
+        return rp_errf(err, "weight \"%s\" has shape [%lld, %lld], config.json implies [%lld, %lld]", name,
+                       (long long)rows, (long long)(t->ndim == 2 ? cols : 0), (long long)shape[0],
+                       (long long)(shape[1] == 1 && t->ndim == 1 ? 0 : shape[1]));
+    if ((int)t->dtype < 0)
+        return rp_errf(err, "weight \"%s\": dtype not supported (bf16, f16, f32 are)", name);
+    rp_weight *w = slot(m, kind, layer);
+    w->rows = rows;
+    w->cols = cols;
+    size_t n = (size_t)(rows * cols);
+    if (t->dtype == RP_DTYPE_BF16) {
+        w->data = t->data;
+    } else {
+        uint16_t *dst = own(m, n * 2);
+        if (!dst) return rp_errf(err, "out of memory converting \"%s\" to bf16", name);
+        for (size_t i = 0; i < n; i++) {
+            float f;
+            if (t->dtype == RP_DTYPE_F32) {
+                memcpy(&f, (const char *)t->data + 4 * i, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, (const char *)t->data + 2 * i, 2);
+                f = rp_f16_to_f32(h);
+            }
+            dst[i] = rp_f32_to_bf16(f);
+        }
+        w->data = dst;
+    }
+    m->weight_bytes += n * 2;
+    return 0;
+}
+
+rp_model *rp_model_load(const char *dir, const rp_load_options *opts, rp_err *err) {
+    rp_model_config cfg;
+    if (rp_config_load_dir(&cfg, dir, err)) return NULL;
+    rp_model *m;
+    if (opts && opts->format == RP_LOAD_DUMMY) {
+        m = rp_model_dummy_from_config(&cfg, opts, err);
+        if (m) m->dir = strdup(dir);
+        return m;
+    }
+    m = model_new(&cfg);
+    if (!m) {
+        rp_errf(err, "out of memory");
+        return NULL;
+    }
+    m->dir = strdup(dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    int rc;
+    if (file_exists(path)) {
+        rc = open_sharded(m, dir, path, err);
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if (!file_exists(path)) {
+            rp_errf(err, "%s: no model.safetensors or model.safetensors.index.json "
+                         "(use --load-format dummy for random weights)", dir);
+            rp_model_free(m);
+            return NULL;
+        }
+        rc = open_file(m, path, err);
+    }
+    if (rc) {
+        rp_model_free(m);
+        return NULL;
+    }
+    rp_progress prog;
+    uint64_t total = (uint64_t)RP_W_COUNT * (uint64_t)cfg.num_layers;
+    rp_progress_begin(&prog, "loading weights", total);
+    if (!opts || !opts->progress) prog.enabled = 0;
+    FOR_EACH_WEIGHT(&cfg, kind, layer) {
+        if (bind_weight(m, (rp_weight_kind)kind, layer, err)) {
+            rp_progress_end(&prog);
+            rp_err_wrap(err, "%s", dir);
+            rp_model_free(m);
+            return NULL;
+        }
+        rp_progress_add(&prog, 1);
+    }
+    rp_progress_end(&prog);
+    if (cfg.tie_word_embeddings) m->global[RP_W_LM_HEAD] = m->global[RP_W_EMBED];
+    return m;
+}

@@ -1,0 +1,132 @@
+/* The tokenizer: text <-> token ids exactly as Hugging Face `tokenizers` does
+ * it for a model's own tokenizer.json, plus the chat templates that turn a
+ * conversation into the prompt text (exactly as transformers'
+ * apply_chat_template), and a streaming detokenizer for generation.
+ *
+ * Supported tokenizer.json: model BPE on the GPT-2 byte-level alphabet
+ * (merges as "a b" strings or ["a","b"] pairs, ignore_merges), added/special
+ * tokens, normalizer NFC / Sequence of NFC / null, pre-tokenizer Split (regex,
+ * Isolated) and ByteLevel (with or without its own regex), decoder ByteLevel.
+ * That is what Qwen2/Qwen3 and Llama 3 ship. Anything else is a load error
+ * that names the unsupported piece. docs/tokenizer.md has the details.
+ *
+ * A loaded rp_tokenizer is immutable: encode/decode from several threads at
+ * once is fine (each call keeps its own scratch). */
+#ifndef RP_TOKENIZER_TOKENIZER_H
+#define RP_TOKENIZER_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/err.h"
+
+typedef struct rp_tokenizer rp_tokenizer;
+
+/* Reads model_dir/tokenizer.json and (if present) model_dir/tokenizer_config.json. */
+rp_tokenizer *rp_tokenizer_load(const char *model_dir, rp_err *err);
+/* The same from explicit files; config_path may be NULL. */
+rp_tokenizer *rp_tokenizer_load_files(const char *tokenizer_json_path, const char *config_path,
+                                      rp_err *err);
+/* The same from memory (fuzzing, tests); config_json may be NULL. */
+rp_tokenizer *rp_tokenizer_load_json(const char *tokenizer_json, size_t len,
+                                     const char *config_json, size_t config_len, rp_err *err);
+void rp_tokenizer_free(rp_tokenizer *t);
+
+/* Encode flags for rp_tokenizer_encode_ex. */
+enum {
+    /* Fail on invalid UTF-8 instead of replacing it. By default each maximal
+     * invalid subsequence becomes U+FFFD, as Python's
+     * bytes.decode("utf-8", "replace") does before HF ever sees the text. */
+    RP_ENCODE_STRICT_UTF8 = 1 << 0,
+    /* Treat special tokens inside the text as plain text (HF's
+     * split_special_tokens=True); user content in a server wants this. */
+    RP_ENCODE_SPLIT_SPECIAL = 1 << 1,
+};
+
+/* Same ids as HF tokenizer.encode(text, add_special_tokens=False): special
+ * tokens written in the text are recognised. *ids_out is malloc'd (free()),
+ * non-NULL even when *n_out is 0. */
+int rp_tokenizer_encode(const rp_tokenizer *t, const char *text, size_t len, int32_t **ids_out,
+                        size_t *n_out, rp_err *err);
+int rp_tokenizer_encode_ex(const rp_tokenizer *t, const char *text, size_t len, unsigned flags,
+                           int32_t **ids_out, size_t *n_out, rp_err *err);
+
+/* Full decode, as HF decode(ids, skip_special_tokens): bytes that are not
+ * valid UTF-8 become U+FFFD. An id outside [0, vocab_size) is an error (HF
+ * drops it silently). *out is malloc'd and NUL-terminated; out_len may be NULL. */
+int rp_tokenizer_decode(const rp_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
+                        char **out, size_t *out_len, rp_err *err);
+
+/* Ids run 0..vocab_size-1, added tokens included. */
+int rp_tokenizer_vocab_size(const rp_tokenizer *t);
+/* Id of a token by its tokenizer.json text ("<|im_end|>", "Ġthe"); -1 if absent. */
+int rp_tokenizer_token_id(const rp_tokenizer *t, const char *token_text);
+/* The token's tokenizer.json text, NULL if id is out of range or unused. */
+const char *rp_tokenizer_token_text(const rp_tokenizer *t, int id);
+/* The bytes the token decodes to (may be a partial UTF-8 character); 0 or -1. */
+int rp_tokenizer_token_bytes(const rp_tokenizer *t, int id, const char **bytes, size_t *len);
+/* 1 for special added tokens (skipped by skip_special), else 0. */
+int rp_tokenizer_is_special(const rp_tokenizer *t, int id);
+
+/* From tokenizer_config.json; -1 / NULL when not set. */
+int rp_tokenizer_bos_id(const rp_tokenizer *t);
+int rp_tokenizer_eos_id(const rp_tokenizer *t);
+const char *rp_tokenizer_bos_token(const rp_tokenizer *t);
+const char *rp_tokenizer_eos_token(const rp_tokenizer *t);
+
+/* ---- streaming detokenizer --------------------------------------------
+ * Push ids one at a time; each push hands back the bytes that became complete
+ * UTF-8 characters. A character split across tokens is held back until its
+ * last byte arrives, so output never ends in half a character, and the
+ * concatenation of all pushes plus the final flush equals
+ * rp_tokenizer_decode of the same ids. */
+typedef struct rp_detok {
+    const rp_tokenizer *tok;
+    int skip_special;
+    unsigned char pending[4]; /* an incomplete UTF-8 prefix, at most 3 bytes */
+    int n_pending;
+    char *buf; /* output of the last call, owned */
+    size_t buf_cap;
+} rp_detok;
+
+void rp_detok_init(rp_detok *d, const rp_tokenizer *t, int skip_special);
+/* *text points into d (valid until the next call), *len may be 0. */
+int rp_detok_push(rp_detok *d, int32_t id, const char **text, size_t *len, rp_err *err);
+/* Ends the stream: a dangling partial character becomes U+FFFD. Resets d for reuse. */
+void rp_detok_flush(rp_detok *d, const char **text, size_t *len);
+void rp_detok_free(rp_detok *d);
+
+/* ---- chat templates ----------------------------------------------------
+ * replay renders the templates it knows natively (no Jinja engine). The
+ * template is recognised from tokenizer_config.json's chat_template text;
+ * an unrecognised one makes rp_chat_render fail with a message naming
+ * `--chat-template`, which the CLI uses to force one by name. */
+typedef enum rp_chat_template_kind {
+    RP_CHAT_TEMPLATE_UNKNOWN = 0, /* absent or not recognised */
+    RP_CHAT_TEMPLATE_QWEN3,       /* Qwen3 (thinking), the tokenizer_config template */
+    RP_CHAT_TEMPLATE_LLAMA3,      /* Llama 3 Instruct (3.0) */
+} rp_chat_template_kind;
+
+typedef struct rp_chat_message {
+    const char *role; /* "system", "user", "assistant", "tool" */
+    const char *content;
+} rp_chat_message;
+
+rp_chat_template_kind rp_tokenizer_chat_template(const rp_tokenizer *t);
+/* "qwen3" / "llama3" -> kind; -1 with a message listing the names otherwise. */
+int rp_chat_template_from_name(const char *name, rp_chat_template_kind *out, rp_err *err);
+const char *rp_chat_template_name(rp_chat_template_kind kind);
+/* Overrides the detected template (the CLI's --chat-template NAME). */
+void rp_tokenizer_set_chat_template(rp_tokenizer *t, rp_chat_template_kind kind);
+
+/* enable_thinking: 1 true, 0 false, -1 not passed (Qwen3 treats it as true).
+ * Renders exactly what apply_chat_template(messages, tokenize=False,
+ * add_generation_prompt=..., enable_thinking=...) returns. *out is malloc'd. */
+int rp_chat_render(const rp_tokenizer *t, const rp_chat_message *msgs, int n,
+                   int add_generation_prompt, int enable_thinking, char **out, rp_err *err);
+
+/* Ids that end an assistant turn for this template (eos plus <|im_end|> or
+ * <|eot_id|>), deduplicated; returns how many were written (at most max). */
+int rp_chat_stop_ids(const rp_tokenizer *t, int32_t *out, int max);
+
+#endif

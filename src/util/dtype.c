@@ -1,0 +1,42 @@
+/* dtype sizes, names and the IEEE half -> float conversion. */
+#include "util/dtype.h"
+
+size_t rp_dtype_size(rp_dtype t) {
+    switch (t) {
+    case RP_DTYPE_BF16:
+    case RP_DTYPE_F16: return 2;
+    case RP_DTYPE_F32: return 4;
+    }
+    return 0;
+}
+
+const char *rp_dtype_name(rp_dtype t) {
+    switch (t) {
+    case RP_DTYPE_BF16: return "bf16";
+    case RP_DTYPE_F16: return "f16";
+    case RP_DTYPE_F32: return "f32";
+    }
+    return "?";
+}
+
+float rp_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, u;
+    if (exp == 0) {
+        if (mant == 0) {
+            u = sign;
+        } else { /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400u)) { mant <<= 1; exp--; }
+            mant &= 0x3ffu;
+            u = sign | (exp << 23) | (mant << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
