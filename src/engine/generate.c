@@ -40,9 +40,9 @@ int rp_generate(rp_backend *be, rp_page_table *table, rp_gen_request *reqs, int 
         rp_errf(err, "out of memory");
         goto out;
     }
+    for (int i = 0; i < n; i++) ss[i].row = -1;
     for (int i = 0; i < n; i++) {
         rp_gen_request *r = &reqs[i];
-        ss[i].row = -1;
         r->num_output = 0;
         r->finish = RP_FINISH_NONE;
         st.prompt_tokens += r->num_prompt;
@@ -56,11 +56,6 @@ int rp_generate(rp_backend *be, rp_page_table *table, rp_gen_request *reqs, int 
             goto out;
         }
         if (rp_sampling_params_validate(&r->sampling, vocab, err)) goto out;
-        if (r->prompt_logits && r->num_prompt > bc->max_logit_rows) {
-            rp_errf(err, "request %d: prompt logits need %d rows, the backend returns at most %d", i,
-                    r->num_prompt, bc->max_logit_rows);
-            goto out;
-        }
         if (r->max_tokens <= 0) ss[i].done = 1;
     }
     double t0 = rp_now_s(), t_prefilled = 0;

@@ -58,26 +58,37 @@ static int get_eos(rp_model_config *cfg, json_t *root, const char *file, rp_err 
     return 0;
 }
 
-static int parse_rope_scaling(rp_model_config *cfg, json_t *root, rp_err *err) {
-    json_t *rs = json_object_get(root, "rope_scaling");
-    if (!rs || json_is_null(rs)) return 0;
-    if (!json_is_object(rs)) return rp_errf(err, "config.json: \"rope_scaling\" must be an object");
+/* RoPE settings come in two spellings: transformers < 5 writes rope_theta at
+ * the top level and scaling under "rope_scaling"; transformers >= 5 writes
+ * both under "rope_parameters". Real checkpoints use either. */
+static int parse_rope(rp_model_config *cfg, json_t *root, rp_err *err) {
+    cfg->rope.type = RP_ROPE_DEFAULT;
+    cfg->rope.theta = 10000.0;
+    if (get_num(root, "rope_theta", &cfg->rope.theta, 0, err)) return RP_ERR;
+    json_t *rs = json_object_get(root, "rope_parameters");
+    if (rs && !json_is_null(rs)) {
+        if (!json_is_object(rs)) return rp_errf(err, "config.json: \"rope_parameters\" must be an object");
+        if (get_num(rs, "rope_theta", &cfg->rope.theta, 0, err)) return rp_err_wrap(err, "rope_parameters");
+    } else {
+        rs = json_object_get(root, "rope_scaling");
+        if (!rs || json_is_null(rs)) return 0;
+        if (!json_is_object(rs)) return rp_errf(err, "config.json: \"rope_scaling\" must be an object");
+    }
     json_t *t = json_object_get(rs, "rope_type");
     if (!t) t = json_object_get(rs, "type");
-    const char *type = json_is_string(t) ? json_string_value(t) : NULL;
-    if (!type) return rp_errf(err, "config.json: rope_scaling has no \"rope_type\"");
+    const char *type = json_is_string(t) ? json_string_value(t) : "default";
     if (!strcmp(type, "default")) return 0;
     if (strcmp(type, "llama3") != 0)
-        return rp_errf(err, "config.json: rope_scaling type \"%s\" is not supported (supported: llama3)", type);
+        return rp_errf(err, "config.json: RoPE scaling type \"%s\" is not supported (supported: default, llama3)", type);
     rp_rope_config *r = &cfg->rope;
     r->type = RP_ROPE_LLAMA3;
     if (get_num(rs, "factor", &r->factor, 1, err) || get_num(rs, "low_freq_factor", &r->low_freq_factor, 1, err) ||
         get_num(rs, "high_freq_factor", &r->high_freq_factor, 1, err) ||
         get_int(rs, "original_max_position_embeddings", &r->original_max_position_embeddings, 1, err))
-        return rp_err_wrap(err, "rope_scaling");
+        return rp_err_wrap(err, "llama3 RoPE scaling");
     if (r->factor <= 0 || r->low_freq_factor <= 0 || r->high_freq_factor <= r->low_freq_factor ||
         r->original_max_position_embeddings <= 0)
-        return rp_errf(err, "config.json: invalid llama3 rope_scaling values");
+        return rp_errf(err, "config.json: invalid llama3 RoPE scaling values");
     return 0;
 }
 
@@ -95,10 +106,7 @@ static int parse_common(rp_model_config *cfg, json_t *root, rp_err *err) {
     if (cfg->head_dim == 0 && cfg->num_heads > 0) cfg->head_dim = cfg->hidden_size / cfg->num_heads;
     cfg->rms_norm_eps = 1e-6;
     if (get_num(root, "rms_norm_eps", &cfg->rms_norm_eps, 0, err)) return RP_ERR;
-    cfg->rope.type = RP_ROPE_DEFAULT;
-    cfg->rope.theta = 10000.0;
-    if (get_num(root, "rope_theta", &cfg->rope.theta, 0, err)) return RP_ERR;
-    if (parse_rope_scaling(cfg, root, err)) return RP_ERR;
+    if (parse_rope(cfg, root, err)) return RP_ERR;
     cfg->max_position_embeddings = 2048;
     if (get_int(root, "max_position_embeddings", &cfg->max_position_embeddings, 0, err)) return RP_ERR;
     json_t *tie = json_object_get(root, "tie_word_embeddings");

@@ -1,0 +1,159 @@
+/* The CPU backend against transformers: logits at every prompt position
+ * (relative L2 < 1e-3) and 32 greedy tokens, for each committed fixture
+ * model (tools/make_fixtures.py), each prompt alone and all batched together
+ * with different lengths, across page sizes and prefill chunk sizes. */
+#include <jansson.h>
+#include <math.h>
+
+#include "backend/backend.h"
+#include "engine/generate.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "model/model.h"
+#include "test_util.h"
+
+#define MAX_PROMPTS 8
+#define GREEDY 32
+
+static const char *models[] = {"qwen3-tied", "qwen3-gqa6", "llama3-scaled", "llama3-tied"};
+
+typedef struct fixture {
+    rp_model *model;
+    int num_prompts;
+    int32_t *prompts[MAX_PROMPTS];
+    int prompt_len[MAX_PROMPTS];
+    int32_t greedy[MAX_PROMPTS][GREEDY];
+    float *logits[MAX_PROMPTS]; /* [len][vocab] */
+    float *blob;
+} fixture;
+
+static void load_fixture(fixture *fx, const char *name) {
+    char dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", test_source_dir(), name);
+    memset(fx, 0, sizeof *fx);
+    rp_err err;
+    rp_load_options lo = {0};
+    fx->model = rp_model_load(dir, &lo, &err);
+    if (!fx->model) fail_msg("load %s: %s", name, err.msg);
+    snprintf(path, sizeof path, "%s/reference.json", dir);
+    json_error_t jerr;
+    json_t *ref = json_load_file(path, 0, &jerr);
+    assert_non_null(ref);
+    json_t *prompts = json_object_get(ref, "prompts"), *greedy = json_object_get(ref, "greedy");
+    int vocab = (int)json_integer_value(json_object_get(ref, "vocab_size"));
+    assert_int_equal(vocab, fx->model->cfg.vocab_size);
+    fx->num_prompts = (int)json_array_size(prompts);
+    assert_true(fx->num_prompts > 0 && fx->num_prompts <= MAX_PROMPTS);
+    snprintf(path, sizeof path, "%s/logits.bin", dir);
+    size_t blob_len;
+    fx->blob = test_read_file(path, &blob_len);
+    size_t off = 0;
+    for (int p = 0; p < fx->num_prompts; p++) {
+        json_t *pa = json_array_get(prompts, (size_t)p), *ga = json_array_get(greedy, (size_t)p);
+        fx->prompt_len[p] = (int)json_array_size(pa);
+        fx->prompts[p] = malloc((size_t)fx->prompt_len[p] * sizeof(int32_t));
+        for (int i = 0; i < fx->prompt_len[p]; i++)
+            fx->prompts[p][i] = (int32_t)json_integer_value(json_array_get(pa, (size_t)i));
+        assert_int_equal(json_array_size(ga), GREEDY);
+        for (int i = 0; i < GREEDY; i++) fx->greedy[p][i] = (int32_t)json_integer_value(json_array_get(ga, (size_t)i));
+        fx->logits[p] = fx->blob + off;
+        off += (size_t)fx->prompt_len[p] * vocab;
+    }
+    assert_int_equal(off * sizeof(float), blob_len);
+    json_decref(ref);
+}
+
+static void free_fixture(fixture *fx) {
+    for (int p = 0; p < fx->num_prompts; p++) free(fx->prompts[p]);
+    free(fx->blob);
+    rp_model_free(fx->model);
+}
+
+static double rel_l2(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / den);
+}
+
+/* Runs the given prompts of a fixture together and checks each against the
+ * reference. page_size and max_batch_tokens vary the paging and chunking. */
+static void run_and_check(fixture *fx, const int *which, int n, int page_size, int max_batch_tokens) {
+    const int vocab = fx->model->cfg.vocab_size;
+    int total = 0, max_len = 0;
+    for (int i = 0; i < n; i++) {
+        int len = fx->prompt_len[which[i]] + GREEDY;
+        total += (len + page_size - 1) / page_size;
+        if (len > max_len) max_len = len;
+    }
+    rp_page_pool *pool = rp_page_pool_new(total, page_size);
+    rp_page_table *table = rp_page_table_new(pool, n, max_len);
+    rp_backend_config bc = {.num_pages = total, .page_size = page_size, .max_batch_tokens = max_batch_tokens,
+                            .max_batch_seqs = n, .max_logit_rows = max_batch_tokens, .num_threads = 2};
+    rp_err err;
+    rp_backend *be = rp_backend_cpu_new(fx->model, &bc, &err);
+    if (!be) fail_msg("backend: %s", err.msg);
+    rp_gen_request reqs[MAX_PROMPTS];
+    int32_t outputs[MAX_PROMPTS][GREEDY];
+    for (int i = 0; i < n; i++) {
+        int p = which[i];
+        memset(&reqs[i], 0, sizeof reqs[i]);
+        reqs[i].prompt = fx->prompts[p];
+        reqs[i].num_prompt = fx->prompt_len[p];
+        reqs[i].max_tokens = GREEDY;
+        reqs[i].ignore_eos = 1;
+        rp_sampling_params_default(&reqs[i].sampling);
+        reqs[i].sampling.temperature = 0;
+        reqs[i].output = outputs[i];
+        reqs[i].prompt_logits = malloc((size_t)fx->prompt_len[p] * vocab * sizeof(float));
+        for (size_t k = 0; k < (size_t)fx->prompt_len[p] * vocab; k++) reqs[i].prompt_logits[k] = NAN; /* poison */
+    }
+    rp_gen_stats st;
+    if (rp_generate(be, table, reqs, n, NULL, NULL, &st, &err)) fail_msg("generate: %s", err.msg);
+    for (int i = 0; i < n; i++) {
+        int p = which[i], len = fx->prompt_len[p];
+        for (int pos = 0; pos < len; pos++) {
+            double e = rel_l2(reqs[i].prompt_logits + (size_t)pos * vocab, fx->logits[p] + (size_t)pos * vocab,
+                              (size_t)vocab);
+            if (!(e < 1e-3))
+                fail_msg("prompt %d position %d: relative L2 error %.3g (page %d, chunk %d)", p, pos, e, page_size,
+                         max_batch_tokens);
+        }
+        assert_int_equal(reqs[i].num_output, GREEDY);
+        for (int k = 0; k < GREEDY; k++)
+            if (outputs[i][k] != fx->greedy[p][k])
+                fail_msg("prompt %d: greedy token %d is %d, transformers says %d", p, k, outputs[i][k],
+                         fx->greedy[p][k]);
+        free(reqs[i].prompt_logits);
+    }
+    assert_int_equal(rp_page_pool_num_free(pool), total); /* every page came back */
+    rp_backend_destroy(be);
+    rp_page_table_free(table);
+    rp_page_pool_free(pool);
+}
+
+static void test_model(void **state) {
+    const char *name = *state;
+    fixture fx;
+    load_fixture(&fx, name);
+    /* each prompt alone */
+    for (int p = 0; p < fx.num_prompts; p++) run_and_check(&fx, &p, 1, 16, 256);
+    /* all together, different lengths, several paging and chunking setups */
+    int all[MAX_PROMPTS];
+    for (int p = 0; p < fx.num_prompts; p++) all[p] = fx.num_prompts - 1 - p;
+    run_and_check(&fx, all, fx.num_prompts, 16, 256);
+    run_and_check(&fx, all, fx.num_prompts, 1, 256);
+    run_and_check(&fx, all, fx.num_prompts, 7, 13); /* chunked prefill mixed with decode */
+    free_fixture(&fx);
+}
+
+int main(void) {
+    struct CMUnitTest tests[sizeof models / sizeof models[0]];
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        tests[i] = (struct CMUnitTest){models[i], test_model, NULL, NULL, (void *)models[i]};
+    }
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

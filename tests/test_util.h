@@ -1,0 +1,41 @@
+/* Helpers shared by the tests: fixture paths and whole-file reads. */
+#ifndef RP_TEST_UTIL_H
+#define RP_TEST_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* REPLAY_SOURCE_DIR is set by CTest; running a test binary from the repo
+ * root also works. */
+static inline const char *test_source_dir(void) {
+    const char *d = getenv("REPLAY_SOURCE_DIR");
+    return d ? d : ".";
+}
+
+static inline void test_path(char *buf, size_t n, const char *rel) {
+    snprintf(buf, n, "%s/%s", test_source_dir(), rel);
+}
+
+/* Reads a whole file; fails the test if it cannot. */
+static inline void *test_read_file(const char *path, size_t *len_out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = 0;
+    fclose(f);
+    if (len_out) *len_out = (size_t)n;
+    return buf;
+}
+
+#endif
