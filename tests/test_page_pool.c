@@ -1,0 +1,70 @@
+/* The KV page pool and page table: all-or-nothing allocation, slots,
+ * truncation, rows, and every page back in the pool at the end. */
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "test_util.h"
+
+static void test_pool(void **state) {
+    (void)state;
+    rp_page_pool *p = rp_page_pool_new(10, 16);
+    assert_non_null(p);
+    assert_null(rp_page_pool_new(0, 16));
+    int32_t a[10], b[10];
+    assert_int_equal(rp_page_pool_alloc(p, 4, a), 0);
+    assert_int_equal(rp_page_pool_num_free(p), 6);
+    assert_int_equal(rp_page_pool_alloc(p, 7, b), -1); /* takes nothing */
+    assert_int_equal(rp_page_pool_num_free(p), 6);
+    assert_int_equal(rp_page_pool_alloc(p, 6, b), 0);
+    /* all ten distinct and in range */
+    int seen[10] = {0};
+    for (int i = 0; i < 4; i++) seen[a[i]]++;
+    for (int i = 0; i < 6; i++) seen[b[i]]++;
+    for (int i = 0; i < 10; i++) assert_int_equal(seen[i], 1);
+    assert_int_equal(rp_page_pool_dummy_page(p), 10);
+    rp_page_pool_release(p, 4, a);
+    rp_page_pool_release(p, 6, b);
+    assert_int_equal(rp_page_pool_num_free(p), 10);
+    rp_page_pool_free(p);
+}
+
+static void test_table(void **state) {
+    (void)state;
+    rp_page_pool *p = rp_page_pool_new(8, 4);
+    rp_page_table *t = rp_page_table_new(p, 2, 20); /* 5 pages per row at most */
+    assert_non_null(t);
+    assert_int_equal(t->max_pages_per_row, 5);
+    int r0 = rp_page_table_acquire_row(t), r1 = rp_page_table_acquire_row(t);
+    assert_true(r0 >= 0 && r1 >= 0 && r0 != r1);
+    assert_int_equal(rp_page_table_acquire_row(t), -1);
+    rp_err err;
+    assert_int_equal(rp_page_table_reserve(t, r0, 9, &err), 0); /* 3 pages */
+    assert_int_equal(rp_page_pool_num_free(p), 5);
+    assert_int_equal(rp_page_table_pages_needed(t, r0, 13), 1);
+    assert_int_equal(rp_page_table_pages_needed(t, r0, 12), 0);
+    /* token 5 is in the row's second page at offset 1 */
+    assert_int_equal(rp_page_table_slot(t, r0, 5), rp_page_table_row(t, r0)[1] * 4 + 1);
+    assert_int_not_equal(rp_page_table_reserve(t, r1, 21, &err), 0); /* over the row limit */
+    assert_non_null(strstr(err.msg, "limit"));
+    assert_int_equal(rp_page_table_reserve(t, r1, 20, &err), 0); /* 5 pages: pool now 0 free */
+    assert_int_equal(rp_page_pool_num_free(p), 0);
+    assert_int_not_equal(rp_page_table_reserve(t, r0, 13, &err), 0);
+    assert_non_null(strstr(err.msg, "KV cache full"));
+    assert_int_equal(t->row_num_pages[r0], 3); /* unchanged by the failure */
+    rp_page_table_truncate(t, r1, 5); /* keep 2 pages */
+    assert_int_equal(rp_page_pool_num_free(p), 3);
+    assert_int_equal(rp_page_table_row(t, r1)[2], rp_page_pool_dummy_page(p));
+    rp_page_table_release_row(t, r0);
+    rp_page_table_release_row(t, r1);
+    assert_int_equal(rp_page_pool_num_free(p), 8);
+    assert_int_equal(rp_page_table_acquire_row(t) >= 0, 1);
+    rp_page_table_free(t);
+    rp_page_pool_free(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_table),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
