@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Packs what a GPU machine without apt needs into .gpu/ (git-ignored): the
+# built binaries, the Debian .so files it lacks, the fixtures' tools and the
+# check script. The device tool carries .gpu/ (carry: [".gpu"]); there, run
+#   LD_LIBRARY_PATH=.gpu/lib .gpu/bin/<binary>
+# or simply: bash .gpu/gpu-check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREPLAY_CUDA=ON >/dev/null
+cmake --build "$BUILD" -j "$(nproc)" >/dev/null
+rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
+cp "$BUILD"/replay .gpu/bin/
+for t in "$BUILD"/test_*; do [ -x "$t" ] && cp "$t" .gpu/bin/; done
+for b in "$BUILD"/bench_*; do [ -x "$b" ] && cp "$b" .gpu/bin/ || true; done
+# Libraries the GPU image lacks (it has libgomp, libjansson, libpcre2-8, CUDA 13).
+for lib in libutf8proc.so.2 libcmocka.so.0 libmicrohttpd.so.12 libcjson.so.1; do
+  f=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
+  [ -n "$f" ] && cp -L "$f" .gpu/lib/
+done
+cp scripts/gpu-check.sh .gpu/ 2>/dev/null || true
+strip --strip-debug .gpu/bin/* 2>/dev/null || true
+du -sh .gpu

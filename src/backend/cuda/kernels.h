@@ -1,0 +1,114 @@
+/* Launchers for replay's CUDA kernels (src/backend/cuda/kernels/*.cu), the
+ * only CUDA entry points the C backend calls.
+ *
+ * Rules every launcher follows (STYLE.md, pegainfer's decode meta):
+ *  - Anything that changes from step to step (token ids, positions, KV
+ *    lengths, page-table rows, slot mapping, sampling parameters, seeds,
+ *    step counters) is read from device memory at a fixed address. The int
+ *    arguments are shapes and capacities, fixed for a captured graph.
+ *  - Weights and activations are bf16 (uint16_t here; __nv_bfloat16 in the
+ *    kernels), accumulation is fp32. The residual stream is fp32.
+ *  - KV cache layout: cache[slot][kv_head][head_dim] per layer, slot =
+ *    page * page_size + offset, the same as the CPU backend.
+ *  - Launchers only enqueue on `stream`; they never allocate, synchronise
+ *    or copy to the host. They return cudaSuccess or the launch error
+ *    (cudaGetLastError) as an int.
+ *  - Every kernel has a CPU reference in tests/test_cuda_kernels.c. */
+#ifndef RP_BACKEND_CUDA_KERNELS_H
+#define RP_BACKEND_CUDA_KERNELS_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/sample_params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef uint16_t rp_bf16;
+
+/* residual[t][:] = float(embed[tokens[t]][:]), t < T. */
+int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, float *residual, int T, int H, cudaStream_t stream);
+
+/* If delta != NULL: residual += float(delta) first. Then
+ * out = bf16(rmsnorm(residual) * w) with transformers' RMSNorm in fp32. */
+int rp_k_add_rmsnorm(float *residual, const rp_bf16 *delta, const rp_bf16 *w, rp_bf16 *out, int T, int H,
+                     float eps, cudaStream_t stream);
+
+/* y[t][n] = sum_k x[t][k] * W[n][k] for small T (decode): streams W once at
+ * close to HBM bandwidth. T <= RP_GEMV_MAX_T. Output bf16 or fp32. */
+#define RP_GEMV_MAX_T 8
+int rp_k_gemv(const rp_bf16 *W, const rp_bf16 *x, rp_bf16 *y, int T, int N, int K, cudaStream_t stream);
+int rp_k_gemv_f32out(const rp_bf16 *W, const rp_bf16 *x, float *y, int T, int N, int K, cudaStream_t stream);
+
+/* qkv: [T][(nh + 2 * nkv) * hd], q heads then k heads then v heads (the
+ * fused projection's output). In place: optional per-head RMSNorm of q and k
+ * (Qwen3; q_norm/k_norm NULL to skip), then rotate_half RoPE of q and k at
+ * positions[t] with angle = float(positions[t]) * inv_freq[i] (fp32, like
+ * transformers). Then k and v of token t are written to k_cache/v_cache at
+ * slot_mapping[t]. */
+int rp_k_qk_norm_rope_store(rp_bf16 *qkv, const rp_bf16 *q_norm, const rp_bf16 *k_norm, const float *inv_freq,
+                            const int32_t *positions, const int32_t *slot_mapping, rp_bf16 *k_cache,
+                            rp_bf16 *v_cache, int T, int nh, int nkv, int hd, float eps, cudaStream_t stream);
+
+/* out[t][:F] = silu(gate_up[t][:F]) * gate_up[t][F:2F]. */
+int rp_k_silu_mul(const rp_bf16 *gate_up, rp_bf16 *out, int T, int F, cudaStream_t stream);
+
+/* Paged attention metadata shared by decode and prefill. */
+typedef struct rp_attn_meta {
+    const int32_t *seq_start;    /* [num_seqs + 1] query token offsets */
+    const int32_t *seq_kv_len;   /* [num_seqs] keys per sequence (cached + new) */
+    const int32_t *seq_page_row; /* [num_seqs] row of page_table */
+    const int32_t *page_table;   /* [rows][page_table_stride] */
+    int page_table_stride;
+    int page_size;
+} rp_attn_meta;
+
+/* Decode attention: one query token per sequence (token s of qkv belongs to
+ * sequence s), over that sequence's kv_len keys, GQA (nh / nkv query heads
+ * per kv head), scale 1/sqrt(hd). The KV length is split into num_splits
+ * parts processed in parallel (flash-decoding) and merged; num_splits is
+ * fixed per graph and a split past a sequence's length contributes nothing.
+ * workspace: rp_attn_decode_workspace_bytes(). out: [num_seqs][nh * hd]. */
+size_t rp_attn_decode_workspace_bytes(int num_seqs, int nh, int hd, int num_splits);
+int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
+                     rp_bf16 *out, void *workspace, int num_seqs, int nh, int nkv, int hd, int num_splits,
+                     cudaStream_t stream);
+
+/* Prefill attention for variable-length sequences (T tokens in all): query
+ * token i of sequence s sits at position kv_len - n_new + i and attends
+ * causally to keys 0..position, read from the paged cache (which already
+ * holds this step's keys). Tensor cores. out: [T][nh * hd]. */
+int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
+                      rp_bf16 *out, int T, int num_seqs, int max_q_len, int nh, int nkv, int hd,
+                      cudaStream_t stream);
+
+/* Gathers rows: out[i][:] = in[rows[i]][:], for the lm_head's input. */
+int rp_k_gather_rows(const rp_bf16 *in, const int32_t *rows, rp_bf16 *out, int n, int H, cudaStream_t stream);
+
+/* rp_sample_params (backend/sample_params.h): per-row, in device memory,
+ * written by the engine each step. */
+
+/* tokens[r] = sample(logits[r][:vocab]) for r < rows; greedy rows take the
+ * argmax (lowest id on ties). The draw is u = rp_rand_uniform(seed, 0, step)
+ * (src/util/rng.h) and the kernel picks by inverse CDF over the kept tokens
+ * in descending-probability order, like the CPU sampler, so both make the
+ * same choice up to fp rounding. logprobs (nullable): the chosen token's
+ * log-probability. workspace: rp_sample_workspace_bytes(). */
+size_t rp_sample_workspace_bytes(int rows, int vocab);
+int rp_k_sample(const float *logits, const rp_sample_params *params, int32_t *tokens, float *logprobs,
+                void *workspace, int rows, int vocab, cudaStream_t stream);
+
+/* Fills bf16 weights with the same values as the CPU dummy-weight generator
+ * (src/model/weights.c): v = (u * 2 - 1) * sqrt(3) * scale (+1 for norms)
+ * with u = rp_rand_uniform(seed, stream_id, i). */
+int rp_k_fill_dummy(rp_bf16 *dst, int64_t n, uint64_t seed, uint64_t stream_id, float scale, int is_norm,
+                    cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
