@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "backend/sample_params.h"
 #include "model/model.h"
 #include "util/err.h"
 
@@ -28,6 +29,9 @@ typedef struct rp_batch {
     const int32_t *slot_mapping; /* [num_tokens], KV slot (page * page_size + offset) */
     int num_logits;              /* rows of logits wanted */
     const int32_t *logit_token;  /* [num_logits], index into tokens of each wanted row */
+    /* [num_logits] or NULL. When set and the backend samples on the device
+     * (ops->read_tokens != NULL), forward also samples each logit row. */
+    const rp_sample_params *sample;
 } rp_batch;
 
 typedef struct rp_backend_config {
@@ -47,6 +51,10 @@ typedef struct rp_backend_ops {
     int (*forward)(rp_backend *b, const rp_batch *batch, rp_err *err);
     /* Copies the last forward's logits to host memory, [num_logits][vocab]. */
     int (*read_logits)(rp_backend *b, float *dst, rp_err *err);
+    /* Optional: the tokens sampled by the last forward (batch->sample set),
+     * [num_logits], and their logprobs when logprobs != NULL. Backends
+     * without device sampling leave it NULL; the engine samples on the host. */
+    int (*read_tokens)(rp_backend *b, int32_t *tokens, float *logprobs, rp_err *err);
     void (*destroy)(rp_backend *b);
 } rp_backend_ops;
 

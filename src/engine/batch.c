@@ -42,6 +42,7 @@ void rp_batch_begin(rp_batch_builder *bb) {
     b->num_seqs = 0;
     b->num_tokens = 0;
     b->num_logits = 0;
+    b->sample = NULL;
     bb->seq_start[0] = 0;
 }
 
@@ -67,7 +68,7 @@ int rp_batch_add(rp_batch_builder *bb, int row, const int32_t *tokens, int n, in
     return first_logit;
 }
 
-const rp_batch *rp_batch_finish(rp_batch_builder *bb) {
+rp_batch *rp_batch_finish(rp_batch_builder *bb) {
     rp_batch *b = &bb->batch;
     b->tokens = bb->tokens;
     b->positions = bb->positions;

@@ -26,6 +26,6 @@ int rp_batch_add(rp_batch_builder *bb, int row, const int32_t *tokens, int n, in
 static inline int rp_batch_tokens_left(const rp_batch_builder *bb) {
     return bb->max_tokens - bb->batch.num_tokens;
 }
-const rp_batch *rp_batch_finish(rp_batch_builder *bb);
+rp_batch *rp_batch_finish(rp_batch_builder *bb);
 
 #endif

@@ -36,7 +36,9 @@ int rp_generate(rp_backend *be, rp_page_table *table, rp_gen_request *reqs, int 
     rp_batch_builder *bb = rp_batch_builder_new(table, bc->max_batch_tokens, bc->max_batch_seqs, bc->max_logit_rows);
     float *logits = malloc((size_t)bc->max_logit_rows * vocab * sizeof(float));
     rp_sampler *sampler = rp_sampler_new(vocab);
-    if (!ss || !bb || !logits || !sampler) {
+    rp_sample_params *dev_params = calloc((size_t)bc->max_logit_rows, sizeof *dev_params);
+    int32_t *dev_tokens = malloc((size_t)bc->max_logit_rows * sizeof *dev_tokens);
+    if (!ss || !bb || !logits || !sampler || !dev_params || !dev_tokens) {
         rp_errf(err, "out of memory");
         goto out;
     }
@@ -57,6 +59,16 @@ int rp_generate(rp_backend *be, rp_page_table *table, rp_gen_request *reqs, int 
         }
         if (rp_sampling_params_validate(&r->sampling, vocab, err)) goto out;
         if (r->max_tokens <= 0) ss[i].done = 1;
+    }
+    /* Sample on the device (only token ids come back) unless a request
+     * needs what only the host sampler has: penalties over its history, or
+     * the prompt's logits. */
+    int device_sampling = be->ops->read_tokens != NULL;
+    for (int i = 0; i < n; i++) {
+        const rp_sampling_params *p = &reqs[i].sampling;
+        if (reqs[i].prompt_logits || p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+            p->frequency_penalty != 0.0f)
+            device_sampling = 0;
     }
     double t0 = rp_now_s(), t_prefilled = 0;
     for (;;) {
@@ -102,13 +114,22 @@ int rp_generate(rp_backend *be, rp_page_table *table, rp_gen_request *reqs, int 
                 continue;
             }
             s->logit_row = mode ? first : -1;
+            if (mode == 1) {
+                const rp_sampling_params *p = &r->sampling;
+                dev_params[first] = (rp_sample_params){.temperature = p->temperature, .top_p = p->top_p,
+                                                       .top_k = p->top_k, .min_p = p->min_p, .seed = p->seed,
+                                                       .step = (uint64_t)r->num_output};
+            }
             s->logit_mode = mode;
             s->step_tokens = ntok;
             any = 1;
         }
         if (!any) break;
-        const rp_batch *batch = rp_batch_finish(bb);
-        if (rp_backend_forward(be, batch, err) || rp_backend_read_logits(be, logits, err)) goto out;
+        rp_batch *batch = rp_batch_finish(bb);
+        batch->sample = device_sampling ? dev_params : NULL;
+        if (rp_backend_forward(be, batch, err)) goto out;
+        if (device_sampling ? be->ops->read_tokens(be, dev_tokens, NULL, err) : rp_backend_read_logits(be, logits, err))
+            goto out;
         st.steps++;
         for (int i = 0; i < n; i++) {
             seq_state *s = &ss[i];
@@ -121,8 +142,10 @@ int rp_generate(rp_backend *be, rp_page_table *table, rp_gen_request *reqs, int 
             s->cached += s->step_tokens;
             if (s->cached < r->num_prompt) continue; /* mid-prefill: nothing to sample */
             int row = s->logit_row + (s->logit_mode == 2 ? s->step_tokens - 1 : 0);
-            int32_t tok = rp_sampler_sample(sampler, &r->sampling, logits + (size_t)row * vocab, r->prompt,
-                                            r->num_prompt, r->output, r->num_output, (uint64_t)r->num_output, NULL);
+            int32_t tok = device_sampling ? dev_tokens[row]
+                                          : rp_sampler_sample(sampler, &r->sampling, logits + (size_t)row * vocab,
+                                                              r->prompt, r->num_prompt, r->output, r->num_output,
+                                                              (uint64_t)r->num_output, NULL);
             r->output[r->num_output++] = tok;
             s->last = tok;
             if (on_token) on_token(ctx, i, tok);
@@ -154,5 +177,7 @@ out:
     free(logits);
     rp_batch_builder_free(bb);
     rp_sampler_free(sampler);
+    free(dev_params);
+    free(dev_tokens);
     return rc;
 }

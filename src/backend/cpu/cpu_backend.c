@@ -240,7 +240,8 @@ static void cpu_destroy(rp_backend *b) {
     free(cb);
 }
 
-static const rp_backend_ops cpu_ops = {cpu_forward, cpu_read_logits, cpu_destroy};
+static const rp_backend_ops cpu_ops = {
+    .forward = cpu_forward, .read_logits = cpu_read_logits, .read_tokens = NULL, .destroy = cpu_destroy};
 
 static float *alloc_f32(int64_t n, int *failed) {
     float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
