@@ -41,7 +41,24 @@ typedef struct rp_backend_config {
     int max_batch_seqs;
     int max_logit_rows; /* rows of logits one forward can return; 0 = max_batch_seqs */
     int num_threads; /* CPU backend; 0 = all cores */
+    /* CUDA backend */
+    int device_id;
+    int disable_cuda_graph;
+    int cuda_graph_max_bs;   /* 0 = min(max_batch_seqs, 256) */
+    int num_cuda_graph_bs;   /* > 0: capture exactly these batch sizes */
+    int cuda_graph_bs[64];
 } rp_backend_config;
+
+/* Counters a backend keeps for benchmarks, the profiler and tests. */
+typedef struct rp_backend_stats {
+    uint64_t forwards;
+    uint64_t graph_replays;      /* forwards that were one CUDA graph replay */
+    uint64_t device_allocs;      /* device allocations since the backend finished starting */
+    double last_gpu_ms;          /* device time of the last forward (CUDA events) */
+    int num_graphs;
+    double graph_capture_s;
+    double graph_memory_mib;
+} rp_backend_stats;
 
 typedef struct rp_backend rp_backend;
 
@@ -56,6 +73,10 @@ typedef struct rp_backend_ops {
      * without device sampling leave it NULL; the engine samples on the host. */
     int (*read_tokens)(rp_backend *b, int32_t *tokens, float *logprobs, rp_err *err);
     void (*destroy)(rp_backend *b);
+    /* Optional. */
+    void (*stats)(rp_backend *b, rp_backend_stats *out);
+    /* Optional: turn graph replay off/on at run time (benchmarks compare). */
+    void (*set_graphs)(rp_backend *b, int enabled);
 } rp_backend_ops;
 
 struct rp_backend {
@@ -66,6 +87,12 @@ struct rp_backend {
 };
 
 rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err);
+/* NULL with a message when replay was built without CUDA or no GPU is present. */
+rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err);
+/* Number of CUDA devices usable (0 without CUDA support or without a GPU). */
+int rp_cuda_device_count(void);
+/* Free and total device memory of a device in bytes; -1 without CUDA. */
+int rp_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 
 static inline int rp_backend_forward(rp_backend *b, const rp_batch *batch, rp_err *err) {
     return b->ops->forward(b, batch, err);

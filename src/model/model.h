@@ -27,6 +27,7 @@ typedef struct rp_model {
     rp_weight *layers;                       /* [num_layers][RP_W_COUNT] */
     char *dir;                               /* model directory, NULL for presets */
     int dummy;                               /* weights are random */
+    uint64_t dummy_seed;
     uint64_t weight_bytes;                   /* bf16 bytes of distinct weights */
     /* ownership */
     rp_safetensors **files;
@@ -39,6 +40,10 @@ typedef struct rp_load_options {
     rp_load_format format;
     uint64_t seed; /* dummy weights */
     int progress;  /* draw a progress bar (only when stderr is a terminal) */
+    /* Dummy weights only: leave every weight's data NULL and let the backend
+     * generate the same values where they live (the GPU fills 16 GB in
+     * milliseconds; the host would take seconds and the memory). */
+    int lazy_dummy;
 } rp_load_options;
 
 /* Loads DIR (config, generation config, weights per options->format). */
@@ -48,6 +53,12 @@ rp_model *rp_model_dummy(const char *preset, const rp_load_options *opts, rp_err
 /* Builds a model of the given config with seeded random weights. */
 rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_options *opts, rp_err *err);
 void rp_model_free(rp_model *m);
+
+/* How dummy weight (kind, layer) is generated, so another backend can make
+ * the identical values: element i = bf16((u * 2 - 1) * sqrt(3) * scale
+ * (+ 1 for norms)) with u = rp_rand_uniform(seed, stream, i). */
+void rp_dummy_weight_params(const rp_model_config *cfg, rp_weight_kind kind, int layer, uint64_t *stream,
+                            float *scale, int *is_norm);
 
 /* layer is ignored for embed/final_norm/lm_head. */
 static inline const rp_weight *rp_model_weight(const rp_model *m, rp_weight_kind kind, int layer) {

@@ -88,6 +88,15 @@ static float dummy_scale(const rp_model_config *cfg, rp_weight_kind k, int64_t c
     }
 }
 
+void rp_dummy_weight_params(const rp_model_config *cfg, rp_weight_kind kind, int layer, uint64_t *stream,
+                            float *scale, int *is_norm) {
+    int64_t shape[2];
+    rp_weight_shape(cfg, kind, shape);
+    *stream = (uint64_t)kind * 100003u + (uint64_t)layer;
+    *scale = dummy_scale(cfg, kind, shape[1]);
+    *is_norm = shape[1] == 1;
+}
+
 rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_options *opts, rp_err *err) {
     rp_model *m = model_new(cfg);
     if (!m) {
@@ -95,11 +104,24 @@ rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_o
         return NULL;
     }
     m->dummy = 1;
+    m->dummy_seed = opts ? opts->seed : 0;
     uint64_t total = 0;
     FOR_EACH_WEIGHT(cfg, kind, layer) {
         int64_t shape[2];
         rp_weight_shape(cfg, (rp_weight_kind)kind, shape);
         total += (uint64_t)(shape[0] * shape[1]);
+    }
+    m->weight_bytes = total * 2;
+    if (opts && opts->lazy_dummy) {
+        FOR_EACH_WEIGHT(cfg, kind, layer) {
+            rp_weight *w = slot(m, (rp_weight_kind)kind, layer);
+            int64_t shape[2];
+            rp_weight_shape(cfg, (rp_weight_kind)kind, shape);
+            w->rows = shape[0];
+            w->cols = shape[1];
+        }
+        if (cfg->tie_word_embeddings) m->global[RP_W_LM_HEAD] = m->global[RP_W_EMBED];
+        return m;
     }
     uint16_t *buf = own(m, total * sizeof(uint16_t));
     if (!buf) {
@@ -107,7 +129,6 @@ rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_o
         rp_errf(err, "out of memory for %.2f GB of dummy weights", (double)total * 2 / 1e9);
         return NULL;
     }
-    m->weight_bytes = total * 2;
     rp_progress prog;
     rp_progress_begin(&prog, "dummy weights", total);
     if (!opts || !opts->progress) prog.enabled = 0;
@@ -117,9 +138,10 @@ rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_o
         rp_weight_shape(cfg, (rp_weight_kind)kind, shape);
         int64_t n = shape[0] * shape[1];
         uint16_t *dst = buf + off;
-        float scale = dummy_scale(cfg, (rp_weight_kind)kind, shape[1]);
-        int is_norm = shape[1] == 1;
-        uint64_t stream = (uint64_t)kind * 100003u + (uint64_t)layer;
+        float scale;
+        int is_norm;
+        uint64_t stream;
+        rp_dummy_weight_params(cfg, (rp_weight_kind)kind, layer, &stream, &scale, &is_norm);
         /* uniform(-1,1) * sqrt(3) has unit variance */
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {

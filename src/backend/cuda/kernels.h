@@ -1,4 +1,4 @@
-/* Launchers for replay's CUDA kernels (src/backend/cuda/kernels/*.cu), the
+/* Launchers for replay's CUDA kernels (src/backend/cuda/kernels/ (the .cu files)), the
  * only CUDA entry points the C backend calls.
  *
  * Rules every launcher follows (STYLE.md, pegainfer's decode meta):

@@ -1,0 +1,19 @@
+/* Without CUDA support compiled in, the CUDA entry points say so. */
+#include "backend/backend.h"
+
+#ifndef REPLAY_HAVE_CUDA
+rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err) {
+    (void)model;
+    (void)cfg;
+    rp_errf(err, "this replay was built without CUDA (nvcc was not found at configure time)");
+    return NULL;
+}
+
+int rp_cuda_device_count(void) { return 0; }
+
+int rp_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+    (void)device;
+    *free_bytes = *total_bytes = 0;
+    return -1;
+}
+#endif
