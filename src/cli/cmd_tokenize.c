@@ -1,0 +1,134 @@
+/* `replay tokenize`: text in, token ids out (and, with --verbose, each
+ * token's vocabulary entry and the bytes it stands for). The quickest way to
+ * check replay's tokenizer against Hugging Face's by eye. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "tokenizer/tokenizer.h"
+
+#define CMD "tokenize"
+
+int rp_cmd_tokenize(int argc, char **argv);
+
+static void help(FILE *f) {
+    fprintf(f,
+            "Usage: replay tokenize --model DIR [OPTIONS] [TEXT]\n"
+            "\n"
+            "Prints the token ids of TEXT (or of standard input when TEXT is absent)\n"
+            "as Hugging Face tokenizers would: tokenizer(TEXT, add_special_tokens=False).\n"
+            "Special tokens written in the text (e.g. <|im_end|>) are recognised.\n"
+            "\n"
+            "Options:\n"
+            "  --model DIR        directory with tokenizer.json (and tokenizer_config.json)\n"
+            "  -v, --verbose      one token per line: id, vocabulary entry, decoded bytes\n"
+            "  --split-special    treat special tokens in the text as plain text\n"
+            "  -h, --help         show this help\n");
+}
+
+static char *read_stdin(size_t *len) {
+    size_t cap = 65536, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) return NULL;
+    size_t r;
+    while ((r = fread(buf + n, 1, cap - n, stdin)) > 0) {
+        n += r;
+        if (n == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) {
+                free(buf);
+                return NULL;
+            }
+            buf = nb;
+        }
+    }
+    *len = n;
+    return buf;
+}
+
+/* Bytes as a C-style quoted string, so spaces and newlines are visible. */
+static void print_escaped(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\r') fputs("\\r", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+int rp_cmd_tokenize(int argc, char **argv) {
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"verbose", no_argument, 0, 'v'},
+                                             {"split-special", no_argument, 0, 's'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *model_dir = NULL;
+    int verbose = 0;
+    unsigned flags = 0;
+    int opt;
+    optind = 1;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, "+vh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'm': model_dir = optarg; break;
+        case 'v': verbose = 1; break;
+        case 's': flags |= RP_ENCODE_SPLIT_SPECIAL; break;
+        case 'h': help(stdout); return RP_EXIT_OK;
+        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
+        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (!model_dir) return rp_cli_usage_error(CMD, "--model DIR is required");
+    if (argc - optind > 1) return rp_cli_usage_error(CMD, "expected one TEXT argument (quote it), got %d", argc - optind);
+
+    char *owned = NULL;
+    const char *text;
+    size_t len;
+    if (optind < argc) {
+        text = argv[optind];
+        len = strlen(text);
+    } else {
+        owned = read_stdin(&len);
+        if (!owned) return rp_cli_runtime_error(CMD, "cannot read standard input");
+        text = owned;
+    }
+
+    rp_err err = {{0}};
+    rp_tokenizer *tok = rp_tokenizer_load(model_dir, &err);
+    if (!tok) {
+        free(owned);
+        return rp_cli_runtime_error(CMD, "%s", err.msg);
+    }
+    int32_t *ids;
+    size_t n;
+    int rc = rp_tokenizer_encode_ex(tok, text, len, flags, &ids, &n, &err);
+    free(owned);
+    if (rc) {
+        rp_tokenizer_free(tok);
+        return rp_cli_runtime_error(CMD, "%s", err.msg);
+    }
+    if (verbose) {
+        for (size_t i = 0; i < n; i++) {
+            const char *bytes;
+            size_t bl;
+            rp_tokenizer_token_bytes(tok, ids[i], &bytes, &bl);
+            printf("%d\t%s\t", ids[i], rp_tokenizer_token_text(tok, ids[i]));
+            print_escaped(bytes, bl);
+            putchar('\n');
+        }
+        printf("%zu tokens\n", n);
+    } else {
+        for (size_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", ids[i]);
+        putchar('\n');
+    }
+    free(ids);
+    rp_tokenizer_free(tok);
+    return RP_EXIT_OK;
+}
