@@ -205,7 +205,7 @@ static int cache_put(tok_scratch *sc, const unsigned char *s, size_t n, const in
         grow((void **)&sc->keys, &sc->cap_keys, sc->n_keys + n, 1, 65536))
         return -1;
     memcpy(sc->keys + sc->n_keys, s, n);
-    memcpy(sc->cache_ids + sc->n_cache_ids, ids, k * sizeof *ids);
+    if (k) memcpy(sc->cache_ids + sc->n_cache_ids, ids, k * sizeof *ids);
     if (tok_map_put(&sc->cache, sc->keys, (uint32_t)sc->n_keys, (uint32_t)n,
                     (int32_t)(sc->n_cache_ids << 7 | k)))
         return -1;

@@ -352,7 +352,7 @@ static int load_model(loader *L, const tj_node *model) {
     int32_t *trip = malloc((n_merges ? n_merges : 1) * 3 * sizeof *trip);
     if (!trip) return rp_errf(L->err, "out of memory loading tokenizer");
     uint32_t first_bad = UINT32_MAX;
-#pragma omp parallel
+#pragma omp parallel if (n_merges > 20000)
     {
         char local[256];
         char *cat = local;
