@@ -75,7 +75,7 @@ int rp_cmd_tokenize(int argc, char **argv) {
     int opt;
     optind = 1;
     opterr = 0;
-    while ((opt = getopt_long(argc, argv, "+vh", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "+:vh", longopts, NULL)) != -1) {
         switch (opt) {
         case 'm': model_dir = optarg; break;
         case 'v': verbose = 1; break;
