@@ -2,16 +2,18 @@
  * min-p -> renormalise -> inverse-CDF draw (docs/sampling.md).
  *
  * Every truncation and the final draw are defined over the candidates in
- * descending order of (penalised logit, then lower token id first). That
- * order is a total order, so the result is deterministic, and it is what a
- * full sort would give; but a 152k-token sort per step is too slow, so we
- * never sort the whole vocabulary. Instead:
- *   - top-k is a quickselect on the key (expected O(vocab));
- *   - top-p and the draw are a "weighted quickselect": partition around a
- *     pivot, sum the probability mass of the part that comes first in the
- *     order, and descend into whichever side the running mass crosses the
- *     target in (expected O(vocab)).
- * Only the last small range (or a pathological one) is actually sorted.
+ * descending order of (penalised logit, then lower token id). That is a
+ * total order, so results are deterministic, and they are what a full sort
+ * would give; but sorting 152k tokens per step is too slow, so we never sort
+ * the vocabulary. Each "walk the sorted list until the running count or
+ * probability reaches X" (top-k, top-p, the draw) is a bucket select:
+ *   1. put every candidate in a bucket by x = (max_logit - logit) / T, a
+ *      monotone function of the logit, so bucket order is sampling order;
+ *   2. sum the weight (1 or the mass) per bucket and walk the buckets to the
+ *      one where the running weight reaches X;
+ *   3. sort only that bucket's candidates and walk them.
+ * Two passes over the candidates plus a sort of one bucket (typically tens
+ * to hundreds of tokens), the same radix-select scheme a GPU kernel uses.
  *
  * Probabilities are computed in double from the fp32 penalised logits, as
  * exp((logit - max) / T), so tiny temperatures cannot overflow and the top
@@ -31,9 +33,18 @@ typedef struct rp_cand {
     int32_t id;
 } rp_cand;
 
+/* Bucket select resolution: 64 buckets per unit of x = (max - logit) / T
+ * (a factor e^(1/64) in probability) up to x = 64, where the mass is already
+ * below e^-64 of the top token's; one last bucket holds everything further. */
+enum { BUCKETS_PER_UNIT = 64, N_BUCKETS = 64 * BUCKETS_PER_UNIT + 1 };
+/* Below this many candidates a plain sort beats clearing the buckets. */
+enum { SMALL_SORT = 256 };
+
 struct rp_sampler {
     int vocab_size;
     rp_cand *cand;          /* [vocab] candidates of the current call */
+    rp_cand *bucket_cands;  /* [vocab] the one bucket being sorted */
+    double *bucket_weight;  /* [N_BUCKETS] */
     uint32_t *out_count;    /* [vocab] generated-token counts; all zero between calls */
     uint8_t *seen;          /* [vocab] prompt-or-output marks; all zero between calls */
 };
@@ -75,9 +86,11 @@ rp_sampler *rp_sampler_new(int vocab_size) {
     if (!s) return NULL;
     s->vocab_size = vocab_size;
     s->cand = malloc((size_t)vocab_size * sizeof *s->cand);
+    s->bucket_cands = malloc((size_t)vocab_size * sizeof *s->bucket_cands);
+    s->bucket_weight = malloc(N_BUCKETS * sizeof *s->bucket_weight);
     s->out_count = calloc((size_t)vocab_size, sizeof *s->out_count);
     s->seen = calloc((size_t)vocab_size, sizeof *s->seen);
-    if (!s->cand || !s->out_count || !s->seen) {
+    if (!s->cand || !s->bucket_cands || !s->bucket_weight || !s->out_count || !s->seen) {
         rp_sampler_free(s);
         return NULL;
     }
@@ -87,6 +100,8 @@ rp_sampler *rp_sampler_new(int vocab_size) {
 void rp_sampler_free(rp_sampler *s) {
     if (!s) return;
     free(s->cand);
+    free(s->bucket_cands);
+    free(s->bucket_weight);
     free(s->out_count);
     free(s->seen);
     free(s);
@@ -153,12 +168,6 @@ static int cand_cmp(const void *a, const void *b) {
     return cand_before(a, b) ? -1 : cand_before(b, a) ? 1 : 0;
 }
 
-static inline void cand_swap(rp_cand *a, rp_cand *b) {
-    rp_cand t = *a;
-    *a = *b;
-    *b = t;
-}
-
 static void sort_cands(rp_cand *c, int n) {
     if (n > 32) {
         qsort(c, (size_t)n, sizeof *c, cand_cmp);
@@ -172,80 +181,85 @@ static void sort_cands(rp_cand *c, int n) {
     }
 }
 
-/* Partitions c[lo, hi) around a median-of-three pivot. On return the pivot
- * is at the returned index m, c[lo, m) come before it in the sampling order
- * and c(m, hi) after it; *mass_before is the mass of c[lo, m). */
-static int partition(rp_cand *c, int lo, int hi, double *mass_before) {
-    int mid = lo + (hi - lo) / 2, last = hi - 1;
-    /* Order c[lo], c[mid], c[last]; the median ends up at mid. */
-    if (cand_before(&c[mid], &c[lo])) cand_swap(&c[mid], &c[lo]);
-    if (cand_before(&c[last], &c[mid])) cand_swap(&c[last], &c[mid]);
-    if (cand_before(&c[mid], &c[lo])) cand_swap(&c[mid], &c[lo]);
-    cand_swap(&c[mid], &c[last]);
-    rp_cand pivot = c[last];
-    int store = lo;
-    double mass = 0.0;
-    for (int i = lo; i < last; i++) {
-        if (cand_before(&c[i], &pivot)) {
-            mass += c[i].mass;
-            cand_swap(&c[i], &c[store]);
-            store++;
+/* What a prefix walk measures: how many tokens (top-k) or how much mass,
+ * and whether it stops at running >= target (top-k, top-p: the smallest
+ * prefix that reaches it) or running > target (the inverse-CDF draw, so
+ * u = 0 picks the first token). */
+typedef struct prefix_goal {
+    int by_mass;
+    int inclusive;
+    double target;
+} prefix_goal;
+
+static inline double cand_weight(const rp_cand *c, const prefix_goal *g) { return g->by_mass ? c->mass : 1.0; }
+
+static inline int goal_reached(double weight, double target, const prefix_goal *g) {
+    return g->inclusive ? weight >= target : weight > target;
+}
+
+/* x = (max - logit) / T scaled to a bucket; monotone, so a higher logit
+ * never lands in a later bucket, and equal logits share one. */
+static inline int bucket_of(float logit, double max_logit, double per_logit) {
+    double b = ((double)max_logit - (double)logit) * per_logit;
+    return b < (double)(N_BUCKETS - 1) ? (int)b : N_BUCKETS - 1;
+}
+
+/* Walks cand[0, n) in the sampling order until the running weight reaches
+ * the goal, and keeps exactly the walked prefix: on return cand[0, kept)
+ * holds it (in no particular order) with the candidate that reached the
+ * goal last, at cand[kept - 1]. If rounding leaves the goal unreached, the
+ * whole list is the prefix. n >= 1. */
+static int keep_prefix(rp_sampler *s, int n, double max_logit, double temperature, prefix_goal goal) {
+    rp_cand *c = s->cand;
+    double target = goal.target;
+    if (n <= SMALL_SORT) { /* cheaper than clearing the buckets */
+        sort_cands(c, n);
+        int last = 0;
+        for (; last < n - 1; last++) {
+            double w = cand_weight(&c[last], &goal);
+            if (goal_reached(w, target, &goal)) break;
+            target -= w;
         }
+        return last + 1;
     }
-    cand_swap(&c[store], &c[last]);
-    *mass_before = mass;
-    return store;
-}
 
-/* Quickselect bounds: below SMALL we sort; after MAX_ROUNDS partitions
- * (only reached on adversarial input) we sort what is left. */
-enum { SELECT_SMALL = 16, SELECT_MAX_ROUNDS = 64 };
+    double *weight = s->bucket_weight;
+    double per_logit = BUCKETS_PER_UNIT / temperature;
+    for (int b = 0; b < N_BUCKETS; b++) weight[b] = 0.0;
+    for (int i = 0; i < n; i++) weight[bucket_of(c[i].logit, max_logit, per_logit)] += cand_weight(&c[i], &goal);
 
-/* Reorders c[0, n) so that c[0, k) are the first k in the sampling order. */
-static void select_first_k(rp_cand *c, int n, int k) {
-    int lo = 0, hi = n;
-    for (int round = 0; hi - lo > SELECT_SMALL && round < SELECT_MAX_ROUNDS; round++) {
-        double unused;
-        int m = partition(c, lo, hi, &unused);
-        if (m == k || m == k - 1) return;
-        if (m < k) lo = m + 1;
-        else hi = m;
-    }
-    sort_cands(c + lo, hi - lo);
-}
-
-/* Whether the running mass `mass` has reached `target`: mass >= target for
- * top-p (smallest prefix whose mass reaches top_p), mass > target for the
- * inverse-CDF draw (a zero-mass token can never be drawn). */
-static inline int reached(double mass, double target, int inclusive) {
-    return inclusive ? mass >= target : mass > target;
-}
-
-/* Walks c[0, n) in the sampling order and returns the index (after
- * reordering) of the first candidate at which the running mass reaches
- * target. On return c[0, idx) are exactly the candidates that come before
- * it. If rounding leaves target unreached, returns the last candidate of
- * the range it ended in (the last overall when target exceeds the total). */
-static int select_by_mass(rp_cand *c, int n, double target, int inclusive) {
-    int lo = 0, hi = n;
-    for (int round = 0; hi - lo > SELECT_SMALL && round < SELECT_MAX_ROUNDS; round++) {
-        double before;
-        int m = partition(c, lo, hi, &before);
-        if (m > lo && reached(before, target, inclusive)) {
-            hi = m;
-            continue;
+    /* The bucket in which the running weight reaches the target. Every
+     * candidate has positive weight, so empty buckets have weight 0. */
+    int hit = -1, hit_reached = 0;
+    for (int b = 0; b < N_BUCKETS; b++) {
+        if (weight[b] == 0.0) continue;
+        hit = b;
+        if (goal_reached(weight[b], target, &goal)) {
+            hit_reached = 1;
+            break;
         }
-        target -= before;
-        if (reached(c[m].mass, target, inclusive) || m + 1 == hi) return m;
-        target -= c[m].mass;
-        lo = m + 1;
+        target -= weight[b];
     }
-    sort_cands(c + lo, hi - lo);
-    for (int i = lo; i < hi; i++) {
-        if (reached(c[i].mass, target, inclusive)) return i;
-        target -= c[i].mass;
+    RP_ASSERT(hit >= 0);
+    if (!hit_reached) target += weight[hit]; /* ran off the end: walk the last bucket whole */
+
+    /* Earlier buckets are kept whole; the hit bucket is sorted and walked. */
+    rp_cand *in_hit = s->bucket_cands;
+    int kept = 0, n_hit = 0;
+    for (int i = 0; i < n; i++) {
+        int b = bucket_of(c[i].logit, max_logit, per_logit);
+        if (b < hit) c[kept++] = c[i];
+        else if (b == hit) in_hit[n_hit++] = c[i];
     }
-    return hi - 1;
+    sort_cands(in_hit, n_hit);
+    int last = 0;
+    for (; last < n_hit - 1; last++) {
+        double w = cand_weight(&in_hit[last], &goal);
+        if (goal_reached(w, target, &goal)) break;
+        target -= w;
+    }
+    for (int j = 0; j <= last; j++) c[kept++] = in_hit[j];
+    return kept;
 }
 
 static double total_mass(const rp_cand *c, int n) {
@@ -254,27 +268,14 @@ static double total_mass(const rp_cand *c, int n) {
     return sum;
 }
 
-/* ---- the two paths ---- */
+/* ---- sampling ---- */
 
-static int sample_greedy(const float *logits, int vocab, float *logprob_out) {
-    int best = 0;
-    float best_logit = -INFINITY;
-    for (int i = 0; i < vocab; i++) {
-        if (logits[i] > best_logit) { /* strict: ties keep the lower id */
-            best_logit = logits[i];
-            best = i;
-        }
-    }
-    if (logprob_out) {
-        if (best_logit == -INFINITY) {
-            *logprob_out = -INFINITY;
-        } else {
-            double sum = 0.0;
-            for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - (double)best_logit);
-            *logprob_out = (float)(-log(sum));
-        }
-    }
-    return best;
+/* log-softmax at temperature 1 of the token with logit `logit`. */
+static float greedy_logprob(const float *logits, int vocab, float max_logit, float logit) {
+    if (max_logit == -INFINITY) return -INFINITY;
+    double sum = 0.0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - (double)max_logit);
+    return (float)((double)logit - (double)max_logit - log(sum));
 }
 
 int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
@@ -285,23 +286,25 @@ int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
     int vocab = s->vocab_size;
 
     apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
-    for (int i = 0; i < vocab; i++) logits[i] = sanitize_logit(logits[i]);
 
-    if (rp_sampling_is_greedy(p)) return sample_greedy(logits, vocab, logprob_out);
-
-    /* Candidates: every token with a finite logit. */
-    rp_cand *c = s->cand;
-    int n = 0;
+    /* Sanitize and find the argmax (strict >: ties keep the lower id; if
+     * everything is -inf the argmax is token 0). */
+    int argmax = 0;
     float max_logit = -INFINITY;
     for (int i = 0; i < vocab; i++) {
-        if (logits[i] == -INFINITY) continue;
-        if (logits[i] > max_logit) max_logit = logits[i];
-        c[n].mass = 0.0;
-        c[n].logit = logits[i];
-        c[n].id = i;
-        n++;
+        float x = sanitize_logit(logits[i]);
+        logits[i] = x;
+        if (x > max_logit) {
+            max_logit = x;
+            argmax = i;
+        }
     }
-    if (n == 0) { /* nothing can be sampled: the argmax, i.e. token 0 */
+
+    if (rp_sampling_is_greedy(p)) {
+        if (logprob_out) *logprob_out = greedy_logprob(logits, vocab, max_logit, max_logit);
+        return argmax;
+    }
+    if (max_logit == -INFINITY) { /* nothing can be sampled: the argmax, token 0 */
         if (logprob_out) *logprob_out = -INFINITY;
         return 0;
     }
@@ -309,15 +312,35 @@ int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
     double temperature = p->temperature < RP_SAMPLING_MIN_TEMPERATURE ? RP_SAMPLING_MIN_TEMPERATURE
                                                                        : p->temperature;
 
-    /* top-k: keep exactly the first k (ties at the boundary go to lower ids). */
-    if (p->top_k > 0 && p->top_k < n) {
-        select_first_k(c, n, p->top_k);
-        n = p->top_k;
+    /* Candidates. A token whose mass exp((logit - max) / T) underflows to 0
+     * can never be drawn and does not move top-p or min-p, so it is skipped;
+     * without top-p, min-p is a pure logit threshold (it commutes with top-k)
+     * and skips everything below max + T log(min_p) too. Both bounds are a
+     * little loose on purpose: the exact tests on the mass come later. */
+    double floor_logit = (double)max_logit - 760.0 * temperature;
+    if (p->min_p > 0.0f && p->top_p >= 1.0f) {
+        double minp_logit = (double)max_logit + temperature * log((double)p->min_p);
+        minp_logit -= 1e-6 * (fabs(minp_logit) + temperature);
+        if (minp_logit > floor_logit) floor_logit = minp_logit;
+    }
+    rp_cand *c = s->cand;
+    int n = 0;
+    for (int i = 0; i < vocab; i++) {
+        if ((double)logits[i] < floor_logit) continue;
+        c[n].mass = 0.0;
+        c[n].logit = logits[i];
+        c[n].id = i;
+        n++;
     }
 
-    /* Softmax numerators. Tokens whose mass underflows to 0 can never be
-     * drawn and do not change top-p or min-p; dropping them keeps every
-     * candidate positive. The max token has mass exactly 1. */
+    /* top-k: keep exactly the first k (ties at the boundary go to lower ids). */
+    if (p->top_k > 0 && p->top_k < n) {
+        prefix_goal first_k = {.by_mass = 0, .inclusive = 1, .target = p->top_k};
+        n = keep_prefix(s, n, max_logit, temperature, first_k);
+        RP_ASSERT(n == p->top_k);
+    }
+
+    /* Softmax numerators; the max token has mass exactly 1. */
     int kept = 0;
     for (int i = 0; i < n; i++) {
         double mass = exp(((double)c[i].logit - (double)max_logit) / temperature);
@@ -331,8 +354,8 @@ int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
 
     /* top-p: the smallest prefix whose probability reaches top_p. */
     if (p->top_p < 1.0f) {
-        double target = (double)p->top_p * total_mass(c, n);
-        n = select_by_mass(c, n, target, 1) + 1;
+        prefix_goal nucleus = {.by_mass = 1, .inclusive = 1, .target = (double)p->top_p * total_mass(c, n)};
+        n = keep_prefix(s, n, max_logit, temperature, nucleus);
     }
 
     /* min-p: drop tokens with prob < min_p * max prob (max mass is 1). */
@@ -346,8 +369,9 @@ int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
     /* Renormalise and draw by inverse CDF in the sampling order. */
     double total = total_mass(c, n);
     double u = (double)rp_rand_uniform(p->seed, 0, step);
-    int idx = select_by_mass(c, n, u * total, 0);
+    prefix_goal draw = {.by_mass = 1, .inclusive = 0, .target = u * total};
+    const rp_cand *pick = &c[keep_prefix(s, n, max_logit, temperature, draw) - 1];
     if (logprob_out)
-        *logprob_out = (float)(((double)c[idx].logit - (double)max_logit) / temperature - log(total));
-    return c[idx].id;
+        *logprob_out = (float)(((double)pick->logit - (double)max_logit) / temperature - log(total));
+    return pick->id;
 }
