@@ -34,7 +34,7 @@ int tok_cp_to_byte(uint32_t cp) {
 
 /* The ByteLevel decoder's view of one token: its characters mapped back to
  * bytes, or its raw UTF-8 when some character is outside the alphabet
- * (decoders/byte_level.rs does the same). Writes at most strlen(text) bytes. */
+ * (decoders/byte_level.rs does the same). Writes at most n bytes. */
 static size_t bytelevel_decode(const char *text, size_t n, char *out) {
     size_t o = 0, i = 0;
     while (i < n) {
