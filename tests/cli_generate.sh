@@ -67,5 +67,30 @@ if [ -n "$prompt" ]; then
   [ "$got" = "$want" ]; check "CLI greedy equals transformers" 0 $?
 fi
 
+# Text in and out through the real Qwen3 tokenizer (scripts/fetch-tokenizers.sh puts it in .cache).
+tok="$SRC/.cache/tokenizers/qwen3"
+if [ -f "$tok/tokenizer.json" ]; then
+  out=$("$BIN" tokenize --model "$tok" "Hello world" 2>&1); check "tokenize" 0 $?
+  [ "$out" = "9707 1879" ]; check "tokenize ids equal Hugging Face's" 0 $?
+  out=$("$BIN" generate --dummy-weights tiny-qwen3 --tokenizer "$tok" --prompt hi 2>&1); check "tokenizer larger than vocab" 1 $?
+  contains "vocab mismatch message" "$out" "vocabulary"
+  out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt hi 2>&1); check "text prompt without tokenizer" 2 $?
+  contains "no tokenizer message" "$out" "tokenizer"
+  m="$tmp/qwen3-text"
+  mkdir -p "$m"
+  cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$m/"
+  cat > "$m/config.json" <<'JSON'
+{"architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
+ "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+ "tie_word_embeddings": false, "eos_token_id": 151645}
+JSON
+  out=$("$BIN" generate --model "$m" --load-format dummy --chat --prompt "Hi there" --max-tokens 6 --seed 1 -q 2>&1)
+  check "chat generate with text" 0 $?
+  [ -n "$out" ]; check "chat output not empty" 0 $?
+  out=$("$BIN" generate --model "$m" --load-format dummy --chat --chat-template nope --prompt x 2>&1)
+  check "unknown chat template name" 2 $?
+  out=$("$BIN" generate --model "$m" --load-format dummy --prompt "Hi" --system x 2>&1); check "--system without --chat" 2 $?
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -43,6 +43,20 @@ MODELS = [
         num_attention_heads=10, num_key_value_heads=2, tie_word_embeddings=True,
         rope_theta=500000.0, max_position_embeddings=4096, rms_norm_eps=1e-5,
         bos_token_id=1, eos_token_id=2), None, None),
+    # head_dim 128 and 64: the sizes the CUDA kernels take, so the GPU backend
+    # can be checked on committed fixtures too.
+    ("qwen3-hd128", Qwen3Config, dict(
+        vocab_size=300, hidden_size=128, intermediate_size=224, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=128, tie_word_embeddings=True,
+        rope_theta=1000000.0, max_position_embeddings=2048, rms_norm_eps=1e-6,
+        bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), None),
+    ("llama3-hd64", LlamaConfig, dict(
+        vocab_size=320, hidden_size=256, intermediate_size=264, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        rope_theta=500000.0, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=128),
+        bos_token_id=1, eos_token_id=2), None, None),
 ]
 
 PROMPT_LENS = [1, 7, 23, 50]
@@ -70,9 +84,11 @@ def greedy(model, prompt, n):
     return ids[len(prompt):]
 
 
-def main(out_root):
+def main(out_root, only=None):
     torch.manual_seed(0)
     for idx, (name, cls, kw, gen_kw, shard) in enumerate(MODELS):
+        if only and name not in only:
+            continue
         cfg = cls(**kw, torch_dtype="bfloat16")
         cfg._attn_implementation = "eager"
         model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32, attn_implementation="eager")
@@ -115,4 +131,4 @@ def main(out_root):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/models")
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/models", sys.argv[2:] or None)

@@ -47,7 +47,14 @@ typedef struct rp_backend_config {
     int cuda_graph_max_bs;   /* 0 = min(max_batch_seqs, 256) */
     int num_cuda_graph_bs;   /* > 0: capture exactly these batch sizes */
     int cuda_graph_bs[64];
+    int profile; /* time every kernel of eager forwards with events (replay profile) */
 } rp_backend_config;
+
+/* One timed segment of the last eager forward (profile mode). */
+typedef struct rp_profile_entry {
+    const char *name;
+    float ms;
+} rp_profile_entry;
 
 /* Counters a backend keeps for benchmarks, the profiler and tests. */
 typedef struct rp_backend_stats {
@@ -55,6 +62,9 @@ typedef struct rp_backend_stats {
     uint64_t graph_replays;      /* forwards that were one CUDA graph replay */
     uint64_t device_allocs;      /* device allocations since the backend finished starting */
     double last_gpu_ms;          /* device time of the last forward (CUDA events) */
+    /* host time of the last forward: packing the metadata block, enqueueing
+     * the work (kernel launches or one graph launch), waiting for results */
+    double last_pack_ms, last_launch_ms, last_sync_ms;
     int num_graphs;
     double graph_capture_s;
     double graph_memory_mib;
@@ -77,6 +87,9 @@ typedef struct rp_backend_ops {
     void (*stats)(rp_backend *b, rp_backend_stats *out);
     /* Optional: turn graph replay off/on at run time (benchmarks compare). */
     void (*set_graphs)(rp_backend *b, int enabled);
+    /* Optional: per-kernel times of the last eager forward when cfg.profile
+     * is set; returns the number of entries written. */
+    int (*profile)(rp_backend *b, rp_profile_entry *out, int max);
 } rp_backend_ops;
 
 struct rp_backend {

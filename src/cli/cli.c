@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "util/log.h"
 
 void rp_model_opts_init(rp_model_opts *o) {
@@ -117,6 +118,8 @@ int rp_model_opts_check(const rp_model_opts *o, const char *cmd) {
 rp_model *rp_cli_load_model(const rp_model_opts *o) {
     rp_err err;
     rp_load_options lo = {.format = RP_LOAD_AUTO, .seed = o->weight_seed, .progress = 1};
+    /* On the GPU, dummy weights are generated in device memory directly. */
+    lo.lazy_dummy = !strcmp(rp_cli_device(o), "cuda");
     if (!strcmp(o->load_format, "dummy")) lo.format = RP_LOAD_DUMMY;
     double t0 = rp_now_s();
     rp_model *m = o->model_dir ? rp_model_load(o->model_dir, &lo, &err) : rp_model_dummy(o->dummy_name, &lo, &err);
@@ -132,4 +135,18 @@ rp_model *rp_cli_load_model(const rp_model_opts *o) {
         rp_log_warn("the weights are RANDOM (%s): output is meaningless text, useful only for testing and timing",
                     o->dummy_name ? "--dummy-weights" : "--load-format dummy");
     return m;
+}
+
+const char *rp_cli_device(const rp_model_opts *o) {
+    if (!strcmp(o->device, "auto")) return rp_cuda_device_count() > 0 ? "cuda" : "cpu";
+    return o->device;
+}
+
+rp_backend *rp_cli_make_backend(const rp_model *m, const rp_model_opts *o, rp_backend_config *bc) {
+    rp_err err;
+    bc->num_threads = o->threads;
+    const char *dev = rp_cli_device(o);
+    rp_backend *b = !strcmp(dev, "cuda") ? rp_backend_cuda_new(m, bc, &err) : rp_backend_cpu_new(m, bc, &err);
+    if (!b) fprintf(stderr, "replay: %s backend: %s\n", dev, err.msg);
+    return b;
 }

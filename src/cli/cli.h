@@ -43,6 +43,13 @@ int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *
 int rp_model_opts_check(const rp_model_opts *o, const char *cmd);
 /* Loads the model; prints a one-line error and returns NULL on failure. */
 rp_model *rp_cli_load_model(const rp_model_opts *o);
+/* "cpu" or "cuda": --device auto picks cuda when a GPU is present. */
+const char *rp_cli_device(const rp_model_opts *o);
+
+struct rp_backend;
+struct rp_backend_config;
+/* Creates the backend --device names; prints a one-line error on failure. */
+struct rp_backend *rp_cli_make_backend(const rp_model *m, const rp_model_opts *o, struct rp_backend_config *bc);
 
 /* Prints "replay CMD: message" and a hint to stderr; returns RP_EXIT_USAGE. */
 int rp_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -54,5 +61,9 @@ int rp_parse_float(const char *s, double *out);
 int rp_parse_u64(const char *s, uint64_t *out);
 
 int rp_cmd_generate(int argc, char **argv);
+int rp_cmd_bench(int argc, char **argv);
+int rp_cmd_logits(int argc, char **argv);
+int rp_cmd_profile(int argc, char **argv);
+int rp_cmd_tokenize(int argc, char **argv);
 
 #endif

@@ -10,6 +10,7 @@
 #include "engine/sampler.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
+#include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
 #define CMD "generate"
@@ -23,8 +24,14 @@ static void help(FILE *f) {
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
             "Prompt and length:\n"
-            "  --prompt TEXT          the prompt text\n"
+            "  --prompt TEXT          the prompt text (needs a tokenizer: the model directory's, or --tokenizer)\n"
             "  --prompt-ids IDS       the prompt as comma-separated token ids\n"
+            "  --tokenizer DIR        tokenizer.json (+ tokenizer_config.json) from DIR instead of the model's\n"
+            "  --chat                 wrap the prompt as a user turn in the model's chat template\n"
+            "  --system TEXT          with --chat: a system message first\n"
+            "  --chat-template NAME   with --chat: qwen3 or llama3, when tokenizer_config.json's is not recognised\n"
+            "  --no-thinking          with --chat on Qwen3: enable_thinking=false\n"
+            "  --print-ids            print token ids instead of text\n"
             "  --max-tokens N         tokens to generate at most (default 64)\n"
             "  --ignore-eos           keep going past end-of-sequence tokens\n"
             "\n"
@@ -72,12 +79,22 @@ static int parse_ids(const char *s, int32_t **out, int *n_out) {
 
 typedef struct stream_ctx {
     int printed;
+    rp_detok *detok; /* NULL: print ids */
 } stream_ctx;
 
 static void on_token(void *ctx, int request, int32_t token) {
     (void)request;
     stream_ctx *sc = ctx;
-    printf("%s%d", sc->printed++ ? " " : "", token);
+    if (sc->detok) {
+        const char *text;
+        size_t len;
+        rp_err err;
+        /* an id the tokenizer does not know (a padded vocabulary) prints nothing */
+        if (rp_detok_push(sc->detok, token, &text, &len, &err) == 0 && len) fwrite(text, 1, len, stdout);
+        sc->printed++;
+    } else {
+        printf("%s%d", sc->printed++ ? " " : "", token);
+    }
     fflush(stdout);
 }
 
@@ -98,6 +115,12 @@ int rp_cmd_generate(int argc, char **argv) {
         {"seed", required_argument, 0, 's'},
         {"page-size", required_argument, 0, 'g'},
         {"max-batch-tokens", required_argument, 0, 'b'},
+        {"tokenizer", required_argument, 0, 'T'},
+        {"chat", no_argument, 0, 'C'},
+        {"system", required_argument, 0, 'S'},
+        {"chat-template", required_argument, 0, 'M'},
+        {"no-thinking", no_argument, 0, 'N'},
+        {"print-ids", no_argument, 0, 'D'},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -108,7 +131,8 @@ int rp_cmd_generate(int argc, char **argv) {
     rp_sampling_params_default(&sp);
     const char *prompt = NULL, *prompt_ids = NULL;
     long max_tokens = 64, page_size = 16, max_batch_tokens = 2048, v;
-    int ignore_eos = 0;
+    int ignore_eos = 0, chat = 0, no_thinking = 0, print_ids = 0;
+    const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_name = NULL;
     double d;
     optind = 1;
     opterr = 0;
@@ -123,6 +147,12 @@ int rp_cmd_generate(int argc, char **argv) {
         case 'p': prompt = optarg; break;
         case 'I': prompt_ids = optarg; break;
         case 'E': ignore_eos = 1; break;
+        case 'T': tokenizer_dir = optarg; break;
+        case 'C': chat = 1; break;
+        case 'S': system_prompt = optarg; break;
+        case 'M': template_name = optarg; break;
+        case 'N': no_thinking = 1; break;
+        case 'D': print_ids = 1; break;
         case 'n':
             if (rp_parse_int(optarg, 0, 1 << 24, &max_tokens))
                 return rp_cli_usage_error(CMD, "--max-tokens must be a non-negative integer, got '%s'", optarg);
@@ -167,14 +197,13 @@ int rp_cmd_generate(int argc, char **argv) {
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
     if (!prompt == !prompt_ids) return rp_cli_usage_error(CMD, "give exactly one of --prompt or --prompt-ids");
+    if (chat && !prompt) return rp_cli_usage_error(CMD, "--chat needs --prompt TEXT");
+    if ((system_prompt || template_name || no_thinking) && !chat)
+        return rp_cli_usage_error(CMD, "--system, --chat-template and --no-thinking go with --chat");
     int32_t *ids = NULL;
     int n_ids = 0;
     if (prompt_ids && parse_ids(prompt_ids, &ids, &n_ids))
         return rp_cli_usage_error(CMD, "--prompt-ids must be comma-separated non-negative integers");
-    if (!strcmp(mo.device, "cuda")) {
-        free(ids);
-        return rp_cli_runtime_error(CMD, "the CUDA backend is not available in this build yet; use --device cpu");
-    }
     rp_err err;
     if (!sp.has_seed) {
         sp.seed = (uint64_t)(rp_now_s() * 1e9) ^ (uint64_t)getpid();
@@ -187,14 +216,76 @@ int rp_cmd_generate(int argc, char **argv) {
         return RP_EXIT_RUNTIME;
     }
     const rp_model_config *c = &model->cfg;
-    if (prompt) {
-        /* No tokenizer yet: the prompt's bytes stand in for token ids. */
-        rp_log_warn("no tokenizer: using the prompt's bytes as token ids");
-        n_ids = (int)strlen(prompt);
-        ids = malloc((size_t)(n_ids ? n_ids : 1) * sizeof *ids);
-        for (int i = 0; i < n_ids; i++) ids[i] = (int32_t)((unsigned char)prompt[i] % (unsigned)c->vocab_size);
-    }
     int rc = RP_EXIT_RUNTIME;
+    rp_tokenizer *tok = NULL;
+    rp_detok detok;
+    int have_detok = 0;
+    int32_t stop_ids[8];
+    int num_stop = 0;
+    char *rendered = NULL;
+    const char *tdir = tokenizer_dir ? tokenizer_dir : mo.model_dir;
+    char tpath[4096];
+    if (tdir) snprintf(tpath, sizeof tpath, "%s/tokenizer.json", tdir);
+    if (tdir && (tokenizer_dir || access(tpath, R_OK) == 0)) {
+        if (!(tok = rp_tokenizer_load(tdir, &err))) {
+            rc = rp_cli_runtime_error(CMD, "%s", err.msg);
+            goto early_out;
+        }
+        if (rp_tokenizer_vocab_size(tok) > c->vocab_size) {
+            rc = rp_cli_runtime_error(CMD, "the tokenizer has %d tokens, more than the model's vocabulary of %d",
+                                      rp_tokenizer_vocab_size(tok), c->vocab_size);
+            goto early_out;
+        }
+    }
+    if (prompt) {
+        if (!tok) {
+            rc = rp_cli_usage_error(CMD, "--prompt needs a tokenizer: the model directory has no tokenizer.json "
+                                         "(use --tokenizer DIR, or --prompt-ids)");
+            goto early_out;
+        }
+        const char *text = prompt;
+        if (chat) {
+            if (template_name) {
+                rp_chat_template_kind kind;
+                if (rp_chat_template_from_name(template_name, &kind, &err)) {
+                    rc = rp_cli_usage_error(CMD, "%s", err.msg);
+                    goto early_out;
+                }
+                rp_tokenizer_set_chat_template(tok, kind);
+            }
+            rp_chat_message msgs[2];
+            int nm = 0;
+            if (system_prompt) msgs[nm++] = (rp_chat_message){"system", system_prompt};
+            msgs[nm++] = (rp_chat_message){"user", prompt};
+            if (rp_chat_render(tok, msgs, nm, 1, no_thinking ? 0 : -1, &rendered, &err)) {
+                rc = rp_cli_runtime_error(CMD, "%s", err.msg);
+                goto early_out;
+            }
+            text = rendered;
+            num_stop = rp_chat_stop_ids(tok, stop_ids, 8);
+        }
+        size_t n = 0;
+        if (rp_tokenizer_encode(tok, text, strlen(text), &ids, &n, &err)) {
+            rc = rp_cli_runtime_error(CMD, "%s", err.msg);
+            goto early_out;
+        }
+        /* As HF's tokenizer(text) with special tokens: Llama 3 starts with
+         * <|begin_of_text|>; Qwen3 has no BOS. A chat template writes its own. */
+        int bos = rp_tokenizer_bos_id(tok);
+        if (bos >= 0 && !chat && (n == 0 || ids[0] != bos)) {
+            int32_t *with = malloc((n + 1) * sizeof *with);
+            with[0] = bos;
+            memcpy(with + 1, ids, n * sizeof *ids);
+            free(ids);
+            ids = with;
+            n++;
+        }
+        n_ids = (int)n;
+    }
+    if (tok && !print_ids) {
+        rp_detok_init(&detok, tok, 1);
+        have_detok = 1;
+    }
     rp_page_pool *pool = NULL;
     rp_page_table *table = NULL;
     rp_backend *be = NULL;
@@ -224,20 +315,27 @@ int rp_cmd_generate(int argc, char **argv) {
     rp_backend_config bc = {.num_pages = num_pages, .page_size = (int)page_size,
                             .max_batch_tokens = (int)(max_batch_tokens < ctx_tokens ? max_batch_tokens : ctx_tokens),
                             .max_batch_seqs = 1, .max_logit_rows = 1, .num_threads = mo.threads};
-    be = table ? rp_backend_cpu_new(model, &bc, &err) : NULL;
-    if (!be) {
-        rc = rp_cli_runtime_error(CMD, "%s", table ? err.msg : "out of memory");
+    if (!table) {
+        rc = rp_cli_runtime_error(CMD, "out of memory");
         goto out;
     }
+    if (!(be = rp_cli_make_backend(model, &mo, &bc))) goto out;
     output = malloc((size_t)(max_tokens ? max_tokens : 1) * sizeof *output);
     rp_gen_request req = {.prompt = ids, .num_prompt = n_ids, .max_tokens = (int)max_tokens,
-                          .ignore_eos = ignore_eos, .sampling = sp, .output = output};
-    stream_ctx sc = {0};
+                          .ignore_eos = ignore_eos, .sampling = sp, .output = output, .stop_ids = stop_ids,
+                          .num_stop_ids = num_stop};
+    stream_ctx sc = {.detok = have_detok ? &detok : NULL};
     rp_gen_stats st;
     if (rp_generate(be, table, &req, 1, on_token, &sc, &st, &err)) {
         if (sc.printed) printf("\n");
         rc = rp_cli_runtime_error(CMD, "%s", err.msg);
         goto out;
+    }
+    if (have_detok) {
+        const char *tail;
+        size_t tail_len;
+        rp_detok_flush(&detok, &tail, &tail_len);
+        fwrite(tail, 1, tail_len, stdout);
     }
     printf("\n");
     fflush(stdout);
@@ -254,6 +352,10 @@ out:
     rp_backend_destroy(be);
     rp_page_table_free(table);
     rp_page_pool_free(pool);
+early_out:
+    if (have_detok) rp_detok_free(&detok);
+    rp_tokenizer_free(tok);
+    free(rendered);
     rp_model_free(model);
     free(ids);
     return rc;

@@ -14,6 +14,10 @@ static void usage(FILE *f) {
             "\n"
             "Commands:\n"
             "  generate   generate text from a prompt, streaming tokens\n"
+            "  bench      benchmarks measured inside replay (bench decode)\n"
+            "  profile    per-kernel times and host overheads of a decode step (CUDA)\n"
+            "  tokenize   print the token ids (and pieces) of a text\n"
+            "  logits     write a prompt's logits to a file, for comparisons\n"
             "\n"
             "Options:\n"
             "  -h, --help       show this help (COMMAND --help for a command's options)\n"
@@ -21,7 +25,8 @@ static void usage(FILE *f) {
             "\n"
             "Examples:\n"
             "  replay generate --dummy-weights tiny-qwen3 --prompt-ids 1,2,3 --max-tokens 16\n"
-            "  replay generate --model ~/models/Qwen3-0.6B --prompt 'The capital of France is'\n");
+            "  replay generate --model ~/models/Qwen3-0.6B --prompt 'The capital of France is'\n"
+            "  replay generate --model ~/models/Qwen3-0.6B --chat --prompt 'Hello!' --temperature 0.7\n");
 }
 
 int main(int argc, char **argv) {
@@ -39,5 +44,9 @@ int main(int argc, char **argv) {
         return RP_EXIT_OK;
     }
     if (!strcmp(cmd, "generate")) return rp_cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return rp_cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "logits")) return rp_cmd_logits(argc - 1, argv + 1);
+    if (!strcmp(cmd, "profile")) return rp_cmd_profile(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return rp_cmd_tokenize(argc - 1, argv + 1);
     return rp_cli_usage_error(NULL, "unknown command '%s'", cmd);
 }

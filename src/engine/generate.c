@@ -149,7 +149,9 @@ int rp_generate(rp_backend *be, rp_page_table *table, rp_gen_request *reqs, int 
             r->output[r->num_output++] = tok;
             s->last = tok;
             if (on_token) on_token(ctx, i, tok);
-            if (!r->ignore_eos && rp_config_is_eos(c, tok)) {
+            int is_stop = rp_config_is_eos(c, tok);
+            for (int k = 0; k < r->num_stop_ids && !is_stop; k++) is_stop = r->stop_ids[k] == tok;
+            if (!r->ignore_eos && is_stop) {
                 r->finish = RP_FINISH_STOP;
             } else if (r->num_output >= r->max_tokens || s->cached + 1 > c->max_position_embeddings) {
                 r->finish = RP_FINISH_LENGTH;

@@ -21,6 +21,8 @@ typedef struct rp_gen_request {
     int num_prompt;
     int max_tokens;
     int ignore_eos;
+    const int32_t *stop_ids; /* extra ids that end the request (chat turn ends), with the model's EOS */
+    int num_stop_ids;
     rp_sampling_params sampling;
     float *prompt_logits; /* optional [num_prompt][vocab]: logits at every prompt position */
     /* results */

@@ -16,6 +16,9 @@
 #include "util/dtype.h"
 
 #define ROWS_PER_BLOCK 4
+/* Below this many multiply-adds a parallel region costs more than it saves
+ * (and oversubscribed cores make OpenMP's spinning threads very slow). */
+#define PARALLEL_MIN_WORK (1 << 18)
 
 typedef struct cpu_backend {
     rp_backend base;
@@ -48,7 +51,7 @@ static inline float dot_f32(const float *a, const float *b, int n) {
 static void matmul(cpu_backend *cb, float *y, const float *x, const rp_weight *w, int T) {
     const int K = (int)w->cols, N = (int)w->rows;
     const uint16_t *wd = w->data;
-#pragma omp parallel num_threads(cb->num_threads)
+#pragma omp parallel num_threads(cb->num_threads) if ((int64_t)N * K * T >= PARALLEL_MIN_WORK)
     {
         float *wr = cb->wrows + (size_t)omp_get_thread_num() * ROWS_PER_BLOCK * cb->max_k;
 #pragma omp for schedule(static)
@@ -76,7 +79,7 @@ static void rmsnorm_row(float *out, const float *x, const uint16_t *w, int n, fl
 }
 
 static void rmsnorm(cpu_backend *cb, float *out, const float *x, const rp_weight *w, int T, int n, float eps) {
-#pragma omp parallel for num_threads(cb->num_threads) schedule(static)
+#pragma omp parallel for num_threads(cb->num_threads) schedule(static) if ((int64_t)T * n >= PARALLEL_MIN_WORK)
     for (int t = 0; t < T; t++) rmsnorm_row(out + (int64_t)t * n, x + (int64_t)t * n, w->data, n, eps);
 }
 
@@ -126,7 +129,9 @@ static void attention(cpu_backend *cb, const rp_batch *bt, int layer) {
     const float *kc = cb->k_cache + (int64_t)layer * cb->slots * kv_dim;
     const float *vc = cb->v_cache + (int64_t)layer * cb->slots * kv_dim;
     const int pairs = bt->num_tokens * nh;
-#pragma omp parallel num_threads(cb->num_threads)
+    int64_t work = 0;
+    for (int t = 0; t < bt->num_tokens; t++) work += (int64_t)(bt->positions[t] + 1) * hd * nh * 2;
+#pragma omp parallel num_threads(cb->num_threads) if (work >= PARALLEL_MIN_WORK)
     {
         float *sc = cb->scores + (size_t)omp_get_thread_num() * cb->max_kv_len;
 #pragma omp for schedule(dynamic, 4)
@@ -184,7 +189,7 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         const rp_weight *qn = rp_model_weight(m, RP_W_Q_NORM, l), *kn = rp_model_weight(m, RP_W_K_NORM, l);
         float *kc = cb->k_cache + (int64_t)l * cb->slots * kv_dim;
         float *vc = cb->v_cache + (int64_t)l * cb->slots * kv_dim;
-#pragma omp parallel for num_threads(cb->num_threads) schedule(static)
+#pragma omp parallel for num_threads(cb->num_threads) schedule(static) if ((int64_t)T * q_dim * 4 >= PARALLEL_MIN_WORK)
         for (int t = 0; t < T; t++) {
             float *qt = cb->q + (int64_t)t * q_dim, *kt = cb->k + (int64_t)t * kv_dim;
             for (int h = 0; h < c->num_heads; h++) {
@@ -206,7 +211,7 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         rmsnorm(cb, cb->xn, cb->x, rp_model_weight(m, RP_W_MLP_NORM, l), T, H, eps);
         matmul(cb, cb->gate, cb->xn, rp_model_weight(m, RP_W_GATE, l), T);
         matmul(cb, cb->up, cb->xn, rp_model_weight(m, RP_W_UP, l), T);
-#pragma omp parallel for num_threads(cb->num_threads) schedule(static)
+#pragma omp parallel for num_threads(cb->num_threads) schedule(static) if ((int64_t)T * F >= PARALLEL_MIN_WORK)
         for (int64_t i = 0; i < (int64_t)T * F; i++) {
             float g = cb->gate[i];
             cb->gate[i] = g / (1.0f + expf(-g)) * cb->up[i];

@@ -1,0 +1,603 @@
+/* The CUDA backend for Hopper: the device memory plan, weight upload, the
+ * per-step metadata block, and the forward pass as a sequence of kernel
+ * launches that is either run eagerly or replayed from a captured graph
+ * (graph_runner.c).
+ *
+ * Everything is allocated in rp_backend_cuda_new: weights (bf16, q/k/v and
+ * gate/up fused so each is one GEMV), the paged KV cache plus one dummy page
+ * for padded graph slots, every activation sized for the largest batch, the
+ * logits, and the metadata block. A step packs its metadata (tokens,
+ * positions, slot mapping, per-sequence offsets and KV lengths, the pages of
+ * each sequence, sampling parameters) into pinned host memory and copies it
+ * with one cudaMemcpyAsync to fixed device addresses that every kernel, and
+ * so every captured graph, reads. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_util.h"
+#include "util/log.h"
+
+#define LT_WORKSPACE_BYTES (64u << 20)
+
+int rp_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+int rp_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
+    size_t f = 0, t = 0;
+    if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    *free_bytes = f;
+    *total_bytes = t;
+    return 0;
+}
+
+/* ---- weights ------------------------------------------------------------ */
+
+/* Copies weight (kind, layer) into dst, or generates it there when the model
+ * has lazy dummy weights. */
+static int put_weight(rp_cuda_backend *cb, rp_bf16 *dst, rp_weight_kind kind, int layer, rp_err *err) {
+    const rp_model *m = cb->base.model;
+    const rp_weight *w = rp_model_weight(m, kind, layer);
+    size_t n = (size_t)(w->rows * w->cols);
+    if (w->data) {
+        RP_CUDA_TRY(cudaMemcpyAsync(dst, w->data, n * 2, cudaMemcpyHostToDevice, cb->stream), err);
+        return 0;
+    }
+    if (!m->dummy) return rp_errf(err, "weight %s of layer %d has no data", rp_weight_kind_name(kind), layer);
+    uint64_t stream_id;
+    float scale;
+    int is_norm;
+    rp_weight_kind gen_kind = kind;
+    if (kind == RP_W_LM_HEAD && m->cfg.tie_word_embeddings) gen_kind = RP_W_EMBED;
+    rp_dummy_weight_params(&m->cfg, gen_kind, layer, &stream_id, &scale, &is_norm);
+    RP_LAUNCH(rp_k_fill_dummy(dst, (int64_t)n, m->dummy_seed, stream_id, scale, is_norm, cb->stream), err);
+    return 0;
+}
+
+static size_t weight_elems(const rp_model *m, rp_weight_kind kind) {
+    const rp_weight *w = rp_model_weight(m, kind, 0);
+    return (size_t)(w->rows * w->cols);
+}
+
+/* Lays out all weights in one allocation (256-byte aligned pieces). */
+static int upload_weights(rp_cuda_backend *cb, rp_err *err) {
+    const rp_model *m = cb->base.model;
+    const rp_model_config *c = &m->cfg;
+    const int has_qk = c->arch->has_qk_norm, tied = c->tie_word_embeddings;
+    size_t per_layer[RP_W_COUNT] = {0}, total = 0;
+#define ALIGN_UP(x) (((x) + 127) & ~(size_t)127) /* elements: 256 bytes */
+    for (int k = RP_W_FIRST_LAYER_KIND; k < RP_W_COUNT; k++) {
+        if ((k == RP_W_Q_NORM || k == RP_W_K_NORM) && !has_qk) continue;
+        per_layer[k] = ALIGN_UP(weight_elems(m, (rp_weight_kind)k));
+        total += per_layer[k] * (size_t)c->num_layers;
+    }
+    size_t embed_n = ALIGN_UP(weight_elems(m, RP_W_EMBED)), norm_n = ALIGN_UP((size_t)c->hidden_size);
+    total += embed_n + norm_n + (tied ? 0 : embed_n);
+    cb->weights_bytes = total * 2;
+    if (rp_cuda_malloc((void **)&cb->weights_mem, cb->weights_bytes, "weights", err)) return RP_ERR;
+    rp_bf16 *p = cb->weights_mem;
+    cb->embed = p;
+    p += embed_n;
+    cb->final_norm = p;
+    p += norm_n;
+    cb->lm_head = tied ? cb->embed : p;
+    if (!tied) p += embed_n;
+    if (put_weight(cb, cb->embed, RP_W_EMBED, 0, err) || put_weight(cb, cb->final_norm, RP_W_FINAL_NORM, 0, err) ||
+        (!tied && put_weight(cb, cb->lm_head, RP_W_LM_HEAD, 0, err)))
+        return RP_ERR;
+    for (int l = 0; l < c->num_layers; l++) {
+        rp_cuda_layer *ly = &cb->layers[l];
+        /* q, k, v are contiguous (in that order) so that they form one
+         * [(nh + 2 nkv) hd][H] matrix: they were given adjacent slots. */
+        ly->attn_norm = p;
+        p += per_layer[RP_W_ATTN_NORM];
+        ly->wqkv = p;
+        if (put_weight(cb, p, RP_W_Q, l, err)) return RP_ERR;
+        p += weight_elems(m, RP_W_Q);
+        if (put_weight(cb, p, RP_W_K, l, err)) return RP_ERR;
+        p += weight_elems(m, RP_W_K);
+        if (put_weight(cb, p, RP_W_V, l, err)) return RP_ERR;
+        p += weight_elems(m, RP_W_V);
+        p = ly->wqkv + ALIGN_UP(weight_elems(m, RP_W_Q) + weight_elems(m, RP_W_K) + weight_elems(m, RP_W_V));
+        ly->wo = p;
+        p += per_layer[RP_W_O];
+        ly->q_norm = has_qk ? p : NULL;
+        p += per_layer[RP_W_Q_NORM];
+        ly->k_norm = has_qk ? p : NULL;
+        p += per_layer[RP_W_K_NORM];
+        ly->mlp_norm = p;
+        p += per_layer[RP_W_MLP_NORM];
+        ly->wgu = p;
+        if (put_weight(cb, p, RP_W_GATE, l, err)) return RP_ERR;
+        if (put_weight(cb, p + weight_elems(m, RP_W_GATE), RP_W_UP, l, err)) return RP_ERR;
+        p += per_layer[RP_W_GATE] + per_layer[RP_W_UP];
+        ly->wdown = p;
+        p += per_layer[RP_W_DOWN];
+        if (put_weight(cb, ly->attn_norm, RP_W_ATTN_NORM, l, err) || put_weight(cb, ly->wo, RP_W_O, l, err) ||
+            put_weight(cb, ly->mlp_norm, RP_W_MLP_NORM, l, err) || put_weight(cb, ly->wdown, RP_W_DOWN, l, err) ||
+            (has_qk && (put_weight(cb, ly->q_norm, RP_W_Q_NORM, l, err) ||
+                        put_weight(cb, ly->k_norm, RP_W_K_NORM, l, err))))
+            return RP_ERR;
+    }
+#undef ALIGN_UP
+    RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
+    return 0;
+}
+
+/* ---- metadata block ------------------------------------------------------- */
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static int plan_meta(rp_cuda_backend *cb, rp_err *err) {
+    const rp_backend_config *bc = &cb->base.cfg;
+    size_t o = 0;
+    const size_t T = (size_t)bc->max_batch_tokens, S = (size_t)cb->max_seqs, L = (size_t)cb->max_logits;
+    cb->off_tokens = o, o += T * 4;
+    cb->off_positions = o, o += T * 4;
+    cb->off_slots = o, o += T * 4;
+    cb->off_seq_start = o, o += (S + 1) * 4;
+    cb->off_kv_len = o, o += S * 4;
+    cb->off_page_row = o, o += S * 4;
+    cb->off_logit_token = o, o += L * 4;
+    o = align_up(o, 16);
+    cb->off_params = o, o += L * sizeof(rp_sample_params);
+    o = align_up(o, 16);
+    /* The pages of every sequence in the batch, packed one after another;
+     * seq_page_row[s] is where sequence s's list starts and the stride is 1,
+     * so only the pages in use cross PCIe each step. Sharing pages between
+     * sequences (a prefix cache) can list a page twice: room for that. */
+    cb->page_capacity = (size_t)bc->num_pages + S * 2 + (size_t)cb->max_pages_per_seq;
+    cb->off_pages = o, o += cb->page_capacity * 4;
+    cb->meta_bytes = o;
+    if (rp_cuda_malloc((void **)&cb->d_meta, o, "step metadata", err)) return RP_ERR;
+    RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_meta, o), err);
+    memset(cb->h_meta, 0, o);
+    return 0;
+}
+
+#define META(cb, base, off, type) ((type *)((base) + (cb)->off))
+
+/* Packs a batch (padded to padded_seqs one-token dummy sequences when >
+ * num_seqs) into the pinned block; returns the bytes to copy. */
+static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, size_t *copy_bytes, rp_err *err) {
+    uint8_t *h = cb->h_meta;
+    int32_t *tokens = META(cb, h, off_tokens, int32_t), *pos = META(cb, h, off_positions, int32_t),
+            *slots = META(cb, h, off_slots, int32_t), *seq_start = META(cb, h, off_seq_start, int32_t),
+            *kv_len = META(cb, h, off_kv_len, int32_t), *page_row = META(cb, h, off_page_row, int32_t),
+            *logit_token = META(cb, h, off_logit_token, int32_t), *pages = META(cb, h, off_pages, int32_t);
+    rp_sample_params *params = META(cb, h, off_params, rp_sample_params);
+    const int ps = cb->base.cfg.page_size, S = bt->num_seqs, T = bt->num_tokens;
+    const int32_t dummy_page = cb->base.cfg.num_pages;
+    memcpy(tokens, bt->tokens, (size_t)T * 4);
+    memcpy(pos, bt->positions, (size_t)T * 4);
+    memcpy(slots, bt->slot_mapping, (size_t)T * 4);
+    memcpy(seq_start, bt->seq_start, (size_t)(S + 1) * 4);
+    memcpy(kv_len, bt->seq_kv_len, (size_t)S * 4);
+    memcpy(logit_token, bt->logit_token, (size_t)bt->num_logits * 4);
+    if (bt->sample) memcpy(params, bt->sample, (size_t)bt->num_logits * sizeof *params);
+    else memset(params, 0, (size_t)bt->num_logits * sizeof *params); /* greedy */
+    size_t np = 0;
+    for (int s = 0; s < S; s++) {
+        int n = (bt->seq_kv_len[s] + ps - 1) / ps;
+        if (np + (size_t)n > cb->page_capacity)
+            return rp_errf(err, "batch lists %zu KV pages, more than the %zu the step block holds", np + (size_t)n,
+                           cb->page_capacity);
+        page_row[s] = (int32_t)np;
+        memcpy(pages + np, bt->page_table + (int64_t)bt->seq_page_row[s] * bt->page_table_stride, (size_t)n * 4);
+        np += (size_t)n;
+    }
+    /* Padding: one-token sequences at position 0 whose KV write and read hit
+     * the dummy page, and whose logits row is sampled and ignored. */
+    for (int s = S; s < padded_seqs; s++) {
+        int t = T + (s - S);
+        tokens[t] = 0;
+        pos[t] = 0;
+        slots[t] = dummy_page * ps;
+        seq_start[s + 1] = t + 1;
+        kv_len[s] = 1;
+        page_row[s] = (int32_t)np;
+        pages[np++] = dummy_page;
+        logit_token[bt->num_logits + (s - S)] = t;
+        memset(&params[bt->num_logits + (s - S)], 0, sizeof *params);
+    }
+    *copy_bytes = cb->off_pages + np * 4;
+    return 0;
+}
+
+/* ---- the forward pass ------------------------------------------------------ */
+
+int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs) {
+    /* Enough (sequence, kv head, split) blocks to fill the SMs twice. */
+    int want = (2 * cb->num_sms + num_seqs * cb->nkv - 1) / (num_seqs * cb->nkv);
+    if (want < 1) want = 1;
+    if (want > cb->max_splits) want = cb->max_splits;
+    return want;
+}
+
+/* Profile mode: an event before each launch; segment i is the time from
+ * mark i to mark i + 1. Never inside a capture (graphs hold no events). */
+static void prof_mark(rp_cuda_backend *cb, const char *name) {
+    if (!cb->base.cfg.profile || cb->capturing || cb->prof_n >= RP_PROF_MAX) return;
+    cudaEventRecord(cb->prof_events[cb->prof_n], cb->stream);
+    cb->prof_names[cb->prof_n++] = name;
+}
+
+/* Enqueues one forward over the metadata block: T tokens of S sequences,
+ * logits for num_logits rows, sampled when sample is set. Only device
+ * pointers and shapes: the same call is run eagerly and captured. */
+int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len,
+                           int sample, rp_err *err) {
+    const rp_model_config *c = &cb->base.model->cfg;
+    cudaStream_t st = cb->stream;
+    uint8_t *d = cb->d_meta;
+    const int32_t *tokens = META(cb, d, off_tokens, int32_t), *pos = META(cb, d, off_positions, int32_t),
+                  *slots = META(cb, d, off_slots, int32_t), *logit_token = META(cb, d, off_logit_token, int32_t);
+    rp_attn_meta am = {
+        .seq_start = META(cb, d, off_seq_start, int32_t),
+        .seq_kv_len = META(cb, d, off_kv_len, int32_t),
+        .seq_page_row = META(cb, d, off_page_row, int32_t),
+        .page_table = META(cb, d, off_pages, int32_t),
+        .page_table_stride = 1,
+        .page_size = cb->base.cfg.page_size,
+    };
+    const int H = c->hidden_size, F = c->intermediate_size;
+    const float eps = (float)c->rms_norm_eps;
+    cb->prof_n = 0;
+    prof_mark(cb, "embed");
+    RP_LAUNCH(rp_k_embed(cb->embed, tokens, cb->residual, T, H, st), err);
+    for (int l = 0; l < c->num_layers; l++) {
+        const rp_cuda_layer *ly = &cb->layers[l];
+        rp_bf16 *kc = cb->k_cache + (size_t)l * cb->kv_layer_elems, *vc = cb->v_cache + (size_t)l * cb->kv_layer_elems;
+        prof_mark(cb, "add_rmsnorm");
+        RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, l ? cb->tmp : NULL, ly->attn_norm, cb->xn, T, H, eps, st), err);
+        prof_mark(cb, T <= RP_GEMV_MAX_T ? "gemv qkv" : "gemm qkv");
+        if (rp_gemm_run(&cb->gemm, ly->wqkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, st, err)) return RP_ERR;
+        prof_mark(cb, "qk_norm_rope_store");
+        RP_LAUNCH(rp_k_qk_norm_rope_store(cb->qkv, ly->q_norm, ly->k_norm, cb->inv_freq, pos, slots, kc, vc, T,
+                                          c->num_heads, c->num_kv_heads, c->head_dim, eps, st),
+                  err);
+        prof_mark(cb, decode ? "attn_decode" : "attn_prefill");
+        if (decode)
+            RP_LAUNCH(rp_k_attn_decode(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, S, c->num_heads,
+                                       c->num_kv_heads, c->head_dim, rp_cuda_decode_splits(cb, S), st),
+                      err);
+        else
+            RP_LAUNCH(rp_k_attn_prefill(cb->qkv, kc, vc, am, cb->attn, T, S, max_q_len, c->num_heads,
+                                        c->num_kv_heads, c->head_dim, st),
+                      err);
+        prof_mark(cb, T <= RP_GEMV_MAX_T ? "gemv o" : "gemm o");
+        if (rp_gemm_run(&cb->gemm, ly->wo, cb->attn, cb->tmp, T, H, cb->q_dim, 0, st, err)) return RP_ERR;
+        prof_mark(cb, "add_rmsnorm");
+        RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, ly->mlp_norm, cb->xn, T, H, eps, st), err);
+        prof_mark(cb, T <= RP_GEMV_MAX_T ? "gemv gate_up" : "gemm gate_up");
+        if (rp_gemm_run(&cb->gemm, ly->wgu, cb->xn, cb->gate_up, T, 2 * F, H, 0, st, err)) return RP_ERR;
+        prof_mark(cb, "silu_mul");
+        RP_LAUNCH(rp_k_silu_mul(cb->gate_up, cb->act, T, F, st), err);
+        prof_mark(cb, T <= RP_GEMV_MAX_T ? "gemv down" : "gemm down");
+        if (rp_gemm_run(&cb->gemm, ly->wdown, cb->act, cb->tmp, T, H, F, 0, st, err)) return RP_ERR;
+    }
+    prof_mark(cb, "add_rmsnorm");
+    RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, cb->final_norm, cb->xn, T, H, eps, st), err);
+    prof_mark(cb, "gather_rows");
+    RP_LAUNCH(rp_k_gather_rows(cb->xn, logit_token, cb->logit_in, num_logits, H, st), err);
+    prof_mark(cb, num_logits <= RP_GEMV_MAX_T ? "gemv lm_head" : "gemm lm_head");
+    if (rp_gemm_run(&cb->gemm, cb->lm_head, cb->logit_in, cb->logits, num_logits, c->vocab_size, H, 1, st, err))
+        return RP_ERR;
+    if (sample) prof_mark(cb, "sample");
+    if (sample)
+        RP_LAUNCH(rp_k_sample(cb->logits, META(cb, d, off_params, rp_sample_params), cb->d_tokens, cb->d_logprobs,
+                              cb->sample_ws, num_logits, c->vocab_size, st),
+                  err);
+    prof_mark(cb, NULL);
+    return 0;
+}
+
+/* Uploads an already packed metadata block. */
+int rp_cuda_upload_meta(rp_cuda_backend *cb, size_t bytes, rp_err *err) {
+    RP_CUDA_TRY(cudaMemcpyAsync(cb->d_meta, cb->h_meta, bytes, cudaMemcpyHostToDevice, cb->stream), err);
+    return 0;
+}
+
+int rp_cuda_pack_and_upload(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, rp_err *err) {
+    size_t bytes;
+    if (pack_meta(cb, bt, padded_seqs, &bytes, err)) return RP_ERR;
+    return rp_cuda_upload_meta(cb, bytes, err);
+}
+
+static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
+    rp_cuda_backend *cb = (rp_cuda_backend *)b;
+    if (rp_batch_validate(bt, b, err)) return RP_ERR;
+    const int S = bt->num_seqs, T = bt->num_tokens;
+    int decode = T == S;
+    int sample = bt->sample != NULL;
+    /* A pure decode batch whose every row wants logits replays a graph. */
+    const rp_cuda_graph *g = NULL;
+    if (decode && cb->graphs_enabled && bt->num_logits == S) g = rp_cuda_graph_find(cb, S);
+    cb->last_sampled = sample;
+    cb->last_num_logits = bt->num_logits;
+    if (cudaSetDevice(cb->device) != cudaSuccess) return rp_errf(err, "cudaSetDevice(%d) failed", cb->device);
+    double t0 = rp_now_s();
+    RP_CUDA_TRY(cudaEventRecord(cb->ev_start, cb->stream), err);
+    if (rp_cuda_pack_and_upload(cb, bt, g ? g->batch_size : S, err)) return RP_ERR;
+    double t1 = rp_now_s();
+    if (g) {
+        RP_CUDA_TRY(cudaGraphLaunch(g->exec, cb->stream), err);
+        cb->stats.graph_replays++;
+    } else {
+        int max_q = 0;
+        for (int s = 0; s < S; s++)
+            if (bt->seq_start[s + 1] - bt->seq_start[s] > max_q) max_q = bt->seq_start[s + 1] - bt->seq_start[s];
+        if (rp_cuda_launch_forward(cb, T, S, bt->num_logits, decode, max_q, sample, err)) return RP_ERR;
+    }
+    if (sample) {
+        RP_CUDA_TRY(cudaMemcpyAsync(cb->h_tokens, cb->d_tokens, (size_t)bt->num_logits * 4, cudaMemcpyDeviceToHost,
+                                    cb->stream),
+                    err);
+        RP_CUDA_TRY(cudaMemcpyAsync(cb->h_logprobs, cb->d_logprobs, (size_t)bt->num_logits * 4,
+                                    cudaMemcpyDeviceToHost, cb->stream),
+                    err);
+    }
+    RP_CUDA_TRY(cudaEventRecord(cb->ev_end, cb->stream), err);
+    cb->stats.last_pack_ms = (t1 - t0) * 1e3;
+    cb->stats.last_launch_ms = (rp_now_s() - t1) * 1e3;
+    cb->stats.forwards++;
+    cb->timing_pending = 1;
+    return 0;
+}
+
+static int finish_step(rp_cuda_backend *cb, rp_err *err) {
+    double t0 = rp_now_s();
+    RP_CUDA_TRY(cudaEventSynchronize(cb->ev_end), err);
+    if (cb->timing_pending) cb->stats.last_sync_ms = (rp_now_s() - t0) * 1e3;
+    if (cb->timing_pending) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, cb->ev_start, cb->ev_end) == cudaSuccess) cb->stats.last_gpu_ms = ms;
+        cb->timing_pending = 0;
+    }
+    return 0;
+}
+
+static int cuda_read_tokens(rp_backend *b, int32_t *tokens, float *logprobs, rp_err *err) {
+    rp_cuda_backend *cb = (rp_cuda_backend *)b;
+    if (!cb->last_sampled) return rp_errf(err, "the last forward did not sample");
+    if (finish_step(cb, err)) return RP_ERR;
+    memcpy(tokens, cb->h_tokens, (size_t)cb->last_num_logits * 4);
+    if (logprobs) memcpy(logprobs, cb->h_logprobs, (size_t)cb->last_num_logits * 4);
+    return 0;
+}
+
+static int cuda_read_logits(rp_backend *b, float *dst, rp_err *err) {
+    rp_cuda_backend *cb = (rp_cuda_backend *)b;
+    if (finish_step(cb, err)) return RP_ERR;
+    RP_CUDA_TRY(cudaMemcpy(dst, cb->logits, (size_t)cb->last_num_logits * b->model->cfg.vocab_size * 4,
+                           cudaMemcpyDeviceToHost),
+                err);
+    return 0;
+}
+
+static void cuda_stats(rp_backend *b, rp_backend_stats *out) {
+    rp_cuda_backend *cb = (rp_cuda_backend *)b;
+    *out = cb->stats;
+    out->device_allocs = rp_cuda_alloc_count() - cb->allocs_at_ready;
+}
+
+static int cuda_profile(rp_backend *b, rp_profile_entry *out, int max) {
+    rp_cuda_backend *cb = (rp_cuda_backend *)b;
+    if (cudaEventSynchronize(cb->ev_end) != cudaSuccess) return 0;
+    int n = 0;
+    for (int i = 0; i + 1 < cb->prof_n && n < max; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, cb->prof_events[i], cb->prof_events[i + 1]) != cudaSuccess) break;
+        out[n++] = (rp_profile_entry){cb->prof_names[i], ms};
+    }
+    return n;
+}
+
+static void cuda_set_graphs(rp_backend *b, int enabled) {
+    rp_cuda_backend *cb = (rp_cuda_backend *)b;
+    cb->graphs_enabled = enabled && cb->num_graphs > 0;
+}
+
+static void cuda_destroy(rp_backend *b) {
+    rp_cuda_backend *cb = (rp_cuda_backend *)b;
+    if (!cb) return;
+    cudaSetDevice(cb->device);
+    if (cb->stream) cudaStreamSynchronize(cb->stream);
+    rp_cuda_graphs_destroy(cb);
+    rp_gemm_destroy(&cb->gemm);
+    void *dev[] = {cb->weights_mem, cb->kv_mem, cb->act_mem, cb->d_meta};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) rp_cuda_free(dev[i]);
+    if (cb->h_meta) cudaFreeHost(cb->h_meta);
+    if (cb->h_tokens) cudaFreeHost(cb->h_tokens);
+    if (cb->h_logprobs) cudaFreeHost(cb->h_logprobs);
+    for (int i = 0; i < RP_PROF_MAX; i++)
+        if (cb->prof_events[i]) cudaEventDestroy(cb->prof_events[i]);
+    if (cb->ev_start) cudaEventDestroy(cb->ev_start);
+    if (cb->ev_end) cudaEventDestroy(cb->ev_end);
+    if (cb->stream) cudaStreamDestroy(cb->stream);
+    free(cb->layers);
+    free(cb);
+}
+
+static const rp_backend_ops cuda_ops = {
+    .forward = cuda_forward,
+    .read_logits = cuda_read_logits,
+    .read_tokens = cuda_read_tokens,
+    .destroy = cuda_destroy,
+    .stats = cuda_stats,
+    .set_graphs = cuda_set_graphs,
+    .profile = cuda_profile,
+};
+
+/* inv_freq exactly as the CPU backend computes it (shared formula). */
+static void host_inv_freq(float *inv_freq, const rp_model_config *c) {
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) inv_freq[i] = 1.0f / powf((float)c->rope.theta, (float)(2 * i) / (float)c->head_dim);
+    if (c->rope.type != RP_ROPE_LLAMA3) return;
+    const double pi = 3.14159265358979323846;
+    double factor = c->rope.factor, lo = c->rope.low_freq_factor, hi = c->rope.high_freq_factor;
+    double old_ctx = c->rope.original_max_position_embeddings;
+    for (int i = 0; i < half; i++) {
+        float f = inv_freq[i], wavelen = (float)(2 * pi) / f;
+        float scaled = wavelen > (float)(old_ctx / lo) ? f / (float)factor : f;
+        float smooth = ((float)old_ctx / wavelen - (float)lo) / (float)(hi - lo);
+        float smoothed = (1.0f - smooth) * scaled / (float)factor + smooth * scaled;
+        int medium = !(wavelen < (float)(old_ctx / hi)) && !(wavelen > (float)(old_ctx / lo));
+        inv_freq[i] = medium ? smoothed : scaled;
+    }
+}
+
+static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
+    const rp_model_config *c = &cb->base.model->cfg;
+    const size_t T = (size_t)cb->base.cfg.max_batch_tokens, H = (size_t)c->hidden_size,
+                 F = (size_t)c->intermediate_size, Lg = (size_t)cb->max_logits, V = (size_t)c->vocab_size;
+    size_t attn_ws = rp_attn_decode_workspace_bytes(cb->max_seqs, c->num_heads, c->head_dim, cb->max_splits);
+    size_t sample_ws = rp_sample_workspace_bytes(cb->max_logits, c->vocab_size);
+    struct {
+        void **ptr;
+        size_t bytes;
+    } parts[] = {
+        {(void **)&cb->residual, T * H * 4},
+        {(void **)&cb->xn, T * H * 2},
+        {(void **)&cb->qkv, T * (size_t)cb->qkv_dim * 2},
+        {(void **)&cb->attn, T * (size_t)cb->q_dim * 2},
+        {(void **)&cb->tmp, T * H * 2},
+        {(void **)&cb->gate_up, T * 2 * F * 2},
+        {(void **)&cb->act, T * F * 2},
+        {(void **)&cb->logit_in, Lg * H * 2},
+        {(void **)&cb->logits, Lg * V * 4},
+        {(void **)&cb->inv_freq, (size_t)c->head_dim / 2 * 4},
+        {(void **)&cb->d_tokens, Lg * 4},
+        {(void **)&cb->d_logprobs, Lg * 4},
+        {&cb->attn_ws, attn_ws},
+        {&cb->sample_ws, sample_ws},
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) total += align_up(parts[i].bytes, 256);
+    if (rp_cuda_malloc((void **)&cb->act_mem, total, "activations", err)) return RP_ERR;
+    uint8_t *p = cb->act_mem;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        *parts[i].ptr = p;
+        p += align_up(parts[i].bytes, 256);
+    }
+    cb->act_bytes = total;
+    float *h_inv = malloc((size_t)c->head_dim / 2 * 4);
+    if (!h_inv) return rp_errf(err, "out of memory");
+    host_inv_freq(h_inv, c);
+    cudaError_t e = cudaMemcpy(cb->inv_freq, h_inv, (size_t)c->head_dim / 2 * 4, cudaMemcpyHostToDevice);
+    free(h_inv);
+    RP_CUDA_TRY(e, err);
+    RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_tokens, Lg * 4), err);
+    RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_logprobs, Lg * 4), err);
+    return 0;
+}
+
+rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err) {
+    const rp_model_config *c = &model->cfg;
+    int ndev = rp_cuda_device_count();
+    if (ndev == 0) {
+        rp_errf(err, "no CUDA device found");
+        return NULL;
+    }
+    if (cfg->device_id < 0 || cfg->device_id >= ndev) {
+        rp_errf(err, "CUDA device %d does not exist (%d present)", cfg->device_id, ndev);
+        return NULL;
+    }
+    if (cfg->num_pages <= 0 || cfg->page_size <= 0 || cfg->max_batch_tokens <= 0 || cfg->max_batch_seqs <= 0) {
+        rp_errf(err, "cuda backend: num_pages, page_size and batch limits must be positive");
+        return NULL;
+    }
+    if (c->head_dim != 64 && c->head_dim != 128) {
+        rp_errf(err, "cuda backend: head_dim %d is not supported (64 and 128 are)", c->head_dim);
+        return NULL;
+    }
+    rp_cuda_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) {
+        rp_errf(err, "out of memory");
+        return NULL;
+    }
+    cb->base.ops = &cuda_ops;
+    cb->base.name = "cuda";
+    cb->base.model = model;
+    cb->base.cfg = *cfg;
+    rp_backend_config *bc = &cb->base.cfg;
+    if (bc->max_logit_rows <= 0) bc->max_logit_rows = bc->max_batch_seqs;
+    cb->device = cfg->device_id;
+    cb->nkv = c->num_kv_heads;
+    cb->q_dim = c->num_heads * c->head_dim;
+    cb->kv_dim = c->num_kv_heads * c->head_dim;
+    cb->qkv_dim = cb->q_dim + 2 * cb->kv_dim;
+    cb->max_seqs = bc->max_batch_seqs;
+    cb->max_logits = bc->max_logit_rows;
+    cb->max_splits = 32;
+    int max_ctx = c->max_position_embeddings;
+    if ((int64_t)bc->num_pages * bc->page_size < max_ctx) max_ctx = bc->num_pages * bc->page_size;
+    cb->max_pages_per_seq = (max_ctx + bc->page_size - 1) / bc->page_size;
+    cb->layers = calloc((size_t)c->num_layers, sizeof *cb->layers);
+    rp_err e2;
+    if (!cb->layers) {
+        rp_errf(err, "out of memory");
+        goto fail;
+    }
+    if (cudaSetDevice(cb->device) != cudaSuccess) {
+        rp_errf(err, "cudaSetDevice(%d) failed", cb->device);
+        goto fail;
+    }
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, cb->device) != cudaSuccess) {
+        rp_errf(err, "cudaGetDeviceProperties failed");
+        goto fail;
+    }
+    cb->num_sms = prop.multiProcessorCount;
+    if (cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreate(&cb->ev_start) != cudaSuccess || cudaEventCreate(&cb->ev_end) != cudaSuccess) {
+        rp_errf(err, "cannot create a CUDA stream or events");
+        goto fail;
+    }
+    if (bc->profile)
+        for (int i = 0; i < RP_PROF_MAX; i++)
+            if (cudaEventCreate(&cb->prof_events[i]) != cudaSuccess) {
+                rp_errf(err, "cannot create profiling events");
+                goto fail;
+            }
+    double t0 = rp_now_s();
+    if (upload_weights(cb, err)) goto fail;
+    rp_log_info("cuda: %s, %d SMs; weights %.2f GiB uploaded in %.2fs%s", prop.name, cb->num_sms,
+                (double)cb->weights_bytes / (1 << 30), rp_now_s() - t0, model->dummy ? " (dummy, made on the GPU)" : "");
+    cb->slots = (int64_t)(bc->num_pages + 1) * bc->page_size;
+    cb->kv_layer_elems = (size_t)cb->slots * (size_t)cb->kv_dim;
+    size_t kv_bytes = 2 * (size_t)c->num_layers * cb->kv_layer_elems * 2;
+    if (rp_cuda_malloc((void **)&cb->kv_mem, kv_bytes, "the KV cache", err)) goto fail;
+    cb->k_cache = cb->kv_mem;
+    cb->v_cache = cb->kv_mem + (size_t)c->num_layers * cb->kv_layer_elems;
+    if (cudaMemset(cb->kv_mem, 0, kv_bytes) != cudaSuccess) {
+        rp_errf(err, "cudaMemset of the KV cache failed");
+        goto fail;
+    }
+    if (alloc_activations(cb, err) || plan_meta(cb, err) || rp_gemm_init(&cb->gemm, LT_WORKSPACE_BYTES, err))
+        goto fail;
+    rp_log_info("cuda: KV cache %d pages x %d tokens (%.2f GiB), activations %.2f GiB for %d tokens / %d sequences",
+                bc->num_pages, bc->page_size, (double)kv_bytes / (1 << 30), (double)cb->act_bytes / (1 << 30),
+                bc->max_batch_tokens, bc->max_batch_seqs);
+    if (!bc->disable_cuda_graph && rp_cuda_graphs_capture(cb, err)) goto fail;
+    cb->graphs_enabled = cb->num_graphs > 0;
+    cb->allocs_at_ready = rp_cuda_alloc_count();
+    return &cb->base;
+fail:
+    e2 = *err;
+    cuda_destroy(&cb->base);
+    *err = e2;
+    return NULL;
+}

@@ -1,0 +1,82 @@
+/* The CUDA backend's state, shared by cuda_backend.c (memory plan, forward)
+ * and graph_runner.c (capture and replay of decode graphs). Nothing outside
+ * src/backend/cuda includes this. */
+#ifndef RP_BACKEND_CUDA_BACKEND_H
+#define RP_BACKEND_CUDA_BACKEND_H
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+
+typedef struct rp_cuda_layer {
+    rp_bf16 *attn_norm, *wqkv, *wo, *q_norm, *k_norm, *mlp_norm, *wgu, *wdown;
+} rp_cuda_layer;
+
+/* One captured decode step for a batch-size bucket. */
+typedef struct rp_cuda_graph {
+    int batch_size;
+    int splits;
+    cudaGraphExec_t exec;
+} rp_cuda_graph;
+
+#define RP_MAX_GRAPHS 64
+#define RP_PROF_MAX 2048
+
+typedef struct rp_cuda_backend {
+    rp_backend base;
+    int device, num_sms;
+    cudaStream_t stream;
+    cudaEvent_t ev_start, ev_end;
+    rp_gemm gemm;
+    int nkv, q_dim, kv_dim, qkv_dim;
+    int max_seqs, max_logits, max_splits, max_pages_per_seq;
+    /* weights */
+    rp_bf16 *weights_mem;
+    size_t weights_bytes;
+    rp_bf16 *embed, *final_norm, *lm_head;
+    rp_cuda_layer *layers;
+    /* KV cache: [layer][slot][kv_dim] for k, then the same for v */
+    rp_bf16 *kv_mem, *k_cache, *v_cache;
+    int64_t slots;
+    size_t kv_layer_elems;
+    /* activations and workspaces (one allocation) */
+    uint8_t *act_mem;
+    size_t act_bytes;
+    float *residual, *logits, *inv_freq, *d_logprobs;
+    rp_bf16 *xn, *qkv, *attn, *tmp, *gate_up, *act, *logit_in;
+    int32_t *d_tokens;
+    void *attn_ws, *sample_ws;
+    int32_t *h_tokens;
+    float *h_logprobs;
+    /* the step's metadata block: device and pinned host copies */
+    uint8_t *d_meta, *h_meta;
+    size_t meta_bytes, page_capacity;
+    size_t off_tokens, off_positions, off_slots, off_seq_start, off_kv_len, off_page_row, off_logit_token,
+        off_params, off_pages;
+    /* graphs */
+    rp_cuda_graph graphs[RP_MAX_GRAPHS];
+    int num_graphs, graphs_enabled;
+    /* last step */
+    int last_num_logits, last_sampled, timing_pending;
+    rp_backend_stats stats;
+    uint64_t allocs_at_ready;
+    /* profile mode: an event before every launch of an eager forward */
+    int capturing;
+    int prof_n;
+    cudaEvent_t prof_events[RP_PROF_MAX];
+    const char *prof_names[RP_PROF_MAX];
+} rp_cuda_backend;
+
+int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len, int sample,
+                           rp_err *err);
+int rp_cuda_pack_and_upload(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, rp_err *err);
+int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs);
+
+/* graph_runner.c */
+int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err);
+const rp_cuda_graph *rp_cuda_graph_find(const rp_cuda_backend *cb, int num_seqs);
+void rp_cuda_graphs_destroy(rp_cuda_backend *cb);
+
+#endif

@@ -1,0 +1,104 @@
+/* GEMV/cuBLASLt dispatch and the cuBLASLt plan cache. */
+#include "backend/cuda/gemm.h"
+
+#include <string.h>
+
+#include "backend/cuda/cuda_util.h"
+
+#define LT_TRY(call, err)                                                                       \
+    do {                                                                                        \
+        cublasStatus_t s_ = (call);                                                             \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                        \
+            return rp_errf((err), "%s failed: cuBLAS status %d (%s:%d)", #call, (int)s_, __FILE__, __LINE__); \
+    } while (0)
+
+int rp_gemm_init(rp_gemm *g, size_t workspace_bytes, rp_err *err) {
+    memset(g, 0, sizeof *g);
+    LT_TRY(cublasLtCreate(&g->lt), err);
+    g->workspace_bytes = workspace_bytes;
+    return rp_cuda_malloc(&g->workspace, workspace_bytes, "cuBLASLt workspace", err);
+}
+
+static void plan_destroy(rp_gemm_plan *p) {
+    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->c) cublasLtMatrixLayoutDestroy(p->c);
+    memset(p, 0, sizeof *p);
+}
+
+void rp_gemm_destroy(rp_gemm *g) {
+    for (int i = 0; i < g->num_plans; i++) plan_destroy(&g->plans[i]);
+    rp_cuda_free(g->workspace);
+    if (g->lt) cublasLtDestroy(g->lt);
+    memset(g, 0, sizeof *g);
+}
+
+/* Row-major y[T][N] = x[T][K] W[N][K]^T is, in cuBLAS's column-major terms,
+ * C(N x T) = op(A) B with A = W viewed as K x N (transposed) and B = x
+ * viewed as K x T. */
+static int make_plan(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int out_f32, rp_err *err) {
+    memset(p, 0, sizeof *p);
+    p->T = T;
+    p->N = N;
+    p->K = K;
+    p->out_f32 = out_f32;
+    LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), err);
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), err);
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), err);
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K), err);
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, K), err);
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)N, (uint64_t)T, N), err);
+    cublasLtMatmulPreference_t pref;
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref), err);
+    size_t ws = g->workspace_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+        plan_destroy(p);
+        return rp_errf(err, "cuBLASLt has no algorithm for %dx%dx%d", T, N, K);
+    }
+    p->algo = res.algo;
+    return 0;
+}
+
+static rp_gemm_plan *find_plan(rp_gemm *g, int T, int N, int K, int out_f32, rp_err *err) {
+    for (int i = 0; i < g->num_plans; i++) {
+        rp_gemm_plan *p = &g->plans[i];
+        if (p->T == T && p->N == N && p->K == K && p->out_f32 == out_f32) return p;
+    }
+    rp_gemm_plan *p;
+    if (g->num_plans < RP_GEMM_CACHE) {
+        p = &g->plans[g->num_plans++];
+    } else { /* prefill with many distinct lengths: recycle round-robin */
+        p = &g->plans[g->next_evict];
+        g->next_evict = (g->next_evict + 1) % RP_GEMM_CACHE;
+        plan_destroy(p);
+    }
+    if (make_plan(g, p, T, N, K, out_f32, err)) {
+        memset(p, 0, sizeof *p);
+        p->T = -1;
+        return NULL;
+    }
+    return p;
+}
+
+int rp_gemm_run(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,
+                cudaStream_t stream, rp_err *err) {
+    if (T <= RP_GEMV_MAX_T && !g->force_lt) {
+        if (out_f32) RP_LAUNCH(rp_k_gemv_f32out(W, x, y, T, N, K, stream), err);
+        else RP_LAUNCH(rp_k_gemv(W, x, y, T, N, K, stream), err);
+        return 0;
+    }
+    rp_gemm_plan *p = find_plan(g, T, N, K, out_f32, err);
+    if (!p) return RP_ERR;
+    const float alpha = 1.0f, beta = 0.0f;
+    LT_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, W, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
+                          g->workspace, g->workspace_bytes, stream),
+           err);
+    return 0;
+}

@@ -1,0 +1,260 @@
+/* Decode attention over the paged KV cache (flash-decoding).
+ *
+ * One query token per sequence. A block owns (sequence, kv head, split):
+ * all G = nh / nkv query heads that share the kv head are the M side of a
+ * tensor-core mma (padded to 16 rows), so each K and V row is read from
+ * memory once for the whole group. The keys of a sequence are cut into
+ * num_splits ranges, fixed per graph; the range length is computed on the
+ * device from seq_kv_len, so a captured graph stays valid as sequences grow,
+ * and ranges past a sequence's end are empty. A second kernel merges the
+ * splits' (max, sum, unnormalised output) into the bf16 result.
+ *
+ * Within a block, 4 warps take 16-key tiles in turn and keep their own
+ * online-softmax state in registers; the warps meet once, at the end,
+ * through shared memory (no communication between blocks: the merge is a
+ * separate launch).
+ *
+ * Fragment trick (see gemv.cu): a dot product does not care how its index is
+ * numbered, so each thread loads 8 (K) or 8/16 (V) consecutive bf16 with one
+ * or two 16-byte loads and the mma's k/n numbering is permuted to match.
+ * For V the output dimension is permuted: n-tile j, column n holds dim
+ * n * (hd / 8) + j, undone when the result is stored. */
+#include <math.h>
+
+#include "common.cuh"
+#include "mma.cuh"
+
+#define DEC_WARPS 4
+#define DEC_TILE 16 /* keys per warp iteration */
+#define DEC_MAX_GROUP 16
+
+static __device__ __forceinline__ int64_t key_slot(const int32_t *row, int page_size, int j) {
+    return (int64_t)row[j / page_size] * page_size + j % page_size;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    attn_decode_split_kernel(const uint16_t *__restrict__ qkv, const uint16_t *__restrict__ k_cache,
+                             const uint16_t *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
+                             float2 *__restrict__ ws_ml, int nh, int nkv, int num_splits) {
+    constexpr int KCH = HD / 32; /* 32-dim chunks: one uint4 of K per thread each */
+    constexpr int DPT = HD / 8;  /* V dims per thread = PV n-tiles */
+    __shared__ float sm_o[DEC_WARPS][DEC_MAX_GROUP][HD + 1];
+    __shared__ float sm_m[DEC_WARPS][DEC_MAX_GROUP], sm_l[DEC_WARPS][DEC_MAX_GROUP];
+
+    const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
+    const int G = nh / nkv;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int kv_len = meta.seq_kv_len[s];
+    const int64_t kv_stride = (int64_t)nkv * HD;
+    const int32_t *prow = meta.page_table + (int64_t)meta.seq_page_row[s] * meta.page_table_stride;
+
+    /* Split range, from the device-side length; multiples of the block's
+     * tile sweep so that few tiles are partial. */
+    const int sweep = DEC_WARPS * DEC_TILE;
+    int chunk = (kv_len + num_splits - 1) / num_splits;
+    chunk = (chunk + sweep - 1) / sweep * sweep;
+    const int begin = split * chunk;
+    const int end = min(kv_len, begin + chunk);
+
+    /* q of heads g and g + 8 of this group, raw bf16 words (exact). */
+    const uint16_t *qbase = qkv + (int64_t)s * (nh + 2 * nkv) * HD + (int64_t)kvh * G * HD;
+    uint4 q_lo[KCH], q_hi[KCH];
+#pragma unroll
+    for (int ch = 0; ch < KCH; ch++) {
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        q_lo[ch] = g < G ? rp_ld_nc(qbase + (int64_t)g * HD + ch * 32 + c * 8) : z;
+        q_hi[ch] = g + 8 < G ? rp_ld_nc(qbase + (int64_t)(g + 8) * HD + ch * 32 + c * 8) : z;
+    }
+    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f; /* exp2 domain */
+
+    float o[DPT][4];
+#pragma unroll
+    for (int j = 0; j < DPT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+
+    for (int base = begin + warp * DEC_TILE; base < end; base += sweep) {
+        /* Issue every load of the tile first: 2*KCH uint4 of K, 4 rows of V. */
+        uint4 kr[2][KCH];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const int j = base + nt * 8 + g;
+            const bool ok = j < end;
+            const uint16_t *kp = k_cache + (ok ? key_slot(prow, meta.page_size, j) : 0) * kv_stride +
+                                 (int64_t)kvh * HD + c * 8;
+#pragma unroll
+            for (int ch = 0; ch < KCH; ch++) kr[nt][ch] = ok ? rp_ld_nc(kp + ch * 32) : make_uint4(0, 0, 0, 0);
+        }
+        uint4 vr[4][DPT / 8]; /* keys base + {2c, 2c+1, 2c+8, 2c+9}, dims g*DPT .. +DPT */
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int j = base + 2 * c + (r & 1) + (r >> 1) * 8;
+            const bool ok = j < end;
+            const uint16_t *vp = v_cache + (ok ? key_slot(prow, meta.page_size, j) : 0) * kv_stride +
+                                 (int64_t)kvh * HD + g * DPT;
+#pragma unroll
+            for (int h = 0; h < DPT / 8; h++) vr[r][h] = ok ? rp_ld_nc(vp + h * 8) : make_uint4(0, 0, 0, 0);
+        }
+
+        /* S = Q K^T for the 16 keys: two n-tiles of 8. */
+        float sc[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+            for (int ch = 0; ch < KCH; ch++) {
+                rp_mma_16816(sc[nt], q_lo[ch].x, q_hi[ch].x, q_lo[ch].y, q_hi[ch].y, kr[nt][ch].x, kr[nt][ch].y);
+                rp_mma_16816(sc[nt], q_lo[ch].z, q_hi[ch].z, q_lo[ch].w, q_hi[ch].w, kr[nt][ch].z, kr[nt][ch].w);
+            }
+        }
+        /* Column n of n-tile nt is key base + nt*8 + n. */
+        float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const bool ok = base + nt * 8 + 2 * c + e < end;
+                sc[nt][e] = ok ? sc[nt][e] * qk_scale : -INFINITY;
+                sc[nt][2 + e] = ok ? sc[nt][2 + e] * qk_scale : -INFINITY;
+                mx_lo = fmaxf(mx_lo, sc[nt][e]);
+                mx_hi = fmaxf(mx_hi, sc[nt][2 + e]);
+            }
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(RP_FULL_MASK, mx_lo, 1));
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(RP_FULL_MASK, mx_lo, 2));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(RP_FULL_MASK, mx_hi, 1));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(RP_FULL_MASK, mx_hi, 2));
+        /* The tile holds at least one valid key, so the new max is finite. */
+        const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+        const float a_lo = exp2f(m_lo - mn_lo), a_hi = exp2f(m_hi - mn_hi);
+        m_lo = mn_lo;
+        m_hi = mn_hi;
+        float ps_lo = 0.0f, ps_hi = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                sc[nt][e] = exp2f(sc[nt][e] - mn_lo);
+                sc[nt][2 + e] = exp2f(sc[nt][2 + e] - mn_hi);
+                ps_lo += sc[nt][e];
+                ps_hi += sc[nt][2 + e];
+            }
+        l_lo = l_lo * a_lo + ps_lo;
+        l_hi = l_hi * a_hi + ps_hi;
+        const uint32_t p0 = rp_pack_bf16x2(sc[0][0], sc[0][1]), p1 = rp_pack_bf16x2(sc[0][2], sc[0][3]);
+        const uint32_t p2 = rp_pack_bf16x2(sc[1][0], sc[1][1]), p3 = rp_pack_bf16x2(sc[1][2], sc[1][3]);
+
+        /* O = O * alpha + P V; n-tile j takes element j of each V row. */
+        const uint32_t *v0 = reinterpret_cast<const uint32_t *>(vr[0]);
+        const uint32_t *v1 = reinterpret_cast<const uint32_t *>(vr[1]);
+        const uint32_t *v2 = reinterpret_cast<const uint32_t *>(vr[2]);
+        const uint32_t *v3 = reinterpret_cast<const uint32_t *>(vr[3]);
+#pragma unroll
+        for (int j = 0; j < DPT; j++) {
+            o[j][0] *= a_lo;
+            o[j][1] *= a_lo;
+            o[j][2] *= a_hi;
+            o[j][3] *= a_hi;
+            const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
+            const uint32_t b0 = __byte_perm(v0[j >> 1], v1[j >> 1], sel);
+            const uint32_t b1 = __byte_perm(v2[j >> 1], v3[j >> 1], sel);
+            rp_mma_16816(o[j], p0, p1, p2, p3, b0, b1);
+        }
+    }
+
+    /* Per-thread partial row sums -> row sums. */
+    l_lo += __shfl_xor_sync(RP_FULL_MASK, l_lo, 1);
+    l_lo += __shfl_xor_sync(RP_FULL_MASK, l_lo, 2);
+    l_hi += __shfl_xor_sync(RP_FULL_MASK, l_hi, 1);
+    l_hi += __shfl_xor_sync(RP_FULL_MASK, l_hi, 2);
+
+    /* Meet the other warps: rows < G only. */
+    if (c == 0) {
+        if (g < G) {
+            sm_m[warp][g] = m_lo;
+            sm_l[warp][g] = l_lo;
+        }
+        if (g + 8 < G) {
+            sm_m[warp][g + 8] = m_hi;
+            sm_l[warp][g + 8] = l_hi;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < DPT; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int d = (2 * c + e) * DPT + j;
+            if (g < G) sm_o[warp][g][d] = o[j][e];
+            if (g + 8 < G) sm_o[warp][g + 8][d] = o[j][2 + e];
+        }
+    __syncthreads();
+
+    for (int i = threadIdx.x; i < G * HD; i += DEC_WARPS * 32) {
+        const int r = i / HD, d = i % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w][r]);
+        float acc = 0.0f, L = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; w++) {
+                const float f = exp2f(sm_m[w][r] - M); /* 0 for a warp that saw no key */
+                acc += f * sm_o[w][r][d];
+                L += f * sm_l[w][r];
+            }
+        }
+        const int h = kvh * G + r;
+        const int64_t idx = ((int64_t)s * nh + h) * num_splits + split;
+        ws_o[idx * HD + d] = acc;
+        if (d == 0) ws_ml[idx] = make_float2(M, L);
+    }
+}
+
+/* out[s][h] = sum_i o_i 2^(m_i - M) / sum_i l_i 2^(m_i - M) over splits. */
+template <int HD>
+__global__ void attn_decode_merge_kernel(const float *__restrict__ ws_o, const float2 *__restrict__ ws_ml,
+                                         uint16_t *__restrict__ out, int nh, int num_splits) {
+    const int sh = blockIdx.x; /* s * nh + h */
+    const int d = threadIdx.x;
+    const float2 *ml = ws_ml + (int64_t)sh * num_splits;
+    float M = -INFINITY;
+    for (int i = 0; i < num_splits; i++) M = fmaxf(M, ml[i].x);
+    float acc = 0.0f, L = 0.0f;
+    if (M != -INFINITY)
+        for (int i = 0; i < num_splits; i++) {
+            const float f = exp2f(ml[i].x - M);
+            acc += f * ws_o[((int64_t)sh * num_splits + i) * HD + d];
+            L += f * ml[i].y;
+        }
+    (void)nh;
+    out[(int64_t)sh * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
+}
+
+extern "C" size_t rp_attn_decode_workspace_bytes(int num_seqs, int nh, int hd, int num_splits) {
+    const size_t parts = (size_t)num_seqs * nh * num_splits;
+    return parts * (size_t)hd * sizeof(float) + parts * sizeof(float2) + 256;
+}
+
+extern "C" int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
+                                rp_attn_meta meta, rp_bf16 *out, void *workspace, int num_seqs, int nh, int nkv,
+                                int hd, int num_splits, cudaStream_t stream) {
+    if (num_seqs <= 0) return cudaSuccess;
+    if (nkv <= 0 || nh % nkv != 0 || nh / nkv > DEC_MAX_GROUP || num_splits <= 0 || num_splits > 65535 ||
+        meta.page_size <= 0 || (hd != 64 && hd != 128))
+        return (int)cudaErrorInvalidValue;
+    const size_t parts = (size_t)num_seqs * nh * num_splits;
+    float *ws_o = (float *)workspace;
+    float2 *ws_ml = (float2 *)(((uintptr_t)(ws_o + parts * hd) + 15) & ~(uintptr_t)15);
+    dim3 grid(num_splits, nkv, num_seqs);
+    if (hd == 128) {
+        attn_decode_split_kernel<128><<<grid, DEC_WARPS * 32, 0, stream>>>(qkv, k_cache, v_cache, meta, ws_o, ws_ml,
+                                                                           nh, nkv, num_splits);
+        if (cudaPeekAtLastError() != cudaSuccess) return rp_launch_result();
+        attn_decode_merge_kernel<128><<<num_seqs * nh, 128, 0, stream>>>(ws_o, ws_ml, out, nh, num_splits);
+    } else {
+        attn_decode_split_kernel<64><<<grid, DEC_WARPS * 32, 0, stream>>>(qkv, k_cache, v_cache, meta, ws_o, ws_ml,
+                                                                          nh, nkv, num_splits);
+        if (cudaPeekAtLastError() != cudaSuccess) return rp_launch_result();
+        attn_decode_merge_kernel<64><<<num_seqs * nh, 64, 0, stream>>>(ws_o, ws_ml, out, nh, num_splits);
+    }
+    return rp_launch_result();
+}

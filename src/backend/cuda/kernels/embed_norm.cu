@@ -1,0 +1,100 @@
+/* The residual stream's entry and its norms: embedding gather into the fp32
+ * residual, and RMSNorm fused with the residual add (one pass reads the
+ * delta, updates the residual and produces the normalised bf16 activations
+ * the next matrix product reads). One block per token: T is small in
+ * decode and these kernels move little memory, so simplicity wins. */
+#include "common.cuh"
+
+#define NORM_THREADS 256
+
+/* residual[t] = float(embed[tokens[t]]); 8 bf16 per 16-byte load. */
+template <bool VEC>
+__global__ void embed_kernel(const uint16_t *__restrict__ embed, const int32_t *__restrict__ tokens,
+                             float *__restrict__ residual, int H) {
+    const int t = blockIdx.x;
+    const uint16_t *src = embed + (int64_t)tokens[t] * H;
+    float *dst = residual + (int64_t)t * H;
+    if (VEC) {
+        for (int i = threadIdx.x * 8; i < H; i += blockDim.x * 8) {
+            uint4 v = rp_ld_nc(src + i);
+            float4 a = make_float4(rp_bf16_lo(v.x), rp_bf16_hi(v.x), rp_bf16_lo(v.y), rp_bf16_hi(v.y));
+            float4 b = make_float4(rp_bf16_lo(v.z), rp_bf16_hi(v.z), rp_bf16_lo(v.w), rp_bf16_hi(v.w));
+            *reinterpret_cast<float4 *>(dst + i) = a;
+            *reinterpret_cast<float4 *>(dst + i + 4) = b;
+        }
+    } else {
+        for (int i = threadIdx.x; i < H; i += blockDim.x) dst[i] = rp_bf16_f32(src[i]);
+    }
+}
+
+extern "C" int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, float *residual, int T, int H,
+                          cudaStream_t stream) {
+    if (T <= 0) return cudaSuccess;
+    if (H % 8 == 0)
+        embed_kernel<true><<<T, NORM_THREADS, 0, stream>>>(embed, tokens, residual, H);
+    else
+        embed_kernel<false><<<T, NORM_THREADS, 0, stream>>>(embed, tokens, residual, H);
+    return rp_launch_result();
+}
+
+/* VEC: 4 elements per access (float4 residual, 8-byte bf16 quads). The
+ * second pass re-reads the residual this thread just wrote (L1/L2), which
+ * keeps the kernel independent of H. */
+template <bool VEC>
+__global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t *__restrict__ delta,
+                                   const uint16_t *__restrict__ w, uint16_t *__restrict__ out, int H, float eps) {
+    __shared__ float scratch[33];
+    const int t = blockIdx.x;
+    float *r = residual + (int64_t)t * H;
+    const uint16_t *d = delta ? delta + (int64_t)t * H : nullptr;
+    uint16_t *o = out + (int64_t)t * H;
+    float ss = 0.0f;
+    if (VEC) {
+        for (int i = threadIdx.x * 4; i < H; i += blockDim.x * 4) {
+            float4 x = *reinterpret_cast<float4 *>(r + i);
+            if (d) {
+                uint2 dv = *reinterpret_cast<const uint2 *>(d + i);
+                x.x += rp_bf16_lo(dv.x);
+                x.y += rp_bf16_hi(dv.x);
+                x.z += rp_bf16_lo(dv.y);
+                x.w += rp_bf16_hi(dv.y);
+                *reinterpret_cast<float4 *>(r + i) = x;
+            }
+            ss += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+        }
+    } else {
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            float x = r[i];
+            if (d) {
+                x += rp_bf16_f32(d[i]);
+                r[i] = x;
+            }
+            ss += x * x;
+        }
+    }
+    ss = rp_block_sum(ss, scratch);
+    /* transformers: x * rsqrt(mean(x^2) + eps) * weight, all fp32 */
+    const float inv = 1.0f / sqrtf(ss / (float)H + eps);
+    if (VEC) {
+        for (int i = threadIdx.x * 4; i < H; i += blockDim.x * 4) {
+            float4 x = *reinterpret_cast<const float4 *>(r + i);
+            uint2 wv = *reinterpret_cast<const uint2 *>(w + i);
+            uint2 ov;
+            ov.x = rp_pack_bf16x2(rp_bf16_lo(wv.x) * (x.x * inv), rp_bf16_hi(wv.x) * (x.y * inv));
+            ov.y = rp_pack_bf16x2(rp_bf16_lo(wv.y) * (x.z * inv), rp_bf16_hi(wv.y) * (x.w * inv));
+            *reinterpret_cast<uint2 *>(o + i) = ov;
+        }
+    } else {
+        for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = rp_f32_bf16(rp_bf16_f32(w[i]) * (r[i] * inv));
+    }
+}
+
+extern "C" int rp_k_add_rmsnorm(float *residual, const rp_bf16 *delta, const rp_bf16 *w, rp_bf16 *out, int T,
+                                int H, float eps, cudaStream_t stream) {
+    if (T <= 0) return cudaSuccess;
+    if (H % 4 == 0)
+        add_rmsnorm_kernel<true><<<T, NORM_THREADS, 0, stream>>>(residual, delta, w, out, H, eps);
+    else
+        add_rmsnorm_kernel<false><<<T, NORM_THREADS, 0, stream>>>(residual, delta, w, out, H, eps);
+    return rp_launch_result();
+}

@@ -1,0 +1,91 @@
+/* Attention input preparation for one step, fused: per-head RMSNorm of q
+ * and k (Qwen3), rotate_half RoPE of q and k at each token's position, and
+ * the store of k and v into the paged KV cache at the token's slot. The
+ * fused QKV output is rewritten in place so that attention reads rotated q
+ * (and, for prefill, the cache already holds this step's keys).
+ *
+ * One warp per (token, head); norm and rotation stay in fp32 and round to
+ * bf16 once, which is closer to the fp32 reference than transformers' bf16
+ * path and well within the test tolerance. */
+#include "common.cuh"
+
+#define ROPE_WARPS 8
+#define ROPE_MAX_PAIRS 4 /* head_dim <= 2 * 32 * 4 = 256 */
+
+__global__ void __launch_bounds__(ROPE_WARPS * 32)
+    qk_norm_rope_store_kernel(uint16_t *__restrict__ qkv, const uint16_t *__restrict__ q_norm,
+                              const uint16_t *__restrict__ k_norm, const float *__restrict__ inv_freq,
+                              const int32_t *__restrict__ positions, const int32_t *__restrict__ slot_mapping,
+                              uint16_t *__restrict__ k_cache, uint16_t *__restrict__ v_cache, int nh, int nkv,
+                              int hd, float eps) {
+    const int t = blockIdx.x;
+    const int head = blockIdx.y * ROPE_WARPS + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    const int heads = nh + 2 * nkv;
+    if (head >= heads) return;
+    const int half = hd / 2;
+    uint16_t *x = qkv + (int64_t)t * heads * hd + (int64_t)head * hd;
+    /* A negative slot marks a token whose KV must not be stored. */
+    const int64_t slot = slot_mapping[t];
+    const int64_t kv_row = slot * nkv * hd;
+
+    if (head >= nh + nkv) { /* v head: copy to the cache */
+        const int kvh = head - nh - nkv;
+        if (slot >= 0)
+            for (int i = lane; i < hd; i += 32) v_cache[kv_row + (int64_t)kvh * hd + i] = x[i];
+        return;
+    }
+    const bool is_k = head >= nh;
+    const uint16_t *nw = is_k ? k_norm : q_norm;
+
+    float a[ROPE_MAX_PAIRS], b[ROPE_MAX_PAIRS];
+    float ss = 0.0f;
+#pragma unroll
+    for (int p = 0; p < ROPE_MAX_PAIRS; p++) {
+        const int i = lane + 32 * p;
+        a[p] = b[p] = 0.0f;
+        if (i < half) {
+            a[p] = rp_bf16_f32(x[i]);
+            b[p] = rp_bf16_f32(x[i + half]);
+            ss += a[p] * a[p] + b[p] * b[p];
+        }
+    }
+    float inv = 1.0f;
+    if (nw) {
+        ss = rp_warp_sum(ss);
+        inv = 1.0f / sqrtf(ss / (float)hd + eps);
+    }
+    const float pos = (float)positions[t];
+    uint16_t *kc = is_k && slot >= 0 ? k_cache + kv_row + (int64_t)(head - nh) * hd : nullptr;
+#pragma unroll
+    for (int p = 0; p < ROPE_MAX_PAIRS; p++) {
+        const int i = lane + 32 * p;
+        if (i >= half) continue;
+        float av = a[p], bv = b[p];
+        if (nw) {
+            av = rp_bf16_f32(nw[i]) * (av * inv);
+            bv = rp_bf16_f32(nw[i + half]) * (bv * inv);
+        }
+        float s, c;
+        sincosf(pos * inv_freq[i], &s, &c); /* full-precision: angles reach 1e5 rad */
+        const uint16_t oa = rp_f32_bf16(av * c - bv * s), ob = rp_f32_bf16(bv * c + av * s);
+        x[i] = oa;
+        x[i + half] = ob;
+        if (kc) {
+            kc[i] = oa;
+            kc[i + half] = ob;
+        }
+    }
+}
+
+extern "C" int rp_k_qk_norm_rope_store(rp_bf16 *qkv, const rp_bf16 *q_norm, const rp_bf16 *k_norm,
+                                       const float *inv_freq, const int32_t *positions, const int32_t *slot_mapping,
+                                       rp_bf16 *k_cache, rp_bf16 *v_cache, int T, int nh, int nkv, int hd, float eps,
+                                       cudaStream_t stream) {
+    if (T <= 0) return cudaSuccess;
+    if (hd % 2 != 0 || hd > 2 * 32 * ROPE_MAX_PAIRS || nh <= 0 || nkv <= 0) return (int)cudaErrorInvalidValue;
+    dim3 grid(T, (nh + 2 * nkv + ROPE_WARPS - 1) / ROPE_WARPS);
+    qk_norm_rope_store_kernel<<<grid, ROPE_WARPS * 32, 0, stream>>>(qkv, q_norm, k_norm, inv_freq, positions,
+                                                                    slot_mapping, k_cache, v_cache, nh, nkv, hd, eps);
+    return rp_launch_result();
+}

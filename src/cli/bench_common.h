@@ -1,0 +1,26 @@
+/* Helpers shared by the benchmark and profiler commands. */
+#ifndef RP_CLI_BENCH_COMMON_H
+#define RP_CLI_BENCH_COMMON_H
+
+#include "backend/backend.h"
+#include "engine/batch.h"
+#include "kv/page_table.h"
+
+typedef struct rp_bench_seq {
+    int row;     /* page-table row */
+    int len;     /* tokens in the cache */
+    int32_t last; /* next input token */
+} rp_bench_seq;
+
+double rp_bench_median(double *v, int n);
+/* Prefills B sequences with ctx seeded random tokens through the batched path. */
+int rp_bench_prefill(rp_backend *be, rp_page_table *table, rp_batch_builder *bb, rp_bench_seq *seqs, int B, int ctx,
+                     int vocab, double *seconds, rp_err *err);
+/* Runs `steps` greedy decode steps over the B sequences; per-step wall and
+ * device milliseconds (device: 0 when the backend does not time). */
+int rp_bench_decode_steps(rp_backend *be, rp_page_table *table, rp_batch_builder *bb, rp_bench_seq *seqs, int B,
+                          int steps, double *wall_ms, double *gpu_ms, float *logits, rp_err *err);
+/* "1,8,32" -> sizes in 1..1024; the count, or -1. */
+int rp_bench_parse_list(const char *s, int *out, int max);
+
+#endif

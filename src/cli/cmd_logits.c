@@ -1,0 +1,165 @@
+/* `replay logits`: writes the model's logits at the last positions of a
+ * prompt to a float32 file, for comparisons against other implementations
+ * (tools/gpu_compare.py runs it against transformers on the GPU machine). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "cli/cli.h"
+#include "engine/generate.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+
+#define CMD "logits"
+
+static void help(FILE *f) {
+    fprintf(f,
+            "Usage: replay logits (--model DIR | --dummy-weights NAME) --prompt-ids IDS|@FILE --out FILE [OPTIONS]\n"
+            "\n"
+            "Runs the prompt through the batched prefill path and writes float32 logits\n"
+            "[positions][vocab] (little-endian) for the last --last positions to FILE.\n"
+            "\n" RP_MODEL_OPTIONS_HELP
+            "\n"
+            "  --prompt-ids IDS   comma-separated token ids, or @FILE with ids separated by commas/whitespace\n"
+            "  --last N           positions to write, counted from the end (default: all)\n"
+            "  --chunk N          prefill tokens per step (default 2048)\n"
+            "  --out FILE         where to write\n"
+            "  -h, --help         show this help\n");
+}
+
+static int read_ids(const char *arg, int32_t **ids, int *n) {
+    char *text = NULL;
+    if (arg[0] == '@') {
+        FILE *f = fopen(arg + 1, "rb");
+        if (!f) return -1;
+        fseek(f, 0, SEEK_END);
+        long len = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        text = malloc((size_t)len + 1);
+        if (!text || fread(text, 1, (size_t)len, f) != (size_t)len) {
+            fclose(f);
+            free(text);
+            return -1;
+        }
+        text[len] = 0;
+        fclose(f);
+    } else {
+        text = strdup(arg);
+    }
+    int cap = 64, count = 0;
+    int32_t *v = malloc((size_t)cap * sizeof *v);
+    char *p = text;
+    for (;;) {
+        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+        if (!*p) break;
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x > 0x7fffffff) {
+            free(v);
+            free(text);
+            return -1;
+        }
+        if (count == cap) v = realloc(v, (size_t)(cap *= 2) * sizeof *v);
+        v[count++] = (int32_t)x;
+        p = end;
+    }
+    free(text);
+    if (count == 0) {
+        free(v);
+        return -1;
+    }
+    *ids = v;
+    *n = count;
+    return 0;
+}
+
+int rp_cmd_logits(int argc, char **argv) {
+    static const struct option longopts[] = {
+        RP_MODEL_LONG_OPTIONS,
+        {"prompt-ids", required_argument, 0, 'I'},
+        {"last", required_argument, 0, 'l'},
+        {"chunk", required_argument, 0, 'c'},
+        {"out", required_argument, 0, 'o'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    rp_model_opts mo;
+    rp_model_opts_init(&mo);
+    const char *ids_arg = NULL, *out_path = NULL;
+    long last = 0, chunk = 2048;
+    optind = 1;
+    opterr = 0;
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
+        if (r < 0) return RP_EXIT_USAGE;
+        if (r > 0) continue;
+        switch (opt) {
+        case 'h': help(stdout); return RP_EXIT_OK;
+        case 'I': ids_arg = optarg; break;
+        case 'o': out_path = optarg; break;
+        case 'l':
+            if (rp_parse_int(optarg, 1, 1 << 24, &last)) return rp_cli_usage_error(CMD, "--last must be >= 1");
+            break;
+        case 'c':
+            if (rp_parse_int(optarg, 1, 1 << 20, &chunk)) return rp_cli_usage_error(CMD, "--chunk must be >= 1");
+            break;
+        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
+        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    if (!ids_arg || !out_path) return rp_cli_usage_error(CMD, "--prompt-ids and --out are required");
+    int32_t *ids;
+    int n;
+    if (read_ids(ids_arg, &ids, &n)) return rp_cli_usage_error(CMD, "cannot read token ids from '%s'", ids_arg);
+    rp_model *model = rp_cli_load_model(&mo);
+    if (!model) {
+        free(ids);
+        return RP_EXIT_RUNTIME;
+    }
+    const int vocab = model->cfg.vocab_size;
+    int rc = RP_EXIT_RUNTIME, ps = 16, pages = (n + 1 + ps - 1) / ps;
+    rp_err err;
+    rp_page_pool *pool = rp_page_pool_new(pages, ps);
+    rp_page_table *table = rp_page_table_new(pool, 1, n + 1);
+    int rows = (int)(chunk < n ? chunk : n);
+    rp_backend_config bc = {.num_pages = pages, .page_size = ps, .max_batch_tokens = rows, .max_batch_seqs = 1,
+                            .max_logit_rows = rows, .disable_cuda_graph = 1};
+    rp_backend *be = rp_cli_make_backend(model, &mo, &bc);
+    float *logits = malloc((size_t)n * vocab * sizeof(float));
+    int32_t out_tok[1];
+    if (!be || !logits) goto out;
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= vocab) {
+            rc = rp_cli_usage_error(CMD, "token id %d is outside the vocabulary (%d)", ids[i], vocab);
+            goto out;
+        }
+    rp_gen_request req = {.prompt = ids, .num_prompt = n, .max_tokens = 1, .ignore_eos = 1, .prompt_logits = logits,
+                          .output = out_tok};
+    rp_sampling_params_default(&req.sampling);
+    req.sampling.temperature = 0;
+    if (rp_generate(be, table, &req, 1, NULL, NULL, NULL, &err)) {
+        rc = rp_cli_runtime_error(CMD, "%s", err.msg);
+        goto out;
+    }
+    int k = last > 0 && last < n ? (int)last : n;
+    FILE *f = fopen(out_path, "wb");
+    if (!f || fwrite(logits + (size_t)(n - k) * vocab, sizeof(float), (size_t)k * vocab, f) != (size_t)k * vocab) {
+        if (f) fclose(f);
+        rc = rp_cli_runtime_error(CMD, "cannot write %s", out_path);
+        goto out;
+    }
+    fclose(f);
+    rc = RP_EXIT_OK;
+out:
+    free(logits);
+    rp_backend_destroy(be);
+    rp_page_table_free(table);
+    rp_page_pool_free(pool);
+    rp_model_free(model);
+    free(ids);
+    return rc;
+}

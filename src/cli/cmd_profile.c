@@ -1,0 +1,178 @@
+/* `replay profile`: where a decode step's time goes, measured inside replay
+ * (CUDA events around every kernel of an eager step; nsys is not needed).
+ *
+ * Prints the per-kernel table of an eager decode step (name, launches per
+ * step, mean microseconds per launch, share of the step), then eager and
+ * graph steps side by side: wall time, device time, the gap between them,
+ * and the host overheads that make the gap (packing the metadata block,
+ * launching, waiting for the sampled tokens). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "cli/bench_common.h"
+#include "cli/cli.h"
+#include "kv/page_pool.h"
+#include "util/log.h"
+
+#define CMD "profile"
+#define MAX_KINDS 64
+
+static void help(FILE *f) {
+    fprintf(f,
+            "Usage: replay profile (--model DIR | --dummy-weights NAME) [--batch B] [OPTIONS]\n"
+            "\n"
+            "Per-kernel times of a decode step and the step's host overheads, eager and graph.\n"
+            "\n" RP_MODEL_OPTIONS_HELP
+            "\n"
+            "  --batch B      sequences decoded together (default 1)\n"
+            "  --ctx N        tokens in each sequence's cache (default 512)\n"
+            "  --steps N      steps measured per mode (default 32)\n"
+            "  -h, --help     show this help\n");
+}
+
+typedef struct kind_acc {
+    const char *name;
+    double total_ms;
+    int count;
+} kind_acc;
+
+int rp_cmd_profile(int argc, char **argv) {
+    static const struct option longopts[] = {
+        RP_MODEL_LONG_OPTIONS,
+        {"batch", required_argument, 0, 'b'},
+        {"ctx", required_argument, 0, 'c'},
+        {"steps", required_argument, 0, 's'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    rp_model_opts mo;
+    rp_model_opts_init(&mo);
+    long B = 1, ctx = 512, steps = 32;
+    optind = 1;
+    opterr = 0;
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
+        if (r < 0) return RP_EXIT_USAGE;
+        if (r > 0) continue;
+        switch (opt) {
+        case 'h': help(stdout); return RP_EXIT_OK;
+        case 'b':
+            if (rp_parse_int(optarg, 1, 1024, &B)) return rp_cli_usage_error(CMD, "--batch must be 1..1024");
+            break;
+        case 'c':
+            if (rp_parse_int(optarg, 1, 1 << 20, &ctx)) return rp_cli_usage_error(CMD, "--ctx must be >= 1");
+            break;
+        case 's':
+            if (rp_parse_int(optarg, 1, 10000, &steps)) return rp_cli_usage_error(CMD, "--steps must be >= 1");
+            break;
+        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
+        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    if (strcmp(rp_cli_device(&mo), "cuda") != 0)
+        return rp_cli_runtime_error(CMD, "profiling needs the CUDA backend (no GPU found, or --device cpu)");
+    rp_model *model = rp_cli_load_model(&mo);
+    if (!model) return RP_EXIT_RUNTIME;
+    const rp_model_config *c = &model->cfg;
+    int total_len = (int)(ctx + 4 + 2 * steps + 1), ps = 16;
+    int pages = B * ((total_len + ps - 1) / ps);
+    rp_backend_config bc = {.num_pages = pages, .page_size = ps, .max_batch_seqs = (int)B, .max_logit_rows = (int)B,
+                            .max_batch_tokens = 8192, .profile = 1, .num_cuda_graph_bs = 1};
+    bc.cuda_graph_bs[0] = (int)B;
+    if (bc.max_batch_tokens < B) bc.max_batch_tokens = (int)B;
+    int rc = RP_EXIT_RUNTIME;
+    rp_err err;
+    rp_page_pool *pool = rp_page_pool_new(pages, ps);
+    rp_page_table *table = rp_page_table_new(pool, (int)B, total_len);
+    rp_backend *be = rp_cli_make_backend(model, &mo, &bc);
+    rp_batch_builder *bb = be ? rp_batch_builder_new(table, bc.max_batch_tokens, (int)B, (int)B) : NULL;
+    rp_bench_seq *seqs = calloc((size_t)B, sizeof *seqs);
+    double *wall = malloc((size_t)steps * sizeof *wall), *gpu = malloc((size_t)steps * sizeof *gpu);
+    double *pack = malloc((size_t)steps * sizeof *pack), *launch = malloc((size_t)steps * sizeof *launch),
+           *sync = malloc((size_t)steps * sizeof *sync);
+    rp_profile_entry *entries = malloc(4096 * sizeof *entries);
+    kind_acc kinds[MAX_KINDS];
+    int nkinds = 0;
+    double results[2][6];
+    if (!be || !bb || !seqs || !wall || !gpu || !pack || !launch || !sync || !entries) goto out;
+    if (!be->ops->profile || !be->ops->set_graphs) {
+        rc = rp_cli_runtime_error(CMD, "this backend cannot profile");
+        goto out;
+    }
+    for (int s = 0; s < B; s++) seqs[s].row = rp_page_table_acquire_row(table);
+    double prefill_s;
+    if (rp_bench_prefill(be, table, bb, seqs, (int)B, (int)ctx, c->vocab_size, &prefill_s, &err)) goto fail;
+    for (int mode = 0; mode < 2; mode++) { /* 0 eager, 1 graph */
+        be->ops->set_graphs(be, mode == 1);
+        for (int s = 0; s < B; s++) seqs[s].len = (int)ctx;
+        if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, 4, wall, gpu, NULL, &err)) goto fail;
+        for (int it = 0; it < steps; it++) {
+            if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, 1, wall + it, gpu + it, NULL, &err)) goto fail;
+            rp_backend_stats st;
+            be->ops->stats(be, &st);
+            pack[it] = st.last_pack_ms;
+            launch[it] = st.last_launch_ms;
+            sync[it] = st.last_sync_ms;
+            if (mode == 0) {
+                int n = be->ops->profile(be, entries, 4096);
+                for (int i = 0; i < n; i++) {
+                    int k = 0;
+                    while (k < nkinds && strcmp(kinds[k].name, entries[i].name) != 0) k++;
+                    if (k == nkinds) {
+                        if (nkinds == MAX_KINDS) continue;
+                        kinds[nkinds++] = (kind_acc){entries[i].name, 0, 0};
+                    }
+                    kinds[k].total_ms += entries[i].ms;
+                    kinds[k].count++;
+                }
+            }
+        }
+        results[mode][0] = rp_bench_median(wall, (int)steps);
+        results[mode][1] = rp_bench_median(gpu, (int)steps);
+        results[mode][2] = rp_bench_median(pack, (int)steps);
+        results[mode][3] = rp_bench_median(launch, (int)steps);
+        results[mode][4] = rp_bench_median(sync, (int)steps);
+    }
+    double kernel_total = 0;
+    for (int k = 0; k < nkinds; k++) kernel_total += kinds[k].total_ms;
+    printf("replay profile: %s, batch %ld, ctx %ld, %ld steps per mode\n\n",
+           mo.dummy_name ? mo.dummy_name : mo.model_dir, B, ctx, steps);
+    printf("Eager decode step, per kernel (CUDA events around each launch):\n");
+    printf("%-20s %10s %12s %10s\n", "kernel", "per step", "mean us", "% step");
+    for (int k = 0; k < nkinds; k++)
+        printf("%-20s %10.1f %12.2f %9.1f%%\n", kinds[k].name, (double)kinds[k].count / steps,
+               kinds[k].total_ms * 1e3 / kinds[k].count, 100.0 * kinds[k].total_ms / kernel_total);
+    printf("%-20s %10s %12.2f\n\n", "sum of kernels", "", kernel_total * 1e3 / steps);
+    printf("Per step (medians, ms)      %10s %10s\n", "eager", "graph");
+    printf("  wall                      %10.3f %10.3f\n", results[0][0], results[1][0]);
+    printf("  device (events)           %10.3f %10.3f\n", results[0][1], results[1][1]);
+    printf("  gap (wall - device)       %10.3f %10.3f\n", results[0][0] - results[0][1], results[1][0] - results[1][1]);
+    printf("  host: pack + copy meta    %10.3f %10.3f\n", results[0][2], results[1][2]);
+    printf("  host: launch              %10.3f %10.3f\n", results[0][3], results[1][3]);
+    printf("  host: wait for tokens     %10.3f %10.3f\n", results[0][4], results[1][4]);
+    printf("  tokens/s                  %10.1f %10.1f\n", B / (results[0][0] * 1e-3), B / (results[1][0] * 1e-3));
+    printf("\n(the eager device time includes the profiling events; graph steps carry none)\n");
+    rc = RP_EXIT_OK;
+    goto out;
+fail:
+    rc = rp_cli_runtime_error(CMD, "%s", err.msg);
+out:
+    free(entries);
+    free(pack);
+    free(launch);
+    free(sync);
+    free(wall);
+    free(gpu);
+    free(seqs);
+    rp_batch_builder_free(bb);
+    rp_backend_destroy(be);
+    rp_page_table_free(table);
+    rp_page_pool_free(pool);
+    rp_model_free(model);
+    return rc;
+}

@@ -1,0 +1,251 @@
+/* The CUDA backend end to end (runs only where a GPU is present: label gpu).
+ *
+ *  - the committed fixtures with CUDA-sized heads (qwen3-hd128, llama3-hd64):
+ *    logits against transformers within bf16 tolerance, and greedy tokens
+ *    identical to the CPU backend;
+ *  - a decode step replayed from a graph is bit-identical to the same step
+ *    run eagerly;
+ *  - padding: sequences decoded together in a padded bucket get the same
+ *    greedy tokens as each decoded alone, and logits within bf16 noise;
+ *  - nothing is allocated on the device after startup. */
+#include <jansson.h>
+#include <math.h>
+
+#include "backend/backend.h"
+#include "engine/batch.h"
+#include "engine/generate.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "model/model.h"
+#include "test_util.h"
+
+static int have_gpu(void) { return rp_cuda_device_count() > 0; }
+
+static double rel_l2(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return sqrt(num / den);
+}
+
+typedef struct setup {
+    rp_page_pool *pool;
+    rp_page_table *table;
+    rp_backend *be;
+} setup;
+
+static void make(setup *s, const rp_model *m, int cuda, int seqs, int ctx, int graphs) {
+    int ps = 16, pages = seqs * ((ctx + ps - 1) / ps);
+    s->pool = rp_page_pool_new(pages, ps);
+    s->table = rp_page_table_new(s->pool, seqs, ctx);
+    rp_backend_config bc = {.num_pages = pages, .page_size = ps, .max_batch_tokens = 512, .max_batch_seqs = seqs,
+                            .max_logit_rows = 512, .num_threads = 2, .disable_cuda_graph = !graphs};
+    rp_err err;
+    s->be = cuda ? rp_backend_cuda_new(m, &bc, &err) : rp_backend_cpu_new(m, &bc, &err);
+    if (!s->be) fail_msg("%s backend: %s", cuda ? "cuda" : "cpu", err.msg);
+}
+
+static void unmake(setup *s) {
+    assert_int_equal(rp_page_pool_num_free(s->pool), s->pool->num_pages);
+    rp_backend_destroy(s->be);
+    rp_page_table_free(s->table);
+    rp_page_pool_free(s->pool);
+}
+
+/* Fixture prompts, their transformers logits and the CPU backend's greedy
+ * tokens against the CUDA backend's. */
+static void test_fixtures(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    const char *names[] = {"qwen3-hd128", "llama3-hd64"};
+    for (int f = 0; f < 2; f++) {
+        char dir[1024], path[1200];
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", test_source_dir(), names[f]);
+        rp_err err;
+        rp_load_options lo = {0};
+        rp_model *m = rp_model_load(dir, &lo, &err);
+        if (!m) fail_msg("%s", err.msg);
+        snprintf(path, sizeof path, "%s/reference.json", dir);
+        json_error_t jerr;
+        json_t *ref = json_load_file(path, 0, &jerr);
+        assert_non_null(ref);
+        snprintf(path, sizeof path, "%s/logits.bin", dir);
+        float *blob = test_read_file(path, NULL);
+        json_t *prompts = json_object_get(ref, "prompts");
+        int n = (int)json_array_size(prompts), V = m->cfg.vocab_size;
+        int32_t *ids[8], out_cpu[8][32], out_gpu[8][32];
+        rp_gen_request rc[8], rg[8];
+        float *logits[8];
+        size_t off = 0;
+        for (int p = 0; p < n; p++) {
+            json_t *pa = json_array_get(prompts, (size_t)p);
+            int len = (int)json_array_size(pa);
+            ids[p] = malloc((size_t)len * 4);
+            for (int i = 0; i < len; i++) ids[p][i] = (int32_t)json_integer_value(json_array_get(pa, (size_t)i));
+            logits[p] = malloc((size_t)len * V * 4);
+            rp_gen_request r = {.prompt = ids[p], .num_prompt = len, .max_tokens = 32, .ignore_eos = 1};
+            rp_sampling_params_default(&r.sampling);
+            r.sampling.temperature = 0;
+            rc[p] = r;
+            rc[p].output = out_cpu[p];
+            rg[p] = r;
+            rg[p].output = out_gpu[p];
+            rg[p].prompt_logits = logits[p];
+        }
+        setup cpu, gpu;
+        make(&cpu, m, 0, n, 128, 0);
+        make(&gpu, m, 1, n, 128, 1);
+        if (rp_generate(cpu.be, cpu.table, rc, n, NULL, NULL, NULL, &err)) fail_msg("cpu: %s", err.msg);
+        if (rp_generate(gpu.be, gpu.table, rg, n, NULL, NULL, NULL, &err)) fail_msg("cuda: %s", err.msg);
+        for (int p = 0; p < n; p++) {
+            int len = rg[p].num_prompt;
+            for (int pos = 0; pos < len; pos++) {
+                double e = rel_l2(logits[p] + (size_t)pos * V, blob + off + (size_t)pos * V, (size_t)V);
+                if (!(e < 1e-2)) fail_msg("%s prompt %d pos %d: rel L2 %.3g vs transformers", names[f], p, pos, e);
+            }
+            off += (size_t)len * V;
+            for (int k = 0; k < 32; k++)
+                if (out_cpu[p][k] != out_gpu[p][k])
+                    fail_msg("%s prompt %d: greedy token %d: cpu %d, cuda %d", names[f], p, k, out_cpu[p][k],
+                             out_gpu[p][k]);
+            free(ids[p]);
+            free(logits[p]);
+        }
+        unmake(&cpu);
+        unmake(&gpu);
+        free(blob);
+        json_decref(ref);
+        rp_model_free(m);
+    }
+}
+
+/* A small model with CUDA-sized heads and lazy dummy weights. */
+static rp_model *small_model(int hd) {
+    rp_model_config c;
+    rp_err err;
+    assert_int_equal(rp_config_preset(&c, hd == 128 ? "tiny-qwen3" : "tiny-llama3", &err), 0);
+    c.head_dim = hd;
+    c.hidden_size = 256;
+    c.num_heads = 4;
+    c.num_kv_heads = hd == 128 ? 2 : 1;
+    c.intermediate_size = 512;
+    rp_load_options lo = {.seed = 5, .lazy_dummy = 1};
+    rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
+    assert_non_null(m);
+    return m;
+}
+
+/* Prefills `n` sequences of different lengths, then returns per-step logits
+ * of `steps` greedy decode steps: logits[step][seq][vocab]. */
+static void decode_run(rp_backend *be, rp_page_table *table, int n, int steps, int graphs, float *logits_out,
+                       int32_t *tokens_out) {
+    const int V = be->model->cfg.vocab_size;
+    rp_gen_request r[16];
+    int32_t prompts[16][40], outs[16][64];
+    for (int s = 0; s < n; s++) {
+        int len = 5 + 7 * s;
+        for (int i = 0; i < len; i++) prompts[s][i] = (int32_t)((s * 131 + i * 17) % V);
+        r[s] = (rp_gen_request){.prompt = prompts[s], .num_prompt = len, .max_tokens = steps, .ignore_eos = 1,
+                                .output = outs[s]};
+        rp_sampling_params_default(&r[s].sampling);
+        r[s].sampling.temperature = 0;
+    }
+    if (be->ops->set_graphs) be->ops->set_graphs(be, graphs);
+    rp_err err;
+    if (rp_generate(be, table, r, n, NULL, NULL, NULL, &err)) fail_msg("generate: %s", err.msg);
+    for (int s = 0; s < n; s++) memcpy(tokens_out + s * steps, outs[s], (size_t)steps * 4);
+    (void)logits_out;
+}
+
+static void test_graph_equals_eager(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    for (int hd = 64; hd <= 128; hd += 64) {
+        rp_model *m = small_model(hd);
+        setup g;
+        make(&g, m, 1, 16, 256, 1);
+        rp_backend_stats st0, st1;
+        g.be->ops->stats(g.be, &st0);
+        assert_true(st0.num_graphs > 0);
+        /* One decode step at exactly a bucket size, graph then eager, from
+         * the same cache state: the logits must match bit for bit. */
+        const int B = 8, V = m->cfg.vocab_size;
+        rp_batch_builder *bb = rp_batch_builder_new(g.table, 512, 16, 512);
+        int rows[8];
+        int32_t prompt[24];
+        rp_err err;
+        for (int s = 0; s < B; s++) {
+            rows[s] = rp_page_table_acquire_row(g.table);
+            assert_int_equal(rp_page_table_reserve(g.table, rows[s], 21, &err), 0);
+        }
+        rp_batch_begin(bb);
+        for (int s = 0; s < B; s++) {
+            for (int i = 0; i < 20; i++) prompt[i] = (int32_t)((s * 7 + i * 3) % V);
+            rp_batch_add(bb, rows[s], prompt, 20, 0, 1);
+        }
+        assert_int_equal(rp_backend_forward(g.be, rp_batch_finish(bb), &err), 0);
+        float *a = malloc((size_t)B * V * 4), *b = malloc((size_t)B * V * 4);
+        assert_int_equal(rp_backend_read_logits(g.be, a, &err), 0);
+        for (int mode = 0; mode < 2; mode++) {
+            g.be->ops->set_graphs(g.be, mode == 0);
+            rp_batch_begin(bb);
+            for (int s = 0; s < B; s++) {
+                int32_t t = (int32_t)(s + 1);
+                rp_batch_add(bb, rows[s], &t, 1, 20, 1);
+            }
+            assert_int_equal(rp_backend_forward(g.be, rp_batch_finish(bb), &err), 0);
+            assert_int_equal(rp_backend_read_logits(g.be, mode == 0 ? a : b, &err), 0);
+        }
+        g.be->ops->stats(g.be, &st1);
+        assert_int_equal(st1.graph_replays - st0.graph_replays, 1);
+        if (memcmp(a, b, (size_t)B * V * 4) != 0) fail_msg("hd %d: graph replay differs from eager", hd);
+        for (int s = 0; s < B; s++) rp_page_table_release_row(g.table, rows[s]);
+        rp_batch_builder_free(bb);
+        free(a);
+        free(b);
+
+        /* Padding: 3 sequences (bucket 4) and 5 (bucket 8) decode the same
+         * greedy tokens as each sequence alone (bucket 1), graphs on and off. */
+        int32_t together[16 * 24], alone[24];
+        for (int n = 3; n <= 5; n += 2) {
+            decode_run(g.be, g.table, n, 24, 1, NULL, together);
+            for (int s = 0; s < n; s++) {
+                /* the same prompt as sequence s, run alone */
+                rp_gen_request r;
+                int32_t pr[40], out[24];
+                int len = 5 + 7 * s;
+                for (int i = 0; i < len; i++) pr[i] = (int32_t)((s * 131 + i * 17) % V);
+                r = (rp_gen_request){.prompt = pr, .num_prompt = len, .max_tokens = 24, .ignore_eos = 1, .output = out};
+                rp_sampling_params_default(&r.sampling);
+                r.sampling.temperature = 0;
+                assert_int_equal(rp_generate(g.be, g.table, &r, 1, NULL, NULL, NULL, &err), 0);
+                memcpy(alone, out, sizeof out);
+                for (int k = 0; k < 24; k++)
+                    if (alone[k] != together[s * 24 + k])
+                        fail_msg("hd %d: sequence %d of %d: token %d is %d together, %d alone", hd, s, n, k,
+                                 together[s * 24 + k], alone[k]);
+            }
+            int32_t eager[16 * 24];
+            decode_run(g.be, g.table, n, 24, 0, NULL, eager);
+            for (int k = 0; k < n * 24; k++)
+                if (eager[k] != together[k]) fail_msg("hd %d: %d sequences: eager and graph decode differ", hd, n);
+        }
+        g.be->ops->stats(g.be, &st1);
+        if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
+        assert_true(st1.graph_replays > 24);
+        unmake(&g);
+        rp_model_free(m);
+    }
+}
+
+int main(void) {
+    if (!have_gpu()) printf("no CUDA device: the GPU tests are skipped\n");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fixtures),
+        cmocka_unit_test(test_graph_equals_eager),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
