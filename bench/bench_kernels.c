@@ -1,0 +1,293 @@
+/* Standalone kernel bench: times each bandwidth-critical kernel alone at
+ * real model shapes and prints achieved GB/s (or TFLOP/s) next to the
+ * device-to-device copy bandwidth measured in the same run.
+ *
+ * Method (METHOD.md): random inputs (never zeros), a warm-up, then median of
+ * 15 timings of 20 back-to-back launches each with CUDA events. Weights
+ * rotate through a pool larger than L2 so that no launch reads from cache.
+ * Build: bench/build.sh (links build/libreplay_core.a); run: bench_kernels. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/kernels.h"
+
+#define CHECK(call)                                                                                  \
+    do {                                                                                             \
+        cudaError_t e_ = (cudaError_t)(call);                                                        \
+        if (e_ != cudaSuccess) {                                                                     \
+            fprintf(stderr, "%s failed: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__);   \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+#define REPS 15
+#define INNER 20
+
+static cudaEvent_t ev0, ev1;
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median time in microseconds of one call of fn(i, ctx). */
+static double time_us(void (*fn)(int, void *), void *ctx) {
+    for (int i = 0; i < 3; i++) fn(i, ctx);
+    CHECK(cudaDeviceSynchronize());
+    float ms[REPS];
+    int it = 0;
+    for (int r = 0; r < REPS; r++) {
+        CHECK(cudaEventRecord(ev0, 0));
+        for (int i = 0; i < INNER; i++) fn(it++, ctx);
+        CHECK(cudaEventRecord(ev1, 0));
+        CHECK(cudaEventSynchronize(ev1));
+        CHECK(cudaEventElapsedTime(&ms[r], ev0, ev1));
+    }
+    qsort(ms, REPS, sizeof ms[0], cmp_f);
+    return ms[REPS / 2] * 1000.0 / INNER;
+}
+
+/* ---- copy ceiling ---- */
+typedef struct { void *a, *b; size_t bytes; } copy_ctx;
+static void copy_fn(int i, void *c) {
+    copy_ctx *x = c;
+    (void)i;
+    CHECK(cudaMemcpyAsync(x->b, x->a, x->bytes, cudaMemcpyDeviceToDevice, 0));
+}
+
+/* ---- GEMV ---- */
+typedef struct {
+    const rp_bf16 *pool;
+    size_t pool_elems;
+    int copies, T, N, K, f32;
+    rp_bf16 *x, *y;
+    float *yf;
+} gemv_ctx;
+static void gemv_fn(int i, void *c) {
+    gemv_ctx *g = c;
+    const rp_bf16 *W = g->pool + (size_t)(i % g->copies) * (size_t)g->N * g->K;
+    if (g->f32)
+        CHECK(rp_k_gemv_f32out(W, g->x, g->yf, g->T, g->N, g->K, 0));
+    else
+        CHECK(rp_k_gemv(W, g->x, g->y, g->T, g->N, g->K, 0));
+}
+
+/* ---- decode attention ---- */
+typedef struct {
+    const rp_bf16 *qkv, *kc, *vc;
+    rp_attn_meta meta;
+    rp_bf16 *out;
+    void *ws;
+    int B, nh, nkv, hd, splits;
+} dec_ctx;
+static void dec_fn(int i, void *c) {
+    dec_ctx *d = c;
+    (void)i;
+    CHECK(rp_k_attn_decode(d->qkv, d->kc, d->vc, d->meta, d->out, d->ws, d->B, d->nh, d->nkv, d->hd, d->splits, 0));
+}
+
+typedef struct {
+    const rp_bf16 *qkv, *kc, *vc;
+    rp_attn_meta meta;
+    rp_bf16 *out;
+    int T, S, max_q, nh, nkv, hd;
+} pf_ctx;
+static void pf_fn(int i, void *c) {
+    pf_ctx *p = c;
+    (void)i;
+    CHECK(rp_k_attn_prefill(p->qkv, p->kc, p->vc, p->meta, p->out, p->T, p->S, p->max_q, p->nh, p->nkv, p->hd, 0));
+}
+
+typedef struct {
+    const float *logits;
+    const rp_sample_params *params;
+    int32_t *tok;
+    float *lp;
+    void *ws;
+    int rows, vocab;
+} smp_ctx;
+static void smp_fn(int i, void *c) {
+    smp_ctx *s = c;
+    (void)i;
+    CHECK(rp_k_sample(s->logits, s->params, s->tok, s->lp, s->ws, s->rows, s->vocab, 0));
+}
+
+static void *dmalloc(size_t b) {
+    void *p;
+    CHECK(cudaMalloc(&p, b));
+    return p;
+}
+
+static void fill_bf16(rp_bf16 *d, size_t n, uint64_t seed) {
+    CHECK(rp_k_fill_dummy(d, (int64_t)n, seed, 1, 1.0f / 64.0f, 0, 0));
+}
+
+int main(void) {
+    CHECK(cudaSetDevice(0));
+    struct cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    CHECK(cudaEventCreate(&ev0));
+    CHECK(cudaEventCreate(&ev1));
+    printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+
+    /* copy ceiling: 1 GiB, counting read + write */
+    copy_ctx cc = {dmalloc(1u << 30), dmalloc(1u << 30), 1u << 30};
+    CHECK(cudaMemset(cc.a, 1, cc.bytes));
+    double copy_us = time_us(copy_fn, &cc);
+    double copy_gbs = 2.0 * cc.bytes / (copy_us * 1e3);
+    printf("d2d copy 1 GiB: %.1f us, %.0f GB/s (read + write)\n\n", copy_us, copy_gbs);
+    CHECK(cudaFree(cc.a));
+    CHECK(cudaFree(cc.b));
+
+    /* GEMV: weights rotate through >= 512 MiB */
+    const size_t pool_bytes = (size_t)1536 << 20;
+    rp_bf16 *pool = dmalloc(pool_bytes);
+    fill_bf16(pool, pool_bytes / 2, 7);
+    rp_bf16 *x = dmalloc(8 * 16384 * 2), *y = dmalloc((size_t)8 * 160000 * 2);
+    float *yf = dmalloc((size_t)8 * 160000 * 4);
+    fill_bf16(x, 8 * 16384, 9);
+    struct { const char *name; int N, K, f32; } shapes[] = {
+        {"llama3-8b qkv", 6144, 4096, 0},        {"llama3-8b o", 4096, 4096, 0},
+        {"llama3-8b gate_up", 28672, 4096, 0},   {"llama3-8b down", 4096, 14336, 0},
+        {"llama3-8b lm_head f32", 128256, 4096, 1}, {"qwen3-0.6b qkv", 4096, 1024, 0},
+        {"qwen3-0.6b o", 1024, 2048, 0},         {"qwen3-0.6b gate_up", 6144, 1024, 0},
+        {"qwen3-0.6b down", 1024, 3072, 0},      {"qwen3-0.6b lm_head f32", 151936, 1024, 1},
+    };
+    printf("%-24s %2s %7s %6s %9s %9s %8s %7s\n", "gemv", "T", "N", "K", "MB", "us", "GB/s", "%copy");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int T = 1; T <= 8; T *= 8) {
+            gemv_ctx g = {pool, pool_bytes / 2, 0, T, shapes[si].N, shapes[si].K, shapes[si].f32, x, y, yf};
+            size_t mat = (size_t)g.N * g.K;
+            g.copies = (int)(g.pool_elems / mat);
+            if (g.copies > 64) g.copies = 64;
+            double us = time_us(gemv_fn, &g);
+            double bytes = mat * 2.0 + (double)T * g.K * 2 + (double)T * g.N * (g.f32 ? 4 : 2);
+            double gbs = bytes / (us * 1e3);
+            printf("%-24s %2d %7d %6d %9.1f %9.2f %8.0f %6.1f%%\n", shapes[si].name, T, g.N, g.K, bytes / 1e6, us, gbs,
+                   100.0 * gbs / copy_gbs);
+        }
+    CHECK(cudaFree(pool));
+
+    /* decode attention, llama3-8b shape: nh 32, nkv 8, hd 128, page 16 */
+    {
+        const int nh = 32, nkv = 8, hd = 128, ps = 16;
+        const int Bs[] = {1, 8, 32, 128}, ctxs[] = {512, 4096};
+        const int max_tokens = 128 * 4096;
+        const size_t slots = (size_t)max_tokens + ps;
+        rp_bf16 *kc = dmalloc(slots * nkv * hd * 2), *vc = dmalloc(slots * nkv * hd * 2);
+        fill_bf16(kc, slots * nkv * hd, 11);
+        fill_bf16(vc, slots * nkv * hd, 12);
+        rp_bf16 *qkv = dmalloc((size_t)128 * (nh + 2 * nkv) * hd * 2), *out = dmalloc((size_t)128 * nh * hd * 2);
+        fill_bf16(qkv, (size_t)128 * (nh + 2 * nkv) * hd, 13);
+        printf("\n%-24s %4s %5s %6s %9s %9s %8s %7s\n", "attn_decode (8b shape)", "B", "ctx", "splits", "MB", "us",
+               "GB/s", "%copy");
+        for (int bi = 0; bi < 4; bi++)
+            for (int ci = 0; ci < 2; ci++) {
+                const int B = Bs[bi], L = ctxs[ci], pages = L / ps;
+                int32_t *table = malloc((size_t)B * pages * 4), *kvl = malloc((size_t)B * 4),
+                        *rowi = malloc((size_t)B * 4), *start = malloc((size_t)(B + 1) * 4);
+                for (int s = 0; s < B; s++) {
+                    kvl[s] = L, rowi[s] = s, start[s] = s;
+                    for (int p = 0; p < pages; p++) table[s * pages + p] = (p * 7919 + s * pages) % (max_tokens / ps);
+                }
+                start[B] = B;
+                int32_t *d_table = dmalloc((size_t)B * pages * 4), *d_kvl = dmalloc((size_t)B * 4),
+                        *d_row = dmalloc((size_t)B * 4), *d_start = dmalloc((size_t)(B + 1) * 4);
+                CHECK(cudaMemcpy(d_table, table, (size_t)B * pages * 4, cudaMemcpyHostToDevice));
+                CHECK(cudaMemcpy(d_kvl, kvl, (size_t)B * 4, cudaMemcpyHostToDevice));
+                CHECK(cudaMemcpy(d_row, rowi, (size_t)B * 4, cudaMemcpyHostToDevice));
+                CHECK(cudaMemcpy(d_start, start, (size_t)(B + 1) * 4, cudaMemcpyHostToDevice));
+                /* enough blocks for ~2 waves, splits of >= 256 keys */
+                int splits = (2 * prop.multiProcessorCount + B * nkv - 1) / (B * nkv);
+                if (splits > L / 256) splits = L / 256;
+                if (splits < 1) splits = 1;
+                void *ws = dmalloc(rp_attn_decode_workspace_bytes(B, nh, hd, splits));
+                dec_ctx d = {qkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, out, ws, B, nh, nkv, hd, splits};
+                double us = time_us(dec_fn, &d);
+                double bytes = (double)B * L * nkv * hd * 2 * 2;
+                double gbs = bytes / (us * 1e3);
+                printf("%-24s %4d %5d %6d %9.1f %9.2f %8.0f %6.1f%%\n", "", B, L, splits, bytes / 1e6, us, gbs,
+                       100.0 * gbs / copy_gbs);
+                CHECK(cudaFree(ws));
+                CHECK(cudaFree(d_table));
+                CHECK(cudaFree(d_kvl));
+                CHECK(cudaFree(d_row));
+                CHECK(cudaFree(d_start));
+                free(table), free(kvl), free(rowi), free(start);
+            }
+
+        /* prefill: causal, no cached prefix */
+        printf("\n%-24s %4s %5s %9s %9s\n", "attn_prefill (8b shape)", "seqs", "len", "us", "TFLOP/s");
+        const int pf[][2] = {{1, 512}, {1, 2048}, {4, 1024}, {1, 8192}};
+        for (int pi = 0; pi < 4; pi++) {
+            const int S = pf[pi][0], L = pf[pi][1], T = S * L, pages = L / ps;
+            rp_bf16 *pqkv = dmalloc((size_t)T * (nh + 2 * nkv) * hd * 2), *pout = dmalloc((size_t)T * nh * hd * 2);
+            fill_bf16(pqkv, (size_t)T * (nh + 2 * nkv) * hd, 14);
+            int32_t *table = malloc((size_t)S * pages * 4), kvl[4], rowi[4], start[5];
+            for (int s = 0; s < S; s++) {
+                kvl[s] = L, rowi[s] = s, start[s] = s * L;
+                for (int p = 0; p < pages; p++) table[s * pages + p] = s * pages + p;
+            }
+            start[S] = T;
+            int32_t *d_table = dmalloc((size_t)S * pages * 4), *d_kvl = dmalloc(16), *d_row = dmalloc(16),
+                    *d_start = dmalloc(20);
+            CHECK(cudaMemcpy(d_table, table, (size_t)S * pages * 4, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(d_kvl, kvl, (size_t)S * 4, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(d_row, rowi, (size_t)S * 4, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(d_start, start, (size_t)(S + 1) * 4, cudaMemcpyHostToDevice));
+            pf_ctx p = {pqkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, pout, T, S, L, nh, nkv, hd};
+            double us = time_us(pf_fn, &p);
+            double flops = 4.0 * nh * hd * S * ((double)L * (L + 1) / 2);
+            printf("%-24s %4d %5d %9.1f %9.1f\n", "", S, L, us, flops / (us * 1e6));
+            CHECK(cudaFree(pqkv));
+            CHECK(cudaFree(pout));
+            CHECK(cudaFree(d_table));
+            CHECK(cudaFree(d_kvl));
+            CHECK(cudaFree(d_row));
+            CHECK(cudaFree(d_start));
+            free(table);
+        }
+        CHECK(cudaFree(kc));
+        CHECK(cudaFree(vc));
+        CHECK(cudaFree(qkv));
+        CHECK(cudaFree(out));
+    }
+
+    /* sampling, vocab 152064 */
+    {
+        const int vocab = 152064, max_rows = 32;
+        float *logits = dmalloc((size_t)max_rows * vocab * 4);
+        float *h = malloc((size_t)max_rows * vocab * 4);
+        uint64_t z = 88172645463325252ull;
+        for (size_t i = 0; i < (size_t)max_rows * vocab; i++) {
+            z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+            h[i] = (float)((double)(z >> 11) / 9007199254740992.0 * 12.0 - 6.0);
+        }
+        CHECK(cudaMemcpy(logits, h, (size_t)max_rows * vocab * 4, cudaMemcpyHostToDevice));
+        free(h);
+        rp_sample_params *params = dmalloc(max_rows * sizeof(rp_sample_params));
+        int32_t *tok = dmalloc(max_rows * 4);
+        float *lp = dmalloc(max_rows * 4);
+        void *ws = dmalloc(rp_sample_workspace_bytes(max_rows, vocab));
+        struct { const char *name; float t, p, minp; int k; } cfg[] = {
+            {"greedy", 0.0f, 1.0f, 0.0f, 0},       {"T=1", 1.0f, 1.0f, 0.0f, 0},
+            {"T=0.7 top_p=0.9", 0.7f, 0.9f, 0.0f, 0}, {"T=0.7 top_k=50", 0.7f, 1.0f, 0.0f, 50},
+            {"top_k=50 top_p=0.9 min_p", 0.8f, 0.9f, 0.05f, 50}};
+        printf("\n%-28s %4s %9s\n", "sample (vocab 152064)", "rows", "us");
+        for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
+            for (int rows = 1; rows <= max_rows; rows *= 32) {
+                rp_sample_params hp[32];
+                for (int r = 0; r < rows; r++)
+                    hp[r] = (rp_sample_params){cfg[ci].t, cfg[ci].p, cfg[ci].k, cfg[ci].minp, 1234, (uint64_t)r};
+                CHECK(cudaMemcpy(params, hp, rows * sizeof hp[0], cudaMemcpyHostToDevice));
+                smp_ctx s = {logits, params, tok, lp, ws, rows, vocab};
+                double us = time_us(smp_fn, &s);
+                printf("%-28s %4d %9.1f\n", cfg[ci].name, rows, us);
+            }
+    }
+    return 0;
+}

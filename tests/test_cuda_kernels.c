@@ -1,0 +1,746 @@
+/* Tests for the CUDA kernels (the .cu files in src/backend/cuda/kernels/) against CPU
+ * references written here in float64 (or the host sampler).
+ *
+ * Every run draws fresh random inputs (the seed is printed; REPLAY_TEST_SEED
+ * repeats one), poisons every output with 0xFF bytes (bf16/fp32 NaN) before
+ * the launch, and fails on any NaN, so an element the kernel forgot to write
+ * is caught. bf16 outputs must match within relative L2 1e-2; argmax and
+ * greedy tokens exactly; dummy weights bit for bit; sampling token by token
+ * against the host sampler and statistically against the softmax.
+ *
+ * REPLAY_TEST_SMALL=1 shrinks the largest shapes (for compute-sanitizer).
+ * Without a GPU every test is skipped. Label "gpu" in CTest. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef REPLAY_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/kernels.h"
+#include "engine/sampler.h"
+#include "util/dtype.h"
+#include "util/rng.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t g_seed, g_ctr;
+static int g_small;
+
+/* uniform in [-1, 1) */
+static float frand(void) { return rp_rand_uniform(g_seed, 1, g_ctr++) * 2.0f - 1.0f; }
+static uint32_t urand(uint32_t n) { return (uint32_t)(rp_rand_u64(g_seed, 2, g_ctr++) % n); }
+
+#define CU(call)                                                                                     \
+    do {                                                                                             \
+        cudaError_t e_ = (call);                                                                     \
+        if (e_ != cudaSuccess) fail_msg("%s: %s (line %d)", #call, cudaGetErrorString(e_), __LINE__); \
+    } while (0)
+
+/* A launcher's result, then the kernel's own completion. */
+#define LAUNCH(call)                                                                                  \
+    do {                                                                                              \
+        int r_ = (call);                                                                              \
+        if (r_ != 0) fail_msg("%s: %s (line %d)", #call, cudaGetErrorString((cudaError_t)r_), __LINE__); \
+        CU(cudaDeviceSynchronize());                                                                  \
+    } while (0)
+
+static void *dalloc(size_t bytes) {
+    void *p = NULL;
+    CU(cudaMalloc(&p, bytes ? bytes : 16));
+    CU(cudaMemset(p, 0xff, bytes ? bytes : 16));
+    return p;
+}
+static void *dup_to_dev(const void *h, size_t bytes) {
+    void *d = dalloc(bytes);
+    CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+static void to_host(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
+
+static uint16_t *rand_bf16(size_t n, float scale) {
+    uint16_t *h = malloc(n * sizeof *h);
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++) h[i] = rp_f32_to_bf16(frand() * scale);
+    return h;
+}
+static float *rand_f32(size_t n, float scale) {
+    float *h = malloc(n * sizeof *h);
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++) h[i] = frand() * scale;
+    return h;
+}
+static float bf(uint16_t h) { return rp_bf16_to_f32(h); }
+
+/* Relative L2 error of got (bf16) against ref (double); NaN fails. */
+static double rel_l2_bf16(const uint16_t *got, const double *ref, size_t n, const char *what) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double g = bf(got[i]);
+        if (isnan(g)) fail_msg("%s: element %zu is NaN (not written?)", what, i);
+        num += (g - ref[i]) * (g - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1e-300));
+}
+static double rel_l2_f32(const float *got, const double *ref, size_t n, const char *what) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(got[i])) fail_msg("%s: element %zu is NaN (not written?)", what, i);
+        num += ((double)got[i] - ref[i]) * ((double)got[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1e-300));
+}
+
+static void expect_close(double err, double tol, const char *fmt, ...) {
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    printf("  %-58s rel_l2 %.2e\n", buf, err);
+    if (!(err < tol)) fail_msg("%s: relative L2 %.3e >= %.1e", buf, err, tol);
+}
+
+static int have_gpu(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return 0;
+    }
+    return 1;
+}
+
+#define NEED_GPU()                                                   \
+    do {                                                             \
+        if (!have_gpu()) {                                           \
+            printf("no CUDA GPU: skipping CUDA kernel tests\n");     \
+            skip();                                                  \
+        }                                                            \
+    } while (0)
+
+/* ---- embedding, norms, elementwise -------------------------------------- */
+
+static void test_embed(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int Hs[] = {1024, 100, 4096};
+    for (size_t hi = 0; hi < sizeof Hs / sizeof Hs[0]; hi++) {
+        const int H = Hs[hi], V = 97, T = 5;
+        uint16_t *emb = rand_bf16((size_t)V * H, 1.0f);
+        int32_t tok[5];
+        for (int t = 0; t < T; t++) tok[t] = (int32_t)urand(V);
+        uint16_t *d_emb = dup_to_dev(emb, (size_t)V * H * 2);
+        int32_t *d_tok = dup_to_dev(tok, sizeof tok);
+        float *d_res = dalloc((size_t)T * H * 4);
+        LAUNCH(rp_k_embed(d_emb, d_tok, d_res, T, H, 0));
+        float *res = malloc((size_t)T * H * 4);
+        to_host(res, d_res, (size_t)T * H * 4);
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < H; i++)
+                if (memcmp(&res[t * H + i], &(float){bf(emb[(size_t)tok[t] * H + i])}, 4))
+                    fail_msg("embed H=%d t=%d i=%d", H, t, i);
+        printf("  embed H=%-5d exact\n", H);
+        free(emb), free(res);
+        cudaFree(d_emb), cudaFree(d_tok), cudaFree(d_res);
+    }
+}
+
+static void test_add_rmsnorm(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int Hs[] = {4096, 1000, 30, 5120};
+    for (size_t hi = 0; hi < sizeof Hs / sizeof Hs[0]; hi++)
+        for (int with_delta = 0; with_delta < 2; with_delta++) {
+            const int H = Hs[hi], T = 3;
+            const float eps = 1e-6f;
+            float *res = rand_f32((size_t)T * H, 3.0f);
+            uint16_t *delta = rand_bf16((size_t)T * H, 1.0f), *w = rand_bf16(H, 1.0f);
+            float *d_res = dup_to_dev(res, (size_t)T * H * 4);
+            uint16_t *d_delta = dup_to_dev(delta, (size_t)T * H * 2), *d_w = dup_to_dev(w, (size_t)H * 2);
+            uint16_t *d_out = dalloc((size_t)T * H * 2);
+            LAUNCH(rp_k_add_rmsnorm(d_res, with_delta ? d_delta : NULL, d_w, d_out, T, H, eps, 0));
+            float *res2 = malloc((size_t)T * H * 4);
+            uint16_t *out = malloc((size_t)T * H * 2);
+            double *ref_r = malloc((size_t)T * H * 8), *ref_o = malloc((size_t)T * H * 8);
+            to_host(res2, d_res, (size_t)T * H * 4);
+            to_host(out, d_out, (size_t)T * H * 2);
+            for (int t = 0; t < T; t++) {
+                double ss = 0;
+                for (int i = 0; i < H; i++) {
+                    double x = res[t * H + i] + (with_delta ? bf(delta[t * H + i]) : 0.0);
+                    ref_r[t * H + i] = x;
+                    ss += x * x;
+                }
+                double inv = 1.0 / sqrt(ss / H + eps);
+                for (int i = 0; i < H; i++) ref_o[t * H + i] = ref_r[t * H + i] * inv * bf(w[i]);
+            }
+            expect_close(rel_l2_f32(res2, ref_r, (size_t)T * H, "residual"), 1e-6, "add_rmsnorm residual H=%d delta=%d",
+                         H, with_delta);
+            expect_close(rel_l2_bf16(out, ref_o, (size_t)T * H, "norm out"), 1e-2, "add_rmsnorm out H=%d delta=%d", H,
+                         with_delta);
+            free(res), free(delta), free(w), free(res2), free(out), free(ref_r), free(ref_o);
+            cudaFree(d_res), cudaFree(d_delta), cudaFree(d_w), cudaFree(d_out);
+        }
+}
+
+static void test_silu_mul_gather(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int Fs[] = {4096, 1001};
+    for (size_t fi = 0; fi < 2; fi++) {
+        const int F = Fs[fi], T = 3;
+        uint16_t *gu = rand_bf16((size_t)T * 2 * F, 4.0f);
+        uint16_t *d_gu = dup_to_dev(gu, (size_t)T * 2 * F * 2), *d_out = dalloc((size_t)T * F * 2);
+        LAUNCH(rp_k_silu_mul(d_gu, d_out, T, F, 0));
+        uint16_t *out = malloc((size_t)T * F * 2);
+        double *ref = malloc((size_t)T * F * 8);
+        to_host(out, d_out, (size_t)T * F * 2);
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < F; i++) {
+                double g = bf(gu[(size_t)t * 2 * F + i]), u = bf(gu[(size_t)t * 2 * F + F + i]);
+                ref[t * F + i] = g / (1.0 + exp(-g)) * u;
+            }
+        expect_close(rel_l2_bf16(out, ref, (size_t)T * F, "silu"), 1e-2, "silu_mul F=%d", F);
+        free(gu), free(out), free(ref);
+        cudaFree(d_gu), cudaFree(d_out);
+    }
+    const int Hs[] = {1024, 77};
+    for (size_t hi = 0; hi < 2; hi++) {
+        const int H = Hs[hi], rows_in = 9, n = 4;
+        int32_t rows[4] = {8, 0, 3, 3};
+        uint16_t *in = rand_bf16((size_t)rows_in * H, 1.0f);
+        uint16_t *d_in = dup_to_dev(in, (size_t)rows_in * H * 2), *d_out = dalloc((size_t)n * H * 2);
+        int32_t *d_rows = dup_to_dev(rows, sizeof rows);
+        LAUNCH(rp_k_gather_rows(d_in, d_rows, d_out, n, H, 0));
+        uint16_t *out = malloc((size_t)n * H * 2);
+        to_host(out, d_out, (size_t)n * H * 2);
+        for (int i = 0; i < n; i++)
+            assert_memory_equal(out + (size_t)i * H, in + (size_t)rows[i] * H, (size_t)H * 2);
+        printf("  gather_rows H=%-4d exact\n", H);
+        free(in), free(out);
+        cudaFree(d_in), cudaFree(d_out), cudaFree(d_rows);
+    }
+}
+
+static void test_fill_dummy(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int64_t n = 300007;
+    uint16_t *d = dalloc((size_t)n * 2), *h = malloc((size_t)n * 2);
+    for (int is_norm = 0; is_norm < 2; is_norm++) {
+        const uint64_t seed = g_seed + 11, stream = 100003u * 5 + 7;
+        const float scale = is_norm ? 0.1f : 1.0f / sqrtf(4096.0f);
+        LAUNCH(rp_k_fill_dummy(d, n, seed, stream, scale, is_norm, 0));
+        to_host(h, d, (size_t)n * 2);
+        for (int64_t i = 0; i < n; i++) {
+            float u = rp_rand_uniform(seed, stream, (uint64_t)i) * 2.0f - 1.0f;
+            float v = u * 1.7320508f * scale;
+            uint16_t want = rp_f32_to_bf16(is_norm ? 1.0f + v : v);
+            if (h[i] != want) fail_msg("fill_dummy is_norm=%d i=%lld: %04x != %04x", is_norm, (long long)i, h[i], want);
+        }
+        printf("  fill_dummy is_norm=%d bit-identical to the host generator (%lld values)\n", is_norm, (long long)n);
+    }
+    free(h);
+    cudaFree(d);
+}
+
+/* ---- GEMV --------------------------------------------------------------- */
+
+static void check_gemv(int T, int N, int K) {
+    uint16_t *W = rand_bf16((size_t)N * K, 1.0f), *x = rand_bf16((size_t)T * K, 1.0f);
+    uint16_t *d_W = dup_to_dev(W, (size_t)N * K * 2), *d_x = dup_to_dev(x, (size_t)T * K * 2);
+    uint16_t *d_y = dalloc((size_t)T * N * 2);
+    float *d_yf = dalloc((size_t)T * N * 4);
+    LAUNCH(rp_k_gemv(d_W, d_x, d_y, T, N, K, 0));
+    LAUNCH(rp_k_gemv_f32out(d_W, d_x, d_yf, T, N, K, 0));
+    uint16_t *y = malloc((size_t)T * N * 2);
+    float *yf = malloc((size_t)T * N * 4);
+    double *ref = malloc((size_t)T * N * 8);
+    float *xf = malloc((size_t)T * K * 4), *wr = malloc((size_t)K * 4);
+    to_host(y, d_y, (size_t)T * N * 2);
+    to_host(yf, d_yf, (size_t)T * N * 4);
+    for (size_t i = 0; i < (size_t)T * K; i++) xf[i] = bf(x[i]);
+    for (int n = 0; n < N; n++) {
+        for (int k = 0; k < K; k++) wr[k] = bf(W[(size_t)n * K + k]);
+        for (int t = 0; t < T; t++) {
+            double acc = 0;
+            const float *xt = xf + (size_t)t * K;
+            for (int k = 0; k < K; k++) acc += (double)wr[k] * xt[k];
+            ref[(size_t)t * N + n] = acc;
+        }
+    }
+    expect_close(rel_l2_bf16(y, ref, (size_t)T * N, "gemv"), 1e-2, "gemv T=%d N=%d K=%d bf16", T, N, K);
+    expect_close(rel_l2_f32(yf, ref, (size_t)T * N, "gemv f32"), 1e-4, "gemv T=%d N=%d K=%d f32", T, N, K);
+    free(W), free(x), free(y), free(yf), free(ref), free(xf), free(wr);
+    cudaFree(d_W), cudaFree(d_x), cudaFree(d_y), cudaFree(d_yf);
+}
+
+static void test_gemv(void **state) {
+    (void)state;
+    NEED_GPU();
+    check_gemv(1, 4096, 4096);
+    check_gemv(8, 1000, 1032);
+    check_gemv(3, 17, 64);
+    check_gemv(5, 4100, 8);
+    check_gemv(2, 33, 4104);
+    check_gemv(7, 1024, 3072);
+    check_gemv(4, 6144, 1024);
+    if (!g_small) check_gemv(8, 2048, 14336);
+    /* unsupported shapes are refused, not miscomputed */
+    assert_int_equal(rp_k_gemv(NULL, NULL, NULL, 9, 16, 16, 0), (int)cudaErrorInvalidValue);
+    assert_int_equal(rp_k_gemv(NULL, NULL, NULL, 1, 16, 12, 0), (int)cudaErrorInvalidValue);
+}
+
+/* ---- Q/K norm, RoPE, KV store ------------------------------------------- */
+
+static void check_rope(int nh, int nkv, int hd, int use_norm) {
+    const int T = 7, heads = nh + 2 * nkv, row = heads * hd, num_slots = 64;
+    const float eps = 1e-6f;
+    uint16_t *qkv = rand_bf16((size_t)T * row, 2.0f);
+    uint16_t *qn = rand_bf16(hd, 1.0f), *kn = rand_bf16(hd, 1.0f);
+    for (int i = 0; i < hd; i++) qn[i] = rp_f32_to_bf16(1.0f + 0.2f * bf(qn[i])), kn[i] = rp_f32_to_bf16(1.0f + 0.2f * bf(kn[i]));
+    float *inv_freq = malloc((size_t)hd / 2 * 4);
+    for (int i = 0; i < hd / 2; i++) inv_freq[i] = 1.0f / powf(1000000.0f, (float)(2 * i) / (float)hd);
+    int32_t pos[7], slot[7];
+    for (int t = 0; t < T; t++) {
+        pos[t] = t == 0 ? 0 : (int32_t)urand(t == 1 ? 8 : 100000);
+        slot[t] = (int32_t)(t * 9 % num_slots); /* distinct */
+    }
+    uint16_t *d_qkv = dup_to_dev(qkv, (size_t)T * row * 2), *d_qn = dup_to_dev(qn, (size_t)hd * 2),
+             *d_kn = dup_to_dev(kn, (size_t)hd * 2);
+    float *d_if = dup_to_dev(inv_freq, (size_t)hd / 2 * 4);
+    int32_t *d_pos = dup_to_dev(pos, sizeof pos), *d_slot = dup_to_dev(slot, sizeof slot);
+    const size_t cache_n = (size_t)num_slots * nkv * hd;
+    uint16_t *d_kc = dalloc(cache_n * 2), *d_vc = dalloc(cache_n * 2);
+    LAUNCH(rp_k_qk_norm_rope_store(d_qkv, use_norm ? d_qn : NULL, use_norm ? d_kn : NULL, d_if, d_pos, d_slot, d_kc,
+                                   d_vc, T, nh, nkv, hd, eps, 0));
+    uint16_t *got = malloc((size_t)T * row * 2), *kc = malloc(cache_n * 2), *vc = malloc(cache_n * 2);
+    to_host(got, d_qkv, (size_t)T * row * 2);
+    to_host(kc, d_kc, cache_n * 2);
+    to_host(vc, d_vc, cache_n * 2);
+    double *ref = malloc((size_t)T * row * 8);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < heads; h++) {
+            const uint16_t *x = qkv + (size_t)t * row + (size_t)h * hd;
+            double *r = ref + (size_t)t * row + (size_t)h * hd;
+            for (int i = 0; i < hd; i++) r[i] = bf(x[i]);
+            if (h >= nh + nkv) continue; /* v: unchanged */
+            if (use_norm) {
+                const uint16_t *w = h < nh ? qn : kn;
+                double ss = 0;
+                for (int i = 0; i < hd; i++) ss += r[i] * r[i];
+                double inv = 1.0 / sqrt(ss / hd + eps);
+                for (int i = 0; i < hd; i++) r[i] = r[i] * inv * bf(w[i]);
+            }
+            for (int i = 0; i < hd / 2; i++) {
+                float ang = (float)pos[t] * inv_freq[i]; /* fp32 angle, like transformers */
+                double c = cos((double)ang), s = sin((double)ang), a = r[i], b = r[i + hd / 2];
+                r[i] = a * c - b * s;
+                r[i + hd / 2] = b * c + a * s;
+            }
+        }
+    expect_close(rel_l2_bf16(got, ref, (size_t)T * row, "rope qkv"), 1e-2, "qk_norm_rope nh=%d nkv=%d hd=%d norm=%d", nh,
+                 nkv, hd, use_norm);
+    /* cache rows: k and v of each token at its slot */
+    double *refk = malloc((size_t)T * nkv * hd * 8), *refv = malloc((size_t)T * nkv * hd * 8);
+    uint16_t *gk = malloc((size_t)T * nkv * hd * 2), *gv = malloc((size_t)T * nkv * hd * 2);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < nkv * hd; i++) {
+            refk[t * nkv * hd + i] = ref[(size_t)t * row + (size_t)nh * hd + i];
+            refv[t * nkv * hd + i] = ref[(size_t)t * row + (size_t)(nh + nkv) * hd + i];
+            gk[t * nkv * hd + i] = kc[(size_t)slot[t] * nkv * hd + i];
+            gv[t * nkv * hd + i] = vc[(size_t)slot[t] * nkv * hd + i];
+        }
+    expect_close(rel_l2_bf16(gk, refk, (size_t)T * nkv * hd, "k cache"), 1e-2, "  k cache");
+    expect_close(rel_l2_bf16(gv, refv, (size_t)T * nkv * hd, "v cache"), 1e-6, "  v cache (copy)");
+    free(qkv), free(qn), free(kn), free(inv_freq), free(got), free(kc), free(vc), free(ref), free(refk), free(refv),
+        free(gk), free(gv);
+    cudaFree(d_qkv), cudaFree(d_qn), cudaFree(d_kn), cudaFree(d_if), cudaFree(d_pos), cudaFree(d_slot), cudaFree(d_kc),
+        cudaFree(d_vc);
+}
+
+static void test_qk_norm_rope_store(void **state) {
+    (void)state;
+    NEED_GPU();
+    check_rope(16, 8, 128, 1);
+    check_rope(32, 8, 64, 0);
+    check_rope(12, 2, 128, 0);
+}
+
+/* ---- attention ---------------------------------------------------------- */
+
+/* A paged KV cache with random contents and per-sequence page tables whose
+ * pages are a random permutation (so contiguity is never assumed). */
+typedef struct paged_kv {
+    int nkv, hd, ps, num_pages, num_seqs, stride;
+    uint16_t *k, *v;         /* host [slots][nkv][hd] */
+    int32_t *table;          /* [num_seqs][stride] */
+    int32_t *page_row;       /* [num_seqs] */
+    uint16_t *d_k, *d_v;
+    int32_t *d_table, *d_page_row, *d_kv_len, *d_seq_start;
+} paged_kv;
+
+static void paged_kv_make(paged_kv *p, int nkv, int hd, int ps, const int *kv_len, const int *q_len, int num_seqs) {
+    memset(p, 0, sizeof *p);
+    p->nkv = nkv, p->hd = hd, p->ps = ps, p->num_seqs = num_seqs;
+    int total_pages = 0, max_pages = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        int np = (kv_len[s] + ps - 1) / ps;
+        total_pages += np;
+        if (np > max_pages) max_pages = np;
+    }
+    p->num_pages = total_pages + 3;
+    p->stride = max_pages + 1;
+    const size_t n = (size_t)p->num_pages * ps * nkv * hd;
+    p->k = rand_bf16(n, 1.0f);
+    p->v = rand_bf16(n, 1.0f);
+    int32_t *perm = malloc((size_t)p->num_pages * 4);
+    for (int i = 0; i < p->num_pages; i++) perm[i] = i;
+    for (int i = p->num_pages - 1; i > 0; i--) {
+        int j = (int)urand((uint32_t)i + 1), tmp = perm[i];
+        perm[i] = perm[j], perm[j] = tmp;
+    }
+    p->table = malloc((size_t)num_seqs * p->stride * 4);
+    p->page_row = malloc((size_t)num_seqs * 4);
+    for (size_t i = 0; i < (size_t)num_seqs * p->stride; i++) p->table[i] = -1;
+    int next = 0;
+    for (int s = 0; s < num_seqs; s++) {
+        int r = num_seqs - 1 - s; /* rows in reverse: the indirection is exercised */
+        p->page_row[s] = r;
+        for (int j = 0; j < (kv_len[s] + ps - 1) / ps; j++) p->table[r * p->stride + j] = perm[next++];
+    }
+    int32_t *starts = malloc((size_t)(num_seqs + 1) * 4);
+    starts[0] = 0;
+    for (int s = 0; s < num_seqs; s++) starts[s + 1] = starts[s] + q_len[s];
+    p->d_k = dup_to_dev(p->k, n * 2);
+    p->d_v = dup_to_dev(p->v, n * 2);
+    p->d_table = dup_to_dev(p->table, (size_t)num_seqs * p->stride * 4);
+    p->d_page_row = dup_to_dev(p->page_row, (size_t)num_seqs * 4);
+    p->d_kv_len = dup_to_dev(kv_len, (size_t)num_seqs * 4);
+    p->d_seq_start = dup_to_dev(starts, (size_t)(num_seqs + 1) * 4);
+    free(perm), free(starts);
+}
+
+static rp_attn_meta paged_kv_meta(const paged_kv *p) {
+    rp_attn_meta m = {.seq_start = p->d_seq_start, .seq_kv_len = p->d_kv_len, .seq_page_row = p->d_page_row,
+                      .page_table = p->d_table, .page_table_stride = p->stride, .page_size = p->ps};
+    return m;
+}
+
+static void paged_kv_free(paged_kv *p) {
+    free(p->k), free(p->v), free(p->table), free(p->page_row);
+    cudaFree(p->d_k), cudaFree(p->d_v), cudaFree(p->d_table), cudaFree(p->d_page_row), cudaFree(p->d_kv_len),
+        cudaFree(p->d_seq_start);
+}
+
+static const uint16_t *kv_row(const paged_kv *p, const uint16_t *cache, int s, int j, int kvh) {
+    int64_t page = p->table[p->page_row[s] * p->stride + j / p->ps];
+    int64_t slot = page * p->ps + j % p->ps;
+    return cache + (slot * p->nkv + kvh) * p->hd;
+}
+
+/* out[hd] = softmax(q . K[0..n) / sqrt(hd)) V, in double. */
+static void attend_ref(const paged_kv *p, int s, int kvh, const uint16_t *q, int n, double *out, double *sc) {
+    const int hd = p->hd;
+    double mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const uint16_t *k = kv_row(p, p->k, s, j, kvh);
+        double d = 0;
+        for (int i = 0; i < hd; i++) d += (double)bf(q[i]) * bf(k[i]);
+        sc[j] = d / sqrt((double)hd);
+        if (sc[j] > mx) mx = sc[j];
+    }
+    double sum = 0;
+    for (int j = 0; j < n; j++) sum += (sc[j] = exp(sc[j] - mx));
+    for (int i = 0; i < hd; i++) out[i] = 0;
+    for (int j = 0; j < n; j++) {
+        const uint16_t *v = kv_row(p, p->v, s, j, kvh);
+        for (int i = 0; i < hd; i++) out[i] += sc[j] / sum * bf(v[i]);
+    }
+}
+
+static void check_decode(int nh, int nkv, int hd, int ps, int num_splits) {
+    int kv_len[] = {1, 7, 100, 1000, 4097, 33};
+    const int S = 6;
+    if (g_small) kv_len[4] = 700;
+    int q_len[6] = {1, 1, 1, 1, 1, 1};
+    paged_kv p;
+    paged_kv_make(&p, nkv, hd, ps, kv_len, q_len, S);
+    const int row = (nh + 2 * nkv) * hd;
+    uint16_t *qkv = rand_bf16((size_t)S * row, 3.0f);
+    uint16_t *d_qkv = dup_to_dev(qkv, (size_t)S * row * 2), *d_out = dalloc((size_t)S * nh * hd * 2);
+    const size_t ws_bytes = rp_attn_decode_workspace_bytes(S, nh, hd, num_splits);
+    void *d_ws = dalloc(ws_bytes);
+    LAUNCH(rp_k_attn_decode(d_qkv, p.d_k, p.d_v, paged_kv_meta(&p), d_out, d_ws, S, nh, nkv, hd, num_splits, 0));
+    uint16_t *out = malloc((size_t)S * nh * hd * 2);
+    to_host(out, d_out, (size_t)S * nh * hd * 2);
+    double *ref = malloc((size_t)S * nh * hd * 8), *sc = malloc(5000 * 8);
+    for (int s = 0; s < S; s++)
+        for (int h = 0; h < nh; h++)
+            attend_ref(&p, s, h / (nh / nkv), qkv + (size_t)s * row + (size_t)h * hd, kv_len[s],
+                       ref + ((size_t)s * nh + h) * hd, sc);
+    expect_close(rel_l2_bf16(out, ref, (size_t)S * nh * hd, "decode"), 1e-2,
+                 "attn_decode nh=%d nkv=%d hd=%d page=%d splits=%d", nh, nkv, hd, ps, num_splits);
+    free(qkv), free(out), free(ref), free(sc);
+    cudaFree(d_qkv), cudaFree(d_out), cudaFree(d_ws);
+    paged_kv_free(&p);
+}
+
+static void test_attn_decode(void **state) {
+    (void)state;
+    NEED_GPU();
+    check_decode(32, 8, 128, 16, 8);  /* llama3-8b: G = 4 */
+    check_decode(8, 8, 64, 1, 3);     /* G = 1, page size 1 */
+    check_decode(16, 2, 128, 16, 1);  /* G = 8, no split */
+    check_decode(16, 1, 64, 16, 32);  /* G = 16, many (partly empty) splits */
+    check_decode(12, 2, 128, 1, 16);  /* G = 6 */
+}
+
+static void check_prefill(int nh, int nkv, int hd, int ps) {
+    int q_len[] = {1, 7, 100, 64, 130, 1};
+    int kv_len[] = {1, 7, 100, 1000, 4097, 500};
+    const int S = 6;
+    if (g_small) kv_len[4] = 300;
+    int T = 0, max_q = 0;
+    for (int s = 0; s < S; s++) T += q_len[s], max_q = q_len[s] > max_q ? q_len[s] : max_q;
+    paged_kv p;
+    paged_kv_make(&p, nkv, hd, ps, kv_len, q_len, S);
+    const int row = (nh + 2 * nkv) * hd;
+    uint16_t *qkv = rand_bf16((size_t)T * row, 3.0f);
+    uint16_t *d_qkv = dup_to_dev(qkv, (size_t)T * row * 2), *d_out = dalloc((size_t)T * nh * hd * 2);
+    LAUNCH(rp_k_attn_prefill(d_qkv, p.d_k, p.d_v, paged_kv_meta(&p), d_out, T, S, max_q, nh, nkv, hd, 0));
+    uint16_t *out = malloc((size_t)T * nh * hd * 2);
+    to_host(out, d_out, (size_t)T * nh * hd * 2);
+    double *ref = malloc((size_t)T * nh * hd * 8), *sc = malloc(5000 * 8);
+    int t = 0;
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < q_len[s]; i++, t++)
+            for (int h = 0; h < nh; h++)
+                attend_ref(&p, s, h / (nh / nkv), qkv + (size_t)t * row + (size_t)h * hd,
+                           kv_len[s] - q_len[s] + i + 1, ref + ((size_t)t * nh + h) * hd, sc);
+    expect_close(rel_l2_bf16(out, ref, (size_t)T * nh * hd, "prefill"), 1e-2, "attn_prefill nh=%d nkv=%d hd=%d page=%d",
+                 nh, nkv, hd, ps);
+    free(qkv), free(out), free(ref), free(sc);
+    cudaFree(d_qkv), cudaFree(d_out);
+    paged_kv_free(&p);
+}
+
+static void test_attn_prefill(void **state) {
+    (void)state;
+    NEED_GPU();
+    check_prefill(8, 2, 128, 16); /* G = 4 */
+    check_prefill(4, 4, 64, 1);   /* G = 1, page size 1 */
+    check_prefill(8, 1, 128, 1);  /* G = 8 */
+    check_prefill(8, 1, 64, 16);
+}
+
+/* ---- sampling ----------------------------------------------------------- */
+
+static void fill_normal(float *x, int n, float scale) {
+    for (int i = 0; i < n; i++) {
+        double u1 = rp_rand_uniform(g_seed, 3, g_ctr++) + 1e-9, u2 = rp_rand_uniform(g_seed, 3, g_ctr++);
+        x[i] = (float)(scale * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+static void run_sample(const float *d_logits, const rp_sample_params *params, int rows, int vocab, int32_t *tok,
+                       float *lp) {
+    rp_sample_params *d_p = dup_to_dev(params, (size_t)rows * sizeof *params);
+    int32_t *d_tok = dalloc((size_t)rows * 4);
+    float *d_lp = dalloc((size_t)rows * 4);
+    void *d_ws = dalloc(rp_sample_workspace_bytes(rows, vocab));
+    LAUNCH(rp_k_sample(d_logits, d_p, d_tok, d_lp, d_ws, rows, vocab, 0));
+    to_host(tok, d_tok, (size_t)rows * 4);
+    to_host(lp, d_lp, (size_t)rows * 4);
+    cudaFree(d_p), cudaFree(d_tok), cudaFree(d_lp), cudaFree(d_ws);
+}
+
+static void test_sample_greedy(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int rows = 6, vocab = g_small ? 32000 : 152064;
+    float *logits = malloc((size_t)rows * vocab * 4);
+    fill_normal(logits, rows * vocab, 3.0f);
+    /* planted ties: the lowest id must win */
+    logits[0 * vocab + 5000] = 100.0f, logits[0 * vocab + 7] = 100.0f, logits[0 * vocab + vocab - 1] = 100.0f;
+    logits[1 * vocab + vocab - 1] = 50.0f;
+    logits[2 * vocab + 3] = NAN, logits[2 * vocab + 4] = INFINITY, logits[2 * vocab + 9] = INFINITY;
+    for (int i = 0; i < vocab; i++) logits[3 * vocab + i] = -INFINITY;
+    logits[4 * vocab + 0] = 40.0f;
+    rp_sample_params params[6];
+    memset(params, 0, sizeof params);
+    float *d_logits = dup_to_dev(logits, (size_t)rows * vocab * 4);
+    int32_t tok[6];
+    float lp[6];
+    run_sample(d_logits, params, rows, vocab, tok, lp);
+    rp_sampler *smp = rp_sampler_new(vocab);
+    float *tmp = malloc((size_t)vocab * 4);
+    rp_sampling_params hp;
+    rp_sampling_params_default(&hp);
+    hp.temperature = 0.0f;
+    for (int r = 0; r < rows; r++) {
+        memcpy(tmp, logits + (size_t)r * vocab, (size_t)vocab * 4);
+        float want_lp;
+        int want = rp_sampler_sample(smp, &hp, tmp, NULL, 0, NULL, 0, 0, &want_lp);
+        if (tok[r] != want) fail_msg("greedy row %d: %d != %d", r, tok[r], want);
+        if (!(isinf(want_lp) && isinf(lp[r])) && !(fabsf(lp[r] - want_lp) < 1e-3f * (1 + fabsf(want_lp))))
+            fail_msg("greedy row %d logprob %g != %g", r, lp[r], want_lp);
+    }
+    printf("  greedy: %d rows exact (ties, NaN, +inf, all -inf), logprobs within 1e-3\n", rows);
+    free(logits), free(tmp);
+    rp_sampler_free(smp);
+    cudaFree(d_logits);
+}
+
+/* Token by token against the host sampler: rows share logits, differ in
+ * step (the RNG counter) and parameters. */
+static void test_sample_vs_host(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int vocab = g_small ? 32000 : 152064, rows = g_small ? 32 : 128;
+    struct {
+        float t, p, minp;
+        int k;
+    } cfg[] = {{1.0f, 1.0f, 0.0f, 0}, {0.7f, 0.9f, 0.0f, 0}, {1.0f, 1.0f, 0.0f, 50},   {0.8f, 0.95f, 0.05f, 40},
+               {1.3f, 1.0f, 0.1f, 0}, {0.005f, 1.0f, 0.0f, 0}, {1.0f, 0.5f, 0.0f, 5000}, {1.0f, 1.0f, 0.0f, 1}};
+    const int ncfg = sizeof cfg / sizeof cfg[0];
+    float *logits = malloc((size_t)rows * vocab * 4);
+    fill_normal(logits, vocab, 2.5f);
+    for (int i = 0; i < 200; i++) logits[urand(vocab)] += 8.0f; /* a peaked head, like a real model */
+    for (int i = 0; i < 50; i++) logits[urand(vocab)] = logits[urand(vocab)]; /* equal logits */
+    for (int r = 1; r < rows; r++) memcpy(logits + (size_t)r * vocab, logits, (size_t)vocab * 4);
+    float *d_logits = dup_to_dev(logits, (size_t)rows * vocab * 4);
+    rp_sampler *smp = rp_sampler_new(vocab);
+    float *tmp = malloc((size_t)vocab * 4);
+    rp_sample_params *params = calloc((size_t)rows, sizeof *params);
+    int32_t *tok = malloc((size_t)rows * 4), *tok2 = malloc((size_t)rows * 4);
+    float *lp = malloc((size_t)rows * 4), *lp2 = malloc((size_t)rows * 4);
+    for (int c = 0; c < ncfg; c++) {
+        for (int r = 0; r < rows; r++) {
+            params[r].temperature = cfg[c].t, params[r].top_p = cfg[c].p, params[r].top_k = cfg[c].k;
+            params[r].min_p = cfg[c].minp, params[r].seed = g_seed + 17, params[r].step = (uint64_t)r * 7 + 3;
+        }
+        run_sample(d_logits, params, rows, vocab, tok, lp);
+        run_sample(d_logits, params, rows, vocab, tok2, lp2);
+        assert_memory_equal(tok, tok2, (size_t)rows * 4); /* same seed, same token */
+        int agree = 0;
+        double max_lp_err = 0;
+        for (int r = 0; r < rows; r++) {
+            rp_sampling_params hp;
+            rp_sampling_params_default(&hp);
+            hp.temperature = cfg[c].t, hp.top_p = cfg[c].p, hp.top_k = cfg[c].k, hp.min_p = cfg[c].minp;
+            hp.seed = params[r].seed;
+            memcpy(tmp, logits, (size_t)vocab * 4);
+            float want_lp;
+            int want = rp_sampler_sample(smp, &hp, tmp, NULL, 0, NULL, 0, params[r].step, &want_lp);
+            if (tok[r] == want) {
+                agree++;
+                double e = fabs((double)lp[r] - want_lp);
+                if (e > max_lp_err) max_lp_err = e;
+            }
+        }
+        printf("  sample T=%.3g top_p=%.2g min_p=%.2g top_k=%-5d agree with host %d/%d, logprob err %.1e\n", cfg[c].t,
+               cfg[c].p, cfg[c].minp, cfg[c].k, agree, rows, max_lp_err);
+        if (agree < rows - rows / 50) fail_msg("device and host samplers disagree on %d of %d rows", rows - agree, rows);
+        if (max_lp_err > 1e-3) fail_msg("logprob differs by %g", max_lp_err);
+    }
+    free(logits), free(tmp), free(params), free(tok), free(tok2), free(lp), free(lp2);
+    rp_sampler_free(smp);
+    cudaFree(d_logits);
+}
+
+/* Over many steps the draws follow softmax(logits / T) (restricted by
+ * top-k): every token's count within 5 sigma of its expectation. */
+static void test_sample_distribution(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int vocab = 40, rows = 20000;
+    float logits[40];
+    fill_normal(logits, vocab, 1.5f);
+    for (int cfgi = 0; cfgi < 2; cfgi++) {
+        const float temp = cfgi ? 0.8f : 1.0f;
+        const int top_k = cfgi ? 10 : 0;
+        float *all = malloc((size_t)rows * vocab * 4);
+        for (int r = 0; r < rows; r++) memcpy(all + (size_t)r * vocab, logits, sizeof logits);
+        float *d_logits = dup_to_dev(all, (size_t)rows * vocab * 4);
+        rp_sample_params *params = calloc((size_t)rows, sizeof *params);
+        for (int r = 0; r < rows; r++)
+            params[r] = (rp_sample_params){.temperature = temp, .top_p = 1.0f, .top_k = top_k, .seed = g_seed + 5,
+                                           .step = (uint64_t)r};
+        int32_t *tok = malloc((size_t)rows * 4);
+        float *lp = malloc((size_t)rows * 4);
+        run_sample(d_logits, params, rows, vocab, tok, lp);
+        /* reference probabilities */
+        double prob[40], mx = -INFINITY, sum = 0;
+        int order[40];
+        for (int i = 0; i < vocab; i++) order[i] = i, mx = logits[i] > mx ? logits[i] : mx;
+        for (int i = 0; i < vocab; i++)
+            for (int j = i + 1; j < vocab; j++)
+                if (logits[order[j]] > logits[order[i]]) {
+                    int tmp = order[i];
+                    order[i] = order[j], order[j] = tmp;
+                }
+        for (int i = 0; i < vocab; i++) prob[i] = 0;
+        for (int i = 0; i < (top_k ? top_k : vocab); i++) sum += prob[order[i]] = exp((logits[order[i]] - mx) / temp);
+        int count[40] = {0};
+        for (int r = 0; r < rows; r++) {
+            assert_true(tok[r] >= 0 && tok[r] < vocab);
+            count[tok[r]]++;
+        }
+        double worst = 0;
+        for (int i = 0; i < vocab; i++) {
+            double pr = prob[i] / sum, e = rows * pr, sd = sqrt(rows * pr * (1 - pr)) + 1e-9;
+            if (pr == 0 && count[i]) fail_msg("token %d outside top-k drawn %d times", i, count[i]);
+            double z = fabs(count[i] - e) / sd;
+            if (pr > 0 && z > worst) worst = z;
+        }
+        printf("  distribution T=%.1f top_k=%d over %d draws: worst |z| = %.2f\n", temp, top_k, rows, worst);
+        if (worst > 5.0) fail_msg("sampled distribution deviates from softmax (|z| = %.2f)", worst);
+        free(all), free(params), free(tok), free(lp);
+        cudaFree(d_logits);
+    }
+}
+
+int main(void) {
+    const char *env = getenv("REPLAY_TEST_SEED");
+    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    g_small = getenv("REPLAY_TEST_SMALL") != NULL;
+    printf("test_cuda_kernels: seed %llu%s (REPLAY_TEST_SEED repeats it)\n", (unsigned long long)g_seed,
+           g_small ? ", small shapes" : "");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_embed),           cmocka_unit_test(test_add_rmsnorm),
+        cmocka_unit_test(test_silu_mul_gather), cmocka_unit_test(test_fill_dummy),
+        cmocka_unit_test(test_gemv),            cmocka_unit_test(test_qk_norm_rope_store),
+        cmocka_unit_test(test_attn_decode),     cmocka_unit_test(test_attn_prefill),
+        cmocka_unit_test(test_sample_greedy),   cmocka_unit_test(test_sample_vs_host),
+        cmocka_unit_test(test_sample_distribution),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else /* no CUDA toolkit at build time */
+
+static void test_no_cuda(void **state) {
+    (void)state;
+    printf("built without CUDA: skipping CUDA kernel tests\n");
+    skip();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_no_cuda)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#endif
