@@ -90,6 +90,13 @@ JSON
   out=$("$BIN" generate --model "$m" --load-format dummy --chat --chat-template nope --prompt x 2>&1)
   check "unknown chat template name" 2 $?
   out=$("$BIN" generate --model "$m" --load-format dummy --prompt "Hi" --system x 2>&1); check "--system without --chat" 2 $?
+  # chat REPL fed from a pipe: two turns, a reset, a third turn, EOF ends it
+  out=$(printf 'Hello\nAnd then?\n/reset\nAgain\n' | "$BIN" chat --model "$m" --load-format dummy --max-tokens 4 \
+        --seed 2 --temperature 0 -q 2>/dev/null)
+  check "chat REPL" 0 $?
+  [ "$(printf '%s\n' "$out" | wc -l)" -ge 3 ]; check "chat REPL answers each turn" 0 $?
+  out=$(printf 'x\n' | "$BIN" chat --dummy-weights tiny-qwen3 2>&1); check "chat without tokenizer" 2 $?
+  out=$(printf 'x\n' | "$BIN" chat --model "$m" --load-format dummy --temperature -3 2>&1); check "chat bad temperature" 2 $?
 fi
 
 echo "$pass passed, $fail failed"

@@ -15,7 +15,7 @@
 #define MAX_PROMPTS 8
 #define GREEDY 32
 
-static const char *models[] = {"qwen3-tied", "qwen3-gqa6", "llama3-scaled", "llama3-tied"};
+static const char *models[] = {"qwen3-tied", "qwen3-gqa6", "llama3-scaled", "llama3-tied", "qwen3-hd128", "llama3-hd64"};
 
 typedef struct fixture {
     rp_model *model;

@@ -46,13 +46,13 @@ MODELS = [
     # head_dim 128 and 64: the sizes the CUDA kernels take, so the GPU backend
     # can be checked on committed fixtures too.
     ("qwen3-hd128", Qwen3Config, dict(
-        vocab_size=300, hidden_size=128, intermediate_size=224, num_hidden_layers=2,
+        vocab_size=300, hidden_size=128, intermediate_size=136, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=128, tie_word_embeddings=True,
         rope_theta=1000000.0, max_position_embeddings=2048, rms_norm_eps=1e-6,
         bos_token_id=1, eos_token_id=2), dict(eos_token_id=2), None),
     ("llama3-hd64", LlamaConfig, dict(
-        vocab_size=320, hidden_size=256, intermediate_size=264, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        vocab_size=256, hidden_size=128, intermediate_size=136, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
         rope_theta=500000.0, max_position_embeddings=4096, rms_norm_eps=1e-5,
         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                           high_freq_factor=4.0, original_max_position_embeddings=128),

@@ -7,8 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
+#include "engine/sampler.h"
+#include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
 void rp_model_opts_init(rp_model_opts *o) {
@@ -104,6 +107,45 @@ int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *
     return 0;
 }
 
+int rp_sampling_opts_parse(rp_sampling_params *sp, int opt, const char *arg, const char *cmd) {
+    static const char *names[] = {"temperature",      "top-p",            "top-k",             "min-p",
+                                  "repetition-penalty", "presence-penalty", "frequency-penalty", "seed"};
+    if (opt < 0x120 || opt > 0x127) return 0;
+    const char *name = names[opt - 0x120];
+    double d;
+    long v;
+    if (opt == 0x122) {
+        if (rp_parse_int(arg, -1, 1 << 30, &v)) {
+            rp_cli_usage_error(cmd, "--top-k must be an integer >= -1, got '%s'", arg);
+            return -1;
+        }
+        sp->top_k = (int)v;
+        return 1;
+    }
+    if (opt == 0x127) {
+        if (rp_parse_u64(arg, &sp->seed)) {
+            rp_cli_usage_error(cmd, "--seed must be a non-negative integer, got '%s'", arg);
+            return -1;
+        }
+        sp->has_seed = 1;
+        return 1;
+    }
+    if (rp_parse_float(arg, &d)) {
+        rp_cli_usage_error(cmd, "--%s needs a number, got '%s'", name, arg);
+        return -1;
+    }
+    float *fields[] = {&sp->temperature, &sp->top_p, NULL, &sp->min_p, &sp->repetition_penalty,
+                       &sp->presence_penalty, &sp->frequency_penalty};
+    *fields[opt - 0x120] = (float)d;
+    return 1;
+}
+
+void rp_sampling_seed_if_unset(rp_sampling_params *sp) {
+    if (sp->has_seed) return;
+    sp->seed = (uint64_t)(rp_now_s() * 1e9) ^ ((uint64_t)getpid() << 32);
+    sp->has_seed = 1;
+}
+
 int rp_model_opts_check(const rp_model_opts *o, const char *cmd) {
     if (o->model_dir && o->dummy_name)
         return rp_cli_usage_error(cmd, "give either --model or --dummy-weights, not both");
@@ -149,4 +191,27 @@ rp_backend *rp_cli_make_backend(const rp_model *m, const rp_model_opts *o, rp_ba
     rp_backend *b = !strcmp(dev, "cuda") ? rp_backend_cuda_new(m, bc, &err) : rp_backend_cpu_new(m, bc, &err);
     if (!b) fprintf(stderr, "replay: %s backend: %s\n", dev, err.msg);
     return b;
+}
+
+int rp_cli_load_tokenizer(const rp_model_opts *o, const char *tokenizer_dir, const rp_model *m, rp_tokenizer **tok,
+                          const char *cmd) {
+    *tok = NULL;
+    const char *dir = tokenizer_dir ? tokenizer_dir : o->model_dir;
+    if (!dir) return 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (!tokenizer_dir && access(path, R_OK) != 0) return 0;
+    rp_err err;
+    if (!(*tok = rp_tokenizer_load(dir, &err))) {
+        rp_cli_runtime_error(cmd, "%s", err.msg);
+        return -1;
+    }
+    if (rp_tokenizer_vocab_size(*tok) > m->cfg.vocab_size) {
+        rp_cli_runtime_error(cmd, "the tokenizer has %d tokens, more than the model's vocabulary of %d",
+                             rp_tokenizer_vocab_size(*tok), m->cfg.vocab_size);
+        rp_tokenizer_free(*tok);
+        *tok = NULL;
+        return -1;
+    }
+    return 0;
 }

@@ -35,6 +35,31 @@ typedef struct rp_model_opts {
     "  --device DEV           auto (default), cpu or cuda\n"                                    \
     "  --threads N            CPU threads (default: all cores)\n"
 
+/* Sampling options shared by generate and chat (vLLM's meanings). */
+#define RP_SAMPLING_LONG_OPTIONS                                                                         \
+    {"temperature", required_argument, 0, 0x120}, {"top-p", required_argument, 0, 0x121},               \
+        {"top-k", required_argument, 0, 0x122}, {"min-p", required_argument, 0, 0x123},                 \
+        {"repetition-penalty", required_argument, 0, 0x124}, {"presence-penalty", required_argument, 0, 0x125}, \
+        {"frequency-penalty", required_argument, 0, 0x126}, {"seed", required_argument, 0, 0x127}
+
+#define RP_SAMPLING_OPTIONS_HELP                                                                    \
+    "Sampling (vLLM's meanings; defaults leave each off):\n"                                       \
+    "  --temperature T        0 = greedy (default 1.0)\n"                                          \
+    "  --top-p P              nucleus sampling, (0, 1] (default 1)\n"                              \
+    "  --top-k K              keep the K most likely tokens; -1 or 0 = off (default)\n"            \
+    "  --min-p P              drop tokens below P x the top probability, [0, 1] (default 0)\n"     \
+    "  --repetition-penalty R >1 discourages tokens seen in prompt or output (default 1)\n"        \
+    "  --presence-penalty P   [-2, 2], per generated token present (default 0)\n"                  \
+    "  --frequency-penalty F  [-2, 2], per occurrence in the output (default 0)\n"                 \
+    "  --seed N               sampling seed: same seed, same output (default: random)\n"
+
+struct rp_sampling_params;
+/* Handles one of RP_SAMPLING_LONG_OPTIONS: 1 if it was one, 0 if not, -1 on
+ * a bad value (message printed). Ranges are checked later, by the sampler. */
+int rp_sampling_opts_parse(struct rp_sampling_params *sp, int opt, const char *arg, const char *cmd);
+/* Gives an unseeded request a seed (time and pid). */
+void rp_sampling_seed_if_unset(struct rp_sampling_params *sp);
+
 void rp_model_opts_init(rp_model_opts *o);
 /* Handles one of the RP_MODEL_LONG_OPTIONS; returns 1 if it was one, 0 if
  * not, -1 on a bad value (message printed). */
@@ -45,6 +70,13 @@ int rp_model_opts_check(const rp_model_opts *o, const char *cmd);
 rp_model *rp_cli_load_model(const rp_model_opts *o);
 /* "cpu" or "cuda": --device auto picks cuda when a GPU is present. */
 const char *rp_cli_device(const rp_model_opts *o);
+
+struct rp_tokenizer;
+/* The tokenizer of --tokenizer DIR, else of the model directory when it has
+ * a tokenizer.json; *tok = NULL when there is none. Checks it fits the
+ * model's vocabulary. Prints a one-line error and returns -1 on failure. */
+int rp_cli_load_tokenizer(const rp_model_opts *o, const char *tokenizer_dir, const rp_model *m,
+                          struct rp_tokenizer **tok, const char *cmd);
 
 struct rp_backend;
 struct rp_backend_config;
@@ -64,6 +96,7 @@ int rp_cmd_generate(int argc, char **argv);
 int rp_cmd_bench(int argc, char **argv);
 int rp_cmd_logits(int argc, char **argv);
 int rp_cmd_profile(int argc, char **argv);
+int rp_cmd_chat(int argc, char **argv);
 int rp_cmd_tokenize(int argc, char **argv);
 
 #endif

@@ -35,15 +35,7 @@ static void help(FILE *f) {
             "  --max-tokens N         tokens to generate at most (default 64)\n"
             "  --ignore-eos           keep going past end-of-sequence tokens\n"
             "\n"
-            "Sampling (vLLM's meanings; defaults leave each off):\n"
-            "  --temperature T        0 = greedy (default 1.0)\n"
-            "  --top-p P              nucleus sampling, (0, 1] (default 1)\n"
-            "  --top-k K              keep the K most likely tokens; -1 or 0 = off (default)\n"
-            "  --min-p P              drop tokens below P x the top probability, [0, 1] (default 0)\n"
-            "  --repetition-penalty R >1 discourages tokens seen in prompt or output (default 1)\n"
-            "  --presence-penalty P   [-2, 2], per generated token present (default 0)\n"
-            "  --frequency-penalty F  [-2, 2], per occurrence in the output (default 0)\n"
-            "  --seed N               sampling seed: same seed, same output (default: random)\n"
+            RP_SAMPLING_OPTIONS_HELP
             "\n"
             "Engine:\n"
             "  --page-size N          KV cache page size in tokens (default 16)\n"
@@ -105,14 +97,7 @@ int rp_cmd_generate(int argc, char **argv) {
         {"prompt-ids", required_argument, 0, 'I'},
         {"max-tokens", required_argument, 0, 'n'},
         {"ignore-eos", no_argument, 0, 'E'},
-        {"temperature", required_argument, 0, 't'},
-        {"top-p", required_argument, 0, 'P'},
-        {"top-k", required_argument, 0, 'k'},
-        {"min-p", required_argument, 0, 'm'},
-        {"repetition-penalty", required_argument, 0, 'r'},
-        {"presence-penalty", required_argument, 0, 'R'},
-        {"frequency-penalty", required_argument, 0, 'F'},
-        {"seed", required_argument, 0, 's'},
+        RP_SAMPLING_LONG_OPTIONS,
         {"page-size", required_argument, 0, 'g'},
         {"max-batch-tokens", required_argument, 0, 'b'},
         {"tokenizer", required_argument, 0, 'T'},
@@ -130,15 +115,15 @@ int rp_cmd_generate(int argc, char **argv) {
     rp_sampling_params sp;
     rp_sampling_params_default(&sp);
     const char *prompt = NULL, *prompt_ids = NULL;
-    long max_tokens = 64, page_size = 16, max_batch_tokens = 2048, v;
+    long max_tokens = 64, page_size = 16, max_batch_tokens = 2048;
     int ignore_eos = 0, chat = 0, no_thinking = 0, print_ids = 0;
     const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_name = NULL;
-    double d;
     optind = 1;
     opterr = 0;
     int opt;
     while ((opt = getopt_long(argc, argv, ":hq", longopts, NULL)) != -1) {
         int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
+        if (r == 0) r = rp_sampling_opts_parse(&sp, opt, optarg, CMD);
         if (r < 0) return RP_EXIT_USAGE;
         if (r > 0) continue;
         switch (opt) {
@@ -165,31 +150,6 @@ int rp_cmd_generate(int argc, char **argv) {
             if (rp_parse_int(optarg, 1, 1 << 20, &max_batch_tokens))
                 return rp_cli_usage_error(CMD, "--max-batch-tokens must be a positive integer, got '%s'", optarg);
             break;
-        case 'k':
-            if (rp_parse_int(optarg, -1, 1 << 30, &v))
-                return rp_cli_usage_error(CMD, "--top-k must be an integer >= -1, got '%s'", optarg);
-            sp.top_k = (int)v;
-            break;
-        case 's':
-            if (rp_parse_u64(optarg, &sp.seed))
-                return rp_cli_usage_error(CMD, "--seed must be a non-negative integer, got '%s'", optarg);
-            sp.has_seed = 1;
-            break;
-        case 't': case 'P': case 'm': case 'r': case 'R': case 'F': {
-            if (rp_parse_float(optarg, &d))
-                return rp_cli_usage_error(CMD, "--%s needs a number, got '%s'",
-                                          opt == 't' ? "temperature" : opt == 'P' ? "top-p" : opt == 'm' ? "min-p"
-                                          : opt == 'r' ? "repetition-penalty" : opt == 'R' ? "presence-penalty"
-                                                       : "frequency-penalty", optarg);
-            float f = (float)d;
-            if (opt == 't') sp.temperature = f;
-            if (opt == 'P') sp.top_p = f;
-            if (opt == 'm') sp.min_p = f;
-            if (opt == 'r') sp.repetition_penalty = f;
-            if (opt == 'R') sp.presence_penalty = f;
-            if (opt == 'F') sp.frequency_penalty = f;
-            break;
-        }
         case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
         default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
         }
@@ -205,10 +165,7 @@ int rp_cmd_generate(int argc, char **argv) {
     if (prompt_ids && parse_ids(prompt_ids, &ids, &n_ids))
         return rp_cli_usage_error(CMD, "--prompt-ids must be comma-separated non-negative integers");
     rp_err err;
-    if (!sp.has_seed) {
-        sp.seed = (uint64_t)(rp_now_s() * 1e9) ^ (uint64_t)getpid();
-        sp.has_seed = 1;
-    }
+    rp_sampling_seed_if_unset(&sp);
 
     rp_model *model = rp_cli_load_model(&mo);
     if (!model) {
@@ -223,20 +180,7 @@ int rp_cmd_generate(int argc, char **argv) {
     int32_t stop_ids[8];
     int num_stop = 0;
     char *rendered = NULL;
-    const char *tdir = tokenizer_dir ? tokenizer_dir : mo.model_dir;
-    char tpath[4096];
-    if (tdir) snprintf(tpath, sizeof tpath, "%s/tokenizer.json", tdir);
-    if (tdir && (tokenizer_dir || access(tpath, R_OK) == 0)) {
-        if (!(tok = rp_tokenizer_load(tdir, &err))) {
-            rc = rp_cli_runtime_error(CMD, "%s", err.msg);
-            goto early_out;
-        }
-        if (rp_tokenizer_vocab_size(tok) > c->vocab_size) {
-            rc = rp_cli_runtime_error(CMD, "the tokenizer has %d tokens, more than the model's vocabulary of %d",
-                                      rp_tokenizer_vocab_size(tok), c->vocab_size);
-            goto early_out;
-        }
-    }
+    if (rp_cli_load_tokenizer(&mo, tokenizer_dir, model, &tok, CMD)) goto early_out;
     if (prompt) {
         if (!tok) {
             rc = rp_cli_usage_error(CMD, "--prompt needs a tokenizer: the model directory has no tokenizer.json "
