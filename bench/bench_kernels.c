@@ -201,9 +201,9 @@ int main(void) {
                 CHECK(cudaMemcpy(d_kvl, kvl, (size_t)B * 4, cudaMemcpyHostToDevice));
                 CHECK(cudaMemcpy(d_row, rowi, (size_t)B * 4, cudaMemcpyHostToDevice));
                 CHECK(cudaMemcpy(d_start, start, (size_t)(B + 1) * 4, cudaMemcpyHostToDevice));
-                /* enough blocks for ~2 waves, splits of >= 256 keys */
-                int splits = (2 * prop.multiProcessorCount + B * nkv - 1) / (B * nkv);
-                if (splits > L / 256) splits = L / 256;
+                /* about 4 blocks per SM, splits of >= 64 keys */
+                int splits = (4 * prop.multiProcessorCount + B * nkv - 1) / (B * nkv);
+                if (splits > L / 64) splits = L / 64;
                 if (splits < 1) splits = 1;
                 void *ws = dmalloc(rp_attn_decode_workspace_bytes(B, nh, hd, splits));
                 dec_ctx d = {qkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, out, ws, B, nh, nkv, hd, splits};

@@ -8,7 +8,8 @@
  * greedy tokens exactly; dummy weights bit for bit; sampling token by token
  * against the host sampler and statistically against the softmax.
  *
- * REPLAY_TEST_SMALL=1 shrinks the largest shapes (for compute-sanitizer).
+ * REPLAY_TEST_SMALL=1 shrinks the largest shapes (for compute-sanitizer);
+ * REPLAY_TEST_SKIP=pattern skips tests by name (cmocka wildcards).
  * Without a GPU every test is skipped. Label "gpu" in CTest. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -719,6 +720,7 @@ int main(void) {
     g_small = getenv("REPLAY_TEST_SMALL") != NULL;
     printf("test_cuda_kernels: seed %llu%s (REPLAY_TEST_SEED repeats it)\n", (unsigned long long)g_seed,
            g_small ? ", small shapes" : "");
+    if (getenv("REPLAY_TEST_SKIP")) cmocka_set_skip_filter(getenv("REPLAY_TEST_SKIP"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embed),           cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_silu_mul_gather), cmocka_unit_test(test_fill_dummy),

@@ -11,11 +11,12 @@
  * 32-bit key of the logit, with histograms in shared memory (warp-
  * aggregated atomics), then a tie break by id among equal logits.
  *
- * Weights are exp((logit - max) / T) in fixed point (2^40 = the top token),
- * summed in 64-bit integers: sums are exact and independent of the order
- * of atomics, so a (seed, step) always gives the same token. Tokens whose
- * mass is below 2^-40 of the top token's get weight 0 and cannot be drawn
- * (the host sampler would draw them with probability < 1e-12).
+ * Weights are exp((logit - max) / T) in fixed point (2^44 = the top token,
+ * rounded to nearest so that the tail's rounding errors cancel instead of
+ * adding up), summed in 64-bit integers: sums are exact and independent of
+ * the order of atomics, so a (seed, step) always gives the same token.
+ * Tokens whose mass is below 2^-45 of the top token's get weight 0 and
+ * cannot be drawn (the host sampler draws them with probability < 1e-13).
  *
  * After top-k (k <= SMP_CAP) the k kept tokens are copied to shared memory
  * and the later stages run there. */
@@ -26,7 +27,8 @@
 
 #define SMP_THREADS 1024
 #define SMP_CAP 4096
-#define SMP_ONE 1099511627776.0f /* 2^40: fixed-point weight of the top token */
+#define SMP_ONE 17592186044416.0f /* 2^44: fixed-point weight of the top token */
+#define SMP_MAX_VOCAB (1 << 19)     /* so that 2^44 * vocab < 2^64 */
 
 __device__ __forceinline__ float sanitize(float x) {
     if (isnan(x)) return -INFINITY;
@@ -54,7 +56,7 @@ typedef struct smp_state {
 
 __device__ __forceinline__ uint64_t weight_of(float x, const smp_state &st) {
     const float m = expf((x - st.max_logit) * st.inv_temp);
-    return (uint64_t)__float2ull_rd(m * SMP_ONE);
+    return (uint64_t)__float2ull_rn(m * SMP_ONE);
 }
 
 __device__ __forceinline__ bool is_kept(uint32_t key, int id, float x, const smp_state &st) {
@@ -152,7 +154,8 @@ __device__ int select_prefix(const float *row, int vocab, smp_shared &sh, bool b
             const uint32_t group = __match_any_sync(RP_FULL_MASK, bin);
             if (bin < 0) return;
             const uint64_t w = by_mass ? weight_of(x, sh.st) : 1;
-            /* weights are < 2^41: two 21-bit halves sum without overflow */
+            /* weights are <= 2^44: a 21-bit and a 24-bit half, each summed
+             * over 32 lanes in 32 bits without overflow */
             const uint32_t lo = __reduce_add_sync(group, (uint32_t)(w & 0x1fffff));
             const uint32_t hi = __reduce_add_sync(group, (uint32_t)(w >> 21));
             const int min_id = (int)__reduce_min_sync(group, (uint32_t)id);
@@ -387,7 +390,7 @@ extern "C" int rp_k_sample(const float *logits, const rp_sample_params *params, 
                            void *workspace, int rows, int vocab, cudaStream_t stream) {
     (void)workspace;
     if (rows <= 0) return cudaSuccess;
-    if (vocab <= 0) return (int)cudaErrorInvalidValue;
+    if (vocab <= 0 || vocab > SMP_MAX_VOCAB) return (int)cudaErrorInvalidValue;
     static int attr_set = 0;
     const size_t bytes = sizeof(smp_shared);
     if (!attr_set) {
