@@ -104,7 +104,10 @@ static void test_fixtures(void **state) {
             int len = rg[p].num_prompt;
             for (int pos = 0; pos < len; pos++) {
                 double e = rel_l2(logits[p] + (size_t)pos * V, blob + off + (size_t)pos * V, (size_t)V);
-                if (!(e < 1e-2)) fail_msg("%s prompt %d pos %d: rel L2 %.3g vs transformers", names[f], p, pos, e);
+                /* bf16 activations and KV: transformers' own bf16 run is ~2e-2
+                 * from its fp32 run on these models; replay's fp32 residual
+                 * keeps it at ~1e-2 (tools/gpu_compare.py prints both). */
+                if (!(e < 2e-2)) fail_msg("%s prompt %d pos %d: rel L2 %.3g vs transformers", names[f], p, pos, e);
             }
             off += (size_t)len * V;
             for (int k = 0; k < 32; k++)
