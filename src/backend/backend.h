@@ -35,7 +35,9 @@ typedef struct rp_batch {
 } rp_batch;
 
 typedef struct rp_backend_config {
-    int num_pages;  /* KV pages, excluding the dummy page the backend adds */
+    int num_pages;  /* KV pages, excluding the dummy page the backend adds; 0: CUDA sizes it
+                     * to memory_ratio of the device memory left after everything else */
+    double memory_ratio;
     int page_size;  /* tokens per page */
     int max_batch_tokens; /* largest num_tokens one forward takes */
     int max_batch_seqs;

@@ -1,0 +1,130 @@
+/* replay's engine API: the one interface the CLI and the HTTP server use.
+ *
+ * An engine owns a model, its tokenizer, a backend (CPU or CUDA), the paged
+ * KV pool and a scheduler that runs many requests at once (continuous
+ * batching, chunked prefill, preemption when the pool runs out). It runs on
+ * its own thread; submit() and abort() may be called from any thread, and
+ * each request's tokens arrive through its callback, on the engine thread,
+ * as soon as they are sampled.
+ *
+ * Functions return 0 on success and -1 with a message in *err. */
+#ifndef REPLAY_ENGINE_H
+#define REPLAY_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rp_engine rp_engine;
+typedef uint64_t rp_request_id;
+
+typedef struct rp_engine_config {
+    /* the model: a Hugging Face directory, or a named dummy shape */
+    const char *model_dir;
+    const char *dummy_name;
+    int load_dummy;        /* model_dir's config with random weights */
+    uint64_t weight_seed;
+    const char *tokenizer_dir; /* default: model_dir */
+    const char *device;    /* "auto" (default), "cpu", "cuda" */
+    int threads;           /* CPU backend */
+    /* KV cache */
+    int page_size;         /* tokens per page (default 16) */
+    int num_pages;         /* 0: sized from memory_ratio of what is free */
+    double memory_ratio;   /* default 0.9 */
+    int max_context;       /* per request; default: the model's max_position_embeddings */
+    /* scheduling */
+    int max_running_requests; /* default 256 */
+    int max_prefill_tokens;   /* new prompt tokens per step (default 8192) */
+    int chunked_prefill_size; /* a prompt is prefilled in chunks of at most this (default 2048; 0 = off) */
+    /* CUDA graphs */
+    int disable_cuda_graph;
+    int cuda_graph_max_bs;
+} rp_engine_config;
+
+typedef enum rp_finish {
+    RP_FINISH_REASON_NONE = 0,
+    RP_FINISH_REASON_STOP,   /* EOS, a stop id or a stop string */
+    RP_FINISH_REASON_LENGTH, /* max_tokens or the context limit */
+    RP_FINISH_REASON_ABORT,  /* aborted by the caller */
+    RP_FINISH_REASON_ERROR,  /* the engine failed; message in the event */
+} rp_finish;
+
+/* What the callback receives: one event per sampled token, and a final one
+ * (finish != NONE) that may carry a last token. text is the newly complete
+ * UTF-8 text (never half a character; stop strings are cut out). */
+typedef struct rp_token_event {
+    rp_request_id id;
+    int32_t token;   /* -1 when the event carries no token */
+    float logprob;
+    const char *text;
+    size_t text_len;
+    rp_finish finish;
+    const char *error; /* with RP_FINISH_REASON_ERROR */
+    int prompt_tokens, completion_tokens;
+} rp_token_event;
+
+typedef void (*rp_token_callback)(void *user, const rp_token_event *ev);
+
+typedef struct rp_request_params {
+    const char *prompt;         /* text (tokenized with the model's tokenizer), or */
+    const int32_t *prompt_ids;  /* token ids */
+    int num_prompt_ids;
+    int max_tokens;             /* default 16 when 0 and max_tokens_set is 0 */
+    int ignore_eos;
+    /* sampling, vLLM's meanings */
+    float temperature, top_p, min_p;
+    int top_k;
+    float repetition_penalty, presence_penalty, frequency_penalty;
+    uint64_t seed;
+    int has_seed;
+    const char *const *stop;    /* stop strings */
+    int num_stop;
+    const int32_t *stop_ids;    /* extra stop token ids */
+    int num_stop_ids;
+    int logprobs;               /* fill rp_token_event.logprob */
+} rp_request_params;
+
+void rp_engine_config_default(rp_engine_config *cfg);
+void rp_request_params_default(rp_request_params *p);
+
+rp_engine *rp_engine_create(const rp_engine_config *cfg, char *err, size_t err_len);
+/* Stops the engine thread; requests still running finish with ABORT. */
+void rp_engine_destroy(rp_engine *e);
+
+/* Validates and queues a request. A prompt longer than the context, one that
+ * needs more KV pages than the whole pool, or invalid sampling values are
+ * rejected here, never queued. */
+int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback cb, void *user,
+                     rp_request_id *id_out, char *err, size_t err_len);
+/* Ends a request wherever it is (waiting, prefilling, decoding); its pages are
+ * freed at the next step and its callback gets a final ABORT event. Returns
+ * -1 if the id is unknown or already finished. */
+int rp_engine_abort(rp_engine *e, rp_request_id id);
+
+typedef struct rp_engine_stats {
+    int running, waiting;
+    int kv_pages_total, kv_pages_free;
+    int max_total_tokens;
+    uint64_t steps, prompt_tokens, generated_tokens, preemptions;
+    int peak_running;
+    uint64_t graph_replays, forwards;
+    double cpu_ms_per_step; /* host time spent scheduling and preparing, mean */
+} rp_engine_stats;
+
+void rp_engine_get_stats(rp_engine *e, rp_engine_stats *out);
+/* Blocks until no request is waiting or running. */
+void rp_engine_wait_idle(rp_engine *e);
+
+/* The model's vocabulary and tokenizer, for servers that tokenize. */
+int rp_engine_vocab_size(const rp_engine *e);
+int rp_engine_max_context(const rp_engine *e);
+const struct rp_tokenizer *rp_engine_tokenizer(const rp_engine *e);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,53 @@
+/* A request as the scheduler sees it: its tokens (prompt then output), how
+ * many of them are in the KV cache, its page-table row, sampling and stop
+ * conditions, and the state of its streamed text.
+ *
+ * Prefill and decode are the same operation here: each step feeds some of
+ * the tokens not yet in the cache (all of the prompt, in chunks; then the
+ * one token sampled last), and samples when the cache has caught up. A
+ * preempted request just loses its cache (cached = 0) and is fed again. */
+#ifndef RP_SCHED_REQUEST_H
+#define RP_SCHED_REQUEST_H
+
+#include <stdint.h>
+
+#include "engine/sampler.h"
+#include "replay/engine.h"
+#include "tokenizer/tokenizer.h"
+
+typedef enum rp_request_state { RP_REQ_WAITING = 0, RP_REQ_RUNNING, RP_REQ_FINISHED } rp_request_state;
+
+typedef struct rp_request {
+    rp_request_id id;
+    uint64_t arrival; /* admission order; preemption takes the newest first */
+    rp_request_state state;
+    int32_t *tokens;  /* [num_prompt + max_tokens] */
+    int num_prompt, num_output, max_tokens;
+    int cached;       /* tokens whose K/V are in the cache */
+    int row;          /* page-table row, -1 when it holds no pages */
+    rp_sampling_params sampling;
+    int ignore_eos, want_logprobs;
+    int32_t *stop_ids;
+    int num_stop_ids;
+    char **stop;      /* stop strings (owned) */
+    int num_stop, max_stop_len;
+    rp_token_callback cb;
+    void *user;
+    int abort_requested;
+    int preemptions;
+    /* streamed text: decoded bytes not yet sent because they could still
+     * turn out to be the start of a stop string */
+    rp_detok detok;
+    int has_detok;
+    char *held;
+    size_t held_len, held_cap;
+    struct rp_request *next; /* queue link */
+} rp_request;
+
+static inline int rp_request_len(const rp_request *r) { return r->num_prompt + r->num_output; }
+/* Tokens to feed before the request can sample again. */
+static inline int rp_request_pending(const rp_request *r) { return rp_request_len(r) - r->cached; }
+
+void rp_request_free(rp_request *r);
+
+#endif

@@ -1,0 +1,184 @@
+/* Continuous-batching policy: decode first, then prefill chunks, then
+ * admissions; preemption by recomputation when the KV pool runs out. */
+#include "sched/scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+rp_scheduler *rp_scheduler_new(const rp_sched_config *cfg, rp_page_table *table) {
+    rp_scheduler *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->cfg = *cfg;
+    if (s->cfg.chunk <= 0 || s->cfg.chunk > s->cfg.token_budget) s->cfg.chunk = s->cfg.token_budget;
+    s->table = table;
+    s->running = calloc((size_t)cfg->max_running, sizeof *s->running);
+    s->plan = calloc((size_t)cfg->max_running, sizeof *s->plan);
+    if (!s->running || !s->plan) {
+        rp_scheduler_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void rp_scheduler_free(rp_scheduler *s) {
+    if (!s) return;
+    free(s->running);
+    free(s->plan);
+    free(s);
+}
+
+int rp_scheduler_pages_for(const rp_scheduler *s, int len) {
+    return (len + s->table->pool->page_size - 1) / s->table->pool->page_size;
+}
+
+void rp_scheduler_enqueue(rp_scheduler *s, rp_request *r) {
+    r->arrival = s->next_arrival++;
+    r->state = RP_REQ_WAITING;
+    r->row = -1;
+    r->next = NULL;
+    if (s->wait_tail) s->wait_tail->next = r;
+    else s->wait_head = r;
+    s->wait_tail = r;
+    s->num_waiting++;
+}
+
+static void push_front(rp_scheduler *s, rp_request *r) {
+    r->next = s->wait_head;
+    s->wait_head = r;
+    if (!s->wait_tail) s->wait_tail = r;
+    s->num_waiting++;
+}
+
+static void unlink_waiting(rp_scheduler *s, rp_request *r) {
+    rp_request **pp = &s->wait_head, *prev = NULL;
+    while (*pp && *pp != r) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    if (!*pp) return;
+    *pp = r->next;
+    if (s->wait_tail == r) s->wait_tail = prev;
+    r->next = NULL;
+    s->num_waiting--;
+}
+
+static void drop_running(rp_scheduler *s, rp_request *r) {
+    for (int i = 0; i < s->num_running; i++) {
+        if (s->running[i] != r) continue;
+        memmove(s->running + i, s->running + i + 1, (size_t)(s->num_running - i - 1) * sizeof *s->running);
+        s->num_running--;
+        break;
+    }
+    if (r->row >= 0) rp_page_table_release_row(s->table, r->row);
+    r->row = -1;
+}
+
+/* Running stays sorted by arrival, so a preempted request readmitted later
+ * keeps its seniority. */
+static void add_running(rp_scheduler *s, rp_request *r) {
+    int i = s->num_running;
+    while (i > 0 && s->running[i - 1]->arrival > r->arrival) {
+        s->running[i] = s->running[i - 1];
+        i--;
+    }
+    s->running[i] = r;
+    s->num_running++;
+    r->state = RP_REQ_RUNNING;
+}
+
+/* Frees the newest running request's pages and requeues it at the front:
+ * it will be recomputed from its tokens, losing nothing. */
+static rp_request *preempt_newest(rp_scheduler *s) {
+    if (s->num_running == 0) return NULL;
+    rp_request *v = s->running[s->num_running - 1];
+    drop_running(s, v);
+    v->cached = 0;
+    v->state = RP_REQ_WAITING;
+    v->preemptions++;
+    s->preemptions++;
+    push_front(s, v);
+    return v;
+}
+
+static void plan_add(rp_scheduler *s, rp_request *r, int n) {
+    s->plan[s->plan_len++] = (rp_sched_item){r, n, r->cached + n == rp_request_len(r)};
+}
+
+static int in_plan(const rp_scheduler *s, const rp_request *r) {
+    for (int i = 0; i < s->plan_len; i++)
+        if (s->plan[i].req == r) return 1;
+    return 0;
+}
+
+static int schedule_once(rp_scheduler *s) {
+    s->plan_len = 0;
+    int budget = s->cfg.token_budget;
+    /* 1. decodes, oldest first; preempt the newest when pages run out */
+    for (int i = 0; i < s->num_running && budget > 0; i++) {
+        rp_request *r = s->running[i];
+        if (rp_request_pending(r) != 1) continue;
+        int ok = 0;
+        while (!ok) {
+            ok = rp_page_table_reserve(s->table, r->row, r->cached + 1, NULL) == 0;
+            if (ok) break;
+            rp_request *v = preempt_newest(s);
+            if (v == r || !v) break;
+        }
+        if (!ok) break; /* r itself was the newest and is preempted: nothing newer remains */
+        plan_add(s, r, 1);
+        budget--;
+    }
+    /* 2. chunks of prompts already being prefilled */
+    for (int i = 0; i < s->num_running && budget > 0; i++) {
+        rp_request *r = s->running[i];
+        int pending = rp_request_pending(r);
+        if (pending <= 1 || in_plan(s, r)) continue;
+        int n = pending < s->cfg.chunk ? pending : s->cfg.chunk;
+        if (n > budget) n = budget;
+        if (rp_page_table_reserve(s->table, r->row, r->cached + n, NULL)) continue;
+        plan_add(s, r, n);
+        budget -= n;
+    }
+    /* 3. admissions, in order, while a row, pages and budget remain */
+    while (s->wait_head && s->num_running < s->cfg.max_running && budget > 0) {
+        rp_request *r = s->wait_head;
+        int pending = rp_request_pending(r);
+        int n = pending < s->cfg.chunk ? pending : s->cfg.chunk;
+        if (n > budget) n = budget;
+        int row = rp_page_table_acquire_row(s->table);
+        if (row < 0) break;
+        if (rp_page_table_reserve(s->table, row, r->cached + n, NULL)) {
+            rp_page_table_release_row(s->table, row);
+            break;
+        }
+        unlink_waiting(s, r);
+        r->row = row;
+        add_running(s, r);
+        plan_add(s, r, n);
+        budget -= n;
+    }
+    return s->plan_len;
+}
+
+int rp_scheduler_schedule(rp_scheduler *s) {
+    int n = schedule_once(s);
+    /* Nothing fits although requests run (all mid-prefill on a full pool):
+     * preempt the newest so the oldest can finish. Submission rejects any
+     * request larger than the whole pool, so the oldest alone always fits. */
+    while (n == 0 && s->num_running > 0) {
+        preempt_newest(s);
+        n = schedule_once(s);
+    }
+    return n;
+}
+
+void rp_scheduler_commit(rp_scheduler *s) {
+    for (int i = 0; i < s->plan_len; i++) s->plan[i].req->cached += s->plan[i].num_tokens;
+    s->plan_len = 0;
+}
+
+void rp_scheduler_remove(rp_scheduler *s, rp_request *r) {
+    if (r->state == RP_REQ_RUNNING) drop_running(s, r);
+    else if (r->state == RP_REQ_WAITING) unlink_waiting(s, r);
+    r->state = RP_REQ_FINISHED;
+}

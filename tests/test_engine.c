@@ -1,0 +1,314 @@
+/* The engine API on the CPU backend: continuous batching gives every request
+ * the tokens it gets alone, whatever runs beside it, with chunked prefill on
+ * and off, requests arriving mid-run, and preemption under a tiny KV pool;
+ * bad requests are rejected at submit; aborts at any stage free their pages;
+ * stop strings cut the text; the pool is full again after every test. */
+#include <pthread.h>
+#include <unistd.h>
+
+#include "replay/engine.h"
+#include "test_util.h"
+
+#define NREQ 64
+#define MAXOUT 24
+
+typedef struct result {
+    int32_t tokens[256];
+    int n;
+    rp_finish finish;
+    char text[4096];
+    size_t text_len;
+    int events;
+} result;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void collect(void *user, const rp_token_event *ev) {
+    result *r = user;
+    pthread_mutex_lock(&mu);
+    if (ev->token >= 0 && r->n < 256) r->tokens[r->n++] = ev->token;
+    if (ev->text_len && r->text_len + ev->text_len < sizeof r->text) {
+        memcpy(r->text + r->text_len, ev->text, ev->text_len);
+        r->text_len += ev->text_len;
+    }
+    r->events++;
+    if (ev->finish != RP_FINISH_REASON_NONE) r->finish = ev->finish;
+    pthread_mutex_unlock(&mu);
+}
+
+static rp_engine *make_engine(const char *model, int num_pages, int chunk, int max_running) {
+    rp_engine_config c;
+    rp_engine_config_default(&c);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", test_source_dir(), model);
+    c.model_dir = dir;
+    c.device = "cpu";
+    c.threads = 2;
+    c.num_pages = num_pages;
+    c.page_size = 16;
+    c.chunked_prefill_size = chunk;
+    c.max_prefill_tokens = 512;
+    c.max_running_requests = max_running;
+    char err[512];
+    rp_engine *e = rp_engine_create(&c, err, sizeof err);
+    if (!e) fail_msg("engine: %s", err);
+    return e;
+}
+
+static void expect_pool_full(rp_engine *e) {
+    rp_engine_stats st;
+    rp_engine_wait_idle(e);
+    rp_engine_get_stats(e, &st);
+    assert_int_equal(st.running, 0);
+    assert_int_equal(st.waiting, 0);
+    assert_int_equal(st.kv_pages_free, st.kv_pages_total);
+}
+
+/* Request i: a prompt of 3 + (i * 7) % 60 tokens, greedy unless seeded. */
+static void params_for(int i, rp_request_params *p, int32_t *prompt, int sampled) {
+    rp_request_params_default(p);
+    int len = 3 + (i * 7) % 60;
+    for (int k = 0; k < len; k++) prompt[k] = (int32_t)((i * 131 + k * 29 + 7) % 500);
+    p->prompt_ids = prompt;
+    p->num_prompt_ids = len;
+    p->max_tokens = MAXOUT - (i % 5);
+    p->ignore_eos = 1;
+    p->temperature = sampled ? 0.9f : 0.0f;
+    p->top_p = sampled ? 0.9f : 1.0f;
+    p->seed = 1000 + (uint64_t)i;
+    p->has_seed = 1;
+}
+
+static void submit_or_fail(rp_engine *e, const rp_request_params *p, result *r) {
+    char err[512];
+    if (rp_engine_submit(e, p, collect, r, NULL, err, sizeof err)) fail_msg("submit: %s", err);
+}
+
+/* Each request alone, one at a time: the reference. */
+static void run_alone(result *ref, int sampled) {
+    rp_engine *e = make_engine("qwen3-tied", 0, 0, 4);
+    int32_t prompt[NREQ][64];
+    for (int i = 0; i < NREQ; i++) {
+        rp_request_params p;
+        params_for(i, &p, prompt[i], sampled);
+        submit_or_fail(e, &p, &ref[i]);
+        rp_engine_wait_idle(e);
+    }
+    expect_pool_full(e);
+    rp_engine_destroy(e);
+}
+
+static void compare(const result *ref, const result *got, const char *what) {
+    for (int i = 0; i < NREQ; i++) {
+        if (got[i].n != ref[i].n) fail_msg("%s: request %d made %d tokens, alone %d", what, i, got[i].n, ref[i].n);
+        for (int k = 0; k < ref[i].n; k++)
+            if (got[i].tokens[k] != ref[i].tokens[k])
+                fail_msg("%s: request %d token %d is %d, alone %d", what, i, k, got[i].tokens[k], ref[i].tokens[k]);
+        assert_int_equal(got[i].finish, RP_FINISH_REASON_LENGTH);
+    }
+}
+
+static void run_together(int sampled) {
+    static result ref[NREQ], got[NREQ];
+    memset(ref, 0, sizeof ref);
+    run_alone(ref, sampled);
+    int32_t prompt[NREQ][64];
+    struct {
+        const char *name;
+        int pages, chunk, running, staggered;
+    } setups[] = {
+        {"64 at once, chunked prefill 7", 0, 7, 64, 0},
+        {"64 at once, no chunking", 0, 0, 64, 0},
+        {"arriving while others run", 0, 16, 64, 1},
+        {"tiny pool: preemption", 12, 16, 64, 0},
+        {"8 running at most", 0, 32, 8, 0},
+    };
+    for (size_t s = 0; s < sizeof setups / sizeof setups[0]; s++) {
+        memset(got, 0, sizeof got);
+        rp_engine *e = make_engine("qwen3-tied", setups[s].pages, setups[s].chunk, setups[s].running);
+        for (int i = 0; i < NREQ; i++) {
+            rp_request_params p;
+            params_for(i, &p, prompt[i], sampled);
+            submit_or_fail(e, &p, &got[i]);
+            if (setups[s].staggered && i % 8 == 7) usleep(3000); /* let a few steps run */
+        }
+        rp_engine_wait_idle(e);
+        compare(ref, got, setups[s].name);
+        rp_engine_stats st;
+        rp_engine_get_stats(e, &st);
+        if (setups[s].pages) assert_true(st.preemptions > 0); /* the pool really was too small */
+        if (setups[s].running == 64 && !setups[s].staggered) assert_true(st.peak_running > 8);
+        expect_pool_full(e);
+        rp_engine_destroy(e);
+    }
+}
+
+static void test_batched_equals_alone_greedy(void **state) {
+    (void)state;
+    run_together(0);
+}
+
+static void test_batched_equals_alone_seeded(void **state) {
+    (void)state;
+    run_together(1);
+}
+
+static void test_rejections(void **state) {
+    (void)state;
+    rp_engine *e = make_engine("qwen3-tied", 4, 0, 4); /* 64 tokens of KV */
+    rp_request_params p;
+    rp_request_params_default(&p);
+    int32_t big[3000];
+    for (int i = 0; i < 3000; i++) big[i] = i % 400;
+    char err[512];
+    result r = {0};
+    p.prompt_ids = big;
+    p.num_prompt_ids = 2500; /* over the model's context of 2048 */
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "context"));
+    p.num_prompt_ids = 100; /* fits the model's context, not the 64-token pool */
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "limited by the KV cache"));
+    p.num_prompt_ids = 10;
+    big[3] = 100000;
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "vocabulary"));
+    big[3] = 3;
+    p.temperature = -1;
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "temperature"));
+    p.temperature = 1;
+    p.max_tokens = 0;
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
+    p.max_tokens = 4;
+    p.prompt = "text";
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1); /* both forms */
+    p.prompt_ids = NULL;
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1); /* no tokenizer */
+    assert_non_null(strstr(err, "tokenizer"));
+    assert_int_equal(rp_engine_abort(e, 424242), -1);
+    /* max_tokens past the context ends with "length" at the context */
+    p.prompt = NULL;
+    p.prompt_ids = big;
+    p.num_prompt_ids = 50;
+    p.max_tokens = 100;
+    p.ignore_eos = 1;
+    submit_or_fail(e, &p, &r); /* 50 + 100 > the 64-token context the pool allows */
+    rp_engine_wait_idle(e);
+    assert_int_equal(r.finish, RP_FINISH_REASON_LENGTH);
+    assert_int_equal(r.n, 64 - 50);
+    expect_pool_full(e);
+    rp_engine_destroy(e);
+}
+
+static void test_abort_everywhere(void **state) {
+    (void)state;
+    rp_engine *e = make_engine("llama3-scaled", 40, 8, 4);
+    static result r[12];
+    memset(r, 0, sizeof r);
+    rp_request_id ids[12];
+    int32_t prompt[12][64];
+    char err[512];
+    for (int i = 0; i < 12; i++) {
+        rp_request_params p;
+        params_for(i, &p, prompt[i], 0);
+        p.max_tokens = 200; /* long enough to be caught decoding */
+        if (rp_engine_submit(e, &p, collect, &r[i], &ids[i], err, sizeof err)) fail_msg("%s", err);
+    }
+    /* abort some at once (waiting or prefilling), some later (decoding) */
+    for (int i = 0; i < 12; i += 3) assert_int_equal(rp_engine_abort(e, ids[i]), 0);
+    usleep(20000);
+    for (int i = 1; i < 12; i += 3) rp_engine_abort(e, ids[i]); /* may have finished: either is fine */
+    rp_engine_wait_idle(e);
+    for (int i = 0; i < 12; i += 3) assert_int_equal(r[i].finish, RP_FINISH_REASON_ABORT);
+    for (int i = 0; i < 12; i++) assert_int_not_equal(r[i].finish, RP_FINISH_REASON_NONE);
+    assert_int_equal(rp_engine_abort(e, ids[0]), -1); /* already finished */
+    expect_pool_full(e);
+    /* destroying an engine with requests in flight aborts them */
+    for (int i = 0; i < 4; i++) {
+        rp_request_params p;
+        params_for(i, &p, prompt[i], 0);
+        p.max_tokens = 500;
+        memset(&r[i], 0, sizeof r[i]);
+        submit_or_fail(e, &p, &r[i]);
+    }
+    rp_engine_destroy(e);
+    for (int i = 0; i < 4; i++) assert_int_equal(r[i].finish, RP_FINISH_REASON_ABORT);
+}
+
+/* Text prompts, streamed text and stop strings, with the real Qwen3 tokenizer. */
+static void test_text_and_stop_strings(void **state) {
+    (void)state;
+    char tok[1024];
+    snprintf(tok, sizeof tok, "%s/.cache/tokenizers/qwen3", test_source_dir());
+    char dir[] = "/tmp/rp_engine_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 151936, \"hidden_size\": 64, "
+          "\"intermediate_size\": 128, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+          "\"num_key_value_heads\": 1, \"head_dim\": 32, \"tie_word_embeddings\": false, \"eos_token_id\": 151645}",
+          f);
+    fclose(f);
+    rp_engine_config c;
+    rp_engine_config_default(&c);
+    c.model_dir = dir;
+    c.load_dummy = 1;
+    c.tokenizer_dir = tok;
+    c.device = "cpu";
+    c.threads = 2;
+    c.num_pages = 64;
+    c.max_running_requests = 8;
+    c.max_prefill_tokens = 256;
+    char err[512];
+    rp_engine *e = rp_engine_create(&c, err, sizeof err);
+    if (!e) fail_msg("%s (run scripts/fetch-tokenizers.sh)", err);
+    /* a free run, then the same run with a stop string taken from its middle */
+    result a = {0}, b = {0};
+    rp_request_params p;
+    rp_request_params_default(&p);
+    p.prompt = "Once upon a time";
+    p.max_tokens = 40;
+    p.temperature = 1.0f;
+    p.seed = 5;
+    p.has_seed = 1;
+    p.ignore_eos = 1;
+    submit_or_fail(e, &p, &a);
+    rp_engine_wait_idle(e);
+    assert_int_equal(a.finish, RP_FINISH_REASON_LENGTH);
+    assert_true(a.text_len > 10);
+    /* a stop string that starts partway: the text up to it, then STOP */
+    size_t cut = a.text_len / 2;
+    while (cut < a.text_len && ((unsigned char)a.text[cut] & 0xc0) == 0x80) cut++; /* UTF-8 boundary */
+    char stop[8] = {0};
+    size_t sl = a.text_len - cut < 3 ? a.text_len - cut : 3;
+    memcpy(stop, a.text + cut, sl);
+    const char *stops[] = {stop};
+    p.stop = stops;
+    p.num_stop = 1;
+    submit_or_fail(e, &p, &b);
+    rp_engine_wait_idle(e);
+    char *first = memmem(a.text, a.text_len, stop, sl);
+    assert_non_null(first);
+    size_t want = (size_t)(first - a.text);
+    assert_int_equal(b.finish, RP_FINISH_REASON_STOP);
+    assert_int_equal(b.text_len, want);
+    assert_memory_equal(b.text, a.text, want);
+    expect_pool_full(e);
+    rp_engine_destroy(e);
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batched_equals_alone_greedy),
+        cmocka_unit_test(test_batched_equals_alone_seeded),
+        cmocka_unit_test(test_rejections),
+        cmocka_unit_test(test_abort_everywhere),
+        cmocka_unit_test(test_text_and_stop_strings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
