@@ -34,7 +34,7 @@ contains "unknown preset lists presets" "$out" "qwen3-0.6b"
 out=$("$BIN" generate --model /nonexistent --prompt-ids 1 2>&1); check "missing dir" 1 $?
 contains "missing dir message" "$out" "config.json"
 [ "$(echo "$out" | wc -l)" -eq 1 ]; check "runtime error is one line" 0 $?
-out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1 --max-tokens 100000 2>&1); check "over context" 1 $?
+out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1 --max-tokens 100000 2>&1); check "over context" 2 $?
 contains "over context message" "$out" "context"
 
 # A directory without weights works with --load-format dummy and fails clearly without it.

@@ -187,16 +187,19 @@ static void test_rejections(void **state) {
     assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1); /* no tokenizer */
     assert_non_null(strstr(err, "tokenizer"));
     assert_int_equal(rp_engine_abort(e, 424242), -1);
-    /* max_tokens past the context ends with "length" at the context */
+    /* max_tokens past the context is rejected, as vLLM's server does */
     p.prompt = NULL;
     p.prompt_ids = big;
     p.num_prompt_ids = 50;
     p.max_tokens = 100;
     p.ignore_eos = 1;
-    submit_or_fail(e, &p, &r); /* 50 + 100 > the 64-token context the pool allows */
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1); /* 150 > 64 */
+    assert_non_null(strstr(err, "context"));
+    p.max_tokens = 14; /* exactly fills the context */
+    submit_or_fail(e, &p, &r);
     rp_engine_wait_idle(e);
     assert_int_equal(r.finish, RP_FINISH_REASON_LENGTH);
-    assert_int_equal(r.n, 64 - 50);
+    assert_int_equal(r.n, 14);
     expect_pool_full(e);
     rp_engine_destroy(e);
 }

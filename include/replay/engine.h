@@ -28,6 +28,7 @@ typedef struct rp_engine_config {
     int load_dummy;        /* model_dir's config with random weights */
     uint64_t weight_seed;
     const char *tokenizer_dir; /* default: model_dir */
+    const char *chat_template; /* "qwen3" or "llama3": overrides tokenizer_config.json's */
     const char *device;    /* "auto" (default), "cpu", "cuda" */
     int threads;           /* CPU backend */
     /* KV cache */
@@ -42,6 +43,7 @@ typedef struct rp_engine_config {
     /* CUDA graphs */
     int disable_cuda_graph;
     int cuda_graph_max_bs;
+    int quiet_model_warning; /* 1: do not log that dummy weights are random */
 } rp_engine_config;
 
 typedef enum rp_finish {

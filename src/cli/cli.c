@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "engine/sampler.h"
+#include "replay/engine.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
@@ -214,4 +215,14 @@ int rp_cli_load_tokenizer(const rp_model_opts *o, const char *tokenizer_dir, con
         return -1;
     }
     return 0;
+}
+
+void rp_cli_engine_config(const rp_model_opts *o, rp_engine_config *ec) {
+    rp_engine_config_default(ec);
+    ec->model_dir = o->model_dir;
+    ec->dummy_name = o->dummy_name;
+    ec->load_dummy = !strcmp(o->load_format, "dummy");
+    ec->weight_seed = o->weight_seed;
+    ec->device = rp_cli_device(o);
+    ec->threads = o->threads;
 }

@@ -78,6 +78,10 @@ struct rp_tokenizer;
 int rp_cli_load_tokenizer(const rp_model_opts *o, const char *tokenizer_dir, const rp_model *m,
                           struct rp_tokenizer **tok, const char *cmd);
 
+struct rp_engine_config;
+/* An engine configuration from the model options (model, device, threads). */
+void rp_cli_engine_config(const rp_model_opts *o, struct rp_engine_config *ec);
+
 struct rp_backend;
 struct rp_backend_config;
 /* Creates the backend --device names; prints a one-line error on failure. */

@@ -6,10 +6,8 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
-#include "engine/generate.h"
+#include "replay/engine.h"
 #include "engine/sampler.h"
-#include "kv/page_pool.h"
-#include "kv/page_table.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
@@ -70,24 +68,28 @@ static int parse_ids(const char *s, int32_t **out, int *n_out) {
 }
 
 typedef struct stream_ctx {
-    int printed;
-    rp_detok *detok; /* NULL: print ids */
+    int print_ids, printed, generated, prompt_tokens;
+    double t_submit, t_first, t_last;
+    rp_finish finish;
+    char error[256];
 } stream_ctx;
 
-static void on_token(void *ctx, int request, int32_t token) {
-    (void)request;
-    stream_ctx *sc = ctx;
-    if (sc->detok) {
-        const char *text;
-        size_t len;
-        rp_err err;
-        /* an id the tokenizer does not know (a padded vocabulary) prints nothing */
-        if (rp_detok_push(sc->detok, token, &text, &len, &err) == 0 && len) fwrite(text, 1, len, stdout);
-        sc->printed++;
-    } else {
-        printf("%s%d", sc->printed++ ? " " : "", token);
+/* Engine events arrive on the engine thread, one per token. */
+static void on_event(void *user, const rp_token_event *ev) {
+    stream_ctx *sc = user;
+    double now = rp_now_s();
+    if (ev->token >= 0) {
+        if (sc->generated++ == 0) sc->t_first = now;
+        sc->t_last = now;
+        if (sc->print_ids) printf("%s%d", sc->printed++ ? " " : "", ev->token);
     }
+    if (!sc->print_ids && ev->text_len) fwrite(ev->text, 1, ev->text_len, stdout);
     fflush(stdout);
+    sc->prompt_tokens = ev->prompt_tokens;
+    if (ev->finish != RP_FINISH_REASON_NONE) {
+        sc->finish = ev->finish;
+        if (ev->error) snprintf(sc->error, sizeof sc->error, "%s", ev->error);
+    }
 }
 
 int rp_cmd_generate(int argc, char **argv) {
@@ -158,149 +160,107 @@ int rp_cmd_generate(int argc, char **argv) {
     if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
     if (!prompt == !prompt_ids) return rp_cli_usage_error(CMD, "give exactly one of --prompt or --prompt-ids");
     if (chat && !prompt) return rp_cli_usage_error(CMD, "--chat needs --prompt TEXT");
+    rp_err err;
+    rp_chat_template_kind kind;
+    if (template_name && rp_chat_template_from_name(template_name, &kind, &err))
+        return rp_cli_usage_error(CMD, "%s", err.msg);
     if ((system_prompt || template_name || no_thinking) && !chat)
         return rp_cli_usage_error(CMD, "--system, --chat-template and --no-thinking go with --chat");
     int32_t *ids = NULL;
     int n_ids = 0;
     if (prompt_ids && parse_ids(prompt_ids, &ids, &n_ids))
         return rp_cli_usage_error(CMD, "--prompt-ids must be comma-separated non-negative integers");
-    rp_err err;
     rp_sampling_seed_if_unset(&sp);
 
-    rp_model *model = rp_cli_load_model(&mo);
-    if (!model) {
-        free(ids);
-        return RP_EXIT_RUNTIME;
-    }
-    const rp_model_config *c = &model->cfg;
+    rp_engine_config ec;
+    rp_cli_engine_config(&mo, &ec);
+    ec.tokenizer_dir = tokenizer_dir;
+    ec.chat_template = template_name;
+    ec.page_size = (int)page_size;
+    ec.max_running_requests = 1;
+    ec.max_prefill_tokens = (int)max_batch_tokens;
+    ec.chunked_prefill_size = (int)max_batch_tokens;
     int rc = RP_EXIT_RUNTIME;
-    rp_tokenizer *tok = NULL;
-    rp_detok detok;
-    int have_detok = 0;
+    char *rendered = NULL;
     int32_t stop_ids[8];
     int num_stop = 0;
-    char *rendered = NULL;
-    if (rp_cli_load_tokenizer(&mo, tokenizer_dir, model, &tok, CMD)) goto early_out;
+    char errbuf[512];
+    rp_engine *eng = rp_engine_create(&ec, errbuf, sizeof errbuf);
+    if (!eng) {
+        free(ids);
+        return rp_cli_runtime_error(CMD, "%s", errbuf);
+    }
+    const rp_tokenizer *tok = rp_engine_tokenizer(eng);
+    rp_request_params rq;
+    rp_request_params_default(&rq);
     if (prompt) {
         if (!tok) {
             rc = rp_cli_usage_error(CMD, "--prompt needs a tokenizer: the model directory has no tokenizer.json "
                                          "(use --tokenizer DIR, or --prompt-ids)");
-            goto early_out;
+            goto out;
         }
-        const char *text = prompt;
         if (chat) {
-            if (template_name) {
-                rp_chat_template_kind kind;
-                if (rp_chat_template_from_name(template_name, &kind, &err)) {
-                    rc = rp_cli_usage_error(CMD, "%s", err.msg);
-                    goto early_out;
-                }
-                rp_tokenizer_set_chat_template(tok, kind);
-            }
             rp_chat_message msgs[2];
             int nm = 0;
             if (system_prompt) msgs[nm++] = (rp_chat_message){"system", system_prompt};
             msgs[nm++] = (rp_chat_message){"user", prompt};
             if (rp_chat_render(tok, msgs, nm, 1, no_thinking ? 0 : -1, &rendered, &err)) {
                 rc = rp_cli_runtime_error(CMD, "%s", err.msg);
-                goto early_out;
+                goto out;
             }
-            text = rendered;
+            /* the template writes its own special tokens: no BOS added */
+            size_t n = 0;
+            if (rp_tokenizer_encode(tok, rendered, strlen(rendered), &ids, &n, &err)) {
+                rc = rp_cli_runtime_error(CMD, "%s", err.msg);
+                goto out;
+            }
+            n_ids = (int)n;
             num_stop = rp_chat_stop_ids(tok, stop_ids, 8);
+        } else {
+            rq.prompt = prompt; /* the engine adds BOS as HF's tokenizer(text) does */
         }
-        size_t n = 0;
-        if (rp_tokenizer_encode(tok, text, strlen(text), &ids, &n, &err)) {
-            rc = rp_cli_runtime_error(CMD, "%s", err.msg);
-            goto early_out;
-        }
-        /* As HF's tokenizer(text) with special tokens: Llama 3 starts with
-         * <|begin_of_text|>; Qwen3 has no BOS. A chat template writes its own. */
-        int bos = rp_tokenizer_bos_id(tok);
-        if (bos >= 0 && !chat && (n == 0 || ids[0] != bos)) {
-            int32_t *with = malloc((n + 1) * sizeof *with);
-            with[0] = bos;
-            memcpy(with + 1, ids, n * sizeof *ids);
-            free(ids);
-            ids = with;
-            n++;
-        }
-        n_ids = (int)n;
     }
-    if (tok && !print_ids) {
-        rp_detok_init(&detok, tok, 1);
-        have_detok = 1;
+    if (!rq.prompt) {
+        rq.prompt_ids = ids;
+        rq.num_prompt_ids = n_ids;
     }
-    rp_page_pool *pool = NULL;
-    rp_page_table *table = NULL;
-    rp_backend *be = NULL;
-    int32_t *output = NULL;
-    if (n_ids == 0) {
-        rc = rp_cli_usage_error(CMD, "the prompt is empty");
+    rq.max_tokens = (int)max_tokens;
+    rq.ignore_eos = ignore_eos;
+    rq.temperature = sp.temperature;
+    rq.top_p = sp.top_p;
+    rq.top_k = sp.top_k;
+    rq.min_p = sp.min_p;
+    rq.repetition_penalty = sp.repetition_penalty;
+    rq.presence_penalty = sp.presence_penalty;
+    rq.frequency_penalty = sp.frequency_penalty;
+    rq.seed = sp.seed;
+    rq.has_seed = 1;
+    rq.stop_ids = stop_ids;
+    rq.num_stop_ids = num_stop;
+    stream_ctx sc = {.print_ids = print_ids || !tok, .t_submit = rp_now_s()};
+    if (rp_engine_submit(eng, &rq, on_event, &sc, NULL, errbuf, sizeof errbuf)) {
+        rc = rp_cli_usage_error(CMD, "%s", errbuf);
         goto out;
     }
-    for (int i = 0; i < n_ids; i++)
-        if (ids[i] >= c->vocab_size) {
-            rc = rp_cli_usage_error(CMD, "prompt token id %d is outside the vocabulary (%d)", ids[i], c->vocab_size);
-            goto out;
-        }
-    if (rp_sampling_params_validate(&sp, c->vocab_size, &err)) {
-        rc = rp_cli_usage_error(CMD, "%s", err.msg);
-        goto out;
-    }
-    if ((long)n_ids + max_tokens > c->max_position_embeddings) {
-        rc = rp_cli_runtime_error(CMD, "%d prompt tokens + %ld new tokens exceed the model's context of %d", n_ids,
-                                  max_tokens, c->max_position_embeddings);
-        goto out;
-    }
-    int ctx_tokens = n_ids + (int)max_tokens;
-    int num_pages = (ctx_tokens + (int)page_size - 1) / (int)page_size;
-    pool = rp_page_pool_new(num_pages, (int)page_size);
-    table = pool ? rp_page_table_new(pool, 1, ctx_tokens) : NULL;
-    rp_backend_config bc = {.num_pages = num_pages, .page_size = (int)page_size,
-                            .max_batch_tokens = (int)(max_batch_tokens < ctx_tokens ? max_batch_tokens : ctx_tokens),
-                            .max_batch_seqs = 1, .max_logit_rows = 1, .num_threads = mo.threads};
-    if (!table) {
-        rc = rp_cli_runtime_error(CMD, "out of memory");
-        goto out;
-    }
-    if (!(be = rp_cli_make_backend(model, &mo, &bc))) goto out;
-    output = malloc((size_t)(max_tokens ? max_tokens : 1) * sizeof *output);
-    rp_gen_request req = {.prompt = ids, .num_prompt = n_ids, .max_tokens = (int)max_tokens,
-                          .ignore_eos = ignore_eos, .sampling = sp, .output = output, .stop_ids = stop_ids,
-                          .num_stop_ids = num_stop};
-    stream_ctx sc = {.detok = have_detok ? &detok : NULL};
-    rp_gen_stats st;
-    if (rp_generate(be, table, &req, 1, on_token, &sc, &st, &err)) {
-        if (sc.printed) printf("\n");
-        rc = rp_cli_runtime_error(CMD, "%s", err.msg);
-        goto out;
-    }
-    if (have_detok) {
-        const char *tail;
-        size_t tail_len;
-        rp_detok_flush(&detok, &tail, &tail_len);
-        fwrite(tail, 1, tail_len, stdout);
-    }
+    rp_engine_wait_idle(eng);
     printf("\n");
     fflush(stdout);
-    int decode_tokens = st.generated_tokens > 0 ? st.generated_tokens - 1 : 0;
+    if (sc.finish == RP_FINISH_REASON_ERROR) {
+        rc = rp_cli_runtime_error(CMD, "%s", sc.error);
+        goto out;
+    }
+    double prefill_s = sc.t_first - sc.t_submit, decode_s = sc.t_last - sc.t_first;
+    int decode_tokens = sc.generated > 0 ? sc.generated - 1 : 0;
     fprintf(stderr,
             "[stats] prompt %d tokens, generated %d tokens (%s); prefill %.1f tok/s (%.3f s), "
             "decode %.1f tok/s (%.3f s)\n",
-            st.prompt_tokens, st.generated_tokens, rp_finish_reason_name(req.finish),
-            st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0.0, st.prefill_s,
-            st.decode_s > 0 ? decode_tokens / st.decode_s : 0.0, st.decode_s);
+            sc.prompt_tokens, sc.generated, sc.finish == RP_FINISH_REASON_STOP ? "stop" : "length",
+            prefill_s > 0 ? sc.prompt_tokens / prefill_s : 0.0, prefill_s,
+            decode_s > 0 ? decode_tokens / decode_s : 0.0, decode_s);
     rc = RP_EXIT_OK;
 out:
-    free(output);
-    rp_backend_destroy(be);
-    rp_page_table_free(table);
-    rp_page_pool_free(pool);
-early_out:
-    if (have_detok) rp_detok_free(&detok);
-    rp_tokenizer_free(tok);
+    rp_engine_destroy(eng);
     free(rendered);
-    rp_model_free(model);
     free(ids);
     return rc;
 }

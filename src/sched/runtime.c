@@ -405,6 +405,11 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, char *errbuf, size_t
         goto fail;
     }
     const rp_model_config *c = &e->model->cfg;
+    rp_log_info("model: %s, %d layers, hidden %d, %d heads (%d kv) x %d, vocab %d, %.2fB params", c->arch_name,
+                c->num_layers, c->hidden_size, c->num_heads, c->num_kv_heads, c->head_dim, c->vocab_size,
+                (double)rp_config_num_params(c) / 1e9);
+    if (e->model->dummy && !cfg->quiet_model_warning)
+        rp_log_warn("the weights are RANDOM (dummy): output is meaningless text, useful only for testing and timing");
     const char *tdir = cfg->tokenizer_dir ? cfg->tokenizer_dir : cfg->model_dir;
     if (tdir) {
         char path[4096];
@@ -415,6 +420,18 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, char *errbuf, size_t
                 goto fail;
             }
         }
+    }
+    if (cfg->chat_template) {
+        rp_chat_template_kind kind;
+        if (!e->tok) {
+            set_err(errbuf, errlen, "a chat template was given but the model has no tokenizer");
+            goto fail;
+        }
+        if (rp_chat_template_from_name(cfg->chat_template, &kind, &err)) {
+            set_err(errbuf, errlen, "%s", err.msg);
+            goto fail;
+        }
+        rp_tokenizer_set_chat_template(e->tok, kind);
     }
     e->max_context = cfg->max_context > 0 && cfg->max_context < c->max_position_embeddings ? cfg->max_context
                                                                                            : c->max_position_embeddings;
@@ -585,9 +602,15 @@ int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback
             free(ids);
             return set_err(errbuf, errlen, "stop strings must not be empty");
         }
+    if ((long)n + p->max_tokens > e->max_context) {
+        /* as vLLM's server: an explicit max_tokens past the context is an error */
+        free(ids);
+        return set_err(errbuf, errlen,
+                       "this engine's maximum context length is %d tokens; the request asks for %zu prompt tokens "
+                       "plus %d output tokens", e->max_context, n, p->max_tokens);
+    }
     rp_request *r = calloc(1, sizeof *r);
     int max_new = p->max_tokens;
-    if ((long)n + max_new > e->max_context) max_new = e->max_context - (int)n; /* finish_reason "length" there */
     if (r) r->tokens = malloc(((size_t)n + (size_t)max_new + 1) * sizeof *r->tokens);
     if (!r || !r->tokens) {
         free(ids);
