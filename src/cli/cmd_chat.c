@@ -8,12 +8,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend/backend.h"
 #include "cli/cli.h"
-#include "engine/generate.h"
+#include "replay/engine.h"
 #include "engine/sampler.h"
-#include "kv/page_pool.h"
-#include "kv/page_table.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
@@ -41,9 +38,12 @@ static void help(FILE *f) {
 }
 
 typedef struct chat_stream {
-    rp_detok detok;
     char *text; /* the reply so far, kept for the history */
     size_t len, cap;
+    int generated;
+    double t_first, t_last;
+    rp_finish finish;
+    char error[256];
 } chat_stream;
 
 static void append(chat_stream *cs, const char *s, size_t n) {
@@ -56,16 +56,22 @@ static void append(chat_stream *cs, const char *s, size_t n) {
     cs->text[cs->len] = 0;
 }
 
-static void on_token(void *ctx, int request, int32_t token) {
-    (void)request;
-    chat_stream *cs = ctx;
-    const char *text;
-    size_t len;
-    rp_err err;
-    if (rp_detok_push(&cs->detok, token, &text, &len, &err) == 0 && len) {
-        fwrite(text, 1, len, stdout);
+/* Engine events, on the engine thread. */
+static void on_event(void *user, const rp_token_event *ev) {
+    chat_stream *cs = user;
+    if (ev->token >= 0) {
+        double now = rp_now_s();
+        if (cs->generated++ == 0) cs->t_first = now;
+        cs->t_last = now;
+    }
+    if (ev->text_len) {
+        fwrite(ev->text, 1, ev->text_len, stdout);
         fflush(stdout);
-        append(cs, text, len);
+        append(cs, ev->text, ev->text_len);
+    }
+    if (ev->finish != RP_FINISH_REASON_NONE) {
+        cs->finish = ev->finish;
+        if (ev->error) snprintf(cs->error, sizeof cs->error, "%s", ev->error);
     }
 }
 
@@ -123,38 +129,35 @@ int rp_cmd_chat(int argc, char **argv) {
     if (template_name && rp_chat_template_from_name(template_name, &forced, &err))
         return rp_cli_usage_error(CMD, "%s", err.msg);
     rp_sampling_seed_if_unset(&sp);
+    if (rp_sampling_params_validate(&sp, 1 << 30, &err)) return rp_cli_usage_error(CMD, "%s", err.msg);
 
-    rp_model *model = rp_cli_load_model(&mo);
-    if (!model) return RP_EXIT_RUNTIME;
+    rp_engine_config ec;
+    rp_cli_engine_config(&mo, &ec);
+    ec.tokenizer_dir = tokenizer_dir;
+    ec.chat_template = template_name;
+    ec.max_running_requests = 1;
+    ec.max_context = (int)max_context;
+    ec.max_prefill_tokens = 2048;
+    char errbuf[512];
+    rp_engine *eng = rp_engine_create(&ec, errbuf, sizeof errbuf);
+    if (!eng) return rp_cli_runtime_error(CMD, "%s", errbuf);
     int rc = RP_EXIT_RUNTIME;
-    rp_tokenizer *tok = NULL;
-    rp_page_pool *pool = NULL;
-    rp_page_table *table = NULL;
-    rp_backend *be = NULL;
     rp_chat_message *msgs = calloc(MAX_TURNS * 2 + 1, sizeof *msgs);
     char **owned = calloc(MAX_TURNS * 2 + 1, sizeof *owned);
     int nmsgs = 0, nowned = 0;
-    int32_t *output = malloc((size_t)max_tokens * sizeof *output);
     char *line = NULL;
     size_t line_cap = 0;
     chat_stream cs = {0};
-    if (rp_cli_load_tokenizer(&mo, tokenizer_dir, model, &tok, CMD)) goto out;
+    const rp_tokenizer *tok = rp_engine_tokenizer(eng);
     if (!tok) {
         rc = rp_cli_usage_error(CMD, "chat needs a tokenizer: the model directory has none (use --tokenizer DIR)");
         goto out;
     }
-    if (forced != RP_CHAT_TEMPLATE_UNKNOWN) rp_tokenizer_set_chat_template(tok, forced);
-    if (rp_sampling_params_validate(&sp, model->cfg.vocab_size, &err)) {
+    if (rp_sampling_params_validate(&sp, rp_engine_vocab_size(eng), &err)) {
         rc = rp_cli_usage_error(CMD, "%s", err.msg);
         goto out;
     }
-    if (max_context > model->cfg.max_position_embeddings) max_context = model->cfg.max_position_embeddings;
-    int ps = 16, pages = (int)((max_context + ps - 1) / ps);
-    pool = rp_page_pool_new(pages, ps);
-    table = pool ? rp_page_table_new(pool, 1, (int)max_context) : NULL;
-    rp_backend_config bc = {.num_pages = pages, .page_size = ps, .max_batch_tokens = 2048, .max_batch_seqs = 1,
-                            .max_logit_rows = 1};
-    if (!table || !(be = rp_cli_make_backend(model, &mo, &bc))) goto out;
+    max_context = rp_engine_max_context(eng);
     int32_t stop_ids[8];
     int num_stop = rp_chat_stop_ids(tok, stop_ids, 8);
     if (system_prompt) msgs[nmsgs++] = (rp_chat_message){"system", system_prompt};
@@ -198,37 +201,49 @@ int rp_cmd_chat(int argc, char **argv) {
         if ((long)nids + budget > max_context) budget = (int)(max_context - (long)nids);
         if (budget <= 0) {
             free(ids);
+            free(owned[--nowned]);
             nmsgs--; /* drop the message that did not fit */
             fprintf(stderr, "replay chat: the conversation (%zu tokens) fills the context of %ld; /reset to start "
                             "again\n", nids, max_context);
             continue;
         }
-        rp_sampling_params turn_sp = sp;
-        turn_sp.seed = sp.seed + turn++; /* each turn draws fresh numbers, reproducibly */
-        rp_gen_request req = {.prompt = ids, .num_prompt = (int)nids, .max_tokens = budget, .sampling = turn_sp,
-                              .output = output, .stop_ids = stop_ids, .num_stop_ids = num_stop};
-        rp_detok_init(&cs.detok, tok, 1);
+        rp_request_params rq;
+        rp_request_params_default(&rq);
+        rq.prompt_ids = ids;
+        rq.num_prompt_ids = (int)nids;
+        rq.max_tokens = budget;
+        rq.temperature = sp.temperature;
+        rq.top_p = sp.top_p;
+        rq.top_k = sp.top_k;
+        rq.min_p = sp.min_p;
+        rq.repetition_penalty = sp.repetition_penalty;
+        rq.presence_penalty = sp.presence_penalty;
+        rq.frequency_penalty = sp.frequency_penalty;
+        rq.seed = sp.seed + turn++; /* each turn draws fresh numbers, reproducibly */
+        rq.has_seed = 1;
+        rq.stop_ids = stop_ids;
+        rq.num_stop_ids = num_stop;
         cs.len = 0;
+        cs.generated = 0;
+        cs.finish = RP_FINISH_REASON_NONE;
         append(&cs, "", 0);
-        rp_gen_stats st;
-        int grc = rp_generate(be, table, &req, 1, on_token, &cs, &st, &err);
-        const char *tail;
-        size_t tail_len;
-        rp_detok_flush(&cs.detok, &tail, &tail_len);
-        fwrite(tail, 1, tail_len, stdout);
-        append(&cs, tail, tail_len);
-        rp_detok_free(&cs.detok);
+        int src = rp_engine_submit(eng, &rq, on_event, &cs, NULL, errbuf, sizeof errbuf);
         free(ids);
+        if (src) {
+            rc = rp_cli_runtime_error(CMD, "%s", errbuf);
+            goto out;
+        }
+        rp_engine_wait_idle(eng);
         printf("\n");
         fflush(stdout);
-        if (grc) {
-            rc = rp_cli_runtime_error(CMD, "%s", err.msg);
+        if (cs.finish == RP_FINISH_REASON_ERROR) {
+            rc = rp_cli_runtime_error(CMD, "%s", cs.error);
             goto out;
         }
         if (rp_log_get_level() >= RP_LOG_INFO && tty)
-            fprintf(stderr, "[%d tokens, %.1f tok/s%s]\n", st.generated_tokens,
-                    st.decode_s > 0 ? (st.generated_tokens - 1) / st.decode_s : 0.0,
-                    req.finish == RP_FINISH_LENGTH ? ", cut at --max-tokens" : "");
+            fprintf(stderr, "[%d tokens, %.1f tok/s%s]\n", cs.generated,
+                    cs.t_last > cs.t_first ? (cs.generated - 1) / (cs.t_last - cs.t_first) : 0.0,
+                    cs.finish == RP_FINISH_REASON_LENGTH ? ", cut at --max-tokens" : "");
         owned[nowned] = strdup(cs.text);
         msgs[nmsgs++] = (rp_chat_message){"assistant", owned[nowned++]};
     }
@@ -239,11 +254,6 @@ out:
     free(msgs);
     free(line);
     free(cs.text);
-    free(output);
-    rp_backend_destroy(be);
-    rp_page_table_free(table);
-    rp_page_pool_free(pool);
-    rp_tokenizer_free(tok);
-    rp_model_free(model);
+    rp_engine_destroy(eng);
     return rc;
 }
