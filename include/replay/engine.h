@@ -112,6 +112,7 @@ typedef struct rp_engine_stats {
     int max_total_tokens;
     uint64_t steps, prompt_tokens, generated_tokens, preemptions;
     int peak_running;
+    int kv_pages_peak_used;
     uint64_t graph_replays, forwards;
     double cpu_ms_per_step; /* host time spent scheduling and preparing, mean */
 } rp_engine_stats;

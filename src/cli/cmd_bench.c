@@ -18,6 +18,8 @@
 #include "kv/page_table.h"
 #include "util/log.h"
 #include "util/rng.h"
+#include "replay/engine.h"
+#include "model/config.h"
 #ifdef REPLAY_HAVE_CUDA
 #include "backend/cuda/bandwidth.h"
 #endif
@@ -192,13 +194,240 @@ out:
     return rc;
 }
 
+
+/* ---- bench offline ------------------------------------------------------ */
+
+typedef struct offline_req {
+    int prompt_len, generated;
+    double t_submit, t_first, t_last;
+    rp_finish finish;
+} offline_req;
+
+static void offline_event(void *user, const rp_token_event *ev) {
+    offline_req *r = user;
+    if (ev->token >= 0) {
+        double now = rp_now_s();
+        if (r->generated++ == 0) r->t_first = now;
+        r->t_last = now;
+    }
+    if (ev->finish != RP_FINISH_REASON_NONE) r->finish = ev->finish;
+}
+
+static void offline_help(FILE *f) {
+    fprintf(f,
+            "Usage: replay bench offline (--model DIR | --dummy-weights NAME) [OPTIONS]\n"
+            "\n"
+            "Offline throughput: all prompts submitted at once to the engine (continuous batching),\n"
+            "random token prompts, EOS ignored. Prints throughput, latency and KV use, and the\n"
+            "workload's lower bound on time from the matrix rate and read bandwidth measured here.\n"
+            "\n" RP_MODEL_OPTIONS_HELP
+            "\n"
+            "Workload:\n"
+            "  --num-prompts N          requests (default 200)\n"
+            "  --input-len L            prompt tokens (default 512)\n"
+            "  --output-len M           output tokens (default 512)\n"
+            "  --random-range R         lengths uniform in [x(1-R), x(1+R)] (default 0)\n"
+            "  --seed N                 workload seed (default 0)\n"
+            "Engine:\n"
+            "  --max-running-requests N (default 256)\n"
+            "  --max-prefill-tokens N   tokens per step (default 8192)\n"
+            "  --chunked-prefill-size N (default 2048)\n"
+            "  --num-pages N            KV pages (default: from free memory)\n"
+            "  --page-size N            (default 16)\n"
+            "  --disable-cuda-graph\n"
+            "  -h, --help\n");
+}
+
+static int bench_offline(int argc, char **argv) {
+    static const struct option longopts[] = {
+        RP_MODEL_LONG_OPTIONS,
+        {"num-prompts", required_argument, 0, 'n'},
+        {"input-len", required_argument, 0, 'i'},
+        {"output-len", required_argument, 0, 'o'},
+        {"random-range", required_argument, 0, 'r'},
+        {"seed", required_argument, 0, 's'},
+        {"max-running-requests", required_argument, 0, 'R'},
+        {"max-prefill-tokens", required_argument, 0, 'P'},
+        {"chunked-prefill-size", required_argument, 0, 'C'},
+        {"num-pages", required_argument, 0, 'N'},
+        {"page-size", required_argument, 0, 'g'},
+        {"disable-cuda-graph", no_argument, 0, 'G'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *cmd = "bench offline";
+    rp_model_opts mo;
+    rp_model_opts_init(&mo);
+    long num = 200, in_len = 512, out_len = 512, max_running = 256, max_prefill = 8192, chunk = 2048, pages = 0,
+         page_size = 16;
+    double range = 0;
+    uint64_t seed = 0;
+    int no_graph = 0;
+    optind = 1;
+    opterr = 0;
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        int r = rp_model_opts_parse(&mo, opt, optarg, cmd);
+        if (r < 0) return RP_EXIT_USAGE;
+        if (r > 0) continue;
+        long *dst = NULL;
+        long lo = 1, hi = 1 << 24;
+        switch (opt) {
+        case 'h': offline_help(stdout); return RP_EXIT_OK;
+        case 'n': dst = &num; break;
+        case 'i': dst = &in_len; break;
+        case 'o': dst = &out_len; break;
+        case 'R': dst = &max_running; hi = 4096; break;
+        case 'P': dst = &max_prefill; break;
+        case 'C': dst = &chunk; lo = 0; break;
+        case 'N': dst = &pages; lo = 0; break;
+        case 'g': dst = &page_size; hi = 4096; break;
+        case 'G': no_graph = 1; break;
+        case 'r':
+            if (rp_parse_float(optarg, &range) || range < 0 || range >= 1)
+                return rp_cli_usage_error(cmd, "--random-range must be in [0, 1), got '%s'", optarg);
+            break;
+        case 's':
+            if (rp_parse_u64(optarg, &seed)) return rp_cli_usage_error(cmd, "--seed must be a non-negative integer");
+            break;
+        case ':': return rp_cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
+        default: return rp_cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+        }
+        if (dst && rp_parse_int(optarg, lo, hi, dst))
+            return rp_cli_usage_error(cmd, "%s must be an integer from %ld to %ld, got '%s'", argv[optind - 1], lo, hi,
+                                      optarg);
+    }
+    if (optind < argc) return rp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (rp_model_opts_check(&mo, cmd)) return RP_EXIT_USAGE;
+    const char *dev = rp_cli_device(&mo);
+    double read_gbs = 0, tflops = 0;
+#ifdef REPLAY_HAVE_CUDA
+    double copy_gbs = 0;
+    if (!strcmp(dev, "cuda")) {
+        if (rp_cuda_read_bandwidth(0, &read_gbs, &copy_gbs)) rp_log_warn("could not measure the read bandwidth");
+        if (rp_cuda_matmul_tflops(0, &tflops)) rp_log_warn("could not measure the matrix rate");
+    }
+#endif
+    rp_engine_config ec;
+    rp_cli_engine_config(&mo, &ec);
+    ec.max_running_requests = (int)max_running;
+    ec.max_prefill_tokens = (int)max_prefill;
+    ec.chunked_prefill_size = (int)chunk;
+    ec.num_pages = (int)pages;
+    ec.page_size = (int)page_size;
+    ec.disable_cuda_graph = no_graph;
+    char errbuf[512];
+    rp_engine *eng = rp_engine_create(&ec, errbuf, sizeof errbuf);
+    if (!eng) return rp_cli_runtime_error(cmd, "%s", errbuf);
+    int vocab = rp_engine_vocab_size(eng), rc = RP_EXIT_RUNTIME;
+    offline_req *reqs = calloc((size_t)num, sizeof *reqs);
+    int32_t *prompt = malloc((size_t)(in_len * (1 + range) + 2) * sizeof *prompt);
+    long total_in = 0, total_out_planned = 0;
+    if (!reqs || !prompt) goto out;
+    double t0 = rp_now_s();
+    for (long i = 0; i < num; i++) {
+        double u1 = rp_rand_uniform(seed, 1, (uint64_t)i), u2 = rp_rand_uniform(seed, 2, (uint64_t)i);
+        int L = (int)(in_len * (1 - range + 2 * range * u1));
+        int M = (int)(out_len * (1 - range + 2 * range * u2));
+        if (L < 1) L = 1;
+        if (M < 1) M = 1;
+        for (int k = 0; k < L; k++) prompt[k] = (int32_t)(rp_rand_u64(seed, 3 + (uint64_t)i, (uint64_t)k) % (uint64_t)vocab);
+        rp_request_params p;
+        rp_request_params_default(&p);
+        p.prompt_ids = prompt;
+        p.num_prompt_ids = L;
+        p.max_tokens = M;
+        p.ignore_eos = 1;
+        p.temperature = 0;
+        reqs[i].prompt_len = L;
+        reqs[i].t_submit = rp_now_s();
+        if (rp_engine_submit(eng, &p, offline_event, &reqs[i], NULL, errbuf, sizeof errbuf)) {
+            rc = rp_cli_runtime_error(cmd, "request %ld: %s", i, errbuf);
+            goto out;
+        }
+        total_in += L;
+        total_out_planned += M;
+    }
+    rp_engine_wait_idle(eng);
+    double elapsed = rp_now_s() - t0;
+    rp_engine_stats st;
+    rp_engine_get_stats(eng, &st);
+    long total_out = 0;
+    double tpot_sum = 0, ttft_sum = 0;
+    int tpot_n = 0;
+    for (long i = 0; i < num; i++) {
+        total_out += reqs[i].generated;
+        ttft_sum += reqs[i].t_first - reqs[i].t_submit;
+        if (reqs[i].generated > 1) {
+            tpot_sum += (reqs[i].t_last - reqs[i].t_first) / (reqs[i].generated - 1);
+            tpot_n++;
+        }
+    }
+    printf("replay bench offline: %s on %s, %ld prompts, input %ld, output %ld, range %.2f\n",
+           mo.dummy_name ? mo.dummy_name : mo.model_dir, dev, num, in_len, out_len, range);
+    printf("  %-34s %12.2f s\n", "time", elapsed);
+    printf("  %-34s %12.2f\n", "requests/s", num / elapsed);
+    printf("  %-34s %12.1f\n", "input tokens/s", total_in / elapsed);
+    printf("  %-34s %12.1f\n", "output tokens/s", total_out / elapsed);
+    printf("  %-34s %12.1f\n", "total tokens/s", (total_in + total_out) / elapsed);
+    printf("  %-34s %12.2f ms\n", "mean time to first token", 1e3 * ttft_sum / num);
+    printf("  %-34s %12.2f ms\n", "mean time per output token", tpot_n ? 1e3 * tpot_sum / tpot_n : 0.0);
+    printf("  %-34s %12d\n", "peak running requests", st.peak_running);
+    printf("  %-34s %12d / %d (%.0f%%)\n", "peak KV pages used", st.kv_pages_peak_used, st.kv_pages_total,
+           100.0 * st.kv_pages_peak_used / (st.kv_pages_total ? st.kv_pages_total : 1));
+    printf("  %-34s %12llu\n", "preemptions", (unsigned long long)st.preemptions);
+    printf("  %-34s %12llu (%llu graph replays)\n", "steps", (unsigned long long)st.steps,
+           (unsigned long long)st.graph_replays);
+    printf("  %-34s %12.3f ms\n", "engine CPU time per step", st.cpu_ms_per_step);
+    if (total_out != total_out_planned)
+        printf("  WARNING: %ld output tokens planned, %ld made\n", total_out_planned, total_out);
+    if (read_gbs > 0 && tflops > 0) {
+        /* The workload's floor: prefill FLOPs at the matrix rate, plus decode
+         * steps that each read every weight once and every running sequence's
+         * KV (or, if more, their FLOPs at the matrix rate), with the batch as
+         * large as the engine ran it. */
+        rp_model_config mc;
+        rp_err e2;
+        if (mo.model_dir ? rp_config_load_dir(&mc, mo.model_dir, &e2) : rp_config_preset(&mc, mo.dummy_name, &e2)) {
+            rc = RP_EXIT_OK;
+            goto out;
+        }
+        double params = (double)rp_config_num_params(&mc) - (double)mc.vocab_size * mc.hidden_size *
+                                                                   (mc.tie_word_embeddings ? 0 : 1);
+        double q_dim = (double)mc.num_heads * mc.head_dim;
+        double avg_in = (double)total_in / num, avg_out = (double)total_out / num;
+        double prefill_flops = 2.0 * params * total_in + 2.0 * mc.num_layers * q_dim * avg_in * avg_in * num;
+        double weight_bytes = params * 2;
+        double kv_token = (double)mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2;
+        double B = st.peak_running > 0 ? st.peak_running : 1;
+        double steps = (double)total_out / B;
+        double step_bytes = weight_bytes + B * (avg_in + avg_out / 2) * kv_token;
+        double step_flops = 2.0 * params * B + 4.0 * mc.num_layers * q_dim * B * (avg_in + avg_out / 2);
+        double t_step = step_bytes / (read_gbs * 1e9);
+        if (step_flops / (tflops * 1e12) > t_step) t_step = step_flops / (tflops * 1e12);
+        double bound = prefill_flops / (tflops * 1e12) + steps * t_step;
+        printf("  %-34s %12.0f TFLOP/s, %.0f GB/s read\n", "measured ceilings", tflops, read_gbs);
+        printf("  %-34s %12.2f s (prefill %.2f s + %.0f decode steps of %.2f ms at batch %.0f)\n", "lower bound",
+               bound, prefill_flops / (tflops * 1e12), steps, t_step * 1e3, B);
+        printf("  %-34s %12.1f%%\n", "bound / measured", 100.0 * bound / elapsed);
+    }
+    rc = RP_EXIT_OK;
+out:
+    free(reqs);
+    free(prompt);
+    rp_engine_destroy(eng);
+    return rc;
+}
+
 int rp_cmd_bench(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         FILE *f = argc < 2 ? stderr : stdout;
         fprintf(f, "Usage: replay bench SUBCOMMAND [OPTIONS]\n\nSubcommands:\n"
-                   "  decode     decode step time, tokens/s and bandwidth per batch size\n");
+                   "  decode     decode step time, tokens/s and bandwidth per batch size\n"
+                   "  offline    throughput of many requests through the engine, against its lower bound\n");
         return argc < 2 ? RP_EXIT_USAGE : RP_EXIT_OK;
     }
     if (!strcmp(argv[1], "decode")) return bench_decode(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "offline")) return bench_offline(argc - 1, argv + 1);
     return rp_cli_usage_error("bench", "unknown subcommand '%s'", argv[1]);
 }

@@ -241,6 +241,10 @@ static void step(rp_engine *e) {
         if (s->wait_head) finish(e, s->wait_head, -1, 0, RP_FINISH_REASON_ERROR, "the request cannot be scheduled");
         return;
     }
+    /* peaks as scheduled, before this step's finished requests leave */
+    if (s->num_running > e->stats.peak_running) e->stats.peak_running = s->num_running;
+    int used = e->pool->num_pages - rp_page_pool_num_free(e->pool);
+    if (used > e->stats.kv_pages_peak_used) e->stats.kv_pages_peak_used = used;
     rp_batch_begin(e->bb);
     int device_sampling = e->backend->ops->read_tokens != NULL;
     int logit_row[n];
@@ -292,7 +296,6 @@ static void step(rp_engine *e) {
         }
         on_sampled(e, r, tok, lp);
     }
-    if (s->num_running > e->stats.peak_running) e->stats.peak_running = s->num_running;
 }
 
 static void *engine_main(void *arg) {

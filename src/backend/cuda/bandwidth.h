@@ -10,6 +10,9 @@ extern "C" {
  * (GB/s of bytes read plus written). 0 on success. */
 int rp_cuda_read_bandwidth(int device, double *read_gbs, double *copy_gbs);
 
+/* Best of five 8192^3 bf16 GEMMs through cuBLASLt, in TFLOP/s (ceilings.c). */
+int rp_cuda_matmul_tflops(int device, double *tflops);
+
 #ifdef __cplusplus
 }
 #endif
