@@ -69,15 +69,6 @@ static void free_fixture(fixture *fx) {
     rp_model_free(fx->model);
 }
 
-static double rel_l2(const float *a, const float *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return sqrt(num / den);
-}
 
 /* Runs the given prompts of a fixture together and checks each against the
  * reference. page_size and max_batch_tokens vary the paging and chunking. */
@@ -116,7 +107,7 @@ static void run_and_check(fixture *fx, const int *which, int n, int page_size, i
     for (int i = 0; i < n; i++) {
         int p = which[i], len = fx->prompt_len[p];
         for (int pos = 0; pos < len; pos++) {
-            double e = rel_l2(reqs[i].prompt_logits + (size_t)pos * vocab, fx->logits[p] + (size_t)pos * vocab,
+            double e = test_rel_l2(reqs[i].prompt_logits + (size_t)pos * vocab, fx->logits[p] + (size_t)pos * vocab,
                               (size_t)vocab);
             if (!(e < 1e-3))
                 fail_msg("prompt %d position %d: relative L2 error %.3g (page %d, chunk %d)", p, pos, e, page_size,

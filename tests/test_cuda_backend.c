@@ -21,15 +21,6 @@
 
 static int have_gpu(void) { return rp_cuda_device_count() > 0; }
 
-static double rel_l2(const float *a, const float *ref, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return sqrt(num / den);
-}
 
 typedef struct setup {
     rp_page_pool *pool;
@@ -103,7 +94,7 @@ static void test_fixtures(void **state) {
         for (int p = 0; p < n; p++) {
             int len = rg[p].num_prompt;
             for (int pos = 0; pos < len; pos++) {
-                double e = rel_l2(logits[p] + (size_t)pos * V, blob + off + (size_t)pos * V, (size_t)V);
+                double e = test_rel_l2(logits[p] + (size_t)pos * V, blob + off + (size_t)pos * V, (size_t)V);
                 /* bf16 activations and KV: transformers' own bf16 run is ~2e-2
                  * from its fp32 run on these models; replay's fp32 residual
                  * keeps it at ~1e-2 (tools/gpu_compare.py prints both). */

@@ -38,4 +38,15 @@ static inline void *test_read_file(const char *path, size_t *len_out) {
     return buf;
 }
 
+/* ||a - ref|| / ||ref|| in double. */
+static inline double test_rel_l2(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return __builtin_sqrt(num / den);
+}
+
 #endif

@@ -226,3 +226,15 @@ void rp_cli_engine_config(const rp_model_opts *o, rp_engine_config *ec) {
     ec->device = rp_cli_device(o);
     ec->threads = o->threads;
 }
+
+void rp_cli_request_sampling(rp_request_params *rq, const rp_sampling_params *sp) {
+    rq->temperature = sp->temperature;
+    rq->top_p = sp->top_p;
+    rq->top_k = sp->top_k;
+    rq->min_p = sp->min_p;
+    rq->repetition_penalty = sp->repetition_penalty;
+    rq->presence_penalty = sp->presence_penalty;
+    rq->frequency_penalty = sp->frequency_penalty;
+    rq->seed = sp->seed;
+    rq->has_seed = sp->has_seed;
+}

@@ -57,6 +57,9 @@ struct rp_sampling_params;
 /* Handles one of RP_SAMPLING_LONG_OPTIONS: 1 if it was one, 0 if not, -1 on
  * a bad value (message printed). Ranges are checked later, by the sampler. */
 int rp_sampling_opts_parse(struct rp_sampling_params *sp, int opt, const char *arg, const char *cmd);
+struct rp_request_params;
+/* Copies sampling options into an engine request (seed included). */
+void rp_cli_request_sampling(struct rp_request_params *rq, const struct rp_sampling_params *sp);
 /* Gives an unseeded request a seed (time and pid). */
 void rp_sampling_seed_if_unset(struct rp_sampling_params *sp);
 

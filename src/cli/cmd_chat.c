@@ -212,13 +212,7 @@ int rp_cmd_chat(int argc, char **argv) {
         rq.prompt_ids = ids;
         rq.num_prompt_ids = (int)nids;
         rq.max_tokens = budget;
-        rq.temperature = sp.temperature;
-        rq.top_p = sp.top_p;
-        rq.top_k = sp.top_k;
-        rq.min_p = sp.min_p;
-        rq.repetition_penalty = sp.repetition_penalty;
-        rq.presence_penalty = sp.presence_penalty;
-        rq.frequency_penalty = sp.frequency_penalty;
+        rp_cli_request_sampling(&rq, &sp);
         rq.seed = sp.seed + turn++; /* each turn draws fresh numbers, reproducibly */
         rq.has_seed = 1;
         rq.stop_ids = stop_ids;

@@ -226,15 +226,7 @@ int rp_cmd_generate(int argc, char **argv) {
     }
     rq.max_tokens = (int)max_tokens;
     rq.ignore_eos = ignore_eos;
-    rq.temperature = sp.temperature;
-    rq.top_p = sp.top_p;
-    rq.top_k = sp.top_k;
-    rq.min_p = sp.min_p;
-    rq.repetition_penalty = sp.repetition_penalty;
-    rq.presence_penalty = sp.presence_penalty;
-    rq.frequency_penalty = sp.frequency_penalty;
-    rq.seed = sp.seed;
-    rq.has_seed = 1;
+    rp_cli_request_sampling(&rq, &sp);
     rq.stop_ids = stop_ids;
     rq.num_stop_ids = num_stop;
     stream_ctx sc = {.print_ids = print_ids || !tok, .t_submit = rp_now_s()};
