@@ -1,29 +1,51 @@
 /* Token selection on the device, so that only token ids leave the GPU.
  *
- * One block per row. Greedy rows take the argmax (lowest id on ties). Other
- * rows follow the host sampler (src/engine/sampler.c) step for step:
+ * Semantics (both paths): greedy rows take the argmax (lowest id on ties).
+ * Other rows follow the host sampler (src/engine/sampler.c) step for step:
  * temperature (clamped to 0.01) -> top-k -> top-p -> min-p -> inverse-CDF
  * draw with u = rp_rand_uniform(seed, 0, step), all defined over the total
- * order (logit descending, id ascending). Every stage keeps a prefix of
- * that order, so the kept set is one boundary (key, id) plus the min-p
- * threshold, and each "walk the sorted list until the running weight
- * reaches X" is a radix select: four 8-bit levels over an order-preserving
- * 32-bit key of the logit, with histograms in shared memory (warp-
- * aggregated atomics), then a tie break by id among equal logits.
+ * order (logit descending, id ascending). Every stage keeps a prefix of that
+ * order. Weights are exp((logit - max) / T) in fixed point (2^44 = the top
+ * token, rounded to nearest so that the tail's rounding errors cancel),
+ * summed in 64-bit integers: sums are exact and independent of the order of
+ * atomics, so a (seed, step) always gives the same token whatever the block
+ * scheduling. Tokens whose mass is below 2^-45 of the top token's get weight
+ * 0 and cannot be drawn (the host sampler draws them with p < 1e-13).
  *
- * Weights are exp((logit - max) / T) in fixed point (2^44 = the top token,
- * rounded to nearest so that the tail's rounding errors cancel instead of
- * adding up), summed in 64-bit integers: sums are exact and independent of
- * the order of atomics, so a (seed, step) always gives the same token.
- * Tokens whose mass is below 2^-45 of the top token's get weight 0 and
- * cannot be drawn (the host sampler draws them with probability < 1e-13).
+ * Fast path (docs/sampling.md, "Device sampler"): one thread-block cluster
+ * of 8 or 16 blocks per row. Each block loads its slice of the row into
+ * shared memory once; everything after that runs on shared memory, and the
+ * blocks combine results through distributed shared memory between cluster
+ * barriers (docs/memory-model.md lists each one). Steps:
+ *   1. load + max / argmax / min finite; cluster reduce (every block);
+ *      greedy rows: log-sum-exp for the logprob, done;
+ *   2. one histogram pass: 4096 value bins of (max - logit) over
+ *      min(max - min, 32 T) (bin order is sampling order; beyond 32 T the
+ *      weight is 0 and everything goes to a last bin), count and exact
+ *      weight per bin, and the min-p survivor count (min-p in double, like
+ *      the host); the bins are summed across the cluster into block 0;
+ *   3. block 0 walks the prefix sums of the bins to the bin where each
+ *      stage's boundary falls; only where a weight inside a bin is needed
+ *      are that bin's tokens gathered from the cluster (typically tens to
+ *      hundreds), sorted by (logit, id) and scanned.
+ * A bin of more than FS_CAP tokens that must be opened (thousands of exactly
+ * or nearly tied logits with non-negligible mass) sends the row to the
+ * exact slow path below, run by block 0 over the row in global memory.
  *
- * After top-k (k <= SMP_CAP) the k kept tokens are copied to shared memory
- * and the later stages run there. */
+ * Slow path (also used when the vocabulary does not fit the cluster's shared
+ * memory): one block per row, radix select over an order-preserving 32-bit
+ * key of the logit, four 8-bit levels per select, histograms in shared
+ * memory; after top-k (k <= SMP_CAP) the k kept tokens move to shared
+ * memory for the later stages. */
+#include <cooperative_groups.h>
 #include <float.h>
 #include <math.h>
 
 #include "common.cuh"
+
+namespace cg = cooperative_groups;
+
+/* ======================= exact slow path (one block per row) ============== */
 
 #define SMP_THREADS 1024
 #define SMP_CAP 4096
@@ -33,6 +55,7 @@
 __device__ __forceinline__ float sanitize(float x) {
     if (isnan(x)) return -INFINITY;
     if (x == INFINITY) return FLT_MAX;
+    if (x == 0.0f) return 0.0f; /* -0 == +0 as a logit: one key, so ties go by id as on the host */
     return x;
 }
 
@@ -264,16 +287,10 @@ __device__ int select_prefix(const float *row, int vocab, smp_shared &sh, bool b
     return 1;
 }
 
-__global__ void __launch_bounds__(SMP_THREADS)
-    sample_kernel(const float *__restrict__ logits, const rp_sample_params *__restrict__ params,
-                  int32_t *__restrict__ tokens, float *__restrict__ logprobs, int vocab) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    smp_shared &sh = *reinterpret_cast<smp_shared *>(smem_raw);
+__device__ __forceinline__ void sample_row_exact(const float *__restrict__ row, const rp_sample_params p, int32_t *tok, float *lp,
+                                 int vocab, smp_shared &sh) {
     __shared__ float red_v[32];
     __shared__ int red_i[32];
-    const int r = blockIdx.x;
-    const float *row = logits + (int64_t)r * vocab;
-    const rp_sample_params p = params[r];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
     /* argmax (lowest id on ties) */
@@ -310,16 +327,16 @@ __global__ void __launch_bounds__(SMP_THREADS)
     if (best == -INFINITY) best_i = 0;
 
     if (p.temperature == 0.0f || best == -INFINITY) {
-        if (logprobs) {
+        if (lp) {
             /* log-softmax at temperature 1 of the argmax */
             float s = 0.0f;
             if (best != -INFINITY)
                 for (int i = threadIdx.x; i < vocab; i += SMP_THREADS) s += expf(sanitize(row[i]) - best);
             __shared__ float scratch[33];
             s = rp_block_sum(s, scratch);
-            if (threadIdx.x == 0) logprobs[r] = best == -INFINITY ? -INFINITY : -logf(s);
+            if (threadIdx.x == 0) *lp = best == -INFINITY ? -INFINITY : -logf(s);
         }
-        if (threadIdx.x == 0) tokens[r] = best_i;
+        if (threadIdx.x == 0) *tok = best_i;
         return;
     }
 
@@ -372,32 +389,580 @@ __global__ void __launch_bounds__(SMP_THREADS)
     const int found = total > 0 && select_prefix(row, vocab, sh, true, false, target);
     if (threadIdx.x == 0) {
         const int pick = found ? sh.st.bid : best_i;
-        tokens[r] = pick;
-        if (logprobs) {
+        *tok = pick;
+        if (lp) {
             const double x = (double)sanitize(row[pick]);
-            logprobs[r] = (float)((x - (double)best) / (double)temp - log((double)total / (double)SMP_ONE));
+            *lp = (float)((x - (double)best) / (double)temp - log((double)total / (double)SMP_ONE));
         }
     }
 }
 
+
+__global__ void __launch_bounds__(SMP_THREADS)
+    sample_kernel_slow(const float *__restrict__ logits, const rp_sample_params *__restrict__ params,
+                       int32_t *__restrict__ tokens, float *__restrict__ logprobs, int vocab) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    smp_shared &sh = *reinterpret_cast<smp_shared *>(smem_raw);
+    const int r = blockIdx.x;
+    sample_row_exact(logits + (int64_t)r * vocab, params[r], tokens + r, logprobs ? logprobs + r : NULL, vocab, sh);
+}
+
+/* ======================= fast path (one cluster per row) ================== */
+
+#define FS_THREADS SMP_THREADS /* the slow path runs in the same blocks */
+#define FS_NB 4096             /* value bins; the last one holds the zero-weight tail */
+#define FS_CAP 2048            /* most tokens of one bin that block 0 sorts */
+#define FS_SPAN 32.0f          /* bins cover max - 32 T .. max: exp(-32) * 2^44 rounds to 0 */
+
+typedef unsigned long long u64;
+
+/* What each block publishes to the others (read through DSMEM). Fields of
+ * different phases never share a word, so a block may write a later field
+ * while others still read an earlier one. */
+struct fs_slot {
+    float max_x, min_x;
+    int argmax;
+    float sum_exp;
+    unsigned n_minp;
+};
+
+struct fs_shared {
+    u64 hist_w[FS_NB];       /* this block's bins */
+    u64 cum_w[FS_NB + 1];    /* block 0: bin totals of the row, then their exclusive prefix sums */
+    u64 list_key[FS_CAP];    /* block 0: the gathered bin, (key << 32 | ~id), sorted descending */
+    u64 list_psum[FS_CAP];   /* block 0: inclusive prefix sums of their weights */
+    unsigned hist_c[FS_NB];
+    unsigned cum_c[FS_NB + 1];
+    fs_slot slot;
+    int cmd;                 /* block 0 -> others: bin to gather, or -1 = done */
+    unsigned list_n;         /* gather slot counter (DSMEM atomics from every block) */
+    int cached_bin, res;
+    float row_max, row_min;
+    int row_argmax;
+    float red_f[33], red_g[32]; /* red_f: rp_block_sum's scratch too */
+    int red_i[32];
+    u64 red64[32];
+};
+#define FS_SHARED_BYTES ((sizeof(fs_shared) + 15) & ~(size_t)15)
+static_assert(sizeof(smp_shared) <= sizeof(fs_shared), "the slow path reuses the fast path's shared memory");
+
+/* Bin of a finite logit: monotone in the logit (so bin order is sampling
+ * order), equal logits share a bin. Every block computes it with the same
+ * operations on the same (max, scale), so all agree bit for bit. */
+__device__ __forceinline__ int fs_bin(float x, float mx, float scale) {
+    const float t = (mx - x) * scale;
+    return t < (float)(FS_NB - 1) ? (int)t : FS_NB - 1;
+}
+
+__device__ __forceinline__ u64 fs_weight(float x, float mx, float inv_t) {
+    return (u64)__float2ull_rn(expf((x - mx) * inv_t) * SMP_ONE);
+}
+
+/* min-p in double, exactly the host's test (mass >= min_p); a float
+ * pre-test settles everything not within 1e-3 of the threshold. */
+__device__ __forceinline__ bool fs_minp_keep(float x, float mx, float inv_t, float log_minp, double temp_d,
+                                             double minp_d) {
+    const float y = (x - mx) * inv_t;
+    const float margin = 1e-3f * (1.0f + fabsf(log_minp));
+    if (y > log_minp + margin) return true;
+    if (y < log_minp - margin) return false;
+    return exp(((double)x - (double)mx) / temp_d) >= minp_d;
+}
+
+/* Block-wide sums and scans (every thread of the block calls them). */
+__device__ __forceinline__ u64 fs_block_sum(u64 v, fs_shared &sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(RP_FULL_MASK, v, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sh.red64[threadIdx.x >> 5] = v;
+    __syncthreads();
+    u64 r = 0;
+    for (int w = 0; w < FS_THREADS / 32; w++) r += sh.red64[w];
+    return r;
+}
+
+/* Exclusive prefix over threads in thread order; *total gets the sum. */
+__device__ __forceinline__ u64 fs_block_excl_scan(u64 v, u64 *total, fs_shared &sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u64 inc = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 n = __shfl_up_sync(RP_FULL_MASK, inc, o);
+        if (lane >= o) inc += n;
+    }
+    __syncthreads();
+    if (lane == 31) sh.red64[warp] = inc;
+    __syncthreads();
+    u64 before = 0, all = 0;
+    for (int w = 0; w < FS_THREADS / 32; w++) {
+        const u64 s = sh.red64[w];
+        if (w < warp) before += s;
+        all += s;
+    }
+    *total = all;
+    return before + inc - v;
+}
+
+/* Each block appends its tokens of bin b to block 0's list. */
+__device__ void fs_gather(const float *xs, int n, int id0, int b, float mx, float scale, fs_shared *lead) {
+    const int lane = threadIdx.x & 31;
+    for (int base = 0; base < n; base += FS_THREADS) { /* same trip count in a warp: ballots are safe */
+        const int i = base + threadIdx.x;
+        const float x = i < n ? xs[i] : -INFINITY;
+        const bool m = x != -INFINITY && fs_bin(x, mx, scale) == b;
+        const unsigned ball = __ballot_sync(RP_FULL_MASK, m);
+        if (!ball) continue;
+        unsigned slot0 = 0;
+        if (lane == 0) slot0 = atomicAdd(&lead->list_n, (unsigned)__popc(ball));
+        slot0 = __shfl_sync(RP_FULL_MASK, slot0, 0);
+        if (m) {
+            const unsigned slot = slot0 + __popc(ball & ((1u << lane) - 1u));
+            if (slot < FS_CAP) lead->list_key[slot] = ((u64)order_key(x) << 32) | (u64)(~(uint32_t)(id0 + i));
+        }
+    }
+}
+
+/* Block 0 only, between gathers. */
+struct fs_row {
+    const float *xs;
+    int n, id0;
+    float mx, scale, inv_t;
+};
+
+/* Opens bin b: gathers its tokens from the cluster, sorts them in sampling
+ * order and prefix-sums their weights. 0 if it holds more than FS_CAP
+ * tokens (or the gather disagrees with the histogram). */
+__device__ int fs_open_bin(int b, const fs_row &rw, fs_shared &sh, cg::cluster_group &cluster) {
+    if (sh.cached_bin == b) return 1;
+    const unsigned cnt = sh.cum_c[b + 1] - sh.cum_c[b];
+    if (cnt > FS_CAP) return 0;
+    if (threadIdx.x == 0) {
+        sh.list_n = 0;
+        sh.cmd = b;
+    }
+    cluster.sync(); /* [gather A] publishes cmd and list_n = 0 */
+    fs_gather(rw.xs, rw.n, rw.id0, b, rw.mx, rw.scale, &sh);
+    cluster.sync(); /* [gather B] every block's appends are in */
+    if (sh.list_n != cnt) return 0;
+    int P = 1;
+    while (P < (int)cnt) P <<= 1;
+    for (int i = cnt + threadIdx.x; i < P; i += FS_THREADS) sh.list_key[i] = 0; /* sorts last */
+    __syncthreads();
+    /* bitonic sort, descending: larger key = earlier in sampling order */
+    for (int k = 2; k <= P; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < P; i += FS_THREADS) {
+                const int ixj = i ^ j;
+                if (ixj > i) {
+                    const u64 a = sh.list_key[i], c = sh.list_key[ixj];
+                    if (((i & k) == 0) ? a < c : a > c) {
+                        sh.list_key[i] = c;
+                        sh.list_key[ixj] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    /* inclusive prefix sums of the weights, two entries per thread */
+    const int i0 = 2 * threadIdx.x;
+    const u64 w0 = i0 < (int)cnt ? fs_weight(key_value((uint32_t)(sh.list_key[i0] >> 32)), rw.mx, rw.inv_t) : 0;
+    const u64 w1 =
+        i0 + 1 < (int)cnt ? fs_weight(key_value((uint32_t)(sh.list_key[i0 + 1] >> 32)), rw.mx, rw.inv_t) : 0;
+    u64 tot;
+    const u64 before = fs_block_excl_scan(w0 + w1, &tot, sh);
+    if (i0 < FS_CAP) sh.list_psum[i0] = before + w0;
+    if (i0 + 1 < FS_CAP) sh.list_psum[i0 + 1] = before + w0 + w1;
+    if (threadIdx.x == 0) sh.cached_bin = b;
+    __syncthreads();
+    return 1;
+}
+
+/* The bin b with cum[b] < target <= cum[b + 1] (by count or by weight), or
+ * for exclusive: cum[b] <= target < cum[b + 1]. Unique for a valid target. */
+__device__ int fs_find_bin(bool by_mass, bool inclusive, u64 target, fs_shared &sh) {
+    if (threadIdx.x == 0) sh.res = -1;
+    __syncthreads();
+    for (int b = threadIdx.x; b < FS_NB; b += FS_THREADS) {
+        const u64 lo = by_mass ? sh.cum_w[b] : sh.cum_c[b], hi = by_mass ? sh.cum_w[b + 1] : sh.cum_c[b + 1];
+        if (inclusive ? (lo < target && target <= hi) : (lo <= target && target < hi)) sh.res = b;
+    }
+    __syncthreads();
+    const int r = sh.res;
+    __syncthreads();
+    return r;
+}
+
+/* In the open bin: the 0-based index of the first token at which
+ * base + running weight reaches target (>=) or passes it (>); -1 if none. */
+__device__ int fs_find_in_bin(u64 base, u64 target, bool inclusive, unsigned cnt, fs_shared &sh) {
+    if (threadIdx.x == 0) sh.res = -1;
+    __syncthreads();
+    for (int i = threadIdx.x; i < (int)cnt; i += FS_THREADS) {
+        const u64 s = base + sh.list_psum[i], sp = i ? base + sh.list_psum[i - 1] : base;
+        const bool c = inclusive ? s >= target : s > target;
+        const bool cp = i ? (inclusive ? sp >= target : sp > target) : false;
+        if (c && !cp) sh.res = i;
+    }
+    __syncthreads();
+    const int r = sh.res;
+    __syncthreads();
+    return r;
+}
+
+/* Weight of the first j tokens of bin b (j <= count). *ok = 0 if the bin
+ * had to be opened and could not be. */
+__device__ u64 fs_prefix_weight(int b, unsigned j, const fs_row &rw, fs_shared &sh, cg::cluster_group &cluster,
+                                int *ok) {
+    const unsigned cnt = sh.cum_c[b + 1] - sh.cum_c[b];
+    const u64 wb = sh.cum_w[b + 1] - sh.cum_w[b];
+    if (j >= cnt) return wb;
+    if (wb == 0 || j == 0) return 0;
+    if (!fs_open_bin(b, rw, sh, cluster)) {
+        *ok = 0;
+        return 0;
+    }
+    return sh.list_psum[j - 1];
+}
+
+__global__ void __launch_bounds__(FS_THREADS, 1)
+    sample_kernel_cluster(const float *__restrict__ logits, const rp_sample_params *__restrict__ params,
+                          int32_t *__restrict__ tokens, float *__restrict__ logprobs, int vocab, int chunk) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    fs_shared &sh = *reinterpret_cast<fs_shared *>(smem_raw);
+    float *xs = reinterpret_cast<float *>(smem_raw + FS_SHARED_BYTES);
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = (int)cluster.block_rank(), nblk = (int)cluster.num_blocks();
+    const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *row = logits + (int64_t)r * vocab;
+    const int id0 = rank * chunk, n = max(0, min(vocab - id0, chunk));
+    const rp_sample_params p = params[r];
+    fs_shared *lead = cluster.map_shared_rank(&sh, 0);
+
+    /* 1. load the slice (sanitized), max / argmax / min finite */
+    float bmax = -INFINITY, bmin = INFINITY;
+    int barg = 0x7fffffff;
+    const float *src = row + id0;
+    int nv = 0;
+    if ((((uintptr_t)src) & 15) == 0) {
+        nv = n & ~3;
+        for (int q = threadIdx.x; q < nv / 4; q += FS_THREADS) {
+            const float4 v = __ldg(reinterpret_cast<const float4 *>(src) + q);
+            const float a[4] = {sanitize(v.x), sanitize(v.y), sanitize(v.z), sanitize(v.w)};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                if (a[e] > bmax) bmax = a[e], barg = id0 + 4 * q + e; /* ids ascend within a thread */
+                if (a[e] != -INFINITY) bmin = fminf(bmin, a[e]);
+            }
+            *reinterpret_cast<float4 *>(xs + 4 * q) = make_float4(a[0], a[1], a[2], a[3]);
+        }
+    }
+    for (int i = nv + threadIdx.x; i < n; i += FS_THREADS) {
+        const float x = sanitize(src[i]);
+        xs[i] = x;
+        if (x > bmax || (x == bmax && id0 + i < barg)) bmax = x, barg = id0 + i;
+        if (x != -INFINITY) bmin = fminf(bmin, x);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(RP_FULL_MASK, bmax, o), om = __shfl_xor_sync(RP_FULL_MASK, bmin, o);
+        const int oi = __shfl_xor_sync(RP_FULL_MASK, barg, o);
+        if (ov > bmax || (ov == bmax && oi < barg)) bmax = ov, barg = oi;
+        bmin = fminf(bmin, om);
+    }
+    if (lane == 0) sh.red_f[warp] = bmax, sh.red_g[warp] = bmin, sh.red_i[warp] = barg;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < FS_THREADS / 32; w++) {
+            if (sh.red_f[w] > bmax || (sh.red_f[w] == bmax && sh.red_i[w] < barg)) bmax = sh.red_f[w], barg = sh.red_i[w];
+            bmin = fminf(bmin, sh.red_g[w]);
+        }
+        sh.slot.max_x = bmax, sh.slot.min_x = bmin, sh.slot.argmax = barg;
+    }
+    cluster.sync(); /* [stats] every block's slot.max_x/min_x/argmax is in */
+    if (warp == 0) {
+        /* (max, lowest id) is a total order, so any combination order gives
+         * the same answer in every block */
+        float m = -INFINITY, mn = INFINITY;
+        int a = 0x7fffffff;
+        if (lane < nblk) {
+            const fs_slot *s = &cluster.map_shared_rank(&sh, lane)->slot;
+            m = s->max_x, mn = s->min_x, a = s->argmax;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(RP_FULL_MASK, m, o), om = __shfl_xor_sync(RP_FULL_MASK, mn, o);
+            const int oi = __shfl_xor_sync(RP_FULL_MASK, a, o);
+            if (ov > m || (ov == m && oi < a)) m = ov, a = oi;
+            mn = fminf(mn, om);
+        }
+        if (lane == 0) sh.row_max = m, sh.row_min = mn, sh.row_argmax = m == -INFINITY ? 0 : a;
+    }
+    __syncthreads();
+    const float mx = sh.row_max;
+    const int argmax = sh.row_argmax;
+
+    if (p.temperature == 0.0f || mx == -INFINITY) {
+        if (logprobs) {
+            /* log-softmax at temperature 1 of the argmax; float partial sums
+             * in a fixed order (block tree, then blocks by rank) */
+            float s = 0.0f;
+            if (mx != -INFINITY)
+                for (int i = threadIdx.x; i < n; i += FS_THREADS) s += expf(xs[i] - mx);
+            s = rp_block_sum(s, sh.red_f);
+            if (threadIdx.x == 0) sh.slot.sum_exp = s;
+            cluster.sync(); /* [greedy sum] every block's slot.sum_exp is in */
+            if (rank == 0 && threadIdx.x == 0) {
+                float tot = 0.0f;
+                for (int q = 0; q < nblk; q++) tot += cluster.map_shared_rank(&sh, q)->slot.sum_exp;
+                logprobs[r] = mx == -INFINITY ? -INFINITY : -logf(tot);
+            }
+        }
+        if (rank == 0 && threadIdx.x == 0) tokens[r] = argmax;
+        cluster.sync(); /* [exit] no block leaves while its slot may still be read */
+        return;
+    }
+
+    /* 2. histogram of (count, weight) over value bins, min-p survivors */
+    const float temp = p.temperature < 0.01f ? 0.01f : p.temperature;
+    const float inv_t = 1.0f / temp;
+    const float span = fminf(mx - sh.row_min, FS_SPAN * temp);
+    /* 1.001: the row minimum stays out of the last (zero-weight) bin */
+    const float scale = span > 0.0f ? (float)(FS_NB - 1) / (span * 1.001f) : 0.0f;
+    const bool use_minp = p.min_p > 0.0f;
+    const float log_minp = use_minp ? logf(p.min_p) : 0.0f;
+    const double temp_d = (double)temp, minp_d = (double)p.min_p;
+    for (int b = threadIdx.x; b < FS_NB; b += FS_THREADS) sh.hist_w[b] = 0, sh.hist_c[b] = 0;
+    __syncthreads();
+    unsigned tail = 0, n_minp = 0;
+    for (int i = threadIdx.x; i < n; i += FS_THREADS) {
+        const float x = xs[i];
+        if (x == -INFINITY) continue;
+        if (use_minp && fs_minp_keep(x, mx, inv_t, log_minp, temp_d, minp_d)) n_minp++;
+        const int b = fs_bin(x, mx, scale);
+        if (b == FS_NB - 1) { /* the tail is counted in a register: one hot bin would serialize */
+            tail++;
+            continue;
+        }
+        atomicAdd(&sh.hist_c[b], 1u);
+        const u64 w = fs_weight(x, mx, inv_t);
+        if (w) atomicAdd(&sh.hist_w[b], w);
+    }
+    const u64 both = fs_block_sum(((u64)n_minp << 32) | tail, sh);
+    if (threadIdx.x == 0) {
+        sh.hist_c[FS_NB - 1] += (unsigned)both; /* its weight is 0 by construction */
+        sh.slot.n_minp = (unsigned)(both >> 32);
+    }
+    cluster.sync(); /* [hist A] every block's bins and slot.n_minp are in */
+    {
+        /* block q sums bins [q * per, (q + 1) * per) over the cluster into block 0 */
+        const int per = FS_NB / nblk;
+        for (int b = rank * per + threadIdx.x; b < (rank + 1) * per; b += FS_THREADS) {
+            u64 w = 0;
+            unsigned c = 0;
+            for (int q = 0; q < nblk; q++) {
+                const fs_shared *o = cluster.map_shared_rank(&sh, q);
+                w += o->hist_w[b];
+                c += o->hist_c[b];
+            }
+            lead->cum_w[b] = w;
+            lead->cum_c[b] = c;
+        }
+    }
+    cluster.sync(); /* [hist B] block 0 holds the row's bins */
+
+    if (rank != 0) {
+        /* serve block 0's gathers until it is done */
+        for (;;) {
+            cluster.sync(); /* [gather A] */
+            const int b = lead->cmd;
+            if (b < 0) break;
+            fs_gather(xs, n, id0, b, mx, scale, lead);
+            cluster.sync(); /* [gather B] */
+        }
+        cluster.sync(); /* [exit] block 0 may now reuse its shared memory */
+        return;
+    }
+
+    /* 3. block 0: prefix sums of the bins, then each stage's boundary.
+     * A boundary is (bin, j): the first j tokens of the bin are kept;
+     * (FS_NB, 0) = everything. */
+    {
+        const int b0 = threadIdx.x * (FS_NB / FS_THREADS);
+        u64 wsum = 0, csum = 0;
+        for (int e = 0; e < FS_NB / FS_THREADS; e++) wsum += sh.cum_w[b0 + e], csum += sh.cum_c[b0 + e];
+        u64 wtot, ctot;
+        u64 wrun = fs_block_excl_scan(wsum, &wtot, sh);
+        u64 crun = fs_block_excl_scan(csum, &ctot, sh);
+        for (int e = 0; e < FS_NB / FS_THREADS; e++) {
+            const u64 w = sh.cum_w[b0 + e], c = sh.cum_c[b0 + e];
+            sh.cum_w[b0 + e] = wrun, sh.cum_c[b0 + e] = (unsigned)crun;
+            wrun += w, crun += c;
+        }
+        if (threadIdx.x == 0) sh.cum_w[FS_NB] = wtot, sh.cum_c[FS_NB] = (unsigned)ctot, sh.cached_bin = -1;
+        __syncthreads();
+    }
+    const fs_row rw = {xs, n, id0, mx, scale, inv_t};
+    const u64 n_fin = sh.cum_c[FS_NB], total = sh.cum_w[FS_NB];
+    int ok = 1, pick = argmax;
+    u64 s2 = 0;
+    float pick_x = mx;
+
+    /* top-k: a count boundary */
+    int bf = FS_NB;
+    unsigned jf = 0;
+    u64 s1 = total;
+    if (p.top_k > 0 && (u64)p.top_k < n_fin) {
+        bf = fs_find_bin(false, true, (u64)p.top_k, sh);
+        jf = (unsigned)p.top_k - sh.cum_c[bf];
+        s1 = sh.cum_w[bf] + fs_prefix_weight(bf, jf, rw, sh, cluster, &ok);
+    }
+    /* top-p: the smallest prefix of the top-k set with weight >= p * s1 */
+    if (ok && p.top_p < 1.0f) {
+        u64 target = (u64)ceil((double)p.top_p * (double)s1);
+        target = target < 1 ? 1 : target > s1 ? s1 : target;
+        const int bp = fs_find_bin(true, true, target, sh);
+        ok = bp >= 0 && fs_open_bin(bp, rw, sh, cluster);
+        if (ok) {
+            const int i = fs_find_in_bin(sh.cum_w[bp], target, true, sh.cum_c[bp + 1] - sh.cum_c[bp], sh);
+            ok = i >= 0;
+            bf = bp, jf = (unsigned)i + 1;
+        }
+    }
+    /* min-p: its survivors are the first n_minp tokens of the order */
+    if (ok && use_minp) {
+        u64 n_m = 0;
+        for (int q = 0; q < nblk; q++) n_m += cluster.map_shared_rank(&sh, q)->slot.n_minp;
+        const int bm = fs_find_bin(false, true, n_m, sh);
+        ok = bm >= 0; /* n_m >= 1: the top token always passes */
+        const unsigned jm = ok ? (unsigned)(n_m - sh.cum_c[bm]) : 0;
+        if (ok && (bm < bf || (bm == bf && jm < jf))) bf = bm, jf = jm;
+    }
+    /* the draw: inverse CDF over the kept prefix */
+    if (ok) {
+        s2 = bf == FS_NB ? total : sh.cum_w[bf] + fs_prefix_weight(bf, jf, rw, sh, cluster, &ok);
+    }
+    if (ok) {
+        const float u = rp_d_rand_uniform(p.seed, 0, p.step);
+        u64 target = (u64)((double)u * (double)s2);
+        if (target >= s2) target = s2 - 1;
+        const int bd = fs_find_bin(true, false, target, sh);
+        ok = bd >= 0 && fs_open_bin(bd, rw, sh, cluster);
+        if (ok) {
+            const int i = fs_find_in_bin(sh.cum_w[bd], target, false, sh.cum_c[bd + 1] - sh.cum_c[bd], sh);
+            ok = i >= 0;
+            if (ok) {
+                const u64 key = sh.list_key[i];
+                pick = (int)~(uint32_t)key;
+                pick_x = key_value((uint32_t)(key >> 32));
+            }
+        }
+    }
+    if (threadIdx.x == 0) sh.cmd = -1;
+    cluster.sync(); /* [gather A] releases the other blocks */
+    cluster.sync(); /* [exit] they no longer read our shared memory */
+    if (!ok) {
+        /* a bin too large to open: the exact slow path over the global row */
+        sample_row_exact(row, p, tokens + r, logprobs ? logprobs + r : NULL, vocab,
+                         *reinterpret_cast<smp_shared *>(smem_raw));
+        return;
+    }
+    if (threadIdx.x == 0) {
+        tokens[r] = pick;
+        if (logprobs)
+            logprobs[r] = (float)(((double)pick_x - (double)mx) / (double)temp - log((double)s2 / (double)SMP_ONE));
+    }
+}
+
+/* ======================= launchers ======================================== */
+
+/* Everything lives in shared memory: no workspace. */
 extern "C" size_t rp_sample_workspace_bytes(int rows, int vocab) {
     (void)rows;
     (void)vocab;
-    return 256; /* everything lives in shared memory */
+    return 256;
+}
+
+/* Cluster size for a vocabulary: 16 blocks where the GPU can co-schedule
+ * them (non-portable size), else 8; 0 = the row does not fit, use the slow
+ * path. Depends only on vocab and the device, so the grid shape of a
+ * captured launch never changes. */
+static int fs_cluster_size(int vocab, int *chunk_out, size_t *smem_out) {
+    static int cached_vocab = -1, cached_cl, cached_chunk;
+    static size_t cached_smem;
+    if (vocab == cached_vocab) {
+        *chunk_out = cached_chunk, *smem_out = cached_smem;
+        return cached_cl;
+    }
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        optin = 0;
+    int cl = 0, chunk = 0;
+    size_t smem = 0;
+    /* the largest slice any vocabulary may use, set once: a smaller value set
+     * later would break launches cached for a larger vocabulary */
+    if (optin > 0 && (cudaFuncSetAttribute(sample_kernel_cluster, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           optin - 1024) != cudaSuccess ||
+                      cudaFuncSetAttribute(sample_kernel_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                           1) != cudaSuccess))
+        optin = 0;
+    const int sizes[2] = {16, 8};
+    for (int t = 0; t < 2 && !cl; t++) {
+        const int c = ((vocab + sizes[t] - 1) / sizes[t] + 3) & ~3; /* 16-byte aligned slices */
+        const size_t bytes = FS_SHARED_BYTES + (size_t)c * 4;
+        if (bytes + 1024 > (size_t)optin) continue; /* 1 KiB: the slow path's static shared memory */
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(sizes[t], 1);
+        cfg.blockDim = dim3(FS_THREADS);
+        cfg.dynamicSmemBytes = bytes;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = sizes[t], attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, sample_kernel_cluster, &cfg) == cudaSuccess && clusters > 0)
+            cl = sizes[t], chunk = c, smem = bytes;
+    }
+    cudaGetLastError(); /* a refused size is not an error of the next launch */
+    cached_vocab = vocab, cached_cl = cl, cached_chunk = chunk, cached_smem = smem;
+    *chunk_out = chunk, *smem_out = smem;
+    return cl;
 }
 
 extern "C" int rp_k_sample(const float *logits, const rp_sample_params *params, int32_t *tokens, float *logprobs,
                            void *workspace, int rows, int vocab, cudaStream_t stream) {
     (void)workspace;
     if (rows <= 0) return cudaSuccess;
-    if (vocab <= 0 || vocab > SMP_MAX_VOCAB) return (int)cudaErrorInvalidValue;
+    if (vocab <= 0 || vocab > SMP_MAX_VOCAB || rows > 65535) return (int)cudaErrorInvalidValue;
+    int chunk = 0;
+    size_t smem = 0;
+    const int cl = fs_cluster_size(vocab, &chunk, &smem);
+    if (cl) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(cl, rows);
+        cfg.blockDim = dim3(FS_THREADS);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = stream;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = cl, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        const cudaError_t e = cudaLaunchKernelEx(&cfg, sample_kernel_cluster, logits, params, tokens, logprobs, vocab, chunk);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return (int)e;
+        }
+        return rp_launch_result();
+    }
     static int attr_set = 0;
     const size_t bytes = sizeof(smp_shared);
     if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        cudaError_t e = cudaFuncSetAttribute(sample_kernel_slow, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    sample_kernel<<<rows, SMP_THREADS, bytes, stream>>>(logits, params, tokens, logprobs, vocab);
+    sample_kernel_slow<<<rows, SMP_THREADS, bytes, stream>>>(logits, params, tokens, logprobs, vocab);
     return rp_launch_result();
 }

@@ -1,0 +1,509 @@
+/* Tests for the device sampler (src/backend/cuda/kernels/sample.cu) against
+ * the host sampler (src/engine/sampler.c), which defines the semantics.
+ *
+ * Greedy must match exactly (ties, NaN, +inf, all -inf); sampled tokens
+ * token by token on the same (seed, step) draws, allowing 1 row in 50 to
+ * differ (a draw within rounding of a CDF boundary: the host sums double
+ * masses, the device 2^44 fixed point; in practice every row agrees);
+ * logprobs within 1e-3; the same launch twice gives the same tokens; over
+ * many draws the counts follow the softmax. Shapes cover the fast cluster
+ * path (one bin opened or several, top-k/top-p/min-p boundaries inside a
+ * bin), its fall back to the exact slow path (thousands of tied logits),
+ * rows that are not 16-byte aligned, tiny vocabularies and batches of 256.
+ *
+ * Every run draws fresh random inputs (the seed is printed;
+ * REPLAY_TEST_SEED repeats one); outputs are poisoned before each launch.
+ * REPLAY_TEST_SMALL=1 shrinks the shapes (for compute-sanitizer);
+ * REPLAY_TEST_SKIP=pattern skips tests by name (cmocka wildcards);
+ * REPLAY_SAMPLE_BENCH=1 also prints rp_k_sample timings (eager and graph)
+ * for rows 1, 8, 64, 256 at vocab 151936. Label "gpu" in CTest. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef REPLAY_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/kernels.h"
+#include "engine/sampler.h"
+#include "util/rng.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t g_seed, g_ctr;
+static int g_small;
+
+static uint32_t urand(uint32_t n) { return (uint32_t)(rp_rand_u64(g_seed, 2, g_ctr++) % n); }
+
+#define CU(call)                                                                                     \
+    do {                                                                                             \
+        cudaError_t e_ = (call);                                                                     \
+        if (e_ != cudaSuccess) fail_msg("%s: %s (line %d)", #call, cudaGetErrorString(e_), __LINE__); \
+    } while (0)
+
+#define LAUNCH(call)                                                                                  \
+    do {                                                                                              \
+        int r_ = (call);                                                                              \
+        if (r_ != 0) fail_msg("%s: %s (line %d)", #call, cudaGetErrorString((cudaError_t)r_), __LINE__); \
+        CU(cudaDeviceSynchronize());                                                                  \
+    } while (0)
+
+static void *dalloc(size_t bytes) {
+    void *p = NULL;
+    CU(cudaMalloc(&p, bytes ? bytes : 16));
+    CU(cudaMemset(p, 0xff, bytes ? bytes : 16));
+    return p;
+}
+static void *dup_to_dev(const void *h, size_t bytes) {
+    void *d = dalloc(bytes);
+    CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+static void to_host(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
+
+static int have_gpu(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return 0;
+    }
+    return 1;
+}
+
+#define NEED_GPU()                                                   \
+    do {                                                             \
+        if (!have_gpu()) {                                           \
+            printf("no CUDA GPU: skipping CUDA sampler tests\n");    \
+            skip();                                                  \
+        }                                                            \
+    } while (0)
+
+static void fill_normal(float *x, int n, float scale) {
+    for (int i = 0; i < n; i++) {
+        double u1 = rp_rand_uniform(g_seed, 3, g_ctr++) + 1e-9, u2 = rp_rand_uniform(g_seed, 3, g_ctr++);
+        x[i] = (float)(scale * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+/* Logits shaped like a model's: a normal bulk, a peaked head, some equal
+ * pairs. */
+static void fill_model_like(float *x, int vocab) {
+    fill_normal(x, vocab, 2.5f);
+    for (int i = 0; i < 200; i++) x[urand(vocab)] += 8.0f;
+    for (int i = 0; i < 50; i++) x[urand(vocab)] = x[urand(vocab)];
+}
+
+/* One launch; a NULL workspace size check is part of the contract. The
+ * logprob buffer is optional (with_lp). */
+static void run_sample_lp(const float *d_logits, const rp_sample_params *params, int rows, int vocab, int32_t *tok,
+                          float *lp, int with_lp) {
+    rp_sample_params *d_p = dup_to_dev(params, (size_t)rows * sizeof *params);
+    int32_t *d_tok = dalloc((size_t)rows * 4);
+    float *d_lp = dalloc((size_t)rows * 4);
+    void *d_ws = dalloc(rp_sample_workspace_bytes(rows, vocab));
+    LAUNCH(rp_k_sample(d_logits, d_p, d_tok, with_lp ? d_lp : NULL, d_ws, rows, vocab, 0));
+    to_host(tok, d_tok, (size_t)rows * 4);
+    if (with_lp) to_host(lp, d_lp, (size_t)rows * 4);
+    cudaFree(d_p), cudaFree(d_tok), cudaFree(d_lp), cudaFree(d_ws);
+}
+static void run_sample(const float *d_logits, const rp_sample_params *params, int rows, int vocab, int32_t *tok,
+                       float *lp) {
+    run_sample_lp(d_logits, params, rows, vocab, tok, lp, 1);
+}
+
+/* The host sampler on one row (it overwrites its input: work on a copy). */
+static int host_sample(rp_sampler *smp, const float *row, int vocab, const rp_sample_params *p, float *tmp,
+                       float *lp) {
+    rp_sampling_params hp;
+    rp_sampling_params_default(&hp);
+    hp.temperature = p->temperature, hp.top_p = p->top_p, hp.top_k = p->top_k, hp.min_p = p->min_p;
+    hp.seed = p->seed;
+    memcpy(tmp, row, (size_t)vocab * 4);
+    return rp_sampler_sample(smp, &hp, tmp, NULL, 0, NULL, 0, p->step, lp);
+}
+
+/* Device against host on rows (logits [rows][vocab]), twice for
+ * determinism; fails past 1 disagreement in 50 or a logprob off by 1e-3. */
+static void check_vs_host(const char *what, const float *logits, const rp_sample_params *params, int rows,
+                          int vocab) {
+    float *d_logits = dup_to_dev(logits, (size_t)rows * vocab * 4);
+    int32_t *tok = malloc((size_t)rows * 4), *tok2 = malloc((size_t)rows * 4);
+    float *lp = malloc((size_t)rows * 4), *lp2 = malloc((size_t)rows * 4), *tmp = malloc((size_t)vocab * 4);
+    run_sample(d_logits, params, rows, vocab, tok, lp);
+    run_sample(d_logits, params, rows, vocab, tok2, lp2);
+    assert_memory_equal(tok, tok2, (size_t)rows * 4); /* same seed, same token */
+    assert_memory_equal(lp, lp2, (size_t)rows * 4);
+    rp_sampler *smp = rp_sampler_new(vocab);
+    int agree = 0;
+    double max_lp_err = 0;
+    for (int r = 0; r < rows; r++) {
+        float want_lp;
+        const int want = host_sample(smp, logits + (size_t)r * vocab, vocab, &params[r], tmp, &want_lp);
+        if (tok[r] < 0 || tok[r] >= vocab) fail_msg("%s row %d: token %d out of range", what, r, tok[r]);
+        if (tok[r] == want) {
+            agree++;
+            if (!(isinf(want_lp) && want_lp == lp[r])) {
+                const double e = fabs((double)lp[r] - want_lp);
+                if (!(e <= max_lp_err)) max_lp_err = e; /* NaN sticks */
+            }
+        }
+    }
+    printf("  %-52s agree with host %d/%d, logprob err %.1e\n", what, agree, rows, max_lp_err);
+    if (agree < rows - rows / 50) fail_msg("%s: device and host disagree on %d of %d rows", what, rows - agree, rows);
+    if (!(max_lp_err <= 1e-3)) fail_msg("%s: logprob differs by %g", what, max_lp_err);
+    rp_sampler_free(smp);
+    free(tok), free(tok2), free(lp), free(lp2), free(tmp);
+    cudaFree(d_logits);
+}
+
+/* ---- tests -------------------------------------------------------------- */
+
+static void test_sample_greedy(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int rows = 6, vocab = g_small ? 32000 : 152064;
+    float *logits = malloc((size_t)rows * vocab * 4);
+    fill_normal(logits, rows * vocab, 3.0f);
+    /* planted ties: the lowest id must win */
+    logits[0 * vocab + 5000] = 100.0f, logits[0 * vocab + 7] = 100.0f, logits[0 * vocab + vocab - 1] = 100.0f;
+    logits[1 * vocab + vocab - 1] = 50.0f;
+    logits[2 * vocab + 3] = NAN, logits[2 * vocab + 4] = INFINITY, logits[2 * vocab + 9] = INFINITY;
+    for (int i = 0; i < vocab; i++) logits[3 * vocab + i] = -INFINITY;
+    logits[4 * vocab + 0] = 40.0f;
+    rp_sample_params params[6];
+    memset(params, 0, sizeof params);
+    float *d_logits = dup_to_dev(logits, (size_t)rows * vocab * 4);
+    int32_t tok[6], tok2[6];
+    float lp[6];
+    run_sample(d_logits, params, rows, vocab, tok, lp);
+    run_sample_lp(d_logits, params, rows, vocab, tok2, NULL, 0); /* logprobs are optional */
+    assert_memory_equal(tok, tok2, sizeof tok);
+    rp_sampler *smp = rp_sampler_new(vocab);
+    float *tmp = malloc((size_t)vocab * 4);
+    for (int r = 0; r < rows; r++) {
+        float want_lp;
+        const int want = host_sample(smp, logits + (size_t)r * vocab, vocab, &params[r], tmp, &want_lp);
+        if (tok[r] != want) fail_msg("greedy row %d: %d != %d", r, tok[r], want);
+        if (!(isinf(want_lp) && isinf(lp[r])) && !(fabsf(lp[r] - want_lp) < 1e-3f * (1 + fabsf(want_lp))))
+            fail_msg("greedy row %d logprob %g != %g", r, lp[r], want_lp);
+    }
+    printf("  greedy: %d rows exact (ties, NaN, +inf, all -inf), logprobs within 1e-3\n", rows);
+    free(logits), free(tmp);
+    rp_sampler_free(smp);
+    cudaFree(d_logits);
+}
+
+/* Token by token against the host sampler: rows share logits, differ in
+ * step (the RNG counter); one configuration per launch. */
+static void test_sample_vs_host(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int vocab = g_small ? 32000 : 152064, rows = g_small ? 32 : 128;
+    struct {
+        float t, p, minp;
+        int k;
+    } cfg[] = {{1.0f, 1.0f, 0.0f, 0},    {0.7f, 0.9f, 0.0f, 0},   {1.0f, 1.0f, 0.0f, 50},    {0.8f, 0.95f, 0.05f, 40},
+               {1.3f, 1.0f, 0.1f, 0},    {0.005f, 1.0f, 0.0f, 0}, {1.0f, 0.5f, 0.0f, 5000},  {1.0f, 1.0f, 0.0f, 1},
+               {1.0f, 0.9f, 0.0f, 0},    {1.0f, 1.0f, 0.05f, 0},  {2.0f, 0.99f, 0.0f, 0},    {1.0f, 1.0f, 1e-30f, 0},
+               {0.6f, 1.0f, 1.0f, 0},    {1.0f, 1.0f, 0.0f, 100000}, {1.0f, 0.95f, 0.02f, 1000}};
+    const int ncfg = sizeof cfg / sizeof cfg[0];
+    float *logits = malloc((size_t)rows * vocab * 4);
+    fill_model_like(logits, vocab);
+    for (int r = 1; r < rows; r++) memcpy(logits + (size_t)r * vocab, logits, (size_t)vocab * 4);
+    rp_sample_params *params = calloc((size_t)rows, sizeof *params);
+    for (int c = 0; c < ncfg; c++) {
+        for (int r = 0; r < rows; r++)
+            params[r] = (rp_sample_params){.temperature = cfg[c].t, .top_p = cfg[c].p, .top_k = cfg[c].k,
+                                           .min_p = cfg[c].minp, .seed = g_seed + 17, .step = (uint64_t)r * 7 + 3};
+        char what[96];
+        snprintf(what, sizeof what, "T=%.3g top_p=%.2g min_p=%.2g top_k=%d", cfg[c].t, cfg[c].p, cfg[c].minp,
+                 cfg[c].k);
+        check_vs_host(what, logits, params, rows, vocab);
+    }
+    free(logits), free(params);
+}
+
+/* A batch: every row its own logits and its own parameters (mixed greedy
+ * and sampled rows in one launch), at a vocabulary whose rows are not
+ * 16-byte aligned and one that is. */
+static void test_sample_batch(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int vocabs[] = {g_small ? 4003 : 32003, g_small ? 8000 : 151936};
+    const int rows = g_small ? 16 : 256;
+    for (int vi = 0; vi < 2; vi++) {
+        const int vocab = vocabs[vi];
+        float *logits = malloc((size_t)rows * vocab * 4);
+        rp_sample_params *params = calloc((size_t)rows, sizeof *params);
+        for (int r = 0; r < rows; r++) {
+            float *x = logits + (size_t)r * vocab;
+            const int shape = urand(4);
+            if (shape == 0) fill_model_like(x, vocab);
+            else if (shape == 1) fill_normal(x, vocab, 0.05f); /* nearly flat: bins adapt to the range */
+            else if (shape == 2) fill_normal(x, vocab, 20.0f); /* very peaked */
+            else {
+                fill_normal(x, vocab, 1.0f);
+                for (int i = 0; i < vocab; i += 3) x[i] = -INFINITY; /* masked tokens */
+                x[urand(vocab)] = NAN;
+            }
+            const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
+            params[r].temperature = temps[urand(5)];
+            params[r].top_p = urand(2) ? 1.0f : 0.5f + 0.5f * (float)urand(100) / 100.0f;
+            params[r].top_k = urand(2) ? 0 : 1 + (int)urand(200);
+            params[r].min_p = urand(3) ? 0.0f : (float)urand(100) / 400.0f;
+            params[r].seed = g_seed + (uint64_t)r;
+            params[r].step = urand(1000);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "batch of %d mixed rows, vocab %d", rows, vocab);
+        check_vs_host(what, logits, params, rows, vocab);
+        free(logits), free(params);
+    }
+}
+
+/* Thousands of exactly tied logits at the top: the bin is too large to
+ * open in block 0, so the row goes to the exact slow path. Also a fully
+ * flat row, special values in sampled rows, and tiny vocabularies (slices
+ * of zero length in the cluster). */
+static void test_sample_ties_and_edges(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int vocab = g_small ? 20000 : 151936, rows = 8;
+    float *logits = malloc((size_t)rows * vocab * 4);
+    rp_sample_params params[8];
+    for (int r = 0; r < rows; r++) {
+        float *x = logits + (size_t)r * vocab;
+        fill_model_like(x, vocab);
+        params[r] = (rp_sample_params){.temperature = 1.0f, .top_p = 1.0f, .top_k = 0, .min_p = 0.0f,
+                                       .seed = g_seed + 99, .step = (uint64_t)r};
+    }
+    for (int i = 0; i < vocab; i += 7) logits[0 * (size_t)vocab + i] = 12.0f; /* ~21k tied at the top */
+    for (int i = 0; i < vocab; i += 7) logits[1 * (size_t)vocab + i] = 12.0f;
+    params[1].top_k = 3000, params[1].top_p = 0.3f;
+    for (int i = 0; i < vocab; i++) logits[2 * (size_t)vocab + i] = 0.5f; /* flat */
+    params[2].top_p = 0.7f;
+    logits[3 * (size_t)vocab + 10] = INFINITY, logits[3 * (size_t)vocab + 20] = INFINITY; /* share all mass */
+    logits[3 * (size_t)vocab + 30] = NAN, logits[3 * (size_t)vocab + 40] = -INFINITY;
+    for (int i = 0; i < vocab; i++) logits[4 * (size_t)vocab + i] = -INFINITY;
+    logits[4 * (size_t)vocab + vocab - 1] = -3.0f; /* a single finite token */
+    for (int i = 0; i < vocab; i++) logits[5 * (size_t)vocab + i] = -INFINITY; /* nothing: token 0 */
+    for (int i = 0; i < 3000; i++) logits[6 * (size_t)vocab + urand(vocab)] = -0.0f; /* signed zeros tie */
+    for (int i = 0; i < 3000; i++) logits[6 * (size_t)vocab + urand(vocab)] = 0.0f;
+    params[6].temperature = 0.01f;
+    params[7].temperature = 0.001f, params[7].top_k = 2; /* clamped to 0.01 */
+    check_vs_host("ties (slow path), flat, inf/NaN, signed zeros", logits, params, rows, vocab);
+    free(logits);
+
+    const int small_vocabs[] = {1, 5, 40, 129};
+    for (int vi = 0; vi < 4; vi++) {
+        const int v = small_vocabs[vi], n = 64;
+        float *l = malloc((size_t)n * v * 4);
+        rp_sample_params *ps = calloc(n, sizeof *ps);
+        for (int r = 0; r < n; r++) {
+            fill_normal(l + (size_t)r * v, v, 2.0f);
+            ps[r] = (rp_sample_params){.temperature = r % 4 ? 1.0f : 0.0f, .top_p = r % 3 ? 1.0f : 0.8f,
+                                       .top_k = r % 5 ? 0 : 3, .seed = g_seed, .step = (uint64_t)r};
+        }
+        char what[64];
+        snprintf(what, sizeof what, "vocab %d", v);
+        check_vs_host(what, l, ps, n, v);
+        free(l), free(ps);
+    }
+}
+
+/* Over many steps the draws follow softmax(logits / T) (restricted by
+ * top-k): every token's count within 5 sigma of its expectation. */
+static void test_sample_distribution(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int vocab = 40, rows = g_small ? 2000 : 20000;
+    float logits[40];
+    fill_normal(logits, vocab, 1.5f);
+    for (int cfgi = 0; cfgi < 2; cfgi++) {
+        const float temp = cfgi ? 0.8f : 1.0f;
+        const int top_k = cfgi ? 10 : 0;
+        float *all = malloc((size_t)rows * vocab * 4);
+        for (int r = 0; r < rows; r++) memcpy(all + (size_t)r * vocab, logits, sizeof logits);
+        float *d_logits = dup_to_dev(all, (size_t)rows * vocab * 4);
+        rp_sample_params *params = calloc((size_t)rows, sizeof *params);
+        for (int r = 0; r < rows; r++)
+            params[r] = (rp_sample_params){.temperature = temp, .top_p = 1.0f, .top_k = top_k, .seed = g_seed + 5,
+                                           .step = (uint64_t)r};
+        int32_t *tok = malloc((size_t)rows * 4);
+        float *lp = malloc((size_t)rows * 4);
+        run_sample(d_logits, params, rows, vocab, tok, lp);
+        double prob[40], mx = -INFINITY, sum = 0;
+        int order[40];
+        for (int i = 0; i < vocab; i++) order[i] = i, mx = logits[i] > mx ? logits[i] : mx;
+        for (int i = 0; i < vocab; i++)
+            for (int j = i + 1; j < vocab; j++)
+                if (logits[order[j]] > logits[order[i]]) {
+                    int t = order[i];
+                    order[i] = order[j], order[j] = t;
+                }
+        for (int i = 0; i < vocab; i++) prob[i] = 0;
+        for (int i = 0; i < (top_k ? top_k : vocab); i++) sum += prob[order[i]] = exp((logits[order[i]] - mx) / temp);
+        int count[40] = {0};
+        for (int r = 0; r < rows; r++) {
+            assert_true(tok[r] >= 0 && tok[r] < vocab);
+            count[tok[r]]++;
+        }
+        double worst = 0;
+        for (int i = 0; i < vocab; i++) {
+            double pr = prob[i] / sum, e = rows * pr, sd = sqrt(rows * pr * (1 - pr)) + 1e-9;
+            if (pr == 0 && count[i]) fail_msg("token %d outside top-k drawn %d times", i, count[i]);
+            double z = fabs(count[i] - e) / sd;
+            if (pr > 0 && z > worst) worst = z;
+        }
+        printf("  distribution T=%.1f top_k=%d over %d draws: worst |z| = %.2f\n", temp, top_k, rows, worst);
+        if (worst > 5.0) fail_msg("sampled distribution deviates from softmax (|z| = %.2f)", worst);
+        free(all), free(params), free(tok), free(lp);
+        cudaFree(d_logits);
+    }
+}
+
+/* ---- timing (REPLAY_SAMPLE_BENCH=1) --------------------------------------- */
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median over 15 timings of 20 back-to-back launches, eager and as one
+ * graph; microseconds per launch. */
+static void time_sample(const float *d_logits, const rp_sample_params *d_p, int32_t *d_tok, float *d_lp, void *d_ws,
+                        int rows, int vocab, cudaStream_t st, float *eager_us, float *graph_us) {
+    enum { REPS = 20, TRIALS = 15 };
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    float t[TRIALS];
+    for (int w = 0; w < 3; w++) LAUNCH(rp_k_sample(d_logits, d_p, d_tok, d_lp, d_ws, rows, vocab, st));
+    for (int k = 0; k < TRIALS; k++) {
+        CU(cudaEventRecord(e0, st));
+        for (int i = 0; i < REPS; i++)
+            if (rp_k_sample(d_logits, d_p, d_tok, d_lp, d_ws, rows, vocab, st)) fail_msg("launch failed");
+        CU(cudaEventRecord(e1, st));
+        CU(cudaEventSynchronize(e1));
+        CU(cudaEventElapsedTime(&t[k], e0, e1));
+    }
+    qsort(t, TRIALS, sizeof t[0], cmp_float);
+    *eager_us = t[TRIALS / 2] * 1000.0f / REPS;
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < REPS; i++)
+        if (rp_k_sample(d_logits, d_p, d_tok, d_lp, d_ws, rows, vocab, st)) fail_msg("launch in capture failed");
+    CU(cudaStreamEndCapture(st, &g));
+    CU(cudaGraphInstantiate(&ge, g, 0));
+    CU(cudaGraphLaunch(ge, st));
+    CU(cudaStreamSynchronize(st));
+    for (int k = 0; k < TRIALS; k++) {
+        CU(cudaEventRecord(e0, st));
+        CU(cudaGraphLaunch(ge, st));
+        CU(cudaEventRecord(e1, st));
+        CU(cudaEventSynchronize(e1));
+        CU(cudaEventElapsedTime(&t[k], e0, e1));
+    }
+    qsort(t, TRIALS, sizeof t[0], cmp_float);
+    *graph_us = t[TRIALS / 2] * 1000.0f / REPS;
+    CU(cudaGraphExecDestroy(ge));
+    CU(cudaGraphDestroy(g));
+    CU(cudaEventDestroy(e0));
+    CU(cudaEventDestroy(e1));
+}
+
+static void bench_sample(void) {
+    const int vocab = 151936, max_rows = 256, rows_list[] = {1, 8, 64, 256};
+    struct {
+        const char *name;
+        float t, p, minp;
+        int k;
+    } cfg[] = {{"greedy (+ logprob)", 0.0f, 1.0f, 0.0f, 0},
+               {"T=1", 1.0f, 1.0f, 0.0f, 0},
+               {"T=1 top_k=50", 1.0f, 1.0f, 0.0f, 50},
+               {"T=1 top_p=0.9", 1.0f, 0.9f, 0.0f, 0},
+               {"T=1 min_p=0.05", 1.0f, 1.0f, 0.05f, 0}};
+    /* model-like rows: one base row, each row a rotation of it */
+    float *base = malloc((size_t)vocab * 4), *all = malloc((size_t)max_rows * vocab * 4);
+    fill_model_like(base, vocab);
+    for (int r = 0; r < max_rows; r++)
+        for (int i = 0; i < vocab; i++) all[(size_t)r * vocab + i] = base[(i + (size_t)r * 9973) % vocab];
+    float *d_logits = dup_to_dev(all, (size_t)max_rows * vocab * 4);
+    int32_t *d_tok = dalloc(max_rows * 4);
+    float *d_lp = dalloc(max_rows * 4);
+    void *d_ws = dalloc(rp_sample_workspace_bytes(max_rows, vocab));
+    rp_sample_params *hp = calloc(max_rows, sizeof *hp);
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    printf("\nrp_k_sample, vocab %d, us per launch (median; eager / graph)\n", vocab);
+    printf("| mode | rows 1 | rows 8 | rows 64 | rows 256 |\n| --- | --- | --- | --- | --- |\n");
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        printf("| %s |", cfg[c].name);
+        for (int ri = 0; ri < 4; ri++) {
+            const int rows = rows_list[ri];
+            for (int r = 0; r < rows; r++)
+                hp[r] = (rp_sample_params){cfg[c].t, cfg[c].p, cfg[c].k, cfg[c].minp, 1234, (uint64_t)r};
+            rp_sample_params *d_p = dup_to_dev(hp, (size_t)rows * sizeof *hp);
+            float eager, graph;
+            time_sample(d_logits, d_p, d_tok, d_lp, d_ws, rows, vocab, st, &eager, &graph);
+            printf(" %.1f / %.1f |", eager, graph);
+            fflush(stdout);
+            cudaFree(d_p);
+        }
+        printf("\n");
+    }
+    CU(cudaStreamDestroy(st));
+    free(base), free(all), free(hp);
+    cudaFree(d_logits), cudaFree(d_tok), cudaFree(d_lp), cudaFree(d_ws);
+}
+
+static void test_sample_bench(void **state) {
+    (void)state;
+    NEED_GPU();
+    if (!getenv("REPLAY_SAMPLE_BENCH")) {
+        printf("  (REPLAY_SAMPLE_BENCH=1 prints rp_k_sample timings)\n");
+        return;
+    }
+    bench_sample();
+}
+
+int main(void) {
+    const char *env = getenv("REPLAY_TEST_SEED");
+    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    g_small = getenv("REPLAY_TEST_SMALL") != NULL;
+    printf("test_cuda_sample: seed %llu%s (REPLAY_TEST_SEED repeats it)\n", (unsigned long long)g_seed,
+           g_small ? ", small shapes" : "");
+    if (getenv("REPLAY_TEST_SKIP")) cmocka_set_skip_filter(getenv("REPLAY_TEST_SKIP"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sample_greedy),         cmocka_unit_test(test_sample_vs_host),
+        cmocka_unit_test(test_sample_batch),          cmocka_unit_test(test_sample_ties_and_edges),
+        cmocka_unit_test(test_sample_distribution),   cmocka_unit_test(test_sample_bench),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else /* no CUDA toolkit at build time */
+
+static void test_no_cuda(void **state) {
+    (void)state;
+    printf("built without CUDA: skipping CUDA sampler tests\n");
+    skip();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_no_cuda)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#endif
