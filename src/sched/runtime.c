@@ -214,9 +214,11 @@ static void on_sampled(rp_engine *e, rp_request *r, int32_t tok, float lp) {
     size_t keep = r->num_stop ? stop_prefix_tail(r) : 0;
     size_t out = r->held_len - keep;
     deliver(e, r, tok, lp, r->held, out, RP_FINISH_REASON_NONE, NULL);
-    memmove(r->held, r->held + out, keep);
+    if (r->held) {
+        memmove(r->held, r->held + out, keep);
+        r->held[keep] = 0;
+    }
     r->held_len = keep;
-    if (r->held) r->held[keep] = 0;
 }
 
 /* ---- the step ---------------------------------------------------------- */
@@ -320,7 +322,7 @@ static void *engine_main(void *arg) {
         int stopping = e->stopping;
         int na = e->num_aborts;
         rp_request_id ids[na > 0 ? na : 1];
-        memcpy(ids, e->aborts, (size_t)na * sizeof *ids);
+        if (na) memcpy(ids, e->aborts, (size_t)na * sizeof *ids);
         e->num_aborts = 0;
         pthread_mutex_unlock(&e->mu);
 
