@@ -45,6 +45,13 @@ typedef struct rp_cuda_backend {
     uint8_t *act_mem;
     size_t act_bytes;
     float *residual, *logits, *inv_freq, *d_logprobs;
+    /* partial sums of squares of the residual rows, [ss_num_parts][8]: the
+     * fused decode path's RMSNorm input (rp_k_gemv_fused) */
+    float *ss_parts;
+    int ss_num_parts;
+    /* T <= fused_max_t (<= RP_GEMV_MAX_T) runs the fused decode path
+     * (REPLAY_FUSED_MAX_T; 0 turns it off) */
+    int fused_max_t;
     rp_bf16 *xn, *qkv, *attn, *tmp, *gate_up, *act, *logit_in;
     int32_t *d_tokens;
     void *attn_ws, *sample_ws;
@@ -67,6 +74,15 @@ typedef struct rp_cuda_backend {
     int prof_n;
     cudaEvent_t prof_events[RP_PROF_MAX];
     const char *prof_names[RP_PROF_MAX];
+    /* Two step slots (pinned metadata, sampled tokens, timing events), so the
+     * engine can pack and launch step N+1 while step N runs: h_meta,
+     * h_tokens and h_logprobs point into the slot of the last forward. */
+    uint8_t *h_meta_slot[2];
+    int32_t *h_tokens_slot[2];
+    float *h_logprobs_slot[2];
+    cudaEvent_t ev_start_slot[2], ev_end_slot[2];
+    int slot_num_logits[2], slot_sampled[2];
+    int cur_slot, num_pending;
 } rp_cuda_backend;
 
 int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len, int sample,

@@ -29,8 +29,17 @@ extern "C" {
 
 typedef uint16_t rp_bf16;
 
-/* residual[t][:] = float(embed[tokens[t]][:]), t < T. */
-int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, float *residual, int T, int H, cudaStream_t stream);
+/* Programmatic dependent launch (common.cuh says what it buys and the rules
+ * the kernels follow): on by default; off gives plain stream-ordered
+ * launches. Process-wide; set it before capturing graphs. */
+void rp_k_set_pdl(int enabled);
+
+/* residual[t][:] = float(embed[tokens[t]][:]), t < T. If ss_parts is not
+ * NULL (T <= RP_GEMV_MAX_T), also writes the partial sums of squares that a
+ * RMSNORM-input GEMV reads (see rp_k_gemv_fused): part 0 holds each row's
+ * sum, parts 1..num_parts-1 hold 0. */
+int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, float *residual, float *ss_parts, int num_parts, int T,
+               int H, cudaStream_t stream);
 
 /* If delta != NULL: residual += float(delta) first. Then
  * out = bf16(rmsnorm(residual) * w) with transformers' RMSNorm in fp32. */
@@ -42,6 +51,49 @@ int rp_k_add_rmsnorm(float *residual, const rp_bf16 *delta, const rp_bf16 *w, rp
 #define RP_GEMV_MAX_T 8
 int rp_k_gemv(const rp_bf16 *W, const rp_bf16 *x, rp_bf16 *y, int T, int N, int K, cudaStream_t stream);
 int rp_k_gemv_f32out(const rp_bf16 *W, const rp_bf16 *x, float *y, int T, int N, int K, cudaStream_t stream);
+
+/* The decode GEMV with its neighbours fused in (gemv.cu says why), so a
+ * layer needs no separate norm, SwiGLU or residual-add launch.
+ *
+ * Input x[t][k], t < T:
+ *  - BF16:    x = in.x[t][k] ([T][K]).
+ *  - RMSNORM: x = bf16(norm_w[k] * (residual[r][k] * inv_r)), r = in.rows ?
+ *             in.rows[t] : t, inv_r = 1 / sqrt(sum_p ss_parts[p][r] / K + eps)
+ *             over p < num_parts (the parts a RESIDUAL-output GEMV or
+ *             rp_k_embed wrote; rows r < RP_GEMV_MAX_T). residual: [.][K].
+ *  - SILU:    x = bf16(silu(g) * u) with g = in.x[t][k], u = in.x[t][K + k]
+ *             (the [T][2K] gate_up product).
+ * Output y[t][n]:
+ *  - BF16 / F32: out.y[t][n] = y ([T][N]).
+ *  - RESIDUAL: out.residual[t][n] += float(bf16(y)); then ss_parts[p][t]
+ *             (p < rp_gemv_ss_parts(N), t < RP_GEMV_MAX_T, 0 for t >= T)
+ *             = sum of the new residual's squares over the rows of part p. */
+enum { RP_GEMV_IN_BF16 = 0, RP_GEMV_IN_RMSNORM = 1, RP_GEMV_IN_SILU = 2 };
+enum { RP_GEMV_OUT_BF16 = 0, RP_GEMV_OUT_F32 = 1, RP_GEMV_OUT_RESIDUAL = 2 };
+typedef struct rp_gemv_in {
+    int mode;
+    const rp_bf16 *x;
+    const float *residual;
+    const float *ss_parts; /* [num_parts][RP_GEMV_MAX_T] */
+    int num_parts;
+    const rp_bf16 *norm_w;
+    const int32_t *rows;
+    float eps;
+} rp_gemv_in;
+typedef struct rp_gemv_out {
+    int mode;
+    void *y;
+    float *residual;
+    float *ss_parts;
+} rp_gemv_out;
+int rp_k_gemv_fused(const rp_bf16 *W, rp_gemv_in in, rp_gemv_out out, int T, int N, int K, cudaStream_t stream);
+/* Partial sums a RESIDUAL-output GEMV with N rows writes. */
+int rp_gemv_ss_parts(int N);
+/* RMSNORM and SILU inputs are made once per block into shared memory
+ * (T * (K + 8) bf16, at most RP_GEMV_STAGE_BYTES); where that does not fit
+ * (long SwiGLU rows at larger T) the caller runs the unfused kernels. */
+#define RP_GEMV_STAGE_BYTES (100 * 1024)
+int rp_gemv_stage_fits(int T, int K);
 
 /* qkv: [T][(nh + 2 * nkv) * hd], q heads then k heads then v heads (the
  * fused projection's output). In place: optional per-head RMSNorm of q and k

@@ -42,6 +42,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     __shared__ float sm_o[DEC_WARPS][DEC_MAX_GROUP][HD + 1];
     __shared__ float sm_m[DEC_WARPS][DEC_MAX_GROUP], sm_l[DEC_WARPS][DEC_MAX_GROUP];
 
+    rp_pdl_trigger();
+    rp_pdl_wait();
     const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
     const int G = nh / nkv;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
@@ -63,8 +65,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 #pragma unroll
     for (int ch = 0; ch < KCH; ch++) {
         const uint4 z = make_uint4(0, 0, 0, 0);
-        q_lo[ch] = g < G ? rp_ld_nc(qbase + (int64_t)g * HD + ch * 32 + c * 8) : z;
-        q_hi[ch] = g + 8 < G ? rp_ld_nc(qbase + (int64_t)(g + 8) * HD + ch * 32 + c * 8) : z;
+        q_lo[ch] = g < G ? rp_ld_act(qbase + (int64_t)g * HD + ch * 32 + c * 8) : z;
+        q_hi[ch] = g + 8 < G ? rp_ld_act(qbase + (int64_t)(g + 8) * HD + ch * 32 + c * 8) : z;
     }
     const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f; /* exp2 domain */
 
@@ -83,7 +85,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             const uint16_t *kp = k_cache + (ok ? key_slot(prow, meta.page_size, j) : 0) * kv_stride +
                                  (int64_t)kvh * HD + c * 8;
 #pragma unroll
-            for (int ch = 0; ch < KCH; ch++) kr[nt][ch] = ok ? rp_ld_nc(kp + ch * 32) : make_uint4(0, 0, 0, 0);
+            for (int ch = 0; ch < KCH; ch++) kr[nt][ch] = ok ? rp_ld_act(kp + ch * 32) : make_uint4(0, 0, 0, 0);
         }
         uint4 vr[4][DPT / 8]; /* keys base + {2c, 2c+1, 2c+8, 2c+9}, dims g*DPT .. +DPT */
 #pragma unroll
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             const uint16_t *vp = v_cache + (ok ? key_slot(prow, meta.page_size, j) : 0) * kv_stride +
                                  (int64_t)kvh * HD + g * DPT;
 #pragma unroll
-            for (int h = 0; h < DPT / 8; h++) vr[r][h] = ok ? rp_ld_nc(vp + h * 8) : make_uint4(0, 0, 0, 0);
+            for (int h = 0; h < DPT / 8; h++) vr[r][h] = ok ? rp_ld_act(vp + h * 8) : make_uint4(0, 0, 0, 0);
         }
 
         /* S = Q K^T for the 16 keys: two n-tiles of 8. */
@@ -213,6 +215,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 template <int HD>
 __global__ void attn_decode_merge_kernel(const float *__restrict__ ws_o, const float2 *__restrict__ ws_ml,
                                          uint16_t *__restrict__ out, int nh, int num_splits) {
+    rp_pdl_trigger();
+    rp_pdl_wait();
     const int sh = blockIdx.x; /* s * nh + h */
     const int d = threadIdx.x;
     const float2 *ml = ws_ml + (int64_t)sh * num_splits;
@@ -245,16 +249,19 @@ extern "C" int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, cons
     float *ws_o = (float *)workspace;
     float2 *ws_ml = (float2 *)(((uintptr_t)(ws_o + parts * hd) + 15) & ~(uintptr_t)15);
     dim3 grid(num_splits, nkv, num_seqs);
+    int rc;
     if (hd == 128) {
-        attn_decode_split_kernel<128><<<grid, DEC_WARPS * 32, 0, stream>>>(qkv, k_cache, v_cache, meta, ws_o, ws_ml,
-                                                                           nh, nkv, num_splits);
-        if (cudaPeekAtLastError() != cudaSuccess) return rp_launch_result();
-        attn_decode_merge_kernel<128><<<num_seqs * nh, 128, 0, stream>>>(ws_o, ws_ml, out, nh, num_splits);
+        rc = rp_launch(attn_decode_split_kernel<128>, grid, dim3(DEC_WARPS * 32), 0, stream, qkv, k_cache, v_cache,
+                       meta, ws_o, ws_ml, nh, nkv, num_splits);
+        if (rc == 0)
+            rc = rp_launch(attn_decode_merge_kernel<128>, dim3(num_seqs * nh), dim3(128), 0, stream, ws_o, ws_ml, out,
+                           nh, num_splits);
     } else {
-        attn_decode_split_kernel<64><<<grid, DEC_WARPS * 32, 0, stream>>>(qkv, k_cache, v_cache, meta, ws_o, ws_ml,
-                                                                          nh, nkv, num_splits);
-        if (cudaPeekAtLastError() != cudaSuccess) return rp_launch_result();
-        attn_decode_merge_kernel<64><<<num_seqs * nh, 64, 0, stream>>>(ws_o, ws_ml, out, nh, num_splits);
+        rc = rp_launch(attn_decode_split_kernel<64>, grid, dim3(DEC_WARPS * 32), 0, stream, qkv, k_cache, v_cache, meta,
+                       ws_o, ws_ml, nh, nkv, num_splits);
+        if (rc == 0)
+            rc = rp_launch(attn_decode_merge_kernel<64>, dim3(num_seqs * nh), dim3(64), 0, stream, ws_o, ws_ml, out, nh,
+                           num_splits);
     }
-    return rp_launch_result();
+    return rc;
 }

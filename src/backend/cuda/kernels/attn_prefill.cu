@@ -36,6 +36,8 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     constexpr int CPR = HD / 8; /* 16-byte chunks per row */
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t *sq = smem, *sk = smem + PF_BM * LD, *sv = sk + 2 * TILE;
+    rp_pdl_trigger();
+    rp_pdl_wait();
 
     const int s = blockIdx.z, h = blockIdx.y, i0 = blockIdx.x * PF_BM;
     const int tok0 = meta.seq_start[s], n_new = meta.seq_start[s + 1] - tok0;
@@ -203,8 +205,8 @@ static int prefill_launch(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_b
         attr_set = 1;
     }
     dim3 grid((max_q_len + PF_BM - 1) / PF_BM, nh, num_seqs);
-    attn_prefill_kernel<HD><<<grid, PF_WARPS * 32, bytes, stream>>>(qkv, k_cache, v_cache, meta, out, nh, nkv);
-    return rp_launch_result();
+    return rp_launch(attn_prefill_kernel<HD>, grid, dim3(PF_WARPS * 32), bytes, stream, qkv, k_cache, v_cache, meta, out,
+                     nh, nkv);
 }
 
 extern "C" int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,

@@ -17,6 +17,51 @@
  * just enqueued (bad configuration, too much shared memory). */
 static inline int rp_launch_result(void) { return (int)cudaGetLastError(); }
 
+/* ---- programmatic dependent launch (PDL) ---------------------------------
+ *
+ * Decode is a chain of ~300 short kernels; each would otherwise pay a full
+ * launch, ramp-up and drain. Launched through rp_launch, a kernel may start
+ * while its predecessor is still running (cudaLaunchAttributeProgrammatic-
+ * StreamSerialization; graphs record it as a programmatic edge). The rules
+ * every kernel launched this way follows:
+ *  - rp_pdl_trigger() first: lets the next kernel be scheduled as soon as
+ *    this grid's blocks are all running (it still waits for our results);
+ *  - before rp_pdl_wait() only constant data (weights, norm weights, the
+ *    RoPE table) is read and nothing at all is written: every activation,
+ *    metadata value and cache entry may still be in flight from an earlier
+ *    kernel. After rp_pdl_wait() the previous grid has finished and its
+ *    writes are visible (PTX: griddepcontrol.wait), and so, transitively,
+ *    have all earlier grids. Activations are then read with .cg loads (L2)
+ *    rather than the non-coherent path.
+ * Both are no-ops in a kernel launched without the attribute. */
+__device__ __forceinline__ void rp_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void rp_pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+/* Process-wide switch (rp_k_set_pdl), read by rp_launch: off gives plain
+ * stream-ordered launches, for A/B timing and as a fallback. */
+extern int rp_pdl_enabled;
+
+template <typename... KArgs, typename... Args>
+static int rp_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = rp_pdl_enabled ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return (int)e;
+    }
+    return rp_launch_result();
+}
+
 /* ---- bf16 <-> fp32 ------------------------------------------------------ */
 
 /* bf16 -> fp32 is a shift; doing it on raw bits keeps the compiler from
@@ -49,6 +94,10 @@ __device__ __forceinline__ uint4 rp_ld_stream(const void *p) {
 }
 
 __device__ __forceinline__ uint4 rp_ld_nc(const void *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
+
+/* Activations written by an earlier kernel of the step: L2 (.cg). */
+__device__ __forceinline__ uint4 rp_ld_act(const void *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
+__device__ __forceinline__ float4 rp_ld_act_f4(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
 
 /* ---- reductions --------------------------------------------------------- */
 

@@ -7,13 +7,18 @@
 
 #define NORM_THREADS 256
 
-/* residual[t] = float(embed[tokens[t]]); 8 bf16 per 16-byte load. */
+/* residual[t] = float(embed[tokens[t]]); 8 bf16 per 16-byte load. With
+ * ss_parts, the row's sum of squares for the first RMSNORM-input GEMV. */
 template <bool VEC>
 __global__ void embed_kernel(const uint16_t *__restrict__ embed, const int32_t *__restrict__ tokens,
-                             float *__restrict__ residual, int H) {
+                             float *__restrict__ residual, float *__restrict__ ss_parts, int num_parts, int H) {
+    __shared__ float scratch[33];
+    rp_pdl_trigger();
+    rp_pdl_wait();
     const int t = blockIdx.x;
     const uint16_t *src = embed + (int64_t)tokens[t] * H;
     float *dst = residual + (int64_t)t * H;
+    float ss = 0.0f;
     if (VEC) {
         for (int i = threadIdx.x * 8; i < H; i += blockDim.x * 8) {
             uint4 v = rp_ld_nc(src + i);
@@ -21,20 +26,29 @@ __global__ void embed_kernel(const uint16_t *__restrict__ embed, const int32_t *
             float4 b = make_float4(rp_bf16_lo(v.z), rp_bf16_hi(v.z), rp_bf16_lo(v.w), rp_bf16_hi(v.w));
             *reinterpret_cast<float4 *>(dst + i) = a;
             *reinterpret_cast<float4 *>(dst + i + 4) = b;
+            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
         }
     } else {
-        for (int i = threadIdx.x; i < H; i += blockDim.x) dst[i] = rp_bf16_f32(src[i]);
+        for (int i = threadIdx.x; i < H; i += blockDim.x) {
+            const float x = rp_bf16_f32(src[i]);
+            dst[i] = x;
+            ss += x * x;
+        }
     }
+    if (!ss_parts) return; /* block-uniform */
+    ss = rp_block_sum(ss, scratch);
+    for (int q = threadIdx.x; q < num_parts; q += blockDim.x) ss_parts[q * RP_GEMV_MAX_T + t] = q == 0 ? ss : 0.0f;
 }
 
-extern "C" int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, float *residual, int T, int H,
-                          cudaStream_t stream) {
+extern "C" int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, float *residual, float *ss_parts,
+                          int num_parts, int T, int H, cudaStream_t stream) {
     if (T <= 0) return cudaSuccess;
+    if (ss_parts && (T > RP_GEMV_MAX_T || num_parts <= 0)) return (int)cudaErrorInvalidValue;
     if (H % 8 == 0)
-        embed_kernel<true><<<T, NORM_THREADS, 0, stream>>>(embed, tokens, residual, H);
-    else
-        embed_kernel<false><<<T, NORM_THREADS, 0, stream>>>(embed, tokens, residual, H);
-    return rp_launch_result();
+        return rp_launch(embed_kernel<true>, dim3(T), dim3(NORM_THREADS), 0, stream, embed, tokens, residual,
+                         ss_parts, num_parts, H);
+    return rp_launch(embed_kernel<false>, dim3(T), dim3(NORM_THREADS), 0, stream, embed, tokens, residual, ss_parts,
+                     num_parts, H);
 }
 
 /* VEC: 4 elements per access (float4 residual, 8-byte bf16 quads). The
@@ -44,6 +58,8 @@ template <bool VEC>
 __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t *__restrict__ delta,
                                    const uint16_t *__restrict__ w, uint16_t *__restrict__ out, int H, float eps) {
     __shared__ float scratch[33];
+    rp_pdl_trigger();
+    rp_pdl_wait();
     const int t = blockIdx.x;
     float *r = residual + (int64_t)t * H;
     const uint16_t *d = delta ? delta + (int64_t)t * H : nullptr;
@@ -93,8 +109,8 @@ extern "C" int rp_k_add_rmsnorm(float *residual, const rp_bf16 *delta, const rp_
                                 int H, float eps, cudaStream_t stream) {
     if (T <= 0) return cudaSuccess;
     if (H % 4 == 0)
-        add_rmsnorm_kernel<true><<<T, NORM_THREADS, 0, stream>>>(residual, delta, w, out, H, eps);
-    else
-        add_rmsnorm_kernel<false><<<T, NORM_THREADS, 0, stream>>>(residual, delta, w, out, H, eps);
-    return rp_launch_result();
+        return rp_launch(add_rmsnorm_kernel<true>, dim3(T), dim3(NORM_THREADS), 0, stream, residual, delta, w, out, H,
+                         eps);
+    return rp_launch(add_rmsnorm_kernel<false>, dim3(T), dim3(NORM_THREADS), 0, stream, residual, delta, w, out, H,
+                     eps);
 }

@@ -1,8 +1,11 @@
 /* Decode-time matrix product y[t][n] = sum_k x[t][k] W[n][k] for T <= 8
  * tokens: the kernel that decides decode speed, since it streams every
  * weight once per step. It must run at HBM bandwidth, so:
- *  - W is read with 16-byte streaming loads (no L1 allocation), several per
- *    thread issued before any is used;
+ *  - W is read with 16-byte streaming loads (no L1 allocation), an
+ *    unrolled batch of chunks per warp in flight;
+ *  - the first batch is issued before rp_pdl_wait(): weights are constant,
+ *    so under programmatic dependent launch a GEMV starts streaming while
+ *    the kernel before it (norm, attention, another GEMV) is still running;
  *  - the arithmetic runs on the tensor cores (mma m16n8k16, fp32
  *    accumulate): 16 weight rows are the M side, the (up to) 8 tokens the N
  *    side. A sum over k does not care how k is numbered, so each thread
@@ -12,49 +15,178 @@
  *  - a block owns 16 rows and its warps split K; one shared-memory
  *    reduction at the end. The warp count per block is chosen from N so
  *    that small matrices still fill the GPU.
- * Requires K % 8 == 0 and 16-byte aligned W and x (true for every model
- * shape replay loads); N is arbitrary. */
+ *
+ * Decode fusions, so that a layer is 4 GEMVs plus attention instead of 10
+ * launches (each x element is produced once per block, in the fragment
+ * layout the mma reads):
+ *  - RMSNORM input: x = bf16(w * (residual * inv)) straight from the fp32
+ *    residual. inv comes from per-block partial sums of squares written by
+ *    the GEMV (or embedding) that last updated the residual, summed here in
+ *    a fixed order, so no extra pass over the row and no atomics: the
+ *    result is the same on every run (graph replay == eager, bit for bit).
+ *    An optional row list picks the residual rows (lm_head: logit rows).
+ *  - SILU input: x = bf16(silu(gate) * up) from the gate_up product.
+ *  - RESIDUAL output: residual[t][n] += float(bf16(y)) (the same rounding as
+ *    a bf16 projection output added to the fp32 stream), and the block's
+ *    partial sums of squares of the new residual for the next norm.
+ * Requires K % 8 == 0 and 16-byte aligned W and inputs (true for every
+ * model shape replay loads); N is arbitrary. */
+#include <stdlib.h>
+
 #include "common.cuh"
 #include "mma.cuh"
 
 #define GEMV_ROWS 16
-#define GEMV_UNROLL 4 /* chunks of 32 k per warp in flight */
+#define GEMV_UNROLL 4 /* chunks of 32 k per warp per batch */
 
-__device__ __forceinline__ void store_out(uint16_t *p, float v) { *p = rp_f32_bf16(v); }
-__device__ __forceinline__ void store_out(float *p, float v) { *p = v; }
+struct gemv_params {
+    rp_gemv_in in;
+    rp_gemv_out out;
+    int T, N, K;
+};
 
-template <int WARPS, typename OUT>
-__global__ void __launch_bounds__(WARPS * 32)
-    gemv_kernel(const uint16_t *__restrict__ W, const uint16_t *__restrict__ x, OUT *__restrict__ y, int T, int N,
-                int K) {
+/* The weight batch starting at chunk ch0 (this warp's chunks ch0 + u *
+ * WARPS): rows g and g + 8 of the block's 16. */
+template <int WARPS>
+__device__ __forceinline__ void load_w(uint4 (&va)[GEMV_UNROLL], uint4 (&vb)[GEMV_UNROLL], const uint16_t *wa,
+                                       const uint16_t *wb, int ch0, int nch, int K, int c, bool ra, bool rb) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++) {
+        const int ch = ch0 + u * WARPS;
+        const int k = ch * 32 + c * 8;
+        const bool kin = ch < nch && k < K;
+        va[u] = kin && ra ? rp_ld_stream(wa + ch * 32) : zero;
+        vb[u] = kin && rb ? rp_ld_stream(wb + ch * 32) : zero;
+    }
+}
+
+/* 8 consecutive x values of token row xrow at k, as 4 bf16 pairs, made
+ * from the input. */
+template <int IN>
+__device__ __forceinline__ uint4 make_x(const rp_gemv_in &in, int xrow, int k, int K, float inv) {
+    /* BF16 x through the read-only path, as before PDL: the blocks on one
+     * SM share x in L1 (a .cg load made llama3-8b at batch 8 4% slower);
+     * griddepcontrol.wait makes the producer's writes visible to this grid. */
+    if (IN == RP_GEMV_IN_BF16) return rp_ld_nc(in.x + (int64_t)xrow * K + k);
+    if (IN == RP_GEMV_IN_RMSNORM) {
+        const float *r = in.residual + (int64_t)xrow * K + k;
+        const float4 r0 = rp_ld_act_f4(r), r1 = rp_ld_act_f4(r + 4);
+        const uint4 w = rp_ld_nc(in.norm_w + k);
+        /* the same expression as add_rmsnorm_kernel: w * (x * inv) */
+        return make_uint4(rp_pack_bf16x2(rp_bf16_lo(w.x) * (r0.x * inv), rp_bf16_hi(w.x) * (r0.y * inv)),
+                          rp_pack_bf16x2(rp_bf16_lo(w.y) * (r0.z * inv), rp_bf16_hi(w.y) * (r0.w * inv)),
+                          rp_pack_bf16x2(rp_bf16_lo(w.z) * (r1.x * inv), rp_bf16_hi(w.z) * (r1.y * inv)),
+                          rp_pack_bf16x2(rp_bf16_lo(w.w) * (r1.z * inv), rp_bf16_hi(w.w) * (r1.w * inv)));
+    }
+    /* SILU: gate_up row is [gate (K) | up (K)]; the same expression as
+     * silu_mul_kernel. */
+    const uint16_t *gp = in.x + (int64_t)xrow * 2 * K + k;
+    const uint4 gv = rp_ld_act(gp), uv = rp_ld_act(gp + K);
+    const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+    uint32_t ow[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float g0 = rp_bf16_lo(gw[j]), g1 = rp_bf16_hi(gw[j]);
+        ow[j] = rp_pack_bf16x2(g0 / (1.0f + expf(-g0)) * rp_bf16_lo(uw[j]), g1 / (1.0f + expf(-g1)) * rp_bf16_hi(uw[j]));
+    }
+    return make_uint4(ow[0], ow[1], ow[2], ow[3]);
+}
+
+/* Row stride of the staged x in shared memory (bf16): 16 bytes of padding
+ * put the tokens' rows in different banks. */
+__host__ __device__ __forceinline__ int stage_ld(int K) { return K + 8; }
+
+/* RMSNORM / SILU inputs: the whole block makes x[T][K] once, into shared
+ * memory, before the weight loop. Done per iteration by the few lanes that
+ * hold x fragments instead, it would put an L2 round trip and the SwiGLU
+ * arithmetic in every iteration's critical path (measured: gate_up 88 ->
+ * 110 us, down 46 -> 76 us on llama3-8b). Loads go out in groups of
+ * STAGE_BATCH before any is used. */
+#define STAGE_BATCH 4
+template <int IN>
+__device__ __forceinline__ void stage_x(const rp_gemv_in &in, uint16_t *xs, float *s_inv, int T, int K) {
+    const int items = T * (K / 8), per_row = K / 8, ld = stage_ld(K);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    if (IN == RP_GEMV_IN_RMSNORM) {
+        for (int t = warp; t < T; t += nwarps) { /* warp-uniform loop */
+            const int rr = in.rows ? in.rows[t] : t;
+            float s = 0.0f;
+            for (int q = lane; q < in.num_parts; q += 32) s += __ldcg(in.ss_parts + q * RP_GEMV_MAX_T + rr);
+            s = rp_warp_sum(s);
+            /* transformers: x * rsqrt(mean(x^2) + eps) * weight, all fp32 */
+            if (lane == 0) s_inv[t] = 1.0f / sqrtf(s / (float)K + in.eps);
+        }
+        __syncthreads();
+    }
+    for (int i0 = threadIdx.x; i0 < items; i0 += STAGE_BATCH * blockDim.x) {
+        uint4 v[STAGE_BATCH];
+#pragma unroll
+        for (int j = 0; j < STAGE_BATCH; j++) {
+            const int i = i0 + j * blockDim.x;
+            if (i < items) {
+                const int t = i / per_row, k = (i % per_row) * 8;
+                const int row = IN == RP_GEMV_IN_RMSNORM && in.rows ? in.rows[t] : t;
+                v[j] = make_x<IN>(in, row, k, K, IN == RP_GEMV_IN_RMSNORM ? s_inv[t] : 1.0f);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < STAGE_BATCH; j++) {
+            const int i = i0 + j * blockDim.x;
+            if (i < items)
+                *reinterpret_cast<uint4 *>(xs + (i / per_row) * ld + (i % per_row) * 8) = v[j];
+        }
+    }
+    __syncthreads();
+}
+
+template <int WARPS, int IN, int OUT, bool PIPE>
+__global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__restrict__ W, gemv_params p) {
     __shared__ float red[WARPS][GEMV_ROWS][8];
+    __shared__ float s_inv[RP_GEMV_MAX_T];
+    extern __shared__ __align__(16) uint16_t xs[]; /* staged x: [T][stage_ld(K)] */
+    constexpr bool STAGED = IN != RP_GEMV_IN_BF16;
+    rp_pdl_trigger();
+    const int T = p.T, N = p.N, K = p.K;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* mma groupID / thread-in-group */
     const int row0 = blockIdx.x * GEMV_ROWS;
     const bool ra = row0 + g < N, rb = row0 + g + 8 < N, xt = g < T;
     const uint16_t *wa = W + (int64_t)(ra ? row0 + g : 0) * K + c * 8;
     const uint16_t *wb = W + (int64_t)(rb ? row0 + g + 8 : 0) * K + c * 8;
-    const uint16_t *xp = x + (int64_t)(xt ? g : 0) * K + c * 8;
     const int nch = (K + 31) / 32;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
+    constexpr int STEP = WARPS * GEMV_UNROLL;
+
+    /* Constant data only until the wait (see common.cuh). */
+    uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
+    load_w<WARPS>(va, vb, wa, wb, warp, nch, K, c, ra, rb);
+    rp_pdl_wait();
+    if (STAGED) stage_x<IN>(p.in, xs, s_inv, T, K);
+    const uint16_t *xrow = xs + (xt ? g : 0) * stage_ld(K);
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int ch0 = warp; ch0 < nch; ch0 += WARPS * GEMV_UNROLL) {
-        uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL], vx[GEMV_UNROLL];
+    for (int ch0 = warp; ch0 < nch; ch0 += STEP) {
+        if (!PIPE && ch0 != warp) load_w<WARPS>(va, vb, wa, wb, ch0, nch, K, c, ra, rb);
+        uint4 vx[GEMV_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             const int ch = ch0 + u * WARPS;
-            const int k = ch * 32; /* this thread's 8 k start at k + c * 8 */
-            const bool kin = ch < nch && k + c * 8 < K;
-            va[u] = kin && ra ? rp_ld_stream(wa + k) : zero;
-            vb[u] = kin && rb ? rp_ld_stream(wb + k) : zero;
-            vx[u] = kin && xt ? rp_ld_nc(xp + k) : zero;
+            const int k = ch * 32 + c * 8;
+            const bool ok = ch < nch && k < K && xt;
+            if (STAGED) vx[u] = ok ? *reinterpret_cast<const uint4 *>(xrow + k) : make_uint4(0, 0, 0, 0);
+            else vx[u] = ok ? make_x<IN>(p.in, g, k, K, 1.0f) : make_uint4(0, 0, 0, 0);
         }
+        /* next batch in flight while this one is multiplied */
+        uint4 na[GEMV_UNROLL], nb[GEMV_UNROLL];
+        if (PIPE) load_w<WARPS>(na, nb, wa, wb, ch0 + STEP, nch, K, c, ra, rb);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             rp_mma_16816(acc, va[u].x, vb[u].x, va[u].y, vb[u].y, vx[u].x, vx[u].y);
             rp_mma_16816(acc, va[u].z, vb[u].z, va[u].w, vb[u].w, vx[u].z, vx[u].w);
         }
+        if (PIPE)
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; u++) va[u] = na[u], vb[u] = nb[u];
     }
     /* acc: rows g and g + 8, tokens 2c and 2c + 1 */
     red[warp][g][2 * c] = acc[0];
@@ -62,13 +194,30 @@ __global__ void __launch_bounds__(WARPS * 32)
     red[warp][g + 8][2 * c] = acc[2];
     red[warp][g + 8][2 * c + 1] = acc[3];
     __syncthreads();
-    for (int i = threadIdx.x; i < GEMV_ROWS * 8; i += WARPS * 32) {
-        const int t = i / GEMV_ROWS, r = i % GEMV_ROWS;
-        if (t >= T || row0 + r >= N) continue;
-        float s = 0.0f;
+    /* Thread i < 128 owns (token i / 16, row i % 16): a token's 16 rows are
+     * one half-warp, which the RESIDUAL output reduces by shuffles. Every
+     * block has >= 4 warps, so warps 0-3 are whole. */
+    if (threadIdx.x >= GEMV_ROWS * 8) return;
+    const int t = threadIdx.x / GEMV_ROWS, r = threadIdx.x % GEMV_ROWS;
+    const bool valid = t < T && row0 + r < N;
+    float s = 0.0f;
 #pragma unroll
-        for (int w = 0; w < WARPS; w++) s += red[w][r][t];
-        store_out(y + (int64_t)t * N + row0 + r, s);
+    for (int w = 0; w < WARPS; w++) s += red[w][r][t];
+    const int64_t o = (int64_t)t * N + row0 + r;
+    if (OUT == RP_GEMV_OUT_BF16) {
+        if (valid) static_cast<uint16_t *>(p.out.y)[o] = rp_f32_bf16(s);
+    } else if (OUT == RP_GEMV_OUT_F32) {
+        if (valid) static_cast<float *>(p.out.y)[o] = s;
+    } else {
+        float nv = 0.0f;
+        if (valid) {
+            nv = __ldcg(p.out.residual + o) + rp_bf16_f32(rp_f32_bf16(s));
+            p.out.residual[o] = nv;
+        }
+        float sq = nv * nv;
+#pragma unroll
+        for (int m = 8; m > 0; m >>= 1) sq += __shfl_xor_sync(RP_FULL_MASK, sq, m);
+        if (r == 0) p.out.ss_parts[blockIdx.x * RP_GEMV_MAX_T + t] = sq; /* 0 for t >= T */
     }
 }
 
@@ -85,32 +234,105 @@ static int sm_count(void) {
     return sms;
 }
 
-template <typename OUT>
-static int gemv_launch(const rp_bf16 *W, const rp_bf16 *x, OUT *y, int T, int N, int K, cudaStream_t stream) {
-    if (T <= 0 || N <= 0) return cudaSuccess;
-    if (T > RP_GEMV_MAX_T || K <= 0 || K % 8 != 0 || ((uintptr_t)W | (uintptr_t)x) % 16 != 0)
-        return (int)cudaErrorInvalidValue;
-    const int blocks = (N + GEMV_ROWS - 1) / GEMV_ROWS;
-    const int nch = (K + 31) / 32;
+extern "C" int rp_gemv_ss_parts(int N) { return (N + GEMV_ROWS - 1) / GEMV_ROWS; }
+
+extern "C" int rp_gemv_stage_fits(int T, int K) {
+    return (size_t)T * stage_ld(K) * 2 <= RP_GEMV_STAGE_BYTES;
+}
+
+/* Weight batches loaded one ahead (register double buffering) or right
+ * before use. Measured on the H100 (bench/RESULTS.md, "Decode"): one ahead
+ * costs ~20 more registers and was no faster (qwen3-0.6b 1.25 vs 1.20 ms,
+ * llama3-8b 6.52 vs 6.57 ms per step), so it is off unless
+ * REPLAY_GEMV_PIPE=1 asks for it. */
+static bool gemv_pipelined(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("REPLAY_GEMV_PIPE");
+        v = e && e[0] == '1';
+    }
+    return v != 0;
+}
+
+template <int WARPS, int IN, int OUT>
+static int gemv_launch_w(const rp_bf16 *W, const gemv_params &p, int blocks, cudaStream_t stream) {
+    const size_t smem = IN == RP_GEMV_IN_BF16 ? 0 : (size_t)p.T * stage_ld(p.K) * 2;
+    /* Above 48 KiB a kernel needs the opt-in; once per instantiation, at the
+     * first (eager, warm-up) launch, never first inside a capture. */
+    static bool opted_in = false;
+    if (smem > 48 * 1024 && !opted_in) {
+        cudaError_t e = cudaFuncSetAttribute(gemv_kernel<WARPS, IN, OUT, true>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, RP_GEMV_STAGE_BYTES);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(gemv_kernel<WARPS, IN, OUT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     RP_GEMV_STAGE_BYTES);
+        if (e != cudaSuccess) return (int)e;
+        opted_in = true;
+    }
+    if (gemv_pipelined())
+        return rp_launch(gemv_kernel<WARPS, IN, OUT, true>, dim3(blocks), dim3(WARPS * 32), smem, stream, W, p);
+    return rp_launch(gemv_kernel<WARPS, IN, OUT, false>, dim3(blocks), dim3(WARPS * 32), smem, stream, W, p);
+}
+
+template <int IN, int OUT>
+static int gemv_launch_io(const rp_bf16 *W, const gemv_params &p, cudaStream_t stream) {
+    const int blocks = (p.N + GEMV_ROWS - 1) / GEMV_ROWS;
+    const int nch = (p.K + 31) / 32;
     /* Enough warps in flight to cover HBM latency (~16 per SM), but each
      * warp keeps at least one full unrolled batch of chunks. */
     const int want = 16 * sm_count();
     int warps = 4;
     while (warps < 16 && blocks * warps < want && nch >= 2 * warps * GEMV_UNROLL) warps *= 2;
-    if (warps == 4)
-        gemv_kernel<4, OUT><<<blocks, 4 * 32, 0, stream>>>(W, x, y, T, N, K);
-    else if (warps == 8)
-        gemv_kernel<8, OUT><<<blocks, 8 * 32, 0, stream>>>(W, x, y, T, N, K);
-    else
-        gemv_kernel<16, OUT><<<blocks, 16 * 32, 0, stream>>>(W, x, y, T, N, K);
-    return rp_launch_result();
+    if (warps == 4) return gemv_launch_w<4, IN, OUT>(W, p, blocks, stream);
+    if (warps == 8) return gemv_launch_w<8, IN, OUT>(W, p, blocks, stream);
+    return gemv_launch_w<16, IN, OUT>(W, p, blocks, stream);
+}
+
+template <int IN>
+static int gemv_launch_in(const rp_bf16 *W, const gemv_params &p, cudaStream_t stream) {
+    switch (p.out.mode) {
+    case RP_GEMV_OUT_BF16: return gemv_launch_io<IN, RP_GEMV_OUT_BF16>(W, p, stream);
+    case RP_GEMV_OUT_F32: return gemv_launch_io<IN, RP_GEMV_OUT_F32>(W, p, stream);
+    case RP_GEMV_OUT_RESIDUAL: return gemv_launch_io<IN, RP_GEMV_OUT_RESIDUAL>(W, p, stream);
+    default: return (int)cudaErrorInvalidValue;
+    }
+}
+
+extern "C" int rp_k_gemv_fused(const rp_bf16 *W, rp_gemv_in in, rp_gemv_out out, int T, int N, int K,
+                               cudaStream_t stream) {
+    if (T <= 0 || N <= 0) return cudaSuccess;
+    const uintptr_t align = (uintptr_t)W | (uintptr_t)in.x | (uintptr_t)in.residual | (uintptr_t)in.norm_w;
+    if (T > RP_GEMV_MAX_T || K <= 0 || K % 8 != 0 || align % 16 != 0) return (int)cudaErrorInvalidValue;
+    if (in.mode == RP_GEMV_IN_RMSNORM && (!in.residual || !in.ss_parts || !in.norm_w || in.num_parts <= 0))
+        return (int)cudaErrorInvalidValue;
+    if (out.mode == RP_GEMV_OUT_RESIDUAL && (!out.residual || !out.ss_parts)) return (int)cudaErrorInvalidValue;
+    if (in.mode != RP_GEMV_IN_BF16 && !rp_gemv_stage_fits(T, K)) return (int)cudaErrorInvalidValue;
+    gemv_params p = {in, out, T, N, K};
+    switch (in.mode) {
+    case RP_GEMV_IN_BF16: return gemv_launch_in<RP_GEMV_IN_BF16>(W, p, stream);
+    case RP_GEMV_IN_RMSNORM: return gemv_launch_in<RP_GEMV_IN_RMSNORM>(W, p, stream);
+    case RP_GEMV_IN_SILU: return gemv_launch_in<RP_GEMV_IN_SILU>(W, p, stream);
+    default: return (int)cudaErrorInvalidValue;
+    }
 }
 
 extern "C" int rp_k_gemv(const rp_bf16 *W, const rp_bf16 *x, rp_bf16 *y, int T, int N, int K, cudaStream_t stream) {
-    return gemv_launch<uint16_t>(W, x, y, T, N, K, stream);
+    rp_gemv_in in = {};
+    in.mode = RP_GEMV_IN_BF16;
+    in.x = x;
+    rp_gemv_out out = {};
+    out.mode = RP_GEMV_OUT_BF16;
+    out.y = y;
+    return rp_k_gemv_fused(W, in, out, T, N, K, stream);
 }
 
 extern "C" int rp_k_gemv_f32out(const rp_bf16 *W, const rp_bf16 *x, float *y, int T, int N, int K,
                                 cudaStream_t stream) {
-    return gemv_launch<float>(W, x, y, T, N, K, stream);
+    rp_gemv_in in = {};
+    in.mode = RP_GEMV_IN_BF16;
+    in.x = x;
+    rp_gemv_out out = {};
+    out.mode = RP_GEMV_OUT_F32;
+    out.y = y;
+    return rp_k_gemv_fused(W, in, out, T, N, K, stream);
 }

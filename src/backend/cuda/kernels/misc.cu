@@ -4,16 +4,22 @@
  * benchmarks and tests see the same model). */
 #include "common.cuh"
 
+int rp_pdl_enabled = 1;
+
+extern "C" void rp_k_set_pdl(int enabled) { rp_pdl_enabled = enabled != 0; }
+
 /* gate_up[t] = [gate (F) | up (F)]; 8 elements per thread when aligned. */
 template <bool VEC>
 __global__ void silu_mul_kernel(const uint16_t *__restrict__ gate_up, uint16_t *__restrict__ out, int T, int F) {
+    rp_pdl_trigger();
+    rp_pdl_wait();
     const int64_t per_row = VEC ? F / 8 : F;
     const int64_t total = (int64_t)T * per_row;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / per_row, c = i % per_row;
         const uint16_t *g = gate_up + t * 2 * F;
         if (VEC) {
-            uint4 gv = rp_ld_nc(g + c * 8), uv = rp_ld_nc(g + F + c * 8);
+            uint4 gv = rp_ld_act(g + c * 8), uv = rp_ld_act(g + F + c * 8);
             const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
             uint32_t ow[4];
 #pragma unroll
@@ -39,15 +45,17 @@ static int grid_for(int64_t work, int threads) {
 extern "C" int rp_k_silu_mul(const rp_bf16 *gate_up, rp_bf16 *out, int T, int F, cudaStream_t stream) {
     if (T <= 0 || F <= 0) return cudaSuccess;
     if (F % 8 == 0)
-        silu_mul_kernel<true><<<grid_for((int64_t)T * F / 8, 256), 256, 0, stream>>>(gate_up, out, T, F);
-    else
-        silu_mul_kernel<false><<<grid_for((int64_t)T * F, 256), 256, 0, stream>>>(gate_up, out, T, F);
-    return rp_launch_result();
+        return rp_launch(silu_mul_kernel<true>, dim3(grid_for((int64_t)T * F / 8, 256)), dim3(256), 0, stream,
+                         gate_up, out, T, F);
+    return rp_launch(silu_mul_kernel<false>, dim3(grid_for((int64_t)T * F, 256)), dim3(256), 0, stream, gate_up, out,
+                     T, F);
 }
 
 template <bool VEC>
 __global__ void gather_rows_kernel(const uint16_t *__restrict__ in, const int32_t *__restrict__ rows,
                                    uint16_t *__restrict__ out, int H) {
+    rp_pdl_trigger();
+    rp_pdl_wait();
     const uint16_t *src = in + (int64_t)rows[blockIdx.x] * H;
     uint16_t *dst = out + (int64_t)blockIdx.x * H;
     if (VEC) {
@@ -61,11 +69,8 @@ __global__ void gather_rows_kernel(const uint16_t *__restrict__ in, const int32_
 extern "C" int rp_k_gather_rows(const rp_bf16 *in, const int32_t *rows, rp_bf16 *out, int n, int H,
                                 cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
-    if (H % 8 == 0)
-        gather_rows_kernel<true><<<n, 256, 0, stream>>>(in, rows, out, H);
-    else
-        gather_rows_kernel<false><<<n, 256, 0, stream>>>(in, rows, out, H);
-    return rp_launch_result();
+    if (H % 8 == 0) return rp_launch(gather_rows_kernel<true>, dim3(n), dim3(256), 0, stream, in, rows, out, H);
+    return rp_launch(gather_rows_kernel<false>, dim3(n), dim3(256), 0, stream, in, rows, out, H);
 }
 
 /* The _rn intrinsics forbid fused multiply-adds, which would round once

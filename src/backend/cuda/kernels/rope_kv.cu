@@ -18,6 +18,8 @@ __global__ void __launch_bounds__(ROPE_WARPS * 32)
                               const int32_t *__restrict__ positions, const int32_t *__restrict__ slot_mapping,
                               uint16_t *__restrict__ k_cache, uint16_t *__restrict__ v_cache, int nh, int nkv,
                               int hd, float eps) {
+    rp_pdl_trigger();
+    rp_pdl_wait();
     const int t = blockIdx.x;
     const int head = blockIdx.y * ROPE_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -85,7 +87,6 @@ extern "C" int rp_k_qk_norm_rope_store(rp_bf16 *qkv, const rp_bf16 *q_norm, cons
     if (T <= 0) return cudaSuccess;
     if (hd % 2 != 0 || hd > 2 * 32 * ROPE_MAX_PAIRS || nh <= 0 || nkv <= 0) return (int)cudaErrorInvalidValue;
     dim3 grid(T, (nh + 2 * nkv + ROPE_WARPS - 1) / ROPE_WARPS);
-    qk_norm_rope_store_kernel<<<grid, ROPE_WARPS * 32, 0, stream>>>(qkv, q_norm, k_norm, inv_freq, positions,
-                                                                    slot_mapping, k_cache, v_cache, nh, nkv, hd, eps);
-    return rp_launch_result();
+    return rp_launch(qk_norm_rope_store_kernel, grid, dim3(ROPE_WARPS * 32), 0, stream, qkv, q_norm, k_norm, inv_freq,
+                     positions, slot_mapping, k_cache, v_cache, nh, nkv, hd, eps);
 }
