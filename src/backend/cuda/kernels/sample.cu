@@ -19,7 +19,7 @@
  * barriers (docs/memory-model.md lists each one). Steps:
  *   1. load + max / argmax / min finite; cluster reduce (every block);
  *      greedy rows: log-sum-exp for the logprob, done;
- *   2. one histogram pass: 4096 value bins of (max - logit) over
+ *   2. one histogram pass: 2048 value bins of (max - logit) over
  *      min(max - min, 32 T) (bin order is sampling order; beyond 32 T the
  *      weight is 0 and everything goes to a last bin), count and exact
  *      weight per bin, and the min-p survivor count (min-p in double, like
@@ -47,7 +47,7 @@ namespace cg = cooperative_groups;
 
 /* ======================= exact slow path (one block per row) ============== */
 
-#define SMP_THREADS 1024
+#define SMP_THREADS 512 /* two blocks per SM on the fast path (64 registers each) */
 #define SMP_CAP 4096
 #define SMP_ONE 17592186044416.0f /* 2^44: fixed-point weight of the top token */
 #define SMP_MAX_VOCAB (1 << 19)     /* so that 2^44 * vocab < 2^64 */
@@ -279,6 +279,7 @@ __device__ int select_prefix(const float *row, int vocab, smp_shared &sh, bool b
         }
         __syncthreads();
     }
+    __syncthreads(); /* every thread has read found_id and prefix above */
     if (threadIdx.x == 0) {
         sh.st.bkey = key_star;
         sh.st.bid = sh.found_id;
@@ -410,8 +411,9 @@ __global__ void __launch_bounds__(SMP_THREADS)
 /* ======================= fast path (one cluster per row) ================== */
 
 #define FS_THREADS SMP_THREADS /* the slow path runs in the same blocks */
-#define FS_NB 4096             /* value bins; the last one holds the zero-weight tail */
-#define FS_CAP 2048            /* most tokens of one bin that block 0 sorts */
+#define FS_NB 2048             /* value bins; the last one holds the zero-weight tail */
+#define FS_CAP (2 * FS_THREADS) /* most tokens of one bin that block 0 sorts (two per thread) */
+#define FS_MAX_CLUSTER 16
 #define FS_SPAN 32.0f          /* bins cover max - 32 T .. max: exp(-32) * 2^44 rounds to 0 */
 
 typedef unsigned long long u64;
@@ -435,7 +437,8 @@ struct fs_shared {
     unsigned cum_c[FS_NB + 1];
     fs_slot slot;
     int cmd;                 /* block 0 -> others: bin to gather, or -1 = done */
-    unsigned list_n;         /* gather slot counter (DSMEM atomics from every block) */
+    unsigned list_n;         /* gather slot counter (one DSMEM atomic per block and gather) */
+    unsigned stage_n, stage_base;
     int cached_bin, res;
     float row_max, row_min;
     int row_argmax;
@@ -503,9 +506,18 @@ __device__ __forceinline__ u64 fs_block_excl_scan(u64 v, u64 *total, fs_shared &
     return before + inc - v;
 }
 
-/* Each block appends its tokens of bin b to block 0's list. */
-__device__ void fs_gather(const float *xs, int n, int id0, int b, float mx, float scale, fs_shared *lead) {
+/* Each block appends its tokens of bin b to block 0's list: first into a
+ * staging area of its own shared memory (local atomics), then one remote
+ * atomic reserves the block's range in block 0's list and plain remote
+ * stores fill it. (Remote atomics per warp on one word of block 0 would
+ * serialize there.) The staging area is hist_w, no longer read by anyone
+ * once the bins are summed [hist B]. */
+__device__ void fs_gather(const float *xs, int n, int id0, int b, float mx, float scale, fs_shared &sh,
+                          fs_shared *lead) {
     const int lane = threadIdx.x & 31;
+    u64 *stage = sh.hist_w;
+    if (threadIdx.x == 0) sh.stage_n = 0;
+    __syncthreads();
     for (int base = 0; base < n; base += FS_THREADS) { /* same trip count in a warp: ballots are safe */
         const int i = base + threadIdx.x;
         const float x = i < n ? xs[i] : -INFINITY;
@@ -513,13 +525,21 @@ __device__ void fs_gather(const float *xs, int n, int id0, int b, float mx, floa
         const unsigned ball = __ballot_sync(RP_FULL_MASK, m);
         if (!ball) continue;
         unsigned slot0 = 0;
-        if (lane == 0) slot0 = atomicAdd(&lead->list_n, (unsigned)__popc(ball));
+        if (lane == 0) slot0 = atomicAdd(&sh.stage_n, (unsigned)__popc(ball));
         slot0 = __shfl_sync(RP_FULL_MASK, slot0, 0);
         if (m) {
             const unsigned slot = slot0 + __popc(ball & ((1u << lane) - 1u));
-            if (slot < FS_CAP) lead->list_key[slot] = ((u64)order_key(x) << 32) | (u64)(~(uint32_t)(id0 + i));
+            if (slot < FS_CAP) stage[slot] = ((u64)order_key(x) << 32) | (u64)(~(uint32_t)(id0 + i));
         }
     }
+    __syncthreads();
+    const unsigned cnt = sh.stage_n;
+    if (cnt == 0) return;
+    if (threadIdx.x == 0) sh.stage_base = atomicAdd(&lead->list_n, cnt);
+    __syncthreads();
+    const unsigned base = sh.stage_base;
+    for (unsigned i = threadIdx.x; i < cnt && i < FS_CAP; i += FS_THREADS)
+        if (base + i < FS_CAP) lead->list_key[base + i] = stage[i];
 }
 
 /* Block 0 only, between gathers. */
@@ -541,7 +561,7 @@ __device__ int fs_open_bin(int b, const fs_row &rw, fs_shared &sh, cg::cluster_g
         sh.cmd = b;
     }
     cluster.sync(); /* [gather A] publishes cmd and list_n = 0 */
-    fs_gather(rw.xs, rw.n, rw.id0, b, rw.mx, rw.scale, &sh);
+    fs_gather(rw.xs, rw.n, rw.id0, b, rw.mx, rw.scale, sh, &sh);
     cluster.sync(); /* [gather B] every block's appends are in */
     if (sh.list_n != cnt) return 0;
     int P = 1;
@@ -624,7 +644,7 @@ __device__ u64 fs_prefix_weight(int b, unsigned j, const fs_row &rw, fs_shared &
     return sh.list_psum[j - 1];
 }
 
-__global__ void __launch_bounds__(FS_THREADS, 1)
+__global__ void __launch_bounds__(FS_THREADS, 2)
     sample_kernel_cluster(const float *__restrict__ logits, const rp_sample_params *__restrict__ params,
                           int32_t *__restrict__ tokens, float *__restrict__ logprobs, int vocab, int chunk) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -645,15 +665,28 @@ __global__ void __launch_bounds__(FS_THREADS, 1)
     int nv = 0;
     if ((((uintptr_t)src) & 15) == 0) {
         nv = n & ~3;
-        for (int q = threadIdx.x; q < nv / 4; q += FS_THREADS) {
-            const float4 v = __ldg(reinterpret_cast<const float4 *>(src) + q);
-            const float a[4] = {sanitize(v.x), sanitize(v.y), sanitize(v.z), sanitize(v.w)};
+        const int nq = nv / 4;
+        /* batches of 8 loads per thread, all issued before any is used:
+         * one memory latency per batch instead of one per load */
+        for (int q0 = threadIdx.x; q0 < nq; q0 += 8 * FS_THREADS) {
+            float4 v[8];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                if (a[e] > bmax) bmax = a[e], barg = id0 + 4 * q + e; /* ids ascend within a thread */
-                if (a[e] != -INFINITY) bmin = fminf(bmin, a[e]);
+            for (int u = 0; u < 8; u++) {
+                const int q = q0 + u * FS_THREADS;
+                if (q < nq) v[u] = __ldg(reinterpret_cast<const float4 *>(src) + q);
             }
-            *reinterpret_cast<float4 *>(xs + 4 * q) = make_float4(a[0], a[1], a[2], a[3]);
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int q = q0 + u * FS_THREADS;
+                if (q >= nq) break;
+                const float a[4] = {sanitize(v[u].x), sanitize(v[u].y), sanitize(v[u].z), sanitize(v[u].w)};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    if (a[e] > bmax) bmax = a[e], barg = id0 + 4 * q + e; /* ids ascend within a thread */
+                    if (a[e] != -INFINITY) bmin = fminf(bmin, a[e]);
+                }
+                *reinterpret_cast<float4 *>(xs + 4 * q) = make_float4(a[0], a[1], a[2], a[3]);
+            }
         }
     }
     for (int i = nv + threadIdx.x; i < n; i += FS_THREADS) {
@@ -711,10 +744,11 @@ __global__ void __launch_bounds__(FS_THREADS, 1)
             s = rp_block_sum(s, sh.red_f);
             if (threadIdx.x == 0) sh.slot.sum_exp = s;
             cluster.sync(); /* [greedy sum] every block's slot.sum_exp is in */
-            if (rank == 0 && threadIdx.x == 0) {
-                float tot = 0.0f;
-                for (int q = 0; q < nblk; q++) tot += cluster.map_shared_rank(&sh, q)->slot.sum_exp;
-                logprobs[r] = mx == -INFINITY ? -INFINITY : -logf(tot);
+            if (rank == 0 && warp == 0) {
+                /* one remote load per lane, then a fixed shuffle tree */
+                float tot = lane < nblk ? cluster.map_shared_rank(&sh, lane)->slot.sum_exp : 0.0f;
+                tot = rp_warp_sum(tot);
+                if (lane == 0) logprobs[r] = mx == -INFINITY ? -INFINITY : -logf(tot);
             }
         }
         if (rank == 0 && threadIdx.x == 0) tokens[r] = argmax;
@@ -759,11 +793,14 @@ __global__ void __launch_bounds__(FS_THREADS, 1)
         for (int b = rank * per + threadIdx.x; b < (rank + 1) * per; b += FS_THREADS) {
             u64 w = 0;
             unsigned c = 0;
-            for (int q = 0; q < nblk; q++) {
-                const fs_shared *o = cluster.map_shared_rank(&sh, q);
-                w += o->hist_w[b];
-                c += o->hist_c[b];
-            }
+            /* unrolled so that all remote loads are in flight at once */
+#pragma unroll
+            for (int q = 0; q < FS_MAX_CLUSTER; q++)
+                if (q < nblk) {
+                    const fs_shared *o = cluster.map_shared_rank(&sh, q);
+                    w += o->hist_w[b];
+                    c += o->hist_c[b];
+                }
             lead->cum_w[b] = w;
             lead->cum_c[b] = c;
         }
@@ -776,7 +813,7 @@ __global__ void __launch_bounds__(FS_THREADS, 1)
             cluster.sync(); /* [gather A] */
             const int b = lead->cmd;
             if (b < 0) break;
-            fs_gather(xs, n, id0, b, mx, scale, lead);
+            fs_gather(xs, n, id0, b, mx, scale, sh, lead);
             cluster.sync(); /* [gather B] */
         }
         cluster.sync(); /* [exit] block 0 may now reuse its shared memory */
@@ -830,8 +867,8 @@ __global__ void __launch_bounds__(FS_THREADS, 1)
     }
     /* min-p: its survivors are the first n_minp tokens of the order */
     if (ok && use_minp) {
-        u64 n_m = 0;
-        for (int q = 0; q < nblk; q++) n_m += cluster.map_shared_rank(&sh, q)->slot.n_minp;
+        u64 n_m = threadIdx.x < (unsigned)nblk ? cluster.map_shared_rank(&sh, threadIdx.x)->slot.n_minp : 0;
+        n_m = fs_block_sum(n_m, sh);
         const int bm = fs_find_bin(false, true, n_m, sh);
         ok = bm >= 0; /* n_m >= 1: the top token always passes */
         const unsigned jm = ok ? (unsigned)(n_m - sh.cum_c[bm]) : 0;
@@ -904,9 +941,11 @@ static int fs_cluster_size(int vocab, int *chunk_out, size_t *smem_out) {
     if (optin > 0 && (cudaFuncSetAttribute(sample_kernel_cluster, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            optin - 1024) != cudaSuccess ||
                       cudaFuncSetAttribute(sample_kernel_cluster, cudaFuncAttributeNonPortableClusterSizeAllowed,
-                                           1) != cudaSuccess))
+                                           1) != cudaSuccess ||
+                      cudaFuncSetAttribute(sample_kernel_cluster, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           100) != cudaSuccess))
         optin = 0;
-    const int sizes[2] = {16, 8};
+    const int sizes[2] = {FS_MAX_CLUSTER, 8};
     for (int t = 0; t < 2 && !cl; t++) {
         const int c = ((vocab + sizes[t] - 1) / sizes[t] + 3) & ~3; /* 16-byte aligned slices */
         const size_t bytes = FS_SHARED_BYTES + (size_t)c * 4;
