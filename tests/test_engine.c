@@ -36,6 +36,8 @@ static void collect(void *user, const rp_token_event *ev) {
     pthread_mutex_unlock(&mu);
 }
 
+static int g_no_overlap; /* set by a test to compare with the synchronous loop */
+
 static rp_engine *make_engine(const char *model, int num_pages, int chunk, int max_running) {
     rp_engine_config c;
     rp_engine_config_default(&c);
@@ -49,6 +51,7 @@ static rp_engine *make_engine(const char *model, int num_pages, int chunk, int m
     c.chunked_prefill_size = chunk;
     c.max_prefill_tokens = 512;
     c.max_running_requests = max_running;
+    c.disable_overlap = g_no_overlap;
     char err[512];
     rp_engine *e = rp_engine_create(&c, err, sizeof err);
     if (!e) fail_msg("engine: %s", err);
@@ -86,7 +89,9 @@ static void submit_or_fail(rp_engine *e, const rp_request_params *p, result *r) 
 
 /* Each request alone, one at a time: the reference. */
 static void run_alone(result *ref, int sampled) {
+    g_no_overlap = 1; /* the reference: one request at a time, synchronous */
     rp_engine *e = make_engine("qwen3-tied", 0, 0, 4);
+    g_no_overlap = 0;
     int32_t prompt[NREQ][64];
     for (int i = 0; i < NREQ; i++) {
         rp_request_params p;
@@ -115,16 +120,19 @@ static void run_together(int sampled) {
     int32_t prompt[NREQ][64];
     struct {
         const char *name;
-        int pages, chunk, running, staggered;
+        int pages, chunk, running, staggered, no_overlap;
     } setups[] = {
-        {"64 at once, chunked prefill 7", 0, 7, 64, 0},
-        {"64 at once, no chunking", 0, 0, 64, 0},
-        {"arriving while others run", 0, 16, 64, 1},
-        {"tiny pool: preemption", 12, 16, 64, 0},
-        {"8 running at most", 0, 32, 8, 0},
+        {"64 at once, chunked prefill 7", 0, 7, 64, 0, 0},
+        {"64 at once, no chunking", 0, 0, 64, 0, 0},
+        {"arriving while others run", 0, 16, 64, 1, 0},
+        {"tiny pool: preemption", 12, 16, 64, 0, 0},
+        {"tiny pool: preemption, no overlap", 12, 16, 64, 0, 1},
+        {"8 running at most", 0, 32, 8, 0, 0},
+        {"no overlap", 0, 16, 64, 0, 1},
     };
     for (size_t s = 0; s < sizeof setups / sizeof setups[0]; s++) {
         memset(got, 0, sizeof got);
+        g_no_overlap = setups[s].no_overlap;
         rp_engine *e = make_engine("qwen3-tied", setups[s].pages, setups[s].chunk, setups[s].running);
         for (int i = 0; i < NREQ; i++) {
             rp_request_params p;
@@ -141,6 +149,7 @@ static void run_together(int sampled) {
         expect_pool_full(e);
         rp_engine_destroy(e);
     }
+    g_no_overlap = 0;
 }
 
 static void test_batched_equals_alone_greedy(void **state) {

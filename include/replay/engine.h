@@ -44,6 +44,7 @@ typedef struct rp_engine_config {
     int disable_cuda_graph;
     int cuda_graph_max_bs;
     int quiet_model_warning; /* 1: do not log that dummy weights are random */
+    int disable_overlap;     /* 1: wait for each step's tokens before preparing the next */
 } rp_engine_config;
 
 typedef enum rp_finish {

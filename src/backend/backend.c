@@ -21,8 +21,10 @@ int rp_batch_validate(const rp_batch *bt, const rp_backend *b, rp_err *err) {
             if (bt->positions[t] != kv - n + (t - bt->seq_start[s]))
                 return rp_errf(err, "sequence %d: token %d has position %d, expected %d", s, t,
                                bt->positions[t], kv - n + (t - bt->seq_start[s]));
-            if (bt->tokens[t] < 0 || bt->tokens[t] >= c->vocab_size)
-                return rp_errf(err, "token id %d outside the vocabulary (%d)", bt->tokens[t], c->vocab_size);
+            int tok = bt->tokens[t];
+            int is_ref = tok < 0 && b->supports_token_refs && -(int64_t)tok - 1 < b->cfg.max_logit_rows;
+            if (!is_ref && (tok < 0 || tok >= c->vocab_size))
+                return rp_errf(err, "token id %d outside the vocabulary (%d)", tok, c->vocab_size);
             if (bt->slot_mapping[t] < 0 || bt->slot_mapping[t] >= slots)
                 return rp_errf(err, "KV slot %d out of range", bt->slot_mapping[t]);
         }

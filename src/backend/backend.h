@@ -17,6 +17,9 @@
 #include "util/err.h"
 
 typedef struct rp_batch {
+    /* tokens[t] < 0 (only where the backend sets supports_token_refs) means
+     * "the token sampled in logit row -tokens[t]-1 of the previous forward":
+     * the engine can launch step N+1 before it has read step N's tokens. */
     int num_seqs;
     int num_tokens;              /* new tokens in this step, all sequences */
     const int32_t *tokens;       /* [num_tokens], grouped by sequence */
@@ -97,6 +100,11 @@ typedef struct rp_backend_ops {
 struct rp_backend {
     const rp_backend_ops *ops;
     const char *name;
+    /* Overlap support: forward returns before the device finishes, tokens
+     * may refer to the previous forward's samples, and one more forward may
+     * be launched before read_tokens of the previous one (read_tokens then
+     * returns the older forward's tokens first). */
+    int supports_token_refs;
     const rp_model *model; /* not owned */
     rp_backend_config cfg;
 };

@@ -35,6 +35,10 @@ typedef struct rp_request {
     void *user;
     int abort_requested;
     int preemptions;
+    /* overlap: a finished request stays (pages held, never scheduled) until
+     * the last step it was part of has completed on the device */
+    int retiring;
+    uint64_t last_step;
     /* streamed text: decoded bytes not yet sent because they could still
      * turn out to be the start of a stop string */
     rp_detok detok;
@@ -47,6 +51,12 @@ typedef struct rp_request {
 static inline int rp_request_len(const rp_request *r) { return r->num_prompt + r->num_output; }
 /* Tokens to feed before the request can sample again. */
 static inline int rp_request_pending(const rp_request *r) { return rp_request_len(r) - r->cached; }
+
+/* Whether the scheduler may give it tokens: not retiring, and (counting a
+ * token still in flight) below its output and context limits. */
+static inline int rp_request_can_run(const rp_request *r, int max_context) {
+    return !r->retiring && r->num_output < r->max_tokens && rp_request_len(r) < max_context;
+}
 
 void rp_request_free(rp_request *r);
 

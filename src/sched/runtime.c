@@ -28,6 +28,17 @@
 #include "util/log.h"
 #include "util/rng.h"
 
+/* A launched step whose results have not been read yet. */
+typedef struct rp_step {
+    int active;
+    uint64_t id;
+    int n;
+    rp_sched_item *items;  /* [max_running] */
+    int *logit_row;        /* [max_running] */
+    int *out_index;        /* [max_running]: output index of the token each sampling item makes */
+    int device_sampling;
+} rp_step;
+
 struct rp_engine {
     rp_engine_config cfg;
     rp_model *model;
@@ -54,6 +65,13 @@ struct rp_engine {
     rp_request_id *live; /* ids submitted and not finished */
     int num_live, cap_live;
     rp_request_id next_id;
+    /* overlap: step N+1 is launched before step N's tokens are read */
+    int overlap;
+    rp_step steps[2];
+    int cur_step;                 /* index in steps[] of the newest launched step */
+    uint64_t launched, completed; /* step counters */
+    rp_request **retiring;        /* finished, freed once their last step completed */
+    int num_retiring, cap_retiring;
     rp_engine_stats stats;   /* engine thread only */
     rp_engine_stats snapshot; /* what get_stats reports, under mu */
     double cpu_ms_total;
@@ -159,7 +177,27 @@ static void deliver(rp_engine *e, rp_request *r, int32_t tok, float lp, const ch
     r->cb(r->user, &ev);
 }
 
+/* Frees a finished request's pages and memory. */
+static void release(rp_engine *e, rp_request *r) {
+    rp_scheduler_remove(e->sched, r);
+    rp_request_free(r);
+}
+
+/* Frees the retiring requests whose last step has completed. */
+static void release_retired(rp_engine *e) {
+    int k = 0;
+    for (int i = 0; i < e->num_retiring; i++) {
+        rp_request *r = e->retiring[i];
+        if (r->last_step <= e->completed) release(e, r);
+        else e->retiring[k++] = r;
+    }
+    e->num_retiring = k;
+}
+
+/* Ends a request: its final event now; its pages once no launched step
+ * still writes them (with overlap, the step in flight may). */
 static void finish(rp_engine *e, rp_request *r, int32_t tok, float lp, rp_finish fin, const char *error) {
+    if (r->retiring) return;
     /* whatever text is held is output: the request ended without a stop string */
     if (r->has_detok) {
         const char *tail;
@@ -167,24 +205,37 @@ static void finish(rp_engine *e, rp_request *r, int32_t tok, float lp, rp_finish
         rp_detok_flush(&r->detok, &tail, &tail_len);
         held_append(r, tail, tail_len);
     }
-    rp_scheduler_remove(e->sched, r);
     deliver(e, r, tok, lp, r->held, r->held_len, fin, error);
     pthread_mutex_lock(&e->mu);
     live_remove(e, r->id);
     pthread_mutex_unlock(&e->mu);
-    rp_request_free(r);
+    r->retiring = 1;
+    if (r->last_step <= e->completed || r->state == RP_REQ_WAITING) {
+        release(e, r);
+        return;
+    }
+    if (e->num_retiring == e->cap_retiring) {
+        e->cap_retiring = e->cap_retiring ? e->cap_retiring * 2 : 64;
+        e->retiring = realloc(e->retiring, (size_t)e->cap_retiring * sizeof *e->retiring);
+        if (!e->retiring) abort();
+    }
+    e->retiring[e->num_retiring++] = r;
 }
 
-/* Appends a sampled token and streams it; finishes the request when a stop
- * condition is met. */
-static void on_sampled(rp_engine *e, rp_request *r, int32_t tok, float lp) {
+/* Records output token number k (0-based) and streams it; finishes the
+ * request when a stop condition is met. Without overlap k is the next
+ * index; with overlap the slot was reserved (a token reference) when the
+ * step was launched, and a later provisional token may already follow. */
+static void on_sampled(rp_engine *e, rp_request *r, int k, int32_t tok, float lp) {
     const rp_model_config *c = &e->model->cfg;
-    r->tokens[rp_request_len(r)] = tok;
-    r->num_output++;
+    if (r->retiring) return; /* finished in an earlier step: this token was speculative */
+    r->tokens[r->num_prompt + k] = tok;
+    if (k >= r->num_output) r->num_output = k + 1;
     e->stats.generated_tokens++;
     int is_stop = !r->ignore_eos && rp_config_is_eos(c, tok);
     for (int k = 0; k < r->num_stop_ids && !is_stop; k++) is_stop = r->stop_ids[k] == tok;
     if (is_stop) {
+        r->num_output = k + 1; /* a provisional token after this one is dropped */
         finish(e, r, tok, lp, RP_FINISH_REASON_STOP, NULL);
         return;
     }
@@ -202,12 +253,14 @@ static void on_sampled(rp_engine *e, rp_request *r, int32_t tok, float lp) {
                     rp_detok_free(&r->detok);
                     r->has_detok = 0;
                 }
+                r->num_output = k + 1;
                 finish(e, r, tok, lp, RP_FINISH_REASON_STOP, NULL);
                 return;
             }
         }
     }
-    if (r->num_output >= r->max_tokens || rp_request_len(r) >= e->max_context) {
+    if (k + 1 >= r->max_tokens || r->num_prompt + k + 1 >= e->max_context) {
+        r->num_output = k + 1;
         finish(e, r, tok, lp, RP_FINISH_REASON_LENGTH, NULL);
         return;
     }
@@ -229,74 +282,134 @@ static int needs_host_sampler(const rp_request *r) {
 }
 
 static void fail_running(rp_engine *e, const char *msg) {
-    rp_scheduler *s = e->sched;
-    while (s->num_running > 0) finish(e, s->running[0], -1, 0, RP_FINISH_REASON_ERROR, msg);
+    e->completed = e->launched; /* nothing is in flight after a failure */
+    e->steps[0].active = e->steps[1].active = 0;
+    release_retired(e);
+    while (e->sched->num_running > 0) finish(e, e->sched->running[0], -1, 0, RP_FINISH_REASON_ERROR, msg);
 }
 
-static void step(rp_engine *e) {
+/* Whether a request's sampling needs the host sampler (penalties over its
+ * history): such a step cannot overlap. */
+static int any_needs_host_sampler(const rp_scheduler *s) {
+    for (int i = 0; i < s->num_running; i++)
+        if (needs_host_sampler(s->running[i])) return 1;
+    for (const rp_request *w = s->wait_head; w; w = w->next)
+        if (needs_host_sampler(w)) return 1;
+    return 0;
+}
+
+/* Schedules and launches one step; returns its slot or -1 when there was
+ * nothing to run (or the launch failed). */
+static int launch_step(rp_engine *e) {
     double t0 = rp_now_s();
     rp_scheduler *s = e->sched;
     int n = rp_scheduler_schedule(s);
-    if (n == 0) {
-        /* Cannot happen while every request fits the pool (submit ensures
-         * it); if it does, fail the head request rather than spin. */
-        if (s->wait_head) finish(e, s->wait_head, -1, 0, RP_FINISH_REASON_ERROR, "the request cannot be scheduled");
-        return;
-    }
+    if (n == 0) return -1;
     /* peaks as scheduled, before this step's finished requests leave */
     if (s->num_running > e->stats.peak_running) e->stats.peak_running = s->num_running;
     int used = e->pool->num_pages - rp_page_pool_num_free(e->pool);
     if (used > e->stats.kv_pages_peak_used) e->stats.kv_pages_peak_used = used;
+    int slot = e->overlap ? e->cur_step ^ 1 : 0;
+    rp_step *st = &e->steps[slot];
     rp_batch_begin(e->bb);
-    int device_sampling = e->backend->ops->read_tokens != NULL;
-    int logit_row[n];
+    st->device_sampling = e->backend->ops->read_tokens != NULL;
     for (int i = 0; i < n; i++) {
         rp_sched_item *it = &s->plan[i];
         rp_request *r = it->req;
-        logit_row[i] = rp_batch_add(e->bb, r->row, r->tokens + r->cached, it->num_tokens, r->cached, it->samples);
-        RP_ASSERT(logit_row[i] >= 0 || !it->samples);
+        st->logit_row[i] = rp_batch_add(e->bb, r->row, r->tokens + r->cached, it->num_tokens, r->cached, it->samples);
+        RP_ASSERT(st->logit_row[i] >= 0 || !it->samples);
+        st->out_index[i] = r->num_output;
         if (it->samples) {
-            if (needs_host_sampler(r)) device_sampling = 0;
+            if (needs_host_sampler(r)) st->device_sampling = 0;
             const rp_sampling_params *p = &r->sampling;
-            e->dev_params[logit_row[i]] = (rp_sample_params){.temperature = p->temperature, .top_p = p->top_p,
-                                                             .top_k = p->top_k, .min_p = p->min_p, .seed = p->seed,
-                                                             .step = (uint64_t)r->num_output};
+            e->dev_params[st->logit_row[i]] = (rp_sample_params){.temperature = p->temperature, .top_p = p->top_p,
+                                                                 .top_k = p->top_k, .min_p = p->min_p,
+                                                                 .seed = p->seed, .step = (uint64_t)r->num_output};
         }
     }
     rp_batch *bt = rp_batch_finish(e->bb);
-    bt->sample = device_sampling ? e->dev_params : NULL;
+    bt->sample = st->device_sampling ? e->dev_params : NULL;
     e->cpu_ms_total += (rp_now_s() - t0) * 1e3;
     rp_err err;
-    int rc = rp_backend_forward(e->backend, bt, &err);
-    if (!rc) {
-        rc = device_sampling ? e->backend->ops->read_tokens(e->backend, e->dev_tokens, e->dev_logprobs, &err)
-                             : rp_backend_read_logits(e->backend, e->logits, &err);
-    }
-    if (rc) {
+    if (rp_backend_forward(e->backend, bt, &err)) {
         rp_log_error("forward failed: %s", err.msg);
         rp_scheduler_commit(s);
         fail_running(e, err.msg);
-        return;
+        return -1;
     }
-    e->stats.steps++;
-    /* advance caches first: finishing a request frees its pages */
-    rp_sched_item items[n];
-    memcpy(items, s->plan, sizeof items);
+    e->launched++;
+    st->active = 1;
+    st->id = e->launched;
+    st->n = n;
+    memcpy(st->items, s->plan, (size_t)n * sizeof *st->items);
     rp_scheduler_commit(s);
     for (int i = 0; i < n; i++) {
-        rp_request *r = items[i].req;
-        if (!items[i].samples) continue;
+        rp_request *r = st->items[i].req;
+        r->last_step = st->id;
+        /* overlap: reserve the output slot with a reference to the row the
+         * device samples it into; the next step can feed it before the
+         * host has seen it */
+        if (e->overlap && st->items[i].samples) r->tokens[rp_request_len(r)] = -(st->logit_row[i] + 1), r->num_output++;
+    }
+    e->cur_step = slot;
+    e->stats.steps++;
+    return slot;
+}
+
+/* Reads a launched step's tokens and hands them to their requests. */
+static void collect_step(rp_engine *e, int slot) {
+    rp_step *st = &e->steps[slot];
+    rp_err err;
+    int rc = st->device_sampling ? e->backend->ops->read_tokens(e->backend, e->dev_tokens, e->dev_logprobs, &err)
+                                 : rp_backend_read_logits(e->backend, e->logits, &err);
+    st->active = 0;
+    if (rc) {
+        rp_log_error("forward failed: %s", err.msg);
+        fail_running(e, err.msg);
+        return;
+    }
+    e->completed = st->id;
+    for (int i = 0; i < st->n; i++) {
+        if (!st->items[i].samples) continue;
+        rp_request *r = st->items[i].req;
+        int row = st->logit_row[i], k = st->out_index[i];
         int32_t tok;
         float lp = 0;
-        if (device_sampling) {
-            tok = e->dev_tokens[logit_row[i]];
-            lp = e->dev_logprobs[logit_row[i]];
+        if (r->retiring) continue;
+        if (st->device_sampling) {
+            tok = e->dev_tokens[row];
+            lp = e->dev_logprobs[row];
         } else {
-            tok = rp_sampler_sample(e->sampler, &r->sampling, e->logits + (size_t)logit_row[i] * e->model->cfg.vocab_size,
-                                    r->tokens, r->num_prompt, r->tokens + r->num_prompt, r->num_output,
-                                    (uint64_t)r->num_output, &lp);
+            tok = rp_sampler_sample(e->sampler, &r->sampling, e->logits + (size_t)row * e->model->cfg.vocab_size,
+                                    r->tokens, r->num_prompt, r->tokens + r->num_prompt, k, (uint64_t)k, &lp);
         }
-        on_sampled(e, r, tok, lp);
+        on_sampled(e, r, k, tok, lp);
+    }
+    release_retired(e);
+}
+
+/* One turn of the engine loop. Without overlap: launch, wait, collect.
+ * With overlap: launch step N+1 first, then collect step N while the
+ * device runs N+1. */
+static void step(rp_engine *e) {
+    rp_step *prev = &e->steps[e->cur_step];
+    int had_prev = e->overlap && prev->active;
+    int prev_slot = e->cur_step;
+    /* The host needs real tokens (penalties), or the step in flight sampled
+     * on the host so the device holds no tokens to refer to: no overlap now. */
+    if (had_prev && (!prev->device_sampling || any_needs_host_sampler(e->sched))) {
+        collect_step(e, prev_slot);
+        had_prev = 0;
+    }
+    int slot = launch_step(e);
+    if (had_prev) collect_step(e, prev_slot);
+    if (slot >= 0 && !e->overlap) collect_step(e, slot);
+    if (slot < 0 && !had_prev) {
+        /* Nothing launched and nothing in flight: a request that cannot be
+         * scheduled (should not happen: submit checks it fits); fail it
+         * rather than spin. */
+        rp_scheduler *s = e->sched;
+        if (s->wait_head) finish(e, s->wait_head, -1, 0, RP_FINISH_REASON_ERROR, "the request cannot be scheduled");
     }
 }
 
@@ -335,6 +448,9 @@ static void *engine_main(void *arg) {
             if (found) finish(e, found, -1, 0, RP_FINISH_REASON_ABORT, NULL);
         }
         if (stopping) {
+            if (e->steps[e->cur_step].active) collect_step(e, e->cur_step);
+            e->completed = e->launched;
+            release_retired(e);
             while (e->sched->num_running) finish(e, e->sched->running[0], -1, 0, RP_FINISH_REASON_ABORT, NULL);
             while (e->sched->wait_head) finish(e, e->sched->wait_head, -1, 0, RP_FINISH_REASON_ABORT, NULL);
             break;
@@ -464,10 +580,21 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, char *errbuf, size_t
     e->pool = rp_page_pool_new(num_pages, cfg->page_size);
     e->table = e->pool ? rp_page_table_new(e->pool, cfg->max_running_requests, e->max_context) : NULL;
     rp_sched_config sc = {.max_running = cfg->max_running_requests, .token_budget = cfg->max_prefill_tokens,
+                          .max_context = e->max_context,
                           .chunk = cfg->chunked_prefill_size > 0 ? cfg->chunked_prefill_size : cfg->max_prefill_tokens};
     e->sched = e->table ? rp_scheduler_new(&sc, e->table) : NULL;
     e->bb = e->table ? rp_batch_builder_new(e->table, cfg->max_prefill_tokens, cfg->max_running_requests, e->max_logits)
                      : NULL;
+    for (int k = 0; k < 2; k++) {
+        e->steps[k].items = calloc((size_t)cfg->max_running_requests, sizeof *e->steps[k].items);
+        e->steps[k].logit_row = calloc((size_t)cfg->max_running_requests, sizeof(int));
+        e->steps[k].out_index = calloc((size_t)cfg->max_running_requests, sizeof(int));
+        if (!e->steps[k].items || !e->steps[k].logit_row || !e->steps[k].out_index) {
+            set_err(errbuf, errlen, "out of memory");
+            goto fail;
+        }
+    }
+    e->overlap = e->backend->supports_token_refs && !cfg->disable_overlap;
     e->sampler = rp_sampler_new(c->vocab_size);
     e->logits = malloc((size_t)e->max_logits * c->vocab_size * sizeof *e->logits);
     e->dev_params = calloc((size_t)e->max_logits, sizeof *e->dev_params);
@@ -511,6 +638,13 @@ void rp_engine_destroy(rp_engine *e) {
     }
     free(e->aborts);
     free(e->live);
+    for (int i = 0; i < e->num_retiring; i++) rp_request_free(e->retiring[i]);
+    free(e->retiring);
+    for (int k = 0; k < 2; k++) {
+        free(e->steps[k].items);
+        free(e->steps[k].logit_row);
+        free(e->steps[k].out_index);
+    }
     free(e->logits);
     free(e->dev_params);
     free(e->dev_tokens);

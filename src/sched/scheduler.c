@@ -89,8 +89,10 @@ static void add_running(rp_scheduler *s, rp_request *r) {
 /* Frees the newest running request's pages and requeues it at the front:
  * it will be recomputed from its tokens, losing nothing. */
 static rp_request *preempt_newest(rp_scheduler *s) {
-    if (s->num_running == 0) return NULL;
-    rp_request *v = s->running[s->num_running - 1];
+    int i = s->num_running - 1;
+    while (i >= 0 && s->running[i]->retiring) i--; /* leaving anyway: its pages come back soon */
+    if (i < 0) return NULL;
+    rp_request *v = s->running[i];
     drop_running(s, v);
     v->cached = 0;
     v->state = RP_REQ_WAITING;
@@ -116,7 +118,7 @@ static int schedule_once(rp_scheduler *s) {
     /* 1. decodes, oldest first; preempt the newest when pages run out */
     for (int i = 0; i < s->num_running && budget > 0; i++) {
         rp_request *r = s->running[i];
-        if (rp_request_pending(r) != 1) continue;
+        if (rp_request_pending(r) != 1 || !rp_request_can_run(r, s->cfg.max_context)) continue;
         int ok = 0;
         while (!ok) {
             ok = rp_page_table_reserve(s->table, r->row, r->cached + 1, NULL) == 0;
@@ -132,7 +134,7 @@ static int schedule_once(rp_scheduler *s) {
     for (int i = 0; i < s->num_running && budget > 0; i++) {
         rp_request *r = s->running[i];
         int pending = rp_request_pending(r);
-        if (pending <= 1 || in_plan(s, r)) continue;
+        if (pending <= 1 || in_plan(s, r) || !rp_request_can_run(r, s->cfg.max_context)) continue;
         int n = pending < s->cfg.chunk ? pending : s->cfg.chunk;
         if (n > budget) n = budget;
         if (rp_page_table_reserve(s->table, r->row, r->cached + n, NULL)) continue;
@@ -166,7 +168,9 @@ int rp_scheduler_schedule(rp_scheduler *s) {
      * preempt the newest so the oldest can finish. Submission rejects any
      * request larger than the whole pool, so the oldest alone always fits. */
     while (n == 0 && s->num_running > 0) {
-        preempt_newest(s);
+        int runnable = 0;
+        for (int i = 0; i < s->num_running; i++) runnable += rp_request_can_run(s->running[i], s->cfg.max_context);
+        if (!runnable || !preempt_newest(s)) break; /* only requests finishing in flight: nothing to do */
         n = schedule_once(s);
     }
     return n;

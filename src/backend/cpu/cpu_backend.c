@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "engine/sampler.h" /* a leaf module (util only): the same sampler the engine uses */
 #include "util/dtype.h"
 
 #define ROWS_PER_BLOCK 4
@@ -35,6 +36,14 @@ typedef struct cpu_backend {
     float *wrows;         /* [threads][ROWS_PER_BLOCK][max_k] */
     float *scores;        /* [threads][max_kv_len] */
     int max_k, max_kv_len;
+    /* sampling inside forward (batch->sample), with the GPU's contract: two
+     * result slots, so one more forward may run before the previous one's
+     * tokens are read, and token references resolved from the last one */
+    rp_sampler *sampler;
+    float *sample_row;
+    int32_t *tok_slot[2];
+    float *lp_slot[2];
+    int slot_n[2], slot_sampled[2], cur_slot, num_pending;
 } cpu_backend;
 
 /* ---- building blocks -------------------------------------------------- */
@@ -174,9 +183,12 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     const int q_dim = c->num_heads * hd, kv_dim = c->num_kv_heads * hd;
     const float eps = (float)c->rms_norm_eps;
 
+    if (cb->num_pending >= 2) return rp_errf(err, "two forwards in flight: read the older one's results first");
+    const int32_t *prev = cb->tok_slot[cb->cur_slot];
     const rp_weight *emb = rp_model_weight(m, RP_W_EMBED, 0);
     for (int t = 0; t < T; t++) {
-        const uint16_t *e = emb->data + (int64_t)bt->tokens[t] * H;
+        int32_t tok = bt->tokens[t] < 0 ? prev[-bt->tokens[t] - 1] : bt->tokens[t];
+        const uint16_t *e = emb->data + (int64_t)tok * H;
         float *xt = cb->x + (int64_t)t * H;
         for (int i = 0; i < H; i++) xt[i] = rp_bf16_to_f32(e[i]);
     }
@@ -225,12 +237,46 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         rmsnorm_row(cb->logit_in + (int64_t)i * H, cb->x + (int64_t)bt->logit_token[i] * H, fnorm->data, H, eps);
     matmul(cb, cb->logits, cb->logit_in, rp_model_weight(m, RP_W_LM_HEAD, 0), bt->num_logits);
     cb->last_num_logits = bt->num_logits;
+    int slot = cb->cur_slot ^ 1;
+    cb->cur_slot = slot;
+    cb->slot_n[slot] = bt->num_logits;
+    cb->slot_sampled[slot] = bt->sample != NULL;
+    cb->num_pending++;
+    if (bt->sample) {
+        const int V = c->vocab_size;
+        for (int i = 0; i < bt->num_logits; i++) {
+            const rp_sample_params *sp = &bt->sample[i];
+            rp_sampling_params p;
+            rp_sampling_params_default(&p);
+            p.temperature = sp->temperature;
+            p.top_p = sp->top_p > 0 && sp->top_p <= 1 ? sp->top_p : 1.0f; /* 0: an unset row, as on the GPU */
+            p.top_k = sp->top_k;
+            p.min_p = sp->min_p;
+            p.seed = sp->seed;
+            p.has_seed = 1;
+            memcpy(cb->sample_row, cb->logits + (size_t)i * V, (size_t)V * sizeof(float));
+            cb->tok_slot[slot][i] =
+                rp_sampler_sample(cb->sampler, &p, cb->sample_row, NULL, 0, NULL, 0, sp->step, &cb->lp_slot[slot][i]);
+        }
+    }
+    return 0;
+}
+
+static int cpu_read_tokens(rp_backend *b, int32_t *tokens, float *logprobs, rp_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (cb->num_pending == 0) return rp_errf(err, "no forward to read");
+    int slot = cb->num_pending == 2 ? cb->cur_slot ^ 1 : cb->cur_slot;
+    if (!cb->slot_sampled[slot]) return rp_errf(err, "that forward did not sample");
+    memcpy(tokens, cb->tok_slot[slot], (size_t)cb->slot_n[slot] * sizeof *tokens);
+    if (logprobs) memcpy(logprobs, cb->lp_slot[slot], (size_t)cb->slot_n[slot] * sizeof *logprobs);
+    cb->num_pending--;
     return 0;
 }
 
 static int cpu_read_logits(rp_backend *b, float *dst, rp_err *err) {
-    (void)err;
     cpu_backend *cb = (cpu_backend *)b;
+    if (cb->num_pending > 1) return rp_errf(err, "logits of an overlapped forward cannot be read");
+    cb->num_pending = 0;
     memcpy(dst, cb->logits, (size_t)cb->last_num_logits * b->model->cfg.vocab_size * sizeof(float));
     return 0;
 }
@@ -242,11 +288,17 @@ static void cpu_destroy(rp_backend *b) {
                      cb->v,       cb->attn,    cb->gate,     cb->up,       cb->logit_in, cb->logits, cb->wrows,
                      cb->scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    for (int k = 0; k < 2; k++) {
+        free(cb->tok_slot[k]);
+        free(cb->lp_slot[k]);
+    }
+    free(cb->sample_row);
+    rp_sampler_free(cb->sampler);
     free(cb);
 }
 
 static const rp_backend_ops cpu_ops = {
-    .forward = cpu_forward, .read_logits = cpu_read_logits, .read_tokens = NULL, .destroy = cpu_destroy};
+    .forward = cpu_forward, .read_logits = cpu_read_logits, .read_tokens = cpu_read_tokens, .destroy = cpu_destroy};
 
 static float *alloc_f32(int64_t n, int *failed) {
     float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
@@ -296,6 +348,15 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
     cb->logits = alloc_f32(L * c->vocab_size, &failed);
     cb->wrows = alloc_f32((int64_t)cb->num_threads * ROWS_PER_BLOCK * cb->max_k, &failed);
     cb->scores = alloc_f32((int64_t)cb->num_threads * cb->max_kv_len, &failed);
+    for (int k = 0; k < 2; k++) {
+        cb->tok_slot[k] = calloc((size_t)L, sizeof(int32_t));
+        cb->lp_slot[k] = calloc((size_t)L, sizeof(float));
+        if (!cb->tok_slot[k] || !cb->lp_slot[k]) failed = 1;
+    }
+    cb->sample_row = alloc_f32(c->vocab_size, &failed);
+    cb->sampler = rp_sampler_new(c->vocab_size);
+    if (!cb->sampler) failed = 1;
+    cb->base.supports_token_refs = 1;
     if (failed) {
         cpu_destroy(&cb->base);
         rp_errf(err, "cpu backend: out of memory for %d KV pages of %d tokens", cfg->num_pages, cfg->page_size);
