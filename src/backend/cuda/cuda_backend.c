@@ -704,6 +704,12 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         rp_errf(err, "cudaGetDeviceProperties failed");
         goto fail;
     }
+    if (prop.major != 9 || prop.minor != 0) {
+        /* the kernels are built for sm_90a only (wgmma-era Hopper code) */
+        rp_errf(err, "%s is compute capability %d.%d; replay's CUDA kernels are built for Hopper (9.0: H100, H200). "
+                     "Use --device cpu", prop.name, prop.major, prop.minor);
+        goto fail;
+    }
     cb->num_sms = prop.multiProcessorCount;
     cb->base.supports_token_refs = 1;
     if (cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking) != cudaSuccess ||
