@@ -13,7 +13,8 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "engine/sampler.h" /* a leaf module (util only): the same sampler the engine uses */
+#include "engine/sampler.h"
+#include "model/rope.h" /* a leaf module (util only): the same sampler the engine uses */
 #include "util/dtype.h"
 
 #define ROWS_PER_BLOCK 4
@@ -102,29 +103,6 @@ static void rope_head(float *v, int head_dim, int pos, const float *inv_freq) {
         float a = v[i], b = v[i + half];
         v[i] = a * c - b * s;
         v[i + half] = b * c + a * s;
-    }
-}
-
-/* inv_freq as transformers' default and llama3 rope_init_fn compute it. */
-static void compute_inv_freq(float *inv_freq, const rp_model_config *c) {
-    int half = c->head_dim / 2;
-    for (int i = 0; i < half; i++) {
-        float expo = (float)(2 * i) / (float)c->head_dim;
-        inv_freq[i] = 1.0f / powf((float)c->rope.theta, expo);
-    }
-    if (c->rope.type != RP_ROPE_LLAMA3) return;
-    const double pi = 3.14159265358979323846;
-    double factor = c->rope.factor, lo = c->rope.low_freq_factor, hi = c->rope.high_freq_factor;
-    double old_ctx = c->rope.original_max_position_embeddings;
-    double lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
-    for (int i = 0; i < half; i++) {
-        float f = inv_freq[i];
-        float wavelen = (float)(2 * pi) / f;
-        float scaled = wavelen > (float)lo_wavelen ? f / (float)factor : f;
-        float smooth = ((float)old_ctx / wavelen - (float)lo) / (float)(hi - lo);
-        float smoothed = (1.0f - smooth) * scaled / (float)factor + smooth * scaled;
-        int medium = !(wavelen < (float)hi_wavelen) && !(wavelen > (float)lo_wavelen);
-        inv_freq[i] = medium ? smoothed : scaled;
     }
 }
 
@@ -362,6 +340,6 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
         rp_errf(err, "cpu backend: out of memory for %d KV pages of %d tokens", cfg->num_pages, cfg->page_size);
         return NULL;
     }
-    compute_inv_freq(cb->inv_freq, c);
+    rp_rope_inv_freq(c, cb->inv_freq);
     return &cb->base;
 }

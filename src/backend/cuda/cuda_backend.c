@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/token_refs.h"
+#include "model/rope.h"
 #include "util/log.h"
 
 #define LT_WORKSPACE_BYTES (64u << 20)
@@ -573,24 +574,6 @@ static const rp_backend_ops cuda_ops = {
     .profile = cuda_profile,
 };
 
-/* inv_freq exactly as the CPU backend computes it (shared formula). */
-static void host_inv_freq(float *inv_freq, const rp_model_config *c) {
-    int half = c->head_dim / 2;
-    for (int i = 0; i < half; i++) inv_freq[i] = 1.0f / powf((float)c->rope.theta, (float)(2 * i) / (float)c->head_dim);
-    if (c->rope.type != RP_ROPE_LLAMA3) return;
-    const double pi = 3.14159265358979323846;
-    double factor = c->rope.factor, lo = c->rope.low_freq_factor, hi = c->rope.high_freq_factor;
-    double old_ctx = c->rope.original_max_position_embeddings;
-    for (int i = 0; i < half; i++) {
-        float f = inv_freq[i], wavelen = (float)(2 * pi) / f;
-        float scaled = wavelen > (float)(old_ctx / lo) ? f / (float)factor : f;
-        float smooth = ((float)old_ctx / wavelen - (float)lo) / (float)(hi - lo);
-        float smoothed = (1.0f - smooth) * scaled / (float)factor + smooth * scaled;
-        int medium = !(wavelen < (float)(old_ctx / hi)) && !(wavelen > (float)(old_ctx / lo));
-        inv_freq[i] = medium ? smoothed : scaled;
-    }
-}
-
 static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     const size_t T = (size_t)cb->base.cfg.max_batch_tokens, H = (size_t)c->hidden_size,
@@ -628,7 +611,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     cb->act_bytes = total;
     float *h_inv = malloc((size_t)c->head_dim / 2 * 4);
     if (!h_inv) return rp_errf(err, "out of memory");
-    host_inv_freq(h_inv, c);
+    rp_rope_inv_freq(c, h_inv);
     cudaError_t e = cudaMemcpy(cb->inv_freq, h_inv, (size_t)c->head_dim / 2 * 4, cudaMemcpyHostToDevice);
     free(h_inv);
     RP_CUDA_TRY(e, err);
