@@ -182,6 +182,7 @@ static void test_sample_greedy(void **state) {
     logits[4 * vocab + 0] = 40.0f;
     rp_sample_params params[6];
     memset(params, 0, sizeof params);
+    for (int r = 0; r < rows; r++) params[r].top_p = 1.0f; /* greedy ignores it; the host validates it */
     float *d_logits = dup_to_dev(logits, (size_t)rows * vocab * 4);
     int32_t tok[6], tok2[6];
     float lp[6];
@@ -485,6 +486,7 @@ int main(void) {
     printf("test_cuda_sample: seed %llu%s (REPLAY_TEST_SEED repeats it)\n", (unsigned long long)g_seed,
            g_small ? ", small shapes" : "");
     if (getenv("REPLAY_TEST_SKIP")) cmocka_set_skip_filter(getenv("REPLAY_TEST_SKIP"));
+    if (getenv("REPLAY_SAMPLE_BENCH")) cmocka_set_test_filter("test_sample_bench");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_greedy),         cmocka_unit_test(test_sample_vs_host),
         cmocka_unit_test(test_sample_batch),          cmocka_unit_test(test_sample_ties_and_edges),

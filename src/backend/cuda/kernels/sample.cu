@@ -12,7 +12,7 @@
  * scheduling. Tokens whose mass is below 2^-45 of the top token's get weight
  * 0 and cannot be drawn (the host sampler draws them with p < 1e-13).
  *
- * Fast path (docs/sampling.md, "Device sampler"): one thread-block cluster
+ * Fast path: one thread-block cluster
  * of 8 or 16 blocks per row. Each block loads its slice of the row into
  * shared memory once; everything after that runs on shared memory, and the
  * blocks combine results through distributed shared memory between cluster
@@ -429,12 +429,15 @@ struct fs_slot {
 };
 
 struct fs_shared {
-    u64 hist_w[FS_NB];       /* this block's bins */
-    u64 cum_w[FS_NB + 1];    /* block 0: bin totals of the row, then their exclusive prefix sums */
+    /* this block's bins: the weight in three 15-bit parts (w < 2^45), each
+     * summed in 32 bits without overflow (a slice has < 2^15 tokens), because
+     * shared-memory atomics are native for 32 bits and a CAS loop for 64 */
+    unsigned hist_p[3][FS_NB];
+    unsigned hist_c[FS_NB];
+    u64 cum_w[FS_NB + 2];    /* block 0: bin totals of the row, then their exclusive prefix sums */
+    unsigned cum_c[FS_NB + 4]; /* (+2 / +4 keep the arrays after them 16-byte aligned) */
     u64 list_key[FS_CAP];    /* block 0: the gathered bin, (key << 32 | ~id), sorted descending */
     u64 list_psum[FS_CAP];   /* block 0: inclusive prefix sums of their weights */
-    unsigned hist_c[FS_NB];
-    unsigned cum_c[FS_NB + 1];
     fs_slot slot;
     int cmd;                 /* block 0 -> others: bin to gather, or -1 = done */
     unsigned list_n;         /* gather slot counter (one DSMEM atomic per block and gather) */
@@ -448,6 +451,9 @@ struct fs_shared {
 };
 #define FS_SHARED_BYTES ((sizeof(fs_shared) + 15) & ~(size_t)15)
 static_assert(sizeof(smp_shared) <= sizeof(fs_shared), "the slow path reuses the fast path's shared memory");
+static_assert(offsetof(fs_shared, hist_c) % 16 == 0 && offsetof(fs_shared, cum_w) % 16 == 0 &&
+                  offsetof(fs_shared, cum_c) % 16 == 0 && sizeof(fs_shared::hist_p) >= FS_CAP * 8,
+              "vector access to the bins; hist_p doubles as the gather staging area");
 
 /* Bin of a finite logit: monotone in the logit (so bin order is sampling
  * order), equal logits share a bin. Every block computes it with the same
@@ -510,12 +516,12 @@ __device__ __forceinline__ u64 fs_block_excl_scan(u64 v, u64 *total, fs_shared &
  * staging area of its own shared memory (local atomics), then one remote
  * atomic reserves the block's range in block 0's list and plain remote
  * stores fill it. (Remote atomics per warp on one word of block 0 would
- * serialize there.) The staging area is hist_w, no longer read by anyone
+ * serialize there.) The staging area is hist_p, no longer read by anyone
  * once the bins are summed [hist B]. */
 __device__ void fs_gather(const float *xs, int n, int id0, int b, float mx, float scale, fs_shared &sh,
                           fs_shared *lead) {
     const int lane = threadIdx.x & 31;
-    u64 *stage = sh.hist_w;
+    u64 *stage = reinterpret_cast<u64 *>(&sh.hist_p[0][0]);
     if (threadIdx.x == 0) sh.stage_n = 0;
     __syncthreads();
     for (int base = 0; base < n; base += FS_THREADS) { /* same trip count in a warp: ballots are safe */
@@ -564,11 +570,24 @@ __device__ int fs_open_bin(int b, const fs_row &rw, fs_shared &sh, cg::cluster_g
     fs_gather(rw.xs, rw.n, rw.id0, b, rw.mx, rw.scale, sh, &sh);
     cluster.sync(); /* [gather B] every block's appends are in */
     if (sh.list_n != cnt) return 0;
+    if (cnt <= FS_THREADS) {
+        /* rank by counting: keys are distinct (the id is in them), two
+         * barriers instead of a sorting network's log^2 n */
+        const int t = threadIdx.x;
+        const u64 key = t < (int)cnt ? sh.list_key[t] : 0;
+        int rank = 0;
+        if (t < (int)cnt)
+            for (int j = 0; j < (int)cnt; j++) rank += sh.list_key[j] > key;
+        if (t < (int)cnt) sh.list_psum[rank] = key;
+        __syncthreads();
+        if (t < (int)cnt) sh.list_key[t] = sh.list_psum[t];
+        __syncthreads();
+    }
     int P = 1;
-    while (P < (int)cnt) P <<= 1;
+    while (cnt > FS_THREADS && P < (int)cnt) P <<= 1;
     for (int i = cnt + threadIdx.x; i < P; i += FS_THREADS) sh.list_key[i] = 0; /* sorts last */
     __syncthreads();
-    /* bitonic sort, descending: larger key = earlier in sampling order */
+    /* larger bins: bitonic sort, descending (larger key = earlier in sampling order) */
     for (int k = 2; k <= P; k <<= 1)
         for (int j = k >> 1; j > 0; j >>= 1) {
             for (int i = threadIdx.x; i < P; i += FS_THREADS) {
@@ -765,7 +784,8 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
     const bool use_minp = p.min_p > 0.0f;
     const float log_minp = use_minp ? logf(p.min_p) : 0.0f;
     const double temp_d = (double)temp, minp_d = (double)p.min_p;
-    for (int b = threadIdx.x; b < FS_NB; b += FS_THREADS) sh.hist_w[b] = 0, sh.hist_c[b] = 0;
+    for (int b = threadIdx.x; b < FS_NB; b += FS_THREADS)
+        sh.hist_p[0][b] = 0, sh.hist_p[1][b] = 0, sh.hist_p[2][b] = 0, sh.hist_c[b] = 0;
     __syncthreads();
     unsigned tail = 0, n_minp = 0;
     for (int i = threadIdx.x; i < n; i += FS_THREADS) {
@@ -779,7 +799,11 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
         }
         atomicAdd(&sh.hist_c[b], 1u);
         const u64 w = fs_weight(x, mx, inv_t);
-        if (w) atomicAdd(&sh.hist_w[b], w);
+        if (w) {
+            atomicAdd(&sh.hist_p[0][b], (unsigned)(w & 0x7fff));
+            atomicAdd(&sh.hist_p[1][b], (unsigned)((w >> 15) & 0x7fff));
+            atomicAdd(&sh.hist_p[2][b], (unsigned)(w >> 30));
+        }
     }
     const u64 both = fs_block_sum(((u64)n_minp << 32) | tail, sh);
     if (threadIdx.x == 0) {
@@ -788,21 +812,32 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
     }
     cluster.sync(); /* [hist A] every block's bins and slot.n_minp are in */
     {
-        /* block q sums bins [q * per, (q + 1) * per) over the cluster into block 0 */
-        const int per = FS_NB / nblk;
-        for (int b = rank * per + threadIdx.x; b < (rank + 1) * per; b += FS_THREADS) {
-            u64 w = 0;
-            unsigned c = 0;
-            /* unrolled so that all remote loads are in flight at once */
+        /* block `rank` sums bins [rank * per, (rank + 1) * per) over the
+         * cluster into block 0. Thread t reads 4 bins of block q = t % nblk
+         * with 16-byte remote loads (all in flight at once); the nblk
+         * lanes of one bin group (8 or 16 adjacent lanes) then add up with
+         * shuffles. per / 4 * nblk = FS_NB / 4 = FS_THREADS pairs exactly. */
+        static_assert(FS_NB / 4 == FS_THREADS, "one (bin group, block) pair per thread");
+        const int per = FS_NB / nblk, q = threadIdx.x % nblk, b = rank * per + (threadIdx.x / nblk) * 4;
+        const fs_shared *o = cluster.map_shared_rank(&sh, q);
+        const uint4 p0 = *reinterpret_cast<const uint4 *>(&o->hist_p[0][b]);
+        const uint4 p1 = *reinterpret_cast<const uint4 *>(&o->hist_p[1][b]);
+        const uint4 p2 = *reinterpret_cast<const uint4 *>(&o->hist_p[2][b]);
+        uint4 c = *reinterpret_cast<const uint4 *>(&o->hist_c[b]);
+        u64 w[4] = {p0.x + ((u64)p1.x << 15) + ((u64)p2.x << 30), p0.y + ((u64)p1.y << 15) + ((u64)p2.y << 30),
+                    p0.z + ((u64)p1.z << 15) + ((u64)p2.z << 30), p0.w + ((u64)p1.w << 15) + ((u64)p2.w << 30)};
+        for (int off = 1; off < nblk; off <<= 1) {
 #pragma unroll
-            for (int q = 0; q < FS_MAX_CLUSTER; q++)
-                if (q < nblk) {
-                    const fs_shared *o = cluster.map_shared_rank(&sh, q);
-                    w += o->hist_w[b];
-                    c += o->hist_c[b];
-                }
-            lead->cum_w[b] = w;
-            lead->cum_c[b] = c;
+            for (int e = 0; e < 4; e++) w[e] += __shfl_xor_sync(RP_FULL_MASK, w[e], off);
+            c.x += __shfl_xor_sync(RP_FULL_MASK, c.x, off);
+            c.y += __shfl_xor_sync(RP_FULL_MASK, c.y, off);
+            c.z += __shfl_xor_sync(RP_FULL_MASK, c.z, off);
+            c.w += __shfl_xor_sync(RP_FULL_MASK, c.w, off);
+        }
+        if (q == 0) {
+            *reinterpret_cast<ulonglong2 *>(&lead->cum_w[b]) = make_ulonglong2(w[0], w[1]);
+            *reinterpret_cast<ulonglong2 *>(&lead->cum_w[b + 2]) = make_ulonglong2(w[2], w[3]);
+            *reinterpret_cast<uint4 *>(&lead->cum_c[b]) = c;
         }
     }
     cluster.sync(); /* [hist B] block 0 holds the row's bins */
