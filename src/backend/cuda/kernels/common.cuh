@@ -41,25 +41,46 @@ __device__ __forceinline__ void rp_pdl_wait(void) { asm volatile("griddepcontrol
  * stream-ordered launches, for A/B timing and as a fallback. */
 extern int rp_pdl_enabled;
 
+/* cluster_x > 1 launches thread-block clusters of cluster_x blocks along x
+ * (grid.x a multiple of it): blocks of a cluster share shared memory
+ * (DSMEM) and a barrier, which lets a kernel split a reduction over several
+ * SMs without a second launch or global atomics. */
 template <typename... KArgs, typename... Args>
-static int rp_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                     Args... args) {
+static int rp_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             int cluster_x, Args... args) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    int n = 0;
+    if (rp_pdl_enabled) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    if (cluster_x > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = (unsigned)cluster_x;
+        attr[n].val.clusterDim.y = 1;
+        attr[n].val.clusterDim.z = 1;
+        n++;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = rp_pdl_enabled ? 1 : 0;
+    cfg.numAttrs = (unsigned)n;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return (int)e;
     }
     return rp_launch_result();
+}
+
+template <typename... KArgs, typename... Args>
+static int rp_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                     Args... args) {
+    return rp_launch_cluster(kernel, grid, block, smem, stream, 1, args...);
 }
 
 /* ---- bf16 <-> fp32 ------------------------------------------------------ */
@@ -91,6 +112,13 @@ __device__ __forceinline__ uint4 rp_ld_stream(const void *p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
+}
+
+/* Asks the bulk copy engine to bring [p, p + bytes) into L2 (bytes a
+ * multiple of 16, p 16-byte aligned). No registers, no completion to wait
+ * for: a hint that keeps DRAM busy while the issuing thread waits. */
+__device__ __forceinline__ void rp_prefetch_l2(const void *p, int bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
 __device__ __forceinline__ uint4 rp_ld_nc(const void *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }

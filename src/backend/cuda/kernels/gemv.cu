@@ -14,7 +14,19 @@
  *    staging of W, and T = 1..8 cost the same;
  *  - a block owns 16 rows and its warps split K; one shared-memory
  *    reduction at the end. The warp count per block is chosen from N so
- *    that small matrices still fill the GPU.
+ *    that small matrices still fill the GPU;
+ *  - the warp count also keeps the launch to one wave, or a nearly full
+ *    last one (gemv_launch_io; qwen3-4b's N = 2560 fell off this);
+ *  - optionally (REPLAY_GEMV_MAX_KS > 1; off by default: measured slower
+ *    on 4 of 5 models, bench/RESULTS.md) K is also split over a
+ *    thread-block cluster of up to 8 blocks: each block streams its K range
+ *    and stages only that part of x, and the cluster's rank 0 adds the
+ *    blocks' partial sums in rank order through distributed shared memory
+ *    (fixed order: graph == eager bit for bit; no workspace, no atomics);
+ *  - before the PDL wait each block asks the bulk copy engine to prefetch
+ *    the start of its rows into L2 (a budget per launch), so DRAM keeps
+ *    streaming this GEMV's weights while the kernel before it (attention,
+ *    RoPE, the previous GEMV's tail) still runs.
  *
  * Decode fusions, so that a layer is 4 GEMVs plus attention instead of 10
  * launches (each x element is produced once per block, in the fragment
@@ -31,6 +43,7 @@
  *    partial sums of squares of the new residual for the next norm.
  * Requires K % 8 == 0 and 16-byte aligned W and inputs (true for every
  * model shape replay loads); N is arbitrary. */
+#include <cooperative_groups.h>
 #include <stdlib.h>
 
 #include "common.cuh"
@@ -38,24 +51,28 @@
 
 #define GEMV_ROWS 16
 #define GEMV_UNROLL 4 /* chunks of 32 k per warp per batch */
+#define GEMV_PF_KB_DEFAULT 4096 /* L2 prefetch budget per launch */
 
 struct gemv_params {
     rp_gemv_in in;
     rp_gemv_out out;
     int T, N, K;
+    int ks;       /* blocks per 16-row tile (cluster size): K split ks ways */
+    int nch_b;    /* 32-wide k chunks per block */
+    int pf_bytes; /* L2 prefetch per weight row before the PDL wait (multiple of 16) */
 };
 
 /* The weight batch starting at chunk ch0 (this warp's chunks ch0 + u *
  * WARPS): rows g and g + 8 of the block's 16. */
 template <int WARPS>
 __device__ __forceinline__ void load_w(uint4 (&va)[GEMV_UNROLL], uint4 (&vb)[GEMV_UNROLL], const uint16_t *wa,
-                                       const uint16_t *wb, int ch0, int nch, int K, int c, bool ra, bool rb) {
+                                       const uint16_t *wb, int ch0, int ch_end, int K, int c, bool ra, bool rb) {
     const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; u++) {
         const int ch = ch0 + u * WARPS;
         const int k = ch * 32 + c * 8;
-        const bool kin = ch < nch && k < K;
+        const bool kin = ch < ch_end && k < K;
         va[u] = kin && ra ? rp_ld_stream(wa + ch * 32) : zero;
         vb[u] = kin && rb ? rp_ld_stream(wb + ch * 32) : zero;
     }
@@ -104,8 +121,10 @@ __host__ __device__ __forceinline__ int stage_ld(int K) { return K + 8; }
  * STAGE_BATCH before any is used. */
 #define STAGE_BATCH 4
 template <int IN>
-__device__ __forceinline__ void stage_x(const rp_gemv_in &in, uint16_t *xs, float *s_inv, int T, int K) {
-    const int items = T * (K / 8), per_row = K / 8, ld = stage_ld(K);
+__device__ __forceinline__ void stage_x(const rp_gemv_in &in, uint16_t *xs, float *s_inv, int T, int K, int kb,
+                                        int kr, int ld) {
+    /* x[t][kb .. kb + kr) -> xs[t * ld + 0 .. kr) */
+    const int per_row = kr > 0 ? kr / 8 : 0, items = T * per_row;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     if (IN == RP_GEMV_IN_RMSNORM) {
         for (int t = warp; t < T; t += nwarps) { /* warp-uniform loop */
@@ -126,7 +145,7 @@ __device__ __forceinline__ void stage_x(const rp_gemv_in &in, uint16_t *xs, floa
             if (i < items) {
                 const int t = i / per_row, k = (i % per_row) * 8;
                 const int row = IN == RP_GEMV_IN_RMSNORM && in.rows ? in.rows[t] : t;
-                v[j] = make_x<IN>(in, row, k, K, IN == RP_GEMV_IN_RMSNORM ? s_inv[t] : 1.0f);
+                v[j] = make_x<IN>(in, row, kb + k, K, IN == RP_GEMV_IN_RMSNORM ? s_inv[t] : 1.0f);
             }
         }
 #pragma unroll
@@ -139,53 +158,56 @@ __device__ __forceinline__ void stage_x(const rp_gemv_in &in, uint16_t *xs, floa
     __syncthreads();
 }
 
-template <int WARPS, int IN, int OUT, bool PIPE>
+template <int WARPS, int IN, int OUT>
 __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__restrict__ W, gemv_params p) {
     __shared__ float red[WARPS][GEMV_ROWS][8];
+    __shared__ float part[GEMV_ROWS * 8]; /* this block's sums, read by the cluster's rank 0 */
     __shared__ float s_inv[RP_GEMV_MAX_T];
-    extern __shared__ __align__(16) uint16_t xs[]; /* staged x: [T][stage_ld(K)] */
+    extern __shared__ __align__(16) uint16_t xs[]; /* staged x: [T][stage_ld(nch_b * 32)] */
     constexpr bool STAGED = IN != RP_GEMV_IN_BF16;
     rp_pdl_trigger();
-    const int T = p.T, N = p.N, K = p.K;
+    const int T = p.T, N = p.N, K = p.K, ks = p.ks;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* mma groupID / thread-in-group */
-    const int row0 = blockIdx.x * GEMV_ROWS;
+    const int tile = blockIdx.x / ks, rank = blockIdx.x % ks; /* rank: this block's place in its cluster */
+    const int row0 = tile * GEMV_ROWS;
+    const int nch = (K + 31) / 32;
+    const int c0 = rank * p.nch_b, c1 = min(nch, c0 + p.nch_b); /* this block's chunks */
+    const int kb = c0 * 32, kr = min(K, c1 * 32) - kb;            /* its k range */
     const bool ra = row0 + g < N, rb = row0 + g + 8 < N, xt = g < T;
     const uint16_t *wa = W + (int64_t)(ra ? row0 + g : 0) * K + c * 8;
     const uint16_t *wb = W + (int64_t)(rb ? row0 + g + 8 : 0) * K + c * 8;
-    const int nch = (K + 31) / 32;
     constexpr int STEP = WARPS * GEMV_UNROLL;
 
     /* Constant data only until the wait (see common.cuh). */
+    if (warp == 0 && lane < GEMV_ROWS && row0 + lane < N && kr > 0) {
+        const int bytes = min(kr * 2, p.pf_bytes); /* kr * 2: a multiple of 16 */
+        if (bytes > 0) rp_prefetch_l2(W + (int64_t)(row0 + lane) * K + kb, bytes);
+    }
     uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
-    load_w<WARPS>(va, vb, wa, wb, warp, nch, K, c, ra, rb);
+    load_w<WARPS>(va, vb, wa, wb, c0 + warp, c1, K, c, ra, rb);
     rp_pdl_wait();
-    if (STAGED) stage_x<IN>(p.in, xs, s_inv, T, K);
-    const uint16_t *xrow = xs + (xt ? g : 0) * stage_ld(K);
+    const int ld = stage_ld(p.nch_b * 32);
+    if (STAGED) stage_x<IN>(p.in, xs, s_inv, T, K, kb, kr, ld);
+    const uint16_t *xrow = xs + (xt ? g : 0) * ld;
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int ch0 = warp; ch0 < nch; ch0 += STEP) {
-        if (!PIPE && ch0 != warp) load_w<WARPS>(va, vb, wa, wb, ch0, nch, K, c, ra, rb);
+    for (int ch0 = c0 + warp; ch0 < c1; ch0 += STEP) {
+        if (ch0 != c0 + warp) load_w<WARPS>(va, vb, wa, wb, ch0, c1, K, c, ra, rb);
         uint4 vx[GEMV_UNROLL];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             const int ch = ch0 + u * WARPS;
             const int k = ch * 32 + c * 8;
-            const bool ok = ch < nch && k < K && xt;
-            if (STAGED) vx[u] = ok ? *reinterpret_cast<const uint4 *>(xrow + k) : make_uint4(0, 0, 0, 0);
+            const bool ok = ch < c1 && k < K && xt;
+            if (STAGED) vx[u] = ok ? *reinterpret_cast<const uint4 *>(xrow + (k - kb)) : make_uint4(0, 0, 0, 0);
             else vx[u] = ok ? make_x<IN>(p.in, g, k, K, 1.0f) : make_uint4(0, 0, 0, 0);
         }
-        /* next batch in flight while this one is multiplied */
-        uint4 na[GEMV_UNROLL], nb[GEMV_UNROLL];
-        if (PIPE) load_w<WARPS>(na, nb, wa, wb, ch0 + STEP, nch, K, c, ra, rb);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             rp_mma_16816(acc, va[u].x, vb[u].x, va[u].y, vb[u].y, vx[u].x, vx[u].y);
             rp_mma_16816(acc, va[u].z, vb[u].z, va[u].w, vb[u].w, vx[u].z, vx[u].w);
         }
-        if (PIPE)
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) va[u] = na[u], vb[u] = nb[u];
     }
     /* acc: rows g and g + 8, tokens 2c and 2c + 1 */
     red[warp][g][2 * c] = acc[0];
@@ -196,12 +218,31 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__rest
     /* Thread i < 128 owns (token i / 16, row i % 16): a token's 16 rows are
      * one half-warp, which the RESIDUAL output reduces by shuffles. Every
      * block has >= 4 warps, so warps 0-3 are whole. */
-    if (threadIdx.x >= GEMV_ROWS * 8) return;
-    const int t = threadIdx.x / GEMV_ROWS, r = threadIdx.x % GEMV_ROWS;
-    const bool valid = t < T && row0 + r < N;
+    const bool owner = threadIdx.x < GEMV_ROWS * 8;
+    const int t = (threadIdx.x / GEMV_ROWS) & 7, r = threadIdx.x % GEMV_ROWS;
     float s = 0.0f;
+    if (owner)
 #pragma unroll
-    for (int w = 0; w < WARPS; w++) s += red[w][r][t];
+        for (int w = 0; w < WARPS; w++) s += red[w][r][t];
+    if (ks > 1) {
+        /* Split K: rank 0 adds the cluster's partial sums in rank order. The
+         * cluster barrier orders the part[] writes before the remote reads
+         * (arrive has release, wait acquire semantics at cluster scope); the
+         * second keeps every block's shared memory alive until rank 0 has
+         * read it. Every thread of every block reaches both. */
+        namespace cg = cooperative_groups;
+        cg::cluster_group cluster = cg::this_cluster();
+        if (owner) part[threadIdx.x] = s;
+        cluster.sync();
+        if (rank == 0 && owner) {
+            s = 0.0f;
+            for (int q = 0; q < ks; q++) s += cluster.map_shared_rank(part, q)[threadIdx.x];
+        }
+        cluster.sync();
+        if (rank != 0) return;
+    }
+    if (!owner) return;
+    const bool valid = t < T && row0 + r < N;
     const int64_t o = (int64_t)t * N + row0 + r;
     if (OUT == RP_GEMV_OUT_BF16) {
         if (valid) static_cast<uint16_t *>(p.out.y)[o] = rp_f32_bf16(s);
@@ -216,7 +257,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__rest
         float sq = nv * nv;
 #pragma unroll
         for (int m = 8; m > 0; m >>= 1) sq += __shfl_xor_sync(RP_FULL_MASK, sq, m);
-        if (r == 0) p.out.ss_parts[blockIdx.x * RP_GEMV_MAX_T + t] = sq; /* 0 for t >= T */
+        if (r == 0) p.out.ss_parts[tile * RP_GEMV_MAX_T + t] = sq; /* 0 for t >= T */
     }
 }
 
@@ -239,49 +280,103 @@ extern "C" int rp_gemv_stage_fits(int T, int K) {
     return (size_t)T * stage_ld(K) * 2 <= RP_GEMV_STAGE_BYTES;
 }
 
-/* Weight batches loaded one ahead (register double buffering) or right
- * before use. Measured on the H100 (bench/RESULTS.md, "Decode"): one ahead
- * costs ~20 more registers and was no faster (qwen3-0.6b 1.25 vs 1.20 ms,
- * llama3-8b 6.52 vs 6.57 ms per step), so it is off unless
- * REPLAY_GEMV_PIPE=1 asks for it. */
-static bool gemv_pipelined(void) {
+/* Switches read once, at the first launch (before any capture), for A/B
+ * timing: REPLAY_GEMV_MAX_KS caps the K split (1 = off), REPLAY_GEMV_PF_KB
+ * sets the L2 prefetch budget per launch (0 = off). */
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
+static int gemv_max_ks(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("REPLAY_GEMV_PIPE");
-        v = e && e[0] == '1';
-    }
-    return v != 0;
+    if (v < 0) v = env_int("REPLAY_GEMV_MAX_KS", 1);
+    return v < 1 ? 1 : v > 8 ? 8 : v;
+}
+static int gemv_pf_budget_bytes(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("REPLAY_GEMV_PF_KB", GEMV_PF_KB_DEFAULT);
+    return v < 0 ? 0 : v > (1 << 20) ? (1 << 30) : v * 1024;
 }
 
 template <int WARPS, int IN, int OUT>
 static int gemv_launch_w(const rp_bf16 *W, const gemv_params &p, int blocks, cudaStream_t stream) {
-    const size_t smem = IN == RP_GEMV_IN_BF16 ? 0 : (size_t)p.T * stage_ld(p.K) * 2;
+    const size_t smem = IN == RP_GEMV_IN_BF16 ? 0 : (size_t)p.T * stage_ld(p.nch_b * 32) * 2;
     /* Above 48 KiB a kernel needs the opt-in; once per instantiation, at the
      * first (eager, warm-up) launch, never first inside a capture. */
     static bool opted_in = false;
     if (smem > 48 * 1024 && !opted_in) {
-        cudaError_t e = cudaFuncSetAttribute(gemv_kernel<WARPS, IN, OUT, true>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, RP_GEMV_STAGE_BYTES);
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(gemv_kernel<WARPS, IN, OUT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     RP_GEMV_STAGE_BYTES);
+        cudaError_t e = cudaFuncSetAttribute(gemv_kernel<WARPS, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             RP_GEMV_STAGE_BYTES);
         if (e != cudaSuccess) return (int)e;
         opted_in = true;
     }
-    if (gemv_pipelined())
-        return rp_launch(gemv_kernel<WARPS, IN, OUT, true>, dim3(blocks), dim3(WARPS * 32), smem, stream, W, p);
-    return rp_launch(gemv_kernel<WARPS, IN, OUT, false>, dim3(blocks), dim3(WARPS * 32), smem, stream, W, p);
+    return rp_launch_cluster(gemv_kernel<WARPS, IN, OUT>, dim3(blocks), dim3(WARPS * 32), smem, stream, p.ks, W,
+                             p);
+}
+
+
+static bool gemv_wave_rule(void) {
+    static int v = -1;
+    if (v < 0) v = env_int("REPLAY_GEMV_WAVE", 1);
+    return v != 0;
+}
+
+/* Resident blocks per SM of the WARPS-wide kernel, from the CUDA occupancy
+ * calculator (registers and threads: cached per instantiation) and the
+ * staged x's shared memory. */
+template <int WARPS, int IN, int OUT>
+static int gemv_occupancy(size_t smem) {
+    static int regs_threads = 0;
+    if (!regs_threads) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<WARPS, IN, OUT>, WARPS * 32, 0) !=
+                cudaSuccess ||
+            n < 1) {
+            cudaGetLastError();
+            n = 1;
+        }
+        regs_threads = n;
+    }
+    const int by_smem = smem ? (int)((200 * 1024) / (smem + 4096)) : regs_threads;
+    const int n = regs_threads < by_smem ? regs_threads : by_smem;
+    return n < 1 ? 1 : n;
+}
+template <int IN, int OUT>
+static int gemv_blocks_per_sm(int warps, size_t smem) {
+    if (warps <= 4) return gemv_occupancy<4, IN, OUT>(smem);
+    if (warps <= 8) return gemv_occupancy<8, IN, OUT>(smem);
+    return gemv_occupancy<16, IN, OUT>(smem);
 }
 
 template <int IN, int OUT>
-static int gemv_launch_io(const rp_bf16 *W, const gemv_params &p, cudaStream_t stream) {
-    const int blocks = (p.N + GEMV_ROWS - 1) / GEMV_ROWS;
+static int gemv_launch_io(const rp_bf16 *W, gemv_params p, cudaStream_t stream) {
+    const int tiles = (p.N + GEMV_ROWS - 1) / GEMV_ROWS;
     const int nch = (p.K + 31) / 32;
+    /* Split K over a cluster while there are fewer than two tiles per SM and
+     * every block still keeps 16 chunks (one unrolled batch for 4 warps). */
+    int ks = 1;
+    while (ks < gemv_max_ks() && tiles * ks < 2 * sm_count() && nch / (2 * ks) >= 16) ks *= 2;
+    p.ks = ks;
+    p.nch_b = (nch + ks - 1) / ks;
+    const int blocks = tiles * ks;
     /* Enough warps in flight to cover HBM latency (~16 per SM), but each
      * warp keeps at least one full unrolled batch of chunks. */
     const int want = 16 * sm_count();
+    const size_t smem = IN == RP_GEMV_IN_BF16 ? 0 : (size_t)p.T * stage_ld(p.nch_b * 32) * 2;
     int warps = 4;
-    while (warps < 16 && blocks * warps < want && nch >= 2 * warps * GEMV_UNROLL) warps *= 2;
+    while (warps < 16 && blocks * warps < want && p.nch_b >= 2 * warps * GEMV_UNROLL) {
+        /* Wider blocks fit fewer per SM (at ~80 registers: 6 of 4 warps, 3 of
+         * 8, 1 of 16). Take them only if the launch stays one wave or its
+         * last wave is nearly full: qwen3-4b's N = 2560 (160 tiles) in
+         * 16-warp blocks ran 132 + 28, the 28 alone at the end (its down
+         * GEMV at 1.5 TB/s). */
+        const int per_sm = gemv_blocks_per_sm<IN, OUT>(2 * warps, smem);
+        const int wave = per_sm * sm_count(), waves = (blocks + wave - 1) / wave;
+        if (gemv_wave_rule() && waves > 1 && 4 * blocks < 3 * waves * wave) break;
+        warps *= 2;
+    }
+    /* The prefetch budget, spread over the launch's weight rows. */
+    p.pf_bytes = (int)((int64_t)gemv_pf_budget_bytes() / ((int64_t)blocks * GEMV_ROWS) / 16 * 16);
     if (warps == 4) return gemv_launch_w<4, IN, OUT>(W, p, blocks, stream);
     if (warps == 8) return gemv_launch_w<8, IN, OUT>(W, p, blocks, stream);
     return gemv_launch_w<16, IN, OUT>(W, p, blocks, stream);
@@ -306,7 +401,7 @@ extern "C" int rp_k_gemv_fused(const rp_bf16 *W, rp_gemv_in in, rp_gemv_out out,
         return (int)cudaErrorInvalidValue;
     if (out.mode == RP_GEMV_OUT_RESIDUAL && (!out.residual || !out.ss_parts)) return (int)cudaErrorInvalidValue;
     if (in.mode != RP_GEMV_IN_BF16 && !rp_gemv_stage_fits(T, K)) return (int)cudaErrorInvalidValue;
-    gemv_params p = {in, out, T, N, K};
+    gemv_params p = {in, out, T, N, K, 1, 0, 0};
     switch (in.mode) {
     case RP_GEMV_IN_BF16: return gemv_launch_in<RP_GEMV_IN_BF16>(W, p, stream);
     case RP_GEMV_IN_RMSNORM: return gemv_launch_in<RP_GEMV_IN_RMSNORM>(W, p, stream);
