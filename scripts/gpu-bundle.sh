@@ -15,7 +15,8 @@ for t in "$BUILD"/test_*; do [ -x "$t" ] && cp "$t" .gpu/bin/; done
 for b in "$BUILD"/bench_*; do [ -x "$b" ] && cp "$b" .gpu/bin/ || true; done
 # Libraries the GPU image lacks (it has libgomp, libjansson, libpcre2-8, CUDA 13).
 for lib in libutf8proc.so.2 libcmocka.so.0 libmicrohttpd.so.12 libcjson.so.1; do
-  f=$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')
+  # awk reads all input (no early exit): under pipefail a SIGPIPE'd ldconfig would stop the script
+  f=$(ldconfig -p | awk -v l="$lib" '$1 == l && !found {print $NF; found = 1}')
   [ -n "$f" ] && cp -L "$f" .gpu/lib/
 done
 cp scripts/gpu-check.sh .gpu/ 2>/dev/null || true
