@@ -1,27 +1,37 @@
-/* Standalone kernel bench: times each bandwidth-critical kernel alone at
- * real model shapes and prints achieved GB/s (or TFLOP/s) next to the
+/* `replay bench kernels`: each bandwidth-critical CUDA kernel alone at the
+ * model's shapes (the GEMVs of every projection and lm_head, decode and
+ * prefill attention, sampling), with achieved GB/s or TFLOP/s next to the
  * device-to-device copy bandwidth measured in the same run.
  *
- * Method (METHOD.md): random inputs (never zeros), a warm-up, then median of
- * 15 timings of 20 back-to-back launches each with CUDA events. Weights
- * rotate through a pool larger than L2 so that no launch reads from cache.
- * Build: bench/build.sh (links build/libreplay_core.a); run: bench_kernels. */
-#include <math.h>
+ * Method (METHOD.md): random inputs (never zeros), a warm-up, then the
+ * median of 15 timings of 20 back-to-back launches each (CUDA events).
+ * Weights rotate through a pool larger than L2 so no launch reads cache. */
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli.h"
+#include "model/config.h"
+
+#define CMD "bench kernels"
+
+#ifdef REPLAY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/kernels.h"
 
-#define CHECK(call)                                                                                  \
-    do {                                                                                             \
-        cudaError_t e_ = (cudaError_t)(call);                                                        \
-        if (e_ != cudaSuccess) {                                                                     \
-            fprintf(stderr, "%s failed: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__);   \
-            exit(1);                                                                                 \
-        }                                                                                            \
+/* A failing CUDA call ends the benchmark with its message (longjmp back to
+ * the command, which returns exit status 1). */
+static jmp_buf g_fail;
+static char g_fail_msg[256];
+#define CHECK(call)                                                                                   \
+    do {                                                                                              \
+        cudaError_t e_ = (cudaError_t)(call);                                                         \
+        if (e_ != cudaSuccess) {                                                                      \
+            snprintf(g_fail_msg, sizeof g_fail_msg, "%s failed: %s", #call, cudaGetErrorString(e_));  \
+            longjmp(g_fail, 1);                                                                       \
+        }                                                                                             \
     } while (0)
 
 #define REPS 15
@@ -126,8 +136,18 @@ static void fill_bf16(rp_bf16 *d, size_t n, uint64_t seed) {
     CHECK(rp_k_fill_dummy(d, (int64_t)n, seed, 1, 1.0f / 64.0f, 0, 0));
 }
 
-int main(void) {
+
+static void run_all(const rp_model_config cfg, const char *name) {
     CHECK(cudaSetDevice(0));
+    const rp_model_config *c = &cfg;
+    const int H = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    const int qd = c->num_heads * c->head_dim, kvd = c->num_kv_heads * c->head_dim;
+    char nq[64], no[64], ngu[64], nd[64], nl[64];
+    snprintf(nq, sizeof nq, "%s qkv", name);
+    snprintf(no, sizeof no, "%s o", name);
+    snprintf(ngu, sizeof ngu, "%s gate_up", name);
+    snprintf(nd, sizeof nd, "%s down", name);
+    snprintf(nl, sizeof nl, "%s lm_head f32", name);
     struct cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0));
     CHECK(cudaEventCreate(&ev0));
@@ -147,15 +167,13 @@ int main(void) {
     const size_t pool_bytes = (size_t)1536 << 20;
     rp_bf16 *pool = dmalloc(pool_bytes);
     fill_bf16(pool, pool_bytes / 2, 7);
-    rp_bf16 *x = dmalloc(8 * 16384 * 2), *y = dmalloc((size_t)8 * 160000 * 2);
-    float *yf = dmalloc((size_t)8 * 160000 * 4);
-    fill_bf16(x, 8 * 16384, 9);
+    int maxk = H > F ? H : F, maxn = V > 2 * F ? V : 2 * F;
+    if (qd > maxk) maxk = qd;
+    rp_bf16 *x = dmalloc((size_t)8 * maxk * 2), *y = dmalloc((size_t)8 * maxn * 2);
+    float *yf = dmalloc((size_t)8 * maxn * 4);
+    fill_bf16(x, (size_t)8 * maxk, 9);
     struct { const char *name; int N, K, f32; } shapes[] = {
-        {"llama3-8b qkv", 6144, 4096, 0},        {"llama3-8b o", 4096, 4096, 0},
-        {"llama3-8b gate_up", 28672, 4096, 0},   {"llama3-8b down", 4096, 14336, 0},
-        {"llama3-8b lm_head f32", 128256, 4096, 1}, {"qwen3-0.6b qkv", 4096, 1024, 0},
-        {"qwen3-0.6b o", 1024, 2048, 0},         {"qwen3-0.6b gate_up", 6144, 1024, 0},
-        {"qwen3-0.6b down", 1024, 3072, 0},      {"qwen3-0.6b lm_head f32", 151936, 1024, 1},
+        {nq, qd + 2 * kvd, H, 0}, {no, H, qd, 0}, {ngu, 2 * F, H, 0}, {nd, H, F, 0}, {nl, V, H, 1},
     };
     printf("%-24s %2s %7s %6s %9s %9s %8s %7s\n", "gemv", "T", "N", "K", "MB", "us", "GB/s", "%copy");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
@@ -171,10 +189,13 @@ int main(void) {
                    100.0 * gbs / copy_gbs);
         }
     CHECK(cudaFree(pool));
+    CHECK(cudaFree(x));
+    CHECK(cudaFree(y));
+    CHECK(cudaFree(yf));
 
-    /* decode attention, llama3-8b shape: nh 32, nkv 8, hd 128, page 16 */
+    /* decode attention at the model's heads, page 16 */
     {
-        const int nh = 32, nkv = 8, hd = 128, ps = 16;
+        const int nh = c->num_heads, nkv = c->num_kv_heads, hd = c->head_dim, ps = 16;
         const int Bs[] = {1, 8, 32, 128}, ctxs[] = {512, 4096};
         const int max_tokens = 128 * 4096;
         const size_t slots = (size_t)max_tokens + ps;
@@ -183,7 +204,7 @@ int main(void) {
         fill_bf16(vc, slots * nkv * hd, 12);
         rp_bf16 *qkv = dmalloc((size_t)128 * (nh + 2 * nkv) * hd * 2), *out = dmalloc((size_t)128 * nh * hd * 2);
         fill_bf16(qkv, (size_t)128 * (nh + 2 * nkv) * hd, 13);
-        printf("\n%-24s %4s %5s %6s %9s %9s %8s %7s\n", "attn_decode (8b shape)", "B", "ctx", "splits", "MB", "us",
+        printf("\n%-24s %4s %5s %6s %9s %9s %8s %7s\n", "attn_decode", "B", "ctx", "splits", "MB", "us",
                "GB/s", "%copy");
         for (int bi = 0; bi < 4; bi++)
             for (int ci = 0; ci < 2; ci++) {
@@ -221,7 +242,7 @@ int main(void) {
             }
 
         /* prefill: causal, no cached prefix */
-        printf("\n%-24s %4s %5s %9s %9s\n", "attn_prefill (8b shape)", "seqs", "len", "us", "TFLOP/s");
+        printf("\n%-24s %4s %5s %9s %9s\n", "attn_prefill (causal)", "seqs", "len", "us", "TFLOP/s");
         const int pf[][2] = {{1, 512}, {1, 2048}, {4, 1024}, {1, 8192}};
         for (int pi = 0; pi < 4; pi++) {
             const int S = pf[pi][0], L = pf[pi][1], T = S * L, pages = L / ps;
@@ -257,9 +278,9 @@ int main(void) {
         CHECK(cudaFree(out));
     }
 
-    /* sampling, vocab 152064 */
+    /* sampling at the model's vocabulary */
     {
-        const int vocab = 152064, max_rows = 32;
+        const int vocab = V, max_rows = 32;
         float *logits = dmalloc((size_t)max_rows * vocab * 4);
         float *h = malloc((size_t)max_rows * vocab * 4);
         uint64_t z = 88172645463325252ull;
@@ -272,22 +293,57 @@ int main(void) {
         rp_sample_params *params = dmalloc(max_rows * sizeof(rp_sample_params));
         int32_t *tok = dmalloc(max_rows * 4);
         float *lp = dmalloc(max_rows * 4);
-        void *ws = dmalloc(rp_sample_workspace_bytes(max_rows, vocab));
+        void *sws = dmalloc(rp_sample_workspace_bytes(max_rows, vocab));
         struct { const char *name; float t, p, minp; int k; } cfg[] = {
             {"greedy", 0.0f, 1.0f, 0.0f, 0},       {"T=1", 1.0f, 1.0f, 0.0f, 0},
             {"T=0.7 top_p=0.9", 0.7f, 0.9f, 0.0f, 0}, {"T=0.7 top_k=50", 0.7f, 1.0f, 0.0f, 50},
             {"top_k=50 top_p=0.9 min_p", 0.8f, 0.9f, 0.05f, 50}};
-        printf("\n%-28s %4s %9s\n", "sample (vocab 152064)", "rows", "us");
+        printf("\n%-28s %4s %9s\n", "sample", "rows", "us");
         for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
             for (int rows = 1; rows <= max_rows; rows *= 32) {
                 rp_sample_params hp[32];
                 for (int r = 0; r < rows; r++)
                     hp[r] = (rp_sample_params){cfg[ci].t, cfg[ci].p, cfg[ci].k, cfg[ci].minp, 1234, (uint64_t)r};
                 CHECK(cudaMemcpy(params, hp, rows * sizeof hp[0], cudaMemcpyHostToDevice));
-                smp_ctx s = {logits, params, tok, lp, ws, rows, vocab};
+                smp_ctx s = {logits, params, tok, lp, sws, rows, vocab};
                 double us = time_us(smp_fn, &s);
                 printf("%-28s %4d %9.1f\n", cfg[ci].name, rows, us);
             }
     }
-    return 0;
+    }
+#endif
+
+int rp_cmd_bench_kernels(int argc, char **argv) {
+    static const struct option longopts[] = {RP_MODEL_LONG_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    rp_model_opts mo;
+    rp_model_opts_init(&mo);
+    optind = 1;
+    opterr = 0;
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
+        if (r < 0) return RP_EXIT_USAGE;
+        if (r > 0) continue;
+        if (opt == 'h') {
+            printf("Usage: replay bench kernels (--model DIR | --dummy-weights NAME)\n\n"
+                   "Times each CUDA kernel alone at the model's shapes against the copy bandwidth\n"
+                   "measured in the same run (only the model's config is read; no weights are loaded).\n");
+            return RP_EXIT_OK;
+        }
+        return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+    }
+    if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    rp_model_config cfg;
+    rp_err err;
+    if (mo.model_dir ? rp_config_load_dir(&cfg, mo.model_dir, &err) : rp_config_preset(&cfg, mo.dummy_name, &err))
+        return rp_cli_runtime_error(CMD, "%s", err.msg);
+#ifdef REPLAY_HAVE_CUDA
+    if (strcmp(rp_cli_device(&mo), "cuda") != 0) return rp_cli_runtime_error(CMD, "no CUDA device found");
+    if (setjmp(g_fail)) return rp_cli_runtime_error(CMD, "%s", g_fail_msg);
+    run_all(cfg, mo.dummy_name ? mo.dummy_name : mo.model_dir);
+    return RP_EXIT_OK;
+#else
+    return rp_cli_runtime_error(CMD, "this replay was built without CUDA");
+#endif
 }
