@@ -105,6 +105,7 @@ int rp_cmd_bench_kernels(int argc, char **argv);
 int rp_cmd_logits(int argc, char **argv);
 int rp_cmd_profile(int argc, char **argv);
 int rp_cmd_chat(int argc, char **argv);
+int rp_cmd_serve(int argc, char **argv);
 int rp_cmd_tokenize(int argc, char **argv);
 
 #endif

@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "Commands:\n"
             "  generate   generate text from a prompt, streaming tokens\n"
             "  chat       an interactive chat with the model's chat template\n"
+            "  serve      an OpenAI-compatible HTTP server (completions, chat, streaming)\n"
             "  bench      benchmarks measured inside replay (bench decode)\n"
             "  profile    per-kernel times and host overheads of a decode step (CUDA)\n"
             "  tokenize   print the token ids (and pieces) of a text\n"
@@ -46,6 +47,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "generate")) return rp_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat")) return rp_cmd_chat(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return rp_cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return rp_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "logits")) return rp_cmd_logits(argc - 1, argv + 1);
     if (!strcmp(cmd, "profile")) return rp_cmd_profile(argc - 1, argv + 1);

@@ -1,0 +1,151 @@
+/* `replay serve`: the engine behind an OpenAI-compatible HTTP server. The
+ * main thread only waits for SIGINT/SIGTERM; the engine and the HTTP
+ * threads do the work. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "replay/engine.h"
+#include "server/http.h"
+#include "util/log.h"
+
+#define CMD "serve"
+
+static void help(FILE *f) {
+    fprintf(f,
+            "Usage: replay serve (--model DIR | --dummy-weights NAME) [OPTIONS]\n"
+            "\n"
+            "Serves the model over HTTP with OpenAI's API: POST /v1/completions, /v1/chat/completions\n"
+            "(\"stream\": true for Server-Sent Events), GET /v1/models, /health, /health_generate,\n"
+            "/metrics (Prometheus), POST /tokenize, /detokenize. SIGINT/SIGTERM stop it cleanly.\n"
+            "\n" RP_MODEL_OPTIONS_HELP
+            "\n"
+            "Server:\n"
+            "  --host ADDR                IPv4 address to listen on (default 127.0.0.1)\n"
+            "  --port N                   (default 8000)\n"
+            "  --served-model-name NAME   the model name clients send (default: the directory or preset name)\n"
+            "  --api-key KEY              require 'Authorization: Bearer KEY'\n"
+            "  --tokenizer DIR            tokenizer.json from DIR instead of the model's\n"
+            "  --chat-template NAME       qwen3 or llama3\n"
+            "Engine:\n"
+            "  --max-running-requests N   (default 256)\n"
+            "  --max-prefill-tokens N     tokens per step (default 8192)\n"
+            "  --chunked-prefill-size N   (default 2048)\n"
+            "  --num-pages N              KV pages (default: from free memory)\n"
+            "  --page-size N              (default 16)\n"
+            "  --max-model-len N          context per request (default: the model's)\n"
+            "  --disable-cuda-graph\n"
+            "  -q, --quiet                no log lines\n"
+            "  -h, --help\n");
+}
+
+int rp_cmd_serve(int argc, char **argv) {
+    static const struct option longopts[] = {
+        RP_MODEL_LONG_OPTIONS,
+        {"host", required_argument, 0, 'H'},
+        {"port", required_argument, 0, 'p'},
+        {"served-model-name", required_argument, 0, 'n'},
+        {"api-key", required_argument, 0, 'k'},
+        {"tokenizer", required_argument, 0, 'T'},
+        {"chat-template", required_argument, 0, 'M'},
+        {"max-running-requests", required_argument, 0, 'R'},
+        {"max-prefill-tokens", required_argument, 0, 'P'},
+        {"chunked-prefill-size", required_argument, 0, 'C'},
+        {"num-pages", required_argument, 0, 'N'},
+        {"page-size", required_argument, 0, 'g'},
+        {"max-model-len", required_argument, 0, 'L'},
+        {"disable-cuda-graph", no_argument, 0, 'G'},
+        {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    rp_model_opts mo;
+    rp_model_opts_init(&mo);
+    rp_server_config sc = {.host = "127.0.0.1", .port = 8000};
+    const char *tokenizer_dir = NULL, *template_name = NULL;
+    long port = 8000, running = 256, prefill = 8192, chunk = 2048, pages = 0, page_size = 16, max_len = 0;
+    int no_graph = 0;
+    optind = 1;
+    opterr = 0;
+    int opt;
+    while ((opt = getopt_long(argc, argv, ":hq", longopts, NULL)) != -1) {
+        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
+        if (r < 0) return RP_EXIT_USAGE;
+        if (r > 0) continue;
+        long *dst = NULL, lo = 1, hi = 1 << 24;
+        switch (opt) {
+        case 'h': help(stdout); return RP_EXIT_OK;
+        case 'q': rp_log_set_level(RP_LOG_ERROR); break;
+        case 'H': sc.host = optarg; break;
+        case 'n': sc.served_model = optarg; break;
+        case 'k': sc.api_key = optarg; break;
+        case 'T': tokenizer_dir = optarg; break;
+        case 'M': template_name = optarg; break;
+        case 'G': no_graph = 1; break;
+        case 'p': dst = &port, lo = 1, hi = 65535; break;
+        case 'R': dst = &running, hi = 4096; break;
+        case 'P': dst = &prefill; break;
+        case 'C': dst = &chunk, lo = 0; break;
+        case 'N': dst = &pages, lo = 0; break;
+        case 'g': dst = &page_size, hi = 4096; break;
+        case 'L': dst = &max_len; break;
+        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
+        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        }
+        if (dst && rp_parse_int(optarg, lo, hi, dst))
+            return rp_cli_usage_error(CMD, "%s must be an integer from %ld to %ld, got '%s'", argv[optind - 1], lo, hi,
+                                      optarg);
+    }
+    if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    sc.port = (int)port;
+    if (!sc.served_model) {
+        const char *name = mo.dummy_name ? mo.dummy_name : mo.model_dir;
+        const char *slash = strrchr(name, '/');
+        while (slash && slash[1] == 0 && slash > name) { /* trailing slash: take the part before it */
+            const char *q = slash - 1;
+            while (q > name && *q != '/') q--;
+            slash = *q == '/' ? q : NULL;
+            break;
+        }
+        sc.served_model = slash && slash[1] ? slash + 1 : name;
+    }
+    /* SIGINT/SIGTERM go to this thread only: block them before any thread starts */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    rp_engine_config ec;
+    rp_cli_engine_config(&mo, &ec);
+    ec.tokenizer_dir = tokenizer_dir;
+    ec.chat_template = template_name;
+    ec.max_running_requests = (int)running;
+    ec.max_prefill_tokens = (int)prefill;
+    ec.chunked_prefill_size = (int)chunk;
+    ec.num_pages = (int)pages;
+    ec.page_size = (int)page_size;
+    ec.max_context = (int)max_len;
+    ec.disable_cuda_graph = no_graph;
+    char err[512];
+    rp_engine *eng = rp_engine_create(&ec, err, sizeof err);
+    if (!eng) return rp_cli_runtime_error(CMD, "%s", err);
+    rp_server *srv = rp_server_start(eng, &sc, err, sizeof err);
+    if (!srv) {
+        rp_engine_destroy(eng);
+        return rp_cli_runtime_error(CMD, "%s", err);
+    }
+    rp_log_info("serving '%s' on http://%s:%d (OpenAI API under /v1)", sc.served_model, sc.host, sc.port);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    rp_log_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    /* engine first: every running request ends (ABORT), which ends every
+     * open stream, so the HTTP threads can finish */
+    rp_engine_destroy(eng);
+    rp_server_stop(srv);
+    return RP_EXIT_OK;
+}

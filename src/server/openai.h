@@ -1,0 +1,59 @@
+/* OpenAI-compatible request parsing and response shapes, independent of the
+ * HTTP library: JSON in, validated engine requests out; engine events in,
+ * JSON (or Server-Sent Events chunks) out. Errors carry OpenAI's shape and
+ * the HTTP status they map to. */
+#ifndef RP_SERVER_OPENAI_H
+#define RP_SERVER_OPENAI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "replay/engine.h"
+
+#define RP_OAI_MAX_N 16
+#define RP_OAI_MAX_STOP 16
+
+typedef struct rp_oai_error {
+    int status;         /* HTTP status */
+    char message[512];
+    char type[48];      /* invalid_request_error, authentication_error, ... */
+    char param[48];     /* the offending field, or "" */
+    char code[48];      /* model_not_found, ... or "" */
+} rp_oai_error;
+
+typedef enum rp_oai_kind { RP_OAI_COMPLETION = 0, RP_OAI_CHAT } rp_oai_kind;
+
+typedef struct rp_oai_request {
+    rp_oai_kind kind;
+    char model[256];
+    char *prompt_text;     /* owned: completions' text prompt, or the rendered chat */
+    int32_t *prompt_ids;   /* owned: completions' token-id prompt */
+    int num_prompt_ids;
+    int n;
+    int stream, include_usage, echo, logprobs;
+    int max_tokens_set;
+    rp_request_params params; /* sampling, max_tokens, ignore_eos; stop points into stop_buf */
+    char *stop_buf[RP_OAI_MAX_STOP];
+    int32_t stop_ids[16];
+} rp_oai_request;
+
+typedef struct rp_oai_context {
+    const char *served_model; /* the model name clients must use */
+    const struct rp_tokenizer *tok; /* for chat templates; may be NULL */
+    int max_context;
+} rp_oai_context;
+
+/* Parses and validates a request body for the given endpoint. On failure
+ * returns -1 with err filled (status 400 or 404). */
+int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, size_t len, rp_oai_request *out,
+                 rp_oai_error *err);
+void rp_oai_request_free(rp_oai_request *r);
+
+/* {"error": {...}} as a malloc'd string. */
+char *rp_oai_error_json(const rp_oai_error *err);
+void rp_oai_set_error(rp_oai_error *err, int status, const char *type, const char *param, const char *code,
+                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+const char *rp_oai_finish_name(rp_finish f);
+
+#endif
