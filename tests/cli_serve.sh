@@ -93,6 +93,13 @@ for _ in $(seq 50); do
 done
 contains "pages back after a disconnect" "$m" "replay_kv_pages_used 0"
 contains "nothing running after a disconnect" "$m" "replay_requests_running 0"
+# the load generator against this server: every request streams to the end
+out=$("$BIN" bench serve --base-url "$URL" --model "$(basename "$tmp")" --num-prompts 12 --request-rate 30 \
+      --input-len 20 --output-len 6 --vocab 1000)
+check "bench serve" 0 $?
+contains "bench serve: all succeed" "$out" "successful requests                12 / 12"
+contains "bench serve: tokens counted" "$out" "total generated tokens             72"
+contains "bench serve: TTFT table" "$out" "time to first token"
 kill -TERM "$pid"; wait "$pid"; rc=$?; pid=
 check "SIGTERM exits 0" 0 "$rc"
 

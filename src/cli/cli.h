@@ -102,6 +102,7 @@ int rp_parse_u64(const char *s, uint64_t *out);
 int rp_cmd_generate(int argc, char **argv);
 int rp_cmd_bench(int argc, char **argv);
 int rp_cmd_bench_kernels(int argc, char **argv);
+int rp_cmd_bench_serve(int argc, char **argv);
 int rp_cmd_logits(int argc, char **argv);
 int rp_cmd_profile(int argc, char **argv);
 int rp_cmd_chat(int argc, char **argv);

@@ -425,11 +425,13 @@ int rp_cmd_bench(int argc, char **argv) {
         fprintf(f, "Usage: replay bench SUBCOMMAND [OPTIONS]\n\nSubcommands:\n"
                    "  decode     decode step time, tokens/s and bandwidth per batch size\n"
                    "  offline    throughput of many requests through the engine, against its lower bound\n"
-                   "  kernels    each CUDA kernel alone at the model's shapes, against the copy bandwidth\n");
+                   "  kernels    each CUDA kernel alone at the model's shapes, against the copy bandwidth\n"
+                   "  serve      a Poisson-arrival streaming client for an OpenAI-compatible server\n");
         return argc < 2 ? RP_EXIT_USAGE : RP_EXIT_OK;
     }
     if (!strcmp(argv[1], "decode")) return bench_decode(argc - 1, argv + 1);
     if (!strcmp(argv[1], "offline")) return bench_offline(argc - 1, argv + 1);
     if (!strcmp(argv[1], "kernels")) return rp_cmd_bench_kernels(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "serve")) return rp_cmd_bench_serve(argc - 1, argv + 1);
     return rp_cli_usage_error("bench", "unknown subcommand '%s'", argv[1]);
 }

@@ -165,8 +165,10 @@ static void on_event(void *user, const rp_token_event *ev) {
     r->prompt_tokens = ev->prompt_tokens;
     c->completion_tokens = ev->completion_tokens;
     if (r->stream) {
-        if (ev->text_len || ev->finish != RP_FINISH_REASON_NONE) {
-            json_t *ch = chunk_json(r, c->index, ev->text_len ? ev->text : NULL, ev->text_len,
+        /* a chunk per token, as OpenAI streams (empty while text is held
+         * back for a stop string or an unfinished UTF-8 character) */
+        if (ev->token >= 0 || ev->text_len || ev->finish != RP_FINISH_REASON_NONE) {
+            json_t *ch = chunk_json(r, c->index, ev->text_len || ev->token >= 0 ? ev->text : NULL, ev->text_len,
                                     rp_oai_finish_name(ev->finish));
             sb_json_event(&r->out, ch);
             json_decref(ch);
