@@ -9,13 +9,16 @@
 
 static const char *bodies[] = {
     "{\"model\":\"m\",\"prompt\":\"Hello\",\"max_tokens\":5,\"temperature\":0.7,\"top_p\":0.9,\"stop\":[\"\\n\",\"END\"]}",
-    "{\"prompt\":[1,2,3],\"n\":2,\"seed\":7,\"echo\":true,\"logprobs\":0,\"stream\":true,"
+    "{\"prompt\":[1,2,3],\"n\":2,\"seed\":7,\"echo\":true,\"stream\":true,"
     "\"stream_options\":{\"include_usage\":true}}",
     "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
     "\"text\":\"hi\"}]},{\"role\":\"assistant\",\"content\":\"yo\"},{\"role\":\"user\",\"content\":\"more\"}],"
     "\"max_completion_tokens\":9,\"top_k\":40,\"min_p\":0.05,\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
     "\"repetition_penalty\":1.1,\"chat_template_kwargs\":{\"enable_thinking\":false}}",
+    "{\"prompt\":[\"a\",[7,8,9],\"\\u00e9t\\u00e9\"],\"logprobs\":0,\"stop_token_ids\":[2],\"stop\":\"x\","
+    "\"max_tokens\":null,\"seed\":-5,\"user\":\"u\",\"stream\":false}",
 };
+#define NBODIES (sizeof bodies / sizeof bodies[0])
 
 static rp_tokenizer *load_tok(void) {
     char dir[1024];
@@ -29,46 +32,92 @@ static rp_tokenizer *load_tok(void) {
 static void test_valid(void **state) {
     (void)state;
     rp_tokenizer *tok = load_tok();
-    rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 4096};
+    rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 4096, .vocab_size = 151936};
     rp_oai_request q;
     rp_oai_error e;
     assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, bodies[0], strlen(bodies[0]), &q, &e), 0);
-    assert_string_equal(q.prompt_text, "Hello");
+    assert_int_equal(q.num_prompts, 1);
+    assert_string_equal(q.prompt_texts[0], "Hello");
     assert_int_equal(q.params.max_tokens, 5);
     assert_int_equal(q.params.num_stop, 2);
     assert_true(q.params.temperature > 0.69f && q.params.temperature < 0.71f);
     rp_oai_request_free(&q);
     assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, bodies[1], strlen(bodies[1]), &q, &e), 0);
-    assert_int_equal(q.num_prompt_ids, 3);
+    assert_int_equal(q.num_prompts, 1);
+    assert_null(q.prompt_texts[0]);
+    assert_int_equal(q.num_prompt_ids[0], 3);
     assert_int_equal(q.n, 2);
     assert_true(q.stream && q.include_usage && q.echo);
     assert_int_equal(q.params.max_tokens, 16); /* OpenAI's default for completions */
     rp_oai_request_free(&q);
     assert_int_equal(rp_oai_parse(&ctx, RP_OAI_CHAT, bodies[2], strlen(bodies[2]), &q, &e), 0);
-    assert_non_null(strstr(q.prompt_text, "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"));
-    assert_non_null(strstr(q.prompt_text, "<think>\n\n</think>")); /* enable_thinking=false */
+    assert_non_null(strstr(q.prompt_texts[0], "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"));
+    assert_non_null(strstr(q.prompt_texts[0], "<think>\n\n</think>")); /* enable_thinking=false */
     assert_int_equal(q.params.max_tokens, 9);
     assert_int_equal(q.params.top_k, 40);
     assert_true(q.params.num_stop_ids >= 1);
     rp_oai_request_free(&q);
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, bodies[3], strlen(bodies[3]), &q, &e), 0);
+    assert_int_equal(q.num_prompts, 3);
+    assert_int_equal(q.logprobs, 1);
+    assert_int_equal(q.params.num_stop_ids, 1);
+    rp_oai_request_free(&q);
+    /* OpenAI's four prompt forms; n over prompts is bounded */
+    const char *multi = "{\"prompt\":[\"a\",[5,6],\"b\"],\"n\":2}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, multi, strlen(multi), &q, &e), 0);
+    assert_int_equal(q.num_prompts, 3);
+    assert_string_equal(q.prompt_texts[2], "b");
+    assert_int_equal(q.num_prompt_ids[1], 2);
+    assert_int_equal(q.prompt_ids[1][1], 6);
+    rp_oai_request_free(&q);
+    const char *too_many = "{\"prompt\":[[1],[2],[3]],\"n\":100}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, too_many, strlen(too_many), &q, &e), -1);
+    assert_string_equal(e.param, "n");
+    const char *bad_lp = "{\"prompt\":\"x\",\"logprobs\":2}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, bad_lp, strlen(bad_lp), &q, &e), -1);
+    assert_string_equal(e.param, "logprobs");
+    const char *model = "{\"model\":\"other\",\"prompt\":\"x\"}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, model, strlen(model), &q, &e), -1);
+    assert_int_equal(e.status, 404);
+    assert_string_equal(e.code, "model_not_found");
+    /* /tokenize and /detokenize bodies */
+    rp_oai_tokenize t;
+    const char *tk = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"return_token_strs\":true}";
+    assert_int_equal(rp_oai_parse_tokenize(&ctx, tk, strlen(tk), &t, &e), 0);
+    assert_non_null(strstr(t.text, "<|im_start|>user\nhi<|im_end|>"));
+    assert_int_equal(t.add_bos, 0);
+    assert_int_equal(t.return_token_strs, 1);
+    rp_oai_tokenize_free(&t);
+    assert_int_equal(rp_oai_parse_tokenize(&ctx, "{\"prompt\":3}", 12, &t, &e), -1);
+    int32_t *ids;
+    int nids;
+    assert_int_equal(rp_oai_parse_detokenize(&ctx, "{\"tokens\":[1,2]}", 16, &ids, &nids, &e), 0);
+    assert_int_equal(nids, 2);
+    free(ids);
+    assert_int_equal(rp_oai_parse_detokenize(&ctx, "{\"tokens\":[-1]}", 15, &ids, &nids, &e), -1);
+    /* bytes that are not UTF-8 become U+FFFD, valid characters stay */
+    json_t *j = rp_oai_json_text("a\xc3\xa9\xff\xe2\x82", 6);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(j), "a\xc3\xa9\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    json_decref(j);
     /* the error body is OpenAI's shape */
     assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, "{\"prompt\":1}", 12, &q, &e), -1);
     assert_int_equal(e.status, 400);
-    char *j = rp_oai_error_json(&e);
-    assert_non_null(strstr(j, "\"error\":{\"message\":"));
-    assert_non_null(strstr(j, "\"param\":\"prompt\""));
-    free(j);
+    char *ej = rp_oai_error_json(&e);
+    assert_non_null(strstr(ej, "\"error\":{\"message\":"));
+    assert_non_null(strstr(ej, "\"param\":\"prompt\""));
+    free(ej);
     rp_tokenizer_free(tok);
 }
 
 static void test_fuzz(void **state) {
     (void)state;
     rp_tokenizer *tok = load_tok();
-    rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 4096};
+    rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 4096, .vocab_size = 151936};
     char buf[2048];
     int ok = 0, rejected = 0;
     for (uint64_t it = 0; it < 30000; it++) {
-        const char *src = bodies[it % 3];
+        const char *src = bodies[it % NBODIES];
         size_t n = strlen(src);
         memcpy(buf, src, n);
         int flips = (int)(rp_rand_u64(9, it, 0) % 4);
@@ -76,7 +125,7 @@ static void test_fuzz(void **state) {
             buf[rp_rand_u64(9, it, 1 + (uint64_t)f) % n] = (char)(rp_rand_u64(9, it, 10 + (uint64_t)f) & 0xff);
         if (rp_rand_u64(9, it, 20) % 3 == 0) n = rp_rand_u64(9, it, 21) % n; /* truncate */
         if (rp_rand_u64(9, it, 22) % 5 == 0) { /* splice another body's tail */
-            const char *o = bodies[(it + 1) % 3];
+            const char *o = bodies[(it + 1) % NBODIES];
             size_t at = rp_rand_u64(9, it, 23) % (n + 1), ol = strlen(o), from = rp_rand_u64(9, it, 24) % ol;
             if (at + (ol - from) < sizeof buf) {
                 memcpy(buf + at, o + from, ol - from);
@@ -88,6 +137,14 @@ static void test_fuzz(void **state) {
         rp_oai_request q;
         rp_oai_error e;
         rp_oai_kind kind = it % 2 ? RP_OAI_CHAT : RP_OAI_COMPLETION;
+        if (it % 7 == 0) { /* the /tokenize and /detokenize parsers on the same bodies */
+            rp_oai_tokenize t;
+            if (rp_oai_parse_tokenize(&ctx, heap, n, &t, &e) == 0) rp_oai_tokenize_free(&t);
+            int32_t *ids;
+            int nids;
+            if (rp_oai_parse_detokenize(&ctx, heap, n, &ids, &nids, &e) == 0) free(ids);
+            json_decref(rp_oai_json_text(heap, n));
+        }
         if (rp_oai_parse(&ctx, kind, heap, n, &q, &e) == 0) {
             ok++;
             rp_oai_request_free(&q);

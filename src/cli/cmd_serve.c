@@ -143,9 +143,10 @@ int rp_cmd_serve(int argc, char **argv) {
     int sig = 0;
     sigwait(&sigs, &sig);
     rp_log_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    /* engine first: every running request ends (ABORT), which ends every
-     * open stream, so the HTTP threads can finish */
-    rp_engine_destroy(eng);
+    /* the server first: it stops accepting, aborts what runs (open streams
+     * end) and waits until no HTTP thread uses the engine */
     rp_server_stop(srv);
+    rp_engine_destroy(eng);
+    rp_log_info("stopped");
     return RP_EXIT_OK;
 }

@@ -3,36 +3,60 @@
  *
  * libmicrohttpd runs a thread per connection, so a handler may block until
  * its request is done (non-streaming) and a streaming response's reader may
- * wait for the next event. Each request's state (srv_req) is shared by the
- * engine callbacks and the HTTP side under its own mutex and freed by
- * whichever lets go last. When a streaming client goes away, MHD frees the
- * response; if the request is still running we abort it in the engine, so
- * its KV pages come back at the next step. */
+ * block until the next event. Each generation request's state (srv_req) is
+ * shared by the engine callbacks and the HTTP side under its own mutex and
+ * freed by whichever lets go last: the HTTP side holds one reference, every
+ * submitted engine request one more until its final event.
+ *
+ * Waiting is done in short slices: between slices the HTTP side checks
+ * whether the client hung up (poll for POLLRDHUP on the connection's socket)
+ * and whether the server is shutting down, so a client that disconnects
+ * while its request waits, prefills or decodes has it aborted within a
+ * slice, not when the next write fails; the engine frees its KV pages at
+ * the next step.
+ *
+ * Shutdown (rp_server_stop): stop accepting, refuse new requests with 503,
+ * abort what runs (streams end with an error event and [DONE]), wait until
+ * no HTTP thread uses the engine, then stop the daemon. The caller destroys
+ * the engine afterwards. */
 #include "server/http.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <microhttpd.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "server/metrics.h"
 #include "server/openai.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 #include "util/rng.h"
+
+#define WAIT_SLICE_MS 20
 
 struct rp_server {
     rp_engine *eng;
     rp_server_config cfg;
     char served_model[256];
     char api_key[256];
+    int port;
     struct MHD_Daemon *daemon;
     rp_oai_context oai;
+    rp_metrics *metrics;
     pthread_mutex_t mu;
-    uint64_t requests_total, requests_failed, next_id;
+    pthread_cond_t idle;
+    int stopping; /* under mu; also read without it as a hint between wait slices */
+    int active;   /* HTTP requests that may still touch the engine, under mu */
+    uint64_t next_id;
 };
 
 /* ---- small growable buffer ------------------------------------------------ */
@@ -44,10 +68,11 @@ typedef struct sbuf {
 
 static void sb_add(sbuf *b, const char *s, size_t n) {
     if (b->len + n + 1 > b->cap) {
-        b->cap = (b->len + n + 1) * 2;
-        char *q = realloc(b->p, b->cap);
+        size_t cap = (b->len + n + 1) * 2;
+        char *q = realloc(b->p, cap);
         if (!q) return; /* out of memory: drop the text rather than crash */
         b->p = q;
+        b->cap = cap;
     }
     memcpy(b->p + b->len, s, n);
     b->len += n;
@@ -55,7 +80,8 @@ static void sb_add(sbuf *b, const char *s, size_t n) {
 }
 
 static void sb_json_event(sbuf *b, json_t *obj) {
-    char *s = json_dumps(obj, JSON_COMPACT);
+    char *s = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
     if (!s) return;
     sb_add(b, "data: ", 6);
     sb_add(b, s, strlen(s));
@@ -63,15 +89,64 @@ static void sb_json_event(sbuf *b, json_t *obj) {
     free(s);
 }
 
-/* ---- one request's shared state --------------------------------------------- */
+/* ---- server-wide bookkeeping -------------------------------------------------- */
+
+/* A request that may use the engine starts here; refused while stopping. */
+static int server_enter(rp_server *s) {
+    pthread_mutex_lock(&s->mu);
+    int ok = !s->stopping;
+    if (ok) s->active++;
+    pthread_mutex_unlock(&s->mu);
+    return ok ? 0 : -1;
+}
+
+static void server_leave(rp_server *s) {
+    pthread_mutex_lock(&s->mu);
+    s->active--;
+    pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static int server_stopping(rp_server *s) {
+    pthread_mutex_lock(&s->mu);
+    int v = s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    return v;
+}
+
+/* Whether the peer closed its side (or the socket failed). Data waiting to
+ * be read (a pipelined request) is not a hang-up. */
+static int client_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return 1;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static int connection_fd(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? (int)ci->connect_fd : -1;
+}
+
+/* ---- one generation request's shared state ----------------------------------------- */
 
 typedef struct srv_req srv_req;
 typedef struct srv_choice {
     srv_req *r;
     int index;
-    sbuf text;
+    rp_request_id id;
+    int submitted;
+    sbuf text;          /* non-streaming: the whole text, echo included */
+    size_t text_bytes;  /* text so far (offsets of completions' logprobs) */
+    json_t *logprobs;   /* non-streaming with logprobs: the response's logprobs object */
     rp_finish finish;
+    char error[256];
     int completion_tokens;
+    double t_submit, t_last;
+    int tokens;
     int done;
 } srv_choice;
 
@@ -79,303 +154,495 @@ struct srv_req {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int refs;
-    rp_engine *eng;
+    rp_server *s;
+    const rp_tokenizer *tok;
     rp_oai_kind kind;
-    int stream, include_usage;
+    int stream, include_usage, logprobs;
     char id[48];
     long created;
     char model[256];
-    int n, n_done, prompt_tokens;
-    rp_request_id ids[RP_OAI_MAX_N];
-    int submitted;
-    srv_choice ch[RP_OAI_MAX_N];
-    char *echo;
-    sbuf out; /* bytes for the client: SSE chunks, or the final JSON */
+    int num_choices, n_done, prompt_tokens;
+    srv_choice *ch;
+    sbuf out; /* streaming: SSE bytes for the client */
     size_t out_off;
     int all_done;
+    int aborted;  /* rp_engine_abort was called for every choice */
+    int shutdown; /* ... because the server is stopping */
+    int fd;       /* the client's socket, to notice a hang-up */
+    double last_check;
 };
 
 static void req_unref(srv_req *r) {
     pthread_mutex_lock(&r->mu);
     int left = --r->refs;
-    pthread_cond_broadcast(&r->cv); /* a failed submit waits for the refs to drop */
+    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     if (left) return;
-    for (int i = 0; i < RP_OAI_MAX_N; i++) free(r->ch[i].text.p);
+    rp_server *s = r->s;
+    for (int i = 0; i < r->num_choices; i++) {
+        free(r->ch[i].text.p);
+        json_decref(r->ch[i].logprobs);
+    }
+    free(r->ch);
     free(r->out.p);
-    free(r->echo);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
+    server_leave(s); /* the engine no longer calls into this request */
+}
+
+/* Aborts every choice still running. Called without r->mu: the engine may
+ * be delivering an event that takes it. */
+static void req_abort(srv_req *r, int shutdown) {
+    pthread_mutex_lock(&r->mu);
+    int already = r->aborted;
+    r->aborted = 1;
+    if (shutdown) r->shutdown = 1;
+    pthread_mutex_unlock(&r->mu);
+    if (already) return;
+    for (int i = 0; i < r->num_choices; i++)
+        if (r->ch[i].submitted) rp_engine_abort(r->s->eng, r->ch[i].id);
 }
 
 static json_t *usage_json(const srv_req *r) {
     int completion = 0;
-    for (int i = 0; i < r->n; i++) completion += r->ch[i].completion_tokens;
+    for (int i = 0; i < r->num_choices; i++) completion += r->ch[i].completion_tokens;
     return json_pack("{s:i, s:i, s:i}", "prompt_tokens", r->prompt_tokens, "completion_tokens", completion,
                      "total_tokens", r->prompt_tokens + completion);
 }
 
-static json_t *chunk_json(const srv_req *r, int index, const char *text, size_t len, const char *finish) {
+static const char *finish_name(rp_finish f) {
+    return f == RP_FINISH_REASON_STOP ? "stop" : f == RP_FINISH_REASON_LENGTH ? "length" : NULL;
+}
+
+/* A logprob as JSON; -inf (a token the sampler could not have drawn) is
+ * written as -9999.0, as vLLM does, since JSON has no infinity. */
+static json_t *lp_real(float lp) { return json_real(isfinite(lp) ? (double)lp : -9999.0); }
+
+/* The token's text for logprobs: its bytes (maybe part of a character). */
+static json_t *token_text(const rp_tokenizer *tok, int32_t id, const char **bytes, size_t *len) {
+    *bytes = NULL;
+    *len = 0;
+    if (tok && rp_tokenizer_token_bytes(tok, id, bytes, len) == 0) return rp_oai_json_text(*bytes, *len);
+    char name[32];
+    snprintf(name, sizeof name, "token_id:%d", id); /* no tokenizer: vLLM's form for ids */
+    return json_string(name);
+}
+
+/* Chat: one entry of logprobs.content. */
+static json_t *chat_lp_entry(const srv_req *r, int32_t tok_id, float lp) {
+    const char *b;
+    size_t n;
+    json_t *t = token_text(r->tok, tok_id, &b, &n), *bytes = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)b[i]));
+    return json_pack("{s:o, s:o, s:o, s:[]}", "token", t, "logprob", lp_real(lp), "bytes", bytes, "top_logprobs");
+}
+
+/* Completions: the logprobs object, empty, to which tokens are appended. */
+static json_t *cmpl_lp_new(void) {
+    return json_pack("{s:[], s:[], s:[], s:n}", "tokens", "token_logprobs", "text_offset", "top_logprobs");
+}
+
+static void cmpl_lp_append(const srv_req *r, json_t *obj, int32_t tok_id, float lp, size_t offset) {
+    const char *b;
+    size_t n;
+    json_array_append_new(json_object_get(obj, "tokens"), token_text(r->tok, tok_id, &b, &n));
+    json_array_append_new(json_object_get(obj, "token_logprobs"), lp_real(lp));
+    json_array_append_new(json_object_get(obj, "text_offset"), json_integer((json_int_t)offset));
+}
+
+static json_t *chunk_json(const srv_req *r, json_t *choice) {
+    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", r->id, "object",
+                     r->kind == RP_OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                     (json_int_t)r->created, "model", r->model, "choices", choice);
+}
+
+/* One streamed chunk of a choice: text (may be empty), finish, logprobs. */
+static json_t *stream_chunk(const srv_req *r, int index, const char *text, size_t len, const char *finish,
+                            json_t *logprobs) {
+    json_t *fin = finish ? json_string(finish) : json_null(), *lp = logprobs ? logprobs : json_null();
     json_t *choice;
     if (r->kind == RP_OAI_CHAT) {
-        json_t *delta = text ? json_pack("{s:s%}", "content", text, len) : json_object();
-        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", index, "delta", delta, "logprobs", "finish_reason",
-                           finish ? json_string(finish) : json_null());
+        json_t *delta = finish && len == 0 ? json_object() : json_pack("{s:o}", "content", rp_oai_json_text(text, len));
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs", lp, "finish_reason", fin);
     } else {
-        choice = json_pack("{s:i, s:s%, s:n, s:o}", "index", index, "text", text ? text : "", text ? len : 0,
-                           "logprobs", "finish_reason", finish ? json_string(finish) : json_null());
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", index, "text", rp_oai_json_text(text, len), "logprobs", lp,
+                           "finish_reason", fin);
     }
-    return json_pack("{s:s, s:s, s:i, s:s, s:[o]}", "id", r->id, "object",
-                     r->kind == RP_OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)r->created,
-                     "model", r->model, "choices", choice);
+    return chunk_json(r, choice);
 }
 
-/* The whole non-streaming response, once every choice is done. */
-static void build_final(srv_req *r) {
-    json_t *choices = json_array();
-    for (int i = 0; i < r->n; i++) {
-        srv_choice *c = &r->ch[i];
-        const char *fin = rp_oai_finish_name(c->finish);
-        const char *text = c->text.p ? c->text.p : "";
-        json_t *choice;
-        if (r->kind == RP_OAI_CHAT)
-            choice = json_pack("{s:i, s:{s:s, s:s}, s:n, s:s?}", "index", i, "message", "role", "assistant",
-                               "content", text, "logprobs", "finish_reason", fin);
-        else
-            choice = json_pack("{s:i, s:s, s:n, s:s?}", "index", i, "text", text, "logprobs", "finish_reason", fin);
-        json_array_append_new(choices, choice);
+/* Streaming: what follows the last choice's end. */
+static void stream_end(srv_req *r) {
+    const char *error = NULL;
+    int status = 500;
+    for (int i = 0; i < r->num_choices && !error; i++) {
+        if (r->ch[i].finish == RP_FINISH_REASON_ERROR) error = r->ch[i].error[0] ? r->ch[i].error : "engine error";
+        else if (r->ch[i].finish == RP_FINISH_REASON_ABORT) error = "the request was aborted", status = 503;
     }
-    json_t *root = json_pack("{s:s, s:s, s:i, s:s, s:o, s:o}", "id", r->id, "object",
-                             r->kind == RP_OAI_CHAT ? "chat.completion" : "text_completion", "created",
-                             (json_int_t)r->created, "model", r->model, "choices", choices, "usage", usage_json(r));
-    char *s = json_dumps(root, JSON_COMPACT);
-    json_decref(root);
-    if (s) {
-        sb_add(&r->out, s, strlen(s));
-        free(s);
+    if (error) { /* vLLM's way: an error event in the stream, then [DONE] */
+        rp_oai_error e;
+        rp_oai_set_error(&e, status, status == 503 ? "service_unavailable" : "server_error", NULL, NULL, "%s",
+                         r->shutdown ? "the server is shutting down" : error);
+        char *j = rp_oai_error_json(&e);
+        if (j) {
+            sb_add(&r->out, "data: ", 6);
+            sb_add(&r->out, j, strlen(j));
+            sb_add(&r->out, "\n\n", 2);
+            free(j);
+        }
+    } else if (r->include_usage) {
+        json_t *u = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", r->id, "object",
+                              r->kind == RP_OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created",
+                              (json_int_t)r->created, "model", r->model, "choices", "usage", usage_json(r));
+        sb_json_event(&r->out, u);
     }
+    sb_add(&r->out, "data: [DONE]\n\n", 14);
 }
 
-/* Engine thread: one event of one choice. */
+/* Engine thread: one event of one choice. Kept short: it runs between
+ * engine steps. */
 static void on_event(void *user, const rp_token_event *ev) {
     srv_choice *c = user;
     srv_req *r = c->r;
+    rp_metrics *m = r->s->metrics;
+    double now = rp_now_s();
     pthread_mutex_lock(&r->mu);
-    r->prompt_tokens = ev->prompt_tokens;
     c->completion_tokens = ev->completion_tokens;
-    if (r->stream) {
-        /* a chunk per token, as OpenAI streams (empty while text is held
-         * back for a stop string or an unfinished UTF-8 character) */
-        if (ev->token >= 0 || ev->text_len || ev->finish != RP_FINISH_REASON_NONE) {
-            json_t *ch = chunk_json(r, c->index, ev->text_len || ev->token >= 0 ? ev->text : NULL, ev->text_len,
-                                    rp_oai_finish_name(ev->finish));
-            sb_json_event(&r->out, ch);
-            json_decref(ch);
-        }
-    } else {
-        sb_add(&c->text, ev->text, ev->text_len);
+    if (ev->token >= 0) {
+        if (c->tokens++ == 0) rp_metrics_observe_ttft(m, now - c->t_submit);
+        else rp_metrics_observe_itl(m, now - c->t_last);
+        c->t_last = now;
     }
-    int last = 0;
-    if (ev->finish != RP_FINISH_REASON_NONE) {
+    int ended_badly = ev->finish == RP_FINISH_REASON_ABORT || ev->finish == RP_FINISH_REASON_ERROR;
+    if (!ended_badly) {
+        if (r->stream) {
+            /* a chunk per token, as OpenAI streams (empty text while it is
+             * held back for a stop string or an unfinished character) */
+            json_t *lp = NULL;
+            if (r->logprobs && ev->token >= 0) {
+                if (r->kind == RP_OAI_CHAT) {
+                    lp = json_pack("{s:[o]}", "content", chat_lp_entry(r, ev->token, ev->logprob));
+                } else {
+                    lp = cmpl_lp_new();
+                    cmpl_lp_append(r, lp, ev->token, ev->logprob, c->text_bytes);
+                }
+            }
+            if (ev->token >= 0 || ev->text_len || ev->finish != RP_FINISH_REASON_NONE)
+                sb_json_event(&r->out,
+                              stream_chunk(r, c->index, ev->text, ev->text_len, finish_name(ev->finish), lp));
+            else json_decref(lp);
+        } else {
+            sb_add(&c->text, ev->text, ev->text_len);
+            if (r->logprobs && ev->token >= 0) {
+                if (r->kind == RP_OAI_CHAT)
+                    json_array_append_new(json_object_get(c->logprobs, "content"),
+                                          chat_lp_entry(r, ev->token, ev->logprob));
+                else cmpl_lp_append(r, c->logprobs, ev->token, ev->logprob, c->text_bytes);
+            }
+        }
+        c->text_bytes += ev->text_len;
+    }
+    int final = ev->finish != RP_FINISH_REASON_NONE;
+    if (final) {
         c->finish = ev->finish;
         c->done = 1;
-        if (++r->n_done == r->n) {
-            r->all_done = last = 1;
-            if (r->stream) {
-                if (r->include_usage) {
-                    json_t *u = json_pack("{s:s, s:s, s:i, s:s, s:[], s:o}", "id", r->id, "object",
-                                          r->kind == RP_OAI_CHAT ? "chat.completion.chunk" : "text_completion",
-                                          "created", (json_int_t)r->created, "model", r->model, "choices", "usage",
-                                          usage_json(r));
-                    sb_json_event(&r->out, u);
-                    json_decref(u);
-                }
-                sb_add(&r->out, "data: [DONE]\n\n", 14);
-            } else {
-                build_final(r);
-            }
+        if (ev->error) snprintf(c->error, sizeof c->error, "%s", ev->error);
+        rp_metrics_count_finish(m, ev->finish);
+        if (!ended_badly) rp_metrics_observe_e2e(m, now - c->t_submit);
+        if (++r->n_done == r->num_choices) {
+            r->all_done = 1;
+            if (r->stream) stream_end(r);
         }
     }
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
-    if (ev->finish != RP_FINISH_REASON_NONE) req_unref(r); /* the engine's reference for this choice */
-    (void)last;
+    if (final) req_unref(r); /* the engine's reference for this choice */
+}
+
+/* Waits one slice for r to change; r->mu held. Returns 1 when the client
+ * hung up (the caller gives up on it), else 0. A stopping server aborts
+ * the request; its final events still arrive and end it. */
+static int wait_slice(srv_req *r) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += WAIT_SLICE_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    /* by the clock, not on timeouts only: tokens may wake us more often */
+    double now = rp_now_s();
+    if (now - r->last_check < WAIT_SLICE_MS * 1e-3) return 0;
+    r->last_check = now;
+    int gone = client_gone(r->fd), aborted = r->aborted;
+    if (gone || (!aborted && server_stopping(r->s))) {
+        pthread_mutex_unlock(&r->mu);
+        req_abort(r, !gone);
+        pthread_mutex_lock(&r->mu);
+    }
+    return gone;
 }
 
 /* ---- responses ------------------------------------------------------------------ */
 
-static enum MHD_Result send_text(struct MHD_Connection *conn, int status, const char *type, char *body) {
+static enum MHD_Result send_text(rp_server *s, struct MHD_Connection *conn, int status, const char *type,
+                                 char *body, const char *allow) {
+    if (!body) return MHD_NO;
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!resp) {
         free(body);
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", type);
+    if (allow) MHD_add_response_header(resp, "Allow", allow);
+    rp_metrics_count_http(s->metrics, status);
     enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     return rc;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *conn, int status, json_t *obj) {
-    char *s = json_dumps(obj, JSON_COMPACT);
+static enum MHD_Result send_json(rp_server *s, struct MHD_Connection *conn, int status, json_t *obj) {
+    char *text = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
     json_decref(obj);
-    return send_text(conn, status, "application/json", s ? s : strdup("{}"));
+    if (!text) {
+        rp_oai_error e;
+        rp_oai_set_error(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return send_text(s, conn, 500, "application/json", rp_oai_error_json(&e), NULL);
+    }
+    return send_text(s, conn, status, "application/json", text, NULL);
 }
 
-static enum MHD_Result send_error(struct MHD_Connection *conn, const rp_oai_error *e) {
-    return send_text(conn, e->status, "application/json", rp_oai_error_json(e));
+static enum MHD_Result send_error(rp_server *s, struct MHD_Connection *conn, const rp_oai_error *e) {
+    return send_text(s, conn, e->status, "application/json", rp_oai_error_json(e), NULL);
+}
+
+static enum MHD_Result send_unavailable(rp_server *s, struct MHD_Connection *conn) {
+    rp_oai_error e;
+    rp_oai_set_error(&e, 503, "service_unavailable", NULL, NULL, "the server is shutting down");
+    return send_error(s, conn, &e);
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     srv_req *r = cls;
     pthread_mutex_lock(&r->mu);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 200 * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    while (r->out_off == r->out.len && !r->all_done)
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0) break;
-    size_t avail = r->out.len - r->out_off;
-    ssize_t n;
-    if (avail == 0) {
-        n = r->all_done ? MHD_CONTENT_READER_END_OF_STREAM : 0;
-    } else {
-        n = (ssize_t)(avail < max ? avail : max);
-        memcpy(buf, r->out.p + r->out_off, (size_t)n);
-        r->out_off += (size_t)n;
+    for (;;) {
+        size_t avail = r->out.len - r->out_off;
+        if (avail) {
+            size_t n = avail < max ? avail : max;
+            memcpy(buf, r->out.p + r->out_off, n);
+            r->out_off += n;
+            pthread_mutex_unlock(&r->mu);
+            return (ssize_t)n;
+        }
+        if (r->all_done) break;
+        if (wait_slice(r)) {
+            pthread_mutex_unlock(&r->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR; /* the client left: close the connection */
+        }
     }
     pthread_mutex_unlock(&r->mu);
-    return n;
+    return MHD_CONTENT_READER_END_OF_STREAM;
 }
 
-/* MHD is done with the stream: finished, or the client went away. */
+/* MHD is done with the stream: it ended, or the connection failed. */
 static void stream_free(void *cls) {
     srv_req *r = cls;
     pthread_mutex_lock(&r->mu);
     int running = !r->all_done;
     pthread_mutex_unlock(&r->mu);
-    if (running)
-        for (int i = 0; i < r->submitted; i++) rp_engine_abort(r->eng, r->ids[i]);
+    if (running) req_abort(r, 0);
     req_unref(r);
 }
 
+/* The non-streaming response, once every choice is done. */
+static json_t *final_json(srv_req *r) {
+    json_t *choices = json_array();
+    for (int i = 0; i < r->num_choices; i++) {
+        srv_choice *c = &r->ch[i];
+        json_t *text = rp_oai_json_text(c->text.p ? c->text.p : "", c->text.len);
+        json_t *lp = c->logprobs ? json_incref(c->logprobs) : json_null();
+        json_t *choice;
+        if (r->kind == RP_OAI_CHAT)
+            choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s?}", "index", i, "message", "role", "assistant", "content",
+                               text, "logprobs", lp, "finish_reason", finish_name(c->finish));
+        else
+            choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", i, "text", text, "logprobs", lp, "finish_reason",
+                               finish_name(c->finish));
+        json_array_append_new(choices, choice);
+    }
+    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", r->id, "object",
+                     r->kind == RP_OAI_CHAT ? "chat.completion" : "text_completion", "created", (json_int_t)r->created,
+                     "model", r->model, "choices", choices, "usage", usage_json(r));
+}
+
 /* ---- endpoints ------------------------------------------------------------------- */
+
+/* A prompt as token ids: given, or the text encoded (completions add BOS as
+ * HF's tokenizer(text) does; a chat template writes its own). *own says
+ * whether *ids must be freed. */
+static int prompt_ids(const rp_server *s, const rp_oai_request *q, int k, int32_t **ids, size_t *n, int *own,
+                      rp_oai_error *e) {
+    *own = 0;
+    if (!q->prompt_texts[k]) {
+        *ids = q->prompt_ids[k];
+        *n = (size_t)q->num_prompt_ids[k];
+        return 0;
+    }
+    const rp_tokenizer *tok = s->oai.tok;
+    rp_err te;
+    if (rp_tokenizer_encode(tok, q->prompt_texts[k], strlen(q->prompt_texts[k]), ids, n, &te)) {
+        rp_oai_set_error(e, 400, "invalid_request_error", "prompt", NULL, "%s", te.msg);
+        return -1;
+    }
+    *own = 1;
+    int bos = rp_tokenizer_bos_id(tok);
+    if (q->kind == RP_OAI_COMPLETION && bos >= 0 && (*n == 0 || (*ids)[0] != bos)) {
+        int32_t *w = malloc((*n + 1) * sizeof *w);
+        if (!w) {
+            free(*ids);
+            rp_oai_set_error(e, 500, "server_error", NULL, NULL, "out of memory");
+            return -1;
+        }
+        w[0] = bos;
+        memcpy(w + 1, *ids, *n * sizeof **ids);
+        free(*ids);
+        *ids = w;
+        (*n)++;
+    }
+    return 0;
+}
+
+static srv_req *req_new(rp_server *s, const rp_oai_request *q, struct MHD_Connection *conn) {
+    srv_req *r = calloc(1, sizeof *r);
+    int nc = q->num_prompts * q->n;
+    if (r) r->ch = calloc((size_t)nc, sizeof *r->ch);
+    if (!r || !r->ch) {
+        free(r);
+        return NULL;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->s = s;
+    r->tok = s->oai.tok;
+    r->kind = q->kind;
+    r->stream = q->stream;
+    r->include_usage = q->include_usage;
+    r->logprobs = q->logprobs;
+    r->created = (long)time(NULL);
+    r->num_choices = nc;
+    r->fd = conn ? connection_fd(conn) : -1;
+    r->refs = 1; /* the HTTP side's */
+    snprintf(r->model, sizeof r->model, "%s", q->model);
+    pthread_mutex_lock(&s->mu);
+    uint64_t rid = ++s->next_id;
+    pthread_mutex_unlock(&s->mu);
+    snprintf(r->id, sizeof r->id, "%s-%016llx", q->kind == RP_OAI_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)rp_mix64(rid ^ ((uint64_t)r->created << 20)));
+    for (int i = 0; i < nc; i++) {
+        r->ch[i].r = r;
+        r->ch[i].index = i;
+        if (q->logprobs && !q->stream)
+            r->ch[i].logprobs = q->kind == RP_OAI_CHAT ? json_pack("{s:[]}", "content") : cmpl_lp_new();
+    }
+    return r;
+}
+
+/* Submits every choice of prompt k (ids): choice k*n+i with seed seed+i. */
+static int submit_prompt(rp_server *s, srv_req *r, const rp_oai_request *q, int k, const int32_t *ids, size_t n,
+                         char *err, size_t err_len) {
+    rp_request_params p = q->params;
+    p.prompt = NULL;
+    p.prompt_ids = ids;
+    p.num_prompt_ids = (int)n;
+    if (q->kind == RP_OAI_CHAT && !q->max_tokens_set) { /* what fits the context, as vLLM */
+        long room = (long)s->oai.max_context - (long)n;
+        p.max_tokens = room > 0 ? (int)room : 1; /* the engine rejects a prompt that fills the context */
+    }
+    for (int i = 0; i < q->n; i++) {
+        srv_choice *c = &r->ch[k * q->n + i];
+        if (q->n > 1 && q->params.has_seed) p.seed = q->params.seed + (uint64_t)i; /* distinct, reproducible */
+        pthread_mutex_lock(&r->mu);
+        r->refs++; /* the engine's, dropped at this choice's final event */
+        pthread_mutex_unlock(&r->mu);
+        c->t_submit = rp_now_s();
+        if (rp_engine_submit(s->eng, &p, on_event, c, &c->id, err, err_len)) {
+            pthread_mutex_lock(&r->mu);
+            r->refs--;
+            pthread_mutex_unlock(&r->mu);
+            return -1;
+        }
+        c->submitted = 1;
+    }
+    return 0;
+}
 
 static enum MHD_Result handle_generate(rp_server *s, struct MHD_Connection *conn, rp_oai_kind kind, const char *body,
                                        size_t len) {
     rp_oai_request q;
     rp_oai_error e;
-    if (rp_oai_parse(&s->oai, kind, body, len, &q, &e)) return send_error(conn, &e);
-    const rp_tokenizer *tok = s->oai.tok;
-    /* The prompt as ids: chat needs its length for the default max_tokens
-     * (what fits the context, as vLLM does), echo needs its text. */
-    int32_t *ids = q.prompt_ids;
-    size_t n_ids = (size_t)q.num_prompt_ids;
-    int own_ids = 0;
-    if (q.prompt_text) {
-        rp_err te;
-        if (rp_tokenizer_encode(tok, q.prompt_text, strlen(q.prompt_text), &ids, &n_ids, &te)) {
-            rp_oai_set_error(&e, 400, "invalid_request_error", "prompt", NULL, "%s", te.msg);
-            rp_oai_request_free(&q);
-            return send_error(conn, &e);
-        }
-        own_ids = 1;
-        int bos = rp_tokenizer_bos_id(tok);
-        if (kind == RP_OAI_COMPLETION && bos >= 0 && (n_ids == 0 || ids[0] != bos)) {
-            int32_t *w = malloc((n_ids + 1) * sizeof *w);
-            w[0] = bos;
-            memcpy(w + 1, ids, n_ids * sizeof *ids);
-            free(ids);
-            ids = w;
-            n_ids++;
-        }
+    if (rp_oai_parse(&s->oai, kind, body, len, &q, &e)) return send_error(s, conn, &e);
+    if (server_enter(s)) {
+        rp_oai_request_free(&q);
+        return send_unavailable(s, conn);
     }
-    if (!q.max_tokens_set && kind == RP_OAI_CHAT) {
-        long room = (long)s->oai.max_context - (long)n_ids;
-        q.params.max_tokens = room > 0 ? (int)room : 1;
+    srv_req *r = req_new(s, &q, conn);
+    if (!r) {
+        rp_oai_request_free(&q);
+        server_leave(s);
+        rp_oai_set_error(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return send_error(s, conn, &e);
     }
-    srv_req *r = calloc(1, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-    r->eng = s->eng;
-    r->kind = kind;
-    r->stream = q.stream;
-    r->include_usage = q.include_usage;
-    r->created = (long)time(NULL);
-    r->n = q.n;
-    snprintf(r->model, sizeof r->model, "%s", q.model);
-    pthread_mutex_lock(&s->mu);
-    uint64_t rid = ++s->next_id;
-    s->requests_total++;
-    pthread_mutex_unlock(&s->mu);
-    snprintf(r->id, sizeof r->id, "%s-%016llx", kind == RP_OAI_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)rp_mix64(rid ^ (uint64_t)r->created));
-    if (q.echo) { /* the prompt's text, also for token-id prompts */
-        rp_err de;
-        if (q.prompt_text) r->echo = strdup(q.prompt_text);
-        else if (tok && rp_tokenizer_decode(tok, ids, n_ids, 0, &r->echo, NULL, &de)) r->echo = NULL;
-    }
-    r->refs = 1; /* the HTTP side */
-    char err[512] = "";
-    rp_request_params p = q.params;
-    p.prompt = NULL;
-    p.prompt_ids = ids;
-    p.num_prompt_ids = (int)n_ids;
-    int failed = 0;
     if (r->stream && kind == RP_OAI_CHAT) {
-        for (int i = 0; i < r->n; i++) { /* first chunk of each choice: the role */
-            json_t *delta = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
-            json_t *choice = json_pack("{s:i, s:o, s:n, s:n}", "index", i, "delta", delta, "logprobs", "finish_reason");
-            json_t *c = json_pack("{s:s, s:s, s:i, s:s, s:[o]}", "id", r->id, "object", "chat.completion.chunk",
-                                  "created", (json_int_t)r->created, "model", r->model, "choices", choice);
-            sb_json_event(&r->out, c);
-            json_decref(c);
+        for (int i = 0; i < r->num_choices; i++) { /* the first chunk of each choice: the role */
+            json_t *choice = json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", i, "delta", "role", "assistant",
+                                       "content", "", "logprobs", "finish_reason");
+            sb_json_event(&r->out, chunk_json(r, choice));
         }
     }
-    if (r->echo) {
-        for (int i = 0; i < r->n; i++) {
-            if (r->stream) {
-                json_t *c = chunk_json(r, i, r->echo, strlen(r->echo), NULL);
-                sb_json_event(&r->out, c);
-                json_decref(c);
-            } else {
-                sb_add(&r->ch[i].text, r->echo, strlen(r->echo));
-            }
-        }
-    }
-    for (int i = 0; i < r->n; i++) {
-        r->ch[i].r = r;
-        r->ch[i].index = i;
-        if (q.n > 1 && p.has_seed) p.seed = q.params.seed + (uint64_t)i; /* n choices, distinct draws */
-        pthread_mutex_lock(&r->mu);
-        r->refs++; /* the engine's, dropped at this choice's final event */
-        pthread_mutex_unlock(&r->mu);
-        if (rp_engine_submit(s->eng, &p, on_event, &r->ch[i], &r->ids[i], err, sizeof err)) {
-            pthread_mutex_lock(&r->mu);
-            r->refs--;
-            pthread_mutex_unlock(&r->mu);
+    char err[512] = "";
+    int failed = 0;
+    for (int k = 0; k < q.num_prompts && !failed; k++) {
+        int32_t *ids;
+        size_t n;
+        int own;
+        if (prompt_ids(s, &q, k, &ids, &n, &own, &e)) {
+            snprintf(err, sizeof err, "%s", e.message);
             failed = 1;
             break;
         }
-        r->submitted++;
+        r->prompt_tokens += (int)n;
+        if (q.echo) { /* the prompt's text, also for token-id prompts */
+            char *echo = NULL;
+            rp_err de;
+            if (q.prompt_texts[k]) echo = strdup(q.prompt_texts[k]);
+            else if (r->tok && rp_tokenizer_decode(r->tok, ids, n, 0, &echo, NULL, &de)) echo = NULL;
+            for (int i = 0; echo && i < q.n; i++) {
+                srv_choice *c = &r->ch[k * q.n + i];
+                if (r->stream) sb_json_event(&r->out, stream_chunk(r, c->index, echo, strlen(echo), NULL, NULL));
+                else sb_add(&c->text, echo, strlen(echo));
+                c->text_bytes += strlen(echo);
+            }
+            free(echo);
+        }
+        if (submit_prompt(s, r, &q, k, ids, n, err, sizeof err)) failed = 1;
+        if (own) free(ids);
     }
-    if (own_ids) free(ids);
     rp_oai_request_free(&q);
     if (failed) {
-        for (int i = 0; i < r->submitted; i++) rp_engine_abort(s->eng, r->ids[i]);
-        pthread_mutex_lock(&s->mu);
-        s->requests_failed++;
-        pthread_mutex_unlock(&s->mu);
-        /* wait for aborted choices to let go of r */
+        req_abort(r, 0);
+        /* the choices already submitted end with ABORT; then r is ours alone */
         pthread_mutex_lock(&r->mu);
         while (r->refs > 1) pthread_cond_wait(&r->cv, &r->mu);
         pthread_mutex_unlock(&r->mu);
         req_unref(r);
-        rp_oai_set_error(&e, 400, "invalid_request_error", strstr(err, "context") ? "max_tokens" : NULL, NULL, "%s",
-                         err);
-        return send_error(conn, &e);
+        const char *param = strstr(err, "output tokens") ? "max_tokens"
+                            : strstr(err, "stop")        ? "stop"
+                            : kind == RP_OAI_CHAT        ? "messages"
+                                                         : "prompt";
+        if (strstr(err, "temperature") || strstr(err, "top_") || strstr(err, "min_p") || strstr(err, "penalty"))
+            param = NULL;
+        rp_oai_set_error(&e, 400, "invalid_request_error", param, NULL, "%s", err);
+        return send_error(s, conn, &e);
     }
     if (r->stream) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, r,
@@ -386,101 +653,98 @@ static enum MHD_Result handle_generate(rp_server *s, struct MHD_Connection *conn
         }
         MHD_add_response_header(resp, "Content-Type", "text/event-stream");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        rp_metrics_count_http(s->metrics, 200);
         enum MHD_Result rc = MHD_queue_response(conn, MHD_HTTP_OK, resp);
         MHD_destroy_response(resp);
         return rc;
     }
     pthread_mutex_lock(&r->mu);
-    while (!r->all_done) pthread_cond_wait(&r->cv, &r->mu);
-    char *body_out = strdup(r->out.p ? r->out.p : "{}");
+    while (!r->all_done) {
+        if (wait_slice(r)) { /* the client left: nobody to answer */
+            pthread_mutex_unlock(&r->mu);
+            req_unref(r);
+            return MHD_NO;
+        }
+    }
+    int status = 200;
+    for (int i = 0; i < r->num_choices; i++) {
+        if (r->ch[i].finish == RP_FINISH_REASON_ERROR) {
+            status = 500;
+            rp_oai_set_error(&e, 500, "server_error", NULL, NULL, "%s", r->ch[i].error[0] ? r->ch[i].error : "engine error");
+            break;
+        }
+        if (r->ch[i].finish == RP_FINISH_REASON_ABORT) {
+            status = 503;
+            rp_oai_set_error(&e, 503, "service_unavailable", NULL, NULL, "the server is shutting down");
+        }
+    }
+    json_t *out = status == 200 ? final_json(r) : NULL;
     pthread_mutex_unlock(&r->mu);
     req_unref(r);
-    return send_text(conn, MHD_HTTP_OK, "application/json", body_out);
+    return status == 200 ? send_json(s, conn, 200, out) : send_error(s, conn, &e);
 }
 
-static enum MHD_Result handle_tokenize(rp_server *s, struct MHD_Connection *conn, const char *body, size_t len,
-                                       int detok) {
+static enum MHD_Result handle_tokenize(rp_server *s, struct MHD_Connection *conn, const char *body, size_t len) {
+    rp_oai_tokenize t;
     rp_oai_error e;
+    if (rp_oai_parse_tokenize(&s->oai, body, len, &t, &e)) return send_error(s, conn, &e);
     const rp_tokenizer *tok = s->oai.tok;
-    if (!tok) {
-        rp_oai_set_error(&e, 400, "invalid_request_error", NULL, NULL, "this model has no tokenizer");
-        return send_error(conn, &e);
-    }
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, 0, &jerr);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        rp_oai_set_error(&e, 400, "invalid_request_error", NULL, NULL, "the request body must be a JSON object");
-        return send_error(conn, &e);
-    }
+    int32_t *ids;
+    size_t n;
     rp_err te;
-    json_t *out = NULL;
-    if (!detok) {
-        json_t *p = json_object_get(root, "prompt");
-        int32_t *ids;
-        size_t n;
-        if (!json_is_string(p)) {
-            rp_oai_set_error(&e, 400, "invalid_request_error", "prompt", NULL, "'prompt' must be a string");
-        } else if (rp_tokenizer_encode(tok, json_string_value(p), json_string_length(p), &ids, &n, &te)) {
-            rp_oai_set_error(&e, 400, "invalid_request_error", "prompt", NULL, "%s", te.msg);
-        } else {
-            json_t *arr = json_array();
-            for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
-            free(ids);
-            out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", (json_int_t)n, "max_model_len",
-                            (json_int_t)s->oai.max_context);
-        }
-    } else {
-        json_t *t = json_object_get(root, "tokens");
-        size_t n = json_is_array(t) ? json_array_size(t) : 0, i;
-        int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-        int ok = json_is_array(t);
-        json_t *v;
-        if (ok)
-            json_array_foreach(t, i, v) {
-                if (!json_is_integer(v)) ok = 0;
-                else ids[i] = (int32_t)json_integer_value(v);
-            }
-        char *text;
-        if (!ok) {
-            rp_oai_set_error(&e, 400, "invalid_request_error", "tokens", NULL, "'tokens' must be a list of integers");
-        } else if (rp_tokenizer_decode(tok, ids, n, 0, &text, NULL, &te)) {
-            rp_oai_set_error(&e, 400, "invalid_request_error", "tokens", NULL, "%s", te.msg);
-        } else {
-            out = json_pack("{s:s}", "prompt", text);
-            free(text);
-        }
-        free(ids);
+    if (rp_tokenizer_encode(tok, t.text, strlen(t.text), &ids, &n, &te)) {
+        rp_oai_tokenize_free(&t);
+        rp_oai_set_error(&e, 400, "invalid_request_error", "prompt", NULL, "%s", te.msg);
+        return send_error(s, conn, &e);
     }
-    json_decref(root);
-    return out ? send_json(conn, MHD_HTTP_OK, out) : send_error(conn, &e);
+    int bos = rp_tokenizer_bos_id(tok);
+    json_t *arr = json_array(), *strs = t.return_token_strs ? json_array() : NULL;
+    if (t.add_bos && bos >= 0 && (n == 0 || ids[0] != bos)) json_array_append_new(arr, json_integer(bos));
+    for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    for (size_t i = 0; strs && i < json_array_size(arr); i++) {
+        const char *b;
+        size_t bl;
+        json_array_append_new(strs, token_text(tok, (int32_t)json_integer_value(json_array_get(arr, i)), &b, &bl));
+    }
+    free(ids);
+    rp_oai_tokenize_free(&t);
+    json_t *out = json_pack("{s:I, s:I, s:o}", "count", (json_int_t)json_array_size(arr), "max_model_len",
+                            (json_int_t)s->oai.max_context, "tokens", arr);
+    if (strs) json_object_set_new(out, "token_strs", strs);
+    return send_json(s, conn, 200, out);
+}
+
+static enum MHD_Result handle_detokenize(rp_server *s, struct MHD_Connection *conn, const char *body, size_t len) {
+    int32_t *ids;
+    int n;
+    rp_oai_error e;
+    if (rp_oai_parse_detokenize(&s->oai, body, len, &ids, &n, &e)) return send_error(s, conn, &e);
+    char *text;
+    size_t tl;
+    rp_err te;
+    int rc = rp_tokenizer_decode(s->oai.tok, ids, (size_t)n, 0, &text, &tl, &te);
+    free(ids);
+    if (rc) {
+        rp_oai_set_error(&e, 400, "invalid_request_error", "tokens", NULL, "%s", te.msg);
+        return send_error(s, conn, &e);
+    }
+    json_t *out = json_pack("{s:o}", "prompt", rp_oai_json_text(text, tl));
+    free(text);
+    return send_json(s, conn, 200, out);
 }
 
 static enum MHD_Result handle_metrics(rp_server *s, struct MHD_Connection *conn) {
     rp_engine_stats st;
     rp_engine_get_stats(s->eng, &st);
-    char *buf = malloc(4096);
-    pthread_mutex_lock(&s->mu);
-    snprintf(buf, 4096,
-             "# HELP replay_requests_running Requests in the running batch.\n# TYPE replay_requests_running gauge\n"
-             "replay_requests_running %d\n"
-             "# HELP replay_requests_waiting Requests waiting for admission.\n# TYPE replay_requests_waiting gauge\n"
-             "replay_requests_waiting %d\n"
-             "# TYPE replay_prompt_tokens_total counter\nreplay_prompt_tokens_total %llu\n"
-             "# TYPE replay_generation_tokens_total counter\nreplay_generation_tokens_total %llu\n"
-             "# TYPE replay_kv_pages_used gauge\nreplay_kv_pages_used %d\n"
-             "# TYPE replay_kv_pages_total gauge\nreplay_kv_pages_total %d\n"
-             "# TYPE replay_preemptions_total counter\nreplay_preemptions_total %llu\n"
-             "# TYPE replay_forwards_total counter\nreplay_forwards_total %llu\n"
-             "# TYPE replay_cuda_graph_replays_total counter\nreplay_cuda_graph_replays_total %llu\n"
-             "# TYPE replay_http_requests_total counter\nreplay_http_requests_total %llu\n"
-             "# TYPE replay_http_requests_rejected_total counter\nreplay_http_requests_rejected_total %llu\n",
-             st.running, st.waiting, (unsigned long long)st.prompt_tokens, (unsigned long long)st.generated_tokens,
-             st.kv_pages_total - st.kv_pages_free, st.kv_pages_total, (unsigned long long)st.preemptions,
-             (unsigned long long)st.forwards, (unsigned long long)st.graph_replays,
-             (unsigned long long)s->requests_total, (unsigned long long)s->requests_failed);
-    pthread_mutex_unlock(&s->mu);
-    return send_text(conn, MHD_HTTP_OK, "text/plain; version=0.0.4", buf);
+    return send_text(s, conn, 200, "text/plain; version=0.0.4", rp_metrics_render(s->metrics, &st), NULL);
+}
+
+static enum MHD_Result handle_models(rp_server *s, struct MHD_Connection *conn) {
+    json_t *m = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:I, s:I}]}", "object", "list", "data", "id",
+                          s->served_model, "object", "model", "created", (json_int_t)time(NULL), "owned_by", "replay",
+                          "root", s->served_model, "max_model_len", (json_int_t)s->oai.max_context, "vocab_size",
+                          (json_int_t)s->oai.vocab_size);
+    return send_json(s, conn, 200, m);
 }
 
 /* ---- the MHD handler -------------------------------------------------------------- */
@@ -500,10 +764,51 @@ static void request_completed(void *cls, struct MHD_Connection *conn, void **con
     *con_cls = NULL;
 }
 
+/* Compares the whole key whatever the input, so response time says nothing
+ * about how much of a guess was right. */
 static int authorized(rp_server *s, struct MHD_Connection *conn) {
     if (!s->api_key[0]) return 1;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-    return h && !strncmp(h, "Bearer ", 7) && !strcmp(h + 7, s->api_key);
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return 0;
+    const char *got = h + 7;
+    size_t gl = strlen(got), kl = strlen(s->api_key);
+    unsigned diff = gl != kl;
+    for (size_t i = 0; i < kl; i++) diff |= (unsigned char)s->api_key[i] ^ (unsigned char)(i < gl ? got[i] : 0);
+    return diff == 0;
+}
+
+static enum MHD_Result too_large(rp_server *s, struct MHD_Connection *conn) {
+    rp_oai_error e;
+    rp_oai_set_error(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                     "the request body is larger than %zu bytes", s->cfg.max_body_bytes);
+    return send_error(s, conn, &e);
+}
+
+enum route { R_COMPLETIONS, R_CHAT, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_HEALTH_GENERATE, R_HEALTH, R_METRICS };
+static const struct {
+    const char *path;
+    int post, auth;
+} routes[] = {
+    [R_COMPLETIONS] = {"/v1/completions", 1, 1}, [R_CHAT] = {"/v1/chat/completions", 1, 1},
+    [R_MODELS] = {"/v1/models", 0, 1},           [R_TOKENIZE] = {"/tokenize", 1, 1},
+    [R_DETOKENIZE] = {"/detokenize", 1, 1},      [R_HEALTH_GENERATE] = {"/health_generate", 0, 1},
+    [R_HEALTH] = {"/health", 0, 0},              [R_METRICS] = {"/metrics", 0, 0},
+};
+
+static enum MHD_Result route(rp_server *s, struct MHD_Connection *conn, int rt, const char *body, size_t len) {
+    switch (rt) {
+    case R_COMPLETIONS: return handle_generate(s, conn, RP_OAI_COMPLETION, body, len);
+    case R_CHAT: return handle_generate(s, conn, RP_OAI_CHAT, body, len);
+    case R_MODELS: return handle_models(s, conn);
+    case R_TOKENIZE: return handle_tokenize(s, conn, body, len);
+    case R_DETOKENIZE: return handle_detokenize(s, conn, body, len);
+    case R_HEALTH_GENERATE: { /* one greedy token through the whole engine */
+        static const char req[] = "{\"prompt\": [0], \"max_tokens\": 1, \"temperature\": 0, \"ignore_eos\": true}";
+        return handle_generate(s, conn, RP_OAI_COMPLETION, req, sizeof req - 1);
+    }
+    case R_METRICS: return handle_metrics(s, conn);
+    default: return send_text(s, conn, 200, "application/json", strdup("{}"), NULL);
+    }
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -511,65 +816,44 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     (void)version;
     rp_server *s = cls;
     conn_state *cs = *con_cls;
-    if (!cs) {
+    if (!cs) { /* headers only: refuse an announced oversized body before reading it */
         cs = calloc(1, sizeof *cs);
         if (!cs) return MHD_NO;
         *con_cls = cs;
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) return too_large(s, conn);
         return MHD_YES;
     }
     if (*upload_size) {
         if (cs->body.len + *upload_size > s->cfg.max_body_bytes) cs->too_big = 1;
-        else sb_add(&cs->body, upload_data, *upload_size);
+        if (!cs->too_big) sb_add(&cs->body, upload_data, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
     rp_oai_error e;
-    int post = !strcmp(method, "POST"), get = !strcmp(method, "GET");
-    if (!strcmp(url, "/health") && get) return send_text(conn, MHD_HTTP_OK, "application/json", strdup("{}"));
-    if (!strcmp(url, "/metrics") && get) return handle_metrics(s, conn);
-    if (!authorized(s, conn)) {
-        rp_oai_set_error(&e, 401, "authentication_error", NULL, "invalid_api_key", "Incorrect or missing API key");
-        return send_error(conn, &e);
+    int rt = -1;
+    for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++)
+        if (!strcmp(url, routes[i].path)) rt = i;
+    if (rt < 0) {
+        rp_oai_set_error(&e, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s", method, url);
+        return send_error(s, conn, &e);
     }
-    if (cs->too_big) {
-        rp_oai_set_error(&e, 413, "invalid_request_error", NULL, NULL, "the request body is larger than %zu bytes",
-                         s->cfg.max_body_bytes);
-        return send_error(conn, &e);
+    if (strcmp(method, routes[rt].post ? "POST" : "GET") != 0) {
+        rp_oai_set_error(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s takes %s, not %s", url,
+                         routes[rt].post ? "POST" : "GET", method);
+        return send_text(s, conn, 405, "application/json", rp_oai_error_json(&e), routes[rt].post ? "POST" : "GET");
     }
-    const char *body = cs->body.p ? cs->body.p : "";
-    size_t len = cs->body.len;
-    struct {
-        const char *path;
-        int post;
-    } routes[] = {{"/v1/completions", 1}, {"/v1/chat/completions", 1}, {"/v1/models", 0}, {"/tokenize", 1},
-                  {"/detokenize", 1},      {"/health_generate", 0}};
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        if (strcmp(url, routes[i].path) != 0) continue;
-        if (routes[i].post ? !post : !get) {
-            rp_oai_set_error(&e, 405, "invalid_request_error", NULL, NULL, "%s needs %s", url,
-                             routes[i].post ? "POST" : "GET");
-            return send_error(conn, &e);
-        }
-        switch (i) {
-        case 0: return handle_generate(s, conn, RP_OAI_COMPLETION, body, len);
-        case 1: return handle_generate(s, conn, RP_OAI_CHAT, body, len);
-        case 2: {
-            json_t *m = json_pack("{s:s, s:[{s:s, s:s, s:i, s:s, s:i}]}", "object", "list", "data", "id",
-                                  s->served_model, "object", "model", "created", (json_int_t)time(NULL), "owned_by",
-                                  "replay", "max_model_len", (json_int_t)s->oai.max_context);
-            return send_json(conn, MHD_HTTP_OK, m);
-        }
-        case 3: return handle_tokenize(s, conn, body, len, 0);
-        case 4: return handle_tokenize(s, conn, body, len, 1);
-        case 5: { /* one greedy token through the whole engine */
-            char req[64];
-            snprintf(req, sizeof req, "{\"prompt\": [1], \"max_tokens\": 1, \"temperature\": 0}");
-            return handle_generate(s, conn, RP_OAI_COMPLETION, req, strlen(req));
-        }
-        }
+    if (routes[rt].auth && !authorized(s, conn)) {
+        rp_oai_set_error(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                         "missing or incorrect API key: send 'Authorization: Bearer KEY'");
+        return send_error(s, conn, &e);
     }
-    rp_oai_set_error(&e, 404, "NotFoundError", NULL, NULL, "no route for %s %s", method, url);
-    return send_error(conn, &e);
+    if (cs->too_big) return too_large(s, conn);
+    if (rt == R_HEALTH) return route(s, conn, rt, NULL, 0);
+    if (server_enter(s)) return send_unavailable(s, conn);
+    enum MHD_Result rc = route(s, conn, rt, cs->body.p ? cs->body.p : "", cs->body.len);
+    server_leave(s);
+    return rc;
 }
 
 rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, char *err, size_t err_len) {
@@ -581,37 +865,67 @@ rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, char 
     s->eng = engine;
     s->cfg = *cfg;
     if (!s->cfg.host) s->cfg.host = "127.0.0.1";
-    if (s->cfg.port <= 0) s->cfg.port = 8000;
     if (!s->cfg.max_body_bytes) s->cfg.max_body_bytes = 8u << 20;
     snprintf(s->served_model, sizeof s->served_model, "%s", cfg->served_model ? cfg->served_model : "replay");
     if (cfg->api_key) snprintf(s->api_key, sizeof s->api_key, "%s", cfg->api_key);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    s->metrics = rp_metrics_new();
     s->oai = (rp_oai_context){.served_model = s->served_model, .tok = rp_engine_tokenizer(engine),
-                              .max_context = rp_engine_max_context(engine)};
+                              .max_context = rp_engine_max_context(engine), .vocab_size = rp_engine_vocab_size(engine)};
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
     addr.sin_family = AF_INET;
     addr.sin_port = htons((uint16_t)s->cfg.port);
-    if (inet_pton(AF_INET, s->cfg.host, &addr.sin_addr) != 1) {
-        snprintf(err, err_len, "--host must be an IPv4 address, got '%s'", s->cfg.host);
-        free(s);
-        return NULL;
+    if (!s->metrics || inet_pton(AF_INET, s->cfg.host, &addr.sin_addr) != 1) {
+        snprintf(err, err_len, s->metrics ? "--host must be an IPv4 address, got '%s'" : "out of memory%s",
+                 s->metrics ? s->cfg.host : "");
+        goto fail;
     }
-    s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD,
+    /* A thread per connection: handlers block on their request. ITC lets
+     * rp_server_stop quiesce (stop accepting) before closing connections. */
+    s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC,
                                  (uint16_t)s->cfg.port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR,
                                  (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, request_completed, s,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)4096, MHD_OPTION_END);
     if (!s->daemon) {
         snprintf(err, err_len, "cannot listen on %s:%d (in use, or not allowed)", s->cfg.host, s->cfg.port);
-        free(s);
-        return NULL;
+        goto fail;
     }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? (int)di->port : s->cfg.port;
     return s;
+fail:
+    rp_metrics_free(s->metrics);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->idle);
+    free(s);
+    return NULL;
 }
+
+int rp_server_port(const rp_server *s) { return s->port; }
 
 void rp_server_stop(rp_server *s) {
     if (!s) return;
-    MHD_stop_daemon(s->daemon);
+    MHD_socket lfd = MHD_quiesce_daemon(s->daemon); /* no new connections */
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    pthread_mutex_lock(&s->mu);
+    s->stopping = 1; /* running requests abort themselves within a wait slice */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 10; /* a client that stops reading cannot hold the exit up for longer */
+    while (s->active > 0)
+        if (pthread_cond_timedwait(&s->idle, &s->mu, &ts) != 0) break;
+    pthread_mutex_unlock(&s->mu);
+    MHD_stop_daemon(s->daemon); /* closes what is left; their streams are released */
+    /* Requests whose clients are gone hold on until the engine's final
+     * events arrive (their aborts are in): then nothing refers to s. */
+    pthread_mutex_lock(&s->mu);
+    while (s->active > 0) pthread_cond_wait(&s->idle, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+    rp_metrics_free(s->metrics);
     pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->idle);
     free(s);
 }

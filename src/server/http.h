@@ -12,14 +12,18 @@ typedef struct rp_server rp_server;
 
 typedef struct rp_server_config {
     const char *host;          /* default 127.0.0.1 */
-    int port;                  /* default 8000 */
+    int port;                  /* 0: any free port (rp_server_port says which) */
     const char *served_model;  /* the name clients use */
     const char *api_key;       /* NULL: no authentication */
     size_t max_body_bytes;     /* default 8 MiB */
 } rp_server_config;
 
 rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, char *err, size_t err_len);
-/* Stops accepting, aborts streams still open, joins the HTTP threads. */
+/* The port it listens on. */
+int rp_server_port(const rp_server *s);
+/* Stops accepting, answers new requests on open connections with 503,
+ * aborts running requests (streams end with an error event and [DONE]),
+ * joins the HTTP threads and frees s. Destroy the engine after this. */
 void rp_server_stop(rp_server *s);
 
 #endif

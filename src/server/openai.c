@@ -45,8 +45,13 @@ const char *rp_oai_finish_name(rp_finish f) {
 }
 
 void rp_oai_request_free(rp_oai_request *r) {
-    free(r->prompt_text);
+    for (int i = 0; i < r->num_prompts; i++) {
+        if (r->prompt_texts) free(r->prompt_texts[i]);
+        if (r->prompt_ids) free(r->prompt_ids[i]);
+    }
+    free(r->prompt_texts);
     free(r->prompt_ids);
+    free(r->num_prompt_ids);
     for (int i = 0; i < RP_OAI_MAX_STOP; i++) free(r->stop_buf[i]);
     memset(r, 0, sizeof *r);
 }
@@ -122,7 +127,9 @@ static char *content_text(json_t *content, rp_oai_error *err) {
     return s;
 }
 
-static int parse_messages(const rp_oai_context *ctx, json_t *root, rp_oai_request *out, rp_oai_error *err) {
+/* Renders "messages" with the model's chat template into *text. */
+static int render_messages(const rp_oai_context *ctx, json_t *root, int add_generation_prompt, char **text,
+                           rp_oai_error *err) {
     json_t *msgs = json_object_get(root, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return BAD("messages", "'messages' must be a non-empty list");
@@ -131,6 +138,10 @@ static int parse_messages(const rp_oai_context *ctx, json_t *root, rp_oai_reques
     rp_chat_message *m = calloc(n, sizeof *m);
     char **texts = calloc(n, sizeof *texts);
     int rc = -1;
+    if (!m || !texts) {
+        rp_oai_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
     json_t *msg;
     json_array_foreach(msgs, i, msg) {
         json_t *role = json_object_get(msg, "role");
@@ -140,7 +151,7 @@ static int parse_messages(const rp_oai_context *ctx, json_t *root, rp_oai_reques
         }
         const char *r = json_string_value(role);
         if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer")) {
-            BAD("messages", "unsupported role '%s' (system, user, assistant)", r);
+            BAD("messages", "unsupported role '%s' (system, developer, user, assistant)", r);
             goto out;
         }
         json_t *content = json_object_get(msg, "content");
@@ -154,51 +165,90 @@ static int parse_messages(const rp_oai_context *ctx, json_t *root, rp_oai_reques
     }
     int thinking = -1;
     json_t *kw = json_object_get(root, "chat_template_kwargs");
-    if (json_is_object(kw) && json_is_boolean(json_object_get(kw, "enable_thinking")))
-        thinking = json_is_true(json_object_get(kw, "enable_thinking"));
+    if (kw && !json_is_null(kw) && !json_is_object(kw)) {
+        BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        goto out;
+    }
+    json_t *et = json_object_get(kw, "enable_thinking");
+    if (et && !json_is_null(et)) {
+        if (!json_is_boolean(et)) {
+            BAD("chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean");
+            goto out;
+        }
+        thinking = json_is_true(et);
+    }
     rp_err e;
-    if (rp_chat_render(ctx->tok, m, (int)n, 1, thinking, &out->prompt_text, &e)) {
+    if (rp_chat_render(ctx->tok, m, (int)n, add_generation_prompt, thinking, text, &e)) {
         BAD("messages", "%s", e.msg);
         goto out;
     }
-    out->num_prompt_ids = 0;
-    int32_t ids[8];
-    int ns = rp_chat_stop_ids(ctx->tok, ids, 8);
-    for (int k = 0; k < ns && k < 16; k++) out->stop_ids[k] = ids[k];
-    out->params.stop_ids = out->stop_ids;
-    out->params.num_stop_ids = ns;
     rc = 0;
 out:
-    for (size_t k = 0; k < n; k++) free(texts[k]);
+    for (size_t k = 0; texts && k < n; k++) free(texts[k]);
     free(texts);
     free(m);
     return rc;
 }
 
+static int alloc_prompts(rp_oai_request *out, int n, rp_oai_error *err) {
+    out->prompt_texts = calloc((size_t)n, sizeof *out->prompt_texts);
+    out->prompt_ids = calloc((size_t)n, sizeof *out->prompt_ids);
+    out->num_prompt_ids = calloc((size_t)n, sizeof *out->num_prompt_ids);
+    out->num_prompts = n;
+    if (!out->prompt_texts || !out->prompt_ids || !out->num_prompt_ids) {
+        rp_oai_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* A list of token ids (one prompt) into ids[k]. */
+static int ids_prompt(json_t *arr, rp_oai_request *out, int k, rp_oai_error *err) {
+    size_t n = json_array_size(arr), i;
+    if (n == 0) return BAD("prompt", "a prompt of token ids must not be empty");
+    out->prompt_ids[k] = malloc(n * sizeof **out->prompt_ids);
+    if (!out->prompt_ids[k]) return BAD("prompt", "out of memory");
+    json_t *v;
+    json_array_foreach(arr, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff)
+            return BAD("prompt", "token ids in 'prompt' must be non-negative integers");
+        out->prompt_ids[k][i] = (int32_t)json_integer_value(v);
+    }
+    out->num_prompt_ids[k] = (int)n;
+    return 0;
+}
+
+/* "prompt": a string, a list of strings, a list of token ids, or a list of
+ * lists of token ids (OpenAI's four forms). */
 static int parse_prompt(json_t *root, rp_oai_request *out, rp_oai_error *err) {
     json_t *p = json_object_get(root, "prompt");
-    if (!p) return BAD("prompt", "'prompt' is required");
-    if (json_is_array(p) && json_array_size(p) == 1 && (json_is_string(json_array_get(p, 0)) ||
-                                                        json_is_array(json_array_get(p, 0))))
-        p = json_array_get(p, 0); /* a list of one prompt */
+    if (!p || json_is_null(p)) return BAD("prompt", "'prompt' is required");
     if (json_is_string(p)) {
-        out->prompt_text = strdup(json_string_value(p));
+        if (alloc_prompts(out, 1, err)) return -1;
+        out->prompt_texts[0] = strdup(json_string_value(p));
         return 0;
     }
-    if (json_is_array(p)) {
-        size_t n = json_array_size(p), i;
-        if (n == 0) return BAD("prompt", "'prompt' is empty");
-        json_t *v;
-        out->prompt_ids = malloc(n * sizeof *out->prompt_ids);
-        json_array_foreach(p, i, v) {
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff)
-                return BAD("prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
-            out->prompt_ids[i] = (int32_t)json_integer_value(v);
+    if (!json_is_array(p)) return BAD("prompt", "'prompt' must be a string, a list of strings, a list of token ids "
+                                                "or a list of lists of token ids");
+    size_t n = json_array_size(p), i;
+    if (n == 0) return BAD("prompt", "'prompt' must not be empty");
+    json_t *first = json_array_get(p, 0), *v;
+    if (json_is_integer(first)) {
+        if (alloc_prompts(out, 1, err)) return -1;
+        return ids_prompt(p, out, 0, err);
+    }
+    if (n > RP_OAI_MAX_CHOICES) return BAD("prompt", "at most %d prompts in one request", RP_OAI_MAX_CHOICES);
+    if (alloc_prompts(out, (int)n, err)) return -1;
+    json_array_foreach(p, i, v) {
+        if (json_is_string(v)) {
+            out->prompt_texts[i] = strdup(json_string_value(v));
+        } else if (json_is_array(v)) {
+            if (ids_prompt(v, out, (int)i, err)) return -1;
+        } else {
+            return BAD("prompt", "a list of prompts must hold strings or lists of token ids");
         }
-        out->num_prompt_ids = (int)n;
-        return 0;
     }
-    return BAD("prompt", "'prompt' must be a string or a list of token ids (one prompt per request)");
+    return 0;
 }
 
 int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, size_t len, rp_oai_request *out,
@@ -223,7 +273,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
             goto out;
         }
         if (strcmp(json_string_value(model), ctx->served_model) != 0) {
-            rp_oai_set_error(err, 404, "NotFoundError", "model", "model_not_found",
+            rp_oai_set_error(err, 404, "invalid_request_error", "model", "model_not_found",
                              "The model '%s' does not exist (this server serves '%s')", json_string_value(model),
                              ctx->served_model);
             goto out;
@@ -264,8 +314,9 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
             BAD("logprobs", kind == RP_OAI_CHAT ? "'logprobs' must be a boolean" : "'logprobs' must be an integer");
             goto out;
         }
-        if (kind == RP_OAI_COMPLETION && json_integer_value(lp) > 0) {
-            BAD("logprobs", "only the sampled token's logprob is available: 'logprobs' must be 0 or absent");
+        if (kind == RP_OAI_COMPLETION && json_integer_value(lp) != 0) {
+            BAD("logprobs", "only the sampled token's logprob is available (no alternatives): 'logprobs' must be 0 "
+                            "or absent, got %lld", (long long)json_integer_value(lp));
             goto out;
         }
         out->logprobs = kind == RP_OAI_CHAT ? json_is_true(lp) : 1;
@@ -302,14 +353,45 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         }
         p->stop = (const char *const *)out->stop_buf;
     }
+    json_t *sti = json_object_get(root, "stop_token_ids"); /* vLLM's extension */
+    if (sti && !json_is_null(sti)) {
+        size_t i;
+        json_t *v;
+        if (!json_is_array(sti) || json_array_size(sti) > 8) {
+            BAD("stop_token_ids", "'stop_token_ids' must be a list of at most 8 token ids");
+            goto out;
+        }
+        json_array_foreach(sti, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= ctx->vocab_size) {
+                BAD("stop_token_ids", "'stop_token_ids' must hold token ids in [0, %d)", ctx->vocab_size);
+                goto out;
+            }
+            out->stop_ids[p->num_stop_ids++] = (int32_t)json_integer_value(v);
+        }
+    }
+    p->stop_ids = out->stop_ids;
     if (kind == RP_OAI_CHAT) {
-        if (parse_messages(ctx, root, out, err)) goto out;
-        if (out->echo) out->echo = 0; /* completions only */
+        int add_gen = 1;
+        if (get_bool(root, "add_generation_prompt", &add_gen, err) || alloc_prompts(out, 1, err) ||
+            render_messages(ctx, root, add_gen, &out->prompt_texts[0], err))
+            goto out;
+        out->echo = 0; /* completions only */
+        if (!p->ignore_eos) /* the template's end-of-turn tokens end the answer (ignore_eos: they do not) */
+            p->num_stop_ids += rp_chat_stop_ids(ctx->tok, out->stop_ids + p->num_stop_ids, 8);
     } else if (parse_prompt(root, out, err)) {
         goto out;
     }
-    if (out->prompt_text && !ctx->tok) {
-        BAD("prompt", "this model has no tokenizer: send the prompt as token ids");
+    for (int i = 0; i < out->num_prompts; i++)
+        if (out->prompt_texts[i] && !ctx->tok) {
+            BAD("prompt", "this model has no tokenizer: send the prompt as token ids");
+            goto out;
+        }
+    if ((long)out->num_prompts * out->n > RP_OAI_MAX_CHOICES) {
+        BAD("n", "prompts x n must be at most %d, got %d x %d", RP_OAI_MAX_CHOICES, out->num_prompts, out->n);
+        goto out;
+    }
+    if (out->echo && out->logprobs) {
+        BAD("echo", "'echo' with 'logprobs' needs the prompt's logprobs, which replay does not compute");
         goto out;
     }
     rc = 0;
@@ -317,4 +399,151 @@ out:
     json_decref(root);
     if (rc) rp_oai_request_free(out);
     return rc;
+}
+
+/* "model", when given, must name the served model. */
+static int check_model(const rp_oai_context *ctx, json_t *root, rp_oai_error *err) {
+    json_t *model = json_object_get(root, "model");
+    if (!model || json_is_null(model)) return 0;
+    if (!json_is_string(model)) return BAD("model", "'model' must be a string");
+    if (strcmp(json_string_value(model), ctx->served_model) != 0) {
+        rp_oai_set_error(err, 404, "invalid_request_error", "model", "model_not_found",
+                         "The model '%s' does not exist (this server serves '%s')", json_string_value(model),
+                         ctx->served_model);
+        return -1;
+    }
+    return 0;
+}
+
+static json_t *load_object(const char *body, size_t len, rp_oai_error *err) {
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, 0, &jerr);
+    if (!root) {
+        BAD(NULL, "the request body is not valid JSON: %s (line %d)", jerr.text, jerr.line);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        BAD(NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+int rp_oai_parse_tokenize(const rp_oai_context *ctx, const char *body, size_t len, rp_oai_tokenize *out,
+                          rp_oai_error *err) {
+    memset(out, 0, sizeof *out);
+    json_t *root = load_object(body, len, err);
+    if (!root) return -1;
+    int rc = -1, add_special = 1, add_gen = 1;
+    if (check_model(ctx, root, err) || get_bool(root, "add_special_tokens", &add_special, err) ||
+        get_bool(root, "add_generation_prompt", &add_gen, err) ||
+        get_bool(root, "return_token_strs", &out->return_token_strs, err))
+        goto out;
+    if (!ctx->tok) {
+        BAD(NULL, "this model has no tokenizer");
+        goto out;
+    }
+    json_t *prompt = json_object_get(root, "prompt");
+    if (json_object_get(root, "messages")) {
+        if (render_messages(ctx, root, add_gen, &out->text, err)) goto out;
+        out->add_bos = 0; /* the template writes its own special tokens */
+    } else if (json_is_string(prompt)) {
+        out->text = strdup(json_string_value(prompt));
+        out->add_bos = add_special;
+    } else {
+        BAD("prompt", "'prompt' must be a string (or send 'messages')");
+        goto out;
+    }
+    rc = out->text ? 0 : -1;
+out:
+    json_decref(root);
+    if (rc) rp_oai_tokenize_free(out);
+    return rc;
+}
+
+void rp_oai_tokenize_free(rp_oai_tokenize *t) {
+    free(t->text);
+    t->text = NULL;
+}
+
+int rp_oai_parse_detokenize(const rp_oai_context *ctx, const char *body, size_t len, int32_t **ids_out, int *n_out,
+                            rp_oai_error *err) {
+    *ids_out = NULL;
+    *n_out = 0;
+    json_t *root = load_object(body, len, err);
+    if (!root) return -1;
+    int rc = -1;
+    json_t *t = json_object_get(root, "tokens"), *v;
+    size_t i;
+    if (check_model(ctx, root, err)) goto out;
+    if (!ctx->tok) {
+        BAD(NULL, "this model has no tokenizer");
+        goto out;
+    }
+    if (!json_is_array(t)) {
+        BAD("tokens", "'tokens' must be a list of token ids");
+        goto out;
+    }
+    int32_t *ids = malloc((json_array_size(t) + 1) * sizeof *ids);
+    if (!ids) goto out;
+    json_array_foreach(t, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= ctx->vocab_size) {
+            free(ids);
+            BAD("tokens", "'tokens' must hold token ids in [0, %d)", ctx->vocab_size);
+            goto out;
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    *ids_out = ids;
+    *n_out = (int)json_array_size(t);
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+/* Length of the valid UTF-8 character at s (at most n bytes), 0 if invalid. */
+static size_t utf8_char_len(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t len;
+    unsigned min;
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) len = 2, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef) len = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4) len = 4, min = 0x10000;
+    else return 0;
+    if (len > n) return 0;
+    unsigned cp = c & (0xff >> (len + 1));
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return len;
+}
+
+json_t *rp_oai_json_text(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    char *buf = malloc(n * 3 + 1); /* each invalid byte may become 3 bytes */
+    if (!buf) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t l = utf8_char_len(u + i, n - i);
+        if (l && !(l == 1 && u[i] == 0)) {
+            memcpy(buf + o, s + i, l);
+            o += l;
+            i += l;
+        } else if (l == 1) { /* NUL: jansson takes it with a length */
+            buf[o++] = 0;
+            i++;
+        } else {
+            memcpy(buf + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    json_t *j = json_stringn(buf, o);
+    free(buf);
+    return j;
 }

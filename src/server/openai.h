@@ -8,9 +8,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "replay/engine.h"
 
-#define RP_OAI_MAX_N 16
+#define RP_OAI_MAX_N 128       /* choices per prompt */
+#define RP_OAI_MAX_CHOICES 256 /* prompts x n in one request */
 #define RP_OAI_MAX_STOP 16
 
 typedef struct rp_oai_error {
@@ -26,9 +29,12 @@ typedef enum rp_oai_kind { RP_OAI_COMPLETION = 0, RP_OAI_CHAT } rp_oai_kind;
 typedef struct rp_oai_request {
     rp_oai_kind kind;
     char model[256];
-    char *prompt_text;     /* owned: completions' text prompt, or the rendered chat */
-    int32_t *prompt_ids;   /* owned: completions' token-id prompt */
-    int num_prompt_ids;
+    /* Completions take one prompt or a list of them (each a text or token
+     * ids); chat has one, the rendered conversation. Owned. */
+    int num_prompts;
+    char **prompt_texts;   /* [num_prompts]: text, or NULL where the prompt is ids */
+    int32_t **prompt_ids;  /* [num_prompts]: ids, or NULL */
+    int *num_prompt_ids;   /* [num_prompts] */
     int n;
     int stream, include_usage, echo, logprobs;
     int max_tokens_set;
@@ -41,6 +47,7 @@ typedef struct rp_oai_context {
     const char *served_model; /* the model name clients must use */
     const struct rp_tokenizer *tok; /* for chat templates; may be NULL */
     int max_context;
+    int vocab_size;
 } rp_oai_context;
 
 /* Parses and validates a request body for the given endpoint. On failure
@@ -48,6 +55,25 @@ typedef struct rp_oai_context {
 int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, size_t len, rp_oai_request *out,
                  rp_oai_error *err);
 void rp_oai_request_free(rp_oai_request *r);
+
+/* POST /tokenize: {"prompt": text, "add_special_tokens"} or {"messages",
+ * "add_generation_prompt"} (vLLM's shape); text is the prompt or the
+ * rendered conversation, add_bos whether BOS goes first. POST /detokenize:
+ * {"tokens": [ids]}. Both check "model" like the generation endpoints. */
+typedef struct rp_oai_tokenize {
+    char *text;
+    int add_bos;
+    int return_token_strs;
+} rp_oai_tokenize;
+int rp_oai_parse_tokenize(const rp_oai_context *ctx, const char *body, size_t len, rp_oai_tokenize *out,
+                          rp_oai_error *err);
+void rp_oai_tokenize_free(rp_oai_tokenize *t);
+int rp_oai_parse_detokenize(const rp_oai_context *ctx, const char *body, size_t len, int32_t **ids_out, int *n_out,
+                            rp_oai_error *err);
+
+/* A JSON string from bytes that may not be valid UTF-8 (one token's bytes
+ * can be part of a character): each invalid byte becomes U+FFFD. */
+json_t *rp_oai_json_text(const char *s, size_t n);
 
 /* {"error": {...}} as a malloc'd string. */
 char *rp_oai_error_json(const rp_oai_error *err);
