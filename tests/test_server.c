@@ -1,0 +1,546 @@
+/* The HTTP server in-process on a free loopback port, over raw sockets: every
+ * error case with its status and OpenAI-shaped body, the API key, logprobs,
+ * prompt lists, streaming framing, a client that hangs up mid-stream or
+ * mid-request (aborted at once, the KV pool back to full), /metrics, and a
+ * shutdown with a stream open (it ends with an error event and [DONE]).
+ * The model: a one-layer Qwen3 shape with random weights and the real
+ * Qwen3 tokenizer (scripts/fetch-tokenizers.sh). */
+#include <arpa/inet.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "replay/engine.h"
+#include "server/http.h"
+#include "util/log.h"
+#include "test_util.h"
+
+static char model_dir[64];
+static rp_engine *eng;
+static rp_server *srv, *srv_key;
+
+/* ---- a tiny HTTP client --------------------------------------------------------- */
+
+static int dial(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) fail_msg("cannot connect to port %d", port);
+    return fd;
+}
+
+static void send_all(int fd, const char *s, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, s, n);
+        if (w <= 0) fail_msg("write failed");
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static int send_request(int port, const char *method, const char *path, const char *headers, const char *body) {
+    int fd = dial(port);
+    char head[1024];
+    size_t bl = body ? strlen(body) : 0;
+    int n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s", method, path,
+                     headers ? headers : "");
+    if (body) n += snprintf(head + n, sizeof head - (size_t)n, "Content-Type: application/json\r\nContent-Length: %zu\r\n", bl);
+    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    send_all(fd, head, (size_t)n);
+    if (body) send_all(fd, body, bl);
+    return fd;
+}
+
+typedef struct response {
+    int status;
+    char *headers, *body; /* body de-chunked */
+} response;
+
+static void response_free(response *r) {
+    free(r->headers);
+    free(r->body);
+}
+
+/* Reads until the server closes, then splits headers and body. */
+static response read_response(int fd) {
+    size_t cap = 1 << 16, len = 0;
+    char *raw = malloc(cap);
+    for (;;) {
+        if (len + 4096 > cap) raw = realloc(raw, cap *= 2);
+        ssize_t got = read(fd, raw + len, cap - len - 1);
+        if (got <= 0) break;
+        len += (size_t)got;
+    }
+    close(fd);
+    raw[len] = 0;
+    response r = {0};
+    sscanf(raw, "HTTP/1.%*d %d", &r.status);
+    char *end = strstr(raw, "\r\n\r\n");
+    if (!end) fail_msg("no response headers in '%s'", raw);
+    *end = 0;
+    r.headers = strdup(raw);
+    char *b = end + 4;
+    if (strcasestr(r.headers, "transfer-encoding: chunked")) {
+        char *out = malloc(strlen(b) + 1), *o = out;
+        for (;;) {
+            char *nl;
+            unsigned long n = strtoul(b, &nl, 16);
+            if (n == 0 || !(nl = strstr(nl, "\r\n"))) break;
+            memcpy(o, nl + 2, n);
+            o += n;
+            b = nl + 2 + n + 2;
+        }
+        *o = 0;
+        r.body = out;
+    } else {
+        r.body = strdup(b);
+    }
+    free(raw);
+    return r;
+}
+
+static response request(int port, const char *method, const char *path, const char *headers, const char *body) {
+    return read_response(send_request(port, method, path, headers, body));
+}
+
+static json_t *parse(const char *s) {
+    json_error_t je;
+    json_t *j = json_loads(s, 0, &je);
+    if (!j) fail_msg("not JSON (%s): %.300s", je.text, s);
+    return j;
+}
+
+static int port(void) { return rp_server_port(srv); }
+
+static void wait_pool_full(void) {
+    rp_engine_stats st;
+    for (int i = 0; i < 300; i++) { /* 3 s */
+        rp_engine_get_stats(eng, &st);
+        if (st.running == 0 && st.waiting == 0 && st.kv_pages_free == st.kv_pages_total) return;
+        usleep(10000);
+    }
+    fail_msg("pool not back to full: running %d waiting %d free %d of %d", st.running, st.waiting, st.kv_pages_free,
+             st.kv_pages_total);
+}
+
+/* Waits until at least n requests are in the engine (so a hang-up that
+ * follows is one the server must notice, not a request never submitted). */
+static void wait_busy(int n) {
+    rp_engine_stats st;
+    for (int i = 0; i < 500; i++) {
+        rp_engine_get_stats(eng, &st);
+        if (st.running + st.waiting >= n) return;
+        usleep(2000);
+    }
+    fail_msg("the engine never had %d requests (running %d, waiting %d)", n, st.running, st.waiting);
+}
+
+static double metric(const char *name);
+/* Waits until a counter reaches at least v. */
+static void wait_metric(const char *name, double v) {
+    for (int i = 0; i < 300; i++) {
+        if (metric(name) >= v) return;
+        usleep(10000);
+    }
+    fail_msg("%s stayed below %g", name, v);
+}
+
+/* The metric's value in /metrics text (first line starting with name). */
+static double metric(const char *name) {
+    response r = request(port(), "GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    char *p = r.body;
+    size_t nl = strlen(name);
+    double v = -1;
+    while (p && *p) {
+        if (!strncmp(p, name, nl) && p[nl] == ' ') {
+            v = atof(p + nl + 1);
+            break;
+        }
+        p = strchr(p, '\n');
+        if (p) p++;
+    }
+    response_free(&r);
+    if (v < 0) fail_msg("metric %s not found", name);
+    return v;
+}
+
+/* ---- setup ------------------------------------------------------------------ */
+
+static int setup(void **state) {
+    (void)state;
+    rp_log_set_level(RP_LOG_WARN);
+    snprintf(model_dir, sizeof model_dir, "/tmp/rp_server_XXXXXX");
+    if (!mkdtemp(model_dir)) return -1;
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 151936, \"hidden_size\": 64, "
+          "\"intermediate_size\": 128, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+          "\"num_key_value_heads\": 1, \"head_dim\": 32, \"tie_word_embeddings\": false, \"eos_token_id\": 151645, "
+          "\"max_position_embeddings\": 512}",
+          f);
+    fclose(f);
+    char tok[1024];
+    snprintf(tok, sizeof tok, "%s/.cache/tokenizers/qwen3", test_source_dir());
+    rp_engine_config c;
+    rp_engine_config_default(&c);
+    c.model_dir = model_dir;
+    c.load_dummy = 1;
+    c.quiet_model_warning = 1;
+    c.tokenizer_dir = tok;
+    c.device = "cpu";
+    c.threads = 2;
+    c.num_pages = 64; /* 1024 tokens: two full-context requests */
+    c.max_running_requests = 16;
+    c.max_prefill_tokens = 512;
+    char err[512];
+    eng = rp_engine_create(&c, err, sizeof err);
+    if (!eng) {
+        fprintf(stderr, "engine: %s (run scripts/fetch-tokenizers.sh)\n", err);
+        return -1;
+    }
+    rp_server_config sc = {.host = "127.0.0.1", .port = 0, .served_model = "tiny", .max_body_bytes = 1 << 20};
+    srv = rp_server_start(eng, &sc, err, sizeof err);
+    sc.api_key = "sekrit";
+    srv_key = srv ? rp_server_start(eng, &sc, err, sizeof err) : NULL;
+    if (!srv || !srv_key) {
+        fprintf(stderr, "server: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    rp_server_stop(srv);
+    rp_server_stop(srv_key);
+    rp_engine_destroy(eng);
+    char path[256];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    unlink(path);
+    rmdir(model_dir);
+    return 0;
+}
+
+/* ---- tests ------------------------------------------------------------------ */
+
+static void expect_error(const char *what, response r, int status, const char *param, const char *code) {
+    if (r.status != status) fail_msg("%s: status %d, expected %d: %s", what, r.status, status, r.body);
+    json_t *j = parse(r.body), *e = json_object_get(j, "error");
+    if (!json_is_object(e) || !json_is_string(json_object_get(e, "message")) ||
+        !json_is_string(json_object_get(e, "type")) || !json_object_get(e, "param") || !json_object_get(e, "code"))
+        fail_msg("%s: not OpenAI's error shape: %s", what, r.body);
+    if (param && (!json_is_string(json_object_get(e, "param")) ||
+                  strcmp(json_string_value(json_object_get(e, "param")), param)))
+        fail_msg("%s: param is not '%s': %s", what, param, r.body);
+    if (code && (!json_is_string(json_object_get(e, "code")) || strcmp(json_string_value(json_object_get(e, "code")), code)))
+        fail_msg("%s: code is not '%s': %s", what, code, r.body);
+    if (!strstr(r.headers, "application/json")) fail_msg("%s: error is not JSON: %s", what, r.headers);
+    json_decref(j);
+    response_free(&r);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    static const struct {
+        const char *what, *path, *body, *param, *code;
+        int status;
+    } cases[] = {
+        {"malformed JSON", "/v1/completions", "{\"prompt\": \"x\",", NULL, NULL, 400},
+        {"empty body", "/v1/chat/completions", "", NULL, NULL, 400},
+        {"not an object", "/v1/completions", "[1,2]", NULL, NULL, 400},
+        {"prompt missing", "/v1/completions", "{\"max_tokens\":2}", "prompt", NULL, 400},
+        {"prompt a number", "/v1/completions", "{\"prompt\":5}", "prompt", NULL, 400},
+        {"prompt empty list", "/v1/completions", "{\"prompt\":[]}", "prompt", NULL, 400},
+        {"prompt mixed list", "/v1/completions", "{\"prompt\":[\"a\", 5]}", "prompt", NULL, 400},
+        {"max_tokens a string", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":\"5\"}", "max_tokens", NULL, 400},
+        {"max_tokens 0", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens", NULL, 400},
+        {"max_tokens 1.5", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":1.5}", "max_tokens", NULL, 400},
+        {"stream a string", "/v1/completions", "{\"prompt\":\"x\",\"stream\":\"yes\"}", "stream", NULL, 400},
+        {"model a number", "/v1/completions", "{\"prompt\":\"x\",\"model\":3}", "model", NULL, 400},
+        {"unknown model", "/v1/completions", "{\"prompt\":\"x\",\"model\":\"gpt-9\"}", "model", "model_not_found", 404},
+        {"unknown model (chat)", "/v1/chat/completions",
+         "{\"model\":\"gpt-9\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", "model", "model_not_found", 404},
+        {"temperature < 0", "/v1/completions", "{\"prompt\":\"x\",\"temperature\":-1}", "temperature", NULL, 400},
+        {"top_p 0", "/v1/completions", "{\"prompt\":\"x\",\"top_p\":0}", "top_p", NULL, 400},
+        {"top_p > 1", "/v1/completions", "{\"prompt\":\"x\",\"top_p\":1.5}", "top_p", NULL, 400},
+        {"top_k -2", "/v1/completions", "{\"prompt\":\"x\",\"top_k\":-2}", "top_k", NULL, 400},
+        {"min_p > 1", "/v1/completions", "{\"prompt\":\"x\",\"min_p\":2}", "min_p", NULL, 400},
+        {"presence_penalty 3", "/v1/completions", "{\"prompt\":\"x\",\"presence_penalty\":3}", "presence_penalty", NULL, 400},
+        {"frequency_penalty -3", "/v1/completions", "{\"prompt\":\"x\",\"frequency_penalty\":-3}", "frequency_penalty", NULL, 400},
+        {"repetition_penalty 0", "/v1/completions", "{\"prompt\":\"x\",\"repetition_penalty\":0}", "repetition_penalty", NULL, 400},
+        {"n 0", "/v1/completions", "{\"prompt\":\"x\",\"n\":0}", "n", NULL, 400},
+        {"n too big", "/v1/completions", "{\"prompt\":\"x\",\"n\":100000}", "n", NULL, 400},
+        {"seed a string", "/v1/completions", "{\"prompt\":\"x\",\"seed\":\"s\"}", "seed", NULL, 400},
+        {"stop a number", "/v1/completions", "{\"prompt\":\"x\",\"stop\":3}", "stop", NULL, 400},
+        {"stop empty", "/v1/completions", "{\"prompt\":\"x\",\"stop\":[\"\"]}", "stop", NULL, 400},
+        {"logprobs 5", "/v1/completions", "{\"prompt\":\"x\",\"logprobs\":5}", "logprobs", NULL, 400},
+        {"top_logprobs 3", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":3}", "top_logprobs",
+         NULL, 400},
+        {"echo with logprobs", "/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":0}", "echo", NULL, 400},
+        {"token id past the vocabulary", "/v1/completions", "{\"prompt\":[1,999999]}", "prompt", NULL, 400},
+        {"negative token id", "/v1/completions", "{\"prompt\":[-1]}", "prompt", NULL, 400},
+        {"max_tokens past the context", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":100000}", "max_tokens",
+         NULL, 400},
+        {"messages missing", "/v1/chat/completions", "{\"prompt\":\"x\"}", "messages", NULL, 400},
+        {"messages empty", "/v1/chat/completions", "{\"messages\":[]}", "messages", NULL, 400},
+        {"bad role", "/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages",
+         NULL, 400},
+        {"no role", "/v1/chat/completions", "{\"messages\":[{\"content\":\"x\"}]}", "messages", NULL, 400},
+        {"image part", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
+         "messages", NULL, 400},
+        {"content a number", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":7}]}", "messages",
+         NULL, 400},
+        {"tokenize: prompt a number", "/tokenize", "{\"prompt\":7}", "prompt", NULL, 400},
+        {"detokenize: not ids", "/detokenize", "{\"tokens\":[\"a\"]}", "tokens", NULL, 400},
+        {"detokenize: past the vocabulary", "/detokenize", "{\"tokens\":[999999]}", "tokens", NULL, 400},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_error(cases[i].what, request(port(), "POST", cases[i].path, NULL, cases[i].body), cases[i].status,
+                     cases[i].param, cases[i].code);
+    /* a prompt over the context (512): the engine's message names it */
+    char *big = malloc(8192);
+    int n = snprintf(big, 8192, "{\"prompt\":[");
+    for (int i = 0; i < 600; i++) n += snprintf(big + n, 8192 - (size_t)n, "%s%d", i ? "," : "", 100 + i);
+    snprintf(big + n, 8192 - (size_t)n, "]}");
+    response r = request(port(), "POST", "/v1/completions", NULL, big);
+    assert_non_null(strstr(r.body, "context"));
+    expect_error("prompt over the context", r, 400, "prompt", NULL);
+    free(big);
+    /* methods, routes, sizes */
+    r = request(port(), "GET", "/v1/completions", NULL, NULL);
+    assert_non_null(strcasestr(r.headers, "Allow: POST"));
+    expect_error("GET on a POST route", r, 405, NULL, "method_not_allowed");
+    expect_error("POST on a GET route", request(port(), "POST", "/v1/models", NULL, "{}"), 405, NULL, NULL);
+    expect_error("unknown route", request(port(), "GET", "/v2/nothing", NULL, NULL), 404, NULL, "not_found");
+    /* a body announced over the limit is refused before it is read */
+    int fd = dial(port());
+    const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n{";
+    send_all(fd, head, strlen(head));
+    expect_error("announced body too large", read_response(fd), 413, NULL, "request_too_large");
+    /* a chunked body that grows over the limit */
+    fd = dial(port());
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n";
+    send_all(fd, head, strlen(head));
+    char chunk[70000];
+    memset(chunk, ' ', sizeof chunk);
+    int hl = snprintf(chunk, sizeof chunk, "%x\r\n", 65536);
+    chunk[hl] = ' ';
+    memcpy(chunk + hl + 65536, "\r\n", 2);
+    for (int i = 0; i < 17; i++) send_all(fd, chunk, (size_t)hl + 65536 + 2);
+    send_all(fd, "0\r\n\r\n", 5);
+    expect_error("chunked body too large", read_response(fd), 413, NULL, NULL);
+    /* the API key */
+    int kp = rp_server_port(srv_key);
+    const char *ok = "{\"prompt\":\"x\",\"max_tokens\":1}";
+    expect_error("no key", request(kp, "POST", "/v1/completions", NULL, ok), 401, NULL, "invalid_api_key");
+    expect_error("wrong key", request(kp, "POST", "/v1/completions", "Authorization: Bearer sekrix\r\n", ok), 401, NULL,
+                 "invalid_api_key");
+    expect_error("key prefix", request(kp, "POST", "/v1/completions", "Authorization: Bearer sekri\r\n", ok), 401, NULL,
+                 NULL);
+    expect_error("not Bearer", request(kp, "POST", "/v1/completions", "Authorization: sekrit\r\n", ok), 401, NULL, NULL);
+    expect_error("models need the key", request(kp, "GET", "/v1/models", NULL, NULL), 401, NULL, NULL);
+    r = request(kp, "POST", "/v1/completions", "Authorization: Bearer sekrit\r\n", ok);
+    assert_int_equal(r.status, 200);
+    response_free(&r);
+    r = request(kp, "GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200); /* probes need no key */
+    response_free(&r);
+    r = request(kp, "GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    response_free(&r);
+    wait_pool_full();
+}
+
+static void test_completions(void **state) {
+    (void)state;
+    /* unknown fields are ignored; logprobs of the chosen tokens */
+    response r = request(port(), "POST", "/v1/completions", NULL,
+                         "{\"model\":\"tiny\",\"prompt\":\"Hello\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":0,"
+                         "\"ignore_eos\":true,\"user\":\"u\",\"foo\":{\"bar\":[1]}}");
+    assert_int_equal(r.status, 200);
+    json_t *j = parse(r.body), *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
+    json_t *lp = json_object_get(c, "logprobs");
+    assert_int_equal(json_array_size(json_object_get(lp, "tokens")), 6);
+    assert_int_equal(json_array_size(json_object_get(lp, "token_logprobs")), 6);
+    for (int i = 0; i < 6; i++) assert_true(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), i)) <= 0);
+    json_t *u = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), 1);
+    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 6);
+    assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")), 7);
+    json_decref(j);
+    response_free(&r);
+    /* a list of prompts with n = 2: four choices in prompt-major order; seeds seed+i */
+    r = request(port(), "POST", "/v1/completions", NULL,
+                "{\"prompt\":[\"Hello\",[9707,1879]],\"n\":2,\"max_tokens\":4,\"seed\":11,\"ignore_eos\":true}");
+    assert_int_equal(r.status, 200);
+    j = parse(r.body);
+    assert_int_equal(json_array_size(json_object_get(j, "choices")), 4);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")), 3);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 16);
+    json_t *again = NULL;
+    response r2 = request(port(), "POST", "/v1/completions", NULL,
+                          "{\"prompt\":[9707,1879],\"n\":2,\"max_tokens\":4,\"seed\":11,\"ignore_eos\":true}");
+    again = parse(r2.body);
+    for (int i = 0; i < 2; i++) /* same prompt, same seeds: the same texts */
+        assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 2 + i), "text")),
+                            json_string_value(json_object_get(json_array_get(json_object_get(again, "choices"), i), "text")));
+    json_decref(again);
+    response_free(&r2);
+    json_decref(j);
+    response_free(&r);
+    /* echo on token ids gives the prompt's text first */
+    r = request(port(), "POST", "/v1/completions", NULL, "{\"prompt\":[9707,1879],\"max_tokens\":2,\"echo\":true}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"text\":\"Hello world"));
+    response_free(&r);
+    /* tokenize / detokenize / models / health_generate */
+    r = request(port(), "POST", "/tokenize", NULL, "{\"prompt\":\"Hello world\",\"return_token_strs\":true}");
+    assert_non_null(strstr(r.body, "\"tokens\":[9707,1879]"));
+    assert_non_null(strstr(r.body, "\"count\":2"));
+    assert_non_null(strstr(r.body, "\"token_strs\":[\"Hello\",\" world\"]"));
+    response_free(&r);
+    r = request(port(), "POST", "/detokenize", NULL, "{\"tokens\":[9707,1879]}");
+    assert_non_null(strstr(r.body, "\"prompt\":\"Hello world\""));
+    response_free(&r);
+    r = request(port(), "GET", "/v1/models", NULL, NULL);
+    assert_non_null(strstr(r.body, "\"id\":\"tiny\""));
+    assert_non_null(strstr(r.body, "\"max_model_len\":512"));
+    response_free(&r);
+    r = request(port(), "GET", "/health_generate", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    response_free(&r);
+    wait_pool_full();
+}
+
+/* A streamed chat: the role first, a chunk per token, usage, [DONE]. */
+static void test_streaming(void **state) {
+    (void)state;
+    response r = request(port(), "POST", "/v1/chat/completions", NULL,
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":5,\"ignore_eos\":true,"
+                         "\"stream\":true,\"logprobs\":true,\"stream_options\":{\"include_usage\":true}}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.headers, "text/event-stream"));
+    int events = 0, tokens = 0, saw_role = 0, saw_usage = 0, saw_done = 0, finish_length = 0;
+    for (char *p = r.body; (p = strstr(p, "data: ")) != NULL;) {
+        p += 6;
+        char *end = strstr(p, "\n\n");
+        assert_non_null(end);
+        *end = 0;
+        events++;
+        assert_false(saw_done); /* nothing after [DONE] */
+        if (!strcmp(p, "[DONE]")) {
+            saw_done = 1;
+        } else {
+            json_t *j = parse(p), *ch = json_object_get(j, "choices");
+            assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion.chunk");
+            if (json_array_size(ch) == 0) {
+                saw_usage = json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) == 5;
+            } else {
+                json_t *c = json_array_get(ch, 0), *d = json_object_get(c, "delta");
+                if (json_object_get(d, "role")) saw_role = 1;
+                if (json_is_object(json_object_get(c, "logprobs"))) tokens++;
+                json_t *f = json_object_get(c, "finish_reason");
+                if (json_is_string(f)) finish_length = !strcmp(json_string_value(f), "length");
+            }
+            json_decref(j);
+        }
+        p = end + 2;
+    }
+    assert_true(saw_role && saw_usage && saw_done && finish_length);
+    assert_int_equal(tokens, 5);
+    assert_int_equal(events, 1 + 5 + 1 + 1);
+    response_free(&r);
+    wait_pool_full();
+}
+
+/* Reads from fd until the first SSE event (or fails). */
+static void read_first_event(int fd) {
+    char buf[4096];
+    size_t len = 0;
+    while (len < sizeof buf - 1) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 5000) <= 0) fail_msg("no stream data within 5 s");
+        ssize_t got = read(fd, buf + len, sizeof buf - 1 - len);
+        if (got <= 0) fail_msg("stream closed early");
+        len += (size_t)got;
+        buf[len] = 0;
+        if (strstr(buf, "data: ")) return;
+    }
+}
+
+static void test_disconnect(void **state) {
+    (void)state;
+    double aborts = metric("replay_requests_finished_total{reason=\"abort\"}");
+    /* mid-stream: a long request, the client reads one event and leaves */
+    int fd = send_request(port(), "POST", "/v1/completions", NULL,
+                          "{\"prompt\":\"Once\",\"max_tokens\":500,\"ignore_eos\":true,\"stream\":true}");
+    read_first_event(fd);
+    close(fd);
+    wait_metric("replay_requests_finished_total{reason=\"abort\"}", aborts + 1);
+    wait_pool_full();
+    assert_int_equal((int)metric("replay_kv_pages_used"), 0);
+    assert_int_equal((int)metric("replay_requests_running"), 0);
+    /* a non-streaming request whose client leaves before the answer */
+    fd = send_request(port(), "POST", "/v1/completions", NULL,
+                      "{\"prompt\":\"Once\",\"max_tokens\":500,\"ignore_eos\":true,\"n\":2}");
+    wait_busy(2);
+    close(fd);
+    wait_metric("replay_requests_finished_total{reason=\"abort\"}", aborts + 3);
+    wait_pool_full();
+    /* several at once, the pool under pressure (it holds two full contexts) */
+    int hold[3];
+    for (int i = 0; i < 3; i++)
+        hold[i] = send_request(port(), "POST", "/v1/completions", NULL,
+                               "{\"prompt\":\"Once\",\"max_tokens\":500,\"ignore_eos\":true,\"stream\":true}");
+    wait_busy(3);
+    for (int i = 0; i < 3; i++) close(hold[i]);
+    wait_metric("replay_requests_finished_total{reason=\"abort\"}", aborts + 6);
+    wait_pool_full();
+    /* the histograms saw the tokens */
+    assert_true(metric("replay_time_to_first_token_seconds_count") >= 1);
+    assert_true(metric("replay_inter_token_latency_seconds_count") >= 1);
+}
+
+/* Shutdown with a stream open: the stream ends with an error event and
+ * [DONE], new connections are refused, and the pool is full. Runs last:
+ * it stops the server (teardown starts nothing new). */
+static void test_shutdown(void **state) {
+    (void)state;
+    int fd = send_request(port(), "POST", "/v1/completions", NULL,
+                          "{\"prompt\":\"Once\",\"max_tokens\":500,\"ignore_eos\":true,\"stream\":true}");
+    read_first_event(fd);
+    int p = port();
+    double t0 = rp_now_s();
+    rp_server_stop(srv);
+    srv = NULL;
+    assert_true(rp_now_s() - t0 < 5);
+    char rest[65536];
+    size_t len = 0;
+    for (ssize_t got; len < sizeof rest - 1 && (got = read(fd, rest + len, sizeof rest - 1 - len)) > 0;)
+        len += (size_t)got;
+    close(fd);
+    rest[len] = 0;
+    if (!strstr(rest, "shutting down") || !strstr(rest, "data: [DONE]")) fail_msg("stream ended with: %s", rest);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    assert_int_not_equal(connect(s, (struct sockaddr *)&a, sizeof a), 0);
+    close(s);
+    wait_pool_full();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors),     cmocka_unit_test(test_completions), cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_disconnect), cmocka_unit_test(test_shutdown),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
