@@ -1,0 +1,105 @@
+// The official `openai` npm client against `replay serve` (started by
+// tests/cli_server_openai.sh): completions and chat, streamed and not,
+// logprobs, n, stop, usage, and the client's error classes for a bad
+// request, an unknown model and a wrong API key.
+// Usage: node server_openai.mjs BASE_URL MODEL API_KEY
+import OpenAI from 'openai';
+
+const [baseURL, model, apiKey] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey, maxRetries: 0, timeout: 60000 });
+let failures = 0, passes = 0;
+function check(name, cond, detail) {
+  if (cond) passes++;
+  else { failures++; console.log(`FAIL: ${name}${detail !== undefined ? ': ' + JSON.stringify(detail) : ''}`); }
+}
+async function expectError(name, fn, status, cls) {
+  try { await fn(); check(name, false, 'no error'); }
+  catch (e) { check(name, e instanceof cls && e.status === status, { status: e.status, name: e.constructor.name, message: e.message }); }
+}
+
+// models
+const models = await client.models.list();
+check('models.list', models.data.length === 1 && models.data[0].id === model, models.data);
+
+// completions, not streamed
+let c = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 8, temperature: 0,
+                                          ignore_eos: true, logprobs: 0 });
+check('completion object', c.object === 'text_completion' && c.choices.length === 1, c);
+check('completion length', c.choices[0].finish_reason === 'length' && c.usage.completion_tokens === 8, c.usage);
+check('completion logprobs', c.choices[0].logprobs.token_logprobs.length === 8, c.choices[0].logprobs);
+const greedy = c.choices[0].text;
+
+// completions, streamed: the same greedy text, usage at the end
+let text = '', chunks = 0, usage = null, finish = null;
+for await (const ch of await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 8,
+    temperature: 0, ignore_eos: true, stream: true, stream_options: { include_usage: true } })) {
+  if (ch.usage) usage = ch.usage;
+  for (const choice of ch.choices) { text += choice.text; chunks++; if (choice.finish_reason) finish = choice.finish_reason; }
+}
+check('streamed completion = greedy', text === greedy, { text, greedy });
+check('streamed completion chunks', chunks === 8 && finish === 'length', { chunks, finish });
+check('streamed completion usage', usage && usage.completion_tokens === 8 && usage.prompt_tokens > 0, usage);
+
+// n and seed: choices 0 and 1 differ in seed; the same request again is the same
+c = await client.completions.create({ model, prompt: [9707, 1879], max_tokens: 6, n: 2, seed: 5, ignore_eos: true });
+const c2 = await client.completions.create({ model, prompt: [9707, 1879], max_tokens: 6, n: 2, seed: 5, ignore_eos: true });
+check('n choices', c.choices.length === 2 && c.choices[1].index === 1, c.choices);
+check('seeded n is reproducible', c.choices.map(x => x.text).join('|') === c2.choices.map(x => x.text).join('|'));
+
+// stop: the text up to the stop string, finish_reason stop
+const stop = greedy.length > 4 ? greedy.slice(2, 4) : null;
+if (stop) {
+  c = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 8, temperature: 0,
+                                        ignore_eos: true, stop: [stop] });
+  check('stop string', c.choices[0].finish_reason === 'stop' && greedy.startsWith(c.choices[0].text) &&
+        !c.choices[0].text.includes(stop), { text: c.choices[0].text, stop, greedy });
+}
+
+// chat, not streamed
+const messages = [{ role: 'system', content: 'You are brief.' }, { role: 'user', content: 'Hello!' }];
+let r = await client.chat.completions.create({ model, messages, max_tokens: 6, temperature: 0, logprobs: true });
+check('chat object', r.object === 'chat.completion' && r.choices[0].message.role === 'assistant', r);
+check('chat usage', r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 6, r.usage);
+check('chat logprobs', r.choices[0].logprobs.content.length === r.usage.completion_tokens, r.choices[0].logprobs);
+const chatGreedy = r.choices[0].message.content;
+
+// chat, streamed: the role first, then content, the same greedy text
+let role = null, content = '';
+usage = null;
+finish = null;
+const stream = await client.chat.completions.create({ model, messages, max_tokens: 6, temperature: 0, stream: true,
+                                                      stream_options: { include_usage: true } });
+for await (const ch of stream) {
+  if (ch.usage) usage = ch.usage;
+  for (const choice of ch.choices) {
+    if (choice.delta.role) role = choice.delta.role;
+    if (choice.delta.content) content += choice.delta.content;
+    if (choice.finish_reason) finish = choice.finish_reason;
+  }
+}
+check('streamed chat role', role === 'assistant');
+check('streamed chat = greedy', content === chatGreedy, { content, chatGreedy });
+check('streamed chat finish', finish === 'length' || finish === 'stop', finish);
+check('streamed chat usage', usage && usage.total_tokens === usage.prompt_tokens + usage.completion_tokens, usage);
+
+// a stream the client abandons halfway (the server aborts it)
+const s2 = await client.chat.completions.create({ model, messages, max_tokens: 400, ignore_eos: true, stream: true });
+let got = 0;
+for await (const ch of s2) { if (++got === 3) break; }
+check('abandoned stream', got === 3);
+
+// content parts, max_completion_tokens
+r = await client.chat.completions.create({ model, max_completion_tokens: 3, ignore_eos: true,
+  messages: [{ role: 'user', content: [{ type: 'text', text: 'Hi' }, { type: 'text', text: ' there' }] }] });
+check('content parts', r.usage.completion_tokens === 3, r.usage);
+
+// errors through the client's classes
+await expectError('bad request', () => client.completions.create({ model, prompt: 'x', temperature: -1 }), 400,
+                  OpenAI.BadRequestError);
+await expectError('unknown model', () => client.chat.completions.create({ model: 'nope', messages }), 404,
+                  OpenAI.NotFoundError);
+const wrong = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: 'wrong', maxRetries: 0 });
+await expectError('wrong key', () => wrong.models.list(), 401, OpenAI.AuthenticationError);
+
+console.log(`${passes} passed, ${failures} failed`);
+process.exit(failures ? 1 : 0);
