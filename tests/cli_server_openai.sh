@@ -7,7 +7,7 @@
 set -u
 BIN=$1
 SRC=$2
-OPENAI_VERSION=4.95.0
+OPENAI_VERSION=4.104.0
 cache="$SRC/.cache/npm-openai"
 tok="$SRC/.cache/tokenizers/qwen3"
 [ -f "$tok/tokenizer.json" ] || { echo "FAIL: run scripts/fetch-tokenizers.sh first"; exit 1; }

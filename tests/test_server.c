@@ -274,6 +274,8 @@ static void test_errors(void **state) {
         {"repetition_penalty 0", "/v1/completions", "{\"prompt\":\"x\",\"repetition_penalty\":0}", "repetition_penalty", NULL, 400},
         {"n 0", "/v1/completions", "{\"prompt\":\"x\",\"n\":0}", "n", NULL, 400},
         {"n too big", "/v1/completions", "{\"prompt\":\"x\",\"n\":100000}", "n", NULL, 400},
+        {"stream_options without stream", "/v1/completions",
+         "{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", "stream_options", NULL, 400},
         {"seed a string", "/v1/completions", "{\"prompt\":\"x\",\"seed\":\"s\"}", "seed", NULL, 400},
         {"stop a number", "/v1/completions", "{\"prompt\":\"x\",\"stop\":3}", "stop", NULL, 400},
         {"stop empty", "/v1/completions", "{\"prompt\":\"x\",\"stop\":[\"\"]}", "stop", NULL, 400},

@@ -307,6 +307,10 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
             goto out;
         }
         if (get_bool(so, "include_usage", &out->include_usage, err)) goto out;
+        if (!out->stream) { /* as vLLM: a likely client mistake, not something to ignore */
+            BAD("stream_options", "'stream_options' is only allowed with \"stream\": true");
+            goto out;
+        }
     }
     json_t *lp = json_object_get(root, "logprobs");
     if (lp && !json_is_null(lp)) {
