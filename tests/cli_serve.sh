@@ -97,9 +97,17 @@ contains "nothing running after a disconnect" "$m" "replay_requests_running 0"
 out=$("$BIN" bench serve --base-url "$URL" --model "$(basename "$tmp")" --num-prompts 12 --request-rate 30 \
       --input-len 20 --output-len 6 --vocab 1000)
 check "bench serve" 0 $?
-contains "bench serve: all succeed" "$out" "successful requests                12 / 12"
-contains "bench serve: tokens counted" "$out" "total generated tokens             72"
-contains "bench serve: TTFT table" "$out" "time to first token"
+contains "bench serve: all succeed" "$out" "Successful requests:                     12"
+contains "bench serve: tokens counted" "$out" "Total generated tokens:                  72"
+contains "bench serve: TTFT table" "$out" "Median TTFT (ms):"
+contains "bench serve: ITL table" "$out" "P99 ITL (ms):"
+# the model and vocabulary from /v1/models; a concurrency cap
+out=$("$BIN" bench serve --base-url "$URL" --num-prompts 4 --input-len 8 --output-len 3 --max-concurrency 2)
+check "bench serve (model from /v1/models)" 0 $?
+contains "bench serve: model found" "$out" "Total generated tokens:                  12"
+out=$("$BIN" bench serve --base-url "$URL" --model nope --num-prompts 1 --input-len 4 --output-len 2 2>&1)
+check "bench serve: failures exit 1" 1 $?
+contains "bench serve: the error is shown" "$out" "HTTP 404"
 kill -TERM "$pid"; wait "$pid"; rc=$?; pid=
 check "SIGTERM exits 0" 0 "$rc"
 

@@ -1,16 +1,20 @@
 /* `replay bench serve`: a load generator for an OpenAI-compatible server
- * (replay's or any other), in the manner of sglang.bench_serving: requests
- * of random token ids arrive as a Poisson process, each streams its
- * completion, and the client times the first token, every token after it,
- * and the whole request.
+ * (replay's or any other), in the manner of sglang.bench_serving with its
+ * random dataset: requests of random token ids arrive as a Poisson process,
+ * each streams its completion, and the client times the first token, every
+ * token after it, and the whole request; then it prints sglang's table.
  *
- * A thread per request speaks plain HTTP/1.1 over a socket (the server
- * under test is on this machine or one it can reach) and reads the SSE
- * stream chunk by chunk, timing each `data:` event that carries text. */
+ * A thread per request speaks plain HTTP/1.1 over a socket: it decodes the
+ * chunked body, splits it into SSE events and parses each with jansson. A
+ * chunk with a choice is a token (servers stream one per token, as replay's
+ * and vLLM's do); the usage chunk (stream_options.include_usage) gives the
+ * exact output token count. */
 #include <arpa/inet.h>
+#include <jansson.h>
 #include <math.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,20 +28,25 @@
 
 #define CMD "bench serve"
 
+typedef struct bs_target {
+    char host[256], port[16];
+    const char *model, *api_key;
+    sem_t *slots; /* --max-concurrency, or NULL */
+} bs_target;
+
 typedef struct bs_req {
-    const char *host, *port, *model, *api_key;
+    const bs_target *t;
     int input_len, output_len, vocab;
     uint64_t seed, index;
     double arrival_s, t0;
     /* results */
-    int ok, tokens;
+    int ok, chunks, usage_tokens;
     double ttft, latency;
-    double *itl; /* gaps between successive text events */
+    double *itl; /* gaps between successive token chunks */
     int n_itl, cap_itl;
-    char error[160];
+    double last;
+    char error[200];
 } bs_req;
-
-static double now_s(void) { return rp_now_s(); }
 
 static int connect_to(const char *host, const char *port) {
     struct addrinfo hints = {0}, *res;
@@ -55,139 +64,329 @@ static int connect_to(const char *host, const char *port) {
     return fd;
 }
 
-static void *run_request(void *arg) {
-    bs_req *r = arg;
-    double wait = r->t0 + r->arrival_s - now_s();
-    if (wait > 0) usleep((useconds_t)(wait * 1e6));
-    size_t cap = (size_t)r->input_len * 8 + 1024;
-    char *body = malloc(cap), *req = malloc(cap + 1024);
-    size_t n = (size_t)snprintf(body, cap, "{\"model\":\"%s\",\"prompt\":[", r->model);
-    for (int i = 0; i < r->input_len; i++)
-        n += (size_t)snprintf(body + n, cap - n, "%s%llu", i ? "," : "",
-                              (unsigned long long)(rp_rand_u64(r->seed, r->index, (uint64_t)i) % (uint64_t)r->vocab));
-    n += (size_t)snprintf(body + n, cap - n,
-                          "],\"max_tokens\":%d,\"ignore_eos\":true,\"temperature\":0,\"stream\":true}", r->output_len);
-    char auth[300] = "";
-    if (r->api_key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", r->api_key);
-    size_t rn = (size_t)snprintf(req, cap + 1024,
-                                 "POST /v1/completions HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
-                                 "%sContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
-                                 r->host, r->port, auth, n, body);
-    free(body);
-    double start = now_s(), last = 0;
-    int fd = connect_to(r->host, r->port);
-    if (fd < 0) {
-        snprintf(r->error, sizeof r->error, "cannot connect to %s:%s", r->host, r->port);
-        free(req);
-        return NULL;
+static int send_all(int fd, const char *s, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, s, n);
+        if (w <= 0) return -1;
+        s += w;
+        n -= (size_t)w;
     }
-    for (size_t off = 0; off < rn;) {
-        ssize_t w = write(fd, req + off, rn - off);
-        if (w <= 0) break;
-        off += (size_t)w;
-    }
-    free(req);
+    return 0;
+}
+
+/* ---- an HTTP response read incrementally ------------------------------------------------ */
+
+typedef void (*body_fn)(void *user, const char *data, size_t n, double t);
+
+typedef struct reader {
+    int fd;
     char buf[65536];
-    int header_done = 0, status = 0;
-    size_t carry = 0;
+    size_t len;
+} reader;
+
+/* Fills more bytes; 0 at end of stream. */
+static ssize_t fill(reader *r) {
+    if (r->len == sizeof r->buf) return -1;
+    ssize_t got = read(r->fd, r->buf + r->len, sizeof r->buf - r->len);
+    if (got > 0) r->len += (size_t)got;
+    return got;
+}
+
+static void consume(reader *r, size_t n) {
+    memmove(r->buf, r->buf + n, r->len - n);
+    r->len -= n;
+}
+
+/* Reads status and headers, then hands the (de-chunked) body to fn as it
+ * arrives. Returns the status, or -1 with a message. */
+static int read_http(int fd, body_fn fn, void *user, char *err, size_t errlen) {
+    reader r = {.fd = fd};
+    char *end;
     for (;;) {
-        ssize_t got = read(fd, buf + carry, sizeof buf - 1 - carry);
-        if (got <= 0) break;
-        double t = now_s();
-        size_t len = carry + (size_t)got;
-        buf[len] = 0;
-        char *p = buf;
-        if (!header_done) {
-            char *end = strstr(buf, "\r\n\r\n");
-            if (!end) {
-                carry = len;
-                continue;
-            }
-            sscanf(buf, "HTTP/1.%*d %d", &status);
-            header_done = 1;
-            p = end + 4;
+        if (r.len && (end = memmem(r.buf, r.len, "\r\n\r\n", 4))) break;
+        if (fill(&r) <= 0) {
+            snprintf(err, errlen, "the connection closed before the response headers");
+            return -1;
         }
-        /* count SSE events that carry text (chunked framing lines are skipped) */
-        for (char *q = p; (q = strstr(q, "data: ")) != NULL; q += 6) {
-            if (!strncmp(q + 6, "[DONE]", 6)) {
-                r->ok = status == 200;
-                break;
-            }
-            /* one event per generated token (the usage chunk has no choices) */
-            char *nl = strchr(q, '\n');
-            char *choices = strstr(q, "\"choices\":[{");
-            if (choices && (!nl || choices < nl)) {
-                if (r->tokens == 0) r->ttft = t - start;
-                else {
-                    if (r->n_itl == r->cap_itl) {
-                        r->cap_itl = r->cap_itl ? r->cap_itl * 2 : 256;
-                        r->itl = realloc(r->itl, (size_t)r->cap_itl * sizeof *r->itl);
-                    }
-                    r->itl[r->n_itl++] = t - last;
-                }
-                r->tokens++;
-                last = t;
-            }
-        }
-        /* keep an unfinished event for the next read */
-        char *tail = strrchr(p, '\n');
-        carry = tail ? len - (size_t)(tail + 1 - buf) : 0;
-        if (carry > 4096) carry = 0;
-        if (carry) memmove(buf, buf + len - carry, carry);
     }
-    close(fd);
-    r->latency = now_s() - start;
-    if (!r->ok && !r->error[0]) snprintf(r->error, sizeof r->error, "HTTP status %d, stream not finished", status);
+    int status = 0;
+    *end = 0;
+    sscanf(r.buf, "HTTP/1.%*d %d", &status);
+    int chunked = strcasestr(r.buf, "\r\ntransfer-encoding: chunked") != NULL;
+    consume(&r, (size_t)(end + 4 - r.buf));
+    if (!chunked) { /* Content-Length or close-delimited: all of it is body */
+        for (;;) {
+            if (r.len) fn(user, r.buf, r.len, rp_now_s()), r.len = 0;
+            if (fill(&r) <= 0) return status;
+        }
+    }
+    for (;;) {
+        char *nl;
+        while (!(nl = memmem(r.buf, r.len, "\r\n", 2)))
+            if (fill(&r) <= 0) return status;
+        unsigned long size = strtoul(r.buf, NULL, 16);
+        size_t head = (size_t)(nl + 2 - r.buf);
+        if (size == 0) return status;
+        if (size + head + 2 > sizeof r.buf) {
+            snprintf(err, errlen, "a chunk of %lu bytes is more than this client takes", size);
+            return -1;
+        }
+        while (r.len < head + size + 2)
+            if (fill(&r) <= 0) return status;
+        fn(user, r.buf + head, size, rp_now_s());
+        consume(&r, head + size + 2);
+    }
+}
+
+/* ---- one streaming request ------------------------------------------------------------------ */
+
+typedef struct sse {
+    bs_req *req;
+    char *pending; /* an event not complete yet */
+    size_t len, cap;
+    int done;
+    char *body; /* a non-SSE body (an error), the first bytes */
+} sse;
+
+static void on_event_text(bs_req *q, char *data, double t) {
+    if (!strcmp(data, "[DONE]")) {
+        q->ok = 1;
+        return;
+    }
+    json_t *j = json_loads(data, 0, NULL);
+    if (!j) return;
+    json_t *err = json_object_get(j, "error");
+    if (err) {
+        snprintf(q->error, sizeof q->error, "stream error: %s", json_string_value(json_object_get(err, "message")));
+        json_decref(j);
+        return;
+    }
+    json_t *usage = json_object_get(j, "usage");
+    if (json_is_object(usage)) q->usage_tokens = (int)json_integer_value(json_object_get(usage, "completion_tokens"));
+    if (json_array_size(json_object_get(j, "choices")) > 0) {
+        if (q->chunks == 0) {
+            q->ttft = t - (q->t0 + q->arrival_s);
+        } else {
+            if (q->n_itl == q->cap_itl) {
+                q->cap_itl = q->cap_itl ? q->cap_itl * 2 : 256;
+                q->itl = realloc(q->itl, (size_t)q->cap_itl * sizeof *q->itl);
+            }
+            if (q->itl) q->itl[q->n_itl++] = t - q->last;
+        }
+        q->chunks++;
+        q->last = t;
+    }
+    json_decref(j);
+}
+
+static void on_body(void *user, const char *data, size_t n, double t) {
+    sse *s = user;
+    if (s->len + n + 1 > s->cap) {
+        s->cap = (s->len + n + 1) * 2;
+        s->pending = realloc(s->pending, s->cap);
+        if (!s->pending) return;
+    }
+    memcpy(s->pending + s->len, data, n);
+    s->len += n;
+    s->pending[s->len] = 0;
+    char *p = s->pending, *end;
+    while ((end = strstr(p, "\n\n"))) {
+        *end = 0;
+        if (!strncmp(p, "data: ", 6)) on_event_text(s->req, p + 6, t);
+        p = end + 2;
+    }
+    s->len -= (size_t)(p - s->pending);
+    memmove(s->pending, p, s->len);
+}
+
+static void *run_request(void *arg) {
+    bs_req *q = arg;
+    const bs_target *t = q->t;
+    double wait = q->t0 + q->arrival_s - rp_now_s();
+    if (wait > 0) usleep((useconds_t)(wait * 1e6));
+    if (t->slots) sem_wait(t->slots);
+    double start = rp_now_s();
+    q->arrival_s = start - q->t0; /* TTFT from when it was sent (a concurrency cap may delay it) */
+    size_t cap = (size_t)q->input_len * 12 + 1024;
+    char *body = malloc(cap), *head = malloc(1024);
+    size_t n = (size_t)snprintf(body, cap, "{\"model\":\"%s\",\"prompt\":[", t->model);
+    for (int i = 0; i < q->input_len; i++)
+        n += (size_t)snprintf(body + n, cap - n, "%s%llu", i ? "," : "",
+                              (unsigned long long)(rp_rand_u64(q->seed, q->index, (uint64_t)i) % (uint64_t)q->vocab));
+    n += (size_t)snprintf(body + n, cap - n,
+                          "],\"max_tokens\":%d,\"ignore_eos\":true,\"temperature\":0,\"stream\":true,"
+                          "\"stream_options\":{\"include_usage\":true}}",
+                          q->output_len);
+    char auth[300] = "";
+    if (t->api_key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", t->api_key);
+    size_t hn = (size_t)snprintf(head, 1024,
+                                 "POST /v1/completions HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+                                 "%sContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                                 t->host, t->port, auth, n);
+    int fd = connect_to(t->host, t->port);
+    if (fd < 0) {
+        snprintf(q->error, sizeof q->error, "cannot connect to %.100s:%s", t->host, t->port);
+    } else if (send_all(fd, head, hn) || send_all(fd, body, n)) {
+        snprintf(q->error, sizeof q->error, "the server closed the connection while the request was sent");
+    } else {
+        sse s = {.req = q};
+        char err[160] = "";
+        int status = read_http(fd, on_body, &s, err, sizeof err);
+        if (status != 200) {
+            q->ok = 0;
+            if (status < 0) snprintf(q->error, sizeof q->error, "%s", err);
+            else snprintf(q->error, sizeof q->error, "HTTP %d: %.150s", status, s.pending ? s.pending : "");
+        } else if (!q->ok && !q->error[0]) {
+            snprintf(q->error, sizeof q->error, "the stream ended without [DONE]");
+        }
+        if (q->error[0]) q->ok = 0;
+        free(s.pending);
+    }
+    if (fd >= 0) close(fd);
+    q->latency = rp_now_s() - start;
+    if (t->slots) sem_post(t->slots);
+    free(body);
+    free(head);
     return NULL;
 }
+
+/* ---- the served model, from /v1/models --------------------------------------------------- */
+
+typedef struct grab {
+    char *p;
+    size_t len;
+} grab;
+
+static void grab_body(void *user, const char *data, size_t n, double t) {
+    (void)t;
+    grab *g = user;
+    char *q = realloc(g->p, g->len + n + 1);
+    if (!q) return;
+    g->p = q;
+    memcpy(g->p + g->len, data, n);
+    g->len += n;
+    g->p[g->len] = 0;
+}
+
+/* The first model's id (malloc'd) and, when the server says (replay
+ * does), its vocabulary size. */
+static int query_model(const bs_target *t, char **model, long *vocab, char *err, size_t errlen) {
+    int fd = connect_to(t->host, t->port);
+    if (fd < 0) return snprintf(err, errlen, "cannot connect to %.100s:%s", t->host, t->port), -1;
+    char head[512];
+    char auth[300] = "";
+    if (t->api_key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", t->api_key);
+    int hn = snprintf(head, sizeof head, "GET /v1/models HTTP/1.1\r\nHost: %s:%s\r\n%sConnection: close\r\n\r\n",
+                      t->host, t->port, auth);
+    grab g = {0};
+    int status = send_all(fd, head, (size_t)hn) ? -1 : read_http(fd, grab_body, &g, err, errlen);
+    close(fd);
+    json_t *j = status == 200 && g.p ? json_loads(g.p, 0, NULL) : NULL;
+    json_t *m = json_array_get(json_object_get(j, "data"), 0);
+    int rc = -1;
+    if (json_is_string(json_object_get(m, "id"))) {
+        if (!*model) *model = strdup(json_string_value(json_object_get(m, "id")));
+        if (json_is_integer(json_object_get(m, "vocab_size")) && *vocab <= 0)
+            *vocab = (long)json_integer_value(json_object_get(m, "vocab_size"));
+        rc = 0;
+    } else if (status >= 0) {
+        snprintf(err, errlen, "GET /v1/models answered %d without a model", status);
+    }
+    json_decref(j);
+    free(g.p);
+    return rc;
+}
+
+/* ---- statistics and the table ------------------------------------------------------------- */
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-static void stats(double *v, int n, double *mean, double *median, double *p99) {
-    if (n == 0) {
-        *mean = *median = *p99 = 0;
-        return;
-    }
+typedef struct summary {
+    double mean, median, p95, p99, max;
+} summary;
+
+/* numpy.percentile's linear interpolation, as sglang uses. */
+static double percentile(const double *sorted, int n, double p) {
+    double pos = (n - 1) * p / 100.0;
+    int lo = (int)floor(pos), hi = lo + 1 < n ? lo + 1 : lo;
+    return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo);
+}
+
+static summary summarize(double *v, int n) {
+    summary s = {0};
+    if (n == 0) return s;
     qsort(v, (size_t)n, sizeof *v, cmp_d);
-    double s = 0;
-    for (int i = 0; i < n; i++) s += v[i];
-    *mean = s / n;
-    *median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-    *p99 = v[(int)((n - 1) * 0.99)];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += v[i];
+    s.mean = sum / n;
+    s.median = percentile(v, n, 50);
+    s.p95 = percentile(v, n, 95);
+    s.p99 = percentile(v, n, 99);
+    s.max = v[n - 1];
+    return s;
+}
+
+static void row_s(const char *k, const char *v) { printf("%-41s%s\n", k, v); }
+static void row_d(const char *k, double v) { printf("%-41s%.2f\n", k, v); }
+static void row_i(const char *k, long v) { printf("%-41s%ld\n", k, v); }
+static void rule(const char *title) {
+    int w = 50, tl = (int)strlen(title), left = (w - tl) / 2;
+    printf("%.*s%s%.*s\n", left, "--------------------------------------------------", title, w - tl - left,
+           "--------------------------------------------------");
+}
+
+static void help(void) {
+    printf("Usage: replay bench serve [--base-url URL] [OPTIONS]\n"
+           "\n"
+           "A load generator for an OpenAI-compatible server, as sglang.bench_serving with its random dataset:\n"
+           "N streaming completions of random token ids arrive as a Poisson process of R requests/s, and\n"
+           "sglang's table is printed: request and token throughput, concurrency, end-to-end latency, TTFT,\n"
+           "TPOT and ITL (mean, median, p99).\n"
+           "\n"
+           "  --base-url URL           the server (default http://127.0.0.1:8000)\n"
+           "  --model NAME             the model name to send (default: the first of GET /v1/models)\n"
+           "  --api-key KEY            sent as 'Authorization: Bearer KEY'\n"
+           "  --num-prompts N          requests (default 1000)\n"
+           "  --request-rate R         mean arrivals per second, Poisson (default inf: all at once)\n"
+           "  --max-concurrency C      at most C requests in flight (default: no limit)\n"
+           "  --input-len L            prompt tokens (default 1024)\n"
+           "  --output-len M           output tokens, ignore_eos on (default 1024)\n"
+           "  --random-range-ratio F   lengths uniform in [F x len, len] (default 1.0: exactly len)\n"
+           "  --vocab V                prompt ids below V (default: the server's vocab_size, else 1000)\n"
+           "  --seed S                 prompts, lengths and arrivals (default 1)\n"
+           "  -h, --help\n");
 }
 
 int rp_cmd_bench_serve(int argc, char **argv) {
     static const struct option longopts[] = {
-        {"base-url", required_argument, 0, 'u'}, {"num-prompts", required_argument, 0, 'n'},
+        {"base-url", required_argument, 0, 'u'},     {"num-prompts", required_argument, 0, 'n'},
         {"request-rate", required_argument, 0, 'r'}, {"input-len", required_argument, 0, 'i'},
-        {"output-len", required_argument, 0, 'o'}, {"model", required_argument, 0, 'm'},
-        {"vocab", required_argument, 0, 'v'}, {"seed", required_argument, 0, 's'},
-        {"api-key", required_argument, 0, 'k'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+        {"output-len", required_argument, 0, 'o'},   {"model", required_argument, 0, 'm'},
+        {"vocab", required_argument, 0, 'v'},        {"seed", required_argument, 0, 's'},
+        {"api-key", required_argument, 0, 'k'},      {"max-concurrency", required_argument, 0, 'c'},
+        {"random-range-ratio", required_argument, 0, 'R'}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
     };
-    const char *url = "http://127.0.0.1:8000", *model = NULL, *api_key = NULL;
-    long num = 100, in_len = 512, out_len = 128, vocab = 1000;
-    double rate = 0;
-    uint64_t seed = 0;
+    const char *url = "http://127.0.0.1:8000";
+    char *model = NULL;
+    long num = 1000, in_len = 1024, out_len = 1024, vocab = 0, max_conc = 0;
+    double rate = INFINITY, range = 1.0;
+    uint64_t seed = 1;
+    bs_target t = {0};
     optind = 1;
     opterr = 0;
     int opt;
     while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         switch (opt) {
-        case 'h':
-            printf("Usage: replay bench serve [--base-url URL] [--model NAME] [--num-prompts N] [--request-rate R]\n"
-                   "                          [--input-len L] [--output-len M] [--vocab V] [--seed S] [--api-key K]\n\n"
-                   "Sends N streaming completions of L random token ids (ids below V) to an OpenAI-compatible\n"
-                   "server, arriving as a Poisson process of R requests/s (0 = all at once), and prints\n"
-                   "throughput, TTFT, TPOT and ITL (mean, median, p99) and concurrency.\n");
-            return RP_EXIT_OK;
+        case 'h': help(); free(model); return RP_EXIT_OK;
         case 'u': url = optarg; break;
-        case 'm': model = optarg; break;
-        case 'k': api_key = optarg; break;
+        case 'm': free(model), model = strdup(optarg); break;
+        case 'k': t.api_key = optarg; break;
         case 'n':
-            if (rp_parse_int(optarg, 1, 100000, &num)) return rp_cli_usage_error(CMD, "--num-prompts must be >= 1");
+            if (rp_parse_int(optarg, 1, 1000000, &num)) return rp_cli_usage_error(CMD, "--num-prompts must be >= 1");
             break;
         case 'i':
             if (rp_parse_int(optarg, 1, 1 << 20, &in_len)) return rp_cli_usage_error(CMD, "--input-len must be >= 1");
@@ -198,30 +397,62 @@ int rp_cmd_bench_serve(int argc, char **argv) {
         case 'v':
             if (rp_parse_int(optarg, 1, 1 << 30, &vocab)) return rp_cli_usage_error(CMD, "--vocab must be >= 1");
             break;
+        case 'c':
+            if (rp_parse_int(optarg, 1, 1 << 20, &max_conc))
+                return rp_cli_usage_error(CMD, "--max-concurrency must be >= 1");
+            break;
         case 's':
             if (rp_parse_u64(optarg, &seed)) return rp_cli_usage_error(CMD, "--seed must be a non-negative integer");
             break;
+        case 'R':
+            if (rp_parse_float(optarg, &range) || range < 0 || range > 1)
+                return rp_cli_usage_error(CMD, "--random-range-ratio must be in [0, 1]");
+            break;
         case 'r':
-            if (rp_parse_float(optarg, &rate) || rate < 0)
-                return rp_cli_usage_error(CMD, "--request-rate must be a number >= 0");
+            if (!strcmp(optarg, "inf")) rate = INFINITY;
+            else if (rp_parse_float(optarg, &rate) || rate <= 0)
+                return rp_cli_usage_error(CMD, "--request-rate must be a positive number or inf");
             break;
         case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
         default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    char host[256] = "", port[16] = "80";
-    if (sscanf(url, "http://%255[^:/]:%15[0-9]", host, port) < 1)
+    if (sscanf(url, "http://%255[^:/]:%15[0-9]", t.host, t.port) < 1) {
+        free(model);
         return rp_cli_usage_error(CMD, "--base-url must look like http://HOST:PORT, got '%s'", url);
-    if (!model) return rp_cli_usage_error(CMD, "--model NAME is required (the server's /v1/models lists it)");
+    }
+    if (!t.port[0]) snprintf(t.port, sizeof t.port, "80");
+    char err[256];
+    if ((!model || vocab <= 0) && query_model(&t, &model, &vocab, err, sizeof err) && !model)
+        return rp_cli_runtime_error(CMD, "%s (give --model NAME)", err);
+    if (vocab <= 0) vocab = 1000; /* ids every real vocabulary has */
+    t.model = model;
+    sem_t slots;
+    if (max_conc > 0) {
+        sem_init(&slots, 0, (unsigned)max_conc);
+        t.slots = &slots;
+    }
     bs_req *reqs = calloc((size_t)num, sizeof *reqs);
     pthread_t *th = calloc((size_t)num, sizeof *th);
-    double t0 = now_s() + 0.05, arrival = 0;
-    for (long i = 0; i < num; i++) {
+    if (!reqs || !th) {
+        free(reqs), free(th), free(model);
+        return rp_cli_runtime_error(CMD, "out of memory");
+    }
+    double t0 = rp_now_s() + 0.05, arrival = 0;
+    long started = 0;
+    for (long i = 0; i < num; i++, started++) {
         bs_req *r = &reqs[i];
-        *r = (bs_req){.host = host, .port = port, .model = model, .api_key = api_key, .input_len = (int)in_len,
-                      .output_len = (int)out_len, .vocab = (int)vocab, .seed = seed, .index = (uint64_t)i, .t0 = t0};
-        if (rate > 0) { /* exponential gaps: a Poisson process */
+        int il = (int)in_len, ol = (int)out_len;
+        if (range < 1) { /* sglang's random dataset: uniform in [ratio x len, len] */
+            il = (int)(in_len * range) + (int)(rp_rand_u64(seed, 998, (uint64_t)i) % (uint64_t)(in_len - (long)(in_len * range) + 1));
+            ol = (int)(out_len * range) + (int)(rp_rand_u64(seed, 997, (uint64_t)i) % (uint64_t)(out_len - (long)(out_len * range) + 1));
+            if (il < 1) il = 1;
+            if (ol < 1) ol = 1;
+        }
+        *r = (bs_req){.t = &t, .input_len = il, .output_len = ol, .vocab = (int)vocab, .seed = seed,
+                      .index = (uint64_t)i, .t0 = t0};
+        if (isfinite(rate)) { /* exponential gaps: a Poisson process */
             double u = rp_rand_uniform(seed, 999, (uint64_t)i);
             arrival += -log1p(-u) / rate;
         }
@@ -229,64 +460,94 @@ int rp_cmd_bench_serve(int argc, char **argv) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setstacksize(&attr, 256 << 10);
-        if (pthread_create(&th[i], &attr, run_request, r) != 0) {
-            pthread_attr_destroy(&attr);
-            free(reqs);
-            free(th);
-            return rp_cli_runtime_error(CMD, "cannot start request thread %ld", i);
-        }
+        int rc = pthread_create(&th[i], &attr, run_request, r);
         pthread_attr_destroy(&attr);
+        if (rc != 0) {
+            fprintf(stderr, "replay bench serve: cannot start request thread %ld; stopping there\n", i);
+            break;
+        }
     }
-    for (long i = 0; i < num; i++) pthread_join(th[i], NULL);
-    double elapsed = now_s() - t0;
-    int ok = 0;
-    long out_tokens = 0;
-    double *ttft = malloc((size_t)num * sizeof *ttft), *tpot = malloc((size_t)num * sizeof *tpot), busy = 0;
-    int n_ttft = 0, n_tpot = 0, n_itl = 0;
-    for (long i = 0; i < num; i++) n_itl += reqs[i].n_itl;
-    double *itl = malloc((size_t)(n_itl ? n_itl : 1) * sizeof *itl);
+    for (long i = 0; i < started; i++) pthread_join(th[i], NULL);
+    double end = t0;
+    for (long i = 0; i < started; i++)
+        if (t0 + reqs[i].arrival_s + reqs[i].latency > end) end = t0 + reqs[i].arrival_s + reqs[i].latency;
+    double duration = end - t0;
+    long ok = 0, in_tokens = 0, out_tokens = 0, n_itl = 0;
+    for (long i = 0; i < started; i++) n_itl += reqs[i].n_itl;
+    double *ttft = malloc((size_t)(num + 1) * sizeof *ttft), *tpot = malloc((size_t)(num + 1) * sizeof *tpot);
+    double *e2e = malloc((size_t)(num + 1) * sizeof *e2e), *itl = malloc((size_t)(n_itl + 1) * sizeof *itl);
+    int n_ttft = 0, n_tpot = 0, n_e2e = 0;
     n_itl = 0;
+    double busy = 0;
     const char *first_error = NULL;
-    for (long i = 0; i < num; i++) {
+    for (long i = 0; i < started; i++) {
         bs_req *r = &reqs[i];
         if (!r->ok) {
             if (!first_error) first_error = r->error;
             continue;
         }
+        int toks = r->usage_tokens > 0 ? r->usage_tokens : r->chunks;
         ok++;
-        out_tokens += r->tokens;
+        in_tokens += r->input_len;
+        out_tokens += toks;
         ttft[n_ttft++] = r->ttft * 1e3;
-        if (r->tokens > 1) tpot[n_tpot++] = (r->latency - r->ttft) / (r->tokens - 1) * 1e3;
+        e2e[n_e2e++] = r->latency * 1e3;
+        if (toks > 1) tpot[n_tpot++] = (r->latency - r->ttft) / (toks - 1) * 1e3;
         for (int k = 0; k < r->n_itl; k++) itl[n_itl++] = r->itl[k] * 1e3;
         busy += r->latency;
     }
-    double m, med, p99;
-    printf("============ replay bench serve ============\n");
-    printf("%-34s %s (%s)\n", "server", url, model);
-    printf("%-34s %.2f\n", "request rate (configured, req/s)", rate);
-    printf("%-34s %d / %ld\n", "successful requests", ok, num);
-    printf("%-34s %.2f\n", "benchmark duration (s)", elapsed);
-    printf("%-34s %ld\n", "total input tokens", (long)ok * in_len);
-    printf("%-34s %ld\n", "total generated tokens", out_tokens);
-    printf("%-34s %.2f\n", "request throughput (req/s)", ok / elapsed);
-    printf("%-34s %.2f\n", "input token throughput (tok/s)", (double)ok * in_len / elapsed);
-    printf("%-34s %.2f\n", "output token throughput (tok/s)", out_tokens / elapsed);
-    printf("%-34s %.2f\n", "concurrency (mean)", busy / elapsed);
-    stats(ttft, n_ttft, &m, &med, &p99);
-    printf("---------- time to first token (ms) ----------\n%-34s %.2f\n%-34s %.2f\n%-34s %.2f\n", "mean", m, "median",
-           med, "p99", p99);
-    stats(tpot, n_tpot, &m, &med, &p99);
-    printf("---------- time per output token (ms) --------\n%-34s %.2f\n%-34s %.2f\n%-34s %.2f\n", "mean", m, "median",
-           med, "p99", p99);
-    stats(itl, n_itl, &m, &med, &p99);
-    printf("---------- inter-token latency (ms) ----------\n%-34s %.2f\n%-34s %.2f\n%-34s %.2f\n", "mean", m, "median",
-           med, "p99", p99);
-    if (first_error) printf("first error: %s\n", first_error);
+    char buf[64];
+    printf("\n============ Serving Benchmark Result ============\n");
+    row_s("Backend:", "openai-compatible (replay bench serve)");
+    row_s("Base URL:", url);
+    row_s("Model:", model);
+    if (isfinite(rate)) snprintf(buf, sizeof buf, "%.2f", rate);
+    else snprintf(buf, sizeof buf, "inf");
+    row_s("Traffic request rate:", buf);
+    if (max_conc) snprintf(buf, sizeof buf, "%ld", max_conc);
+    else snprintf(buf, sizeof buf, "not set");
+    row_s("Max request concurrency:", buf);
+    row_i("Successful requests:", ok);
+    row_d("Benchmark duration (s):", duration);
+    row_i("Total input tokens:", in_tokens);
+    row_i("Total generated tokens:", out_tokens);
+    row_d("Request throughput (req/s):", ok / duration);
+    row_d("Input token throughput (tok/s):", in_tokens / duration);
+    row_d("Output token throughput (tok/s):", out_tokens / duration);
+    row_d("Total token throughput (tok/s):", (in_tokens + out_tokens) / duration);
+    row_d("Concurrency:", busy / duration);
+    summary s = summarize(e2e, n_e2e);
+    rule("End-to-End Latency");
+    row_d("Mean E2E Latency (ms):", s.mean);
+    row_d("Median E2E Latency (ms):", s.median);
+    row_d("P99 E2E Latency (ms):", s.p99);
+    s = summarize(ttft, n_ttft);
+    rule("Time to First Token");
+    row_d("Mean TTFT (ms):", s.mean);
+    row_d("Median TTFT (ms):", s.median);
+    row_d("P99 TTFT (ms):", s.p99);
+    s = summarize(tpot, n_tpot);
+    rule("Time per Output Token (excl. 1st token)");
+    row_d("Mean TPOT (ms):", s.mean);
+    row_d("Median TPOT (ms):", s.median);
+    row_d("P99 TPOT (ms):", s.p99);
+    s = summarize(itl, n_itl);
+    rule("Inter-Token Latency");
+    row_d("Mean ITL (ms):", s.mean);
+    row_d("Median ITL (ms):", s.median);
+    row_d("P95 ITL (ms):", s.p95);
+    row_d("P99 ITL (ms):", s.p99);
+    row_d("Max ITL (ms):", s.max);
+    printf("==================================================\n");
+    if (first_error) printf("%ld of %ld requests failed; the first: %s\n", num - ok, num, first_error);
     for (long i = 0; i < num; i++) free(reqs[i].itl);
     free(reqs);
     free(th);
     free(ttft);
     free(tpot);
+    free(e2e);
     free(itl);
+    free(model);
+    if (t.slots) sem_destroy(&slots);
     return ok == num ? RP_EXIT_OK : RP_EXIT_RUNTIME;
 }
