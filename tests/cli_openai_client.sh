@@ -10,8 +10,10 @@ tok="$SRC/.cache/tokenizers/qwen3"
 if [ ! -f "$deps/node_modules/openai/package.json" ] ||
    ! grep -q "\"version\": \"$OPENAI_VERSION\"" "$deps/node_modules/openai/package.json"; then
   mkdir -p "$deps"
-  (cd "$deps" && npm install --silent --no-audit --no-fund --no-save "openai@$OPENAI_VERSION" >/dev/null 2>&1) ||
-    { echo "cannot install openai@$OPENAI_VERSION from npm"; echo "0 passed, 1 failed"; exit 1; }
+  # the same lock as tests/cli_server_openai.sh: ctest runs both at once on a fresh cache
+  (flock 9; grep -qs "\"version\": \"$OPENAI_VERSION\"" "$deps/node_modules/openai/package.json" ||
+    (cd "$deps" && npm install --silent --no-audit --no-fund --no-save "openai@$OPENAI_VERSION" >/dev/null 2>&1)) \
+    9>"$deps.lock" || { echo "cannot install openai@$OPENAI_VERSION from npm"; echo "0 passed, 1 failed"; exit 1; }
 fi
 tmp=$(mktemp -d)
 pid=
