@@ -116,7 +116,7 @@ static int port(void) { return rp_server_port(srv); }
 
 static void wait_pool_full(void) {
     rp_engine_stats st;
-    for (int i = 0; i < 300; i++) { /* 3 s */
+    for (int i = 0; i < 1000; i++) { /* 10 s */
         rp_engine_get_stats(eng, &st);
         if (st.running == 0 && st.waiting == 0 && st.kv_pages_free == st.kv_pages_total) return;
         usleep(10000);
@@ -129,10 +129,10 @@ static void wait_pool_full(void) {
  * follows is one the server must notice, not a request never submitted). */
 static void wait_busy(int n) {
     rp_engine_stats st;
-    for (int i = 0; i < 500; i++) {
+    for (int i = 0; i < 1000; i++) { /* 10 s: ASan builds on two busy cores are slow */
         rp_engine_get_stats(eng, &st);
         if (st.running + st.waiting >= n) return;
-        usleep(2000);
+        usleep(10000);
     }
     fail_msg("the engine never had %d requests (running %d, waiting %d)", n, st.running, st.waiting);
 }
@@ -140,7 +140,7 @@ static void wait_busy(int n) {
 static double metric(const char *name);
 /* Waits until a counter reaches at least v. */
 static void wait_metric(const char *name, double v) {
-    for (int i = 0; i < 300; i++) {
+    for (int i = 0; i < 1000; i++) {
         if (metric(name) >= v) return;
         usleep(10000);
     }
@@ -180,7 +180,7 @@ static int setup(void **state) {
     fputs("{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 151936, \"hidden_size\": 64, "
           "\"intermediate_size\": 128, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
           "\"num_key_value_heads\": 1, \"head_dim\": 32, \"tie_word_embeddings\": false, \"eos_token_id\": 151645, "
-          "\"max_position_embeddings\": 512}",
+          "\"max_position_embeddings\": 8192}",
           f);
     fclose(f);
     char tok[1024];
@@ -193,7 +193,7 @@ static int setup(void **state) {
     c.tokenizer_dir = tok;
     c.device = "cpu";
     c.threads = 2;
-    c.num_pages = 64; /* 1024 tokens: two full-context requests */
+    c.num_pages = 1024; /* 16k tokens: two full-context requests */
     c.max_running_requests = 16;
     c.max_prefill_tokens = 512;
     char err[512];
@@ -305,11 +305,12 @@ static void test_errors(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_error(cases[i].what, request(port(), "POST", cases[i].path, NULL, cases[i].body), cases[i].status,
                      cases[i].param, cases[i].code);
-    /* a prompt over the context (512): the engine's message names it */
-    char *big = malloc(8192);
-    int n = snprintf(big, 8192, "{\"prompt\":[");
-    for (int i = 0; i < 600; i++) n += snprintf(big + n, 8192 - (size_t)n, "%s%d", i ? "," : "", 100 + i);
-    snprintf(big + n, 8192 - (size_t)n, "]}");
+    /* a prompt over the context (8192): the engine's message names it */
+    size_t bcap = 1 << 16;
+    char *big = malloc(bcap);
+    int n = snprintf(big, bcap, "{\"prompt\":[");
+    for (int i = 0; i < 8300; i++) n += snprintf(big + n, bcap - (size_t)n, "%s%d", i ? "," : "", 100 + i % 1000);
+    snprintf(big + n, bcap - (size_t)n, "]}");
     response r = request(port(), "POST", "/v1/completions", NULL, big);
     assert_non_null(strstr(r.body, "context"));
     expect_error("prompt over the context", r, 400, "prompt", NULL);
@@ -414,7 +415,7 @@ static void test_completions(void **state) {
     response_free(&r);
     r = request(port(), "GET", "/v1/models", NULL, NULL);
     assert_non_null(strstr(r.body, "\"id\":\"tiny\""));
-    assert_non_null(strstr(r.body, "\"max_model_len\":512"));
+    assert_non_null(strstr(r.body, "\"max_model_len\":8192"));
     response_free(&r);
     r = request(port(), "GET", "/health_generate", NULL, NULL);
     assert_int_equal(r.status, 200);
@@ -483,7 +484,7 @@ static void test_disconnect(void **state) {
     double aborts = metric("replay_requests_finished_total{reason=\"abort\"}");
     /* mid-stream: a long request, the client reads one event and leaves */
     int fd = send_request(port(), "POST", "/v1/completions", NULL,
-                          "{\"prompt\":\"Once\",\"max_tokens\":500,\"ignore_eos\":true,\"stream\":true}");
+                          "{\"prompt\":\"Once\",\"max_tokens\":8000,\"ignore_eos\":true,\"stream\":true}");
     read_first_event(fd);
     close(fd);
     wait_metric("replay_requests_finished_total{reason=\"abort\"}", aborts + 1);
@@ -492,7 +493,7 @@ static void test_disconnect(void **state) {
     assert_int_equal((int)metric("replay_requests_running"), 0);
     /* a non-streaming request whose client leaves before the answer */
     fd = send_request(port(), "POST", "/v1/completions", NULL,
-                      "{\"prompt\":\"Once\",\"max_tokens\":500,\"ignore_eos\":true,\"n\":2}");
+                      "{\"prompt\":\"Once\",\"max_tokens\":8000,\"ignore_eos\":true,\"n\":2}");
     wait_busy(2);
     close(fd);
     wait_metric("replay_requests_finished_total{reason=\"abort\"}", aborts + 3);
@@ -501,7 +502,7 @@ static void test_disconnect(void **state) {
     int hold[3];
     for (int i = 0; i < 3; i++)
         hold[i] = send_request(port(), "POST", "/v1/completions", NULL,
-                               "{\"prompt\":\"Once\",\"max_tokens\":500,\"ignore_eos\":true,\"stream\":true}");
+                               "{\"prompt\":\"Once\",\"max_tokens\":8000,\"ignore_eos\":true,\"stream\":true}");
     wait_busy(3);
     for (int i = 0; i < 3; i++) close(hold[i]);
     wait_metric("replay_requests_finished_total{reason=\"abort\"}", aborts + 6);
@@ -517,7 +518,7 @@ static void test_disconnect(void **state) {
 static void test_shutdown(void **state) {
     (void)state;
     int fd = send_request(port(), "POST", "/v1/completions", NULL,
-                          "{\"prompt\":\"Once\",\"max_tokens\":500,\"ignore_eos\":true,\"stream\":true}");
+                          "{\"prompt\":\"Once\",\"max_tokens\":8000,\"ignore_eos\":true,\"stream\":true}");
     read_first_event(fd);
     int p = port();
     double t0 = rp_now_s();
