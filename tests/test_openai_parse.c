@@ -1,7 +1,8 @@
-/* The OpenAI request parser on valid requests, and fuzzed: random byte
- * flips, truncations and splices of valid bodies must give either a parsed
- * request or an error with a 4xx status and a message, never a crash (this
- * runs under ASan/UBSan in `make test`). */
+/* The OpenAI request parsers on valid requests, and fuzzed: random byte
+ * flips, truncations and splices of valid bodies, and valid bodies whose
+ * fields hold values of random types, must give either a parsed request or
+ * an error with a 4xx status and a message, never a crash (this runs under
+ * ASan/UBSan in `make test`, a few seconds). */
 #include "server/openai.h"
 #include "tokenizer/tokenizer.h"
 #include "util/rng.h"
@@ -159,10 +160,81 @@ static void test_fuzz(void **state) {
     rp_tokenizer_free(tok);
 }
 
+/* A random JSON value of any type, nested a little. */
+static json_t *random_value(uint64_t it, uint64_t k, int depth) {
+    uint64_t r = rp_rand_u64(17, it, k);
+    switch (r % (depth > 2 ? 8 : 10)) {
+    case 0: return json_null();
+    case 1: return json_boolean(r & 16);
+    case 2: return json_integer((json_int_t)(r >> 8) % 2000 - 1000);
+    case 3: return json_integer((json_int_t)(r >> 1)); /* huge */
+    case 4: return json_real((double)(int64_t)(r >> 20) / 1e3 - 1e6);
+    case 5: return json_string("");
+    case 6: return json_string((r & 32) ? "user" : "text");
+    case 7: return json_integer(-1);
+    case 8: {
+        json_t *a = json_array();
+        for (uint64_t i = 0; i < r % 4; i++) json_array_append_new(a, random_value(it, k * 31 + i + 1, depth + 1));
+        return a;
+    }
+    default: {
+        static const char *keys[] = {"role", "content", "type", "text", "include_usage", "enable_thinking"};
+        json_t *o = json_object();
+        for (uint64_t i = 0; i < r % 4; i++)
+            json_object_set_new(o, keys[(r >> (8 + i * 3)) % 6], random_value(it, k * 37 + i + 1, depth + 1));
+        return o;
+    }
+    }
+}
+
+/* Every known field set to values of random types: the type and range
+ * checks, not only the JSON syntax, see bad input. */
+static void test_fuzz_fields(void **state) {
+    (void)state;
+    rp_tokenizer *tok = load_tok();
+    rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 4096, .vocab_size = 151936};
+    static const char *fields[] = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens",
+                                   "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "n",
+                                   "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
+                                   "top_logprobs", "stream", "stream_options", "ignore_eos", "echo",
+                                   "chat_template_kwargs", "add_generation_prompt", "tokens", "add_special_tokens",
+                                   "return_token_strs"};
+    int ok = 0;
+    for (uint64_t it = 0; it < 20000; it++) {
+        json_t *root = json_loads(bodies[it % NBODIES], 0, NULL);
+        assert_non_null(root);
+        int nf = 1 + (int)(rp_rand_u64(18, it, 0) % 3);
+        for (int f = 0; f < nf; f++)
+            json_object_set_new(root, fields[rp_rand_u64(18, it, 1 + (uint64_t)f) % (sizeof fields / sizeof *fields)],
+                                random_value(it, 100 + (uint64_t)f, 0));
+        char *body = json_dumps(root, JSON_COMPACT);
+        json_decref(root);
+        rp_oai_request q;
+        rp_oai_error e;
+        if (rp_oai_parse(&ctx, it % 2 ? RP_OAI_CHAT : RP_OAI_COMPLETION, body, strlen(body), &q, &e) == 0) {
+            ok++;
+            assert_true(q.num_prompts >= 1 && q.n >= 1 && q.num_prompts * q.n <= RP_OAI_MAX_CHOICES);
+            rp_oai_request_free(&q);
+        } else {
+            assert_true(e.status == 400 || e.status == 404);
+            assert_true(e.message[0] != 0);
+        }
+        rp_oai_tokenize t;
+        if (rp_oai_parse_tokenize(&ctx, body, strlen(body), &t, &e) == 0) rp_oai_tokenize_free(&t);
+        int32_t *ids;
+        int nids;
+        if (rp_oai_parse_detokenize(&ctx, body, strlen(body), &ids, &nids, &e) == 0) free(ids);
+        free(body);
+    }
+    assert_true(ok > 100);
+    rp_tokenizer_free(tok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid),
         cmocka_unit_test(test_fuzz),
+        cmocka_unit_test(test_fuzz_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

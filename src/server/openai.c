@@ -281,14 +281,13 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
     }
     snprintf(out->model, sizeof out->model, "%s", ctx->served_model);
     rp_request_params *p = &out->params;
-    int seed = 0, seed_set = 0, top_k = 0;
+    int top_k = 0;
     if (get_number(root, "temperature", 0, 1e6, &p->temperature, err) ||
         get_number(root, "top_p", 1e-9, 1, &p->top_p, err) || get_number(root, "min_p", 0, 1, &p->min_p, err) ||
         get_number(root, "presence_penalty", -2, 2, &p->presence_penalty, err) ||
         get_number(root, "frequency_penalty", -2, 2, &p->frequency_penalty, err) ||
         get_number(root, "repetition_penalty", 1e-6, 1e6, &p->repetition_penalty, err) ||
         get_int(root, "top_k", -1, 1 << 30, &top_k, NULL, err) ||
-        get_int(root, "seed", -2147483647L - 1, 2147483647L, &seed, &seed_set, err) ||
         get_int(root, "n", 1, RP_OAI_MAX_N, &out->n, NULL, err) ||
         get_int(root, "max_tokens", 1, 1 << 24, &p->max_tokens, &out->max_tokens_set, err) ||
         get_int(root, "max_completion_tokens", 1, 1 << 24, &p->max_tokens, &out->max_tokens_set, err) ||
@@ -296,8 +295,13 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         get_bool(root, "echo", &out->echo, err))
         goto out;
     p->top_k = top_k;
-    if (seed_set) {
-        p->seed = (uint64_t)(int64_t)seed;
+    json_t *seed = json_object_get(root, "seed"); /* any 64-bit integer, as vLLM takes */
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed)) {
+            BAD("seed", "'seed' must be an integer");
+            goto out;
+        }
+        p->seed = (uint64_t)json_integer_value(seed);
         p->has_seed = 1;
     }
     json_t *so = json_object_get(root, "stream_options");
