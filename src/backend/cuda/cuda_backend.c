@@ -239,6 +239,19 @@ static void prof_mark(rp_cuda_backend *cb, const char *name) {
     cb->prof_names[cb->prof_n++] = name;
 }
 
+/* The paged-attention view of the device metadata block. */
+static rp_attn_meta device_attn_meta(const rp_cuda_backend *cb) {
+    uint8_t *d = cb->d_meta;
+    return (rp_attn_meta){
+        .seq_start = META(cb, d, off_seq_start, int32_t),
+        .seq_kv_len = META(cb, d, off_kv_len, int32_t),
+        .seq_page_row = META(cb, d, off_page_row, int32_t),
+        .page_table = META(cb, d, off_pages, int32_t),
+        .page_table_stride = 1,
+        .page_size = cb->base.cfg.page_size,
+    };
+}
+
 /* The fused path (T <= cb->fused_max_t): the residual stream stays fp32 in
  * cb->residual; each GEMV that adds into it also leaves per-block partial
  * sums of squares in cb->ss_parts, from which the next GEMV normalises its
@@ -251,14 +264,7 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
     uint8_t *d = cb->d_meta;
     const int32_t *tokens = META(cb, d, off_tokens, int32_t), *pos = META(cb, d, off_positions, int32_t),
                   *slots = META(cb, d, off_slots, int32_t), *logit_token = META(cb, d, off_logit_token, int32_t);
-    rp_attn_meta am = {
-        .seq_start = META(cb, d, off_seq_start, int32_t),
-        .seq_kv_len = META(cb, d, off_kv_len, int32_t),
-        .seq_page_row = META(cb, d, off_page_row, int32_t),
-        .page_table = META(cb, d, off_pages, int32_t),
-        .page_table_stride = 1,
-        .page_size = cb->base.cfg.page_size,
-    };
+    rp_attn_meta am = device_attn_meta(cb);
     const int H = c->hidden_size, F = c->intermediate_size, P = cb->ss_num_parts;
     const float eps = (float)c->rms_norm_eps;
     const rp_gemv_out to_residual = {.mode = RP_GEMV_OUT_RESIDUAL, .residual = cb->residual, .ss_parts = cb->ss_parts};
@@ -335,14 +341,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     uint8_t *d = cb->d_meta;
     const int32_t *tokens = META(cb, d, off_tokens, int32_t), *pos = META(cb, d, off_positions, int32_t),
                   *slots = META(cb, d, off_slots, int32_t), *logit_token = META(cb, d, off_logit_token, int32_t);
-    rp_attn_meta am = {
-        .seq_start = META(cb, d, off_seq_start, int32_t),
-        .seq_kv_len = META(cb, d, off_kv_len, int32_t),
-        .seq_page_row = META(cb, d, off_page_row, int32_t),
-        .page_table = META(cb, d, off_pages, int32_t),
-        .page_table_stride = 1,
-        .page_size = cb->base.cfg.page_size,
-    };
+    rp_attn_meta am = device_attn_meta(cb);
     const int H = c->hidden_size, F = c->intermediate_size;
     const float eps = (float)c->rms_norm_eps;
     cb->prof_n = 0;
