@@ -252,6 +252,33 @@ static rp_attn_meta device_attn_meta(const rp_cuda_backend *cb) {
     };
 }
 
+/* Layer l's attention, shared by both paths: q/k norm, RoPE and the KV
+ * store on the fused qkv, then decode or prefill attention into cb->attn. */
+static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, int decode, int max_q_len, rp_err *err) {
+    const rp_model_config *c = &cb->base.model->cfg;
+    const rp_cuda_layer *ly = &cb->layers[l];
+    cudaStream_t st = cb->stream;
+    uint8_t *d = cb->d_meta;
+    const int32_t *pos = META(cb, d, off_positions, int32_t), *slots = META(cb, d, off_slots, int32_t);
+    const rp_attn_meta am = device_attn_meta(cb);
+    const float eps = (float)c->rms_norm_eps;
+    rp_bf16 *kc = cb->k_cache + (size_t)l * cb->kv_layer_elems, *vc = cb->v_cache + (size_t)l * cb->kv_layer_elems;
+    prof_mark(cb, "qk_norm_rope_store");
+    RP_LAUNCH(rp_k_qk_norm_rope_store(cb->qkv, ly->q_norm, ly->k_norm, cb->inv_freq, pos, slots, kc, vc, T,
+                      c->num_heads, c->num_kv_heads, c->head_dim, eps, st),
+          err);
+    prof_mark(cb, decode ? "attn_decode" : "attn_prefill");
+    if (decode)
+        RP_LAUNCH(rp_k_attn_decode(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, S, c->num_heads,
+                       c->num_kv_heads, c->head_dim, rp_cuda_decode_splits(cb, S), st),
+              err);
+    else
+        RP_LAUNCH(rp_k_attn_prefill(cb->qkv, kc, vc, am, cb->attn, T, S, max_q_len, c->num_heads,
+                    c->num_kv_heads, c->head_dim, st),
+              err);
+    return 0;
+}
+
 /* The fused path (T <= cb->fused_max_t): the residual stream stays fp32 in
  * cb->residual; each GEMV that adds into it also leaves per-block partial
  * sums of squares in cb->ss_parts, from which the next GEMV normalises its
@@ -262,9 +289,7 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
     const rp_model_config *c = &cb->base.model->cfg;
     cudaStream_t st = cb->stream;
     uint8_t *d = cb->d_meta;
-    const int32_t *tokens = META(cb, d, off_tokens, int32_t), *pos = META(cb, d, off_positions, int32_t),
-                  *slots = META(cb, d, off_slots, int32_t), *logit_token = META(cb, d, off_logit_token, int32_t);
-    rp_attn_meta am = device_attn_meta(cb);
+    const int32_t *tokens = META(cb, d, off_tokens, int32_t), *logit_token = META(cb, d, off_logit_token, int32_t);
     const int H = c->hidden_size, F = c->intermediate_size, P = cb->ss_num_parts;
     const float eps = (float)c->rms_norm_eps;
     const rp_gemv_out to_residual = {.mode = RP_GEMV_OUT_RESIDUAL, .residual = cb->residual, .ss_parts = cb->ss_parts};
@@ -274,25 +299,12 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
     RP_LAUNCH(rp_k_embed(cb->embed, tokens, cb->residual, cb->ss_parts, P, T, H, st), err);
     for (int l = 0; l < c->num_layers; l++) {
         const rp_cuda_layer *ly = &cb->layers[l];
-        rp_bf16 *kc = cb->k_cache + (size_t)l * cb->kv_layer_elems, *vc = cb->v_cache + (size_t)l * cb->kv_layer_elems;
         prof_mark(cb, "gemv qkv (+rmsnorm)");
         normed.norm_w = ly->attn_norm;
         RP_LAUNCH(rp_k_gemv_fused(ly->wqkv, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_BF16, .y = cb->qkv}, T,
                                   cb->qkv_dim, H, st),
                   err);
-        prof_mark(cb, "qk_norm_rope_store");
-        RP_LAUNCH(rp_k_qk_norm_rope_store(cb->qkv, ly->q_norm, ly->k_norm, cb->inv_freq, pos, slots, kc, vc, T,
-                                          c->num_heads, c->num_kv_heads, c->head_dim, eps, st),
-                  err);
-        prof_mark(cb, decode ? "attn_decode" : "attn_prefill");
-        if (decode)
-            RP_LAUNCH(rp_k_attn_decode(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, S, c->num_heads,
-                                       c->num_kv_heads, c->head_dim, rp_cuda_decode_splits(cb, S), st),
-                      err);
-        else
-            RP_LAUNCH(rp_k_attn_prefill(cb->qkv, kc, vc, am, cb->attn, T, S, max_q_len, c->num_heads,
-                                        c->num_kv_heads, c->head_dim, st),
-                      err);
+        if (launch_attention(cb, l, T, S, decode, max_q_len, err)) return RP_ERR;
         prof_mark(cb, "gemv o (+residual)");
         RP_LAUNCH(rp_k_gemv_fused(ly->wo, (rp_gemv_in){.mode = RP_GEMV_IN_BF16, .x = cb->attn}, to_residual, T, H,
                                   cb->q_dim, st),
@@ -339,9 +351,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     const rp_model_config *c = &cb->base.model->cfg;
     cudaStream_t st = cb->stream;
     uint8_t *d = cb->d_meta;
-    const int32_t *tokens = META(cb, d, off_tokens, int32_t), *pos = META(cb, d, off_positions, int32_t),
-                  *slots = META(cb, d, off_slots, int32_t), *logit_token = META(cb, d, off_logit_token, int32_t);
-    rp_attn_meta am = device_attn_meta(cb);
+    const int32_t *tokens = META(cb, d, off_tokens, int32_t), *logit_token = META(cb, d, off_logit_token, int32_t);
     const int H = c->hidden_size, F = c->intermediate_size;
     const float eps = (float)c->rms_norm_eps;
     cb->prof_n = 0;
@@ -356,24 +366,11 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     RP_LAUNCH(rp_k_embed(cb->embed, tokens, cb->residual, NULL, 0, T, H, st), err);
     for (int l = 0; l < c->num_layers; l++) {
         const rp_cuda_layer *ly = &cb->layers[l];
-        rp_bf16 *kc = cb->k_cache + (size_t)l * cb->kv_layer_elems, *vc = cb->v_cache + (size_t)l * cb->kv_layer_elems;
         prof_mark(cb, "add_rmsnorm");
         RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, l ? cb->tmp : NULL, ly->attn_norm, cb->xn, T, H, eps, st), err);
         prof_mark(cb, T <= RP_GEMV_MAX_T ? "gemv qkv" : "gemm qkv");
         if (rp_gemm_run(&cb->gemm, ly->wqkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, st, err)) return RP_ERR;
-        prof_mark(cb, "qk_norm_rope_store");
-        RP_LAUNCH(rp_k_qk_norm_rope_store(cb->qkv, ly->q_norm, ly->k_norm, cb->inv_freq, pos, slots, kc, vc, T,
-                                          c->num_heads, c->num_kv_heads, c->head_dim, eps, st),
-                  err);
-        prof_mark(cb, decode ? "attn_decode" : "attn_prefill");
-        if (decode)
-            RP_LAUNCH(rp_k_attn_decode(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, S, c->num_heads,
-                                       c->num_kv_heads, c->head_dim, rp_cuda_decode_splits(cb, S), st),
-                      err);
-        else
-            RP_LAUNCH(rp_k_attn_prefill(cb->qkv, kc, vc, am, cb->attn, T, S, max_q_len, c->num_heads,
-                                        c->num_kv_heads, c->head_dim, st),
-                      err);
+        if (launch_attention(cb, l, T, S, decode, max_q_len, err)) return RP_ERR;
         prof_mark(cb, T <= RP_GEMV_MAX_T ? "gemv o" : "gemm o");
         if (rp_gemm_run(&cb->gemm, ly->wo, cb->attn, cb->tmp, T, H, cb->q_dim, 0, st, err)) return RP_ERR;
         prof_mark(cb, "add_rmsnorm");
