@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_cuda_util.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -42,32 +44,6 @@ static int g_small;
 static float frand(void) { return rp_rand_uniform(g_seed, 1, g_ctr++) * 2.0f - 1.0f; }
 static uint32_t urand(uint32_t n) { return (uint32_t)(rp_rand_u64(g_seed, 2, g_ctr++) % n); }
 
-#define CU(call)                                                                                     \
-    do {                                                                                             \
-        cudaError_t e_ = (call);                                                                     \
-        if (e_ != cudaSuccess) fail_msg("%s: %s (line %d)", #call, cudaGetErrorString(e_), __LINE__); \
-    } while (0)
-
-/* A launcher's result, then the kernel's own completion. */
-#define LAUNCH(call)                                                                                  \
-    do {                                                                                              \
-        int r_ = (call);                                                                              \
-        if (r_ != 0) fail_msg("%s: %s (line %d)", #call, cudaGetErrorString((cudaError_t)r_), __LINE__); \
-        CU(cudaDeviceSynchronize());                                                                  \
-    } while (0)
-
-static void *dalloc(size_t bytes) {
-    void *p = NULL;
-    CU(cudaMalloc(&p, bytes ? bytes : 16));
-    CU(cudaMemset(p, 0xff, bytes ? bytes : 16));
-    return p;
-}
-static void *dup_to_dev(const void *h, size_t bytes) {
-    void *d = dalloc(bytes);
-    CU(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-static void to_host(void *h, const void *d, size_t bytes) { CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
 
 static uint16_t *rand_bf16(size_t n, float scale) {
     uint16_t *h = malloc(n * sizeof *h);
