@@ -17,8 +17,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "test_cuda_util.h"
-
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +27,8 @@
 #ifdef REPLAY_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
+
+#include "test_cuda_util.h"
 
 #include "backend/cuda/kernels.h"
 #include "engine/sampler.h"

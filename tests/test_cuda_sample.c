@@ -23,8 +23,6 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "test_cuda_util.h"
-
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +33,8 @@
 #ifdef REPLAY_HAVE_CUDA
 
 #include <cuda_runtime_api.h>
+
+#include "test_cuda_util.h"
 
 #include "backend/cuda/kernels.h"
 #include "engine/sampler.h"
