@@ -4,21 +4,24 @@
 # check script. The device tool carries .gpu/ (carry: [".gpu"]); there, run
 #   LD_LIBRARY_PATH=.gpu/lib .gpu/bin/<binary>
 # or simply: bash .gpu/gpu-check.sh
+# GPU_DIR=.gpu-NAME packs elsewhere (several people sharing one tree; pass
+# GPU_DIR to gpu-check.sh / decode_ab.sh there too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
+G=${GPU_DIR:-.gpu}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREPLAY_CUDA=ON >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" >/dev/null
-rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
-cp "$BUILD"/replay .gpu/bin/
-for t in "$BUILD"/test_*; do [ -x "$t" ] && cp "$t" .gpu/bin/; done
-for b in "$BUILD"/bench_*; do [ -x "$b" ] && cp "$b" .gpu/bin/ || true; done
+rm -rf "$G" && mkdir -p "$G/bin" "$G/lib"
+cp "$BUILD"/replay "$G/bin/"
+for t in "$BUILD"/test_*; do [ -x "$t" ] && cp "$t" "$G/bin/"; done
+for b in "$BUILD"/bench_*; do [ -x "$b" ] && cp "$b" "$G/bin/" || true; done
 # Libraries the GPU image lacks (it has libgomp, libjansson, libpcre2-8, CUDA 13).
 for lib in libutf8proc.so.2 libcmocka.so.0 libmicrohttpd.so.12 libcjson.so.1; do
   # awk reads all input (no early exit): under pipefail a SIGPIPE'd ldconfig would stop the script
   f=$(ldconfig -p | awk -v l="$lib" '$1 == l && !found {print $NF; found = 1}')
-  [ -n "$f" ] && cp -L "$f" .gpu/lib/
+  [ -n "$f" ] && cp -L "$f" "$G/lib/"
 done
-cp scripts/gpu-check.sh .gpu/ 2>/dev/null || true
-strip --strip-debug .gpu/bin/* 2>/dev/null || true
-du -sh .gpu
+cp scripts/gpu-check.sh "$G/" 2>/dev/null || true
+strip --strip-debug "$G"/bin/* 2>/dev/null || true
+du -sh "$G"

@@ -4,13 +4,14 @@
 #   bash scripts/gpu-check.sh [tests] [sanitize] [compare] [bench] [bench-quick]
 # (no argument: tests compare bench). Prints one table per stage; logs go to $OUT.
 set -uo pipefail
-export LD_LIBRARY_PATH="$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+G=${GPU_DIR:-.gpu}
+export LD_LIBRARY_PATH="$PWD/$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export REPLAY_SOURCE_DIR="$PWD" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 stages=${*:-tests compare bench}
-B=.gpu/bin
+B=$G/bin
 status=0
 summary=()
 
