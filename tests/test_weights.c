@@ -32,7 +32,7 @@ static uint16_t f32_to_f16(float f) {
 /* Rewrites the fixture's model.safetensors with every tensor in `dtype`
  * (optionally renaming one tensor or changing one shape) into dir. */
 static void write_converted(const char *dir, rp_dtype dtype, const char *drop, const char *bad_shape) {
-    char src[1024], dst[2200];
+    char src[1024], dst[2400]; /* cp + two paths: -O3 checks the bound */
     test_path(src, sizeof src, fixture);
     mkdir(dir, 0755);
     snprintf(dst, sizeof dst, "cp %s/config.json %s/", src, dir);

@@ -405,7 +405,7 @@ int rp_cuda_upload_meta(rp_cuda_backend *cb, size_t bytes, rp_err *err) {
 }
 
 int rp_cuda_pack_and_upload(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, rp_err *err) {
-    size_t bytes;
+    size_t bytes = 0; /* -O3 cannot see that pack_meta sets it on success */
     if (pack_meta(cb, bt, padded_seqs, &bytes, err)) return RP_ERR;
     return rp_cuda_upload_meta(cb, bytes, err);
 }
