@@ -15,6 +15,9 @@
  * REPLAY_TEST_SEED repeats one); outputs are poisoned before each launch.
  * REPLAY_TEST_SMALL=1 shrinks the shapes (for compute-sanitizer);
  * REPLAY_TEST_SKIP=pattern skips tests by name (cmocka wildcards);
+ * Top logprobs (rp_k_sample_kept + rp_k_top_logprobs): ids exactly the
+ * first n of a full sort, logprobs against float64 (greedy) and the host
+ * sampler (sampled rows), eager and graph-replayed alike.
  * REPLAY_SAMPLE_BENCH=1 also prints rp_k_sample timings (eager and graph)
  * for rows 1, 8, 64, 256 at vocab 151936. Label "gpu" in CTest. */
 #include <stdarg.h>
@@ -37,6 +40,7 @@
 #include "test_cuda_util.h"
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/sample_top.h"
 #include "engine/sampler.h"
 #include "util/rng.h"
 
@@ -299,6 +303,227 @@ static void test_sample_ties_and_edges(void **state) {
     }
 }
 
+/* ---- top logprobs (rp_k_sample_kept + rp_k_top_logprobs) ------------------- */
+
+/* The sampler's view of a logit: NaN -> -inf, +inf -> FLT_MAX. */
+static double ref_sanitize(float x) {
+    if (isnan(x)) return -INFINITY;
+    if (x == INFINITY) return FLT_MAX;
+    return (double)x;
+}
+
+static const float *g_ref_row;
+static int ref_order_cmp(const void *a, const void *b) {
+    const int i = *(const int *)a, j = *(const int *)b;
+    const double x = ref_sanitize(g_ref_row[i]), y = ref_sanitize(g_ref_row[j]);
+    if (x != y) return x > y ? -1 : 1;
+    return i < j ? -1 : i > j ? 1 : 0;
+}
+
+/* Both kernels as the backend runs them, eagerly, or captured in a graph and
+ * replayed (with_graph), into poisoned buffers. */
+static void run_top(const float *d_logits, const rp_sample_params *params, int rows, int vocab, int with_graph,
+                    int32_t *tok, float *lp, rp_top_logprobs *top) {
+    rp_sample_params *d_p = dup_to_dev(params, (size_t)rows * sizeof *params);
+    int32_t *d_tok = dalloc((size_t)rows * 4), *d_kept = dalloc((size_t)rows * 4);
+    float *d_lp = dalloc((size_t)rows * 4);
+    rp_top_logprobs *d_top = dalloc((size_t)rows * sizeof *d_top);
+    void *d_ws = dalloc(rp_sample_workspace_bytes(rows, vocab));
+    if (with_graph) {
+        cudaStream_t st;
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        /* the first launch sets the kernels' attributes, outside the capture */
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, d_ws, rows, vocab, st));
+        CU(cudaMemset(d_tok, 0xff, (size_t)rows * 4));
+        CU(cudaMemset(d_lp, 0xff, (size_t)rows * 4));
+        CU(cudaMemset(d_kept, 0xff, (size_t)rows * 4));
+        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        int r1 = rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, d_ws, rows, vocab, st);
+        int r2 = rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, rows, vocab, st);
+        CU(cudaStreamEndCapture(st, &g));
+        if (r1 || r2) fail_msg("launch under capture failed: %d %d", r1, r2);
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        CU(cudaGraphLaunch(ge, st));
+        CU(cudaStreamSynchronize(st));
+        CU(cudaGraphExecDestroy(ge));
+        CU(cudaGraphDestroy(g));
+        CU(cudaStreamDestroy(st));
+    } else {
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, d_ws, rows, vocab, 0));
+        LAUNCH(rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, rows, vocab, 0));
+    }
+    to_host(tok, d_tok, (size_t)rows * 4);
+    to_host(lp, d_lp, (size_t)rows * 4);
+    to_host(top, d_top, (size_t)rows * sizeof *top);
+    cudaFree(d_p), cudaFree(d_tok), cudaFree(d_kept), cudaFree(d_lp), cudaFree(d_top), cudaFree(d_ws);
+}
+
+/* Device top logprobs against float64 references, row by row:
+ *  - ids: exactly the first n of a full sort by (logit desc, id asc);
+ *  - greedy rows: logprobs = float64 log-softmax at temperature 1 (1e-3);
+ *  - sampled rows: the host sampler's list (it is tested against a float64
+ *    reference in test_sampler.c) where host and device drew the same token;
+ *    allowing 1 row in 50 to differ, as check_vs_host;
+ *  - descending, the sampled token's entry equal to its logprob bit for bit,
+ *    n = 0 for rows that did not ask; graph replay = eager, bit for bit. */
+static void check_top_vs_host(const char *what, const float *logits, const rp_sample_params *params, int rows,
+                              int vocab) {
+    float *d_logits = dup_to_dev(logits, (size_t)rows * vocab * 4);
+    int32_t *tok = malloc((size_t)rows * 4), *tok_g = malloc((size_t)rows * 4);
+    float *lp = malloc((size_t)rows * 4), *lp_g = malloc((size_t)rows * 4), *tmp = malloc((size_t)vocab * 4);
+    rp_top_logprobs *top = malloc((size_t)rows * sizeof *top), *top_g = malloc((size_t)rows * sizeof *top);
+    int *order = malloc((size_t)vocab * sizeof *order);
+    run_top(d_logits, params, rows, vocab, 0, tok, lp, top);
+    run_top(d_logits, params, rows, vocab, 1, tok_g, lp_g, top_g);
+    assert_memory_equal(tok, tok_g, (size_t)rows * 4);
+    rp_sampler *smp = rp_sampler_new(vocab);
+    int agree = 0, sampled = 0;
+    double max_err = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *row = logits + (size_t)r * vocab;
+        const rp_sample_params *p = &params[r];
+        const int n = p->top_logprobs < vocab ? p->top_logprobs : vocab;
+        const rp_top_logprobs *t = &top[r];
+        if (t->n != n) fail_msg("%s row %d: n = %d, want %d", what, r, t->n, n);
+        if (n == 0) continue;
+        if (memcmp(t, &top_g[r], sizeof *t) != 0) fail_msg("%s row %d: graph replay differs from eager", what, r);
+        for (int i = 0; i < vocab; i++) order[i] = i;
+        g_ref_row = row;
+        qsort(order, (size_t)vocab, sizeof *order, ref_order_cmp);
+        for (int j = 0; j < n; j++) {
+            if (t->ids[j] != order[j]) fail_msg("%s row %d: top id %d is %d, want %d", what, r, j, t->ids[j], order[j]);
+            if (isnan(t->logprobs[j]) || t->logprobs[j] > 1e-6f || (j && t->logprobs[j] > t->logprobs[j - 1]))
+                fail_msg("%s row %d: logprob %d = %g (not a descending logprob)", what, r, j, t->logprobs[j]);
+            if (t->ids[j] == tok[r] && memcmp(&t->logprobs[j], &lp[r], 4) != 0)
+                fail_msg("%s row %d: the sampled token's entry %g != its logprob %g", what, r, t->logprobs[j], lp[r]);
+        }
+        double want[RP_MAX_TOP_LOGPROBS];
+        if (p->temperature == 0.0f) {
+            double mx = ref_sanitize(row[order[0]]), sum = 0;
+            for (int i = 0; i < vocab && mx != -INFINITY; i++) sum += exp(ref_sanitize(row[i]) - mx);
+            for (int j = 0; j < n; j++) {
+                const double x = ref_sanitize(row[order[j]]);
+                want[j] = mx == -INFINITY || x == -INFINITY ? -INFINITY : x - mx - log(sum);
+            }
+        } else {
+            sampled++;
+            rp_sampling_params hp;
+            rp_sampling_params_default(&hp);
+            hp.temperature = p->temperature, hp.top_p = p->top_p, hp.top_k = p->top_k, hp.min_p = p->min_p;
+            hp.seed = p->seed, hp.top_logprobs = p->top_logprobs;
+            rp_top_logprobs ht;
+            memcpy(tmp, row, (size_t)vocab * 4);
+            const int host_tok = rp_sampler_sample_top(smp, &hp, tmp, NULL, 0, NULL, 0, p->step, NULL, &ht);
+            if (host_tok != tok[r]) continue; /* a draw on a CDF boundary: counted below */
+            agree++;
+            assert_int_equal(ht.n, n);
+            for (int j = 0; j < n; j++) want[j] = ht.logprobs[j];
+        }
+        for (int j = 0; j < n; j++) {
+            const double got = t->logprobs[j];
+            if (isinf(want[j]) || isinf(got)) {
+                if (!(isinf(want[j]) && isinf(got)))
+                    fail_msg("%s row %d (T=%g top_k=%d top_p=%g min_p=%g): logprob %d = %g, want %g", what, r,
+                             p->temperature, p->top_k, p->top_p, p->min_p, j, got, want[j]);
+                continue;
+            }
+            const double e = fabs(got - want[j]) / (1 + fabs(want[j]));
+            if (!(e <= max_err)) max_err = e;
+        }
+    }
+    printf("  %-52s ids exact, sampled rows agree %d/%d, logprob rel err %.1e\n", what, agree, sampled, max_err);
+    if (agree < sampled - sampled / 50) fail_msg("%s: device and host disagree on %d of %d rows", what,
+                                                 sampled - agree, sampled);
+    if (!(max_err <= 1e-3)) fail_msg("%s: top logprobs differ by %g", what, max_err);
+    rp_sampler_free(smp);
+    free(tok), free(tok_g), free(lp), free(lp_g), free(tmp), free(top), free(top_g), free(order);
+    cudaFree(d_logits);
+}
+
+static void test_top_logprobs(void **state) {
+    (void)state;
+    NEED_GPU();
+    /* mixed rows: greedy and sampled with every truncation, n in 0..20 */
+    const int vocabs[] = {g_small ? 4003 : 32003, g_small ? 32000 : 151936};
+    const int rows = g_small ? 24 : 96;
+    for (int vi = 0; vi < 2; vi++) {
+        const int vocab = vocabs[vi];
+        float *logits = malloc((size_t)rows * vocab * 4);
+        rp_sample_params *params = calloc((size_t)rows, sizeof *params);
+        for (int r = 0; r < rows; r++) {
+            float *x = logits + (size_t)r * vocab;
+            const int shape = urand(4);
+            if (shape == 0) fill_model_like(x, vocab);
+            else if (shape == 1) fill_normal(x, vocab, 0.05f);
+            else if (shape == 2) fill_normal(x, vocab, 20.0f);
+            else {
+                fill_normal(x, vocab, 1.0f);
+                for (int i = 0; i < vocab; i += 3) x[i] = -INFINITY;
+                x[urand(vocab)] = NAN;
+            }
+            x[urand(vocab)] = x[urand(vocab)] = x[urand(vocab)] = 60.0f; /* tied at the top: lower id first */
+            const float temps[] = {0.0f, 0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
+            params[r].temperature = temps[urand(6)];
+            params[r].top_p = urand(2) ? 1.0f : 0.5f + 0.5f * (float)urand(100) / 100.0f;
+            params[r].top_k = urand(2) ? 0 : 1 + (int)urand(30);
+            params[r].min_p = urand(3) ? 0.0f : (float)urand(100) / 400.0f;
+            params[r].seed = g_seed + (uint64_t)r;
+            params[r].step = urand(1000);
+            params[r].top_logprobs = r % 7 == 0 ? 0 : r % 5 == 0 ? RP_MAX_TOP_LOGPROBS : 1 + (int)urand(20);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "top logprobs, %d mixed rows, vocab %d", rows, vocab);
+        check_top_vs_host(what, logits, params, rows, vocab);
+        free(logits), free(params);
+    }
+
+    /* the exact slow path (thousands of ties), flat rows, inf/NaN, a single
+     * finite token, an all -inf row */
+    const int vocab = g_small ? 20000 : 151936, n_edge = 7;
+    float *logits = malloc((size_t)n_edge * vocab * 4);
+    rp_sample_params params[7];
+    for (int r = 0; r < n_edge; r++) {
+        fill_model_like(logits + (size_t)r * vocab, vocab);
+        params[r] = (rp_sample_params){.temperature = 1.0f, .top_p = 1.0f, .seed = g_seed + 5, .step = (uint64_t)r,
+                                       .top_logprobs = RP_MAX_TOP_LOGPROBS};
+    }
+    for (int i = 0; i < vocab; i += 7) logits[0 * (size_t)vocab + i] = 12.0f; /* ~21k tied at the top */
+    params[0].top_p = 0.3f;
+    for (int i = 0; i < vocab; i += 7) logits[1 * (size_t)vocab + i] = 12.0f;
+    params[1].top_k = 3000, params[1].top_p = 0.3f;
+    for (int i = 0; i < vocab; i++) logits[2 * (size_t)vocab + i] = 0.5f; /* flat */
+    params[2].top_p = 0.7f;
+    logits[3 * (size_t)vocab + 10] = INFINITY, logits[3 * (size_t)vocab + 20] = INFINITY;
+    logits[3 * (size_t)vocab + 30] = NAN, logits[3 * (size_t)vocab + 40] = -INFINITY;
+    for (int i = 0; i < vocab; i++) logits[4 * (size_t)vocab + i] = -INFINITY;
+    logits[4 * (size_t)vocab + vocab - 1] = -3.0f; /* a single finite token: the rest -inf, by id */
+    for (int i = 0; i < vocab; i++) logits[5 * (size_t)vocab + i] = -INFINITY; /* nothing: token 0, all -inf */
+    params[6].temperature = 0.0f;
+    for (int i = 0; i < vocab; i += 7) logits[6 * (size_t)vocab + i] = 12.0f; /* greedy over ties */
+    check_top_vs_host("top logprobs: slow path, flat, inf/NaN, -inf rows", logits, params, n_edge, vocab);
+    free(logits);
+
+    /* vocabularies smaller than n */
+    const int small_vocabs[] = {1, 5, 19};
+    for (int vi = 0; vi < 3; vi++) {
+        const int v = small_vocabs[vi], n = 16;
+        float *l = malloc((size_t)n * v * 4);
+        rp_sample_params *ps = calloc(n, sizeof *ps);
+        for (int r = 0; r < n; r++) {
+            fill_normal(l + (size_t)r * v, v, 2.0f);
+            ps[r] = (rp_sample_params){.temperature = r % 4 ? 1.0f : 0.0f, .top_p = r % 3 ? 1.0f : 0.8f,
+                                       .top_k = r % 5 ? 0 : 3, .seed = g_seed, .step = (uint64_t)r,
+                                       .top_logprobs = RP_MAX_TOP_LOGPROBS};
+        }
+        char what[64];
+        snprintf(what, sizeof what, "top logprobs, vocab %d", v);
+        check_top_vs_host(what, l, ps, n, v);
+        free(l), free(ps);
+    }
+}
+
 /* Over many steps the draws follow softmax(logits / T) (restricted by
  * top-k): every token's count within 5 sigma of its expectation. */
 static void test_sample_distribution(void **state) {
@@ -431,7 +656,7 @@ static void bench_sample(void) {
         for (int ri = 0; ri < 4; ri++) {
             const int rows = rows_list[ri];
             for (int r = 0; r < rows; r++)
-                hp[r] = (rp_sample_params){cfg[c].t, cfg[c].p, cfg[c].k, cfg[c].minp, 1234, (uint64_t)r};
+                hp[r] = (rp_sample_params){cfg[c].t, cfg[c].p, cfg[c].k, cfg[c].minp, 1234, (uint64_t)r, 0};
             rp_sample_params *d_p = dup_to_dev(hp, (size_t)rows * sizeof *hp);
             float eager, graph;
             time_sample(d_logits, d_p, d_tok, d_lp, d_ws, rows, vocab, st, &eager, &graph);
@@ -467,7 +692,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_greedy),         cmocka_unit_test(test_sample_vs_host),
         cmocka_unit_test(test_sample_batch),          cmocka_unit_test(test_sample_ties_and_edges),
-        cmocka_unit_test(test_sample_distribution),   cmocka_unit_test(test_sample_bench),
+        cmocka_unit_test(test_sample_distribution),   cmocka_unit_test(test_top_logprobs),
+        cmocka_unit_test(test_sample_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

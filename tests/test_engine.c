@@ -2,7 +2,9 @@
  * the tokens it gets alone, whatever runs beside it, with chunked prefill on
  * and off, requests arriving mid-run, and preemption under a tiny KV pool;
  * bad requests are rejected at submit; aborts at any stage free their pages;
- * stop strings cut the text; the pool is full again after every test. */
+ * stop strings cut the text; token events carry top logprobs on both
+ * sampling paths; the pool is full again after every test. */
+#include <math.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -213,6 +215,81 @@ static void test_rejections(void **state) {
     rp_engine_destroy(e);
 }
 
+/* Top logprobs on every token event, on the backend's sampling path and on
+ * the engine's host sampler path (penalties): n alternatives, descending,
+ * the sampled token's entry equal to its logprob (greedy: the first one);
+ * with top_k = 2 only two can be drawn, the rest are -inf. */
+typedef struct top_result {
+    int tokens, bad, n_min, n_max;
+    char why[256];
+} top_result;
+static int g_top_k; /* the request's top_k, for top_check */
+
+static void top_check(void *user, const rp_token_event *ev) {
+    top_result *t = user;
+    if (ev->token < 0) return;
+    pthread_mutex_lock(&mu);
+    t->tokens++;
+    int n = ev->num_top_logprobs, found = 0;
+    if (t->tokens == 1 || n < t->n_min) t->n_min = n;
+    if (t->tokens == 1 || n > t->n_max) t->n_max = n;
+    for (int j = 0; j < n; j++) {
+        if (j && !(ev->top_logprobs[j] <= ev->top_logprobs[j - 1])) snprintf(t->why, sizeof t->why, "not sorted");
+        if (g_top_k && j >= g_top_k && ev->top_logprobs[j] != -INFINITY)
+            snprintf(t->why, sizeof t->why, "entry %d past top_k is %g", j, ev->top_logprobs[j]);
+        if (ev->top_ids[j] == ev->token) found = ev->top_logprobs[j] == ev->logprob;
+    }
+    if (n && !found) snprintf(t->why, sizeof t->why, "token %d (logprob %g) not in its list", ev->token, ev->logprob);
+    if (t->why[0]) t->bad++;
+    pthread_mutex_unlock(&mu);
+}
+
+static void test_top_logprobs(void **state) {
+    (void)state;
+    rp_engine *e = make_engine("qwen3-tied", 0, 0, 4);
+    int32_t prompt[8] = {5, 17, 99, 3, 250, 7, 42, 11};
+    struct {
+        float temperature, repetition_penalty;
+        int top_k, top_logprobs;
+    } cfg[] = {{0.0f, 1.0f, 0, 5}, {0.0f, 1.3f, 0, 20}, {0.9f, 1.0f, 2, 4}, {0.9f, 1.2f, 2, 4}, {0.0f, 1.0f, 0, 0}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        rp_request_params p;
+        rp_request_params_default(&p);
+        p.prompt_ids = prompt;
+        p.num_prompt_ids = 8;
+        p.max_tokens = 6;
+        p.ignore_eos = 1;
+        p.logprobs = 1;
+        p.temperature = cfg[c].temperature;
+        p.repetition_penalty = cfg[c].repetition_penalty;
+        p.top_k = cfg[c].top_k;
+        p.top_logprobs = cfg[c].top_logprobs;
+        p.seed = 7;
+        p.has_seed = 1;
+        g_top_k = cfg[c].top_k;
+        top_result t = {0};
+        char err[512];
+        if (rp_engine_submit(e, &p, top_check, &t, NULL, err, sizeof err)) fail_msg("submit: %s", err);
+        rp_engine_wait_idle(e);
+        if (t.bad) fail_msg("config %zu: %s", c, t.why);
+        assert_int_equal(t.tokens, 6);
+        assert_int_equal(t.n_min, cfg[c].top_logprobs);
+        assert_int_equal(t.n_max, cfg[c].top_logprobs);
+    }
+    g_top_k = 0;
+    rp_request_params p;
+    rp_request_params_default(&p);
+    p.prompt_ids = prompt;
+    p.num_prompt_ids = 8;
+    p.top_logprobs = RP_MAX_TOP_LOGPROBS + 1;
+    char err[512];
+    result r = {0};
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "top_logprobs"));
+    expect_pool_full(e);
+    rp_engine_destroy(e);
+}
+
 static void test_abort_everywhere(void **state) {
     (void)state;
     rp_engine *e = make_engine("llama3-scaled", 40, 8, 4);
@@ -319,6 +396,7 @@ int main(void) {
         cmocka_unit_test(test_batched_equals_alone_greedy),
         cmocka_unit_test(test_batched_equals_alone_seeded),
         cmocka_unit_test(test_rejections),
+        cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_abort_everywhere),
         cmocka_unit_test(test_text_and_stop_strings),
     };

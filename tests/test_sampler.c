@@ -739,6 +739,126 @@ static void test_nan_and_inf(void **state) {
     rp_sampler_free(s);
 }
 
+/* ---- top logprobs ---- */
+
+/* rp_sampler_sample_top against the float64 reference: the ids are the
+ * first n of the reference order (ties: lower id first), the logprobs
+ * log(reference prob) (-inf for tokens cut by top-k/top-p/min-p), for greedy
+ * the log-softmax at temperature 1; the sampled token's logprob equals its
+ * entry bit for bit; and the token drawn is the one rp_sampler_sample draws. */
+static void check_top(rp_sampler *s, const float *logits, int vocab, const rp_sampling_params *p, uint64_t step,
+                      float *scratch) {
+    rp_top_logprobs top;
+    float lp, lp_plain;
+    memcpy(scratch, logits, (size_t)vocab * sizeof *scratch);
+    int tok = rp_sampler_sample_top(s, p, scratch, NULL, 0, NULL, 0, step, &lp, &top);
+    assert_int_equal(tok, sample_copy(s, p, logits, vocab, scratch, step, &lp_plain));
+    assert_true(lp == lp_plain);
+    int n = p->top_logprobs < vocab ? p->top_logprobs : vocab;
+    assert_int_equal(top.n, n);
+    rp_sampling_params rp = *p;
+    if (rp_sampling_is_greedy(p)) rp = params(1.0f, 0, 1.0f, 0.0f, 0); /* greedy: softmax at T = 1 */
+    ref_dist ref;
+    ref_build(&ref, logits, vocab, &rp);
+    for (int j = 0; j < n; j++) {
+        assert_int_equal(top.ids[j], ref.order[j]);
+        double want = ref.prob[ref.order[j]] > 0 ? log(ref.prob[ref.order[j]]) : -INFINITY;
+        if (isinf(want)) assert_true(isinf(top.logprobs[j]) && top.logprobs[j] < 0);
+        else assert_true(fabs(top.logprobs[j] - want) <= 1e-5 * (1 + fabs(want)));
+        if (j > 0) assert_true(top.logprobs[j] <= top.logprobs[j - 1]);
+        if (top.ids[j] == tok) assert_true(top.logprobs[j] == lp); /* bit for bit */
+    }
+    ref_free(&ref);
+}
+
+static void test_top_logprobs(void **state) {
+    (void)state;
+    const int vocab = 3000;
+    rp_sampler *s = rp_sampler_new(vocab);
+    float *logits = malloc(vocab * sizeof *logits), *scratch = malloc(vocab * sizeof *scratch);
+    struct {
+        float t, top_p, min_p;
+        int top_k, n;
+    } cfg[] = {{0.0f, 1.0f, 0.0f, 0, 20}, {0.0f, 1.0f, 0.0f, 0, 1},   {1.0f, 1.0f, 0.0f, 0, 20},
+               {0.7f, 0.9f, 0.0f, 0, 20}, {1.0f, 1.0f, 0.0f, 5, 20},  {0.8f, 0.95f, 0.05f, 40, 7},
+               {1.3f, 1.0f, 0.1f, 0, 20}, {0.005f, 1.0f, 0.0f, 0, 3}, {1.0f, 0.3f, 0.0f, 0, 20},
+               {2.0f, 1.0f, 0.0f, 1, 4}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        for (uint64_t seed = 1; seed <= 3; seed++) {
+            fill_logits(logits, vocab, seed, seed == 3 ? 0.5f : 3.0f);
+            /* planted ties at the top: lower id first */
+            logits[2000] = logits[17] = logits[999] = 12.0f;
+            rp_sampling_params p = params(cfg[c].t, cfg[c].top_k, cfg[c].top_p, cfg[c].min_p, seed);
+            p.top_logprobs = cfg[c].n;
+            for (uint64_t step = 0; step < 5; step++) check_top(s, logits, vocab, &p, step, scratch);
+        }
+    }
+
+    /* not asked: n = 0; asked on a vocabulary smaller than n: the vocabulary */
+    rp_top_logprobs top;
+    rp_sampling_params p = params(1.0f, 0, 1.0f, 0.0f, 1);
+    fill_logits(logits, vocab, 9, 2.0f);
+    memcpy(scratch, logits, vocab * sizeof *scratch);
+    top.n = 99;
+    rp_sampler_sample_top(s, &p, scratch, NULL, 0, NULL, 0, 0, NULL, &top);
+    assert_int_equal(top.n, 0);
+    rp_sampler *small = rp_sampler_new(3);
+    float three[3] = {0.5f, 2.0f, 0.5f}, three_scratch[3];
+    p.top_logprobs = 20;
+    check_top(small, three, 3, &p, 0, three_scratch);
+    p.temperature = 0.0f;
+    check_top(small, three, 3, &p, 0, three_scratch);
+
+    /* NaN and -inf rank last (-inf logprob); an all -inf row is -inf throughout */
+    for (int i = 0; i < 3; i++) three[i] = -INFINITY;
+    three[2] = 1.0f;
+    three[0] = NAN;
+    memcpy(three_scratch, three, sizeof three);
+    assert_int_equal(rp_sampler_sample_top(small, &p, three_scratch, NULL, 0, NULL, 0, 0, NULL, &top), 2);
+    assert_int_equal(top.n, 3);
+    assert_int_equal(top.ids[0], 2);
+    assert_float_equal(top.logprobs[0], 0.0f, 1e-7);
+    assert_int_equal(top.ids[1], 0);
+    assert_int_equal(top.ids[2], 1);
+    assert_true(isinf(top.logprobs[1]) && isinf(top.logprobs[2]));
+    for (int i = 0; i < 3; i++) three[i] = -INFINITY;
+    p.temperature = 1.0f;
+    memcpy(three_scratch, three, sizeof three);
+    assert_int_equal(rp_sampler_sample_top(small, &p, three_scratch, NULL, 0, NULL, 0, 0, NULL, &top), 0);
+    for (int j = 0; j < 3; j++) {
+        assert_int_equal(top.ids[j], j);
+        assert_true(isinf(top.logprobs[j]) && top.logprobs[j] < 0);
+    }
+
+    /* penalties apply first: the list ranks the penalised logits */
+    float pen_logits[4] = {3.0f, 2.0f, 1.0f, 0.0f}, pen_scratch[4];
+    rp_sampler *s4 = rp_sampler_new(4);
+    rp_sampling_params pen = params(0.0f, 0, 1.0f, 0.0f, 0);
+    pen.frequency_penalty = 2.0f;
+    pen.top_logprobs = 2;
+    int32_t out[] = {0};
+    memcpy(pen_scratch, pen_logits, sizeof pen_logits);
+    assert_int_equal(rp_sampler_sample_top(s4, &pen, pen_scratch, NULL, 0, out, 1, 0, NULL, &top), 1);
+    assert_int_equal(top.ids[0], 1); /* token 0: 3 - 2 = 1, tied with token 2, which has the higher id */
+    assert_int_equal(top.ids[1], 0);
+
+    /* validation */
+    rp_err err;
+    p = params(1.0f, 0, 1.0f, 0.0f, 1);
+    p.top_logprobs = RP_MAX_TOP_LOGPROBS;
+    assert_int_equal(rp_sampling_params_validate(&p, 10, &err), RP_OK);
+    p.top_logprobs = RP_MAX_TOP_LOGPROBS + 1;
+    assert_int_equal(rp_sampling_params_validate(&p, 10, &err), RP_ERR);
+    assert_non_null(strstr(err.msg, "top_logprobs must be in [0, 20], got 21"));
+    p.top_logprobs = -1;
+    assert_int_equal(rp_sampling_params_validate(&p, 10, &err), RP_ERR);
+    rp_sampler_free(s4);
+    rp_sampler_free(small);
+    rp_sampler_free(s);
+    free(logits);
+    free(scratch);
+}
+
 /* ---- a real vocabulary size ---- */
 
 static double now_ms(void) {
@@ -809,6 +929,7 @@ int main(void) {
         cmocka_unit_test(test_frequency_presence_penalty),
         cmocka_unit_test(test_penalised_distribution),
         cmocka_unit_test(test_nan_and_inf),
+        cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_huge_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

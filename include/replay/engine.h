@@ -21,6 +21,10 @@ extern "C" {
 typedef struct rp_engine rp_engine;
 typedef uint64_t rp_request_id;
 
+/* Most alternatives a token event can carry (rp_request_params.top_logprobs;
+ * vLLM's limit). */
+#define RP_MAX_TOP_LOGPROBS 20
+
 typedef struct rp_engine_config {
     /* the model: a Hugging Face directory, or a named dummy shape */
     const char *model_dir;
@@ -57,11 +61,20 @@ typedef enum rp_finish {
 
 /* What the callback receives: one event per sampled token, and a final one
  * (finish != NONE) that may carry a last token. text is the newly complete
- * UTF-8 text (never half a character; stop strings are cut out). */
+ * UTF-8 text (never half a character; stop strings are cut out).
+ *
+ * logprob is the token's log-probability (docs/sampling.md says under which
+ * distribution); with top_logprobs = N > 0 the event also carries the N most
+ * likely tokens of that same distribution, most likely first (ties: lower id
+ * first): top_ids[i], top_logprobs[i] for i < num_top_logprobs. A token the
+ * sampler could not have drawn (cut by top-k, top-p or min-p) has -inf. */
 typedef struct rp_token_event {
     rp_request_id id;
     int32_t token;   /* -1 when the event carries no token */
     float logprob;
+    int num_top_logprobs;
+    int32_t top_ids[RP_MAX_TOP_LOGPROBS];
+    float top_logprobs[RP_MAX_TOP_LOGPROBS];
     const char *text;
     size_t text_len;
     rp_finish finish;
@@ -88,6 +101,7 @@ typedef struct rp_request_params {
     const int32_t *stop_ids;    /* extra stop token ids */
     int num_stop_ids;
     int logprobs;               /* fill rp_token_event.logprob */
+    int top_logprobs;           /* 0..RP_MAX_TOP_LOGPROBS: fill rp_token_event.top_* with that many */
 } rp_request_params;
 
 void rp_engine_config_default(rp_engine_config *cfg);

@@ -84,9 +84,11 @@ typedef struct rp_backend_ops {
     /* Copies the last forward's logits to host memory, [num_logits][vocab]. */
     int (*read_logits)(rp_backend *b, float *dst, rp_err *err);
     /* Optional: the tokens sampled by the last forward (batch->sample set),
-     * [num_logits], and their logprobs when logprobs != NULL. Backends
-     * without device sampling leave it NULL; the engine samples on the host. */
-    int (*read_tokens)(rp_backend *b, int32_t *tokens, float *logprobs, rp_err *err);
+     * [num_logits], their logprobs when logprobs != NULL, and when top !=
+     * NULL each row's most likely tokens ([num_logits]; n = the row's
+     * sample[i].top_logprobs, 0 where none were asked). Backends without
+     * device sampling leave it NULL; the engine samples on the host. */
+    int (*read_tokens)(rp_backend *b, int32_t *tokens, float *logprobs, rp_top_logprobs *top, rp_err *err);
     void (*destroy)(rp_backend *b);
     /* Optional. */
     void (*stats)(rp_backend *b, rp_backend_stats *out);

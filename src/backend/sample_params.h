@@ -7,6 +7,10 @@
 
 #include <stdint.h>
 
+/* Most alternatives one token can report (vLLM's limit; include/replay/
+ * engine.h defines the same value for the engine API). */
+#define RP_MAX_TOP_LOGPROBS 20
+
 typedef struct rp_sample_params {
     float temperature; /* 0 = greedy */
     float top_p;       /* 1 = off */
@@ -14,6 +18,16 @@ typedef struct rp_sample_params {
     float min_p;       /* 0 = off */
     uint64_t seed;
     uint64_t step;     /* RNG counter: index of the token being generated */
+    int32_t top_logprobs; /* 0..RP_MAX_TOP_LOGPROBS: report that many most likely tokens */
 } rp_sample_params;
+
+/* The top_logprobs most likely tokens of one sampled row, most likely first
+ * (ties: lower id first), with their logprobs under the same distribution as
+ * the sampled token's logprob (docs/sampling.md). n = 0 when none were asked. */
+typedef struct rp_top_logprobs {
+    int32_t n;
+    int32_t ids[RP_MAX_TOP_LOGPROBS];
+    float logprobs[RP_MAX_TOP_LOGPROBS];
+} rp_top_logprobs;
 
 #endif

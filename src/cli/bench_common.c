@@ -55,7 +55,7 @@ int rp_bench_prefill(rp_backend *be, rp_page_table *table, rp_batch_builder *bb,
         bt->sample = be->ops->read_tokens && bt->num_logits ? sp : NULL;
         if ((rc = rp_backend_forward(be, bt, err))) break;
         if (bt->sample) {
-            if ((rc = be->ops->read_tokens(be, tok, NULL, err))) break;
+            if ((rc = be->ops->read_tokens(be, tok, NULL, NULL, err))) break;
             int k = 0;
             for (int q = first_seq; q < s; q++) seqs[q].last = tok[k++];
         } else if (be->ops->read_logits) {
@@ -90,7 +90,7 @@ int rp_bench_decode_steps(rp_backend *be, rp_page_table *table, rp_batch_builder
         if (be->ops->read_tokens) bt->sample = sp;
         if (rp_backend_forward(be, bt, err)) return RP_ERR;
         if (be->ops->read_tokens) {
-            if (be->ops->read_tokens(be, tok, NULL, err)) return RP_ERR;
+            if (be->ops->read_tokens(be, tok, NULL, NULL, err)) return RP_ERR;
         } else {
             if (rp_backend_read_logits(be, logits, err)) return RP_ERR;
             for (int s = 0; s < B; s++) tok[s] = 1;

@@ -303,7 +303,7 @@ static void run_all(const rp_model_config cfg, const char *name) {
             for (int rows = 1; rows <= max_rows; rows *= 32) {
                 rp_sample_params hp[32];
                 for (int r = 0; r < rows; r++)
-                    hp[r] = (rp_sample_params){cfg[ci].t, cfg[ci].p, cfg[ci].k, cfg[ci].minp, 1234, (uint64_t)r};
+                    hp[r] = (rp_sample_params){cfg[ci].t, cfg[ci].p, cfg[ci].k, cfg[ci].minp, 1234, (uint64_t)r, 0};
                 CHECK(cudaMemcpy(params, hp, rows * sizeof hp[0], cudaMemcpyHostToDevice));
                 smp_ctx s = {logits, params, tok, lp, sws, rows, vocab};
                 double us = time_us(smp_fn, &s);

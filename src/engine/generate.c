@@ -128,7 +128,7 @@ int rp_generate(rp_backend *be, rp_page_table *table, rp_gen_request *reqs, int 
         rp_batch *batch = rp_batch_finish(bb);
         batch->sample = device_sampling ? dev_params : NULL;
         if (rp_backend_forward(be, batch, err)) goto out;
-        if (device_sampling ? be->ops->read_tokens(be, dev_tokens, NULL, err) : rp_backend_read_logits(be, logits, err))
+        if (device_sampling ? be->ops->read_tokens(be, dev_tokens, NULL, NULL, err) : rp_backend_read_logits(be, logits, err))
             goto out;
         st.steps++;
         for (int i = 0; i < n; i++) {

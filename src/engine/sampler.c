@@ -59,6 +59,7 @@ void rp_sampling_params_default(rp_sampling_params *p) {
     p->frequency_penalty = 0.0f;
     p->seed = 0;
     p->has_seed = 0;
+    p->top_logprobs = 0;
 }
 
 /* Comparisons are written so that NaN fails them. */
@@ -75,6 +76,8 @@ int rp_sampling_params_validate(const rp_sampling_params *p, int vocab_size, rp_
         return rp_errf(err, "presence_penalty must be in [-2, 2], got %g", p->presence_penalty);
     if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
         return rp_errf(err, "frequency_penalty must be in [-2, 2], got %g", p->frequency_penalty);
+    if (p->top_logprobs < 0 || p->top_logprobs > RP_MAX_TOP_LOGPROBS)
+        return rp_errf(err, "top_logprobs must be in [0, %d], got %d", RP_MAX_TOP_LOGPROBS, p->top_logprobs);
     return RP_OK;
 }
 
@@ -270,17 +273,59 @@ static double total_mass(const rp_cand *c, int n) {
 
 /* ---- sampling ---- */
 
-/* log-softmax at temperature 1 of the token with logit `logit`. */
-static float greedy_logprob(const float *logits, int vocab, float max_logit, float logit) {
-    if (max_logit == -INFINITY) return -INFINITY;
+/* log(sum_i exp(logit_i - max)): the log-softmax at temperature 1 of a
+ * token is logit - max - this. */
+static double log_sum_exp_shifted(const float *logits, int vocab, float max_logit) {
     double sum = 0.0;
     for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - (double)max_logit);
-    return (float)((double)logit - (double)max_logit - log(sum));
+    return log(sum);
+}
+
+/* ids[0, n) = the first n tokens of the sampling order over the whole
+ * vocabulary (logit descending, then lower id), n <= RP_MAX_TOP_LOGPROBS and
+ * <= vocab: one pass keeping a sorted list; a token enters only if it beats
+ * the list's last, and equal logits keep the earlier (lower) id first. */
+static void top_ids(const float *logits, int vocab, int n, int32_t *ids) {
+    float xs[RP_MAX_TOP_LOGPROBS];
+    int k = 0;
+    for (int i = 0; i < vocab; i++) {
+        float x = logits[i];
+        if (k == n && !(x > xs[n - 1])) continue;
+        int j = k < n ? k++ : n - 1;
+        for (; j > 0 && x > xs[j - 1]; j--) {
+            xs[j] = xs[j - 1];
+            ids[j] = ids[j - 1];
+        }
+        xs[j] = x;
+        ids[j] = i;
+    }
+}
+
+/* Fills top (n already set, ids chosen by top_ids) with logprobs under the
+ * distribution the sampled token's logprob uses: kept = how many tokens of
+ * the sampling order survived the truncations (the kept set is always a
+ * prefix of the order), lp = (logit - max) / temperature - log_norm for
+ * those (the sampled token's formula, so its entry is bit-identical), -inf
+ * for the rest. */
+static void top_fill(rp_top_logprobs *top, const float *logits, float max_logit, double temperature,
+                     double log_norm, int kept) {
+    for (int j = 0; j < top->n; j++) {
+        float x = logits[top->ids[j]];
+        top->logprobs[j] = j < kept && x != -INFINITY
+                               ? (float)(((double)x - (double)max_logit) / temperature - log_norm)
+                               : -INFINITY;
+    }
 }
 
 int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
                       const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
                       uint64_t step, float *logprob_out) {
+    return rp_sampler_sample_top(s, p, logits, prompt, n_prompt, output, n_output, step, logprob_out, NULL);
+}
+
+int rp_sampler_sample_top(rp_sampler *s, const rp_sampling_params *p, float *logits,
+                          const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                          uint64_t step, float *logprob_out, rp_top_logprobs *top_out) {
     RP_ASSERT(s && p && logits);
     RP_ASSERT(rp_sampling_params_validate(p, s->vocab_size, NULL) == RP_OK);
     int vocab = s->vocab_size;
@@ -300,13 +345,21 @@ int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
         }
     }
 
-    if (rp_sampling_is_greedy(p)) {
-        if (logprob_out) *logprob_out = greedy_logprob(logits, vocab, max_logit, max_logit);
-        return argmax;
+    rp_top_logprobs *top = top_out && p->top_logprobs > 0 ? top_out : NULL;
+    if (top_out) top_out->n = 0;
+    if (top) {
+        top->n = p->top_logprobs < vocab ? p->top_logprobs : vocab;
+        top_ids(logits, vocab, top->n, top->ids);
     }
-    if (max_logit == -INFINITY) { /* nothing can be sampled: the argmax, token 0 */
-        if (logprob_out) *logprob_out = -INFINITY;
-        return 0;
+
+    if (rp_sampling_is_greedy(p) || max_logit == -INFINITY) {
+        /* greedy, or nothing can be sampled (the argmax is token 0): the
+         * log-softmax at temperature 1, -inf everywhere for an all -inf row */
+        double log_norm = INFINITY;
+        if (max_logit != -INFINITY && (logprob_out || top)) log_norm = log_sum_exp_shifted(logits, vocab, max_logit);
+        if (logprob_out) *logprob_out = max_logit == -INFINITY ? -INFINITY : (float)(0.0 - log_norm);
+        if (top) top_fill(top, logits, max_logit, 1.0, log_norm, vocab);
+        return argmax;
     }
 
     double temperature = p->temperature < RP_SAMPLING_MIN_TEMPERATURE ? RP_SAMPLING_MIN_TEMPERATURE
@@ -366,8 +419,10 @@ int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
         n = kept;
     }
 
-    /* Renormalise and draw by inverse CDF in the sampling order. */
+    /* Renormalise and draw by inverse CDF in the sampling order. c[0, n)
+     * is now the kept set: the first n tokens of the sampling order. */
     double total = total_mass(c, n);
+    if (top) top_fill(top, logits, max_logit, temperature, log(total), n);
     double u = (double)rp_rand_uniform(p->seed, 0, step);
     prefix_goal draw = {.by_mass = 1, .inclusive = 0, .target = u * total};
     const rp_cand *pick = &c[keep_prefix(s, n, max_logit, temperature, draw) - 1];

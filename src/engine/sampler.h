@@ -15,6 +15,7 @@
 
 #include <stdint.h>
 
+#include "backend/sample_params.h"
 #include "util/err.h"
 
 /* vLLM raises temperatures in (0, 0.01) to 0.01 ("may cause numerical errors
@@ -33,6 +34,8 @@ typedef struct rp_sampling_params {
     uint64_t seed;            /* always used: the engine draws one at submit for
                                  requests that did not set one */
     int has_seed;             /* whether the user set seed (informational here) */
+    int top_logprobs;         /* [0, RP_MAX_TOP_LOGPROBS]: most likely tokens to report with their
+                                 logprobs (rp_sampler_sample_top); 0 = none */
 } rp_sampling_params;
 
 /* vLLM's defaults: temperature 1, everything else off, seed 0 / unset. */
@@ -70,5 +73,17 @@ void rp_sampler_free(rp_sampler *s);
 int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
                       const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
                       uint64_t step, float *logprob_out);
+
+/* rp_sampler_sample, and when top_out is non-NULL also the min(p->top_logprobs,
+ * vocab) most likely tokens: the first ones of the sampling order (penalised
+ * logit descending, then lower id), with their log-probabilities under the
+ * same distribution as *logprob_out: the log-softmax of the penalised logits
+ * at temperature 1 for greedy; else the distribution sampled from, in which a
+ * token cut by top-k, top-p or min-p has -inf. The chosen token's logprob is
+ * bit-identical to its entry when it is in the list. top_out->n = 0 when
+ * p->top_logprobs is 0. Costs one more pass over the vocabulary when asked. */
+int rp_sampler_sample_top(rp_sampler *s, const rp_sampling_params *p, float *logits,
+                          const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                          uint64_t step, float *logprob_out, rp_top_logprobs *top_out);
 
 #endif

@@ -53,6 +53,7 @@ struct rp_engine {
     rp_sample_params *dev_params;
     int32_t *dev_tokens;
     float *dev_logprobs;
+    rp_top_logprobs *dev_top; /* [max_logits] */
     int max_context, max_logits;
     /* shared with callers, under mu */
     pthread_mutex_t mu;
@@ -167,13 +168,19 @@ static size_t stop_prefix_tail(const rp_request *r) {
     return best;
 }
 
-static void deliver(rp_engine *e, rp_request *r, int32_t tok, float lp, const char *text, size_t len,
-                    rp_finish fin, const char *error) {
+/* top: the token's most likely alternatives, or NULL. */
+static void deliver(rp_engine *e, rp_request *r, int32_t tok, float lp, const rp_top_logprobs *top,
+                    const char *text, size_t len, rp_finish fin, const char *error) {
     (void)e;
     if (!r->cb) return;
     rp_token_event ev = {.id = r->id, .token = tok, .logprob = lp, .text = text ? text : "", .text_len = len,
                          .finish = fin, .error = error, .prompt_tokens = r->num_prompt,
                          .completion_tokens = r->num_output};
+    if (top && tok >= 0 && top->n > 0) {
+        ev.num_top_logprobs = top->n < RP_MAX_TOP_LOGPROBS ? top->n : RP_MAX_TOP_LOGPROBS;
+        memcpy(ev.top_ids, top->ids, (size_t)ev.num_top_logprobs * sizeof *ev.top_ids);
+        memcpy(ev.top_logprobs, top->logprobs, (size_t)ev.num_top_logprobs * sizeof *ev.top_logprobs);
+    }
     r->cb(r->user, &ev);
 }
 
@@ -196,7 +203,8 @@ static void release_retired(rp_engine *e) {
 
 /* Ends a request: its final event now; its pages once no launched step
  * still writes them (with overlap, the step in flight may). */
-static void finish(rp_engine *e, rp_request *r, int32_t tok, float lp, rp_finish fin, const char *error) {
+static void finish(rp_engine *e, rp_request *r, int32_t tok, float lp, const rp_top_logprobs *top, rp_finish fin,
+                   const char *error) {
     if (r->retiring) return;
     /* whatever text is held is output: the request ended without a stop string */
     if (r->has_detok) {
@@ -205,7 +213,7 @@ static void finish(rp_engine *e, rp_request *r, int32_t tok, float lp, rp_finish
         rp_detok_flush(&r->detok, &tail, &tail_len);
         held_append(r, tail, tail_len);
     }
-    deliver(e, r, tok, lp, r->held, r->held_len, fin, error);
+    deliver(e, r, tok, lp, top, r->held, r->held_len, fin, error);
     pthread_mutex_lock(&e->mu);
     live_remove(e, r->id);
     pthread_mutex_unlock(&e->mu);
@@ -226,7 +234,7 @@ static void finish(rp_engine *e, rp_request *r, int32_t tok, float lp, rp_finish
  * request when a stop condition is met. Without overlap k is the next
  * index; with overlap the slot was reserved (a token reference) when the
  * step was launched, and a later provisional token may already follow. */
-static void on_sampled(rp_engine *e, rp_request *r, int k, int32_t tok, float lp) {
+static void on_sampled(rp_engine *e, rp_request *r, int k, int32_t tok, float lp, const rp_top_logprobs *top) {
     const rp_model_config *c = &e->model->cfg;
     if (r->retiring) return; /* finished in an earlier step: this token was speculative */
     r->tokens[r->num_prompt + k] = tok;
@@ -236,7 +244,7 @@ static void on_sampled(rp_engine *e, rp_request *r, int k, int32_t tok, float lp
     for (int k = 0; k < r->num_stop_ids && !is_stop; k++) is_stop = r->stop_ids[k] == tok;
     if (is_stop) {
         r->num_output = k + 1; /* a provisional token after this one is dropped */
-        finish(e, r, tok, lp, RP_FINISH_REASON_STOP, NULL);
+        finish(e, r, tok, lp, top, RP_FINISH_REASON_STOP, NULL);
         return;
     }
     if (r->has_detok) {
@@ -254,19 +262,19 @@ static void on_sampled(rp_engine *e, rp_request *r, int k, int32_t tok, float lp
                     r->has_detok = 0;
                 }
                 r->num_output = k + 1;
-                finish(e, r, tok, lp, RP_FINISH_REASON_STOP, NULL);
+                finish(e, r, tok, lp, top, RP_FINISH_REASON_STOP, NULL);
                 return;
             }
         }
     }
     if (k + 1 >= r->max_tokens || r->num_prompt + k + 1 >= e->max_context) {
         r->num_output = k + 1;
-        finish(e, r, tok, lp, RP_FINISH_REASON_LENGTH, NULL);
+        finish(e, r, tok, lp, top, RP_FINISH_REASON_LENGTH, NULL);
         return;
     }
     size_t keep = r->num_stop ? stop_prefix_tail(r) : 0;
     size_t out = r->held_len - keep;
-    deliver(e, r, tok, lp, r->held, out, RP_FINISH_REASON_NONE, NULL);
+    deliver(e, r, tok, lp, top, r->held, out, RP_FINISH_REASON_NONE, NULL);
     if (r->held) {
         memmove(r->held, r->held + out, keep);
         r->held[keep] = 0;
@@ -285,7 +293,7 @@ static void fail_running(rp_engine *e, const char *msg) {
     e->completed = e->launched; /* nothing is in flight after a failure */
     e->steps[0].active = e->steps[1].active = 0;
     release_retired(e);
-    while (e->sched->num_running > 0) finish(e, e->sched->running[0], -1, 0, RP_FINISH_REASON_ERROR, msg);
+    while (e->sched->num_running > 0) finish(e, e->sched->running[0], -1, 0, NULL, RP_FINISH_REASON_ERROR, msg);
 }
 
 /* Whether a request's sampling needs the host sampler (penalties over its
@@ -324,7 +332,8 @@ static int launch_step(rp_engine *e) {
             const rp_sampling_params *p = &r->sampling;
             e->dev_params[st->logit_row[i]] = (rp_sample_params){.temperature = p->temperature, .top_p = p->top_p,
                                                                  .top_k = p->top_k, .min_p = p->min_p,
-                                                                 .seed = p->seed, .step = (uint64_t)r->num_output};
+                                                                 .seed = p->seed, .step = (uint64_t)r->num_output,
+                                                                 .top_logprobs = p->top_logprobs};
         }
     }
     rp_batch *bt = rp_batch_finish(e->bb);
@@ -360,7 +369,8 @@ static int launch_step(rp_engine *e) {
 static void collect_step(rp_engine *e, int slot) {
     rp_step *st = &e->steps[slot];
     rp_err err;
-    int rc = st->device_sampling ? e->backend->ops->read_tokens(e->backend, e->dev_tokens, e->dev_logprobs, &err)
+    int rc = st->device_sampling
+                 ? e->backend->ops->read_tokens(e->backend, e->dev_tokens, e->dev_logprobs, e->dev_top, &err)
                                  : rp_backend_read_logits(e->backend, e->logits, &err);
     st->active = 0;
     if (rc) {
@@ -375,15 +385,19 @@ static void collect_step(rp_engine *e, int slot) {
         int row = st->logit_row[i], k = st->out_index[i];
         int32_t tok;
         float lp = 0;
+        rp_top_logprobs host_top;
+        const rp_top_logprobs *top = &host_top;
         if (r->retiring) continue;
         if (st->device_sampling) {
             tok = e->dev_tokens[row];
             lp = e->dev_logprobs[row];
+            top = &e->dev_top[row];
         } else {
-            tok = rp_sampler_sample(e->sampler, &r->sampling, e->logits + (size_t)row * e->model->cfg.vocab_size,
-                                    r->tokens, r->num_prompt, r->tokens + r->num_prompt, k, (uint64_t)k, &lp);
+            tok = rp_sampler_sample_top(e->sampler, &r->sampling,
+                                        e->logits + (size_t)row * e->model->cfg.vocab_size, r->tokens, r->num_prompt,
+                                        r->tokens + r->num_prompt, k, (uint64_t)k, &lp, &host_top);
         }
-        on_sampled(e, r, k, tok, lp);
+        on_sampled(e, r, k, tok, lp, top);
     }
     release_retired(e);
 }
@@ -409,7 +423,7 @@ static void step(rp_engine *e) {
          * scheduled (should not happen: submit checks it fits); fail it
          * rather than spin. */
         rp_scheduler *s = e->sched;
-        if (s->wait_head) finish(e, s->wait_head, -1, 0, RP_FINISH_REASON_ERROR, "the request cannot be scheduled");
+        if (s->wait_head) finish(e, s->wait_head, -1, 0, NULL, RP_FINISH_REASON_ERROR, "the request cannot be scheduled");
     }
 }
 
@@ -445,14 +459,14 @@ static void *engine_main(void *arg) {
                 if (e->sched->running[i]->id == ids[k]) found = e->sched->running[i];
             for (rp_request *w = e->sched->wait_head; w && !found; w = w->next)
                 if (w->id == ids[k]) found = w;
-            if (found) finish(e, found, -1, 0, RP_FINISH_REASON_ABORT, NULL);
+            if (found) finish(e, found, -1, 0, NULL, RP_FINISH_REASON_ABORT, NULL);
         }
         if (stopping) {
             if (e->steps[e->cur_step].active) collect_step(e, e->cur_step);
             e->completed = e->launched;
             release_retired(e);
-            while (e->sched->num_running) finish(e, e->sched->running[0], -1, 0, RP_FINISH_REASON_ABORT, NULL);
-            while (e->sched->wait_head) finish(e, e->sched->wait_head, -1, 0, RP_FINISH_REASON_ABORT, NULL);
+            while (e->sched->num_running) finish(e, e->sched->running[0], -1, 0, NULL, RP_FINISH_REASON_ABORT, NULL);
+            while (e->sched->wait_head) finish(e, e->sched->wait_head, -1, 0, NULL, RP_FINISH_REASON_ABORT, NULL);
             break;
         }
         step(e);
@@ -600,7 +614,9 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, char *errbuf, size_t
     e->dev_params = calloc((size_t)e->max_logits, sizeof *e->dev_params);
     e->dev_tokens = calloc((size_t)e->max_logits, sizeof *e->dev_tokens);
     e->dev_logprobs = calloc((size_t)e->max_logits, sizeof *e->dev_logprobs);
-    if (!e->sched || !e->bb || !e->sampler || !e->logits || !e->dev_params || !e->dev_tokens || !e->dev_logprobs) {
+    e->dev_top = calloc((size_t)e->max_logits, sizeof *e->dev_top);
+    if (!e->sched || !e->bb || !e->sampler || !e->logits || !e->dev_params || !e->dev_tokens || !e->dev_logprobs ||
+        !e->dev_top) {
         set_err(errbuf, errlen, "out of memory setting up the engine");
         goto fail;
     }
@@ -649,6 +665,7 @@ void rp_engine_destroy(rp_engine *e) {
     free(e->dev_params);
     free(e->dev_tokens);
     free(e->dev_logprobs);
+    free(e->dev_top);
     rp_sampler_free(e->sampler);
     rp_batch_builder_free(e->bb);
     rp_scheduler_free(e->sched);
@@ -679,6 +696,7 @@ int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback
     sp.presence_penalty = p->presence_penalty;
     sp.frequency_penalty = p->frequency_penalty;
     sp.seed = p->seed;
+    sp.top_logprobs = p->top_logprobs;
     sp.has_seed = p->has_seed;
     if (rp_sampling_params_validate(&sp, c->vocab_size, &err)) return set_err(errbuf, errlen, "%s", err.msg);
     if (!sp.has_seed) {

@@ -44,6 +44,7 @@ typedef struct cpu_backend {
     float *sample_row;
     int32_t *tok_slot[2];
     float *lp_slot[2];
+    rp_top_logprobs *top_slot[2];
     int slot_n[2], slot_sampled[2], cur_slot, num_pending;
 } cpu_backend;
 
@@ -232,21 +233,23 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
             p.min_p = sp->min_p;
             p.seed = sp->seed;
             p.has_seed = 1;
+            p.top_logprobs = sp->top_logprobs > 0 && sp->top_logprobs <= RP_MAX_TOP_LOGPROBS ? sp->top_logprobs : 0;
             memcpy(cb->sample_row, cb->logits + (size_t)i * V, (size_t)V * sizeof(float));
-            cb->tok_slot[slot][i] =
-                rp_sampler_sample(cb->sampler, &p, cb->sample_row, NULL, 0, NULL, 0, sp->step, &cb->lp_slot[slot][i]);
+            cb->tok_slot[slot][i] = rp_sampler_sample_top(cb->sampler, &p, cb->sample_row, NULL, 0, NULL, 0, sp->step,
+                                                          &cb->lp_slot[slot][i], &cb->top_slot[slot][i]);
         }
     }
     return 0;
 }
 
-static int cpu_read_tokens(rp_backend *b, int32_t *tokens, float *logprobs, rp_err *err) {
+static int cpu_read_tokens(rp_backend *b, int32_t *tokens, float *logprobs, rp_top_logprobs *top, rp_err *err) {
     cpu_backend *cb = (cpu_backend *)b;
     if (cb->num_pending == 0) return rp_errf(err, "no forward to read");
     int slot = cb->num_pending == 2 ? cb->cur_slot ^ 1 : cb->cur_slot;
     if (!cb->slot_sampled[slot]) return rp_errf(err, "that forward did not sample");
     memcpy(tokens, cb->tok_slot[slot], (size_t)cb->slot_n[slot] * sizeof *tokens);
     if (logprobs) memcpy(logprobs, cb->lp_slot[slot], (size_t)cb->slot_n[slot] * sizeof *logprobs);
+    if (top) memcpy(top, cb->top_slot[slot], (size_t)cb->slot_n[slot] * sizeof *top);
     cb->num_pending--;
     return 0;
 }
@@ -269,6 +272,7 @@ static void cpu_destroy(rp_backend *b) {
     for (int k = 0; k < 2; k++) {
         free(cb->tok_slot[k]);
         free(cb->lp_slot[k]);
+        free(cb->top_slot[k]);
     }
     free(cb->sample_row);
     rp_sampler_free(cb->sampler);
@@ -329,7 +333,8 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
     for (int k = 0; k < 2; k++) {
         cb->tok_slot[k] = calloc((size_t)L, sizeof(int32_t));
         cb->lp_slot[k] = calloc((size_t)L, sizeof(float));
-        if (!cb->tok_slot[k] || !cb->lp_slot[k]) failed = 1;
+        cb->top_slot[k] = calloc((size_t)L, sizeof(rp_top_logprobs));
+        if (!cb->tok_slot[k] || !cb->lp_slot[k] || !cb->top_slot[k]) failed = 1;
     }
     cb->sample_row = alloc_f32(c->vocab_size, &failed);
     cb->sampler = rp_sampler_new(c->vocab_size);

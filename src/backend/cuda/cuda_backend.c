@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_util.h"
+#include "backend/cuda/sample_top.h"
 #include "backend/cuda/token_refs.h"
 #include "model/rope.h"
 #include "util/log.h"
@@ -279,6 +280,23 @@ static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, int decode
     return 0;
 }
 
+/* Samples every logit row, then finds the most likely tokens of the rows
+ * that ask for top logprobs (a block per row that returns at once for the
+ * others), all on fixed buffers. */
+static int launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
+    const int V = cb->base.model->cfg.vocab_size;
+    const rp_sample_params *params = META(cb, cb->d_meta, off_params, rp_sample_params);
+    prof_mark(cb, "sample");
+    RP_LAUNCH(rp_k_sample_kept(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept, cb->sample_ws,
+                               num_logits, V, cb->stream),
+              err);
+    prof_mark(cb, "top logprobs");
+    RP_LAUNCH(rp_k_top_logprobs(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept, cb->d_top, num_logits,
+                                V, cb->stream),
+              err);
+    return 0;
+}
+
 /* The fused path (T <= cb->fused_max_t): the residual stream stays fp32 in
  * cb->residual; each GEMV that adds into it also leaves per-block partial
  * sums of squares in cb->ss_parts, from which the next GEMV normalises its
@@ -334,11 +352,7 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
     RP_LAUNCH(rp_k_gemv_fused(cb->lm_head, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_F32, .y = cb->logits},
                               num_logits, c->vocab_size, H, st),
               err);
-    if (sample) prof_mark(cb, "sample");
-    if (sample)
-        RP_LAUNCH(rp_k_sample(cb->logits, META(cb, d, off_params, rp_sample_params), cb->d_tokens, cb->d_logprobs,
-                              cb->sample_ws, num_logits, c->vocab_size, st),
-                  err);
+    if (sample && launch_sample(cb, num_logits, err)) return RP_ERR;
     prof_mark(cb, NULL);
     return 0;
 }
@@ -389,11 +403,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     prof_mark(cb, num_logits <= RP_GEMV_MAX_T ? "gemv lm_head" : "gemm lm_head");
     if (rp_gemm_run(&cb->gemm, cb->lm_head, cb->logit_in, cb->logits, num_logits, c->vocab_size, H, 1, st, err))
         return RP_ERR;
-    if (sample) prof_mark(cb, "sample");
-    if (sample)
-        RP_LAUNCH(rp_k_sample(cb->logits, META(cb, d, off_params, rp_sample_params), cb->d_tokens, cb->d_logprobs,
-                              cb->sample_ws, num_logits, c->vocab_size, st),
-                  err);
+    if (sample && launch_sample(cb, num_logits, err)) return RP_ERR;
     prof_mark(cb, NULL);
     return 0;
 }
@@ -428,6 +438,9 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     cb->h_meta = cb->h_meta_slot[slot];
     cb->h_tokens = cb->h_tokens_slot[slot];
     cb->h_logprobs = cb->h_logprobs_slot[slot];
+    cb->slot_top[slot] = 0;
+    for (int i = 0; sample && i < bt->num_logits && !cb->slot_top[slot]; i++)
+        cb->slot_top[slot] = bt->sample[i].top_logprobs > 0;
     cb->ev_start = cb->ev_start_slot[slot];
     cb->ev_end = cb->ev_end_slot[slot];
     cb->slot_sampled[slot] = sample;
@@ -459,6 +472,11 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         RP_CUDA_TRY(cudaMemcpyAsync(cb->h_logprobs, cb->d_logprobs, (size_t)bt->num_logits * 4,
                                     cudaMemcpyDeviceToHost, cb->stream),
                     err);
+        if (cb->slot_top[slot]) /* only when asked: ~164 bytes a row */
+            RP_CUDA_TRY(cudaMemcpyAsync(cb->h_top_slot[slot], cb->d_top,
+                                        (size_t)bt->num_logits * sizeof(rp_top_logprobs), cudaMemcpyDeviceToHost,
+                                        cb->stream),
+                        err);
     }
     RP_CUDA_TRY(cudaEventRecord(cb->ev_end, cb->stream), err);
     cb->stats.last_pack_ms = (t1 - t0) * 1e3;
@@ -483,7 +501,7 @@ static int finish_step(rp_cuda_backend *cb, rp_err *err) {
 
 /* Returns the tokens of the oldest forward not yet read (with overlap, the
  * one before the last). */
-static int cuda_read_tokens(rp_backend *b, int32_t *tokens, float *logprobs, rp_err *err) {
+static int cuda_read_tokens(rp_backend *b, int32_t *tokens, float *logprobs, rp_top_logprobs *top, rp_err *err) {
     rp_cuda_backend *cb = (rp_cuda_backend *)b;
     if (cb->num_pending == 0) return rp_errf(err, "no forward to read");
     int slot = cb->num_pending == 2 ? cb->cur_slot ^ 1 : cb->cur_slot;
@@ -497,6 +515,11 @@ static int cuda_read_tokens(rp_backend *b, int32_t *tokens, float *logprobs, rp_
     if (slot == cb->cur_slot) cb->timing_pending = 0;
     memcpy(tokens, cb->h_tokens_slot[slot], (size_t)cb->slot_num_logits[slot] * 4);
     if (logprobs) memcpy(logprobs, cb->h_logprobs_slot[slot], (size_t)cb->slot_num_logits[slot] * 4);
+    if (top) {
+        if (cb->slot_top[slot]) memcpy(top, cb->h_top_slot[slot], (size_t)cb->slot_num_logits[slot] * sizeof *top);
+        else
+            for (int i = 0; i < cb->slot_num_logits[slot]; i++) top[i].n = 0;
+    }
     cb->num_pending--;
     return 0;
 }
@@ -549,6 +572,7 @@ static void cuda_destroy(rp_backend *b) {
         if (cb->h_meta_slot[k]) cudaFreeHost(cb->h_meta_slot[k]);
         if (cb->h_tokens_slot[k]) cudaFreeHost(cb->h_tokens_slot[k]);
         if (cb->h_logprobs_slot[k]) cudaFreeHost(cb->h_logprobs_slot[k]);
+        if (cb->h_top_slot[k]) cudaFreeHost(cb->h_top_slot[k]);
         if (cb->ev_start_slot[k]) cudaEventDestroy(cb->ev_start_slot[k]);
         if (cb->ev_end_slot[k]) cudaEventDestroy(cb->ev_end_slot[k]);
     }
@@ -593,6 +617,8 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         {(void **)&cb->ss_parts, (size_t)rp_gemv_ss_parts(c->hidden_size) * RP_GEMV_MAX_T * 4},
         {(void **)&cb->d_tokens, Lg * 4},
         {(void **)&cb->d_logprobs, Lg * 4},
+        {(void **)&cb->d_kept, Lg * 4},
+        {(void **)&cb->d_top, Lg * sizeof(rp_top_logprobs)},
         {&cb->attn_ws, attn_ws},
         {&cb->sample_ws, sample_ws},
     };
@@ -614,6 +640,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     for (int k = 0; k < 2; k++) {
         RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_tokens_slot[k], Lg * 4), err);
         RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_logprobs_slot[k], Lg * 4), err);
+        RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_top_slot[k], Lg * sizeof(rp_top_logprobs)), err);
     }
     cb->h_tokens = cb->h_tokens_slot[0];
     cb->h_logprobs = cb->h_logprobs_slot[0];

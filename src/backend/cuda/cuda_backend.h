@@ -54,6 +54,10 @@ typedef struct rp_cuda_backend {
     int fused_max_t;
     rp_bf16 *xn, *qkv, *attn, *tmp, *gate_up, *act, *logit_in;
     int32_t *d_tokens;
+    /* top logprobs: how many tokens each row's draw was made from, and each
+     * row's most likely tokens ([max_logits] each; sample_top.h) */
+    int32_t *d_kept;
+    rp_top_logprobs *d_top;
     void *attn_ws, *sample_ws;
     int32_t *h_tokens;
     float *h_logprobs;
@@ -80,8 +84,10 @@ typedef struct rp_cuda_backend {
     uint8_t *h_meta_slot[2];
     int32_t *h_tokens_slot[2];
     float *h_logprobs_slot[2];
+    rp_top_logprobs *h_top_slot[2];
     cudaEvent_t ev_start_slot[2], ev_end_slot[2];
     int slot_num_logits[2], slot_sampled[2];
+    int slot_top[2]; /* some row of that forward asked for top logprobs: h_top_slot was copied */
     int cur_slot, num_pending;
 } rp_cuda_backend;
 

@@ -41,6 +41,7 @@
 #include <float.h>
 #include <math.h>
 
+#include "backend/cuda/sample_top.h"
 #include "common.cuh"
 
 namespace cg = cooperative_groups;
@@ -288,8 +289,11 @@ __device__ int select_prefix(const float *row, int vocab, smp_shared &sh, bool b
     return 1;
 }
 
-__device__ __forceinline__ void sample_row_exact(const float *__restrict__ row, const rp_sample_params p, int32_t *tok, float *lp,
-                                 int vocab, smp_shared &sh) {
+/* kept (may be NULL): how many tokens of the sampling order the draw was
+ * made from (the kept set is a prefix of the order; vocab for greedy rows),
+ * for rp_k_top_logprobs. Counted only for rows that ask for top logprobs. */
+__device__ __forceinline__ void sample_row_exact(const float *__restrict__ row, const rp_sample_params p, int32_t *tok,
+                                                 float *lp, int32_t *kept, int vocab, smp_shared &sh) {
     __shared__ float red_v[32];
     __shared__ int red_i[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -338,6 +342,7 @@ __device__ __forceinline__ void sample_row_exact(const float *__restrict__ row, 
             if (threadIdx.x == 0) *lp = best == -INFINITY ? -INFINITY : -logf(s);
         }
         if (threadIdx.x == 0) *tok = best_i;
+        if (threadIdx.x == 0 && kept) *kept = vocab;
         return;
     }
 
@@ -383,6 +388,12 @@ __device__ __forceinline__ void sample_row_exact(const float *__restrict__ row, 
         if (threadIdx.x == 0) sh.st.min_p = p.min_p;
         __syncthreads();
     }
+    if (kept && p.top_logprobs > 0) { /* the kept set is final here; the draw narrows sh.st next */
+        uint64_t cnt = 0;
+        for_each(row, vocab, sh, [&](bool ok, uint32_t, int, float) { cnt += ok ? 1 : 0; });
+        cnt = block_sum_u64(cnt, sh);
+        if (threadIdx.x == 0) *kept = (int32_t)cnt;
+    }
     const uint64_t total = kept_mass(row, vocab, sh);
     const float u = rp_d_rand_uniform(p.seed, 0, p.step);
     uint64_t target = (uint64_t)((double)u * (double)total);
@@ -401,11 +412,13 @@ __device__ __forceinline__ void sample_row_exact(const float *__restrict__ row, 
 
 __global__ void __launch_bounds__(SMP_THREADS)
     sample_kernel_slow(const float *__restrict__ logits, const rp_sample_params *__restrict__ params,
-                       int32_t *__restrict__ tokens, float *__restrict__ logprobs, int vocab) {
+                       int32_t *__restrict__ tokens, float *__restrict__ logprobs, int32_t *__restrict__ kept,
+                       int vocab) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     smp_shared &sh = *reinterpret_cast<smp_shared *>(smem_raw);
     const int r = blockIdx.x;
-    sample_row_exact(logits + (int64_t)r * vocab, params[r], tokens + r, logprobs ? logprobs + r : NULL, vocab, sh);
+    sample_row_exact(logits + (int64_t)r * vocab, params[r], tokens + r, logprobs ? logprobs + r : NULL,
+                     kept ? kept + r : NULL, vocab, sh);
 }
 
 /* ======================= fast path (one cluster per row) ================== */
@@ -665,7 +678,8 @@ __device__ u64 fs_prefix_weight(int b, unsigned j, const fs_row &rw, fs_shared &
 
 __global__ void __launch_bounds__(FS_THREADS, 2)
     sample_kernel_cluster(const float *__restrict__ logits, const rp_sample_params *__restrict__ params,
-                          int32_t *__restrict__ tokens, float *__restrict__ logprobs, int vocab, int chunk) {
+                          int32_t *__restrict__ tokens, float *__restrict__ logprobs, int32_t *__restrict__ kept,
+                          int vocab, int chunk) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     fs_shared &sh = *reinterpret_cast<fs_shared *>(smem_raw);
     float *xs = reinterpret_cast<float *>(smem_raw + FS_SHARED_BYTES);
@@ -770,7 +784,10 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
                 if (lane == 0) logprobs[r] = mx == -INFINITY ? -INFINITY : -logf(tot);
             }
         }
-        if (rank == 0 && threadIdx.x == 0) tokens[r] = argmax;
+        if (rank == 0 && threadIdx.x == 0) {
+            tokens[r] = argmax;
+            if (kept) kept[r] = vocab;
+        }
         cluster.sync(); /* [exit] no block leaves while its slot may still be read */
         return;
     }
@@ -909,6 +926,8 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
         const unsigned jm = ok ? (unsigned)(n_m - sh.cum_c[bm]) : 0;
         if (ok && (bm < bf || (bm == bf && jm < jf))) bf = bm, jf = jm;
     }
+    /* the kept set is the first kept_n tokens of the sampling order */
+    const unsigned kept_n = !ok ? 0u : bf == FS_NB ? (unsigned)n_fin : sh.cum_c[bf] + jf;
     /* the draw: inverse CDF over the kept prefix */
     if (ok) {
         s2 = bf == FS_NB ? total : sh.cum_w[bf] + fs_prefix_weight(bf, jf, rw, sh, cluster, &ok);
@@ -934,12 +953,13 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
     cluster.sync(); /* [exit] they no longer read our shared memory */
     if (!ok) {
         /* a bin too large to open: the exact slow path over the global row */
-        sample_row_exact(row, p, tokens + r, logprobs ? logprobs + r : NULL, vocab,
+        sample_row_exact(row, p, tokens + r, logprobs ? logprobs + r : NULL, kept ? kept + r : NULL, vocab,
                          *reinterpret_cast<smp_shared *>(smem_raw));
         return;
     }
     if (threadIdx.x == 0) {
         tokens[r] = pick;
+        if (kept) kept[r] = (int32_t)kept_n;
         if (logprobs)
             logprobs[r] = (float)(((double)pick_x - (double)mx) / (double)temp - log((double)s2 / (double)SMP_ONE));
     }
@@ -1006,6 +1026,12 @@ static int fs_cluster_size(int vocab, int *chunk_out, size_t *smem_out) {
 
 extern "C" int rp_k_sample(const float *logits, const rp_sample_params *params, int32_t *tokens, float *logprobs,
                            void *workspace, int rows, int vocab, cudaStream_t stream) {
+    return rp_k_sample_kept(logits, params, tokens, logprobs, NULL, workspace, rows, vocab, stream);
+}
+
+extern "C" int rp_k_sample_kept(const float *logits, const rp_sample_params *params, int32_t *tokens,
+                                float *logprobs, int32_t *kept, void *workspace, int rows, int vocab,
+                                cudaStream_t stream) {
     (void)workspace;
     if (rows <= 0) return cudaSuccess;
     if (vocab <= 0 || vocab > SMP_MAX_VOCAB || rows > 65535) return (int)cudaErrorInvalidValue;
@@ -1023,7 +1049,8 @@ extern "C" int rp_k_sample(const float *logits, const rp_sample_params *params, 
         attr[0].val.clusterDim.x = cl, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
         cfg.attrs = attr;
         cfg.numAttrs = 1;
-        const cudaError_t e = cudaLaunchKernelEx(&cfg, sample_kernel_cluster, logits, params, tokens, logprobs, vocab, chunk);
+        const cudaError_t e =
+            cudaLaunchKernelEx(&cfg, sample_kernel_cluster, logits, params, tokens, logprobs, kept, vocab, chunk);
         if (e != cudaSuccess) {
             cudaGetLastError();
             return (int)e;
@@ -1037,6 +1064,106 @@ extern "C" int rp_k_sample(const float *logits, const rp_sample_params *params, 
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    sample_kernel_slow<<<rows, SMP_THREADS, bytes, stream>>>(logits, params, tokens, logprobs, vocab);
+    sample_kernel_slow<<<rows, SMP_THREADS, bytes, stream>>>(logits, params, tokens, logprobs, kept, vocab);
+    return rp_launch_result();
+}
+
+/* ======================= top logprobs ===================================== */
+
+/* One block per row; rows with params.top_logprobs == 0 only write n = 0.
+ * 1. Each thread keeps the n best (logit descending, id ascending) of its
+ *    strided share of the row in a sorted list; its ids ascend, so an equal
+ *    logit never displaces an earlier entry. The row's first n tokens of the
+ *    sampling order are all in the union of these lists.
+ * 2. n rounds of a block argmax over the lists' heads (a merge); the winning
+ *    thread advances its head.
+ * The logprobs come from the sampled token's: under the sampling
+ * distribution lp(x) = lp(tok) + (x - x_tok) / T (T = 1 for greedy rows),
+ * for the first kept[r] tokens of the order, -inf beyond (cut by top-k,
+ * top-p or min-p) and, as on the host, for tokens whose mass
+ * exp((x - max) / T) underflows in double (more than ~745 T below the max:
+ * the host never makes them candidates). So the sampled token's entry is
+ * its logprob exactly. */
+#define TLP_THREADS 256
+
+__device__ __forceinline__ bool tlp_before(float x, int id, float ox, int oid) {
+    return x > ox || (x == ox && id < oid);
+}
+
+__global__ void __launch_bounds__(TLP_THREADS)
+    top_logprobs_kernel(const float *__restrict__ logits, const rp_sample_params *__restrict__ params,
+                        const int32_t *__restrict__ tokens, const float *__restrict__ logprobs,
+                        const int32_t *__restrict__ kept, rp_top_logprobs *__restrict__ top, int vocab) {
+    __shared__ float red_x[TLP_THREADS / 32];
+    __shared__ int red_i[TLP_THREADS / 32];
+    __shared__ int win_id;
+    const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const rp_sample_params p = params[r];
+    rp_top_logprobs *out = top + r;
+    const int n = min(min(p.top_logprobs, RP_MAX_TOP_LOGPROBS), vocab);
+    if (n <= 0) {
+        if (threadIdx.x == 0) out->n = 0;
+        return;
+    }
+    const float *row = logits + (int64_t)r * vocab;
+
+    /* 1. this thread's sorted list (local memory; entries beat `worst`
+     * rarely once the list is full, so the loop is a load and a compare) */
+    float lx[RP_MAX_TOP_LOGPROBS];
+    int li[RP_MAX_TOP_LOGPROBS];
+    int cnt = 0;
+    float worst = -INFINITY;
+    for (int i = threadIdx.x; i < vocab; i += TLP_THREADS) {
+        const float x = sanitize(__ldg(row + i));
+        if (cnt == n && !(x > worst)) continue;
+        int j = cnt < n ? cnt++ : n - 1;
+        for (; j > 0 && x > lx[j - 1]; j--) lx[j] = lx[j - 1], li[j] = li[j - 1];
+        lx[j] = x, li[j] = i;
+        worst = lx[cnt - 1];
+    }
+
+    /* the distribution's parameters, from the sampled token */
+    const int32_t tok = tokens[r];
+    const double lp_tok = (double)logprobs[r];
+    const double x_tok = (double)sanitize(row[tok]);
+    const double temp = p.temperature == 0.0f ? 1.0 : (double)(p.temperature < 0.01f ? 0.01f : p.temperature);
+    const int n_kept = p.temperature == 0.0f ? vocab : kept[r];
+
+    /* 2. merge: n rounds of a block argmax over the heads */
+    int head = 0;
+    double mx = 0; /* thread 0: the row's max, the first winner */
+    for (int j = 0; j < n; j++) {
+        float x = head < cnt ? lx[head] : -INFINITY;
+        int id = head < cnt ? li[head] : 0x7fffffff; /* an empty list loses even to a -inf token */
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ox = __shfl_xor_sync(RP_FULL_MASK, x, o);
+            const int oid = __shfl_xor_sync(RP_FULL_MASK, id, o);
+            if (tlp_before(ox, oid, x, id)) x = ox, id = oid;
+        }
+        if (lane == 0) red_x[warp] = x, red_i[warp] = id;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < TLP_THREADS / 32; w++)
+                if (tlp_before(red_x[w], red_i[w], x, id)) x = red_x[w], id = red_i[w];
+            win_id = id;
+            if (j == 0) mx = (double)x;
+            const bool in = j < n_kept && x != -INFINITY && lp_tok != -INFINITY &&
+                            (p.temperature == 0.0f || exp(((double)x - mx) / temp) > 0.0);
+            out->ids[j] = id;
+            out->logprobs[j] = in ? (float)(lp_tok + ((double)x - x_tok) / temp) : -INFINITY;
+        }
+        __syncthreads();
+        if (head < cnt && li[head] == win_id) head++;
+    }
+    if (threadIdx.x == 0) out->n = n;
+}
+
+extern "C" int rp_k_top_logprobs(const float *logits, const rp_sample_params *params, const int32_t *tokens,
+                                 const float *logprobs, const int32_t *kept, rp_top_logprobs *top, int rows,
+                                 int vocab, cudaStream_t stream) {
+    if (rows <= 0) return cudaSuccess;
+    if (vocab <= 0 || !logits || !params || !tokens || !logprobs || !kept || !top) return (int)cudaErrorInvalidValue;
+    top_logprobs_kernel<<<rows, TLP_THREADS, 0, stream>>>(logits, params, tokens, logprobs, kept, top, vocab);
     return rp_launch_result();
 }

@@ -1,0 +1,42 @@
+/* Top logprobs on the device (kernels/sample.cu): the sampling kernel that
+ * also reports how many tokens each row's draw was made from, and the kernel
+ * that finds each row's most likely tokens and their logprobs. Both read and
+ * write only fixed device buffers (graph safe); only the small
+ * rp_top_logprobs rows leave the GPU. */
+#ifndef RP_BACKEND_CUDA_SAMPLE_TOP_H
+#define RP_BACKEND_CUDA_SAMPLE_TOP_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/sample_params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* rp_k_sample, and kept[r] (when kept != NULL): how many tokens of the
+ * sampling order (logit descending, id ascending) row r's draw was made
+ * from, i.e. survived top-k, top-p and min-p; vocab for greedy rows. It is
+ * computed (at a cost only on the exact slow path) for rows with
+ * params[r].top_logprobs > 0; other rows' entries may be left unwritten. */
+int rp_k_sample_kept(const float *logits, const rp_sample_params *params, int32_t *tokens, float *logprobs,
+                     int32_t *kept, void *workspace, int rows, int vocab, cudaStream_t stream);
+
+/* After rp_k_sample_kept on the same rows: top[r] = the min(top_logprobs,
+ * vocab) first tokens of row r's sampling order, with their logprobs under
+ * the distribution logprobs[r] was computed from (docs/sampling.md): greedy
+ * rows the log-softmax at temperature 1, sampled rows the renormalised
+ * distribution the token was drawn from, -inf for tokens outside it. Rows
+ * with top_logprobs == 0 get n = 0 and cost one block that returns at once.
+ * logprobs and kept must be the sampling kernel's outputs (not NULL). */
+int rp_k_top_logprobs(const float *logits, const rp_sample_params *params, const int32_t *tokens,
+                      const float *logprobs, const int32_t *kept, rp_top_logprobs *top, int rows, int vocab,
+                      cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
