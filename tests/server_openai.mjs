@@ -1,6 +1,6 @@
 // The official `openai` npm client against `replay serve` (started by
 // tests/cli_server_openai.sh): completions and chat, streamed and not,
-// logprobs, n, stop, usage, and the client's error classes for a bad
+// logprobs and top logprobs, n, stop, usage, and the client's error classes for a bad
 // request, an unknown model and a wrong API key.
 // Usage: node server_openai.mjs BASE_URL MODEL API_KEY
 import OpenAI from 'openai';
@@ -92,6 +92,38 @@ check('abandoned stream', got === 3);
 r = await client.chat.completions.create({ model, max_completion_tokens: 3, ignore_eos: true,
   messages: [{ role: 'user', content: [{ type: 'text', text: 'Hi' }, { type: 'text', text: ' there' }] }] });
 check('content parts', r.usage.completion_tokens === 3, r.usage);
+
+// top logprobs (chat: logprobs + top_logprobs; completions: logprobs = N), greedy: the first alternative is
+// the chosen token with the same logprob, the list is sorted descending
+function sortedDesc(xs) { return xs.every((x, i) => i === 0 || x <= xs[i - 1]); }
+r = await client.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0, ignore_eos: true,
+                                          logprobs: true, top_logprobs: 5 });
+const content5 = r.choices[0].logprobs.content;
+check('chat top_logprobs shape', content5.length === 4 && content5.every(e => e.top_logprobs.length === 5 &&
+      e.top_logprobs.every(t => typeof t.token === 'string' && typeof t.logprob === 'number' && t.logprob <= 0 &&
+                                Array.isArray(t.bytes))), content5);
+check('chat top_logprobs[0] = chosen (greedy)', content5.every(e => e.top_logprobs[0].token === e.token &&
+      e.top_logprobs[0].logprob === e.logprob), content5);
+check('chat top_logprobs sorted', content5.every(e => sortedDesc(e.top_logprobs.map(t => t.logprob))), content5);
+let streamedTop = [];
+for await (const ch of await client.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0,
+    ignore_eos: true, stream: true, logprobs: true, top_logprobs: 5 })) {
+  for (const choice of ch.choices) if (choice.logprobs) streamedTop.push(...choice.logprobs.content);
+}
+check('streamed chat top_logprobs = not streamed', JSON.stringify(streamedTop) === JSON.stringify(content5),
+      { streamedTop, content5 });
+c = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 4, temperature: 0,
+                                     ignore_eos: true, logprobs: 3 });
+const clp = c.choices[0].logprobs;
+check('completion top_logprobs shape', clp.top_logprobs.length === 4 && clp.tokens.length === 4 &&
+      clp.top_logprobs.every(o => Object.keys(o).length >= 1 && Object.keys(o).length <= 4), clp);
+// (a JS object reorders integer-like keys such as "1": compare by key, not by position)
+check('completion top_logprobs: chosen is the most likely (greedy)', clp.top_logprobs.every((o, i) =>
+      o[clp.tokens[i]] === clp.token_logprobs[i] && Math.max(...Object.values(o)) === clp.token_logprobs[i]), clp);
+await expectError('top_logprobs 21', () => client.chat.completions.create({ model, messages, logprobs: true,
+                  top_logprobs: 21 }), 400, OpenAI.BadRequestError);
+await expectError('top_logprobs without logprobs', () => client.chat.completions.create({ model, messages,
+                  top_logprobs: 2 }), 400, OpenAI.BadRequestError);
 
 // errors through the client's classes
 await expectError('bad request', () => client.completions.create({ model, prompt: 'x', temperature: -1 }), 400,

@@ -74,9 +74,43 @@ static void test_valid(void **state) {
     const char *too_many = "{\"prompt\":[[1],[2],[3]],\"n\":100}";
     assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, too_many, strlen(too_many), &q, &e), -1);
     assert_string_equal(e.param, "n");
-    const char *bad_lp = "{\"prompt\":\"x\",\"logprobs\":2}";
-    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, bad_lp, strlen(bad_lp), &q, &e), -1);
-    assert_string_equal(e.param, "logprobs");
+    /* logprobs = N (completions) and top_logprobs (chat, with logprobs: true), 0..20 */
+    const char *lp5 = "{\"prompt\":\"x\",\"logprobs\":5}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, lp5, strlen(lp5), &q, &e), 0);
+    assert_int_equal(q.logprobs, 1);
+    assert_int_equal(q.params.top_logprobs, 5);
+    rp_oai_request_free(&q);
+    const char *tlp = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":20}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_CHAT, tlp, strlen(tlp), &q, &e), 0);
+    assert_int_equal(q.logprobs, 1);
+    assert_int_equal(q.params.top_logprobs, 20);
+    rp_oai_request_free(&q);
+    const char *tlp0 = "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":0}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_CHAT, tlp0, strlen(tlp0), &q, &e), 0);
+    assert_int_equal(q.logprobs, 0);
+    assert_int_equal(q.params.top_logprobs, 0);
+    rp_oai_request_free(&q);
+    const struct {
+        rp_oai_kind kind;
+        const char *body, *param;
+    } bad_lps[] = {
+        {RP_OAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":21}", "logprobs"},
+        {RP_OAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":-1}", "logprobs"},
+        {RP_OAI_COMPLETION, "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs"},
+        {RP_OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", "logprobs"},
+        {RP_OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}",
+         "top_logprobs"},
+        {RP_OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":-1}",
+         "top_logprobs"},
+        {RP_OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":\"3\"}",
+         "top_logprobs"},
+        {RP_OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", "top_logprobs"},
+    };
+    for (size_t i = 0; i < sizeof bad_lps / sizeof bad_lps[0]; i++) {
+        assert_int_equal(rp_oai_parse(&ctx, bad_lps[i].kind, bad_lps[i].body, strlen(bad_lps[i].body), &q, &e), -1);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, bad_lps[i].param);
+    }
     const char *model = "{\"model\":\"other\",\"prompt\":\"x\"}";
     assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, model, strlen(model), &q, &e), -1);
     assert_int_equal(e.status, 404);

@@ -1,11 +1,13 @@
 /* The HTTP server in-process on a free loopback port, over raw sockets: every
- * error case with its status and OpenAI-shaped body, the API key, logprobs,
+ * error case with its status and OpenAI-shaped body, the API key, logprobs
+ * and top logprobs,
  * prompt lists, streaming framing, a client that hangs up mid-stream or
  * mid-request (aborted at once, the KV pool back to full), /metrics, and a
  * shutdown with a stream open (it ends with an error event and [DONE]).
  * The model: a one-layer Qwen3 shape with random weights and the real
  * Qwen3 tokenizer (scripts/fetch-tokenizers.sh). */
 #include <arpa/inet.h>
+#include <math.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -279,10 +281,26 @@ static void test_errors(void **state) {
         {"seed a string", "/v1/completions", "{\"prompt\":\"x\",\"seed\":\"s\"}", "seed", NULL, 400},
         {"stop a number", "/v1/completions", "{\"prompt\":\"x\",\"stop\":3}", "stop", NULL, 400},
         {"stop empty", "/v1/completions", "{\"prompt\":\"x\",\"stop\":[\"\"]}", "stop", NULL, 400},
-        {"logprobs 5", "/v1/completions", "{\"prompt\":\"x\",\"logprobs\":5}", "logprobs", NULL, 400},
-        {"top_logprobs 3", "/v1/chat/completions",
-         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":3}", "top_logprobs",
-         NULL, 400},
+        {"logprobs 21", "/v1/completions", "{\"prompt\":\"x\",\"logprobs\":21}", "logprobs", NULL, 400},
+        {"logprobs -1", "/v1/completions", "{\"prompt\":\"x\",\"logprobs\":-1}", "logprobs", NULL, 400},
+        {"logprobs true (completions)", "/v1/completions", "{\"prompt\":\"x\",\"logprobs\":true}", "logprobs", NULL,
+         400},
+        {"logprobs 2 (chat)", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":2}", "logprobs", NULL, 400},
+        {"top_logprobs 21", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":21}",
+         "top_logprobs", NULL, 400},
+        {"top_logprobs -1", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":-1}",
+         "top_logprobs", NULL, 400},
+        {"top_logprobs 2.5", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,\"top_logprobs\":2.5}",
+         "top_logprobs", NULL, 400},
+        {"top_logprobs without logprobs", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":3}", "top_logprobs", NULL, 400},
+        {"top_logprobs with logprobs false", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":false,\"top_logprobs\":1}",
+         "top_logprobs", NULL, 400},
         {"echo with logprobs", "/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":0}", "echo", NULL, 400},
         {"token id past the vocabulary", "/v1/completions", "{\"prompt\":[1,999999]}", "prompt", NULL, 400},
         {"negative token id", "/v1/completions", "{\"prompt\":[-1]}", "prompt", NULL, 400},
@@ -423,6 +441,145 @@ static void test_completions(void **state) {
     wait_pool_full();
 }
 
+/* One chat logprobs.content entry: n alternatives, sorted descending, each
+ * with token, logprob <= 0 and bytes; greedy: the first is the token itself. */
+static void check_chat_top(json_t *entry, int n, int greedy) {
+    json_t *top = json_object_get(entry, "top_logprobs");
+    assert_int_equal(json_array_size(top), n);
+    double prev = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *t = json_array_get(top, i);
+        double lp = json_real_value(json_object_get(t, "logprob"));
+        assert_true(json_is_string(json_object_get(t, "token")) && json_is_array(json_object_get(t, "bytes")));
+        assert_true(lp <= prev); /* descending (the first is <= 0) */
+        prev = lp;
+    }
+    if (greedy) {
+        json_t *first = json_array_get(top, 0);
+        assert_true(json_equal(json_object_get(first, "token"), json_object_get(entry, "token")));
+        assert_true(json_real_value(json_object_get(first, "logprob")) ==
+                    json_real_value(json_object_get(entry, "logprob")));
+    }
+}
+
+/* top_logprobs (chat) and logprobs = N (completions), streamed and not,
+ * greedy and sampled with top-k cutting the list. */
+static void test_top_logprobs(void **state) {
+    (void)state;
+    response r = request(port(), "POST", "/v1/chat/completions", NULL,
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4,\"ignore_eos\":true,"
+                         "\"temperature\":0,\"logprobs\":true,\"top_logprobs\":5}");
+    assert_int_equal(r.status, 200);
+    json_t *j = parse(r.body), *c = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *content = json_object_get(json_object_get(c, "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 4);
+    for (int i = 0; i < 4; i++) check_chat_top(json_array_get(content, i), 5, 1);
+    json_decref(j);
+    response_free(&r);
+
+    /* sampled with top_k 2: the first 2 alternatives hold all the mass (their
+     * probabilities sum to 1), the other 3 could not be drawn (-9999) */
+    r = request(port(), "POST", "/v1/chat/completions", NULL,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3,\"ignore_eos\":true,"
+                "\"temperature\":0.8,\"top_k\":2,\"seed\":3,\"logprobs\":true,\"top_logprobs\":5}");
+    assert_int_equal(r.status, 200);
+    j = parse(r.body);
+    content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 3);
+    for (int i = 0; i < 3; i++) {
+        json_t *e = json_array_get(content, i), *top = json_object_get(e, "top_logprobs");
+        check_chat_top(e, 5, 0);
+        double p0 = exp(json_real_value(json_object_get(json_array_get(top, 0), "logprob")));
+        double p1 = exp(json_real_value(json_object_get(json_array_get(top, 1), "logprob")));
+        assert_true(fabs(p0 + p1 - 1.0) < 1e-4);
+        for (int k = 2; k < 5; k++)
+            assert_true(json_real_value(json_object_get(json_array_get(top, k), "logprob")) == -9999.0);
+        int found = 0; /* the sampled token is one of the two, with the same logprob */
+        for (int k = 0; k < 2; k++) {
+            json_t *t = json_array_get(top, k);
+            found |= json_equal(json_object_get(t, "token"), json_object_get(e, "token")) &&
+                     json_real_value(json_object_get(t, "logprob")) == json_real_value(json_object_get(e, "logprob"));
+        }
+        assert_true(found);
+    }
+    json_decref(j);
+    response_free(&r);
+
+    /* completions, logprobs = 3: one {text: logprob} object per token, the 3
+     * most likely and the sampled token (greedy: one of them) */
+    r = request(port(), "POST", "/v1/completions", NULL,
+                "{\"prompt\":\"Hello\",\"max_tokens\":5,\"temperature\":0,\"ignore_eos\":true,\"logprobs\":3}");
+    assert_int_equal(r.status, 200);
+    j = parse(r.body);
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *tops = json_object_get(lp, "top_logprobs");
+    assert_int_equal(json_array_size(tops), 5);
+    for (int i = 0; i < 5; i++) {
+        json_t *top = json_array_get(tops, i);
+        const char *tok = json_string_value(json_array_get(json_object_get(lp, "tokens"), i));
+        assert_true(json_object_size(top) >= 1 && json_object_size(top) <= 3);
+        assert_non_null(json_object_get(top, tok));
+        assert_true(json_real_value(json_object_get(top, tok)) ==
+                    json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), i)));
+    }
+    json_decref(j);
+    response_free(&r);
+    /* logprobs = 0: the sampled tokens only, top_logprobs null (as vLLM) */
+    r = request(port(), "POST", "/v1/completions", NULL, "{\"prompt\":\"Hello\",\"max_tokens\":2,\"logprobs\":0}");
+    assert_int_equal(r.status, 200);
+    j = parse(r.body);
+    lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    assert_true(json_is_null(json_object_get(lp, "top_logprobs")));
+    json_decref(j);
+    response_free(&r);
+
+    /* streamed: every token chunk carries its alternatives */
+    r = request(port(), "POST", "/v1/chat/completions", NULL,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3,\"ignore_eos\":true,"
+                "\"temperature\":0,\"stream\":true,\"logprobs\":true,\"top_logprobs\":2}");
+    assert_int_equal(r.status, 200);
+    int with_top = 0;
+    for (char *p = r.body; (p = strstr(p, "data: {")) != NULL;) {
+        p += 6;
+        char *end = strstr(p, "\n\n");
+        assert_non_null(end);
+        *end = 0;
+        json_t *ch = parse(p), *cl = json_object_get(json_array_get(json_object_get(ch, "choices"), 0), "logprobs");
+        if (json_is_object(cl)) {
+            json_t *content1 = json_object_get(cl, "content");
+            assert_int_equal(json_array_size(content1), 1);
+            check_chat_top(json_array_get(content1, 0), 2, 1);
+            with_top++;
+        }
+        json_decref(ch);
+        p = end + 2;
+    }
+    assert_int_equal(with_top, 3);
+    response_free(&r);
+    r = request(port(), "POST", "/v1/completions", NULL,
+                "{\"prompt\":\"Hello\",\"max_tokens\":3,\"ignore_eos\":true,\"stream\":true,\"logprobs\":2}");
+    assert_int_equal(r.status, 200);
+    with_top = 0;
+    for (char *p = r.body; (p = strstr(p, "data: {")) != NULL;) {
+        p += 6;
+        char *end = strstr(p, "\n\n");
+        assert_non_null(end);
+        *end = 0;
+        json_t *ch = parse(p), *cl = json_object_get(json_array_get(json_object_get(ch, "choices"), 0), "logprobs");
+        if (json_is_object(cl)) {
+            json_t *t = json_object_get(cl, "top_logprobs");
+            assert_int_equal(json_array_size(t), 1);
+            assert_true(json_object_size(json_array_get(t, 0)) >= 2 && json_object_size(json_array_get(t, 0)) <= 3);
+            with_top++;
+        }
+        json_decref(ch);
+        p = end + 2;
+    }
+    assert_int_equal(with_top, 3);
+    response_free(&r);
+    wait_pool_full();
+}
+
 /* A streamed chat: the role first, a chunk per token, usage, [DONE]. */
 static void test_streaming(void **state) {
     (void)state;
@@ -542,7 +699,8 @@ static void test_shutdown(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_errors),     cmocka_unit_test(test_completions), cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_errors),     cmocka_unit_test(test_completions), cmocka_unit_test(test_top_logprobs),
+        cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_disconnect), cmocka_unit_test(test_shutdown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -158,6 +158,7 @@ struct srv_req {
     const rp_tokenizer *tok;
     rp_oai_kind kind;
     int stream, include_usage, logprobs;
+    int top_logprobs; /* alternatives per token (chat: top_logprobs; completions: logprobs = N) */
     char id[48];
     long created;
     char model[256];
@@ -229,26 +230,59 @@ static json_t *token_text(const rp_tokenizer *tok, int32_t id, const char **byte
     return json_string(name);
 }
 
-/* Chat: one entry of logprobs.content. */
-static json_t *chat_lp_entry(const srv_req *r, int32_t tok_id, float lp) {
+/* Chat: {token, logprob, bytes} of one token. */
+static json_t *chat_lp_item(const srv_req *r, int32_t tok_id, float lp) {
     const char *b;
     size_t n;
     json_t *t = token_text(r->tok, tok_id, &b, &n), *bytes = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)b[i]));
-    return json_pack("{s:o, s:o, s:o, s:[]}", "token", t, "logprob", lp_real(lp), "bytes", bytes, "top_logprobs");
+    return json_pack("{s:o, s:o, s:o}", "token", t, "logprob", lp_real(lp), "bytes", bytes);
 }
 
-/* Completions: the logprobs object, empty, to which tokens are appended. */
-static json_t *cmpl_lp_new(void) {
-    return json_pack("{s:[], s:[], s:[], s:n}", "tokens", "token_logprobs", "text_offset", "top_logprobs");
+/* Chat: one entry of logprobs.content: the sampled token and, in
+ * top_logprobs, the most likely ones (most likely first). */
+static json_t *chat_lp_entry(const srv_req *r, const rp_token_event *ev) {
+    json_t *e = chat_lp_item(r, ev->token, ev->logprob), *top = json_array();
+    for (int i = 0; i < ev->num_top_logprobs && i < r->top_logprobs; i++)
+        json_array_append_new(top, chat_lp_item(r, ev->top_ids[i], ev->top_logprobs[i]));
+    json_object_set_new(e, "top_logprobs", top);
+    return e;
 }
 
-static void cmpl_lp_append(const srv_req *r, json_t *obj, int32_t tok_id, float lp, size_t offset) {
+/* Completions: the logprobs object, empty, to which tokens are appended.
+ * top_logprobs is a list (one {text: logprob} object per token) when
+ * logprobs = N > 0, else null, as vLLM. */
+static json_t *cmpl_lp_new(const srv_req *r) {
+    return json_pack("{s:[], s:[], s:[], s:o}", "tokens", "token_logprobs", "text_offset", "top_logprobs",
+                     r->top_logprobs > 0 ? json_array() : json_null());
+}
+
+/* {text: logprob} keeps the first entry of a text (two ids may share one). */
+static void cmpl_top_add(const srv_req *r, json_t *obj, int32_t tok_id, float lp) {
     const char *b;
     size_t n;
-    json_array_append_new(json_object_get(obj, "tokens"), token_text(r->tok, tok_id, &b, &n));
-    json_array_append_new(json_object_get(obj, "token_logprobs"), lp_real(lp));
+    json_t *t = token_text(r->tok, tok_id, &b, &n);
+    const char *key = json_string_value(t);
+    size_t key_len = json_string_length(t);
+    if (!json_object_getn(obj, key, key_len)) json_object_setn_new(obj, key, key_len, lp_real(lp));
+    json_decref(t);
+}
+
+static void cmpl_lp_append(const srv_req *r, json_t *obj, const rp_token_event *ev, size_t offset) {
+    const char *b;
+    size_t n;
+    json_array_append_new(json_object_get(obj, "tokens"), token_text(r->tok, ev->token, &b, &n));
+    json_array_append_new(json_object_get(obj, "token_logprobs"), lp_real(ev->logprob));
     json_array_append_new(json_object_get(obj, "text_offset"), json_integer((json_int_t)offset));
+    json_t *tops = json_object_get(obj, "top_logprobs");
+    if (json_is_array(tops)) {
+        /* the N most likely, then the sampled token (OpenAI: up to N + 1 entries) */
+        json_t *top = json_object();
+        for (int i = 0; i < ev->num_top_logprobs && i < r->top_logprobs; i++)
+            cmpl_top_add(r, top, ev->top_ids[i], ev->top_logprobs[i]);
+        cmpl_top_add(r, top, ev->token, ev->logprob);
+        json_array_append_new(tops, top);
+    }
 }
 
 static json_t *chunk_json(const srv_req *r, json_t *choice) {
@@ -322,10 +356,10 @@ static void on_event(void *user, const rp_token_event *ev) {
             json_t *lp = NULL;
             if (r->logprobs && ev->token >= 0) {
                 if (r->kind == RP_OAI_CHAT) {
-                    lp = json_pack("{s:[o]}", "content", chat_lp_entry(r, ev->token, ev->logprob));
+                    lp = json_pack("{s:[o]}", "content", chat_lp_entry(r, ev));
                 } else {
-                    lp = cmpl_lp_new();
-                    cmpl_lp_append(r, lp, ev->token, ev->logprob, c->text_bytes);
+                    lp = cmpl_lp_new(r);
+                    cmpl_lp_append(r, lp, ev, c->text_bytes);
                 }
             }
             if (ev->token >= 0 || ev->text_len || ev->finish != RP_FINISH_REASON_NONE)
@@ -336,9 +370,8 @@ static void on_event(void *user, const rp_token_event *ev) {
             sb_add(&c->text, ev->text, ev->text_len);
             if (r->logprobs && ev->token >= 0) {
                 if (r->kind == RP_OAI_CHAT)
-                    json_array_append_new(json_object_get(c->logprobs, "content"),
-                                          chat_lp_entry(r, ev->token, ev->logprob));
-                else cmpl_lp_append(r, c->logprobs, ev->token, ev->logprob, c->text_bytes);
+                    json_array_append_new(json_object_get(c->logprobs, "content"), chat_lp_entry(r, ev));
+                else cmpl_lp_append(r, c->logprobs, ev, c->text_bytes);
             }
         }
         c->text_bytes += ev->text_len;
@@ -528,6 +561,7 @@ static srv_req *req_new(rp_server *s, const rp_oai_request *q, struct MHD_Connec
     r->stream = q->stream;
     r->include_usage = q->include_usage;
     r->logprobs = q->logprobs;
+    r->top_logprobs = q->logprobs ? q->params.top_logprobs : 0;
     r->created = (long)time(NULL);
     r->num_choices = nc;
     r->fd = conn ? connection_fd(conn) : -1;
@@ -542,7 +576,7 @@ static srv_req *req_new(rp_server *s, const rp_oai_request *q, struct MHD_Connec
         r->ch[i].r = r;
         r->ch[i].index = i;
         if (q->logprobs && !q->stream)
-            r->ch[i].logprobs = q->kind == RP_OAI_CHAT ? json_pack("{s:[]}", "content") : cmpl_lp_new();
+            r->ch[i].logprobs = q->kind == RP_OAI_CHAT ? json_pack("{s:[]}", "content") : cmpl_lp_new(r);
     }
     return r;
 }

@@ -316,23 +316,24 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
             goto out;
         }
     }
+    /* logprobs: chat takes a boolean and top_logprobs = N alternatives;
+     * completions take logprobs = N (OpenAI allows 0..5, vLLM up to its
+     * max_logprobs, 20 by default, as here). */
     json_t *lp = json_object_get(root, "logprobs");
     if (lp && !json_is_null(lp)) {
-        if (kind == RP_OAI_CHAT ? !json_is_boolean(lp) : !json_is_integer(lp)) {
-            BAD("logprobs", kind == RP_OAI_CHAT ? "'logprobs' must be a boolean" : "'logprobs' must be an integer");
-            goto out;
+        if (kind == RP_OAI_CHAT) {
+            if (get_bool(root, "logprobs", &out->logprobs, err)) goto out;
+        } else {
+            if (get_int(root, "logprobs", 0, RP_MAX_TOP_LOGPROBS, &p->top_logprobs, NULL, err)) goto out;
+            out->logprobs = 1;
         }
-        if (kind == RP_OAI_COMPLETION && json_integer_value(lp) != 0) {
-            BAD("logprobs", "only the sampled token's logprob is available (no alternatives): 'logprobs' must be 0 "
-                            "or absent, got %lld", (long long)json_integer_value(lp));
-            goto out;
-        }
-        out->logprobs = kind == RP_OAI_CHAT ? json_is_true(lp) : 1;
     }
-    json_t *tlp = json_object_get(root, "top_logprobs");
-    if (tlp && !json_is_null(tlp) && (!json_is_integer(tlp) || json_integer_value(tlp) != 0)) {
-        BAD("top_logprobs", "'top_logprobs' is not supported (only 0)");
-        goto out;
+    if (kind == RP_OAI_CHAT) {
+        if (get_int(root, "top_logprobs", 0, RP_MAX_TOP_LOGPROBS, &p->top_logprobs, NULL, err)) goto out;
+        if (p->top_logprobs > 0 && !out->logprobs) {
+            BAD("top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+            goto out;
+        }
     }
     p->logprobs = out->logprobs;
     json_t *stop = json_object_get(root, "stop");
