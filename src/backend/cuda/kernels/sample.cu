@@ -1151,7 +1151,8 @@ __global__ void __launch_bounds__(TLP_THREADS)
             const bool in = j < n_kept && x != -INFINITY && lp_tok != -INFINITY &&
                             (p.temperature == 0.0f || exp(((double)x - mx) / temp) > 0.0);
             out->ids[j] = id;
-            out->logprobs[j] = in ? (float)(lp_tok + ((double)x - x_tok) / temp) : -INFINITY;
+            /* the sampled token's own entry is its logprob, bit for bit (-0 included) */
+            out->logprobs[j] = !in ? -INFINITY : id == tok ? logprobs[r] : (float)(lp_tok + ((double)x - x_tok) / temp);
         }
         __syncthreads();
         if (head < cnt && li[head] == win_id) head++;
