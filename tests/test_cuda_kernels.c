@@ -600,11 +600,16 @@ static void check_decode(int nh, int nkv, int hd, int ps, int num_splits) {
 static void test_attn_decode(void **state) {
     (void)state;
     NEED_GPU();
-    check_decode(32, 8, 128, 16, 8);  /* llama3-8b: G = 4 */
-    check_decode(8, 8, 64, 1, 3);     /* G = 1, page size 1 */
-    check_decode(16, 2, 128, 16, 1);  /* G = 8, no split */
-    check_decode(16, 1, 64, 16, 32);  /* G = 16, many (partly empty) splits */
-    check_decode(12, 2, 128, 1, 16);  /* G = 6 */
+    for (int pipe = 1; pipe >= 0; pipe--) { /* with and without the cp.async rings */
+        rp_k_attn_decode_set_pipe(pipe);
+        printf("  attn_decode %s\n", pipe ? "with K/V rings" : "loading into registers");
+        check_decode(32, 8, 128, 16, 8); /* llama3-8b: G = 4 */
+        check_decode(8, 8, 64, 1, 3);    /* G = 1, page size 1 */
+        check_decode(16, 2, 128, 16, 1); /* G = 8, no split */
+        check_decode(16, 1, 64, 16, 32); /* G = 16, many (partly empty) splits */
+        check_decode(12, 2, 128, 1, 16); /* G = 6 */
+    }
+    rp_k_attn_decode_set_pipe(-1);
 }
 
 static void check_prefill(int nh, int nkv, int hd, int ps) {

@@ -230,8 +230,8 @@ static void offline_help(FILE *f) {
             "  --seed N                 workload seed (default 0)\n"
             "Engine:\n"
             "  --max-running-requests N (default 256)\n"
-            "  --max-prefill-tokens N   tokens per step (default 8192)\n"
-            "  --chunked-prefill-size N (default 2048)\n"
+            "  --max-prefill-tokens N   tokens per step (default 16384)\n"
+            "  --chunked-prefill-size N (default 8192)\n"
             "  --num-pages N            KV pages (default: from free memory)\n"
             "  --page-size N            (default 16)\n"
             "  --disable-cuda-graph\n"
@@ -258,7 +258,7 @@ static int bench_offline(int argc, char **argv) {
     const char *cmd = "bench offline";
     rp_model_opts mo;
     rp_model_opts_init(&mo);
-    long num = 200, in_len = 512, out_len = 512, max_running = 256, max_prefill = 8192, chunk = 2048, pages = 0,
+    long num = 200, in_len = 512, out_len = 512, max_running = 256, max_prefill = 16384, chunk = 8192, pages = 0,
          page_size = 16;
     double range = 0;
     uint64_t seed = 0;

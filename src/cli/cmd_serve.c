@@ -31,8 +31,8 @@ static void help(FILE *f) {
             "  --chat-template NAME       qwen3 or llama3\n"
             "Engine:\n"
             "  --max-running-requests N   (default 256)\n"
-            "  --max-prefill-tokens N     tokens per step (default 8192)\n"
-            "  --chunked-prefill-size N   (default 2048)\n"
+            "  --max-prefill-tokens N     tokens per step (default 16384)\n"
+            "  --chunked-prefill-size N   (default 8192)\n"
             "  --num-pages N              KV pages (default: from free memory)\n"
             "  --page-size N              (default 16)\n"
             "  --max-model-len N          context per request (default: the model's)\n"
@@ -65,7 +65,7 @@ int rp_cmd_serve(int argc, char **argv) {
     rp_model_opts_init(&mo);
     rp_server_config sc = {.host = "127.0.0.1", .port = 8000};
     const char *tokenizer_dir = NULL, *template_name = NULL;
-    long port = 8000, running = 256, prefill = 8192, chunk = 2048, pages = 0, page_size = 16, max_len = 0;
+    long port = 8000, running = 256, prefill = 16384, chunk = 8192, pages = 0, page_size = 16, max_len = 0;
     int no_graph = 0;
     optind = 1;
     opterr = 0;

@@ -128,6 +128,9 @@ size_t rp_attn_decode_workspace_bytes(int num_seqs, int nh, int hd, int num_spli
 int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
                      rp_bf16 *out, void *workspace, int num_seqs, int nh, int nkv, int hd, int num_splits,
                      cudaStream_t stream);
+/* Tests: 1 always streams K/V through the shared-memory rings, 0 never,
+ * -1 (default) from DEC_PIPE_MIN_SEQS sequences (attn_decode.cu says why). */
+void rp_k_attn_decode_set_pipe(int mode);
 
 /* Prefill attention for variable-length sequences (T tokens in all): query
  * token i of sequence s sits at position kv_len - n_new + i and attends

@@ -12,11 +12,12 @@
  * Within a block, 4 warps take 16-key tiles in turn and keep their own
  * online-softmax state in registers; the warps meet once, at the end,
  * through shared memory (no communication between blocks: the merge is a
- * separate launch). Each warp streams its tiles through a 3-stage
- * cp.async ring in shared memory, so two tiles are in flight while it
- * computes on a third (loaded straight into registers, a warp had at most
- * one: batch 128 x 512 keys went from 69% to 72% of the copy bandwidth,
- * batch 32 x 512 from 52% to 55%; bench/RESULTS.md).
+ * separate launch). From DEC_PIPE_MIN_SEQS sequences each warp streams
+ * its tiles through a 3-stage cp.async ring in shared memory, so two tiles
+ * are in flight while it computes on a third (loaded straight into
+ * registers, a warp has at most one: batch 128 x 512 keys went from 69% to
+ * 72% of the copy bandwidth, batch 32 x 512 from 52% to 55%;
+ * bench/RESULTS.md); below that, straight into registers.
  *
  * Fragment trick (see gemv.cu): a dot product does not care how its index is
  * numbered, so each thread loads 8 (K) or 8/16 (V) consecutive bf16 with one
@@ -46,7 +47,12 @@ static __device__ __forceinline__ int64_t key_slot(const int32_t *row, int page_
     return (int64_t)row[j / page_size] * page_size + j % page_size;
 }
 
-template <int HD>
+/* The merge arrays alone: the shared memory of the kernel without rings. */
+template <int HD> static constexpr __host__ __device__ size_t dec_merge_bytes(void) {
+    return (size_t)DEC_WARPS * DEC_MAX_GROUP * (HD + 1) * 4 + 2 * (size_t)DEC_WARPS * DEC_MAX_GROUP * 4;
+}
+
+template <int HD, bool PIPE>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     attn_decode_split_kernel(const uint16_t *__restrict__ qkv, const uint16_t *__restrict__ k_cache,
                              const uint16_t *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
@@ -63,7 +69,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     o_rows *sm_o = reinterpret_cast<o_rows *>(dec_ring);
     float(*sm_m)[DEC_MAX_GROUP] = reinterpret_cast<float(*)[DEC_MAX_GROUP]>(sm_o + DEC_WARPS);
     float(*sm_l)[DEC_MAX_GROUP] = sm_m + DEC_WARPS;
-    static_assert(sizeof(o_rows) * DEC_WARPS + 2 * sizeof(float) * DEC_WARPS * DEC_MAX_GROUP <= dec_smem_bytes<HD>(),
+    static_assert(sizeof(o_rows) * DEC_WARPS + 2 * sizeof(float) * DEC_WARPS * DEC_MAX_GROUP == dec_merge_bytes<HD>() &&
+                      dec_merge_bytes<HD>() <= dec_smem_bytes<HD>(),
                   "the merge's arrays fit in the rings");
 
     rp_pdl_trigger();
@@ -99,12 +106,15 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     for (int j = 0; j < DPT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
-    /* This thread's share of the tile at base into ring stage st: the same
-     * 16-byte pieces it later reads back (cp.async; keys past end read as
-     * zeros from slot 0). Its own copies only: no barrier, just the group
-     * count. */
-    auto issue = [&](int base_t, int st) {
-        uint4 *dst = ring + st * U4 * 32;
+    /* This thread's 16-byte pieces of the tile at base_t, piece i at
+     * dst[i * 32] (keys past end: zeros). PIPE: into ring stage st by
+     * cp.async, read back later by this same thread (its own copies only: no
+     * barrier, just the group count); else straight into registers. */
+    auto load = [&](int base_t, uint4 *dst, int stride) {
+        auto piece = [&](int i, const uint16_t *src, bool ok) {
+            if (PIPE) rp_cp_async16(dst + i * stride, src, ok ? 16 : 0);
+            else dst[i * stride] = ok ? rp_ld_act(src) : make_uint4(0, 0, 0, 0);
+        };
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             const int j = base_t + nt * 8 + g;
@@ -112,7 +122,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             const uint16_t *kp = k_cache + (ok ? key_slot(prow, meta.page_size, j) : 0) * kv_stride +
                                  (int64_t)kvh * HD + c * 8;
 #pragma unroll
-            for (int ch = 0; ch < KCH; ch++) rp_cp_async16(dst + (nt * KCH + ch) * 32, kp + ch * 32, ok ? 16 : 0);
+            for (int ch = 0; ch < KCH; ch++) piece(nt * KCH + ch, kp + ch * 32, ok);
         }
 #pragma unroll
         for (int r = 0; r < 4; r++) {
@@ -121,33 +131,41 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             const uint16_t *vp = v_cache + (ok ? key_slot(prow, meta.page_size, j) : 0) * kv_stride +
                                  (int64_t)kvh * HD + g * DPT;
 #pragma unroll
-            for (int h = 0; h < DPT / 8; h++)
-                rp_cp_async16(dst + (dec_tile<HD>::K_U4 + r * (DPT / 8) + h) * 32, vp + h * 8, ok ? 16 : 0);
+            for (int h = 0; h < DPT / 8; h++) piece(dec_tile<HD>::K_U4 + r * (DPT / 8) + h, vp + h * 8, ok);
         }
     };
     const int first = begin + warp * DEC_TILE;
+    if (PIPE)
 #pragma unroll
-    for (int st = 0; st < DEC_STAGES - 1; st++) {
-        if (first + st * sweep < end) issue(first + st * sweep, st);
-        rp_cp_async_commit(); /* empty groups keep the count uniform */
-    }
+        for (int st = 0; st < DEC_STAGES - 1; st++) {
+            if (first + st * sweep < end) load(first + st * sweep, ring + st * U4 * 32, 32);
+            rp_cp_async_commit(); /* empty groups keep the count uniform */
+        }
     int it = 0;
     for (int base = first; base < end; base += sweep, it++) {
-        const int ahead = base + (DEC_STAGES - 1) * sweep;
-        if (ahead < end) issue(ahead, (it + DEC_STAGES - 1) % DEC_STAGES);
-        rp_cp_async_commit();
-        rp_cp_async_wait<DEC_STAGES - 1>(); /* this tile's group has landed */
-        const uint4 *src = ring + (it % DEC_STAGES) * U4 * 32;
+        uint4 regs[PIPE ? 1 : U4];
+        const uint4 *src = regs;
+        int stride = 1;
+        if (PIPE) {
+            const int ahead = base + (DEC_STAGES - 1) * sweep;
+            if (ahead < end) load(ahead, ring + ((it + DEC_STAGES - 1) % DEC_STAGES) * U4 * 32, 32);
+            rp_cp_async_commit();
+            rp_cp_async_wait<DEC_STAGES - 1>(); /* this tile's group has landed */
+            src = ring + (it % DEC_STAGES) * U4 * 32;
+            stride = 32;
+        } else {
+            load(base, regs, 1);
+        }
         uint4 kr[2][KCH];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int ch = 0; ch < KCH; ch++) kr[nt][ch] = src[(nt * KCH + ch) * 32];
+            for (int ch = 0; ch < KCH; ch++) kr[nt][ch] = src[(nt * KCH + ch) * stride];
         uint4 vr[4][DPT / 8]; /* keys base + {2c, 2c+1, 2c+8, 2c+9}, dims g*DPT .. +DPT */
 #pragma unroll
         for (int r = 0; r < 4; r++)
 #pragma unroll
-            for (int h = 0; h < DPT / 8; h++) vr[r][h] = src[(dec_tile<HD>::K_U4 + r * (DPT / 8) + h) * 32];
+            for (int h = 0; h < DPT / 8; h++) vr[r][h] = src[(dec_tile<HD>::K_U4 + r * (DPT / 8) + h) * stride];
 
         /* S = Q K^T for the 16 keys: two n-tiles of 8. */
         float sc[2][4];
@@ -222,8 +240,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 
     /* Meet the other warps: rows < G only, in the rings' memory once all
      * are done with theirs. */
-    rp_cp_async_wait<0>();
-    __syncthreads();
+    if (PIPE) {
+        rp_cp_async_wait<0>();
+        __syncthreads();
+    }
     if (c == 0) {
         if (g < G) {
             sm_m[warp][g] = m_lo;
@@ -292,10 +312,39 @@ __global__ void attn_decode_merge_kernel(const float *__restrict__ ws_o, const f
 template <int HD> static int dec_opt_in(void) {
     static bool done = false;
     if (done) return 0;
-    const cudaError_t e = cudaFuncSetAttribute(attn_decode_split_kernel<HD>,
+    const cudaError_t e = cudaFuncSetAttribute(attn_decode_split_kernel<HD, true>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dec_smem_bytes<HD>());
     done = e == cudaSuccess;
     return (int)e;
+}
+
+/* Rings only from this many sequences: they need more shared memory than
+ * the other decode kernels, and a kernel whose shared/L1 split differs from
+ * its neighbours' ends their PDL overlap (measured at batch 1: +0.28 ms per
+ * llama3-8b step, 32 such boundaries each way). From batch 32 the rings
+ * win (bench/RESULTS.md). */
+#define DEC_PIPE_MIN_SEQS 32
+static int dec_pipe_mode = -1;
+extern "C" void rp_k_attn_decode_set_pipe(int mode) { dec_pipe_mode = mode < 0 ? -1 : mode != 0; }
+
+template <int HD>
+static int dec_launch(bool pipe, dim3 grid, const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
+                      rp_attn_meta meta, rp_bf16 *out, float *ws_o, float2 *ws_ml, int num_seqs, int nh, int nkv,
+                      int num_splits, cudaStream_t stream) {
+    int rc;
+    if (pipe) {
+        rc = dec_opt_in<HD>();
+        if (rc == 0)
+            rc = rp_launch(attn_decode_split_kernel<HD, true>, grid, dim3(DEC_WARPS * 32), dec_smem_bytes<HD>(), stream,
+                           qkv, k_cache, v_cache, meta, ws_o, ws_ml, nh, nkv, num_splits);
+    } else {
+        rc = rp_launch(attn_decode_split_kernel<HD, false>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(), stream,
+                       qkv, k_cache, v_cache, meta, ws_o, ws_ml, nh, nkv, num_splits);
+    }
+    if (rc == 0)
+        rc = rp_launch(attn_decode_merge_kernel<HD>, dim3(num_seqs * nh), dim3(HD), 0, stream, ws_o, ws_ml, out, nh,
+                       num_splits);
+    return rc;
 }
 
 extern "C" size_t rp_attn_decode_workspace_bytes(int num_seqs, int nh, int hd, int num_splits) {
@@ -314,23 +363,9 @@ extern "C" int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, cons
     float *ws_o = (float *)workspace;
     float2 *ws_ml = (float2 *)(((uintptr_t)(ws_o + parts * hd) + 15) & ~(uintptr_t)15);
     dim3 grid(num_splits, nkv, num_seqs);
-    int rc;
-    if (hd == 128) {
-        rc = dec_opt_in<128>();
-        if (rc == 0)
-            rc = rp_launch(attn_decode_split_kernel<128>, grid, dim3(DEC_WARPS * 32), dec_smem_bytes<128>(), stream, qkv, k_cache, v_cache,
-                       meta, ws_o, ws_ml, nh, nkv, num_splits);
-        if (rc == 0)
-            rc = rp_launch(attn_decode_merge_kernel<128>, dim3(num_seqs * nh), dim3(128), 0, stream, ws_o, ws_ml, out,
-                           nh, num_splits);
-    } else {
-        rc = dec_opt_in<64>();
-        if (rc == 0)
-            rc = rp_launch(attn_decode_split_kernel<64>, grid, dim3(DEC_WARPS * 32), dec_smem_bytes<64>(), stream, qkv, k_cache, v_cache, meta,
-                       ws_o, ws_ml, nh, nkv, num_splits);
-        if (rc == 0)
-            rc = rp_launch(attn_decode_merge_kernel<64>, dim3(num_seqs * nh), dim3(64), 0, stream, ws_o, ws_ml, out, nh,
-                           num_splits);
-    }
-    return rc;
+    const bool pipe = dec_pipe_mode < 0 ? num_seqs >= DEC_PIPE_MIN_SEQS : dec_pipe_mode != 0;
+    if (hd == 128) return dec_launch<128>(pipe, grid, qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_seqs, nh, nkv,
+                                          num_splits, stream);
+    return dec_launch<64>(pipe, grid, qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_seqs, nh, nkv, num_splits,
+                          stream);
 }
