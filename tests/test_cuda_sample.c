@@ -215,6 +215,20 @@ static void test_sample_vs_host(void **state) {
     free(logits), free(params);
 }
 
+/* One of four row shapes, at random: model-like, nearly flat (the bins
+ * adapt to the range), very peaked, or masked tokens with a NaN. */
+static void fill_mixed_row(float *x, int vocab) {
+    const int shape = urand(4);
+    if (shape == 0) fill_model_like(x, vocab);
+    else if (shape == 1) fill_normal(x, vocab, 0.05f);
+    else if (shape == 2) fill_normal(x, vocab, 20.0f);
+    else {
+        fill_normal(x, vocab, 1.0f);
+        for (int i = 0; i < vocab; i += 3) x[i] = -INFINITY;
+        x[urand(vocab)] = NAN;
+    }
+}
+
 /* A batch: every row its own logits and its own parameters (mixed greedy
  * and sampled rows in one launch), at a vocabulary whose rows are not
  * 16-byte aligned and one that is. */
@@ -229,15 +243,7 @@ static void test_sample_batch(void **state) {
         rp_sample_params *params = calloc((size_t)rows, sizeof *params);
         for (int r = 0; r < rows; r++) {
             float *x = logits + (size_t)r * vocab;
-            const int shape = urand(4);
-            if (shape == 0) fill_model_like(x, vocab);
-            else if (shape == 1) fill_normal(x, vocab, 0.05f); /* nearly flat: bins adapt to the range */
-            else if (shape == 2) fill_normal(x, vocab, 20.0f); /* very peaked */
-            else {
-                fill_normal(x, vocab, 1.0f);
-                for (int i = 0; i < vocab; i += 3) x[i] = -INFINITY; /* masked tokens */
-                x[urand(vocab)] = NAN;
-            }
+            fill_mixed_row(x, vocab);
             const float temps[] = {0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
             params[r].temperature = temps[urand(5)];
             params[r].top_p = urand(2) ? 1.0f : 0.5f + 0.5f * (float)urand(100) / 100.0f;
@@ -454,15 +460,7 @@ static void test_top_logprobs(void **state) {
         rp_sample_params *params = calloc((size_t)rows, sizeof *params);
         for (int r = 0; r < rows; r++) {
             float *x = logits + (size_t)r * vocab;
-            const int shape = urand(4);
-            if (shape == 0) fill_model_like(x, vocab);
-            else if (shape == 1) fill_normal(x, vocab, 0.05f);
-            else if (shape == 2) fill_normal(x, vocab, 20.0f);
-            else {
-                fill_normal(x, vocab, 1.0f);
-                for (int i = 0; i < vocab; i += 3) x[i] = -INFINITY;
-                x[urand(vocab)] = NAN;
-            }
+            fill_mixed_row(x, vocab);
             x[urand(vocab)] = x[urand(vocab)] = x[urand(vocab)] = 60.0f; /* tied at the top: lower id first */
             const float temps[] = {0.0f, 0.0f, 0.3f, 0.7f, 1.0f, 1.5f};
             params[r].temperature = temps[urand(6)];
