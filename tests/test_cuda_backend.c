@@ -7,6 +7,8 @@
  *    run eagerly;
  *  - padding: sequences decoded together in a padded bucket get the same
  *    greedy tokens as each decoded alone, and logits within bf16 noise;
+ *  - batch-1 decode as one persistent kernel matches the chain of kernels
+ *    at real layer widths and context lengths 1..1000;
  *  - nothing is allocated on the device after startup. */
 #include <jansson.h>
 #include <math.h>
@@ -275,6 +277,117 @@ static void test_graph_equals_eager(void **state) {
 }
 
 
+/* Real layer widths with a few layers (the one-kernel step is the same code
+ * for every layer): qwen3-0.6b (GQA 2, q/k norm), llama3.2-1b (head_dim
+ * 64, llama3 RoPE), qwen3-4b (hidden 2560: units of 40 KiB split into
+ * uneven ring pieces), llama3-8b (intermediate 14336: the widest x). */
+static rp_model *real_shape_model(const char *name, int layers) {
+    rp_model_config c;
+    rp_err err;
+    if (rp_config_preset(&c, name, &err)) fail_msg("%s", err.msg);
+    c.num_layers = layers;
+    rp_load_options lo = {.seed = 11, .lazy_dummy = 1};
+    rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
+    if (!m) fail_msg("%s: %s", name, err.msg);
+    return m;
+}
+
+/* Prefills `prompt` (chunks of at most 512 tokens) into a fresh row, then
+ * runs one decode step of `next` and leaves its logits in out. The row is
+ * returned so that the same step can be run again. */
+static int prefill_then_step(setup *s, const int32_t *prompt, int n, int32_t next, float *out, float *scratch) {
+    rp_err err;
+    rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 1, 1);
+    int row = rp_page_table_acquire_row(s->table);
+    assert_true(row >= 0);
+    assert_int_equal(rp_page_table_reserve(s->table, row, n + 1, &err), 0);
+    for (int off = 0; off < n; off += 512) {
+        int k = n - off < 512 ? n - off : 512;
+        rp_batch_begin(bb);
+        assert_true(rp_batch_add(bb, row, prompt + off, k, off, 1) >= 0);
+        if (rp_backend_forward(s->be, rp_batch_finish(bb), &err)) fail_msg("prefill: %s", err.msg);
+        assert_int_equal(rp_backend_read_logits(s->be, scratch, &err), 0);
+    }
+    rp_batch_begin(bb);
+    assert_true(rp_batch_add(bb, row, &next, 1, n, 1) >= 0);
+    if (rp_backend_forward(s->be, rp_batch_finish(bb), &err)) fail_msg("decode: %s", err.msg);
+    assert_int_equal(rp_backend_read_logits(s->be, out, &err), 0);
+    rp_batch_builder_free(bb);
+    return row;
+}
+
+/* The same decode step (same position, same cache) run again. */
+static void step_again(setup *s, int row, int n, int32_t next, float *out) {
+    rp_err err;
+    rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 1, 1);
+    rp_batch_begin(bb);
+    assert_true(rp_batch_add(bb, row, &next, 1, n, 1) >= 0);
+    if (rp_backend_forward(s->be, rp_batch_finish(bb), &err)) fail_msg("decode: %s", err.msg);
+    assert_int_equal(rp_backend_read_logits(s->be, out, &err), 0);
+    rp_batch_builder_free(bb);
+}
+
+/* Batch-1 decode as one persistent kernel against the chain of kernels
+ * (REPLAY_DECODE_STEP=0) on the same weights and prompts: logits within
+ * bf16 noise (the same rounding points, fp32 sums in another order), and
+ * the one-kernel step replayed from its graph bit-identical to it run
+ * eagerly. */
+static void test_decode_step(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    const struct {
+        const char *name;
+        int layers;
+    } shapes[] = {{"qwen3-0.6b", 4}, {"llama3.2-1b", 3}, {"qwen3-4b", 3}, {"llama3-8b", 2}};
+    const int lens[] = {1, 7, 100, 1000};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        rp_model *m = real_shape_model(shapes[k].name, shapes[k].layers);
+        const int V = m->cfg.vocab_size;
+        setup chain, one;
+        setenv("REPLAY_DECODE_STEP", "0", 1);
+        make(&chain, m, 1, 1, 1024 + 16, 0);
+        unsetenv("REPLAY_DECODE_STEP");
+        make(&one, m, 1, 1, 1024 + 16, 1);
+        float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4), *c = malloc((size_t)V * 4),
+              *scratch = malloc((size_t)V * 4);
+        int32_t *prompt = malloc(1000 * 4);
+        rp_backend_stats st0, st1;
+        one.be->ops->stats(one.be, &st0);
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const int n = lens[li];
+            for (int i = 0; i < n; i++) prompt[i] = (int32_t)((i * 7919 + (int)k * 131 + n) % V);
+            const int32_t next = (int32_t)((n * 104729) % V);
+            int rc = prefill_then_step(&chain, prompt, n, next, a, scratch);
+            one.be->ops->set_graphs(one.be, 1);
+            int ro = prefill_then_step(&one, prompt, n, next, b, scratch);
+            one.be->ops->set_graphs(one.be, 0);
+            step_again(&one, ro, n, next, c);
+            if (memcmp(b, c, (size_t)V * 4) != 0) fail_msg("%s len %d: one-kernel graph replay differs from eager",
+                                                           shapes[k].name, n);
+            double e = test_rel_l2(b, a, (size_t)V);
+            printf("%s (%d layers), %d cached tokens: one kernel vs chain rel L2 %.2e\n", shapes[k].name,
+                   shapes[k].layers, n, e);
+            if (!(e < 1e-2)) fail_msg("%s len %d: one kernel vs chain of kernels: rel L2 %.3g", shapes[k].name, n, e);
+            rp_page_table_release_row(chain.table, rc);
+            rp_page_table_release_row(one.table, ro);
+        }
+        one.be->ops->stats(one.be, &st1);
+        /* every decode step of `one` (graph and eager) ran the one kernel */
+        /* (the 1-token prompt is a decode-shaped step too) */
+        assert_int_equal(st1.decode_step_forwards - st0.decode_step_forwards, 2 * 4 + 1);
+        assert_true(st1.graph_replays - st0.graph_replays >= 4);
+        if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
+        free(a);
+        free(b);
+        free(c);
+        free(scratch);
+        free(prompt);
+        unmake(&chain);
+        unmake(&one);
+        rp_model_free(m);
+    }
+}
+
 /* The engine on the GPU at a real shape: 48 requests of different lengths
  * decoded together (padded graph buckets, cuBLASLt for prefill and large
  * batches) against each alone (GEMV, bucket 1). bf16 arithmetic differs
@@ -357,6 +470,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_graph_equals_eager),
+        cmocka_unit_test(test_decode_step),
         cmocka_unit_test(test_engine_real_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -369,7 +369,14 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     const int H = c->hidden_size, F = c->intermediate_size;
     const float eps = (float)c->rms_norm_eps;
     cb->prof_n = 0;
-    /* Few tokens (decode, tiny prefill chunks): every matrix product is a
+        if (cb->decode_step_ok && decode && T == 1 && S == 1 && num_logits == 1) {
+        prof_mark(cb, "decode step (one kernel)");
+        RP_LAUNCH(rp_k_decode_step(&cb->ds, cb->num_sms, st), err);
+        if (sample && launch_sample(cb, num_logits, err)) return RP_ERR;
+        prof_mark(cb, NULL);
+        return 0;
+    }
+/* Few tokens (decode, tiny prefill chunks): every matrix product is a
      * GEMV with its norm, SwiGLU or residual add fused in, so a layer is 4
      * GEMVs + RoPE + attention. More tokens: cuBLASLt and separate kernels.
      * The choice depends on T only, so a graph and an eager run of the same
@@ -456,6 +463,7 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     if (has_refs)
         RP_LAUNCH(rp_k_resolve_token_refs((int32_t *)(cb->d_meta + cb->off_tokens), cb->d_tokens, T, cb->stream), err);
     double t1 = rp_now_s();
+    if (cb->decode_step_ok && decode && T == 1 && bt->num_logits == 1) cb->stats.decode_step_forwards++;
     if (g) {
         RP_CUDA_TRY(cudaGraphLaunch(g->exec, cb->stream), err);
         cb->stats.graph_replays++;
@@ -559,14 +567,40 @@ static void cuda_set_graphs(rp_backend *b, int enabled) {
     cb->graphs_enabled = enabled && cb->num_graphs > 0;
 }
 
+/* REPLAY_DECODE_STEP_TRACE: where the blocks' time went in the last
+ * one-kernel step (mean and max over blocks, microseconds). */
+static void print_decode_step_trace(rp_cuda_backend *cb) {
+    uint64_t *h = malloc((size_t)cb->num_sms * 16 * 8);
+    if (!h || cudaMemcpy(h, cb->ds.trace, (size_t)cb->num_sms * 16 * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        free(h);
+        return;
+    }
+    fprintf(stderr, "decode step trace (last launch, %d blocks): mean / max\n", cb->num_sms);
+    for (int k = 0; k < RP_DECODE_STEP_TRACE_SLOTS; k++) {
+        double sum = 0, mx = 0, div = k == 7 ? 1.0 : 1e3;
+        for (int b = 0; b < cb->num_sms; b++) {
+            double v = (double)h[b * 16 + k] / div;
+            sum += v;
+            if (v > mx) mx = v;
+        }
+        fprintf(stderr, "  %-30s %10.1f %10.1f%s\n", rp_decode_step_trace_names[k], sum / cb->num_sms, mx,
+                k == 7 ? "" : " us");
+    }
+    free(h);
+}
+
 static void cuda_destroy(rp_backend *b) {
     rp_cuda_backend *cb = (rp_cuda_backend *)b;
     if (!cb) return;
     cudaSetDevice(cb->device);
     if (cb->stream) cudaStreamSynchronize(cb->stream);
+    if (cb->ds.trace) {
+        print_decode_step_trace(cb);
+        rp_cuda_free(cb->ds.trace);
+    }
     rp_cuda_graphs_destroy(cb);
     rp_gemm_destroy(&cb->gemm);
-    void *dev[] = {cb->weights_mem, cb->kv_mem, cb->act_mem, cb->d_meta};
+    void *dev[] = {cb->weights_mem, cb->kv_mem, cb->act_mem, cb->d_meta, cb->d_layers};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) rp_cuda_free(dev[i]);
     for (int k = 0; k < 2; k++) {
         if (cb->h_meta_slot[k]) cudaFreeHost(cb->h_meta_slot[k]);
@@ -621,6 +655,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         {(void **)&cb->d_top, Lg * sizeof(rp_top_logprobs)},
         {&cb->attn_ws, attn_ws},
         {&cb->sample_ws, sample_ws},
+        {&cb->ds_ws, rp_decode_step_workspace_bytes(c->num_heads, c->num_kv_heads)},
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) total += align_up(parts[i].bytes, 256);
@@ -631,6 +666,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         p += align_up(parts[i].bytes, 256);
     }
     cb->act_bytes = total;
+    RP_CUDA_TRY(cudaMemset(cb->ds_ws, 0, rp_decode_step_workspace_bytes(c->num_heads, c->num_kv_heads)), err);
     float *h_inv = malloc((size_t)c->head_dim / 2 * 4);
     if (!h_inv) return rp_errf(err, "out of memory");
     rp_rope_inv_freq(c, h_inv);
@@ -644,6 +680,64 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     }
     cb->h_tokens = cb->h_tokens_slot[0];
     cb->h_logprobs = cb->h_logprobs_slot[0];
+    return 0;
+}
+
+/* The one-kernel batch-1 decode step: its argument block (fixed device
+ * addresses, like every launch) and the per-layer pointer table. */
+static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
+    const rp_model_config *c = &cb->base.model->cfg;
+    uint8_t *d = cb->d_meta;
+    const char *env = getenv("REPLAY_DECODE_STEP");
+    if (env && !strcmp(env, "0")) return 0;
+    rp_decode_layer *h = calloc((size_t)c->num_layers, sizeof *h);
+    if (!h) return rp_errf(err, "out of memory");
+    for (int l = 0; l < c->num_layers; l++) {
+        const rp_cuda_layer *ly = &cb->layers[l];
+        h[l] = (rp_decode_layer){ly->attn_norm, ly->wqkv, ly->q_norm, ly->k_norm,
+                                 ly->wo,        ly->mlp_norm, ly->wgu, ly->wdown};
+    }
+    size_t bytes = (size_t)c->num_layers * sizeof *h;
+    int rc = rp_cuda_malloc((void **)&cb->d_layers, bytes, "layer table", err);
+    if (!rc && cudaMemcpy(cb->d_layers, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+        rc = rp_errf(err, "cudaMemcpy of the layer table failed");
+    free(h);
+    if (rc) return RP_ERR;
+    cb->ds = (rp_decode_step){
+        .layers = cb->d_layers,
+        .embed = cb->embed,
+        .final_norm = cb->final_norm,
+        .lm_head = cb->lm_head,
+        .inv_freq = cb->inv_freq,
+        .tokens = META(cb, d, off_tokens, int32_t),
+        .positions = META(cb, d, off_positions, int32_t),
+        .slots = META(cb, d, off_slots, int32_t),
+        .meta = device_attn_meta(cb),
+        .k_cache = cb->k_cache,
+        .v_cache = cb->v_cache,
+        .kv_layer_elems = cb->kv_layer_elems,
+        .residual = cb->residual,
+        .logits = cb->logits,
+        .qkv = cb->qkv,
+        .attn = cb->attn,
+        .act = cb->act,
+        .workspace = cb->ds_ws,
+        .num_layers = c->num_layers,
+        .H = c->hidden_size,
+        .F = c->intermediate_size,
+        .nh = c->num_heads,
+        .nkv = c->num_kv_heads,
+        .hd = c->head_dim,
+        .V = c->vocab_size,
+        .eps = (float)c->rms_norm_eps,
+    };
+    env = getenv("REPLAY_DECODE_STEP_TRACE");
+    if (env && strcmp(env, "0") &&
+        rp_cuda_malloc((void **)&cb->ds.trace, (size_t)cb->num_sms * 16 * 8, "decode step trace", err))
+        return RP_ERR;
+    const char *why = rp_decode_step_check(&cb->ds);
+    cb->decode_step_ok = why == NULL;
+    if (why) rp_log_info("cuda: batch-1 decode runs as a chain of kernels (%s)", why);
     return 0;
 }
 
@@ -774,6 +868,7 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     rp_log_info("cuda: KV cache %d pages x %d tokens (%.2f GiB), activations %.2f GiB for %d tokens / %d sequences",
                 bc->num_pages, bc->page_size, (double)kv_bytes / (1 << 30), (double)cb->act_bytes / (1 << 30),
                 bc->max_batch_tokens, bc->max_batch_seqs);
+    if (setup_decode_step(cb, err)) goto fail;
     if (!bc->disable_cuda_graph && rp_cuda_graphs_capture(cb, err)) goto fail;
     cb->graphs_enabled = cb->num_graphs > 0;
     cb->allocs_at_ready = rp_cuda_alloc_count();

@@ -52,6 +52,12 @@ typedef struct rp_cuda_backend {
     /* T <= fused_max_t (<= RP_GEMV_MAX_T) runs the fused decode path
      * (REPLAY_FUSED_MAX_T; 0 turns it off) */
     int fused_max_t;
+    /* batch-1 decode as one persistent kernel (rp_k_decode_step) when
+     * decode_step_ok; REPLAY_DECODE_STEP=0 turns it off */
+    int decode_step_ok;
+    rp_decode_step ds;
+    rp_decode_layer *d_layers;
+    void *ds_ws;
     rp_bf16 *xn, *qkv, *attn, *tmp, *gate_up, *act, *logit_in;
     int32_t *d_tokens;
     /* top logprobs: how many tokens each row's draw was made from, and each

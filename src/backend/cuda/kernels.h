@@ -132,6 +132,38 @@ int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *
  * -1 (default) from DEC_PIPE_MIN_SEQS sequences (attn_decode.cu says why). */
 void rp_k_attn_decode_set_pipe(int mode);
 
+/* The whole batch-1 decode step (embedding to logits) as one persistent
+ * kernel, one block per SM (kernels/decode_step.cu says how and why). Same
+ * inputs as the chain of kernels: token, position, slot and the paged
+ * attention view from the metadata block; sampling runs after it. */
+typedef struct rp_decode_layer {
+    const rp_bf16 *attn_norm, *wqkv, *q_norm, *k_norm, *wo, *mlp_norm, *wgu, *wdown;
+} rp_decode_layer;
+typedef struct rp_decode_step {
+    const rp_decode_layer *layers; /* device array [num_layers] */
+    const rp_bf16 *embed, *final_norm, *lm_head;
+    const float *inv_freq;
+    const int32_t *tokens, *positions, *slots;
+    rp_attn_meta meta;
+    rp_bf16 *k_cache, *v_cache;
+    size_t kv_layer_elems;
+    float *residual; /* [H] */
+    float *logits;   /* [V] */
+    rp_bf16 *qkv, *attn, *act;
+    void *workspace; /* rp_decode_step_workspace_bytes(), zeroed once */
+    /* NULL, or [grid][16] u64 per block of the last launch: ns spent per
+     * kind of work, rp_decode_step_trace_names (REPLAY_DECODE_STEP_TRACE) */
+    uint64_t *trace;
+    int num_layers, H, F, nh, nkv, hd, V;
+    float eps;
+} rp_decode_step;
+size_t rp_decode_step_workspace_bytes(int nh, int nkv);
+/* NULL when the shapes are supported, else why not. */
+const char *rp_decode_step_check(const rp_decode_step *s);
+int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream_t stream);
+#define RP_DECODE_STEP_TRACE_SLOTS 8
+extern const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS];
+
 /* Prefill attention for variable-length sequences (T tokens in all): query
  * token i of sequence s sits at position kv_len - n_new + i and attends
  * causally to keys 0..position, read from the paged cache (which already

@@ -1,0 +1,776 @@
+/* The whole batch-1 decode step in one persistent kernel.
+ *
+ * Why: at batch 1 a step is ~6 launches per layer, and every launch boundary
+ * costs a ramp-up and a drain (~3-5 us each even under PDL), which on the
+ * small models is more than the weight streaming itself (qwen3-0.6b:
+ * 0.41 ms of bytes, 1.19 ms per step as a chain of kernels). Here one block
+ * per SM lives for the whole step, and the weight stream never stops at a
+ * layer or phase boundary:
+ *  - the step is a fixed sequence of matrix phases (per layer: qkv, o,
+ *    gate_up, down; then lm_head). Each matrix is cut into units of 8 rows
+ *    (gate_up: 8 gate rows and the 8 matching up rows) and block b owns the
+ *    contiguous unit range [b U / G, (b+1) U / G) of every phase. So every
+ *    block knows, before anything runs, the exact list of weight bytes it
+ *    will read in the whole step;
+ *  - one producer thread per block walks that list from the first
+ *    instruction, copying each unit (contiguous rows, split into 16 KiB
+ *    pieces) into a ring of shared-memory stages with the bulk copy engine
+ *    (cp.async.bulk, completion counted in bytes on the stage's mbarrier).
+ *    It waits only for a free stage, never for an activation: while the
+ *    consumers sit in a grid barrier or in attention, the next phase's
+ *    weights keep arriving;
+ *  - eight consumer warps stage the phase's input vector in shared memory
+ *    (the RMSNorm, SwiGLU and attention output are made there), multiply
+ *    the landed stages against it on the CUDA cores (one multiply-add per
+ *    weight element is far below what an SM does per byte of HBM), and
+ *    write the phase's output with its epilogue fused (qkv bf16, residual
+ *    += bf16(y), silu(gate) * up, fp32 logits);
+ *  - phases meet at a grid barrier (a counter with release/acquire at gpu
+ *    scope; docs/memory-model.md), five per layer;
+ *  - attention: (kv head, split) items spread over the blocks; each item
+ *    does q/k norm and RoPE for its heads (the item that holds the new
+ *    position also stores the new k and v in the paged cache), an online
+ *    softmax over its keys, and the last item of a kv head to finish (a
+ *    counter) merges the splits in split order.
+ * Every sum is taken in a fixed order (per lane, then per warp in warp
+ * order), so a replay is bit-identical to an eager run. The rounding points
+ * are those of the chain of kernels (bf16 qkv, bf16 projections added to
+ * the fp32 residual, bf16 SwiGLU input and output, fp32 logits); only the
+ * order of some fp32 sums differs.
+ *
+ * Requirements (rp_decode_step_check): head_dim 64 or 128, GQA group 1/2/4/8,
+ * hidden, q and intermediate sizes multiples of 256, hidden <= 8192, row
+ * counts multiples of 8. Anything else runs the chain of kernels. */
+#include <math.h>
+
+#include "common.cuh"
+#include "mma.cuh"
+
+#define DS_CONSUMERS 8
+#define DS_THREADS ((DS_CONSUMERS + 1) * 32)
+#define DS_KC 1024            /* k per ring piece: 8 rows x 1024 k */
+/* A piece's rows are 64 bytes apart in bank terms (2048 + 64), so the mma
+ * B-fragment loads (4 threads x 16 bytes of rows g and g + 1 per phase) hit
+ * disjoint banks. */
+#define DS_ROW_STRIDE (DS_KC * 2 + 64)
+#define DS_STAGE (8 * DS_ROW_STRIDE) /* bytes per ring stage */
+#define DS_SEG 256            /* widths must be multiples of this */
+#define DS_ROWS 8             /* rows per unit (per run) */
+#define DS_HD 128
+#define DS_MAX_SPLITS 32
+#define DS_MIN_STAGES 4
+#define DS_MAX_STAGES 16
+#define DS_MAX_H 8192         /* stage_norm keeps the row in registers */
+
+struct ds_args {
+    rp_decode_step s;
+    int grid, splits, stages, kmax;
+};
+
+/* Shared memory: mbarriers, ring, then one region used either as x (bf16,
+ * kmax) + per-lane partial sums [warp][16 rows][lane], or as attention
+ * scratch. */
+struct ds_layout {
+    size_t ring, xs, part, attn, red, total;
+};
+
+__host__ __device__ static inline size_t ds_attn_bytes(int G) {
+    /* q [G][128], new k and v [128], per-warp m and l [8][G], per-warp
+     * output [8][G][128], a flag */
+    return ((size_t)G * DS_HD + 2 * DS_HD + 2 * 8 * (size_t)G + 8 * (size_t)G * DS_HD) * 4 + 16;
+}
+
+__host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G) {
+    ds_layout L;
+    L.ring = 256; /* 2 * DS_MAX_STAGES mbarriers */
+    L.xs = L.ring + (size_t)stages * DS_STAGE;
+    L.part = L.xs + ((size_t)kmax * 2 + 127) / 128 * 128;
+    L.attn = L.xs;
+    size_t end = L.part + 2 * (size_t)DS_CONSUMERS * 2 * DS_ROWS * 4;
+    if (L.attn + ds_attn_bytes(G) > end) end = L.attn + ds_attn_bytes(G);
+    L.red = (end + 15) / 16 * 16;
+    L.total = L.red + 64 * 4;
+    return L;
+}
+
+/* Workspace (device memory, zeroed once at startup; every counter is back
+ * at 0 when a launch ends): attention partials, per-kv-head merge counters,
+ * the grid barrier's counter and the exit counter that resets it. */
+struct ds_ws {
+    float *o;      /* [nkv * splits][G][128] */
+    float2 *ml;    /* [nkv * splits][G] */
+    unsigned *cnt; /* [nkv] */
+    unsigned *sync, *exitc;
+};
+
+__host__ __device__ static inline ds_ws ds_ws_at(void *base, int nh, int nkv) {
+    ds_ws w;
+    uint8_t *p = (uint8_t *)base;
+    w.o = (float *)p;
+    p += (size_t)nh * DS_MAX_SPLITS * DS_HD * 4;
+    w.ml = (float2 *)p;
+    p += (size_t)nh * DS_MAX_SPLITS * 8;
+    w.cnt = (unsigned *)p;
+    p += ((size_t)nkv * 4 + 15) / 16 * 16;
+    w.sync = (unsigned *)p;
+    w.exitc = w.sync + 4;
+    return w;
+}
+
+/* ---- mbarriers and the bulk copy (PTX ISA 8.0, sm_90) -------------------- */
+
+__device__ __forceinline__ uint32_t ds_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(ds_saddr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(ds_saddr(bar)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ds_saddr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "wait_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait_%=;\n"
+                 "}" ::"r"(ds_saddr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+/* [src, src + bytes) into shared memory; bytes a multiple of 16. Weights
+ * are read once per step: evict-first keeps L2 for the KV cache and the
+ * activations. */
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar, uint64_t policy) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
+                 "[%3], %4;" ::"r"(ds_saddr(dst)),
+                 "l"(src), "r"(bytes), "r"(ds_saddr(bar)), "l"(policy)
+                 : "memory");
+}
+
+/* The eight consumer warps' barrier (the producer never joins). */
+__device__ __forceinline__ void cbar(void) { asm volatile("bar.sync 1, %0;" ::"n"(DS_CONSUMERS * 32) : "memory"); }
+
+__device__ __forceinline__ uint16_t ld_cg_u16(const uint16_t *p) {
+    uint16_t v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+/* ---- optional trace (REPLAY_DECODE_STEP_TRACE): where a block's time goes --- */
+
+enum { TR_WAIT_FULL, TR_WAIT_EMPTY, TR_SYNC, TR_ATTN, TR_STAGE, TR_GEMV, TR_TOTAL, TR_PIECES, TR_N = 16 };
+
+__device__ __forceinline__ uint64_t ds_now(void) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* ---- the step's schedule: the same walk for producer and consumers ------- */
+
+struct ds_mat {
+    const uint16_t *w;
+    int N;       /* output rows (gate_up: F, one per gate/up pair) */
+    int K;
+    int runs;    /* 1, or 2 (gate rows, then up rows at run_off) */
+    int run_off; /* rows between run 0 and run 1 */
+};
+
+__device__ __forceinline__ ds_mat phase_mat(const rp_decode_step &s, int p) {
+    const int L = s.num_layers;
+    if (p == 4 * L) return ds_mat{s.lm_head, s.V, s.H, 1, 0};
+    const rp_decode_layer *ly = &s.layers[p >> 2];
+    const int q_dim = s.nh * s.hd, qkv = q_dim + 2 * s.nkv * s.hd;
+    switch (p & 3) {
+    case 0: return ds_mat{ly->wqkv, qkv, s.H, 1, 0};
+    case 1: return ds_mat{ly->wo, s.H, q_dim, 1, 0};
+    case 2: return ds_mat{ly->wgu, s.F, s.H, 2, s.F};
+    default: return ds_mat{ly->wdown, s.H, s.F, 1, 0};
+    }
+}
+
+__device__ __forceinline__ void unit_range(int N, int grid, int b, int &u0, int &u1) {
+    const int U = N / DS_ROWS;
+    u0 = (int)((int64_t)b * U / grid);
+    u1 = (int)((int64_t)(b + 1) * U / grid);
+}
+
+/* Producer: every piece of every unit of every phase this block owns, in
+ * order, into ring stage i % stages. */
+__device__ void produce(const ds_args &a, uint8_t *ring, uint64_t *full, uint64_t *empty) {
+    uint64_t policy, waited = 0;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    const int P = 4 * a.s.num_layers + 1, st = a.stages;
+    int i = 0;
+    for (int p = 0; p < P; p++) {
+        const ds_mat m = phase_mat(a.s, p);
+        int u0, u1;
+        unit_range(m.N, a.grid, blockIdx.x, u0, u1);
+        for (int u = u0; u < u1; u++)
+            for (int r = 0; r < m.runs; r++) {
+                const uint16_t *src = m.w + ((int64_t)r * m.run_off + (int64_t)u * DS_ROWS) * m.K;
+                for (int kc = 0; kc < m.K; kc += DS_KC, i++) {
+                    const unsigned row_bytes = (unsigned)min(DS_KC, m.K - kc) * 2u;
+                    const int slot = i % st;
+                    if (i >= st) {
+                        const uint64_t t0 = a.s.trace ? ds_now() : 0;
+                        mbar_wait(&empty[slot], (unsigned)((i / st) - 1) & 1u);
+                        if (a.s.trace) waited += ds_now() - t0;
+                    }
+                    mbar_expect_tx(&full[slot], DS_ROWS * row_bytes);
+                    /* one copy per row (2 KiB): the rows land apart, see
+                     * DS_ROW_STRIDE */
+                    for (int j = 0; j < DS_ROWS; j++)
+                        bulk_copy(ring + (size_t)slot * DS_STAGE + j * DS_ROW_STRIDE, src + (int64_t)j * m.K + kc,
+                                  row_bytes, &full[slot], policy);
+                }
+            }
+    }
+    if (a.s.trace) {
+        a.s.trace[blockIdx.x * TR_N + TR_WAIT_EMPTY] = waited;
+        a.s.trace[blockIdx.x * TR_N + TR_PIECES] = (uint64_t)i;
+    }
+}
+
+/* ---- consumer pieces ---------------------------------------------------- */
+
+__device__ __forceinline__ float dot8(uint4 w, uint4 x) {
+    float s = rp_bf16_lo(w.x) * rp_bf16_lo(x.x);
+    s = fmaf(rp_bf16_hi(w.x), rp_bf16_hi(x.x), s);
+    s = fmaf(rp_bf16_lo(w.y), rp_bf16_lo(x.y), s);
+    s = fmaf(rp_bf16_hi(w.y), rp_bf16_hi(x.y), s);
+    s = fmaf(rp_bf16_lo(w.z), rp_bf16_lo(x.z), s);
+    s = fmaf(rp_bf16_hi(w.z), rp_bf16_hi(x.z), s);
+    s = fmaf(rp_bf16_lo(w.w), rp_bf16_lo(x.w), s);
+    s = fmaf(rp_bf16_hi(w.w), rp_bf16_hi(x.w), s);
+    return s;
+}
+
+/* Sum over the 256 consumer threads, the same value in all (fixed order). */
+__device__ __forceinline__ float csum(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = rp_warp_sum(v);
+    if (lane == 0) red[warp] = v;
+    cbar();
+    float r = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DS_CONSUMERS; w++) r += red[w];
+    cbar(); /* red is reused by the next call */
+    return r;
+}
+
+/* x = bf16(w * (row * inv)), row from the fp32 residual or (layer 0) the
+ * embedding row; the same expression as the RMSNORM GEMV input. */
+__device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, const uint16_t *w, int H, float eps,
+                           float *red) {
+    constexpr int J = DS_MAX_H / (DS_CONSUMERS * 32 * 8);
+    float v[J][8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
+        if (i < H) {
+            if (emb) {
+                const uint4 e = rp_ld_nc(emb + i);
+                v[j][0] = rp_bf16_lo(e.x), v[j][1] = rp_bf16_hi(e.x), v[j][2] = rp_bf16_lo(e.y);
+                v[j][3] = rp_bf16_hi(e.y), v[j][4] = rp_bf16_lo(e.z), v[j][5] = rp_bf16_hi(e.z);
+                v[j][6] = rp_bf16_lo(e.w), v[j][7] = rp_bf16_hi(e.w);
+            } else {
+                const float4 r0 = rp_ld_act_f4(res + i), r1 = rp_ld_act_f4(res + i + 4);
+                v[j][0] = r0.x, v[j][1] = r0.y, v[j][2] = r0.z, v[j][3] = r0.w;
+                v[j][4] = r1.x, v[j][5] = r1.y, v[j][6] = r1.z, v[j][7] = r1.w;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) ss += v[j][e] * v[j][e];
+        }
+    }
+    const float inv = 1.0f / sqrtf(csum(ss, red) / (float)H + eps);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
+        if (i < H) {
+            const uint4 g = rp_ld_nc(w + i);
+            *reinterpret_cast<uint4 *>(xs + i) =
+                make_uint4(rp_pack_bf16x2(rp_bf16_lo(g.x) * (v[j][0] * inv), rp_bf16_hi(g.x) * (v[j][1] * inv)),
+                           rp_pack_bf16x2(rp_bf16_lo(g.y) * (v[j][2] * inv), rp_bf16_hi(g.y) * (v[j][3] * inv)),
+                           rp_pack_bf16x2(rp_bf16_lo(g.z) * (v[j][4] * inv), rp_bf16_hi(g.z) * (v[j][5] * inv)),
+                           rp_pack_bf16x2(rp_bf16_lo(g.w) * (v[j][6] * inv), rp_bf16_hi(g.w) * (v[j][7] * inv)));
+        }
+    }
+}
+
+__device__ void stage_bf16(uint16_t *xs, const uint16_t *src, int K) {
+    for (int i = threadIdx.x * 8; i < K; i += DS_CONSUMERS * 32 * 8)
+        *reinterpret_cast<uint4 *>(xs + i) = rp_ld_act(src + i);
+}
+
+/* x is complete before any warp multiplies with it. */
+__device__ __forceinline__ void stage_done(float *part) {
+    (void)part;
+    cbar();
+}
+
+enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
+
+/* One matrix phase: every unit this block owns, against x in xs, on the
+ * tensor cores. A piece holds 8 rows x up to 1024 k; warp w takes its
+ * 32-k steps w, w + 8, ...: mma m16n8k16 with the 8 weight rows as N and x
+ * as A (its 16 rows all the same token; only row 0 of D is used). Thread
+ * (g, c) loads 8 consecutive k of row g with one 16-byte load and the x
+ * fragment uses the same k numbering (a sum over k does not care how k is
+ * numbered; gemv.cu does the same). Lanes 0..3 end with rows 2c, 2c + 1;
+ * warp 0 sums the warps in order and applies the epilogue. i is the ring
+ * position (the producer's count). */
+__device__ void gemv_phase(const ds_args &a, int p, int epi, int &i, const uint8_t *ring, uint64_t *full,
+                           uint64_t *empty, const uint16_t *xs, float *part, uint64_t *tr) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, st = a.stages, g = lane >> 2, c = lane & 3;
+    const ds_mat m = phase_mat(a.s, p);
+    int u0, u1;
+    unit_range(m.N, a.grid, blockIdx.x, u0, u1);
+    for (int u = u0; u < u1; u++) {
+        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+        /* the residual row this lane will update, fetched while the unit
+         * streams */
+        float res_old = 0.0f;
+        if (epi == EPI_RESIDUAL && warp == 0 && lane < DS_ROWS) res_old = __ldcg(a.s.residual + u * DS_ROWS + lane);
+        for (int r = 0; r < m.runs; r++) {
+            for (int kc = 0; kc < m.K; kc += DS_KC, i++) {
+                const int steps = min(DS_KC, m.K - kc) / 32;
+                const int slot = i % st;
+                const uint64_t t0 = tr ? ds_now() : 0;
+                mbar_wait(&full[slot], (unsigned)(i / st) & 1u);
+                if (tr) tr[TR_WAIT_FULL] += ds_now() - t0;
+                const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * DS_ROW_STRIDE + c * 16;
+                const uint16_t *xk = xs + kc + c * 8;
+#pragma unroll 4
+                for (int kk = warp; kk < steps; kk += DS_CONSUMERS) {
+                    const uint4 w = *reinterpret_cast<const uint4 *>(wrow + kk * 64);
+                    const uint4 x = *reinterpret_cast<const uint4 *>(xk + kk * 32);
+                    if (r == 0) {
+                        rp_mma_16816(acc[0], x.x, x.x, x.y, x.y, w.x, w.y);
+                        rp_mma_16816(acc[0], x.z, x.z, x.w, x.w, w.z, w.w);
+                    } else {
+                        rp_mma_16816(acc[1], x.x, x.x, x.y, x.y, w.x, w.y);
+                        rp_mma_16816(acc[1], x.z, x.z, x.w, x.w, w.z, w.w);
+                    }
+                }
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&empty[slot]);
+            }
+        }
+        /* part: [unit parity][warp][run][row], so one barrier per unit */
+        float *pb = part + (u & 1) * (DS_CONSUMERS * 2 * DS_ROWS);
+        if (lane < 4) {
+            pb[(warp * 2 + 0) * DS_ROWS + 2 * c] = acc[0][0];
+            pb[(warp * 2 + 0) * DS_ROWS + 2 * c + 1] = acc[0][1];
+            pb[(warp * 2 + 1) * DS_ROWS + 2 * c] = acc[1][0];
+            pb[(warp * 2 + 1) * DS_ROWS + 2 * c + 1] = acc[1][1];
+        }
+        cbar();
+        if (warp == 0 && lane < DS_ROWS) {
+            float v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+            for (int w = 0; w < DS_CONSUMERS; w++) {
+                v0 += pb[(w * 2 + 0) * DS_ROWS + lane];
+                v1 += pb[(w * 2 + 1) * DS_ROWS + lane];
+            }
+            const int n = u * DS_ROWS + lane;
+            switch (epi) {
+            case EPI_BF16: a.s.qkv[n] = rp_f32_bf16(v0); break;
+            case EPI_RESIDUAL: a.s.residual[n] = res_old + rp_bf16_f32(rp_f32_bf16(v0)); break;
+            case EPI_SWIGLU: {
+                const float gt = rp_bf16_f32(rp_f32_bf16(v0)), up = rp_bf16_f32(rp_f32_bf16(v1));
+                a.s.act[n] = rp_f32_bf16(gt / (1.0f + expf(-gt)) * up);
+                break;
+            }
+            default: a.s.logits[n] = v0;
+            }
+        }
+    }
+}
+
+/* Every consumer of every block has arrived (release of this block's
+ * writes, acquire of everyone's). */
+__device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int grid) {
+    cbar();
+    if (threadIdx.x == 0) {
+        target += (unsigned)grid;
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+        unsigned v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
+        } while (v < target);
+    }
+    cbar();
+}
+
+/* q or k head: per-head RMSNorm (when nw), rotate_half RoPE at pos, rounded
+ * to bf16 as qk_norm_rope_store does (same expressions, same order). */
+template <int HD>
+__device__ void norm_rope_head(const uint16_t *src, const uint16_t *nw, const float *inv_freq, float pos, float eps,
+                               float *dst, uint16_t *cache) {
+    constexpr int half = HD / 2, PAIRS = HD / 64;
+    const int lane = threadIdx.x & 31;
+    float a[PAIRS], b[PAIRS], ss = 0.0f;
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) {
+        const int i = lane + 32 * p;
+        a[p] = rp_bf16_f32(ld_cg_u16(src + i));
+        b[p] = rp_bf16_f32(ld_cg_u16(src + i + half));
+        ss += a[p] * a[p] + b[p] * b[p];
+    }
+    float inv = 1.0f;
+    if (nw) {
+        ss = rp_warp_sum(ss);
+        inv = 1.0f / sqrtf(ss / (float)HD + eps);
+    }
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) {
+        const int i = lane + 32 * p;
+        float av = a[p], bv = b[p];
+        if (nw) {
+            av = rp_bf16_f32(nw[i]) * (av * inv);
+            bv = rp_bf16_f32(nw[i + half]) * (bv * inv);
+        }
+        float s, c;
+        sincosf(pos * inv_freq[i], &s, &c);
+        const uint16_t oa = rp_f32_bf16(av * c - bv * s), ob = rp_f32_bf16(bv * c + av * s);
+        dst[i] = rp_bf16_f32(oa);
+        dst[i + half] = rp_bf16_f32(ob);
+        if (cache) {
+            cache[i] = oa;
+            cache[i + half] = ob;
+        }
+    }
+}
+
+/* A lane's DPL = HD / 32 consecutive dims of a K or V row. */
+template <int DPL> struct lane_row;
+template <> struct lane_row<4> {
+    uint2 v;
+    __device__ __forceinline__ void zero(void) { v = make_uint2(0, 0); }
+    __device__ __forceinline__ void load(const uint16_t *p) { v = __ldcg(reinterpret_cast<const uint2 *>(p)); }
+    __device__ __forceinline__ void get(float *f) const {
+        f[0] = rp_bf16_lo(v.x), f[1] = rp_bf16_hi(v.x), f[2] = rp_bf16_lo(v.y), f[3] = rp_bf16_hi(v.y);
+    }
+};
+template <> struct lane_row<2> {
+    unsigned v;
+    __device__ __forceinline__ void zero(void) { v = 0; }
+    __device__ __forceinline__ void load(const uint16_t *p) { v = __ldcg(reinterpret_cast<const unsigned *>(p)); }
+    __device__ __forceinline__ void get(float *f) const { f[0] = rp_bf16_lo(v), f[1] = rp_bf16_hi(v); }
+};
+
+#define ATT_UNROLL 4 /* keys per warp in flight */
+
+/* Layer l's attention for sequence 0 into s.attn. */
+template <int G, int HD>
+__device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws) {
+    constexpr int DPL = HD / 32;
+    const rp_decode_step &s = a.s;
+    const rp_decode_layer *ly = &s.layers[l];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nkv = s.nkv, q_dim = s.nh * HD, kv_dim = nkv * HD, NS = a.splits;
+    float *qs = reinterpret_cast<float *>(scratch); /* [G][HD] */
+    float *kn = qs + G * HD, *vn = kn + HD;
+    float *wm = vn + HD, *wl = wm + 8 * G, *wacc = wl + 8 * G;
+    int *flag = reinterpret_cast<int *>(wacc + 8 * G * HD);
+    const int len = s.meta.seq_kv_len[0], pos = s.positions[0];
+    const int64_t slot_new = s.slots[0];
+    const int32_t *prow = s.meta.page_table + (int64_t)s.meta.seq_page_row[0] * s.meta.page_table_stride;
+    const int ps = s.meta.page_size;
+    uint16_t *kc = s.k_cache + (size_t)l * s.kv_layer_elems, *vc = s.v_cache + (size_t)l * s.kv_layer_elems;
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int it = blockIdx.x; it < nkv * NS; it += a.grid) {
+        const int kvh = it / NS, split = it - kvh * NS;
+        const int per = (len + NS - 1) / NS, j0 = split * per, j1 = min(len, j0 + per);
+        const bool has_new = pos >= j0 && pos < j1;
+        for (int task = warp; task < G + 2; task += DS_CONSUMERS) {
+            if (task < G) {
+                norm_rope_head<HD>(s.qkv + (kvh * G + task) * HD, ly->q_norm, s.inv_freq, (float)pos, s.eps,
+                                   qs + task * HD, nullptr);
+            } else if (task == G && has_new) {
+                norm_rope_head<HD>(s.qkv + q_dim + kvh * HD, ly->k_norm, s.inv_freq, (float)pos, s.eps, kn,
+                                   slot_new >= 0 ? kc + slot_new * kv_dim + kvh * HD : nullptr);
+            } else if (task == G + 1 && has_new) {
+                const uint16_t *src = s.qkv + q_dim + kv_dim + kvh * HD;
+                for (int d = lane; d < HD; d += 32) {
+                    const uint16_t v = ld_cg_u16(src + d);
+                    vn[d] = rp_bf16_f32(v);
+                    if (slot_new >= 0) vc[slot_new * kv_dim + kvh * HD + d] = v;
+                }
+            }
+        }
+        cbar();
+        float q[G][DPL], m[G], lsum[G], o[G][DPL];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            m[g] = -INFINITY, lsum[g] = 0.0f;
+#pragma unroll
+            for (int d = 0; d < DPL; d++) q[g][d] = qs[g * HD + lane * DPL + d], o[g][d] = 0.0f;
+        }
+        for (int jb = j0 + warp; jb < j1; jb += DS_CONSUMERS * ATT_UNROLL) {
+            lane_row<DPL> kr[ATT_UNROLL], vr[ATT_UNROLL];
+#pragma unroll
+            for (int u = 0; u < ATT_UNROLL; u++) {
+                const int j = jb + u * DS_CONSUMERS;
+                kr[u].zero();
+                vr[u].zero();
+                if (j < j1 && j != pos) {
+                    const int64_t slot = (int64_t)prow[j / ps] * ps + j % ps;
+                    const int64_t e = slot * kv_dim + kvh * HD + lane * DPL;
+                    kr[u].load(kc + e);
+                    vr[u].load(vc + e);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < ATT_UNROLL; u++) {
+                const int j = jb + u * DS_CONSUMERS;
+                if (j >= j1) break;
+                float kf[DPL], vf[DPL];
+                if (j == pos) {
+#pragma unroll
+                    for (int d = 0; d < DPL; d++) kf[d] = kn[lane * DPL + d], vf[d] = vn[lane * DPL + d];
+                } else {
+                    kr[u].get(kf);
+                    vr[u].get(vf);
+                }
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    float sc = q[g][0] * kf[0];
+#pragma unroll
+                    for (int d = 1; d < DPL; d++) sc = fmaf(q[g][d], kf[d], sc);
+                    sc = rp_warp_sum(sc) * scale;
+                    const float mn = fmaxf(m[g], sc), corr = expf(m[g] - mn), pe = expf(sc - mn);
+                    lsum[g] = lsum[g] * corr + pe;
+#pragma unroll
+                    for (int d = 0; d < DPL; d++) o[g][d] = o[g][d] * corr + pe * vf[d];
+                    m[g] = mn;
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            if (lane == 0) wm[warp * G + g] = m[g], wl[warp * G + g] = lsum[g];
+#pragma unroll
+            for (int d = 0; d < DPL; d++) wacc[(warp * G + g) * HD + lane * DPL + d] = o[g][d];
+        }
+        cbar();
+        /* the item's (max, sum, unnormalised output), warps in order */
+        for (int e = threadIdx.x; e < G * HD; e += DS_CONSUMERS * 32) {
+            const int g = e / HD, d = e - g * HD;
+            float M = -INFINITY;
+            for (int w = 0; w < DS_CONSUMERS; w++) M = fmaxf(M, wm[w * G + g]);
+            float A = 0.0f, Ls = 0.0f;
+            for (int w = 0; w < DS_CONSUMERS; w++) {
+                const float mw = wm[w * G + g];
+                const float f = mw == -INFINITY ? 0.0f : expf(mw - M);
+                A += f * wacc[(w * G + g) * HD + d];
+                Ls += f * wl[w * G + g];
+            }
+            ws.o[((int64_t)it * G + g) * HD + d] = A;
+            if (d == 0) ws.ml[(int64_t)it * G + g] = make_float2(M, Ls);
+        }
+        cbar();
+        if (threadIdx.x == 0) {
+            unsigned prev;
+            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(ws.cnt + kvh) : "memory");
+            *flag = prev == (unsigned)NS - 1;
+        }
+        cbar();
+        if (*flag) { /* the last split of this kv head: merge all, in split order */
+            for (int e = threadIdx.x; e < G * HD; e += DS_CONSUMERS * 32) {
+                const int g = e / HD, d = e - g * HD;
+                float M = -INFINITY;
+                for (int sp = 0; sp < NS; sp++) M = fmaxf(M, __ldcg(&ws.ml[(int64_t)(kvh * NS + sp) * G + g].x));
+                float A = 0.0f, Ls = 0.0f;
+                for (int sp = 0; sp < NS; sp++) {
+                    const float2 ml = __ldcg(&ws.ml[(int64_t)(kvh * NS + sp) * G + g]);
+                    const float f = ml.x == -INFINITY ? 0.0f : expf(ml.x - M);
+                    A += f * __ldcg(&ws.o[((int64_t)(kvh * NS + sp) * G + g) * HD + d]);
+                    Ls += f * ml.y;
+                }
+                s.attn[(kvh * G + g) * HD + d] = rp_f32_bf16(A / Ls);
+            }
+            if (threadIdx.x == 0) ws.cnt[kvh] = 0; /* next used after two grid barriers */
+        }
+        cbar(); /* scratch is reused by the next item */
+    }
+}
+
+template <int G, int HD>
+__global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    const ds_layout Lo = ds_plan(a.stages, a.kmax, G);
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem), *empty = full + DS_MAX_STAGES;
+    uint8_t *ring = smem + Lo.ring;
+    uint16_t *xs = reinterpret_cast<uint16_t *>(smem + Lo.xs);
+    float *part = reinterpret_cast<float *>(smem + Lo.part), *red = reinterpret_cast<float *>(smem + Lo.red);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < a.stages; k++) {
+            mbar_init(&full[k], 1);
+            mbar_init(&empty[k], DS_CONSUMERS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == DS_CONSUMERS) {
+        /* weights are constant: stream them before (and regardless of) the
+         * wait for the previous kernel */
+        if (lane == 0) produce(a, ring, full, empty);
+        return;
+    }
+    rp_pdl_wait();
+    const rp_decode_step &s = a.s;
+    const ds_ws ws = ds_ws_at(s.workspace, s.nh, s.nkv);
+    const int L = s.num_layers, H = s.H, q_dim = s.nh * HD;
+    int i = 0;
+    unsigned target = 0;
+    {
+        /* the residual stream starts as the embedding row: each block
+         * writes its share (first read after two grid barriers) */
+        const uint16_t *e = s.embed + (int64_t)s.tokens[0] * H;
+        const int h0 = (int)((int64_t)blockIdx.x * H / a.grid), h1 = (int)((int64_t)(blockIdx.x + 1) * H / a.grid);
+        for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32) s.residual[k] = rp_bf16_f32(e[k]);
+    }
+    /* trace: thread 0's time per kind of work (its warp's view) */
+    uint64_t trl[TR_N] = {}, *tr = s.trace && threadIdx.x == 0 ? trl : nullptr;
+    uint64_t tk = tr ? ds_now() : 0;
+#define DS_T(kind, ...)                                                                                                \
+    do {                                                                                                               \
+        const uint64_t t0_ = tr ? ds_now() : 0;                                                                        \
+        __VA_ARGS__;                                                                                                   \
+        if (tr) tr[kind] += ds_now() - t0_;                                                                            \
+    } while (0)
+    const uint64_t t_begin = tk;
+    for (int l = 0; l < L; l++) {
+        const rp_decode_layer *ly = &s.layers[l];
+        DS_T(TR_STAGE, stage_norm(xs, s.residual, l == 0 ? s.embed + (int64_t)s.tokens[0] * H : nullptr,
+                                  ly->attn_norm, H, s.eps, red);
+             stage_done(part));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, i, ring, full, empty, xs, part, tr));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim); stage_done(part));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, i, ring, full, empty, xs, part, tr));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, ly->mlp_norm, H, s.eps, red); stage_done(part));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 2, EPI_SWIGLU, i, ring, full, empty, xs, part, tr));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        DS_T(TR_STAGE, stage_bf16(xs, s.act, s.F); stage_done(part));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 3, EPI_RESIDUAL, i, ring, full, empty, xs, part, tr));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+    }
+    DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, s.final_norm, H, s.eps, red); stage_done(part));
+    DS_T(TR_GEMV, gemv_phase(a, 4 * L, EPI_F32, i, ring, full, empty, xs, part, tr));
+#undef DS_T
+    if (tr) {
+        tr[TR_TOTAL] = ds_now() - t_begin;
+        for (int k = 0; k < TR_N; k++)
+            if (k != TR_WAIT_EMPTY && k != TR_PIECES) s.trace[blockIdx.x * TR_N + k] = tr[k];
+    }
+    /* The last block out puts the barrier back to 0 for the next launch:
+     * every block has passed its last grid barrier before it counts here. */
+    cbar();
+    if (threadIdx.x == 0) {
+        const unsigned prev = atomicAdd(ws.exitc, 1u);
+        if (prev == (unsigned)a.grid - 1) {
+            *ws.sync = 0;
+            *ws.exitc = 0;
+        }
+    }
+}
+
+/* ---- host side ------------------------------------------------------------ */
+
+extern "C" const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS] = {
+    "wait for weights", "producer waits for a stage", "grid barriers", "attention", "staging x",
+    "matrix phases (incl. waits)", "total", "ring pieces"};
+
+extern "C" size_t rp_decode_step_workspace_bytes(int nh, int nkv) {
+    ds_ws w = ds_ws_at(nullptr, nh, nkv);
+    return (size_t)((uint8_t *)(w.exitc + 4) - (uint8_t *)nullptr);
+}
+
+static int kmax_of(const rp_decode_step *s) {
+    int k = s->H;
+    if (s->nh * s->hd > k) k = s->nh * s->hd;
+    if (s->F > k) k = s->F;
+    return k;
+}
+
+extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
+    if (s->hd != 64 && s->hd != DS_HD) return "head_dim is not 64 or 128";
+    if (s->nkv <= 0 || s->nh % s->nkv) return "heads do not divide into kv groups";
+    const int G = s->nh / s->nkv;
+    if (G != 1 && G != 2 && G != 4 && G != 8) return "GQA group is not 1, 2, 4 or 8";
+    if (s->H % DS_SEG || s->F % DS_SEG || (s->nh * s->hd) % DS_SEG) return "a matrix width is not a multiple of 256";
+    if (s->H > DS_MAX_H) return "hidden size above 8192";
+    if (s->V % DS_ROWS) return "vocabulary not a multiple of 8";
+    return NULL;
+}
+
+template <int G, int HD> static int launch_g(const ds_args &a, size_t smem, cudaStream_t stream) {
+    static size_t set_for = 0;
+    if (set_for != smem) {
+        cudaError_t e = cudaFuncSetAttribute(decode_step_kernel<G, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return (int)e;
+        set_for = smem;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(a.grid);
+    cfg.blockDim = dim3(DS_THREADS);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    /* every block must be resident at once (grid barriers) */
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, decode_step_kernel<G, HD>, a);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return (int)e;
+    }
+    return rp_launch_result();
+}
+
+extern "C" int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream_t stream) {
+    if (rp_decode_step_check(s) || num_sms <= 0) return (int)cudaErrorInvalidValue;
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return (int)cudaErrorInvalidValue;
+    ds_args a;
+    a.s = *s;
+    a.grid = num_sms;
+    a.kmax = kmax_of(s);
+    a.splits = num_sms / s->nkv;
+    if (a.splits < 1) a.splits = 1;
+    if (a.splits > DS_MAX_SPLITS) a.splits = DS_MAX_SPLITS;
+    const int G = s->nh / s->nkv;
+    int stages = DS_MAX_STAGES;
+    while (stages > DS_MIN_STAGES && ds_plan(stages, a.kmax, G).total > (size_t)optin) stages--;
+    const size_t smem = ds_plan(stages, a.kmax, G).total;
+    if (smem > (size_t)optin) return (int)cudaErrorInvalidValue;
+    a.stages = stages;
+    if (s->hd == 64) switch (G) {
+        case 1: return launch_g<1, 64>(a, smem, stream);
+        case 2: return launch_g<2, 64>(a, smem, stream);
+        case 4: return launch_g<4, 64>(a, smem, stream);
+        default: return launch_g<8, 64>(a, smem, stream);
+        }
+    switch (G) {
+    case 1: return launch_g<1, 128>(a, smem, stream);
+    case 2: return launch_g<2, 128>(a, smem, stream);
+    case 4: return launch_g<4, 128>(a, smem, stream);
+    default: return launch_g<8, 128>(a, smem, stream);
+    }
+}
