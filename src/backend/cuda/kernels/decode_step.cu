@@ -48,8 +48,8 @@
 
 #define DS_CONSUMERS 8
 #define DS_THREADS ((DS_CONSUMERS + 1) * 32)
-#define DS_KC 1024            /* k per ring piece: 8 rows x 1024 k */
-/* A piece's rows are 64 bytes apart in bank terms (2048 + 64), so the mma
+#define DS_KC 1536            /* k per ring piece: 8 rows x 1536 k */
+/* A piece's rows are 64 bytes apart in bank terms (3072 + 64), so the mma
  * B-fragment loads (4 threads x 16 bytes of rows g and g + 1 per phase) hit
  * disjoint banks. */
 #define DS_ROW_STRIDE (DS_KC * 2 + 64)
@@ -58,7 +58,11 @@
 #define DS_ROWS 8             /* rows per unit (per run) */
 #define DS_HD 128
 #define DS_MAX_SPLITS 32
-#define DS_MIN_STAGES 4
+/* Ring stages: a multiple of the consumer warps, so that a stage is always
+ * used by the same warp (piece i: stage i % 8, warp i % 8). A warp then
+ * waits on a stage's mbarrier at most one phase ahead, which the parity
+ * wait requires. */
+#define DS_STAGES 8
 #define DS_MAX_STAGES 16
 #define DS_MAX_H 8192         /* stage_norm keeps the row in registers */
 
@@ -71,8 +75,10 @@ struct ds_args {
  * kmax) + per-lane partial sums [warp][16 rows][lane], or as attention
  * scratch. */
 struct ds_layout {
-    size_t ring, xs, part, attn, red, total;
+    size_t ring, xs, attn, part, ucnt, red, total;
 };
+
+#define DS_PART_SLOTS 64 /* per-piece partial sums in flight (see gemv_phase) */
 
 __host__ __device__ static inline size_t ds_attn_bytes(int G) {
     /* q [G][128], new k and v [128], per-warp m and l [8][G], per-warp
@@ -84,11 +90,11 @@ __host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G)
     ds_layout L;
     L.ring = 256; /* 2 * DS_MAX_STAGES mbarriers */
     L.xs = L.ring + (size_t)stages * DS_STAGE;
-    L.part = L.xs + ((size_t)kmax * 2 + 127) / 128 * 128;
-    L.attn = L.xs;
-    size_t end = L.part + 2 * (size_t)DS_CONSUMERS * 2 * DS_ROWS * 4;
-    if (L.attn + ds_attn_bytes(G) > end) end = L.attn + ds_attn_bytes(G);
-    L.red = (end + 15) / 16 * 16;
+    L.attn = L.xs; /* x and the attention scratch are never live together */
+    size_t x_bytes = ((size_t)kmax * 2 + 127) / 128 * 128, a_bytes = (ds_attn_bytes(G) + 127) / 128 * 128;
+    L.part = L.xs + (x_bytes > a_bytes ? x_bytes : a_bytes);
+    L.ucnt = L.part + (size_t)DS_PART_SLOTS * DS_ROWS * 4;
+    L.red = L.ucnt + (size_t)DS_PART_SLOTS * 4;
     L.total = L.red + 64 * 4;
     return L;
 }
@@ -317,78 +323,83 @@ __device__ __forceinline__ void stage_done(float *part) {
 enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
 
 /* One matrix phase: every unit this block owns, against x in xs, on the
- * tensor cores. A piece holds 8 rows x up to 1024 k; warp w takes its
- * 32-k steps w, w + 8, ...: mma m16n8k16 with the 8 weight rows as N and x
- * as A (its 16 rows all the same token; only row 0 of D is used). Thread
- * (g, c) loads 8 consecutive k of row g with one 16-byte load and the x
- * fragment uses the same k numbering (a sum over k does not care how k is
- * numbered; gemv.cu does the same). Lanes 0..3 end with rows 2c, 2c + 1;
- * warp 0 sums the warps in order and applies the epilogue. i is the ring
- * position (the producer's count). */
-__device__ void gemv_phase(const ds_args &a, int p, int epi, int &i, const uint8_t *ring, uint64_t *full,
-                           uint64_t *empty, const uint16_t *xs, float *part, uint64_t *tr) {
+ * tensor cores. Piece i of the ring (8 rows x up to 1024 k) belongs to
+ * warp i % 8, which does all of it: mma m16n8k16 with the 8 weight rows as
+ * N and x as A (its 16 rows all the same token; only row 0 of D is used),
+ * four independent accumulators. Thread (g, c) loads 8 consecutive k of
+ * row g with one 16-byte load and the x fragment uses the same k numbering
+ * (a sum over k does not care how k is numbered; gemv.cu does the same).
+ * Lanes 0..3 end with rows 2c, 2c + 1 and leave them in part[i % 64]; the
+ * warp that finishes a unit's last piece (a shared counter per unit) adds
+ * the unit's pieces in piece order and applies the epilogue, so the result
+ * does not depend on which warp was last. i and useq are the ring and unit
+ * positions (the producer walks the same sequence). */
+__device__ void gemv_phase(const ds_args &a, int p, int epi, int &i, int &useq, const uint8_t *ring, uint64_t *full,
+                           uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt, uint64_t *tr) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, st = a.stages, g = lane >> 2, c = lane & 3;
     const ds_mat m = phase_mat(a.s, p);
+    const int nch = (m.K + DS_KC - 1) / DS_KC, P = m.runs * nch;
     int u0, u1;
     unit_range(m.N, a.grid, blockIdx.x, u0, u1);
-    for (int u = u0; u < u1; u++) {
-        float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-        /* the residual row this lane will update, fetched while the unit
-         * streams */
-        float res_old = 0.0f;
-        if (epi == EPI_RESIDUAL && warp == 0 && lane < DS_ROWS) res_old = __ldcg(a.s.residual + u * DS_ROWS + lane);
-        for (int r = 0; r < m.runs; r++) {
-            for (int kc = 0; kc < m.K; kc += DS_KC, i++) {
-                const int steps = min(DS_KC, m.K - kc) / 32;
-                const int slot = i % st;
-                const uint64_t t0 = tr ? ds_now() : 0;
-                mbar_wait(&full[slot], (unsigned)(i / st) & 1u);
-                if (tr) tr[TR_WAIT_FULL] += ds_now() - t0;
-                const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * DS_ROW_STRIDE + c * 16;
-                const uint16_t *xk = xs + kc + c * 8;
-#pragma unroll 4
-                for (int kk = warp; kk < steps; kk += DS_CONSUMERS) {
-                    const uint4 w = *reinterpret_cast<const uint4 *>(wrow + kk * 64);
-                    const uint4 x = *reinterpret_cast<const uint4 *>(xk + kk * 32);
-                    if (r == 0) {
-                        rp_mma_16816(acc[0], x.x, x.x, x.y, x.y, w.x, w.y);
-                        rp_mma_16816(acc[0], x.z, x.z, x.w, x.w, w.z, w.w);
-                    } else {
-                        rp_mma_16816(acc[1], x.x, x.x, x.y, x.y, w.x, w.y);
-                        rp_mma_16816(acc[1], x.z, x.z, x.w, x.w, w.z, w.w);
-                    }
-                }
-                __syncwarp();
-                if (lane == 0) mbar_arrive(&empty[slot]);
-            }
-        }
-        /* part: [unit parity][warp][run][row], so one barrier per unit */
-        float *pb = part + (u & 1) * (DS_CONSUMERS * 2 * DS_ROWS);
-        if (lane < 4) {
-            pb[(warp * 2 + 0) * DS_ROWS + 2 * c] = acc[0][0];
-            pb[(warp * 2 + 0) * DS_ROWS + 2 * c + 1] = acc[0][1];
-            pb[(warp * 2 + 1) * DS_ROWS + 2 * c] = acc[1][0];
-            pb[(warp * 2 + 1) * DS_ROWS + 2 * c + 1] = acc[1][1];
-        }
-        cbar();
-        if (warp == 0 && lane < DS_ROWS) {
-            float v0 = 0.0f, v1 = 0.0f;
+    for (int u = u0; u < u1; u++, useq++) {
+        const int first = i;
+        for (int j = 0; j < P; j++, i++) {
+            if ((i & (DS_CONSUMERS - 1)) != warp) continue;
+            const int kc = (j % nch) * DS_KC, steps = min(DS_KC, m.K - kc) / 32;
+            const int slot = i % st;
+            const uint64_t t0 = tr ? ds_now() : 0;
+            mbar_wait(&full[slot], (unsigned)(i / st) & 1u);
+            if (tr) tr[TR_WAIT_FULL] += ds_now() - t0;
+            const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * DS_ROW_STRIDE + c * 16;
+            const uint16_t *xk = xs + kc + c * 8;
+            float acc[4][4] = {};
+            for (int kk = 0; kk < steps; kk += 8) { /* steps is a multiple of 8 (K % 256 == 0) */
+                uint4 w[8], x[8];
 #pragma unroll
-            for (int w = 0; w < DS_CONSUMERS; w++) {
-                v0 += pb[(w * 2 + 0) * DS_ROWS + lane];
-                v1 += pb[(w * 2 + 1) * DS_ROWS + lane];
+                for (int q = 0; q < 8; q++) {
+                    w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + q) * 64);
+                    x[q] = *reinterpret_cast<const uint4 *>(xk + (kk + q) * 32);
+                }
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    rp_mma_16816(acc[(2 * q) & 3], x[q].x, x[q].x, x[q].y, x[q].y, w[q].x, w[q].y);
+                    rp_mma_16816(acc[(2 * q + 1) & 3], x[q].z, x[q].z, x[q].w, x[q].w, w[q].z, w[q].w);
+                }
             }
-            const int n = u * DS_ROWS + lane;
-            switch (epi) {
-            case EPI_BF16: a.s.qkv[n] = rp_f32_bf16(v0); break;
-            case EPI_RESIDUAL: a.s.residual[n] = res_old + rp_bf16_f32(rp_f32_bf16(v0)); break;
-            case EPI_SWIGLU: {
-                const float gt = rp_bf16_f32(rp_f32_bf16(v0)), up = rp_bf16_f32(rp_f32_bf16(v1));
-                a.s.act[n] = rp_f32_bf16(gt / (1.0f + expf(-gt)) * up);
-                break;
+            if (lane < 4) {
+                float *pp = part + (i & (DS_PART_SLOTS - 1)) * DS_ROWS + 2 * c;
+                pp[0] = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
+                pp[1] = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
             }
-            default: a.s.logits[n] = v0;
+            __syncwarp();
+            int last = 0;
+            if (lane == 0) {
+                mbar_arrive(&empty[slot]);
+                __threadfence_block();
+                last = atomicAdd(&ucnt[useq & (DS_PART_SLOTS - 1)], 1u) == (unsigned)P - 1;
             }
+            last = __shfl_sync(RP_FULL_MASK, last, 0);
+            if (!last) continue;
+            __threadfence_block();
+            if (lane < DS_ROWS) {
+                float v0 = 0.0f, v1 = 0.0f;
+                for (int q = 0; q < nch; q++) {
+                    v0 += part[((first + q) & (DS_PART_SLOTS - 1)) * DS_ROWS + lane];
+                    if (m.runs == 2) v1 += part[((first + nch + q) & (DS_PART_SLOTS - 1)) * DS_ROWS + lane];
+                }
+                const int n = u * DS_ROWS + lane;
+                switch (epi) {
+                case EPI_BF16: a.s.qkv[n] = rp_f32_bf16(v0); break;
+                case EPI_RESIDUAL: a.s.residual[n] = __ldcg(a.s.residual + n) + rp_bf16_f32(rp_f32_bf16(v0)); break;
+                case EPI_SWIGLU: {
+                    const float gt = rp_bf16_f32(rp_f32_bf16(v0)), up = rp_bf16_f32(rp_f32_bf16(v1));
+                    a.s.act[n] = rp_f32_bf16(gt / (1.0f + expf(-gt)) * up);
+                    break;
+                }
+                default: a.s.logits[n] = v0;
+                }
+            }
+            if (lane == 0) ucnt[useq & (DS_PART_SLOTS - 1)] = 0;
         }
     }
 }
@@ -610,11 +621,13 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     uint8_t *ring = smem + Lo.ring;
     uint16_t *xs = reinterpret_cast<uint16_t *>(smem + Lo.xs);
     float *part = reinterpret_cast<float *>(smem + Lo.part), *red = reinterpret_cast<float *>(smem + Lo.red);
+    unsigned *ucnt = reinterpret_cast<unsigned *>(smem + Lo.ucnt);
+    for (int k = threadIdx.x; k < DS_PART_SLOTS; k += blockDim.x) ucnt[k] = 0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         for (int k = 0; k < a.stages; k++) {
             mbar_init(&full[k], 1);
-            mbar_init(&empty[k], DS_CONSUMERS);
+            mbar_init(&empty[k], 1); /* the one warp that used the piece */
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -629,7 +642,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     const rp_decode_step &s = a.s;
     const ds_ws ws = ds_ws_at(s.workspace, s.nh, s.nkv);
     const int L = s.num_layers, H = s.H, q_dim = s.nh * HD;
-    int i = 0;
+    int i = 0, useq = 0;
     unsigned target = 0;
     {
         /* the residual stream starts as the embedding row: each block
@@ -653,22 +666,22 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_STAGE, stage_norm(xs, s.residual, l == 0 ? s.embed + (int64_t)s.tokens[0] * H : nullptr,
                                   ly->attn_norm, H, s.eps, red);
              stage_done(part));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, i, ring, full, empty, xs, part, tr));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, i, useq, ring, full, empty, xs, part, ucnt, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
         DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
         DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim); stage_done(part));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, i, ring, full, empty, xs, part, tr));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, i, useq, ring, full, empty, xs, part, ucnt, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
         DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, ly->mlp_norm, H, s.eps, red); stage_done(part));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 2, EPI_SWIGLU, i, ring, full, empty, xs, part, tr));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 2, EPI_SWIGLU, i, useq, ring, full, empty, xs, part, ucnt, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
         DS_T(TR_STAGE, stage_bf16(xs, s.act, s.F); stage_done(part));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 3, EPI_RESIDUAL, i, ring, full, empty, xs, part, tr));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 3, EPI_RESIDUAL, i, useq, ring, full, empty, xs, part, ucnt, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
     }
     DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, s.final_norm, H, s.eps, red); stage_done(part));
-    DS_T(TR_GEMV, gemv_phase(a, 4 * L, EPI_F32, i, ring, full, empty, xs, part, tr));
+    DS_T(TR_GEMV, gemv_phase(a, 4 * L, EPI_F32, i, useq, ring, full, empty, xs, part, ucnt, tr));
 #undef DS_T
     if (tr) {
         tr[TR_TOTAL] = ds_now() - t_begin;
@@ -712,6 +725,10 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
     if (G != 1 && G != 2 && G != 4 && G != 8) return "GQA group is not 1, 2, 4 or 8";
     if (s->H % DS_SEG || s->F % DS_SEG || (s->nh * s->hd) % DS_SEG) return "a matrix width is not a multiple of 256";
     if (s->H > DS_MAX_H) return "hidden size above 8192";
+    /* a unit's pieces must fit the partial-sum slots (gemv_phase) */
+    if (kmax_of(s) > 32 * DS_KC) return "a matrix width above 49152";
+    /* shared memory: the ring and x (227 KiB on Hopper) */
+    if (ds_plan(DS_STAGES, kmax_of(s), s->nh / s->nkv).total > 227 * 1024) return "x does not fit beside the ring";
     if (s->V % DS_ROWS) return "vocabulary not a multiple of 8";
     return NULL;
 }
@@ -756,11 +773,9 @@ extern "C" int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream
     if (a.splits < 1) a.splits = 1;
     if (a.splits > DS_MAX_SPLITS) a.splits = DS_MAX_SPLITS;
     const int G = s->nh / s->nkv;
-    int stages = DS_MAX_STAGES;
-    while (stages > DS_MIN_STAGES && ds_plan(stages, a.kmax, G).total > (size_t)optin) stages--;
-    const size_t smem = ds_plan(stages, a.kmax, G).total;
+    const size_t smem = ds_plan(DS_STAGES, a.kmax, G).total;
     if (smem > (size_t)optin) return (int)cudaErrorInvalidValue;
-    a.stages = stages;
+    a.stages = DS_STAGES;
     if (s->hd == 64) switch (G) {
         case 1: return launch_g<1, 64>(a, smem, stream);
         case 2: return launch_g<2, 64>(a, smem, stream);
