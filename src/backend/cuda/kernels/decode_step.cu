@@ -64,7 +64,8 @@
  * wait requires. */
 #define DS_STAGES 8
 #define DS_MAX_STAGES 16
-#define DS_MAX_H 8192         /* stage_norm keeps the row in registers */
+#define DS_MAX_H 8192
+#define DS_MAX_PHASES (4 * 128 + 1) /* 128 layers */         /* stage_norm keeps the row in registers */
 
 struct ds_args {
     rp_decode_step s;
@@ -75,10 +76,19 @@ struct ds_args {
  * kmax) + per-lane partial sums [warp][16 rows][lane], or as attention
  * scratch. */
 struct ds_layout {
-    size_t ring, xs, attn, part, ucnt, red, total;
+    size_t ring, xs, attn, part, ucnt, info, pend, red, total;
 };
 
-#define DS_PART_SLOTS 64 /* per-piece partial sums in flight (see gemv_phase) */
+/* What the producer tells the consumers about ring piece i (in info[i %
+ * stages]): its unit, the unit's first piece and its number in the block's
+ * unit sequence. */
+struct ds_info {
+    int unit, first, useq, pad;
+};
+
+/* Per-piece partial sums in flight: a unit's P pieces plus what the other
+ * warps can take meanwhile (< 8 + stages) must fit, so P <= 16. */
+#define DS_PART_SLOTS 32
 
 __host__ __device__ static inline size_t ds_attn_bytes(int G) {
     /* q [G][128], new k and v [128], per-warp m and l [8][G], per-warp
@@ -86,7 +96,7 @@ __host__ __device__ static inline size_t ds_attn_bytes(int G) {
     return ((size_t)G * DS_HD + 2 * DS_HD + 2 * 8 * (size_t)G + 8 * (size_t)G * DS_HD) * 4 + 16;
 }
 
-__host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G) {
+__host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G, int phases) {
     ds_layout L;
     L.ring = 256; /* 2 * DS_MAX_STAGES mbarriers */
     L.xs = L.ring + (size_t)stages * DS_STAGE;
@@ -94,7 +104,9 @@ __host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G)
     size_t x_bytes = ((size_t)kmax * 2 + 127) / 128 * 128, a_bytes = (ds_attn_bytes(G) + 127) / 128 * 128;
     L.part = L.xs + (x_bytes > a_bytes ? x_bytes : a_bytes);
     L.ucnt = L.part + (size_t)DS_PART_SLOTS * DS_ROWS * 4;
-    L.red = L.ucnt + (size_t)DS_PART_SLOTS * 4;
+    L.info = L.ucnt + (size_t)DS_PART_SLOTS * 4;
+    L.pend = L.info + (size_t)stages * sizeof(ds_info);
+    L.red = (L.pend + (size_t)phases * 4 + 15) / 16 * 16;
     L.total = L.red + 64 * 4;
     return L;
 }
@@ -107,7 +119,10 @@ struct ds_ws {
     float2 *ml;    /* [nkv * splits][G] */
     unsigned *cnt; /* [nkv] */
     unsigned *sync, *exitc;
+    unsigned *claim; /* [DS_MAX_PHASES]: dynamic units taken per phase */
 };
+
+
 
 __host__ __device__ static inline ds_ws ds_ws_at(void *base, int nh, int nkv) {
     ds_ws w;
@@ -120,6 +135,7 @@ __host__ __device__ static inline ds_ws ds_ws_at(void *base, int nh, int nkv) {
     p += ((size_t)nkv * 4 + 15) / 16 * 16;
     w.sync = (unsigned *)p;
     w.exitc = w.sync + 4;
+    w.claim = w.sync + 8;
     return w;
 }
 
@@ -205,18 +221,35 @@ __device__ __forceinline__ void unit_range(int N, int grid, int b, int &u0, int 
     u1 = (int)((int64_t)(b + 1) * U / grid);
 }
 
-/* Producer: every piece of every unit of every phase this block owns, in
- * order, into ring stage i % stages. */
-__device__ void produce(const ds_args &a, uint8_t *ring, uint64_t *full, uint64_t *empty) {
+/* Units of a phase: the first S are cut statically (block b: [b S / G,
+ * (b+1) S / G)), so the producer knows them before anything runs; the last
+ * U - S are taken one at a time from a counter by whichever producer has
+ * room first. Blocks do not stream at the same rate (their share of HBM
+ * and L2 differs), and every phase ends in a grid barrier: the dynamic tail
+ * lets the fast blocks take more instead of waiting for the slow ones. */
+__device__ __forceinline__ int static_units(int U, int grid) { return U >= 2 * grid ? U - U / 4 : U; }
+
+/* Producer: every piece of every unit of every phase this block takes, in
+ * order, into ring stage i % stages; info says which unit a piece belongs
+ * to, pend[p] where phase p's pieces end (the consumers stop there). */
+__device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
+                        ds_info *info, volatile int *pend) {
     uint64_t policy, waited = 0;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    const int P = 4 * a.s.num_layers + 1, st = a.stages;
-    int i = 0;
-    for (int p = 0; p < P; p++) {
+    const int NP = 4 * a.s.num_layers + 1, st = a.stages;
+    int i = 0, useq = 0;
+    for (int p = 0; p < NP; p++) {
         const ds_mat m = phase_mat(a.s, p);
-        int u0, u1;
-        unit_range(m.N, a.grid, blockIdx.x, u0, u1);
-        for (int u = u0; u < u1; u++)
+        const int U = m.N / DS_ROWS, S = static_units(U, a.grid);
+        int u = (int)((int64_t)blockIdx.x * S / a.grid), u_end = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
+        for (;; u++, useq++) {
+            if (u >= u_end) {
+                if (S == U) break;
+                u = S + (int)atomicAdd(ws.claim + p, 1u);
+                if (u >= U) break;
+                u_end = u + 1;
+            }
+            const int first = i;
             for (int r = 0; r < m.runs; r++) {
                 const uint16_t *src = m.w + ((int64_t)r * m.run_off + (int64_t)u * DS_ROWS) * m.K;
                 for (int kc = 0; kc < m.K; kc += DS_KC, i++) {
@@ -227,19 +260,35 @@ __device__ void produce(const ds_args &a, uint8_t *ring, uint64_t *full, uint64_
                         mbar_wait(&empty[slot], (unsigned)((i / st) - 1) & 1u);
                         if (a.s.trace) waited += ds_now() - t0;
                     }
+                    info[slot] = ds_info{u, first, useq, 0};
+                    /* releases the info store with the arrival */
                     mbar_expect_tx(&full[slot], DS_ROWS * row_bytes);
-                    /* one copy per row (2 KiB): the rows land apart, see
-                     * DS_ROW_STRIDE */
+                    /* one copy per row: the rows land apart, see DS_ROW_STRIDE */
                     for (int j = 0; j < DS_ROWS; j++)
                         bulk_copy(ring + (size_t)slot * DS_STAGE + j * DS_ROW_STRIDE, src + (int64_t)j * m.K + kc,
                                   row_bytes, &full[slot], policy);
                 }
             }
+        }
+        pend[p] = i; /* before any piece of phase p + 1 is announced */
     }
     if (a.s.trace) {
         a.s.trace[blockIdx.x * TR_N + TR_WAIT_EMPTY] = waited;
         a.s.trace[blockIdx.x * TR_N + TR_PIECES] = (uint64_t)i;
     }
+}
+
+__device__ __forceinline__ bool mbar_try(uint64_t *bar, unsigned parity) {
+    uint32_t ok;
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, done;\n"
+                 "}"
+                 : "=r"(ok)
+                 : "r"(ds_saddr(bar)), "r"(parity)
+                 : "memory");
+    return ok != 0;
 }
 
 /* ---- consumer pieces ---------------------------------------------------- */
@@ -334,73 +383,74 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
  * the unit's pieces in piece order and applies the epilogue, so the result
  * does not depend on which warp was last. i and useq are the ring and unit
  * positions (the producer walks the same sequence). */
-__device__ void gemv_phase(const ds_args &a, int p, int epi, int &i, int &useq, const uint8_t *ring, uint64_t *full,
-                           uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt, uint64_t *tr) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, st = a.stages, g = lane >> 2, c = lane & 3;
+__device__ void gemv_phase(const ds_args &a, int p, int epi, int &iw, const uint8_t *ring, uint64_t *full,
+                           uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt, const ds_info *info,
+                           volatile int *pend, uint64_t *tr) {
+    const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
     const ds_mat m = phase_mat(a.s, p);
     const int nch = (m.K + DS_KC - 1) / DS_KC, P = m.runs * nch;
-    int u0, u1;
-    unit_range(m.N, a.grid, blockIdx.x, u0, u1);
-    for (int u = u0; u < u1; u++, useq++) {
-        const int first = i;
-        for (int j = 0; j < P; j++, i++) {
-            if ((i & (DS_CONSUMERS - 1)) != warp) continue;
-            const int kc = (j % nch) * DS_KC, steps = min(DS_KC, m.K - kc) / 32;
-            const int slot = i % st;
-            const uint64_t t0 = tr ? ds_now() : 0;
-            mbar_wait(&full[slot], (unsigned)(i / st) & 1u);
-            if (tr) tr[TR_WAIT_FULL] += ds_now() - t0;
-            const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * DS_ROW_STRIDE + c * 16;
-            const uint16_t *xk = xs + kc + c * 8;
-            float acc[4][4] = {};
-            for (int kk = 0; kk < steps; kk += 8) { /* steps is a multiple of 8 (K % 256 == 0) */
-                uint4 w[8], x[8];
-#pragma unroll
-                for (int q = 0; q < 8; q++) {
-                    w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + q) * 64);
-                    x[q] = *reinterpret_cast<const uint4 *>(xk + (kk + q) * 32);
-                }
-#pragma unroll
-                for (int q = 0; q < 8; q++) {
-                    rp_mma_16816(acc[(2 * q) & 3], x[q].x, x[q].x, x[q].y, x[q].y, w[q].x, w[q].y);
-                    rp_mma_16816(acc[(2 * q + 1) & 3], x[q].z, x[q].z, x[q].w, x[q].w, w[q].z, w[q].w);
-                }
-            }
-            if (lane < 4) {
-                float *pp = part + (i & (DS_PART_SLOTS - 1)) * DS_ROWS + 2 * c;
-                pp[0] = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
-                pp[1] = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
-            }
-            __syncwarp();
-            int last = 0;
-            if (lane == 0) {
-                mbar_arrive(&empty[slot]);
-                __threadfence_block();
-                last = atomicAdd(&ucnt[useq & (DS_PART_SLOTS - 1)], 1u) == (unsigned)P - 1;
-            }
-            last = __shfl_sync(RP_FULL_MASK, last, 0);
-            if (!last) continue;
-            __threadfence_block();
-            if (lane < DS_ROWS) {
-                float v0 = 0.0f, v1 = 0.0f;
-                for (int q = 0; q < nch; q++) {
-                    v0 += part[((first + q) & (DS_PART_SLOTS - 1)) * DS_ROWS + lane];
-                    if (m.runs == 2) v1 += part[((first + nch + q) & (DS_PART_SLOTS - 1)) * DS_ROWS + lane];
-                }
-                const int n = u * DS_ROWS + lane;
-                switch (epi) {
-                case EPI_BF16: a.s.qkv[n] = rp_f32_bf16(v0); break;
-                case EPI_RESIDUAL: a.s.residual[n] = __ldcg(a.s.residual + n) + rp_bf16_f32(rp_f32_bf16(v0)); break;
-                case EPI_SWIGLU: {
-                    const float gt = rp_bf16_f32(rp_f32_bf16(v0)), up = rp_bf16_f32(rp_f32_bf16(v1));
-                    a.s.act[n] = rp_f32_bf16(gt / (1.0f + expf(-gt)) * up);
-                    break;
-                }
-                default: a.s.logits[n] = v0;
-                }
-            }
-            if (lane == 0) ucnt[useq & (DS_PART_SLOTS - 1)] = 0;
+    for (;; iw += DS_CONSUMERS) {
+        /* piece iw, unless the phase ends before it */
+        const int slot = iw % st;
+        const unsigned par = (unsigned)(iw / st) & 1u;
+        const uint64_t t0 = tr ? ds_now() : 0;
+        bool ready = false;
+        while (iw < pend[p] && !(ready = mbar_try(&full[slot], par))) {
         }
+        if (tr) tr[TR_WAIT_FULL] += ds_now() - t0;
+        if (!ready || iw >= pend[p]) break;
+        const ds_info in = info[slot];
+        const int j = iw - in.first, kc = (j % nch) * DS_KC, steps = min(DS_KC, m.K - kc) / 32;
+        const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * DS_ROW_STRIDE + c * 16;
+        const uint16_t *xk = xs + kc + c * 8;
+        float acc[4][4] = {};
+        for (int kk = 0; kk < steps; kk += 8) { /* steps is a multiple of 8 (K % 256 == 0) */
+            uint4 w[8], x[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + q) * 64);
+                x[q] = *reinterpret_cast<const uint4 *>(xk + (kk + q) * 32);
+            }
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                rp_mma_16816(acc[(2 * q) & 3], x[q].x, x[q].x, x[q].y, x[q].y, w[q].x, w[q].y);
+                rp_mma_16816(acc[(2 * q + 1) & 3], x[q].z, x[q].z, x[q].w, x[q].w, w[q].z, w[q].w);
+            }
+        }
+        if (lane < 4) {
+            float *pp = part + (iw & (DS_PART_SLOTS - 1)) * DS_ROWS + 2 * c;
+            pp[0] = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
+            pp[1] = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
+        }
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) {
+            mbar_arrive(&empty[slot]); /* info and the stage are read */
+            __threadfence_block();
+            last = atomicAdd(&ucnt[in.useq & (DS_PART_SLOTS - 1)], 1u) == (unsigned)P - 1;
+        }
+        last = __shfl_sync(RP_FULL_MASK, last, 0);
+        if (!last) continue;
+        __threadfence_block();
+        if (lane < DS_ROWS) {
+            float v0 = 0.0f, v1 = 0.0f;
+            for (int q = 0; q < nch; q++) {
+                v0 += part[((in.first + q) & (DS_PART_SLOTS - 1)) * DS_ROWS + lane];
+                if (m.runs == 2) v1 += part[((in.first + nch + q) & (DS_PART_SLOTS - 1)) * DS_ROWS + lane];
+            }
+            const int n = in.unit * DS_ROWS + lane;
+            switch (epi) {
+            case EPI_BF16: a.s.qkv[n] = rp_f32_bf16(v0); break;
+            case EPI_RESIDUAL: a.s.residual[n] = __ldcg(a.s.residual + n) + rp_bf16_f32(rp_f32_bf16(v0)); break;
+            case EPI_SWIGLU: {
+                const float gt = rp_bf16_f32(rp_f32_bf16(v0)), up = rp_bf16_f32(rp_f32_bf16(v1));
+                a.s.act[n] = rp_f32_bf16(gt / (1.0f + expf(-gt)) * up);
+                break;
+            }
+            default: a.s.logits[n] = v0;
+            }
+        }
+        if (lane == 0) ucnt[in.useq & (DS_PART_SLOTS - 1)] = 0;
     }
 }
 
@@ -616,13 +666,17 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
 template <int G, int HD>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
     extern __shared__ __align__(128) uint8_t smem[];
-    const ds_layout Lo = ds_plan(a.stages, a.kmax, G);
+    const ds_layout Lo = ds_plan(a.stages, a.kmax, G, 4 * a.s.num_layers + 1);
     uint64_t *full = reinterpret_cast<uint64_t *>(smem), *empty = full + DS_MAX_STAGES;
     uint8_t *ring = smem + Lo.ring;
     uint16_t *xs = reinterpret_cast<uint16_t *>(smem + Lo.xs);
     float *part = reinterpret_cast<float *>(smem + Lo.part), *red = reinterpret_cast<float *>(smem + Lo.red);
     unsigned *ucnt = reinterpret_cast<unsigned *>(smem + Lo.ucnt);
+    ds_info *info = reinterpret_cast<ds_info *>(smem + Lo.info);
+    volatile int *pend = reinterpret_cast<volatile int *>(smem + Lo.pend);
     for (int k = threadIdx.x; k < DS_PART_SLOTS; k += blockDim.x) ucnt[k] = 0;
+    for (int k = threadIdx.x; k < 4 * a.s.num_layers + 1; k += blockDim.x) pend[k] = 0x7fffffff; /* not known yet */
+    const ds_ws ws = ds_ws_at(a.s.workspace, a.s.nh, a.s.nkv);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         for (int k = 0; k < a.stages; k++) {
@@ -635,14 +689,13 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     if (warp == DS_CONSUMERS) {
         /* weights are constant: stream them before (and regardless of) the
          * wait for the previous kernel */
-        if (lane == 0) produce(a, ring, full, empty);
+        if (lane == 0) produce(a, ws, ring, full, empty, info, pend);
         return;
     }
     rp_pdl_wait();
     const rp_decode_step &s = a.s;
-    const ds_ws ws = ds_ws_at(s.workspace, s.nh, s.nkv);
     const int L = s.num_layers, H = s.H, q_dim = s.nh * HD;
-    int i = 0, useq = 0;
+    int i = threadIdx.x >> 5; /* this warp's next ring piece */
     unsigned target = 0;
     {
         /* the residual stream starts as the embedding row: each block
@@ -666,22 +719,27 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_STAGE, stage_norm(xs, s.residual, l == 0 ? s.embed + (int64_t)s.tokens[0] * H : nullptr,
                                   ly->attn_norm, H, s.eps, red);
              stage_done(part));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, i, useq, ring, full, empty, xs, part, ucnt, tr));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        /* Past a phase's barrier no producer takes from its counter again. */
+        if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
         DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim); stage_done(part));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, i, useq, ring, full, empty, xs, part, ucnt, tr));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
         DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, ly->mlp_norm, H, s.eps, red); stage_done(part));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 2, EPI_SWIGLU, i, useq, ring, full, empty, xs, part, ucnt, tr));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 2, EPI_SWIGLU, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, stage_bf16(xs, s.act, s.F); stage_done(part));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 3, EPI_RESIDUAL, i, useq, ring, full, empty, xs, part, ucnt, tr));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 3, EPI_RESIDUAL, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
     DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, s.final_norm, H, s.eps, red); stage_done(part));
-    DS_T(TR_GEMV, gemv_phase(a, 4 * L, EPI_F32, i, useq, ring, full, empty, xs, part, ucnt, tr));
+    DS_T(TR_GEMV, gemv_phase(a, 4 * L, EPI_F32, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
 #undef DS_T
     if (tr) {
         tr[TR_TOTAL] = ds_now() - t_begin;
@@ -696,6 +754,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (prev == (unsigned)a.grid - 1) {
             *ws.sync = 0;
             *ws.exitc = 0;
+            ws.claim[4 * L] = 0;
         }
     }
 }
@@ -708,7 +767,7 @@ extern "C" const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLO
 
 extern "C" size_t rp_decode_step_workspace_bytes(int nh, int nkv) {
     ds_ws w = ds_ws_at(nullptr, nh, nkv);
-    return (size_t)((uint8_t *)(w.exitc + 4) - (uint8_t *)nullptr);
+    return (size_t)((uint8_t *)(w.claim + DS_MAX_PHASES) - (uint8_t *)nullptr);
 }
 
 static int kmax_of(const rp_decode_step *s) {
@@ -725,10 +784,11 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
     if (G != 1 && G != 2 && G != 4 && G != 8) return "GQA group is not 1, 2, 4 or 8";
     if (s->H % DS_SEG || s->F % DS_SEG || (s->nh * s->hd) % DS_SEG) return "a matrix width is not a multiple of 256";
     if (s->H > DS_MAX_H) return "hidden size above 8192";
+    if (4 * s->num_layers + 1 > DS_MAX_PHASES) return "more than 128 layers";
     /* a unit's pieces must fit the partial-sum slots (gemv_phase) */
-    if (kmax_of(s) > 32 * DS_KC) return "a matrix width above 49152";
+    if (kmax_of(s) > 16 * DS_KC) return "a matrix width above 24576";
     /* shared memory: the ring and x (227 KiB on Hopper) */
-    if (ds_plan(DS_STAGES, kmax_of(s), s->nh / s->nkv).total > 227 * 1024) return "x does not fit beside the ring";
+    if (ds_plan(DS_STAGES, kmax_of(s), s->nh / s->nkv, 4 * s->num_layers + 1).total > 227 * 1024) return "x does not fit beside the ring";
     if (s->V % DS_ROWS) return "vocabulary not a multiple of 8";
     return NULL;
 }
@@ -773,7 +833,7 @@ extern "C" int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream
     if (a.splits < 1) a.splits = 1;
     if (a.splits > DS_MAX_SPLITS) a.splits = DS_MAX_SPLITS;
     const int G = s->nh / s->nkv;
-    const size_t smem = ds_plan(DS_STAGES, a.kmax, G).total;
+    const size_t smem = ds_plan(DS_STAGES, a.kmax, G, 4 * s->num_layers + 1).total;
     if (smem > (size_t)optin) return (int)cudaErrorInvalidValue;
     a.stages = DS_STAGES;
     if (s->hd == 64) switch (G) {
