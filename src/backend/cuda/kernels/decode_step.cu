@@ -9,22 +9,25 @@
  *  - the step is a fixed sequence of matrix phases (per layer: qkv, o,
  *    gate_up, down; then lm_head). Each matrix is cut into units of 8 rows
  *    (gate_up: 8 gate rows and the 8 matching up rows) and block b owns the
- *    contiguous unit range [b U / G, (b+1) U / G) of every phase. So every
- *    block knows, before anything runs, the exact list of weight bytes it
- *    will read in the whole step;
+ *    contiguous range [b S / G, (b+1) S / G) of a phase's first S units.
+ *    So every block knows, before anything runs, most of the weight bytes
+ *    it will read in the whole step;
  *  - one producer thread per block walks that list from the first
- *    instruction, copying each unit (contiguous rows, split into 16 KiB
- *    pieces) into a ring of shared-memory stages with the bulk copy engine
- *    (cp.async.bulk, completion counted in bytes on the stage's mbarrier).
- *    It waits only for a free stage, never for an activation: while the
- *    consumers sit in a grid barrier or in attention, the next phase's
- *    weights keep arriving;
+ *    instruction, copying each unit in pieces of 8 rows x 1536 k (one bulk
+ *    copy per row, cp.async.bulk, completion counted in bytes on the
+ *    stage's mbarrier) into a ring of 8 shared-memory stages. It waits only
+ *    for a free stage, never for an activation: while the consumers sit in
+ *    a grid barrier or in attention, the next phase's weights keep
+ *    arriving. The last quarter of each large phase's units is not cut in
+ *    advance: producers take them one at a time from a counter, so blocks
+ *    that stream faster take more (static_units);
  *  - eight consumer warps stage the phase's input vector in shared memory
- *    (the RMSNorm, SwiGLU and attention output are made there), multiply
- *    the landed stages against it on the CUDA cores (one multiply-add per
- *    weight element is far below what an SM does per byte of HBM), and
- *    write the phase's output with its epilogue fused (qkv bf16, residual
- *    += bf16(y), silu(gate) * up, fp32 logits);
+ *    (the RMSNorm, SwiGLU and attention output are made there); ring piece
+ *    i belongs to warp i % 8, which multiplies it against x on the tensor
+ *    cores and leaves 8 partial sums; the warp that finishes a unit's last
+ *    piece adds them in piece order and writes the phase's output with its
+ *    epilogue fused (qkv bf16, residual += bf16(y), silu(gate) * up, fp32
+ *    logits);
  *  - phases meet at a grid barrier (a counter with release/acquire at gpu
  *    scope; docs/memory-model.md), five per layer;
  *  - attention: (kv head, split) items spread over the blocks; each item
@@ -431,7 +434,10 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, int &iw, const uint
         }
         last = __shfl_sync(RP_FULL_MASK, last, 0);
         if (!last) continue;
-        __threadfence_block();
+        /* lane 0 saw the other warps' counts: its fence, then the warp
+         * barrier, order every lane's reads of their partials after them */
+        if (lane == 0) __threadfence_block();
+        __syncwarp();
         if (lane < DS_ROWS) {
             float v0 = 0.0f, v1 = 0.0f;
             for (int q = 0; q < nch; q++) {
