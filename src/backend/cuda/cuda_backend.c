@@ -735,7 +735,7 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
     if (env && strcmp(env, "0") &&
         rp_cuda_malloc((void **)&cb->ds.trace, (size_t)cb->num_sms * 16 * 8, "decode step trace", err))
         return RP_ERR;
-    const char *why = rp_decode_step_check(&cb->ds);
+    const char *why = rp_decode_step_check_device(&cb->ds, cb->num_sms);
     cb->decode_step_ok = why == NULL;
     if (why) rp_log_info("cuda: batch-1 decode runs as a chain of kernels (%s)", why);
     return 0;

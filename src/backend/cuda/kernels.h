@@ -158,8 +158,10 @@ typedef struct rp_decode_step {
     float eps;
 } rp_decode_step;
 size_t rp_decode_step_workspace_bytes(int nh, int nkv);
-/* NULL when the shapes are supported, else why not. */
+/* NULL when the shapes are supported, else why not; _device also asks the
+ * current device (cooperative launch, a block per SM). */
 const char *rp_decode_step_check(const rp_decode_step *s);
+const char *rp_decode_step_check_device(const rp_decode_step *s, int num_sms);
 int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream_t stream);
 #define RP_DECODE_STEP_TRACE_SLOTS 8
 extern const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS];

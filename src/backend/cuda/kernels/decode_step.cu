@@ -327,11 +327,13 @@ __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, 
                            float *red) {
     constexpr int J = DS_MAX_H / (DS_CONSUMERS * 32 * 8);
     float v[J][8];
+    uint4 gw[J]; /* the norm weights, loaded with the row: one round trip, not two */
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < J; j++) {
         const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
         if (i < H) {
+            gw[j] = rp_ld_nc(w + i);
             if (emb) {
                 const uint4 e = rp_ld_nc(emb + i);
                 v[j][0] = rp_bf16_lo(e.x), v[j][1] = rp_bf16_hi(e.x), v[j][2] = rp_bf16_lo(e.y);
@@ -351,7 +353,7 @@ __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, 
     for (int j = 0; j < J; j++) {
         const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
         if (i < H) {
-            const uint4 g = rp_ld_nc(w + i);
+            const uint4 g = gw[j];
             *reinterpret_cast<uint4 *>(xs + i) =
                 make_uint4(rp_pack_bf16x2(rp_bf16_lo(g.x) * (v[j][0] * inv), rp_bf16_hi(g.x) * (v[j][1] * inv)),
                            rp_pack_bf16x2(rp_bf16_lo(g.y) * (v[j][2] * inv), rp_bf16_hi(g.y) * (v[j][3] * inv)),
@@ -534,6 +536,25 @@ template <> struct lane_row<2> {
 
 #define ATT_UNROLL 4 /* keys per warp in flight */
 
+/* The K and V rows of keys jb, jb + 8, ... (ATT_UNROLL of them, this
+ * lane's dims at offset off) that are in [.., j1) and not the new one. */
+template <int DPL>
+__device__ __forceinline__ void load_kv(lane_row<DPL> (&kr)[ATT_UNROLL], lane_row<DPL> (&vr)[ATT_UNROLL], int jb, int j1,
+                                        int pos, const int32_t *prow, int ps, const uint16_t *kc, const uint16_t *vc,
+                                        int64_t off, int kv_dim) {
+#pragma unroll
+    for (int u = 0; u < ATT_UNROLL; u++) {
+        const int j = jb + u * DS_CONSUMERS;
+        kr[u].zero();
+        vr[u].zero();
+        if (j < j1 && j != pos) {
+            const int64_t e = ((int64_t)prow[j / ps] * ps + j % ps) * kv_dim + off;
+            kr[u].load(kc + e);
+            vr[u].load(vc + e);
+        }
+    }
+}
+
 /* Layer l's attention for sequence 0 into s.attn. */
 template <int G, int HD>
 __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws) {
@@ -556,6 +577,10 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
         const int kvh = it / NS, split = it - kvh * NS;
         const int per = (len + NS - 1) / NS, j0 = split * per, j1 = min(len, j0 + per);
         const bool has_new = pos >= j0 && pos < j1;
+        /* The cached keys and values are from earlier steps: the first
+         * batch is in flight while q and k are normalised and rotated. */
+        lane_row<DPL> kr[ATT_UNROLL], vr[ATT_UNROLL];
+        load_kv<DPL>(kr, vr, j0 + warp, j1, pos, prow, ps, kc, vc, (int64_t)kvh * HD + lane * DPL, kv_dim);
         for (int task = warp; task < G + 2; task += DS_CONSUMERS) {
             if (task < G) {
                 norm_rope_head<HD>(s.qkv + (kvh * G + task) * HD, ly->q_norm, s.inv_freq, (float)pos, s.eps,
@@ -581,19 +606,8 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
             for (int d = 0; d < DPL; d++) q[g][d] = qs[g * HD + lane * DPL + d], o[g][d] = 0.0f;
         }
         for (int jb = j0 + warp; jb < j1; jb += DS_CONSUMERS * ATT_UNROLL) {
-            lane_row<DPL> kr[ATT_UNROLL], vr[ATT_UNROLL];
-#pragma unroll
-            for (int u = 0; u < ATT_UNROLL; u++) {
-                const int j = jb + u * DS_CONSUMERS;
-                kr[u].zero();
-                vr[u].zero();
-                if (j < j1 && j != pos) {
-                    const int64_t slot = (int64_t)prow[j / ps] * ps + j % ps;
-                    const int64_t e = slot * kv_dim + kvh * HD + lane * DPL;
-                    kr[u].load(kc + e);
-                    vr[u].load(vc + e);
-                }
-            }
+            if (jb != j0 + warp)
+                load_kv<DPL>(kr, vr, jb, j1, pos, prow, ps, kc, vc, (int64_t)kvh * HD + lane * DPL, kv_dim);
 #pragma unroll
             for (int u = 0; u < ATT_UNROLL; u++) {
                 const int j = jb + u * DS_CONSUMERS;
@@ -799,13 +813,69 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
     return NULL;
 }
 
-template <int G, int HD> static int launch_g(const ds_args &a, size_t smem, cudaStream_t stream) {
-    static size_t set_for = 0;
-    if (set_for != smem) {
-        cudaError_t e = cudaFuncSetAttribute(decode_step_kernel<G, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return (int)e;
-        set_for = smem;
+typedef void (*ds_kernel_fn)(const ds_args);
+
+/* The kernel for a GQA group and head size, its dynamic shared memory
+ * limit raised to smem (once per kernel and size). */
+static ds_kernel_fn kernel_for(int G, int HD, size_t smem, cudaError_t *e) {
+    static const ds_kernel_fn fns[2][4] = {
+        {decode_step_kernel<1, 64>, decode_step_kernel<2, 64>, decode_step_kernel<4, 64>, decode_step_kernel<8, 64>},
+        {decode_step_kernel<1, 128>, decode_step_kernel<2, 128>, decode_step_kernel<4, 128>,
+         decode_step_kernel<8, 128>}};
+    static size_t set_for[2][4];
+    const int h = HD == 128, g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
+    *e = cudaSuccess;
+    if (set_for[h][g] != smem) {
+        *e = cudaFuncSetAttribute(fns[h][g], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (*e != cudaSuccess) return nullptr;
+        set_for[h][g] = smem;
     }
+    return fns[h][g];
+}
+
+static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *smem) {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+        return -1;
+    a->s = *s;
+    a->grid = num_sms;
+    a->kmax = kmax_of(s);
+    a->splits = num_sms / s->nkv;
+    if (a->splits < 1) a->splits = 1;
+    if (a->splits > DS_MAX_SPLITS) a->splits = DS_MAX_SPLITS;
+    a->stages = DS_STAGES;
+    *smem = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, 4 * s->num_layers + 1).total;
+    return *smem > (size_t)optin ? -1 : 0;
+}
+
+extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, int num_sms) {
+    const char *why = rp_decode_step_check(s);
+    if (why) return why;
+    ds_args a;
+    size_t smem;
+    int dev = 0, coop = 0, per_sm = 0;
+    if (make_args(s, num_sms, &a, &smem)) return "not enough shared memory per block";
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess || !coop)
+        return "the device cannot launch cooperative kernels";
+    cudaError_t e;
+    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, smem, &e);
+    if (!fn || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, DS_THREADS, smem) != cudaSuccess ||
+        per_sm < 1) {
+        cudaGetLastError();
+        return "a block per SM does not fit";
+    }
+    return NULL;
+}
+
+extern "C" int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream_t stream) {
+    ds_args a;
+    size_t smem;
+    if (rp_decode_step_check(s) || num_sms <= 0 || make_args(s, num_sms, &a, &smem)) return (int)cudaErrorInvalidValue;
+    cudaError_t e;
+    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, smem, &e);
+    if (!fn) return (int)e;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(a.grid);
     cfg.blockDim = dim3(DS_THREADS);
@@ -817,41 +887,10 @@ template <int G, int HD> static int launch_g(const ds_args &a, size_t smem, cuda
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, decode_step_kernel<G, HD>, a);
+    e = cudaLaunchKernelEx(&cfg, fn, a);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return (int)e;
     }
     return rp_launch_result();
-}
-
-extern "C" int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream_t stream) {
-    if (rp_decode_step_check(s) || num_sms <= 0) return (int)cudaErrorInvalidValue;
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        return (int)cudaErrorInvalidValue;
-    ds_args a;
-    a.s = *s;
-    a.grid = num_sms;
-    a.kmax = kmax_of(s);
-    a.splits = num_sms / s->nkv;
-    if (a.splits < 1) a.splits = 1;
-    if (a.splits > DS_MAX_SPLITS) a.splits = DS_MAX_SPLITS;
-    const int G = s->nh / s->nkv;
-    const size_t smem = ds_plan(DS_STAGES, a.kmax, G, 4 * s->num_layers + 1).total;
-    if (smem > (size_t)optin) return (int)cudaErrorInvalidValue;
-    a.stages = DS_STAGES;
-    if (s->hd == 64) switch (G) {
-        case 1: return launch_g<1, 64>(a, smem, stream);
-        case 2: return launch_g<2, 64>(a, smem, stream);
-        case 4: return launch_g<4, 64>(a, smem, stream);
-        default: return launch_g<8, 64>(a, smem, stream);
-        }
-    switch (G) {
-    case 1: return launch_g<1, 128>(a, smem, stream);
-    case 2: return launch_g<2, 128>(a, smem, stream);
-    case 4: return launch_g<4, 128>(a, smem, stream);
-    default: return launch_g<8, 128>(a, smem, stream);
-    }
 }
