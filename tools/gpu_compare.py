@@ -9,7 +9,10 @@ counter-based hash (src/util/rng.h, src/model/weights.c). transformers runs the
 same weights in float32; replay runs them in bf16 and must stay within a
 relative L2 error of 1e-2 at every compared position.
 
-    python3 tools/gpu_compare.py --replay .gpu/bin/replay [--shapes qwen3-0.6b,...]
+    python3 tools/gpu_compare.py --replay .gpu/bin/replay [--shapes qwen3-0.6b,...] [--decode]
+
+--decode compares the batch-1 decode path instead of prefill: replay gets the
+prompt one token per step.
 """
 import argparse
 import math
@@ -156,6 +159,9 @@ def main():
     ap.add_argument("--lens", default="1,7,100,1000")
     ap.add_argument("--last", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--decode", action="store_true",
+                    help="feed replay the prompt one token per step (--chunk 1): every position is a batch-1 "
+                         "decode step, the one-kernel path where the shape allows it")
     args = ap.parse_args()
     dev = "cuda"
     lens = [int(x) for x in args.lens.split(",")]
@@ -184,6 +190,8 @@ def main():
             device = "cpu" if name.startswith("tiny") else "cuda"
             cmd = [args.replay, "logits", "--dummy-weights", name, "--weight-seed", str(args.seed),
                    "--device", device, "--prompt-ids", "@" + idfile, "--last", str(args.last), "--out", out]
+            if args.decode:
+                cmd += ["--chunk", "1"]
             r = subprocess.run(cmd, capture_output=True, text=True)
             hf_err = max(rel_l2(hb[i], ref[i]) for i in range(ref.shape[0]))
             if r.returncode != 0:
