@@ -369,14 +369,16 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     const int H = c->hidden_size, F = c->intermediate_size;
     const float eps = (float)c->rms_norm_eps;
     cb->prof_n = 0;
-        if (cb->decode_step_ok && decode && T == 1 && S == 1 && num_logits == 1) {
+    /* One sequence, one token: the whole step is one persistent kernel
+     * (kernels/decode_step.cu), then sampling. */
+    if (cb->decode_step_ok && decode && T == 1 && S == 1 && num_logits == 1) {
         prof_mark(cb, "decode step (one kernel)");
         RP_LAUNCH(rp_k_decode_step(&cb->ds, cb->num_sms, st), err);
         if (sample && launch_sample(cb, num_logits, err)) return RP_ERR;
         prof_mark(cb, NULL);
         return 0;
     }
-/* Few tokens (decode, tiny prefill chunks): every matrix product is a
+    /* Few tokens (decode, tiny prefill chunks): every matrix product is a
      * GEMV with its norm, SwiGLU or residual add fused in, so a layer is 4
      * GEMVs + RoPE + attention. More tokens: cuBLASLt and separate kernels.
      * The choice depends on T only, so a graph and an eager run of the same
@@ -570,21 +572,22 @@ static void cuda_set_graphs(rp_backend *b, int enabled) {
 /* REPLAY_DECODE_STEP_TRACE: where the blocks' time went in the last
  * one-kernel step (mean and max over blocks, microseconds). */
 static void print_decode_step_trace(rp_cuda_backend *cb) {
-    uint64_t *h = malloc((size_t)cb->num_sms * 16 * 8);
-    if (!h || cudaMemcpy(h, cb->ds.trace, (size_t)cb->num_sms * 16 * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    const size_t bytes = (size_t)cb->num_sms * RP_DECODE_STEP_TRACE_STRIDE * 8;
+    uint64_t *h = malloc(bytes);
+    if (!h || cudaMemcpy(h, cb->ds.trace, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
         free(h);
         return;
     }
     fprintf(stderr, "decode step trace (last launch, %d blocks): mean / max\n", cb->num_sms);
     for (int k = 0; k < RP_DECODE_STEP_TRACE_SLOTS; k++) {
-        double sum = 0, mx = 0, div = k == 7 ? 1.0 : 1e3;
+        double sum = 0, mx = 0, div = k == RP_DECODE_STEP_TRACE_SLOTS - 1 ? 1.0 : 1e3; /* the last is a count */
         for (int b = 0; b < cb->num_sms; b++) {
-            double v = (double)h[b * 16 + k] / div;
+            double v = (double)h[b * RP_DECODE_STEP_TRACE_STRIDE + k] / div;
             sum += v;
             if (v > mx) mx = v;
         }
         fprintf(stderr, "  %-30s %10.1f %10.1f%s\n", rp_decode_step_trace_names[k], sum / cb->num_sms, mx,
-                k == 7 ? "" : " us");
+                k == RP_DECODE_STEP_TRACE_SLOTS - 1 ? "" : " us");
     }
     free(h);
 }
@@ -732,8 +735,8 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
         .eps = (float)c->rms_norm_eps,
     };
     env = getenv("REPLAY_DECODE_STEP_TRACE");
-    if (env && strcmp(env, "0") &&
-        rp_cuda_malloc((void **)&cb->ds.trace, (size_t)cb->num_sms * 16 * 8, "decode step trace", err))
+    const size_t trace_bytes = (size_t)cb->num_sms * RP_DECODE_STEP_TRACE_STRIDE * 8;
+    if (env && strcmp(env, "0") && rp_cuda_malloc((void **)&cb->ds.trace, trace_bytes, "decode step trace", err))
         return RP_ERR;
     const char *why = rp_decode_step_check_device(&cb->ds, cb->num_sms);
     cb->decode_step_ok = why == NULL;

@@ -151,8 +151,9 @@ typedef struct rp_decode_step {
     float *logits;   /* [V] */
     rp_bf16 *qkv, *attn, *act;
     void *workspace; /* rp_decode_step_workspace_bytes(), zeroed once */
-    /* NULL, or [grid][16] u64 per block of the last launch: ns spent per
-     * kind of work, rp_decode_step_trace_names (REPLAY_DECODE_STEP_TRACE) */
+    /* NULL, or [grid][RP_DECODE_STEP_TRACE_STRIDE] u64 per block of the
+     * last launch: ns spent per kind of work, rp_decode_step_trace_names
+     * (REPLAY_DECODE_STEP_TRACE) */
     uint64_t *trace;
     int num_layers, H, F, nh, nkv, hd, V;
     float eps;
@@ -164,6 +165,7 @@ const char *rp_decode_step_check(const rp_decode_step *s);
 const char *rp_decode_step_check_device(const rp_decode_step *s, int num_sms);
 int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream_t stream);
 #define RP_DECODE_STEP_TRACE_SLOTS 8
+#define RP_DECODE_STEP_TRACE_STRIDE 16
 extern const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS];
 
 /* Prefill attention for variable-length sequences (T tokens in all): query

@@ -187,7 +187,11 @@ __device__ __forceinline__ uint16_t ld_cg_u16(const uint16_t *p) {
 
 /* ---- optional trace (REPLAY_DECODE_STEP_TRACE): where a block's time goes --- */
 
-enum { TR_WAIT_FULL, TR_WAIT_EMPTY, TR_SYNC, TR_ATTN, TR_STAGE, TR_GEMV, TR_TOTAL, TR_PIECES, TR_N = 16 };
+enum {
+    TR_WAIT_FULL, TR_WAIT_EMPTY, TR_SYNC, TR_ATTN, TR_STAGE, TR_GEMV, TR_TOTAL, TR_PIECES,
+    TR_N = RP_DECODE_STEP_TRACE_STRIDE
+};
+static_assert(TR_PIECES + 1 == RP_DECODE_STEP_TRACE_SLOTS, "trace slots and their names");
 
 __device__ __forceinline__ uint64_t ds_now(void) {
     uint64_t t;
@@ -539,9 +543,9 @@ template <> struct lane_row<2> {
 /* The K and V rows of keys jb, jb + 8, ... (ATT_UNROLL of them, this
  * lane's dims at offset off) that are in [.., j1) and not the new one. */
 template <int DPL>
-__device__ __forceinline__ void load_kv(lane_row<DPL> (&kr)[ATT_UNROLL], lane_row<DPL> (&vr)[ATT_UNROLL], int jb, int j1,
-                                        int pos, const int32_t *prow, int ps, const uint16_t *kc, const uint16_t *vc,
-                                        int64_t off, int kv_dim) {
+__device__ __forceinline__ void load_kv(lane_row<DPL> (&kr)[ATT_UNROLL], lane_row<DPL> (&vr)[ATT_UNROLL], int jb,
+                                        int j1, int pos, const int32_t *prow, int ps, const uint16_t *kc,
+                                        const uint16_t *vc, int64_t off, int kv_dim) {
 #pragma unroll
     for (int u = 0; u < ATT_UNROLL; u++) {
         const int j = jb + u * DS_CONSUMERS;
@@ -808,7 +812,8 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
     /* a unit's pieces must fit the partial-sum slots (gemv_phase) */
     if (kmax_of(s) > 16 * DS_KC) return "a matrix width above 24576";
     /* shared memory: the ring and x (227 KiB on Hopper) */
-    if (ds_plan(DS_STAGES, kmax_of(s), s->nh / s->nkv, 4 * s->num_layers + 1).total > 227 * 1024) return "x does not fit beside the ring";
+    if (ds_plan(DS_STAGES, kmax_of(s), s->nh / s->nkv, 4 * s->num_layers + 1).total > 227 * 1024)
+        return "x does not fit beside the ring";
     if (s->V % DS_ROWS) return "vocabulary not a multiple of 8";
     return NULL;
 }
