@@ -67,17 +67,17 @@
  * wait requires. */
 #define DS_STAGES 8
 #define DS_MAX_STAGES 16
-#define DS_MAX_H 8192
-#define DS_MAX_PHASES (4 * 128 + 1) /* 128 layers */         /* stage_norm keeps the row in registers */
+#define DS_MAX_H 8192               /* stage_norm keeps the row in registers */
+#define DS_MAX_PHASES (4 * 128 + 1) /* 128 layers */
 
 struct ds_args {
     rp_decode_step s;
     int grid, splits, stages, kmax;
 };
 
-/* Shared memory: mbarriers, ring, then one region used either as x (bf16,
- * kmax) + per-lane partial sums [warp][16 rows][lane], or as attention
- * scratch. */
+/* Shared memory: mbarriers, the ring, one region used either as x (bf16,
+ * kmax) or as attention scratch, the per-piece partial sums and per-unit
+ * counters, the pieces' info, the phase ends and a reduction scratch. */
 struct ds_layout {
     size_t ring, xs, attn, part, ucnt, info, pend, red, total;
 };
@@ -116,7 +116,8 @@ __host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G,
 
 /* Workspace (device memory, zeroed once at startup; every counter is back
  * at 0 when a launch ends): attention partials, per-kv-head merge counters,
- * the grid barrier's counter and the exit counter that resets it. */
+ * the grid barrier's counter, the exit counter that resets it and the
+ * dynamic-unit counters. */
 struct ds_ws {
     float *o;      /* [nkv * splits][G][128] */
     float2 *ml;    /* [nkv * splits][G] */
@@ -124,8 +125,6 @@ struct ds_ws {
     unsigned *sync, *exitc;
     unsigned *claim; /* [DS_MAX_PHASES]: dynamic units taken per phase */
 };
-
-
 
 __host__ __device__ static inline ds_ws ds_ws_at(void *base, int nh, int nkv) {
     ds_ws w;
@@ -365,17 +364,13 @@ __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, 
                            rp_pack_bf16x2(rp_bf16_lo(g.w) * (v[j][6] * inv), rp_bf16_hi(g.w) * (v[j][7] * inv)));
         }
     }
+    cbar(); /* x is complete before any warp multiplies with it */
 }
 
 __device__ void stage_bf16(uint16_t *xs, const uint16_t *src, int K) {
     for (int i = threadIdx.x * 8; i < K; i += DS_CONSUMERS * 32 * 8)
         *reinterpret_cast<uint4 *>(xs + i) = rp_ld_act(src + i);
-}
-
-/* x is complete before any warp multiplies with it. */
-__device__ __forceinline__ void stage_done(float *part) {
-    (void)part;
-    cbar();
+    cbar(); /* x is complete before any warp multiplies with it */
 }
 
 enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
@@ -741,28 +736,27 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     for (int l = 0; l < L; l++) {
         const rp_decode_layer *ly = &s.layers[l];
         DS_T(TR_STAGE, stage_norm(xs, s.residual, l == 0 ? s.embed + (int64_t)s.tokens[0] * H : nullptr,
-                                  ly->attn_norm, H, s.eps, red);
-             stage_done(part));
+                                  ly->attn_norm, H, s.eps, red));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
-        DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim); stage_done(part));
+        DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
-        DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, ly->mlp_norm, H, s.eps, red); stage_done(part));
+        DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, ly->mlp_norm, H, s.eps, red));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l + 2, EPI_SWIGLU, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
-        DS_T(TR_STAGE, stage_bf16(xs, s.act, s.F); stage_done(part));
+        DS_T(TR_STAGE, stage_bf16(xs, s.act, s.F));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l + 3, EPI_RESIDUAL, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
-    DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, s.final_norm, H, s.eps, red); stage_done(part));
+    DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, s.final_norm, H, s.eps, red));
     DS_T(TR_GEMV, gemv_phase(a, 4 * L, EPI_F32, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
 #undef DS_T
     if (tr) {
