@@ -292,6 +292,18 @@ static rp_model *real_shape_model(const char *name, int layers) {
     return m;
 }
 
+/* One decode step of `next` at position n of `row`; its logits into out.
+ * Run twice, it is the same step (same position, same cache). */
+static void one_decode_step(setup *s, int row, int n, int32_t next, float *out) {
+    rp_err err;
+    rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 1, 1);
+    rp_batch_begin(bb);
+    assert_true(rp_batch_add(bb, row, &next, 1, n, 1) >= 0);
+    if (rp_backend_forward(s->be, rp_batch_finish(bb), &err)) fail_msg("decode: %s", err.msg);
+    assert_int_equal(rp_backend_read_logits(s->be, out, &err), 0);
+    rp_batch_builder_free(bb);
+}
+
 /* Prefills `prompt` (chunks of at most 512 tokens) into a fresh row, then
  * runs one decode step of `next` and leaves its logits in out. The row is
  * returned so that the same step can be run again. */
@@ -308,23 +320,9 @@ static int prefill_then_step(setup *s, const int32_t *prompt, int n, int32_t nex
         if (rp_backend_forward(s->be, rp_batch_finish(bb), &err)) fail_msg("prefill: %s", err.msg);
         assert_int_equal(rp_backend_read_logits(s->be, scratch, &err), 0);
     }
-    rp_batch_begin(bb);
-    assert_true(rp_batch_add(bb, row, &next, 1, n, 1) >= 0);
-    if (rp_backend_forward(s->be, rp_batch_finish(bb), &err)) fail_msg("decode: %s", err.msg);
-    assert_int_equal(rp_backend_read_logits(s->be, out, &err), 0);
     rp_batch_builder_free(bb);
+    one_decode_step(s, row, n, next, out);
     return row;
-}
-
-/* The same decode step (same position, same cache) run again. */
-static void step_again(setup *s, int row, int n, int32_t next, float *out) {
-    rp_err err;
-    rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 1, 1);
-    rp_batch_begin(bb);
-    assert_true(rp_batch_add(bb, row, &next, 1, n, 1) >= 0);
-    if (rp_backend_forward(s->be, rp_batch_finish(bb), &err)) fail_msg("decode: %s", err.msg);
-    assert_int_equal(rp_backend_read_logits(s->be, out, &err), 0);
-    rp_batch_builder_free(bb);
 }
 
 /* Batch-1 decode as one persistent kernel against the chain of kernels
@@ -361,7 +359,7 @@ static void test_decode_step(void **state) {
             one.be->ops->set_graphs(one.be, 1);
             int ro = prefill_then_step(&one, prompt, n, next, b, scratch);
             one.be->ops->set_graphs(one.be, 0);
-            step_again(&one, ro, n, next, c);
+            one_decode_step(&one, ro, n, next, c);
             if (memcmp(b, c, (size_t)V * 4) != 0) fail_msg("%s len %d: one-kernel graph replay differs from eager",
                                                            shapes[k].name, n);
             double e = test_rel_l2(b, a, (size_t)V);
