@@ -589,6 +589,29 @@ static void print_decode_step_trace(rp_cuda_backend *cb) {
         fprintf(stderr, "  %-30s %10.1f %10.1f%s\n", rp_decode_step_trace_names[k], sum / cb->num_sms, mx,
                 k == RP_DECODE_STEP_TRACE_SLOTS - 1 ? "" : " us");
     }
+    /* Each barrier: how far apart the blocks arrived, how long the last
+     * arrival took to release the first waiter, and the work before it
+     * (mean over blocks of arrival minus the previous release). */
+    static const char *const kind[5] = {"after qkv", "after attention", "after o", "after gate_up", "after down"};
+    const int L = cb->base.model->cfg.num_layers, nb = 5 * L < RP_DECODE_STEP_TRACE_BARRIERS ? 5 * L : 0;
+    double spread[5] = {0}, latency[5] = {0}, work[5] = {0};
+    for (int k = 0; k < nb; k++) {
+        uint64_t amin = UINT64_MAX, amax = 0, rmin = UINT64_MAX;
+        double w = 0;
+        for (int b = 0; b < cb->num_sms; b++) {
+            const uint64_t *bt = h + (size_t)b * RP_DECODE_STEP_TRACE_STRIDE + 16;
+            if (bt[2 * k] < amin) amin = bt[2 * k];
+            if (bt[2 * k] > amax) amax = bt[2 * k];
+            if (bt[2 * k + 1] < rmin) rmin = bt[2 * k + 1];
+            if (k > 0) w += (double)(bt[2 * k] - bt[2 * k - 1]);
+        }
+        spread[k % 5] += (double)(amax - amin) / 1e3 / L;
+        latency[k % 5] += ((double)rmin - (double)amax) / 1e3 / L;
+        work[k % 5] += w / cb->num_sms / 1e3 / L;
+    }
+    if (nb) fprintf(stderr, "  per barrier, mean over layers: arrival spread / release latency / work before (us)\n");
+    for (int k = 0; nb && k < 5; k++)
+        fprintf(stderr, "    %-16s %8.2f %8.2f %8.2f\n", kind[k], spread[k], latency[k], work[k]);
     free(h);
 }
 

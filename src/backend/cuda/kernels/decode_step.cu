@@ -463,15 +463,21 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, int &iw, const uint
 
 /* Every consumer of every block has arrived (release of this block's
  * writes, acquire of everyone's). */
-__device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int grid) {
+__device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int grid, uint64_t *bt) {
     cbar();
     if (threadIdx.x == 0) {
+        const uint64_t t0 = bt ? ds_now() : 0;
         target += (unsigned)grid;
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
         unsigned v;
         do {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
         } while (v < target);
+        if (bt) { /* arrival and release times of this barrier */
+            const unsigned k = target / (unsigned)grid - 1;
+            bt[2 * k] = t0;
+            bt[2 * k + 1] = ds_now();
+        }
     }
     cbar();
 }
@@ -483,14 +489,18 @@ __device__ void norm_rope_head(const uint16_t *src, const uint16_t *nw, const fl
                                float *dst, uint16_t *cache) {
     constexpr int half = HD / 2, PAIRS = HD / 64;
     const int lane = threadIdx.x & 31;
-    float a[PAIRS], b[PAIRS], ss = 0.0f;
+    float a[PAIRS], b[PAIRS], na[PAIRS], nb[PAIRS], fr[PAIRS], ss = 0.0f;
+    /* every load first: one round trip to L2, not three */
 #pragma unroll
     for (int p = 0; p < PAIRS; p++) {
         const int i = lane + 32 * p;
+        fr[p] = inv_freq[i];
+        if (nw) na[p] = rp_bf16_f32(nw[i]), nb[p] = rp_bf16_f32(nw[i + half]);
         a[p] = rp_bf16_f32(ld_cg_u16(src + i));
         b[p] = rp_bf16_f32(ld_cg_u16(src + i + half));
-        ss += a[p] * a[p] + b[p] * b[p];
     }
+#pragma unroll
+    for (int p = 0; p < PAIRS; p++) ss += a[p] * a[p] + b[p] * b[p];
     float inv = 1.0f;
     if (nw) {
         ss = rp_warp_sum(ss);
@@ -501,11 +511,11 @@ __device__ void norm_rope_head(const uint16_t *src, const uint16_t *nw, const fl
         const int i = lane + 32 * p;
         float av = a[p], bv = b[p];
         if (nw) {
-            av = rp_bf16_f32(nw[i]) * (av * inv);
-            bv = rp_bf16_f32(nw[i + half]) * (bv * inv);
+            av = na[p] * (av * inv);
+            bv = nb[p] * (bv * inv);
         }
         float s, c;
-        sincosf(pos * inv_freq[i], &s, &c);
+        sincosf(pos * fr[p], &s, &c);
         const uint16_t oa = rp_f32_bf16(av * c - bv * s), ob = rp_f32_bf16(bv * c + av * s);
         dst[i] = rp_bf16_f32(oa);
         dst[i + half] = rp_bf16_f32(ob);
@@ -552,6 +562,66 @@ __device__ __forceinline__ void load_kv(lane_row<DPL> (&kr)[ATT_UNROLL], lane_ro
             vr[u].load(vc + e);
         }
     }
+}
+
+/* The last split of kv head kvh to finish merges all NS of them into
+ * out (bf16, the G query heads of the group). Every load of a round is
+ * issued before any is used: the splits' (max, sum) pairs in one round,
+ * then the outputs (each thread a float4 of R splits apart, unrolled), so
+ * the merge costs two L2 round trips, not one per split. Sums run in a
+ * fixed order (per thread over its splits, then over threads). */
+#define MERGE_BATCH 4 /* float4 loads in flight per thread (8 spill registers) */
+template <int G, int HD>
+__device__ void merge_splits(const ds_ws &ws, uint16_t *out, int kvh, int NS, uint8_t *scratch) {
+    constexpr int E4 = G * HD / 4;                                  /* float4 groups per split */
+    constexpr int R = (DS_CONSUMERS * 32) / E4 < 8 ? (DS_CONSUMERS * 32) / E4 : 8; /* threads per group */
+    float2 *ml = reinterpret_cast<float2 *>(scratch);   /* [NS][G] */
+    float *f = reinterpret_cast<float *>(ml + DS_MAX_SPLITS * G); /* [NS][G]: the splits' weights */
+    float4 *acc = reinterpret_cast<float4 *>(f + DS_MAX_SPLITS * G); /* [R][E4] */
+    const int t = threadIdx.x;
+    if (t < NS * G) ml[t] = __ldcg(&ws.ml[(int64_t)kvh * NS * G + t]);
+    cbar();
+    if (t < NS * G) {
+        const int g = t % G;
+        float M = -INFINITY;
+        for (int sp = 0; sp < NS; sp++) M = fmaxf(M, ml[sp * G + g].x);
+        f[t] = ml[t].x == -INFINITY ? 0.0f : expf(ml[t].x - M);
+    }
+    cbar();
+    if (t < R * E4) {
+        const int eg = t % E4, r = t / E4;
+        const float4 *src = reinterpret_cast<const float4 *>(ws.o + (int64_t)kvh * NS * G * HD) + eg;
+        const int g = eg * 4 / HD;
+        float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int sp0 = r; sp0 < NS; sp0 += MERGE_BATCH * R) {
+            float4 v[MERGE_BATCH];
+#pragma unroll
+            for (int k = 0; k < MERGE_BATCH; k++)
+                if (sp0 + k * R < NS) v[k] = __ldcg(src + (int64_t)(sp0 + k * R) * E4);
+#pragma unroll
+            for (int k = 0; k < MERGE_BATCH; k++) {
+                if (sp0 + k * R < NS) {
+                    const float w = f[(sp0 + k * R) * G + g];
+                    A.x += w * v[k].x, A.y += w * v[k].y, A.z += w * v[k].z, A.w += w * v[k].w;
+                }
+            }
+        }
+        acc[r * E4 + eg] = A;
+    }
+    cbar();
+    if (t < E4) {
+        const int g = t * 4 / HD;
+        float Ls = 0.0f;
+        for (int sp = 0; sp < NS; sp++) Ls += f[sp * G + g] * ml[sp * G + g].y;
+        float4 A = acc[t];
+        for (int r = 1; r < R; r++) {
+            const float4 B = acc[r * E4 + t];
+            A.x += B.x, A.y += B.y, A.z += B.z, A.w += B.w;
+        }
+        *reinterpret_cast<uint2 *>(out + (int64_t)kvh * G * HD + t * 4) =
+            make_uint2(rp_pack_bf16x2(A.x / Ls, A.y / Ls), rp_pack_bf16x2(A.z / Ls, A.w / Ls));
+    }
+    if (t == 0) ws.cnt[kvh] = 0; /* next used after two grid barriers */
 }
 
 /* Layer l's attention for sequence 0 into s.attn. */
@@ -662,22 +732,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
             *flag = prev == (unsigned)NS - 1;
         }
         cbar();
-        if (*flag) { /* the last split of this kv head: merge all, in split order */
-            for (int e = threadIdx.x; e < G * HD; e += DS_CONSUMERS * 32) {
-                const int g = e / HD, d = e - g * HD;
-                float M = -INFINITY;
-                for (int sp = 0; sp < NS; sp++) M = fmaxf(M, __ldcg(&ws.ml[(int64_t)(kvh * NS + sp) * G + g].x));
-                float A = 0.0f, Ls = 0.0f;
-                for (int sp = 0; sp < NS; sp++) {
-                    const float2 ml = __ldcg(&ws.ml[(int64_t)(kvh * NS + sp) * G + g]);
-                    const float f = ml.x == -INFINITY ? 0.0f : expf(ml.x - M);
-                    A += f * __ldcg(&ws.o[((int64_t)(kvh * NS + sp) * G + g) * HD + d]);
-                    Ls += f * ml.y;
-                }
-                s.attn[(kvh * G + g) * HD + d] = rp_f32_bf16(A / Ls);
-            }
-            if (threadIdx.x == 0) ws.cnt[kvh] = 0; /* next used after two grid barriers */
-        }
+        if (*flag) merge_splits<G, HD>(ws, s.attn, kvh, NS, scratch);
         cbar(); /* scratch is reused by the next item */
     }
 }
@@ -724,7 +779,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32) s.residual[k] = rp_bf16_f32(e[k]);
     }
     /* trace: thread 0's time per kind of work (its warp's view) */
-    uint64_t trl[TR_N] = {}, *tr = s.trace && threadIdx.x == 0 ? trl : nullptr;
+    uint64_t trl[TR_PIECES + 1] = {}, *tr = s.trace && threadIdx.x == 0 ? trl : nullptr;
+    uint64_t *bt = tr ? s.trace + blockIdx.x * TR_N + 16 : nullptr;
     uint64_t tk = tr ? ds_now() : 0;
 #define DS_T(kind, ...)                                                                                                \
     do {                                                                                                               \
@@ -738,22 +794,22 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_STAGE, stage_norm(xs, s.residual, l == 0 ? s.embed + (int64_t)s.tokens[0] * H : nullptr,
                                   ly->attn_norm, H, s.eps, red));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws));
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
         DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, ly->mlp_norm, H, s.eps, red));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l + 2, EPI_SWIGLU, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, stage_bf16(xs, s.act, s.F));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l + 3, EPI_RESIDUAL, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
     DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, s.final_norm, H, s.eps, red));
@@ -761,7 +817,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
 #undef DS_T
     if (tr) {
         tr[TR_TOTAL] = ds_now() - t_begin;
-        for (int k = 0; k < TR_N; k++)
+        for (int k = 0; k <= TR_PIECES; k++)
             if (k != TR_WAIT_EMPTY && k != TR_PIECES) s.trace[blockIdx.x * TR_N + k] = tr[k];
     }
     /* The last block out puts the barrier back to 0 for the next launch:
