@@ -624,6 +624,33 @@ __device__ void merge_splits(const ds_ws &ws, uint16_t *out, int kvh, int NS, ui
     if (t == 0) ws.cnt[kvh] = 0; /* next used after two grid barriers */
 }
 
+/* Layer l's cached keys and values for this block's attention items, into
+ * L2 ahead of time (the first ATT_PREFETCH keys of each item). In the
+ * attention phase every SM's producer is streaming weights at full speed
+ * and a load that misses L2 waits behind them; issued a layer ahead, the
+ * first K/V batch is an L2 hit. */
+#define ATT_PREFETCH 128
+template <int HD>
+__device__ void prefetch_kv(const ds_args &a, int l) {
+    constexpr int LINES = HD * 2 / 128; /* 128-byte lines per key row */
+    const rp_decode_step &s = a.s;
+    const int nkv = s.nkv, kv_dim = nkv * HD, NS = a.splits, len = s.meta.seq_kv_len[0], pos = s.positions[0];
+    const int32_t *prow = s.meta.page_table + (int64_t)s.meta.seq_page_row[0] * s.meta.page_table_stride;
+    const int ps = s.meta.page_size;
+    const uint16_t *kc = s.k_cache + (size_t)l * s.kv_layer_elems, *vc = s.v_cache + (size_t)l * s.kv_layer_elems;
+    for (int it = blockIdx.x; it < nkv * NS; it += a.grid) {
+        const int kvh = it / NS, split = it - kvh * NS;
+        const int per = (len + NS - 1) / NS, j0 = split * per, j1 = min(min(len, j0 + per), j0 + ATT_PREFETCH);
+        for (int e = threadIdx.x; e < (j1 - j0) * 2 * LINES; e += DS_CONSUMERS * 32) {
+            const int j = j0 + e / (2 * LINES), r = e % (2 * LINES);
+            if (j == pos) continue; /* written in this step */
+            const int64_t off = ((int64_t)prow[j / ps] * ps + j % ps) * kv_dim + kvh * HD + (r % LINES) * 64;
+            const uint16_t *p = (r < LINES ? kc : vc) + off;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+        }
+    }
+}
+
 /* Layer l's attention for sequence 0 into s.attn. */
 template <int G, int HD>
 __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws) {
@@ -767,6 +794,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         return;
     }
     rp_pdl_wait();
+    prefetch_kv<HD>(a, 0);
     const rp_decode_step &s = a.s;
     const int L = s.num_layers, H = s.H, q_dim = s.nh * HD;
     int i = threadIdx.x >> 5; /* this warp's next ring piece */
@@ -798,6 +826,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws));
+        if (l + 1 < L) prefetch_kv<HD>(a, l + 1);
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
