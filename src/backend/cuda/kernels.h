@@ -167,7 +167,7 @@ int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream_t stream);
 /* Per block: RP_DECODE_STEP_TRACE_SLOTS totals, then from slot 16 the
  * %globaltimer (ns) at which it arrived at and left grid barrier k (slots
  * 16 + 2k and 16 + 2k + 1; five barriers per layer). */
-#define RP_DECODE_STEP_TRACE_SLOTS 8
+#define RP_DECODE_STEP_TRACE_SLOTS 12
 #define RP_DECODE_STEP_TRACE_BARRIERS (5 * 128)
 #define RP_DECODE_STEP_TRACE_STRIDE (16 + 2 * RP_DECODE_STEP_TRACE_BARRIERS)
 extern const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS];

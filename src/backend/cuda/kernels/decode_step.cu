@@ -187,7 +187,8 @@ __device__ __forceinline__ uint16_t ld_cg_u16(const uint16_t *p) {
 /* ---- optional trace (REPLAY_DECODE_STEP_TRACE): where a block's time goes --- */
 
 enum {
-    TR_WAIT_FULL, TR_WAIT_EMPTY, TR_SYNC, TR_ATTN, TR_STAGE, TR_GEMV, TR_TOTAL, TR_PIECES,
+    TR_WAIT_FULL, TR_WAIT_EMPTY, TR_SYNC, TR_ATTN, TR_ATT_LOAD, TR_ATT_SCORE, TR_ATT_PUBLISH, TR_ATT_MERGE, TR_STAGE,
+    TR_GEMV, TR_TOTAL, TR_PIECES,
     TR_N = RP_DECODE_STEP_TRACE_STRIDE
 };
 static_assert(TR_PIECES + 1 == RP_DECODE_STEP_TRACE_SLOTS, "trace slots and their names");
@@ -196,6 +197,13 @@ __device__ __forceinline__ uint64_t ds_now(void) {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+/* Adds the time since *t to tr[kind] and restarts *t (thread 0 only). */
+__device__ __forceinline__ void ds_lap(uint64_t *tr, int kind, uint64_t &t) {
+    if (!tr) return;
+    const uint64_t now = ds_now();
+    tr[kind] += now - t;
+    t = now;
 }
 
 /* ---- the step's schedule: the same walk for producer and consumers ------- */
@@ -653,7 +661,8 @@ __device__ void prefetch_kv(const ds_args &a, int l) {
 
 /* Layer l's attention for sequence 0 into s.attn. */
 template <int G, int HD>
-__device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws) {
+__device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws, uint64_t *tr) {
+    uint64_t tl = tr ? ds_now() : 0;
     constexpr int DPL = HD / 32;
     const rp_decode_step &s = a.s;
     const rp_decode_layer *ly = &s.layers[l];
@@ -694,6 +703,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
             }
         }
         cbar();
+        ds_lap(tr, TR_ATT_LOAD, tl);
         float q[G][DPL], m[G], lsum[G], o[G][DPL];
 #pragma unroll
         for (int g = 0; g < G; g++) {
@@ -737,6 +747,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
             for (int d = 0; d < DPL; d++) wacc[(warp * G + g) * HD + lane * DPL + d] = o[g][d];
         }
         cbar();
+        ds_lap(tr, TR_ATT_SCORE, tl);
         /* the item's (max, sum, unnormalised output), warps in order */
         for (int e = threadIdx.x; e < G * HD; e += DS_CONSUMERS * 32) {
             const int g = e / HD, d = e - g * HD;
@@ -753,14 +764,17 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
             if (d == 0) ws.ml[(int64_t)it * G + g] = make_float2(M, Ls);
         }
         cbar();
+        ds_lap(tr, TR_ATT_PUBLISH, tl);
         if (threadIdx.x == 0) {
             unsigned prev;
             asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(ws.cnt + kvh) : "memory");
             *flag = prev == (unsigned)NS - 1;
         }
         cbar();
+        ds_lap(tr, TR_ATT_PUBLISH, tl);
         if (*flag) merge_splits<G, HD>(ws, s.attn, kvh, NS, scratch);
         cbar(); /* scratch is reused by the next item */
+        ds_lap(tr, TR_ATT_MERGE, tl);
     }
 }
 
@@ -825,7 +839,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
-        DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws));
+        DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws, tr));
         if (l + 1 < L) prefetch_kv<HD>(a, l + 1);
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim));
@@ -865,7 +879,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
 /* ---- host side ------------------------------------------------------------ */
 
 extern "C" const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS] = {
-    "wait for weights", "producer waits for a stage", "grid barriers", "attention", "staging x",
+    "wait for weights", "producer waits for a stage", "grid barriers", "attention", " .. loads, q/k norm, RoPE",
+    " .. scores and values", " .. partials out, count", " .. merge (last split)", "staging x",
     "matrix phases (incl. waits)", "total", "ring pieces"};
 
 extern "C" size_t rp_decode_step_workspace_bytes(int nh, int nkv) {
