@@ -45,6 +45,7 @@
  * hidden, q and intermediate sizes multiples of 256, hidden <= 8192, row
  * counts multiples of 8. Anything else runs the chain of kernels. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "common.cuh"
 #include "mma.cuh"
@@ -73,6 +74,7 @@
 struct ds_args {
     rp_decode_step s;
     int grid, splits, stages, kmax;
+    int prefetch; /* static pieces the producer may prefetch into L2 while it waits */
 };
 
 /* Shared memory: mbarriers, the ring, one region used either as x (bf16,
@@ -243,55 +245,6 @@ __device__ __forceinline__ void unit_range(int N, int grid, int b, int &u0, int 
  * lets the fast blocks take more instead of waiting for the slow ones. */
 __device__ __forceinline__ int static_units(int U, int grid) { return U >= 2 * grid ? U - U / 4 : U; }
 
-/* Producer: every piece of every unit of every phase this block takes, in
- * order, into ring stage i % stages; info says which unit a piece belongs
- * to, pend[p] where phase p's pieces end (the consumers stop there). */
-__device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
-                        ds_info *info, volatile int *pend) {
-    uint64_t policy, waited = 0;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    const int NP = 4 * a.s.num_layers + 1, st = a.stages;
-    int i = 0, useq = 0;
-    for (int p = 0; p < NP; p++) {
-        const ds_mat m = phase_mat(a.s, p);
-        const int U = m.N / DS_ROWS, S = static_units(U, a.grid);
-        int u = (int)((int64_t)blockIdx.x * S / a.grid), u_end = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
-        for (;; u++, useq++) {
-            if (u >= u_end) {
-                if (S == U) break;
-                u = S + (int)atomicAdd(ws.claim + p, 1u);
-                if (u >= U) break;
-                u_end = u + 1;
-            }
-            const int first = i;
-            for (int r = 0; r < m.runs; r++) {
-                const uint16_t *src = m.w + ((int64_t)r * m.run_off + (int64_t)u * DS_ROWS) * m.K;
-                for (int kc = 0; kc < m.K; kc += DS_KC, i++) {
-                    const unsigned row_bytes = (unsigned)min(DS_KC, m.K - kc) * 2u;
-                    const int slot = i % st;
-                    if (i >= st) {
-                        const uint64_t t0 = a.s.trace ? ds_now() : 0;
-                        mbar_wait(&empty[slot], (unsigned)((i / st) - 1) & 1u);
-                        if (a.s.trace) waited += ds_now() - t0;
-                    }
-                    info[slot] = ds_info{u, first, useq, 0};
-                    /* releases the info store with the arrival */
-                    mbar_expect_tx(&full[slot], DS_ROWS * row_bytes);
-                    /* one copy per row: the rows land apart, see DS_ROW_STRIDE */
-                    for (int j = 0; j < DS_ROWS; j++)
-                        bulk_copy(ring + (size_t)slot * DS_STAGE + j * DS_ROW_STRIDE, src + (int64_t)j * m.K + kc,
-                                  row_bytes, &full[slot], policy);
-                }
-            }
-        }
-        pend[p] = i; /* before any piece of phase p + 1 is announced */
-    }
-    if (a.s.trace) {
-        a.s.trace[blockIdx.x * TR_N + TR_WAIT_EMPTY] = waited;
-        a.s.trace[blockIdx.x * TR_N + TR_PIECES] = (uint64_t)i;
-    }
-}
-
 __device__ __forceinline__ bool mbar_try(uint64_t *bar, unsigned parity) {
     uint32_t ok;
     asm volatile("{\n"
@@ -304,6 +257,110 @@ __device__ __forceinline__ bool mbar_try(uint64_t *bar, unsigned parity) {
                  : "memory");
     return ok != 0;
 }
+
+/* This block's static pieces in the producer's order (phase, unit, run,
+ * column): where the L2 prefetch walks ahead of the ring. */
+struct ds_walk {
+    ds_mat m;
+    int p, u, u1, r, kc;
+};
+
+__device__ __forceinline__ void walk_phase(const ds_args &a, ds_walk &w) {
+    for (const int NP = 4 * a.s.num_layers + 1; w.p < NP; w.p++) {
+        w.m = phase_mat(a.s, w.p);
+        const int S = static_units(w.m.N / DS_ROWS, a.grid);
+        w.u = (int)((int64_t)blockIdx.x * S / a.grid), w.u1 = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
+        w.r = w.kc = 0;
+        if (w.u < w.u1) return;
+    }
+}
+
+__device__ __forceinline__ void walk_next(const ds_args &a, ds_walk &w) {
+    if ((w.kc += DS_KC) < w.m.K) return;
+    w.kc = 0;
+    if (++w.r < w.m.runs) return;
+    w.r = 0;
+    if (++w.u < w.u1) return;
+    w.p++;
+    walk_phase(a, w);
+}
+
+__device__ __forceinline__ void prefetch_piece(const ds_walk &w) {
+    const unsigned row_bytes = (unsigned)min(DS_KC, w.m.K - w.kc) * 2u;
+    const uint16_t *src = w.m.w + ((int64_t)w.r * w.m.run_off + (int64_t)w.u * DS_ROWS) * w.m.K + w.kc;
+    for (int j = 0; j < DS_ROWS; j++)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (int64_t)j * w.m.K), "r"(row_bytes)
+                     : "memory");
+}
+
+/* Producer: every piece of every unit of every phase this block takes, in
+ * order, into ring stage i % stages; info says which unit a piece belongs
+ * to, pend[p] where phase p's pieces end (the consumers stop there).
+ * While it waits for a free stage (the consumers are in a barrier, in
+ * attention or behind), it prefetches up to a.prefetch of its next static
+ * pieces into L2, so HBM keeps working through the stall and those copies
+ * later come from L2. */
+__device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
+                        ds_info *info, volatile int *pend) {
+    uint64_t policy, waited = 0;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    const int NP = 4 * a.s.num_layers + 1, st = a.stages;
+    int i = 0, useq = 0, n_static = 0, n_walked = 0;
+    ds_walk pw;
+    pw.p = 0;
+    walk_phase(a, pw);
+    for (int p = 0; p < NP; p++) {
+        const ds_mat m = phase_mat(a.s, p);
+        const int U = m.N / DS_ROWS, S = static_units(U, a.grid);
+        int u = (int)((int64_t)blockIdx.x * S / a.grid), u_end = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
+        bool dyn = false;
+        for (;; u++, useq++) {
+            if (u >= u_end) {
+                if (S == U) break;
+                u = S + (int)atomicAdd(ws.claim + p, 1u);
+                if (u >= U) break;
+                u_end = u + 1;
+                dyn = true;
+            }
+            const int first = i;
+            for (int r = 0; r < m.runs; r++) {
+                const uint16_t *src = m.w + ((int64_t)r * m.run_off + (int64_t)u * DS_ROWS) * m.K;
+                for (int kc = 0; kc < m.K; kc += DS_KC, i++) {
+                    const unsigned row_bytes = (unsigned)min(DS_KC, m.K - kc) * 2u;
+                    const int slot = i % st;
+                    if (i >= st) {
+                        const uint64_t t0 = a.s.trace ? ds_now() : 0;
+                        const unsigned par = (unsigned)((i / st) - 1) & 1u;
+                        while (!mbar_try(&empty[slot], par)) {
+                            if (n_walked >= n_static + a.prefetch || pw.p >= NP) continue;
+                            for (; n_walked < n_static && pw.p < NP; n_walked++) walk_next(a, pw);
+                            if (pw.p < NP) {
+                                prefetch_piece(pw);
+                                walk_next(a, pw);
+                                n_walked++;
+                            }
+                        }
+                        if (a.s.trace) waited += ds_now() - t0;
+                    }
+                    info[slot] = ds_info{u, first, useq, 0};
+                    /* releases the info store with the arrival */
+                    mbar_expect_tx(&full[slot], DS_ROWS * row_bytes);
+                    /* one copy per row: the rows land apart, see DS_ROW_STRIDE */
+                    for (int j = 0; j < DS_ROWS; j++)
+                        bulk_copy(ring + (size_t)slot * DS_STAGE + j * DS_ROW_STRIDE, src + (int64_t)j * m.K + kc,
+                                  row_bytes, &full[slot], policy);
+                    n_static += !dyn;
+                }
+            }
+        }
+        pend[p] = i; /* before any piece of phase p + 1 is announced */
+    }
+    if (a.s.trace) {
+        a.s.trace[blockIdx.x * TR_N + TR_WAIT_EMPTY] = waited;
+        a.s.trace[blockIdx.x * TR_N + TR_PIECES] = (uint64_t)i;
+    }
+}
+
 
 /* ---- consumer pieces ---------------------------------------------------- */
 
@@ -944,6 +1001,8 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     if (a->splits < 1) a->splits = 1;
     if (a->splits > DS_MAX_SPLITS) a->splits = DS_MAX_SPLITS;
     a->stages = DS_STAGES;
+    const char *pf = getenv("REPLAY_DECODE_STEP_PF");
+    a->prefetch = pf ? atoi(pf) : 4;
     *smem = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, 4 * s->num_layers + 1).total;
     return *smem > (size_t)optin ? -1 : 0;
 }
