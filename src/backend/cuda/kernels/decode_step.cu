@@ -117,30 +117,53 @@ __host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G,
 }
 
 /* Workspace (device memory, zeroed once at startup; every counter is back
- * at 0 when a launch ends): attention partials, per-kv-head merge counters,
- * the grid barrier's counter, the exit counter that resets it and the
- * dynamic-unit counters. */
+ * at 0 when a launch ends): the attention items' partial results as tagged
+ * words (ds_ll), the grid barrier's counter, the exit counter that resets
+ * it, the launch count that tags the words, and the dynamic-unit
+ * counters. */
 struct ds_ws {
-    float *o;      /* [nkv * splits][G][128] */
-    float2 *ml;    /* [nkv * splits][G] */
-    unsigned *cnt; /* [nkv] */
-    unsigned *sync, *exitc;
+    unsigned long long *o;  /* [nkv * splits][G][128]: unnormalised outputs */
+    unsigned long long *ml; /* [nkv * splits][G][2]: running max, sum */
+    unsigned *sync, *exitc, *launch;
     unsigned *claim; /* [DS_MAX_PHASES]: dynamic units taken per phase */
 };
 
-__host__ __device__ static inline ds_ws ds_ws_at(void *base, int nh, int nkv) {
+__host__ __device__ static inline ds_ws ds_ws_at(void *base, int nh) {
     ds_ws w;
     uint8_t *p = (uint8_t *)base;
-    w.o = (float *)p;
-    p += (size_t)nh * DS_MAX_SPLITS * DS_HD * 4;
-    w.ml = (float2 *)p;
-    p += (size_t)nh * DS_MAX_SPLITS * 8;
-    w.cnt = (unsigned *)p;
-    p += ((size_t)nkv * 4 + 15) / 16 * 16;
+    w.o = (unsigned long long *)p;
+    p += (size_t)nh * DS_MAX_SPLITS * DS_HD * 8;
+    w.ml = (unsigned long long *)p;
+    p += (size_t)nh * DS_MAX_SPLITS * 2 * 8;
     w.sync = (unsigned *)p;
     w.exitc = w.sync + 4;
+    w.launch = w.sync + 5;
     w.claim = w.sync + 8;
     return w;
+}
+
+/* A value another block will read travels as one 64-bit word, the float in
+ * the low half and a tag in the high half. A 64-bit access is single-copy
+ * atomic, so a reader that sees the tag it expects sees the value written
+ * with it, and no fence or counter is needed to publish it (the idea of
+ * NCCL's LL protocol). Tags, (launch << 8) | (layer + 1), never repeat
+ * what a word held before: an earlier layer or the previous launch. */
+__device__ __forceinline__ unsigned ll_tag(unsigned launch, int layer) {
+    return (launch << 8) | (unsigned)(layer + 1);
+}
+__device__ __forceinline__ void ll_store(unsigned long long *w, float v, unsigned tag) {
+    const unsigned long long x = ((unsigned long long)tag << 32) | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(w), "l"(x) : "memory");
+}
+__device__ __forceinline__ unsigned long long ll_load(const unsigned long long *w) {
+    unsigned long long x;
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(x) : "l"(w) : "memory");
+    return x;
+}
+/* x, reloaded from w until it carries tag; its float. */
+__device__ __forceinline__ float ll_value(unsigned long long x, const unsigned long long *w, unsigned tag) {
+    while ((unsigned)(x >> 32) != tag) x = ll_load(w);
+    return __uint_as_float((unsigned)x);
 }
 
 /* ---- mbarriers and the bulk copy (PTX ISA 8.0, sm_90) -------------------- */
@@ -629,64 +652,59 @@ __device__ __forceinline__ void load_kv(lane_row<DPL> (&kr)[ATT_UNROLL], lane_ro
     }
 }
 
-/* The last split of kv head kvh to finish merges all NS of them into
- * out (bf16, the G query heads of the group). Every load of a round is
- * issued before any is used: the splits' (max, sum) pairs in one round,
- * then the outputs (each thread a float4 of R splits apart, unrolled), so
- * the merge costs two L2 round trips, not one per split. Sums run in a
- * fixed order (per thread over its splits, then over threads). */
-#define MERGE_BATCH 4 /* float4 loads in flight per thread (8 spill registers) */
-template <int G, int HD>
-__device__ void merge_splits(const ds_ws &ws, uint16_t *out, int kvh, int NS, uint8_t *scratch) {
-    constexpr int E4 = G * HD / 4;                                  /* float4 groups per split */
-    constexpr int R = (DS_CONSUMERS * 32) / E4 < 8 ? (DS_CONSUMERS * 32) / E4 : 8; /* threads per group */
-    float2 *ml = reinterpret_cast<float2 *>(scratch);   /* [NS][G] */
-    float *f = reinterpret_cast<float *>(ml + DS_MAX_SPLITS * G); /* [NS][G]: the splits' weights */
-    float4 *acc = reinterpret_cast<float4 *>(f + DS_MAX_SPLITS * G); /* [R][E4] */
-    const int t = threadIdx.x;
-    if (t < NS * G) ml[t] = __ldcg(&ws.ml[(int64_t)kvh * NS * G + t]);
-    cbar();
-    if (t < NS * G) {
-        const int g = t % G;
-        float M = -INFINITY;
-        for (int sp = 0; sp < NS; sp++) M = fmaxf(M, ml[sp * G + g].x);
-        f[t] = ml[t].x == -INFINITY ? 0.0f : expf(ml[t].x - M);
+/* Query head g of kv head kvh: its NS split results merged into out
+ * (bf16). Run by the block of split g (mod NS) right after its own item;
+ * it polls the other splits' tagged words, so it waits only for the
+ * slowest split, with no fence or counter between them. Thread t sums the
+ * splits t / HD, + R, + 2R, ... of dimension t % HD (every load in flight
+ * before the first wait), then the R partial sums are added in order: a
+ * fixed order, whichever split was last. */
+#define MERGE_BATCH 8
+template <int HD>
+__device__ void merge_head(const ds_ws &ws, uint16_t *out, int kvh, int g, int G, int NS, unsigned tag,
+                           uint8_t *scratch) {
+    constexpr int R = DS_CONSUMERS * 32 / HD; /* threads per dimension */
+    float *m = reinterpret_cast<float *>(scratch), *f = m + DS_MAX_SPLITS, *l = f + DS_MAX_SPLITS;
+    float *acc = l + DS_MAX_SPLITS; /* [R][HD] */
+    const int t = threadIdx.x, d = t % HD, r = t / HD;
+    const unsigned long long *o = ws.o + ((int64_t)kvh * NS * G + g) * HD + d;
+    unsigned long long x[MERGE_BATCH];
+#pragma unroll
+    for (int k = 0; k < MERGE_BATCH; k++)
+        if (r + k * R < NS) x[k] = ll_load(o + (int64_t)(r + k * R) * G * HD);
+    if (t < 2 * NS) {
+        const unsigned long long *w = ws.ml + (((int64_t)kvh * NS + t / 2) * G + g) * 2 + (t & 1);
+        (t & 1 ? l : m)[t / 2] = ll_value(ll_load(w), w, tag);
     }
     cbar();
-    if (t < R * E4) {
-        const int eg = t % E4, r = t / E4;
-        const float4 *src = reinterpret_cast<const float4 *>(ws.o + (int64_t)kvh * NS * G * HD) + eg;
-        const int g = eg * 4 / HD;
-        float4 A = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int sp0 = r; sp0 < NS; sp0 += MERGE_BATCH * R) {
-            float4 v[MERGE_BATCH];
+    if (t < NS) {
+        float M = -INFINITY;
+        for (int sp = 0; sp < NS; sp++) M = fmaxf(M, m[sp]);
+        f[t] = m[t] == -INFINITY ? 0.0f : expf(m[t] - M);
+    }
+    cbar();
+    float A = 0.0f;
+    for (int k0 = 0; r + k0 * R < NS; k0 += MERGE_BATCH) {
+        if (k0 > 0) {
 #pragma unroll
             for (int k = 0; k < MERGE_BATCH; k++)
-                if (sp0 + k * R < NS) v[k] = __ldcg(src + (int64_t)(sp0 + k * R) * E4);
+                if (r + (k0 + k) * R < NS) x[k] = ll_load(o + (int64_t)(r + (k0 + k) * R) * G * HD);
+        }
 #pragma unroll
-            for (int k = 0; k < MERGE_BATCH; k++) {
-                if (sp0 + k * R < NS) {
-                    const float w = f[(sp0 + k * R) * G + g];
-                    A.x += w * v[k].x, A.y += w * v[k].y, A.z += w * v[k].z, A.w += w * v[k].w;
-                }
-            }
+        for (int k = 0; k < MERGE_BATCH; k++) {
+            const int sp = r + (k0 + k) * R;
+            if (sp < NS) A += f[sp] * ll_value(x[k], o + (int64_t)sp * G * HD, tag);
         }
-        acc[r * E4 + eg] = A;
     }
+    acc[r * HD + d] = A;
     cbar();
-    if (t < E4) {
-        const int g = t * 4 / HD;
-        float Ls = 0.0f;
-        for (int sp = 0; sp < NS; sp++) Ls += f[sp * G + g] * ml[sp * G + g].y;
-        float4 A = acc[t];
-        for (int r = 1; r < R; r++) {
-            const float4 B = acc[r * E4 + t];
-            A.x += B.x, A.y += B.y, A.z += B.z, A.w += B.w;
-        }
-        *reinterpret_cast<uint2 *>(out + (int64_t)kvh * G * HD + t * 4) =
-            make_uint2(rp_pack_bf16x2(A.x / Ls, A.y / Ls), rp_pack_bf16x2(A.z / Ls, A.w / Ls));
+    if (t < HD) {
+        float Ls = 0.0f, S = acc[t];
+        for (int sp = 0; sp < NS; sp++) Ls += f[sp] * l[sp];
+        for (int q = 1; q < R; q++) S += acc[q * HD + t];
+        out[((int64_t)kvh * G + g) * HD + t] = rp_f32_bf16(S / Ls);
     }
-    if (t == 0) ws.cnt[kvh] = 0; /* next used after two grid barriers */
+    cbar(); /* the scratch is reused */
 }
 
 /* Layer l's cached keys and values for this block's attention items, into
@@ -718,7 +736,8 @@ __device__ void prefetch_kv(const ds_args &a, int l) {
 
 /* Layer l's attention for sequence 0 into s.attn. */
 template <int G, int HD>
-__device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws, uint64_t *tr) {
+__device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws, uint64_t *tr,
+                                unsigned launch) {
     uint64_t tl = tr ? ds_now() : 0;
     constexpr int DPL = HD / 32;
     const rp_decode_step &s = a.s;
@@ -728,13 +747,13 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
     float *qs = reinterpret_cast<float *>(scratch); /* [G][HD] */
     float *kn = qs + G * HD, *vn = kn + HD;
     float *wm = vn + HD, *wl = wm + 8 * G, *wacc = wl + 8 * G;
-    int *flag = reinterpret_cast<int *>(wacc + 8 * G * HD);
     const int len = s.meta.seq_kv_len[0], pos = s.positions[0];
     const int64_t slot_new = s.slots[0];
     const int32_t *prow = s.meta.page_table + (int64_t)s.meta.seq_page_row[0] * s.meta.page_table_stride;
     const int ps = s.meta.page_size;
     uint16_t *kc = s.k_cache + (size_t)l * s.kv_layer_elems, *vc = s.v_cache + (size_t)l * s.kv_layer_elems;
     const float scale = 1.0f / sqrtf((float)HD);
+    const unsigned tag = ll_tag(launch, l);
     for (int it = blockIdx.x; it < nkv * NS; it += a.grid) {
         const int kvh = it / NS, split = it - kvh * NS;
         const int per = (len + NS - 1) / NS, j0 = split * per, j1 = min(len, j0 + per);
@@ -817,20 +836,15 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
                 A += f * wacc[(w * G + g) * HD + d];
                 Ls += f * wl[w * G + g];
             }
-            ws.o[((int64_t)it * G + g) * HD + d] = A;
-            if (d == 0) ws.ml[(int64_t)it * G + g] = make_float2(M, Ls);
+            ll_store(ws.o + ((int64_t)it * G + g) * HD + d, A, tag);
+            if (d == 0) {
+                ll_store(ws.ml + ((int64_t)it * G + g) * 2, M, tag);
+                ll_store(ws.ml + ((int64_t)it * G + g) * 2 + 1, Ls, tag);
+            }
         }
-        cbar();
+        cbar(); /* the scratch is reused */
         ds_lap(tr, TR_ATT_PUBLISH, tl);
-        if (threadIdx.x == 0) {
-            unsigned prev;
-            asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(ws.cnt + kvh) : "memory");
-            *flag = prev == (unsigned)NS - 1;
-        }
-        cbar();
-        ds_lap(tr, TR_ATT_PUBLISH, tl);
-        if (*flag) merge_splits<G, HD>(ws, s.attn, kvh, NS, scratch);
-        cbar(); /* scratch is reused by the next item */
+        for (int g = split; g < G; g += NS) merge_head<HD>(ws, s.attn, kvh, g, G, NS, tag, scratch);
         ds_lap(tr, TR_ATT_MERGE, tl);
     }
 }
@@ -848,7 +862,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     volatile int *pend = reinterpret_cast<volatile int *>(smem + Lo.pend);
     for (int k = threadIdx.x; k < DS_PART_SLOTS; k += blockDim.x) ucnt[k] = 0;
     for (int k = threadIdx.x; k < 4 * a.s.num_layers + 1; k += blockDim.x) pend[k] = 0x7fffffff; /* not known yet */
-    const ds_ws ws = ds_ws_at(a.s.workspace, a.s.nh, a.s.nkv);
+    const ds_ws ws = ds_ws_at(a.s.workspace, a.s.nh);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
         for (int k = 0; k < a.stages; k++) {
@@ -865,6 +879,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         return;
     }
     rp_pdl_wait();
+    const unsigned launch = __ldcg(ws.launch);
     prefetch_kv<HD>(a, 0);
     const rp_decode_step &s = a.s;
     const int L = s.num_layers, H = s.H, q_dim = s.nh * HD;
@@ -896,7 +911,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
-        DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws, tr));
+        DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws, tr, launch));
         if (l + 1 < L) prefetch_kv<HD>(a, l + 1);
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim));
@@ -928,6 +943,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (prev == (unsigned)a.grid - 1) {
             *ws.sync = 0;
             *ws.exitc = 0;
+            *ws.launch += 1; /* every block read it at its start */
             ws.claim[4 * L] = 0;
         }
     }
@@ -941,7 +957,8 @@ extern "C" const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLO
     "matrix phases (incl. waits)", "total", "ring pieces"};
 
 extern "C" size_t rp_decode_step_workspace_bytes(int nh, int nkv) {
-    ds_ws w = ds_ws_at(nullptr, nh, nkv);
+    (void)nkv;
+    ds_ws w = ds_ws_at(nullptr, nh);
     return (size_t)((uint8_t *)(w.claim + DS_MAX_PHASES) - (uint8_t *)nullptr);
 }
 
