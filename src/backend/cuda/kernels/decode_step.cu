@@ -614,6 +614,39 @@ __device__ void norm_rope_head(const uint16_t *src, const uint16_t *nw, const fl
     }
 }
 
+/* The warp sums of v[0..G-1], in every lane: G - 1 + 5 - log2(G)
+ * shuffles instead of 5 G. Each exchange step halves the values a lane
+ * holds (lanes with the step's bit set keep the upper half and send the
+ * lower), so after log2(G) steps lane l holds one head's partial, the
+ * remaining steps finish it, and G shuffles hand every head to every
+ * lane. The additions per head run in a fixed order. */
+template <int G>
+__device__ __forceinline__ void warp_sum_heads(float (&v)[G]) {
+    const int lane = threadIdx.x & 31;
+    int n = G, off = 16, steps = 0;
+#pragma unroll
+    for (; n > 1; n >>= 1, off >>= 1, steps++) {
+        const bool up = lane & off;
+#pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+            const float keep = up ? v[n / 2 + i] : v[i], send = up ? v[i] : v[n / 2 + i];
+            v[i] = keep + __shfl_xor_sync(RP_FULL_MASK, send, off);
+        }
+    }
+#pragma unroll
+    for (; off > 0; off >>= 1) v[0] += __shfl_xor_sync(RP_FULL_MASK, v[0], off);
+    const float r = v[0];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        /* head g's sum sits in the lanes whose step bits (16, 8, ...) spell g */
+        int src = 0;
+#pragma unroll
+        for (int k = 0, b = 16; k < steps; k++, b >>= 1)
+            if ((g >> (steps - 1 - k)) & 1) src |= b;
+        v[g] = __shfl_sync(RP_FULL_MASK, r, src);
+    }
+}
+
 /* A lane's DPL = HD / 32 consecutive dims of a K or V row. */
 template <int DPL> struct lane_row;
 template <> struct lane_row<4> {
@@ -802,13 +835,18 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
                     kr[u].get(kf);
                     vr[u].get(vf);
                 }
+                float sc[G];
 #pragma unroll
                 for (int g = 0; g < G; g++) {
-                    float sc = q[g][0] * kf[0];
+                    sc[g] = q[g][0] * kf[0];
 #pragma unroll
-                    for (int d = 1; d < DPL; d++) sc = fmaf(q[g][d], kf[d], sc);
-                    sc = rp_warp_sum(sc) * scale;
-                    const float mn = fmaxf(m[g], sc), corr = expf(m[g] - mn), pe = expf(sc - mn);
+                    for (int d = 1; d < DPL; d++) sc[g] = fmaf(q[g][d], kf[d], sc[g]);
+                }
+                warp_sum_heads<G>(sc);
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    const float x = sc[g] * scale;
+                    const float mn = fmaxf(m[g], x), corr = expf(m[g] - mn), pe = expf(x - mn);
                     lsum[g] = lsum[g] * corr + pe;
 #pragma unroll
                     for (int d = 0; d < DPL; d++) o[g][d] = o[g][d] * corr + pe * vf[d];
