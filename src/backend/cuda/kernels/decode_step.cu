@@ -44,6 +44,7 @@
  * Requirements (rp_decode_step_check): head_dim 64 or 128, GQA group 1/2/4/8,
  * hidden, q and intermediate sizes multiples of 256, hidden <= 8192, row
  * counts multiples of 8. Anything else runs the chain of kernels. */
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -74,7 +75,8 @@
 struct ds_args {
     rp_decode_step s;
     int grid, splits, stages, kmax;
-    int prefetch; /* static pieces the producer may prefetch into L2 while it waits */
+    int prefetch;    /* static pieces the producer may prefetch into L2 while it waits */
+    int dyn_eighths; /* eighths of a large phase's units taken dynamically */
 };
 
 /* Shared memory: mbarriers, the ring, one region used either as x (bf16,
@@ -266,7 +268,9 @@ __device__ __forceinline__ void unit_range(int N, int grid, int b, int &u0, int 
  * room first. Blocks do not stream at the same rate (their share of HBM
  * and L2 differs), and every phase ends in a grid barrier: the dynamic tail
  * lets the fast blocks take more instead of waiting for the slow ones. */
-__device__ __forceinline__ int static_units(int U, int grid) { return U >= 2 * grid ? U - U / 4 : U; }
+__device__ __forceinline__ int static_units(int U, const ds_args &a) {
+    return U >= 2 * a.grid ? U - U * a.dyn_eighths / 8 : U;
+}
 
 __device__ __forceinline__ bool mbar_try(uint64_t *bar, unsigned parity) {
     uint32_t ok;
@@ -291,7 +295,7 @@ struct ds_walk {
 __device__ __forceinline__ void walk_phase(const ds_args &a, ds_walk &w) {
     for (const int NP = 4 * a.s.num_layers + 1; w.p < NP; w.p++) {
         w.m = phase_mat(a.s, w.p);
-        const int S = static_units(w.m.N / DS_ROWS, a.grid);
+        const int S = static_units(w.m.N / DS_ROWS, a);
         w.u = (int)((int64_t)blockIdx.x * S / a.grid), w.u1 = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
         w.r = w.kc = 0;
         if (w.u < w.u1) return;
@@ -334,7 +338,7 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
     walk_phase(a, pw);
     for (int p = 0; p < NP; p++) {
         const ds_mat m = phase_mat(a.s, p);
-        const int U = m.N / DS_ROWS, S = static_units(U, a.grid);
+        const int U = m.N / DS_ROWS, S = static_units(U, a);
         int u = (int)((int64_t)blockIdx.x * S / a.grid), u_end = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
         bool dyn = false;
         for (;; u++, useq++) {
@@ -1044,6 +1048,15 @@ static ds_kernel_fn kernel_for(int G, int HD, size_t smem, cudaError_t *e) {
     return fns[h][g];
 }
 
+/* A tuning knob from the environment (read once), or dflt. */
+static int env_knob(const char *name, int lo, int hi, int dflt, int *cache) {
+    if (*cache == INT_MIN) {
+        const char *v = getenv(name);
+        *cache = v && atoi(v) >= lo && atoi(v) <= hi ? atoi(v) : -1;
+    }
+    return *cache >= 0 ? *cache : dflt;
+}
+
 static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *smem) {
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -1056,8 +1069,16 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     if (a->splits < 1) a->splits = 1;
     if (a->splits > DS_MAX_SPLITS) a->splits = DS_MAX_SPLITS;
     a->stages = DS_STAGES;
-    const char *pf = getenv("REPLAY_DECODE_STEP_PF");
-    a->prefetch = pf ? atoi(pf) : 4;
+    static int pf = INT_MIN, dyn = INT_MIN;
+    a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
+    /* How much of a phase to leave to the counter: blocks drift apart in
+     * proportion to the bytes each streams per phase, so the 8B shapes
+     * (~3 MiB per block per layer) settle best with 3/4 dynamic, the 1B
+     * ones (~0.5 MiB), where each claim's round trip weighs more, with
+     * 1/4 (bench/RESULTS.md, 2026-11-23 third session). */
+    const int64_t q_dim = (int64_t)s->nh * s->hd, kv_dim = (int64_t)s->nkv * s->hd;
+    const int64_t layer_bytes = 2 * (int64_t)s->H * (q_dim + 2 * kv_dim + q_dim + 3 * (int64_t)s->F);
+    a->dyn_eighths = env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, layer_bytes / num_sms >= (1 << 20) ? 6 : 2, &dyn);
     *smem = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, 4 * s->num_layers + 1).total;
     return *smem > (size_t)optin ? -1 : 0;
 }
