@@ -18,9 +18,11 @@
  *    stage's mbarrier) into a ring of 8 shared-memory stages. It waits only
  *    for a free stage, never for an activation: while the consumers sit in
  *    a grid barrier or in attention, the next phase's weights keep
- *    arriving. The last quarter of each large phase's units is not cut in
- *    advance: producers take them one at a time from a counter, so blocks
- *    that stream faster take more (static_units);
+ *    arriving (and when its ring is full it prefetches the next pieces
+ *    into L2). The last quarter (on the large shapes three quarters) of
+ *    each large phase's units is not cut in advance: producers take them
+ *    one at a time from a counter, so blocks that stream faster take more
+ *    (static_units);
  *  - eight consumer warps stage the phase's input vector in shared memory
  *    (the RMSNorm, SwiGLU and attention output are made there); ring piece
  *    i belongs to warp i % 8, which multiplies it against x on the tensor
@@ -33,8 +35,10 @@
  *  - attention: (kv head, split) items spread over the blocks; each item
  *    does q/k norm and RoPE for its heads (the item that holds the new
  *    position also stores the new k and v in the paged cache), an online
- *    softmax over its keys, and the last item of a kv head to finish (a
- *    counter) merges the splits in split order.
+ *    softmax over its keys (K/V prefetched into L2 a layer ahead), and
+ *    publishes its partial result as tagged words; the block of split g
+ *    merges query head g by polling the splits' words (merge_head), in
+ *    split order.
  * Every sum is taken in a fixed order (per lane, then per warp in warp
  * order), so a replay is bit-identical to an eager run. The rounding points
  * are those of the chain of kernels (bf16 qkv, bf16 projections added to
@@ -256,18 +260,14 @@ __device__ __forceinline__ ds_mat phase_mat(const rp_decode_step &s, int p) {
     }
 }
 
-__device__ __forceinline__ void unit_range(int N, int grid, int b, int &u0, int &u1) {
-    const int U = N / DS_ROWS;
-    u0 = (int)((int64_t)b * U / grid);
-    u1 = (int)((int64_t)(b + 1) * U / grid);
-}
-
 /* Units of a phase: the first S are cut statically (block b: [b S / G,
  * (b+1) S / G)), so the producer knows them before anything runs; the last
  * U - S are taken one at a time from a counter by whichever producer has
  * room first. Blocks do not stream at the same rate (their share of HBM
  * and L2 differs), and every phase ends in a grid barrier: the dynamic tail
- * lets the fast blocks take more instead of waiting for the slow ones. */
+ * lets the fast blocks take more instead of waiting for the slow ones. The
+ * drift grows with the bytes per phase, so the large shapes leave 3/4 of a
+ * phase to the counter (make_args; the barrier trace shows the spread). */
 __device__ __forceinline__ int static_units(int U, const ds_args &a) {
     return U >= 2 * a.grid ? U - U * a.dyn_eighths / 8 : U;
 }
