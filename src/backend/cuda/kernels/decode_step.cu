@@ -122,11 +122,11 @@ __host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G,
     return L;
 }
 
-/* Workspace (device memory, zeroed once at startup; every counter is back
- * at 0 when a launch ends): the attention items' partial results as tagged
- * words (ds_ll), the grid barrier's counter, the exit counter that resets
- * it, the launch count that tags the words, and the dynamic-unit
- * counters. */
+/* Workspace (device memory, zeroed once at startup; every counter but the
+ * launch count is back at 0 when a launch ends): the attention items'
+ * partial results as tagged words (ll_store), the grid barrier's counter,
+ * the exit counter that resets it, the launch count that tags the words,
+ * and the dynamic-unit counters. */
 struct ds_ws {
     unsigned long long *o;  /* [nkv * splits][G][128]: unnormalised outputs */
     unsigned long long *ml; /* [nkv * splits][G][2]: running max, sum */
@@ -185,16 +185,6 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, unsigned bytes) {
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(ds_saddr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
-    asm volatile("{\n"
-                 ".reg .pred done;\n"
-                 "wait_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                 "@!done bra wait_%=;\n"
-                 "}" ::"r"(ds_saddr(bar)),
-                 "r"(parity)
-                 : "memory");
 }
 /* [src, src + bytes) into shared memory; bytes a multiple of 16. Weights
  * are read once per step: evict-first keeps L2 for the KV cache and the
@@ -387,7 +377,6 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
         a.s.trace[blockIdx.x * TR_N + TR_PIECES] = (uint64_t)i;
     }
 }
-
 
 /* ---- consumer pieces ---------------------------------------------------- */
 
@@ -695,7 +684,9 @@ __device__ __forceinline__ void load_kv(lane_row<DPL> (&kr)[ATT_UNROLL], lane_ro
  * slowest split, with no fence or counter between them. Thread t sums the
  * splits t / HD, + R, + 2R, ... of dimension t % HD (every load in flight
  * before the first wait), then the R partial sums are added in order: a
- * fixed order, whichever split was last. */
+ * fixed order, whichever split was last. It cannot wait on itself: there
+ * are at most as many items as blocks (splits = grid / nkv), or, with more
+ * kv heads than blocks, one split per kv head, which is its own merger. */
 #define MERGE_BATCH 8
 template <int HD>
 __device__ void merge_head(const ds_ws &ws, uint16_t *out, int kvh, int g, int G, int NS, unsigned tag,
@@ -995,7 +986,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
 
 extern "C" const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS] = {
     "wait for weights", "producer waits for a stage", "grid barriers", "attention", " .. loads, q/k norm, RoPE",
-    " .. scores and values", " .. partials out, count", " .. merge (last split)", "staging x",
+    " .. scores and values", " .. partials out", " .. merge (merging blocks)", "staging x",
     "matrix phases (incl. waits)", "total", "ring pieces"};
 
 extern "C" size_t rp_decode_step_workspace_bytes(int nh, int nkv) {
