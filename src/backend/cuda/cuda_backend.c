@@ -855,7 +855,8 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     double t0 = rp_now_s();
     if (upload_weights(cb, err)) goto fail;
     rp_log_info("cuda: %s, %d SMs; weights %.2f GiB uploaded in %.2fs%s", prop.name, cb->num_sms,
-                (double)cb->weights_bytes / (1 << 30), rp_now_s() - t0, model->dummy ? " (dummy, made on the GPU)" : "");
+                (double)cb->weights_bytes / (1 << 30), rp_now_s() - t0,
+                model->dummy ? " (dummy, made on the GPU)" : "");
     if (alloc_activations(cb, err) || rp_gemm_init(&cb->gemm, LT_WORKSPACE_BYTES, err)) goto fail;
     /* The KV pool takes memory_ratio of what is left after weights,
      * activations and workspaces (mini-sglang's sizing), less a reserve for
