@@ -13,9 +13,10 @@
  *    So every block knows, before anything runs, most of the weight bytes
  *    it will read in the whole step;
  *  - one producer thread per block walks that list from the first
- *    instruction, copying each unit in pieces of 8 rows x 1536 k (one bulk
- *    copy per row, cp.async.bulk, completion counted in bytes on the
- *    stage's mbarrier) into a ring of 8 shared-memory stages. It waits only
+ *    instruction, copying each unit in pieces of 8 rows x 1536 k (1024
+ *    on the smallest shapes, ds_kc; one bulk copy per row,
+ *    cp.async.bulk, completion counted in bytes on the stage's mbarrier)
+ *    into a ring of 8 shared-memory stages. It waits only
  *    for a free stage, never for an activation: while the consumers sit in
  *    a grid barrier or in attention, the next phase's weights keep
  *    arriving (and when its ring is full it prefetches the next pieces
@@ -57,7 +58,7 @@
 
 #define DS_CONSUMERS 8
 #define DS_THREADS ((DS_CONSUMERS + 1) * 32)
-#define DS_KC 1536            /* k per ring piece: 8 rows x 1536 k */
+#define DS_KC 1536            /* the widest ring piece: 8 rows x 1536 k (ds_args.kc) */
 /* A piece's rows are 64 bytes apart in bank terms (3072 + 64), so the mma
  * B-fragment loads (4 threads x 16 bytes of rows g and g + 1 per phase) hit
  * disjoint banks. */
@@ -79,6 +80,7 @@
 struct ds_args {
     rp_decode_step s;
     int grid, splits, stages, kmax;
+    int kc;          /* k per ring piece: a multiple of 256, at most DS_KC (make_args) */
     int prefetch;    /* static pieces the producer may prefetch into L2 while it waits */
     int dyn_eighths; /* eighths of a large phase's units taken dynamically */
 };
@@ -293,7 +295,7 @@ __device__ __forceinline__ void walk_phase(const ds_args &a, ds_walk &w) {
 }
 
 __device__ __forceinline__ void walk_next(const ds_args &a, ds_walk &w) {
-    if ((w.kc += DS_KC) < w.m.K) return;
+    if ((w.kc += a.kc) < w.m.K) return;
     w.kc = 0;
     if (++w.r < w.m.runs) return;
     w.r = 0;
@@ -302,8 +304,8 @@ __device__ __forceinline__ void walk_next(const ds_args &a, ds_walk &w) {
     walk_phase(a, w);
 }
 
-__device__ __forceinline__ void prefetch_piece(const ds_walk &w) {
-    const unsigned row_bytes = (unsigned)min(DS_KC, w.m.K - w.kc) * 2u;
+__device__ __forceinline__ void prefetch_piece(const ds_args &a, const ds_walk &w) {
+    const unsigned row_bytes = (unsigned)min(a.kc, w.m.K - w.kc) * 2u;
     const uint16_t *src = w.m.w + ((int64_t)w.r * w.m.run_off + (int64_t)w.u * DS_ROWS) * w.m.K + w.kc;
     for (int j = 0; j < DS_ROWS; j++)
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (int64_t)j * w.m.K), "r"(row_bytes)
@@ -342,8 +344,8 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
             const int first = i;
             for (int r = 0; r < m.runs; r++) {
                 const uint16_t *src = m.w + ((int64_t)r * m.run_off + (int64_t)u * DS_ROWS) * m.K;
-                for (int kc = 0; kc < m.K; kc += DS_KC, i++) {
-                    const unsigned row_bytes = (unsigned)min(DS_KC, m.K - kc) * 2u;
+                for (int kc = 0; kc < m.K; kc += a.kc, i++) {
+                    const unsigned row_bytes = (unsigned)min(a.kc, m.K - kc) * 2u;
                     const int slot = i % st;
                     if (i >= st) {
                         const uint64_t t0 = a.s.trace ? ds_now() : 0;
@@ -352,7 +354,7 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                             if (n_walked >= n_static + a.prefetch || pw.p >= NP) continue;
                             for (; n_walked < n_static && pw.p < NP; n_walked++) walk_next(a, pw);
                             if (pw.p < NP) {
-                                prefetch_piece(pw);
+                                prefetch_piece(a, pw);
                                 walk_next(a, pw);
                                 n_walked++;
                             }
@@ -473,7 +475,7 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, int &iw, const uint
                            volatile int *pend, uint64_t *tr) {
     const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
     const ds_mat m = phase_mat(a.s, p);
-    const int nch = (m.K + DS_KC - 1) / DS_KC, P = m.runs * nch;
+    const int nch = (m.K + a.kc - 1) / a.kc, P = m.runs * nch;
     for (;; iw += DS_CONSUMERS) {
         /* piece iw, unless the phase ends before it */
         const int slot = iw % st;
@@ -485,7 +487,7 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, int &iw, const uint
         if (tr) tr[TR_WAIT_FULL] += ds_now() - t0;
         if (!ready || iw >= pend[p]) break;
         const ds_info in = info[slot];
-        const int j = iw - in.first, kc = (j % nch) * DS_KC, steps = min(DS_KC, m.K - kc) / 32;
+        const int j = iw - in.first, kc = (j % nch) * a.kc, steps = min(a.kc, m.K - kc) / 32;
         const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * DS_ROW_STRIDE + c * 16;
         const uint16_t *xk = xs + kc + c * 8;
         float acc[4][4] = {};
@@ -1002,6 +1004,39 @@ static int kmax_of(const rp_decode_step *s) {
     return k;
 }
 
+/* A tuning knob from the environment (read once), or dflt. */
+static int env_knob(const char *name, int lo, int hi, int dflt, int *cache) {
+    if (*cache == INT_MIN) {
+        const char *v = getenv(name);
+        *cache = v && atoi(v) >= lo && atoi(v) <= hi ? atoi(v) : -1;
+    }
+    return *cache >= 0 ? *cache : dflt;
+}
+
+/* k per ring piece. On the smallest shapes (a block streams under 256 KiB
+ * per layer: qwen3-0.6b) most blocks hold one unit of the o and down
+ * phases, so such a phase lasts as long as its widest piece: 1024-wide
+ * pieces split those widths (2048, 3072) evenly where 1536 leaves one
+ * piece half again as long (qwen3-0.6b 1.044 -> 0.97 ms). Elsewhere 1024
+ * only adds pieces (qwen3-4b 3.53 -> 3.92; bench/RESULTS.md, 2026-11-23
+ * fourth session). REPLAY_DECODE_STEP_KC overrides (a multiple of 256). */
+static int ds_kc(const rp_decode_step *s, int num_sms) {
+    static int knob = INT_MIN;
+    const int64_t q_dim = (int64_t)s->nh * s->hd, kv_dim = (int64_t)s->nkv * s->hd;
+    const int64_t layer_bytes = 2 * (int64_t)s->H * (q_dim + 2 * kv_dim + q_dim + 3 * (int64_t)s->F);
+    const int v = env_knob("REPLAY_DECODE_STEP_KC", 256, DS_KC, layer_bytes / num_sms < (256 << 10) ? 1024 : DS_KC,
+                           &knob);
+    return v % 256 ? DS_KC : v;
+}
+
+/* The pieces of the longest unit at piece width kc: with those the other
+ * warps can take meanwhile (< 8 + stages) they must fit the 32 partial-sum
+ * slots, so at most 16. */
+static bool ds_pieces_fit(const rp_decode_step *s, int kc) {
+    const int gu = 2 * ((s->H + kc - 1) / kc), dn = (kmax_of(s) + kc - 1) / kc;
+    return gu <= 16 && dn <= 16;
+}
+
 extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
     if (s->hd != 64 && s->hd != DS_HD) return "head_dim is not 64 or 128";
     if (s->nkv <= 0 || s->nh % s->nkv) return "heads do not divide into kv groups";
@@ -1011,7 +1046,7 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
     if (s->H > DS_MAX_H) return "hidden size above 8192";
     if (4 * s->num_layers + 1 > DS_MAX_PHASES) return "more than 128 layers";
     /* a unit's pieces must fit the partial-sum slots (gemv_phase) */
-    if (kmax_of(s) > 16 * DS_KC) return "a matrix width above 24576";
+    if (!ds_pieces_fit(s, DS_KC)) return "a matrix width above 24576";
     /* shared memory: the ring and x (227 KiB on Hopper) */
     if (ds_plan(DS_STAGES, kmax_of(s), s->nh / s->nkv, 4 * s->num_layers + 1).total > 227 * 1024)
         return "x does not fit beside the ring";
@@ -1039,15 +1074,6 @@ static ds_kernel_fn kernel_for(int G, int HD, size_t smem, cudaError_t *e) {
     return fns[h][g];
 }
 
-/* A tuning knob from the environment (read once), or dflt. */
-static int env_knob(const char *name, int lo, int hi, int dflt, int *cache) {
-    if (*cache == INT_MIN) {
-        const char *v = getenv(name);
-        *cache = v && atoi(v) >= lo && atoi(v) <= hi ? atoi(v) : -1;
-    }
-    return *cache >= 0 ? *cache : dflt;
-}
-
 static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *smem) {
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -1060,6 +1086,8 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     if (a->splits < 1) a->splits = 1;
     if (a->splits > DS_MAX_SPLITS) a->splits = DS_MAX_SPLITS;
     a->stages = DS_STAGES;
+    a->kc = ds_kc(s, num_sms);
+    if (!ds_pieces_fit(s, a->kc)) a->kc = DS_KC; /* narrower pieces would overflow the slots */
     static int pf = INT_MIN, dyn = INT_MIN;
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
     /* How much of a phase to leave to the counter: blocks drift apart in
