@@ -1020,12 +1020,16 @@ static int env_knob(const char *name, int lo, int hi, int dflt, int *cache) {
  * piece half again as long (qwen3-0.6b 1.044 -> 0.97 ms). Elsewhere 1024
  * only adds pieces (qwen3-4b 3.53 -> 3.92; bench/RESULTS.md, 2026-11-23
  * fourth session). REPLAY_DECODE_STEP_KC overrides (a multiple of 256). */
+/* Weight bytes each block streams per layer. */
+static int64_t layer_bytes_per_sm(const rp_decode_step *s, int num_sms) {
+    const int64_t q_dim = (int64_t)s->nh * s->hd, kv_dim = (int64_t)s->nkv * s->hd;
+    return 2 * (int64_t)s->H * (q_dim + 2 * kv_dim + q_dim + 3 * (int64_t)s->F) / num_sms;
+}
+
 static int ds_kc(const rp_decode_step *s, int num_sms) {
     static int knob = INT_MIN;
-    const int64_t q_dim = (int64_t)s->nh * s->hd, kv_dim = (int64_t)s->nkv * s->hd;
-    const int64_t layer_bytes = 2 * (int64_t)s->H * (q_dim + 2 * kv_dim + q_dim + 3 * (int64_t)s->F);
-    const int v = env_knob("REPLAY_DECODE_STEP_KC", 256, DS_KC, layer_bytes / num_sms < (256 << 10) ? 1024 : DS_KC,
-                           &knob);
+    const int v = env_knob("REPLAY_DECODE_STEP_KC", 256, DS_KC,
+                           layer_bytes_per_sm(s, num_sms) < (256 << 10) ? 1024 : DS_KC, &knob);
     return v % 256 ? DS_KC : v;
 }
 
@@ -1095,9 +1099,8 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
      * (~3 MiB per block per layer) settle best with 3/4 dynamic, the 1B
      * ones (~0.5 MiB), where each claim's round trip weighs more, with
      * 1/4 (bench/RESULTS.md, 2026-11-23 third session). */
-    const int64_t q_dim = (int64_t)s->nh * s->hd, kv_dim = (int64_t)s->nkv * s->hd;
-    const int64_t layer_bytes = 2 * (int64_t)s->H * (q_dim + 2 * kv_dim + q_dim + 3 * (int64_t)s->F);
-    a->dyn_eighths = env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, layer_bytes / num_sms >= (1 << 20) ? 6 : 2, &dyn);
+    a->dyn_eighths =
+        env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, layer_bytes_per_sm(s, num_sms) >= (1 << 20) ? 6 : 2, &dyn);
     *smem = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, 4 * s->num_layers + 1).total;
     return *smem > (size_t)optin ? -1 : 0;
 }
