@@ -11,6 +11,12 @@ out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 1,3 --ctx 40 --ste
 check "bench decode" 0 $?
 contains "bench decode table" "$out" "tok/s"
 [ "$(echo "$out" | grep -cE '^ +[13] +eager')" -eq 2 ]; check "a row per batch size" 0 $?
+contains "steps overlap as in the engine" "$out" "steps: overlapped"
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 2 --ctx 40 --steps 4 --warmup 0 --device cpu \
+      --no-overlap 2>/dev/null)
+check "bench decode --no-overlap" 0 $?
+contains "steps one at a time" "$out" "steps: one at a time"
+[ "$(echo "$out" | grep -cE '^ +2 +eager')" -eq 1 ]; check "--no-overlap row" 0 $?
 out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 40 --input-len 30 --output-len 12 \
       --random-range 0.3 --max-running-requests 16 --num-pages 40 --device cpu 2>/dev/null)
 check "bench offline" 0 $?

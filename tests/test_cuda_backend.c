@@ -304,6 +304,23 @@ static void one_decode_step(setup *s, int row, int n, int32_t next, float *out) 
     rp_batch_builder_free(bb);
 }
 
+/* The same step, sampled greedily on the device: its token. */
+static int32_t sampled_step(setup *s, int row, int n, int32_t next) {
+    rp_err err;
+    rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 1, 1);
+    rp_batch_begin(bb);
+    assert_true(rp_batch_add(bb, row, &next, 1, n, 1) >= 0);
+    rp_batch *bt = rp_batch_finish(bb);
+    rp_sample_params sp;
+    memset(&sp, 0, sizeof sp); /* temperature 0: greedy */
+    bt->sample = &sp;
+    if (rp_backend_forward(s->be, bt, &err)) fail_msg("sampled decode: %s", err.msg);
+    int32_t tok = -1;
+    if (s->be->ops->read_tokens(s->be, &tok, NULL, NULL, &err)) fail_msg("read_tokens: %s", err.msg);
+    rp_batch_builder_free(bb);
+    return tok;
+}
+
 /* Prefills `prompt` (chunks of at most 512 tokens) into a fresh row, then
  * runs one decode step of `next` and leaves its logits in out. The row is
  * returned so that the same step can be run again. */
@@ -362,6 +379,23 @@ static void test_decode_step(void **state) {
             one_decode_step(&one, ro, n, next, c);
             if (memcmp(b, c, (size_t)V * 4) != 0) fail_msg("%s len %d: one-kernel graph replay differs from eager",
                                                            shapes[k].name, n);
+            if (n == 7) {
+                /* the next step's input as a token reference (-1: row 0 of
+                 * the previous step, as the overlapped engine sends it),
+                 * replayed from the graph, against the same step with the
+                 * sampled id written out, run eagerly */
+                const int32_t t1 = sampled_step(&one, ro, n, next);
+                rp_err err;
+                assert_int_equal(rp_page_table_reserve(one.table, ro, n + 2, &err), 0);
+                one.be->ops->set_graphs(one.be, 1);
+                one_decode_step(&one, ro, n + 1, -1, c);
+                one.be->ops->set_graphs(one.be, 0);
+                float *d = malloc((size_t)V * 4);
+                one_decode_step(&one, ro, n + 1, t1, d);
+                if (memcmp(c, d, (size_t)V * 4) != 0) fail_msg("%s: a token reference gives other logits than its id",
+                                                               shapes[k].name);
+                free(d);
+            }
             double e = test_rel_l2(b, a, (size_t)V);
             printf("%s (%d layers), %d cached tokens: one kernel vs chain rel L2 %.2e\n", shapes[k].name,
                    shapes[k].layers, n, e);
@@ -372,7 +406,8 @@ static void test_decode_step(void **state) {
         one.be->ops->stats(one.be, &st1);
         /* every decode step of `one` (graph and eager) ran the one kernel */
         /* (the 1-token prompt is a decode-shaped step too) */
-        assert_int_equal(st1.decode_step_forwards - st0.decode_step_forwards, 2 * 4 + 1);
+        /* (plus the three steps of the token-reference check) */
+        assert_int_equal(st1.decode_step_forwards - st0.decode_step_forwards, 2 * 4 + 1 + 3);
         assert_true(st1.graph_replays - st0.graph_replays >= 4);
         if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
         free(a);

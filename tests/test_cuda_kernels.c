@@ -116,14 +116,20 @@ static void test_embed(void **state) {
     for (size_t hi = 0; hi < sizeof Hs / sizeof Hs[0]; hi++) {
         const int H = Hs[hi], V = 97, T = 5;
         uint16_t *emb = rand_bf16((size_t)V * H, 1.0f);
-        int32_t tok[5];
-        for (int t = 0; t < T; t++) tok[t] = (int32_t)urand(V);
+        /* odd positions hold token references into the previous step's
+         * sampled tokens (prev); tok is what each position must read */
+        int32_t tok[5], meta[5], prev[3];
+        for (int r = 0; r < 3; r++) prev[r] = (int32_t)urand(V);
+        for (int t = 0; t < T; t++) {
+            meta[t] = t % 2 ? -(t % 3) - 1 : (int32_t)urand(V);
+            tok[t] = t % 2 ? prev[t % 3] : meta[t];
+        }
         uint16_t *d_emb = dup_to_dev(emb, (size_t)V * H * 2);
-        int32_t *d_tok = dup_to_dev(tok, sizeof tok);
+        int32_t *d_tok = dup_to_dev(meta, sizeof meta), *d_prev = dup_to_dev(prev, sizeof prev);
         float *d_res = dalloc((size_t)T * H * 4);
         const int parts = 7;
         float *d_ss = dalloc((size_t)parts * RP_GEMV_MAX_T * 4), ss[7 * RP_GEMV_MAX_T];
-        LAUNCH(rp_k_embed(d_emb, d_tok, d_res, hi == 0 ? d_ss : NULL, parts, T, H, 0));
+        LAUNCH(rp_k_embed(d_emb, d_tok, d_prev, d_res, hi == 0 ? d_ss : NULL, parts, T, H, 0));
         float *res = malloc((size_t)T * H * 4);
         to_host(res, d_res, (size_t)T * H * 4);
         to_host(ss, d_ss, sizeof ss);
@@ -140,9 +146,9 @@ static void test_embed(void **state) {
             for (int q = 1; q < parts; q++)
                 if (ss[q * RP_GEMV_MAX_T + t] != 0.0f) fail_msg("embed ss part %d t=%d not 0", q, t);
         }
-        printf("  embed H=%-5d exact%s\n", H, hi == 0 ? ", sum of squares within 1e-5" : "");
+        printf("  embed H=%-5d exact, token references resolved%s\n", H, hi == 0 ? ", sum of squares within 1e-5" : "");
         free(emb), free(res);
-        cudaFree(d_emb), cudaFree(d_tok), cudaFree(d_res), cudaFree(d_ss);
+        cudaFree(d_emb), cudaFree(d_tok), cudaFree(d_prev), cudaFree(d_res), cudaFree(d_ss);
     }
 }
 

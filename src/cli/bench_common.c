@@ -107,6 +107,45 @@ int rp_bench_decode_steps(rp_backend *be, rp_page_table *table, rp_batch_builder
     return 0;
 }
 
+/* As the engine runs decode (overlap, src/sched/runtime.c): step N + 1 is
+ * launched before step N's tokens are read, its input tokens being
+ * references to them, so the host's work hides behind the device's. */
+int rp_bench_decode_overlapped(rp_backend *be, rp_page_table *table, rp_batch_builder *bb, rp_bench_seq *seqs, int B,
+                               int steps, double *wall_ms, double *gpu_ms, rp_err *err) {
+    rp_sample_params sp[1024];
+    int32_t tok[1024], refs[1024];
+    if (!be->supports_token_refs || !be->ops->read_tokens) return rp_errf(err, "this backend cannot overlap steps");
+    if (B > 1024 || B > be->cfg.max_logit_rows) return rp_errf(err, "decode batch of %d does not fit", B);
+    memset(sp, 0, sizeof sp);
+    for (int s = 0; s < B; s++) refs[s] = -(s + 1); /* sequence s samples logit row s */
+    double prev = rp_now_s();
+    for (int it = 0; it <= steps; it++) {
+        if (it < steps) {
+            rp_batch_begin(bb);
+            for (int s = 0; s < B; s++) {
+                if (rp_page_table_reserve(table, seqs[s].row, seqs[s].len + 1, err)) return RP_ERR;
+                if (rp_batch_add(bb, seqs[s].row, it ? &refs[s] : &seqs[s].last, 1, seqs[s].len, 1) < 0)
+                    return rp_errf(err, "decode batch of %d does not fit", B);
+            }
+            rp_batch *bt = rp_batch_finish(bb);
+            bt->sample = sp;
+            if (rp_backend_forward(be, bt, err)) return RP_ERR;
+            for (int s = 0; s < B; s++) seqs[s].len++;
+        }
+        if (it == 0) continue;
+        /* the older of the two steps in flight: step it - 1 */
+        if (be->ops->read_tokens(be, tok, NULL, NULL, err)) return RP_ERR;
+        const double now = rp_now_s();
+        wall_ms[it - 1] = (now - prev) * 1e3;
+        prev = now;
+        rp_backend_stats st = {0};
+        if (be->ops->stats) be->ops->stats(be, &st);
+        gpu_ms[it - 1] = st.last_gpu_ms;
+    }
+    for (int s = 0; s < B; s++) seqs[s].last = tok[s];
+    return 0;
+}
+
 int rp_bench_parse_list(const char *s, int *out, int max) {
     int n = 0;
     const char *p = s;

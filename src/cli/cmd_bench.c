@@ -4,7 +4,9 @@
  * decode steps (graph replay and eager). Per batch size it prints the time
  * per output token, tokens/s, the bytes one step must read (weights + KV),
  * the achieved GB/s against the read bandwidth measured in the same run, and
- * the CPU gap (wall time per step minus device time). */
+ * the CPU gap (wall time per step minus device time). Steps overlap as in
+ * the engine (step N + 1 launched before step N's tokens are read) where the
+ * backend can; --no-overlap waits for each step's tokens first. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +43,8 @@ static void help(FILE *f) {
             "  --warmup N         untimed steps first (default 8)\n"
             "  --page-size N      KV page size (default 16)\n"
             "  --no-eager         time graph replay only\n"
+            "  --no-overlap       wait for each step's tokens before launching the next (by default\n"
+            "                     steps overlap as in the engine, where the backend can)\n"
             "  -h, --help         show this help\n");
 }
 
@@ -53,12 +57,13 @@ static int bench_decode(int argc, char **argv) {
         {"warmup", required_argument, 0, 'w'},
         {"page-size", required_argument, 0, 'g'},
         {"no-eager", no_argument, 0, 'E'},
+        {"no-overlap", no_argument, 0, 'O'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     rp_model_opts mo;
     rp_model_opts_init(&mo);
-    int batches[MAX_BATCHES] = {1, 8, 32, 128}, nb = 4, no_eager = 0;
+    int batches[MAX_BATCHES] = {1, 8, 32, 128}, nb = 4, no_eager = 0, no_overlap = 0;
     long ctx = 512, steps = 64, warmup = 8, page_size = 16;
     optind = 1;
     opterr = 0;
@@ -86,6 +91,7 @@ static int bench_decode(int argc, char **argv) {
             if (rp_parse_int(optarg, 1, 4096, &page_size)) return rp_cli_usage_error(CMD, "bad --page-size");
             break;
         case 'E': no_eager = 1; break;
+        case 'O': no_overlap = 1; break;
         case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
         default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
         }
@@ -139,6 +145,9 @@ static int bench_decode(int argc, char **argv) {
            dev);
     if (read_gbs > 0)
         printf("measured bandwidth: read %.0f GB/s, device copy %.0f GB/s (read+write)\n", read_gbs, copy_gbs);
+    const int overlap = !no_overlap && be->supports_token_refs && be->ops->read_tokens;
+    printf("steps: %s\n", overlap ? "overlapped as in the engine (step N + 1 launched before step N's tokens are read)"
+                                  : "one at a time (each step's tokens read before the next is launched)");
     printf("\n%5s  %-6s %9s %10s %11s %9s %7s %9s %9s %11s\n", "batch", "mode", "ms/step", "tok/s", "MB/step",
            "GB/s", "%read", "gpu ms", "gap ms", "prefill t/s");
     for (int bi = 0; bi < nb; bi++) {
@@ -159,7 +168,9 @@ static int bench_decode(int argc, char **argv) {
             else if (graphs) continue; /* no graphs on this backend: eager only */
             for (int s = 0; s < B; s++) seqs[s].len = (int)ctx; /* rewind: KV past ctx is rewritten */
             if (warmup && rp_bench_decode_steps(be, table, bb, seqs, B, (int)warmup, wall, gpu, logits, &err)) goto fail;
-            if (rp_bench_decode_steps(be, table, bb, seqs, B, (int)steps, wall, gpu, logits, &err)) goto fail;
+            if (overlap ? rp_bench_decode_overlapped(be, table, bb, seqs, B, (int)steps, wall, gpu, &err)
+                        : rp_bench_decode_steps(be, table, bb, seqs, B, (int)steps, wall, gpu, logits, &err))
+                goto fail;
             double w = rp_bench_median(wall, (int)steps), g = rp_bench_median(gpu, (int)steps);
             double avg_ctx = (double)ctx + warmup + steps / 2.0;
             double bytes = (double)weight_read + (double)B * avg_ctx * (double)kv_per_token;

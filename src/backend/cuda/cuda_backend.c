@@ -20,7 +20,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/sample_top.h"
-#include "backend/cuda/token_refs.h"
 #include "model/rope.h"
 #include "util/log.h"
 
@@ -314,7 +313,7 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
     rp_gemv_in normed = {.mode = RP_GEMV_IN_RMSNORM, .residual = cb->residual, .ss_parts = cb->ss_parts,
                          .num_parts = P, .eps = eps};
     prof_mark(cb, "embed");
-    RP_LAUNCH(rp_k_embed(cb->embed, tokens, cb->residual, cb->ss_parts, P, T, H, st), err);
+    RP_LAUNCH(rp_k_embed(cb->embed, tokens, cb->d_tokens, cb->residual, cb->ss_parts, P, T, H, st), err);
     for (int l = 0; l < c->num_layers; l++) {
         const rp_cuda_layer *ly = &cb->layers[l];
         prof_mark(cb, "gemv qkv (+rmsnorm)");
@@ -386,7 +385,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     if (T <= cb->fused_max_t && !cb->gemm.force_lt && rp_gemv_stage_fits(T, H))
         return launch_forward_fused(cb, T, S, num_logits, decode, max_q_len, sample, err);
     prof_mark(cb, "embed");
-    RP_LAUNCH(rp_k_embed(cb->embed, tokens, cb->residual, NULL, 0, T, H, st), err);
+    RP_LAUNCH(rp_k_embed(cb->embed, tokens, cb->d_tokens, cb->residual, NULL, 0, T, H, st), err);
     for (int l = 0; l < c->num_layers; l++) {
         const rp_cuda_layer *ly = &cb->layers[l];
         prof_mark(cb, "add_rmsnorm");
@@ -456,14 +455,10 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     cb->slot_num_logits[slot] = bt->num_logits;
     cb->last_sampled = sample;
     cb->last_num_logits = bt->num_logits;
-    int has_refs = 0;
-    for (int t = 0; t < T && !has_refs; t++) has_refs = bt->tokens[t] < 0;
     if (cudaSetDevice(cb->device) != cudaSuccess) return rp_errf(err, "cudaSetDevice(%d) failed", cb->device);
     double t0 = rp_now_s();
     RP_CUDA_TRY(cudaEventRecord(cb->ev_start, cb->stream), err);
     if (rp_cuda_pack_and_upload(cb, bt, g ? g->batch_size : S, err)) return RP_ERR;
-    if (has_refs)
-        RP_LAUNCH(rp_k_resolve_token_refs((int32_t *)(cb->d_meta + cb->off_tokens), cb->d_tokens, T, cb->stream), err);
     double t1 = rp_now_s();
     if (cb->decode_step_ok && decode && T == 1 && bt->num_logits == 1) cb->stats.decode_step_forwards++;
     if (g) {
@@ -738,6 +733,7 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
         .tokens = META(cb, d, off_tokens, int32_t),
         .positions = META(cb, d, off_positions, int32_t),
         .slots = META(cb, d, off_slots, int32_t),
+        .prev_sampled = cb->d_tokens,
         .meta = device_attn_meta(cb),
         .k_cache = cb->k_cache,
         .v_cache = cb->v_cache,

@@ -34,12 +34,14 @@ typedef uint16_t rp_bf16;
  * launches. Process-wide; set it before capturing graphs. */
 void rp_k_set_pdl(int enabled);
 
-/* residual[t][:] = float(embed[tokens[t]][:]), t < T. If ss_parts is not
+/* residual[t][:] = float(embed[tokens[t]][:]), t < T; tokens[t] < 0 is a
+ * token reference into prev_sampled (the previous step's sampled tokens;
+ * may be NULL when no id is negative). If ss_parts is not
  * NULL (T <= RP_GEMV_MAX_T), also writes the partial sums of squares that a
  * RMSNORM-input GEMV reads (see rp_k_gemv_fused): part 0 holds each row's
  * sum, parts 1..num_parts-1 hold 0. */
-int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, float *residual, float *ss_parts, int num_parts, int T,
-               int H, cudaStream_t stream);
+int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, const int32_t *prev_sampled, float *residual,
+               float *ss_parts, int num_parts, int T, int H, cudaStream_t stream);
 
 /* If delta != NULL: residual += float(delta) first. Then
  * out = bf16(rmsnorm(residual) * w) with transformers' RMSNorm in fp32. */
@@ -144,6 +146,7 @@ typedef struct rp_decode_step {
     const rp_bf16 *embed, *final_norm, *lm_head;
     const float *inv_freq;
     const int32_t *tokens, *positions, *slots;
+    const int32_t *prev_sampled; /* where token references point (rp_k_embed) */
     rp_attn_meta meta;
     rp_bf16 *k_cache, *v_cache;
     size_t kv_layer_elems;

@@ -907,6 +907,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+    /* sampling (launched with PDL) may be placed as this grid's blocks exit */
+    rp_pdl_trigger();
     if (warp == DS_CONSUMERS) {
         /* weights are constant: stream them before (and regardless of) the
          * wait for the previous kernel */
@@ -920,10 +922,11 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     const int L = s.num_layers, H = s.H, q_dim = s.nh * HD;
     int i = threadIdx.x >> 5; /* this warp's next ring piece */
     unsigned target = 0;
+    const int32_t token = rp_step_token(s.tokens, s.prev_sampled, 0);
     {
         /* the residual stream starts as the embedding row: each block
          * writes its share (first read after two grid barriers) */
-        const uint16_t *e = s.embed + (int64_t)s.tokens[0] * H;
+        const uint16_t *e = s.embed + (int64_t)token * H;
         const int h0 = (int)((int64_t)blockIdx.x * H / a.grid), h1 = (int)((int64_t)(blockIdx.x + 1) * H / a.grid);
         for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32) s.residual[k] = rp_bf16_f32(e[k]);
     }
@@ -940,7 +943,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     const uint64_t t_begin = tk;
     for (int l = 0; l < L; l++) {
         const rp_decode_layer *ly = &s.layers[l];
-        DS_T(TR_STAGE, stage_norm(xs, s.residual, l == 0 ? s.embed + (int64_t)s.tokens[0] * H : nullptr,
+        DS_T(TR_STAGE, stage_norm(xs, s.residual, l == 0 ? s.embed + (int64_t)token * H : nullptr,
                                   ly->attn_norm, H, s.eps, red));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));

@@ -11,12 +11,13 @@
  * ss_parts, the row's sum of squares for the first RMSNORM-input GEMV. */
 template <bool VEC>
 __global__ void embed_kernel(const uint16_t *__restrict__ embed, const int32_t *__restrict__ tokens,
-                             float *__restrict__ residual, float *__restrict__ ss_parts, int num_parts, int H) {
+                             const int32_t *__restrict__ prev_sampled, float *__restrict__ residual,
+                             float *__restrict__ ss_parts, int num_parts, int H) {
     __shared__ float scratch[33];
     rp_pdl_trigger();
     rp_pdl_wait();
     const int t = blockIdx.x;
-    const uint16_t *src = embed + (int64_t)tokens[t] * H;
+    const uint16_t *src = embed + (int64_t)rp_step_token(tokens, prev_sampled, t) * H;
     float *dst = residual + (int64_t)t * H;
     float ss = 0.0f;
     if (VEC) {
@@ -40,15 +41,15 @@ __global__ void embed_kernel(const uint16_t *__restrict__ embed, const int32_t *
     for (int q = threadIdx.x; q < num_parts; q += blockDim.x) ss_parts[q * RP_GEMV_MAX_T + t] = q == 0 ? ss : 0.0f;
 }
 
-extern "C" int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, float *residual, float *ss_parts,
-                          int num_parts, int T, int H, cudaStream_t stream) {
+extern "C" int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, const int32_t *prev_sampled, float *residual,
+                          float *ss_parts, int num_parts, int T, int H, cudaStream_t stream) {
     if (T <= 0) return cudaSuccess;
     if (ss_parts && (T > RP_GEMV_MAX_T || num_parts <= 0)) return (int)cudaErrorInvalidValue;
     if (H % 8 == 0)
-        return rp_launch(embed_kernel<true>, dim3(T), dim3(NORM_THREADS), 0, stream, embed, tokens, residual,
-                         ss_parts, num_parts, H);
-    return rp_launch(embed_kernel<false>, dim3(T), dim3(NORM_THREADS), 0, stream, embed, tokens, residual, ss_parts,
-                     num_parts, H);
+        return rp_launch(embed_kernel<true>, dim3(T), dim3(NORM_THREADS), 0, stream, embed, tokens, prev_sampled,
+                         residual, ss_parts, num_parts, H);
+    return rp_launch(embed_kernel<false>, dim3(T), dim3(NORM_THREADS), 0, stream, embed, tokens, prev_sampled, residual,
+                     ss_parts, num_parts, H);
 }
 
 /* VEC: 4 elements per access (float4 residual, 8-byte bf16 quads). The

@@ -292,7 +292,7 @@ __device__ int select_prefix(const float *row, int vocab, smp_shared &sh, bool b
 /* kept (may be NULL): how many tokens of the sampling order the draw was
  * made from (the kept set is a prefix of the order; vocab for greedy rows),
  * for rp_k_top_logprobs. Counted only for rows that ask for top logprobs. */
-__device__ __forceinline__ void sample_row_exact(const float *__restrict__ row, const rp_sample_params p, int32_t *tok,
+__device__ __forceinline__ void sample_row_exact(const float *row, const rp_sample_params p, int32_t *tok,
                                                  float *lp, int32_t *kept, int vocab, smp_shared &sh) {
     __shared__ float red_v[32];
     __shared__ int red_i[32];
@@ -411,11 +411,13 @@ __device__ __forceinline__ void sample_row_exact(const float *__restrict__ row, 
 
 
 __global__ void __launch_bounds__(SMP_THREADS)
-    sample_kernel_slow(const float *__restrict__ logits, const rp_sample_params *__restrict__ params,
+    sample_kernel_slow(const float *logits, const rp_sample_params *__restrict__ params,
                        int32_t *__restrict__ tokens, float *__restrict__ logprobs, int32_t *__restrict__ kept,
                        int vocab) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     smp_shared &sh = *reinterpret_cast<smp_shared *>(smem_raw);
+    rp_pdl_trigger();
+    rp_pdl_wait();
     const int r = blockIdx.x;
     sample_row_exact(logits + (int64_t)r * vocab, params[r], tokens + r, logprobs ? logprobs + r : NULL,
                      kept ? kept + r : NULL, vocab, sh);
@@ -677,12 +679,16 @@ __device__ u64 fs_prefix_weight(int b, unsigned j, const fs_row &rw, fs_shared &
 }
 
 __global__ void __launch_bounds__(FS_THREADS, 2)
-    sample_kernel_cluster(const float *__restrict__ logits, const rp_sample_params *__restrict__ params,
+    sample_kernel_cluster(const float *logits, const rp_sample_params *__restrict__ params,
                           int32_t *__restrict__ tokens, float *__restrict__ logprobs, int32_t *__restrict__ kept,
                           int vocab, int chunk) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     fs_shared &sh = *reinterpret_cast<fs_shared *>(smem_raw);
     float *xs = reinterpret_cast<float *>(smem_raw + FS_SHARED_BYTES);
+    /* launched while the logits' kernel still runs (PDL): the launch and
+     * block placement overlap its tail, the reads wait for its results */
+    rp_pdl_trigger();
+    rp_pdl_wait();
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank(), nblk = (int)cluster.num_blocks();
     const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -706,7 +712,7 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int q = q0 + u * FS_THREADS;
-                if (q < nq) v[u] = __ldg(reinterpret_cast<const float4 *>(src) + q);
+                if (q < nq) v[u] = __ldcg(reinterpret_cast<const float4 *>(src) + q);
             }
 #pragma unroll
             for (int u = 0; u < 8; u++) {
@@ -1039,23 +1045,8 @@ extern "C" int rp_k_sample_kept(const float *logits, const rp_sample_params *par
     size_t smem = 0;
     const int cl = fs_cluster_size(vocab, &chunk, &smem);
     if (cl) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(cl, rows);
-        cfg.blockDim = dim3(FS_THREADS);
-        cfg.dynamicSmemBytes = smem;
-        cfg.stream = stream;
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = cl, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        const cudaError_t e =
-            cudaLaunchKernelEx(&cfg, sample_kernel_cluster, logits, params, tokens, logprobs, kept, vocab, chunk);
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            return (int)e;
-        }
-        return rp_launch_result();
+        return rp_launch_cluster(sample_kernel_cluster, dim3(cl, rows), dim3(FS_THREADS), smem, stream, cl, logits,
+                                 params, tokens, logprobs, kept, vocab, chunk);
     }
     static int attr_set = 0;
     const size_t bytes = sizeof(smp_shared);
@@ -1064,8 +1055,8 @@ extern "C" int rp_k_sample_kept(const float *logits, const rp_sample_params *par
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    sample_kernel_slow<<<rows, SMP_THREADS, bytes, stream>>>(logits, params, tokens, logprobs, kept, vocab);
-    return rp_launch_result();
+    return rp_launch(sample_kernel_slow, dim3(rows), dim3(SMP_THREADS), bytes, stream, logits, params, tokens, logprobs,
+                     kept, vocab);
 }
 
 /* ======================= top logprobs ===================================== */
@@ -1091,12 +1082,14 @@ __device__ __forceinline__ bool tlp_before(float x, int id, float ox, int oid) {
 }
 
 __global__ void __launch_bounds__(TLP_THREADS)
-    top_logprobs_kernel(const float *__restrict__ logits, const rp_sample_params *__restrict__ params,
-                        const int32_t *__restrict__ tokens, const float *__restrict__ logprobs,
-                        const int32_t *__restrict__ kept, rp_top_logprobs *__restrict__ top, int vocab) {
+    top_logprobs_kernel(const float *logits, const rp_sample_params *__restrict__ params,
+                        const int32_t *tokens, const float *logprobs,
+                        const int32_t *kept, rp_top_logprobs *__restrict__ top, int vocab) {
     __shared__ float red_x[TLP_THREADS / 32];
     __shared__ int red_i[TLP_THREADS / 32];
     __shared__ int win_id;
+    rp_pdl_trigger();
+    rp_pdl_wait(); /* then the sampled tokens are visible; most rows return at once */
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const rp_sample_params p = params[r];
     rp_top_logprobs *out = top + r;
@@ -1114,7 +1107,7 @@ __global__ void __launch_bounds__(TLP_THREADS)
     int cnt = 0;
     float worst = -INFINITY;
     for (int i = threadIdx.x; i < vocab; i += TLP_THREADS) {
-        const float x = sanitize(__ldg(row + i));
+        const float x = sanitize(__ldcg(row + i));
         if (cnt == n && !(x > worst)) continue;
         int j = cnt < n ? cnt++ : n - 1;
         for (; j > 0 && x > lx[j - 1]; j--) lx[j] = lx[j - 1], li[j] = li[j - 1];
@@ -1165,6 +1158,6 @@ extern "C" int rp_k_top_logprobs(const float *logits, const rp_sample_params *pa
                                  int vocab, cudaStream_t stream) {
     if (rows <= 0) return cudaSuccess;
     if (vocab <= 0 || !logits || !params || !tokens || !logprobs || !kept || !top) return (int)cudaErrorInvalidValue;
-    top_logprobs_kernel<<<rows, TLP_THREADS, 0, stream>>>(logits, params, tokens, logprobs, kept, top, vocab);
-    return rp_launch_result();
+    return rp_launch(top_logprobs_kernel, dim3(rows), dim3(TLP_THREADS), 0, stream, logits, params, tokens, logprobs,
+                     kept, top, vocab);
 }
