@@ -471,11 +471,10 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         if (rp_cuda_launch_forward(cb, T, S, bt->num_logits, decode, max_q, sample, err)) return RP_ERR;
     }
     if (sample) {
-        RP_CUDA_TRY(cudaMemcpyAsync(cb->h_tokens, cb->d_tokens, (size_t)bt->num_logits * 4, cudaMemcpyDeviceToHost,
-                                    cb->stream),
-                    err);
-        RP_CUDA_TRY(cudaMemcpyAsync(cb->h_logprobs, cb->d_logprobs, (size_t)bt->num_logits * 4,
-                                    cudaMemcpyDeviceToHost, cb->stream),
+        /* tokens and logprobs in one copy: two rows of the 2-D layout */
+        const size_t pitch = (size_t)cb->max_logits * 4;
+        RP_CUDA_TRY(cudaMemcpy2DAsync(cb->h_tokens, pitch, cb->d_tokens, pitch, (size_t)bt->num_logits * 4, 2,
+                                      cudaMemcpyDeviceToHost, cb->stream),
                     err);
         if (cb->slot_top[slot]) /* only when asked: ~164 bytes a row */
             RP_CUDA_TRY(cudaMemcpyAsync(cb->h_top_slot[slot], cb->d_top,
@@ -626,7 +625,6 @@ static void cuda_destroy(rp_backend *b) {
     for (int k = 0; k < 2; k++) {
         if (cb->h_meta_slot[k]) cudaFreeHost(cb->h_meta_slot[k]);
         if (cb->h_tokens_slot[k]) cudaFreeHost(cb->h_tokens_slot[k]);
-        if (cb->h_logprobs_slot[k]) cudaFreeHost(cb->h_logprobs_slot[k]);
         if (cb->h_top_slot[k]) cudaFreeHost(cb->h_top_slot[k]);
         if (cb->ev_start_slot[k]) cudaEventDestroy(cb->ev_start_slot[k]);
         if (cb->ev_end_slot[k]) cudaEventDestroy(cb->ev_end_slot[k]);
@@ -670,8 +668,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         {(void **)&cb->logits, Lg * V * 4},
         {(void **)&cb->inv_freq, (size_t)c->head_dim / 2 * 4},
         {(void **)&cb->ss_parts, (size_t)rp_gemv_ss_parts(c->hidden_size) * RP_GEMV_MAX_T * 4},
-        {(void **)&cb->d_tokens, Lg * 4},
-        {(void **)&cb->d_logprobs, Lg * 4},
+        {(void **)&cb->d_tokens, 2 * Lg * 4}, /* then the logprobs: one copy brings both back */
         {(void **)&cb->d_kept, Lg * 4},
         {(void **)&cb->d_top, Lg * sizeof(rp_top_logprobs)},
         {&cb->attn_ws, attn_ws},
@@ -686,6 +683,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         *parts[i].ptr = p;
         p += align_up(parts[i].bytes, 256);
     }
+    cb->d_logprobs = (float *)(cb->d_tokens + Lg);
     cb->act_bytes = total;
     RP_CUDA_TRY(cudaMemset(cb->ds_ws, 0, rp_decode_step_workspace_bytes(c->num_heads, c->num_kv_heads)), err);
     float *h_inv = malloc((size_t)c->head_dim / 2 * 4);
@@ -695,8 +693,9 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     free(h_inv);
     RP_CUDA_TRY(e, err);
     for (int k = 0; k < 2; k++) {
-        RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_tokens_slot[k], Lg * 4), err);
-        RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_logprobs_slot[k], Lg * 4), err);
+        /* the device layout: tokens, then logprobs, Lg apart */
+        RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_tokens_slot[k], 2 * Lg * 4), err);
+        cb->h_logprobs_slot[k] = (float *)(cb->h_tokens_slot[k] + Lg);
         RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_top_slot[k], Lg * sizeof(rp_top_logprobs)), err);
     }
     cb->h_tokens = cb->h_tokens_slot[0];

@@ -59,6 +59,8 @@ typedef struct rp_cuda_backend {
     rp_decode_layer *d_layers;
     void *ds_ws;
     rp_bf16 *xn, *qkv, *attn, *tmp, *gate_up, *act, *logit_in;
+    /* sampled tokens [max_logits], then their logprobs (d_logprobs) right
+     * after: one 2-D copy brings both back; the pinned slots alike */
     int32_t *d_tokens;
     /* top logprobs: how many tokens each row's draw was made from, and each
      * row's most likely tokens ([max_logits] each; sample_top.h) */

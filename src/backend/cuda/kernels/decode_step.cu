@@ -1098,12 +1098,15 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     static int pf = INT_MIN, dyn = INT_MIN;
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
     /* How much of a phase to leave to the counter: blocks drift apart in
-     * proportion to the bytes each streams per phase, so the 8B shapes
-     * (~3 MiB per block per layer) settle best with 3/4 dynamic, the 1B
-     * ones (~0.5 MiB), where each claim's round trip weighs more, with
-     * 1/4 (bench/RESULTS.md, 2026-11-23 third session). */
+     * proportion to the bytes each streams per phase, so the 4B and 8B
+     * shapes (1.5-3 MiB per block per layer) settle best with 3/4 dynamic.
+     * On the 1B-class ones (~0.25-0.5 MiB), where a claim's round trip
+     * weighs more than the drift it evens out, nothing is dynamic
+     * (qwen3-0.6b 0.99 -> 0.945 ms, llama3.2-1b 1.228 -> 1.195 against 1/4;
+     * the 4B and 8B shapes lose 3-6% that way; bench/RESULTS.md, 2026-11-23
+     * fifth session). */
     a->dyn_eighths =
-        env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, layer_bytes_per_sm(s, num_sms) >= (1 << 20) ? 6 : 2, &dyn);
+        env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, layer_bytes_per_sm(s, num_sms) >= (1 << 20) ? 6 : 0, &dyn);
     *smem = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, 4 * s->num_layers + 1).total;
     return *smem > (size_t)optin ? -1 : 0;
 }
