@@ -304,8 +304,9 @@ static void one_decode_step(setup *s, int row, int n, int32_t next, float *out) 
     rp_batch_builder_free(bb);
 }
 
-/* The same step, sampled greedily on the device: its token. */
-static int32_t sampled_step(setup *s, int row, int n, int32_t next) {
+/* The same step, sampled greedily on the device: its token (and, with
+ * top > 0, that many most likely tokens in *tl). */
+static int32_t sampled_step(setup *s, int row, int n, int32_t next, int top, rp_top_logprobs *tl) {
     rp_err err;
     rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 1, 1);
     rp_batch_begin(bb);
@@ -313,10 +314,11 @@ static int32_t sampled_step(setup *s, int row, int n, int32_t next) {
     rp_batch *bt = rp_batch_finish(bb);
     rp_sample_params sp;
     memset(&sp, 0, sizeof sp); /* temperature 0: greedy */
+    sp.top_logprobs = top;
     bt->sample = &sp;
     if (rp_backend_forward(s->be, bt, &err)) fail_msg("sampled decode: %s", err.msg);
     int32_t tok = -1;
-    if (s->be->ops->read_tokens(s->be, &tok, NULL, NULL, &err)) fail_msg("read_tokens: %s", err.msg);
+    if (s->be->ops->read_tokens(s->be, &tok, NULL, tl, &err)) fail_msg("read_tokens: %s", err.msg);
     rp_batch_builder_free(bb);
     return tok;
 }
@@ -384,7 +386,19 @@ static void test_decode_step(void **state) {
                  * the previous step, as the overlapped engine sends it),
                  * replayed from the graph, against the same step with the
                  * sampled id written out, run eagerly */
-                const int32_t t1 = sampled_step(&one, ro, n, next);
+                const int32_t t1 = sampled_step(&one, ro, n, next, 0, NULL);
+                /* top logprobs: the graph captured with that kernel against
+                 * an eager run; greedy, so the most likely is the token */
+                rp_top_logprobs tg, te;
+                one.be->ops->set_graphs(one.be, 1);
+                assert_int_equal(sampled_step(&one, ro, n, next, 5, &tg), t1);
+                one.be->ops->set_graphs(one.be, 0);
+                assert_int_equal(sampled_step(&one, ro, n, next, 5, &te), t1);
+                assert_int_equal(tg.n, 5);
+                assert_int_equal(te.n, 5);
+                assert_int_equal(tg.ids[0], t1);
+                if (memcmp(tg.ids, te.ids, 5 * sizeof tg.ids[0]) || memcmp(tg.logprobs, te.logprobs, 5 * 4))
+                    fail_msg("%s: top logprobs from the graph differ from eager", shapes[k].name);
                 rp_err err;
                 assert_int_equal(rp_page_table_reserve(one.table, ro, n + 2, &err), 0);
                 one.be->ops->set_graphs(one.be, 1);
@@ -406,8 +420,8 @@ static void test_decode_step(void **state) {
         one.be->ops->stats(one.be, &st1);
         /* every decode step of `one` (graph and eager) ran the one kernel */
         /* (the 1-token prompt is a decode-shaped step too) */
-        /* (plus the three steps of the token-reference check) */
-        assert_int_equal(st1.decode_step_forwards - st0.decode_step_forwards, 2 * 4 + 1 + 3);
+        /* (plus the five steps of the token-reference and top-logprobs checks) */
+        assert_int_equal(st1.decode_step_forwards - st0.decode_step_forwards, 2 * 4 + 1 + 5);
         assert_true(st1.graph_replays - st0.graph_replays >= 4);
         if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
         free(a);

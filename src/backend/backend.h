@@ -117,6 +117,13 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
 rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err);
 /* Number of CUDA devices usable (0 without CUDA support or without a GPU). */
 int rp_cuda_device_count(void);
+/* The CUDA backend's one-kernel batch-1 decode step alone, launched back
+ * to back (inner launches per timing, the median of reps timings) on the
+ * metadata of the last forward, which must have been such a step and read:
+ * microseconds per launch in *us. Re-running a step rewrites the same KV
+ * entries with the same values. RP_ERR (err says why) on another backend or
+ * a model the kernel does not take. For `replay bench kernels`. */
+int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_err *err);
 /* Free and total device memory of a device in bytes; -1 without CUDA. */
 int rp_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 

@@ -11,6 +11,11 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
 
 int rp_cuda_device_count(void) { return 0; }
 
+int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_err *err) {
+    (void)b, (void)reps, (void)inner, (void)us;
+    return rp_errf(err, "this replay was built without CUDA");
+}
+
 int rp_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
     (void)device;
     *free_bytes = *total_bytes = 0;

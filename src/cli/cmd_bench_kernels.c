@@ -1,7 +1,8 @@
 /* `replay bench kernels`: each bandwidth-critical CUDA kernel alone at the
  * model's shapes (the GEMVs of every projection and lm_head, decode and
- * prefill attention, sampling), with achieved GB/s or TFLOP/s next to the
- * device-to-device copy bandwidth measured in the same run.
+ * prefill attention, sampling, and the one-kernel batch-1 decode step),
+ * with achieved GB/s or TFLOP/s next to the device-to-device copy and
+ * streaming read bandwidths measured in the same run.
  *
  * Method (METHOD.md): random inputs (never zeros), a warm-up, then the
  * median of 15 timings of 20 back-to-back launches each (CUDA events).
@@ -11,14 +12,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend.h"
+#include "cli/bench_common.h"
 #include "cli/cli.h"
+#include "engine/batch.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
 #include "model/config.h"
+#include "model/model.h"
 
 #define CMD "bench kernels"
 
 #ifdef REPLAY_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/bandwidth.h"
 #include "backend/cuda/kernels.h"
 
 /* A failing CUDA call ends the benchmark with its message (longjmp back to
@@ -136,6 +144,51 @@ static void fill_bf16(rp_bf16 *d, size_t n, uint64_t seed) {
     CHECK(rp_k_fill_dummy(d, (int64_t)n, seed, 1, 1.0f / 64.0f, 0, 0));
 }
 
+
+/* The one-kernel batch-1 decode step (rp_k_decode_step) at ctx 512, on
+ * random weights of the config's shapes: the whole model's weights and one
+ * sequence's KV cache per launch, against both ceilings. */
+static void bench_decode_step(const rp_model_config *cfg, double copy_gbs) {
+    const int ctx = 512, page = 16, pages = (ctx + 2 + page - 1) / page + 1;
+    printf("\n%-28s %5s %9s %9s %8s %7s %7s\n", "decode step (one kernel)", "ctx", "MB", "us", "GB/s", "%copy",
+           "%read");
+    rp_err err;
+    rp_load_options lo = {.seed = 1, .lazy_dummy = 1};
+    rp_model *m = rp_model_dummy_from_config(cfg, &lo, &err);
+    if (!m) {
+        printf("  skipped: %s\n", err.msg);
+        return;
+    }
+    rp_backend_config bc = {.num_pages = pages, .page_size = page, .max_batch_tokens = ctx, .max_batch_seqs = 1,
+                            .max_logit_rows = 1, .disable_cuda_graph = 1};
+    rp_page_pool *pool = rp_page_pool_new(pages, page);
+    rp_page_table *table = pool ? rp_page_table_new(pool, 1, ctx + 2) : NULL;
+    rp_backend *be = table ? rp_backend_cuda_new(m, &bc, &err) : NULL;
+    rp_batch_builder *bb = be ? rp_batch_builder_new(table, ctx, 1, 1) : NULL;
+    rp_bench_seq seq = {.row = table ? rp_page_table_acquire_row(table) : -1};
+    double prefill_s, wall, gpu, us = 0, read_gbs = 0, copy2 = 0;
+    if (!bb || seq.row < 0) {
+        printf("  skipped: %s\n", be || !table ? "out of memory" : err.msg);
+    } else if (rp_bench_prefill(be, table, bb, &seq, 1, ctx, cfg->vocab_size, &prefill_s, &err) ||
+               rp_bench_decode_steps(be, table, bb, &seq, 1, 1, &wall, &gpu, NULL, &err) ||
+               rp_cuda_time_decode_step(be, REPS, INNER, &us, &err)) {
+        printf("  skipped: %s\n", err.msg);
+    } else {
+        const uint64_t embed = (uint64_t)cfg->vocab_size * cfg->hidden_size * 2;
+        const double bytes = (double)(m->weight_bytes - (cfg->tie_word_embeddings ? 0 : embed)) +
+                             (double)ctx * cfg->num_layers * 2 * cfg->num_kv_heads * cfg->head_dim * 2;
+        const double gbs = bytes / (us * 1e3);
+        if (rp_cuda_read_bandwidth(0, &read_gbs, &copy2) != 0) read_gbs = 0;
+        printf("%-28s %5d %9.1f %9.1f %8.0f %6.1f%% %6.1f%%\n", "batch 1", ctx, bytes / 1e6, us, gbs,
+               100.0 * gbs / copy_gbs, read_gbs > 0 ? 100.0 * gbs / read_gbs : 0.0);
+        printf("(read bandwidth, streaming kernel: %.0f GB/s)\n", read_gbs);
+    }
+    rp_batch_builder_free(bb);
+    rp_backend_destroy(be);
+    rp_page_table_free(table);
+    rp_page_pool_free(pool);
+    rp_model_free(m);
+}
 
 static void run_all(const rp_model_config cfg, const char *name) {
     CHECK(cudaSetDevice(0));
@@ -309,8 +362,14 @@ static void run_all(const rp_model_config cfg, const char *name) {
                 double us = time_us(smp_fn, &s);
                 printf("%-28s %4d %9.1f\n", cfg[ci].name, rows, us);
             }
+        CHECK(cudaFree(logits));
+        CHECK(cudaFree(params));
+        CHECK(cudaFree(tok));
+        CHECK(cudaFree(lp));
+        CHECK(cudaFree(sws));
     }
-    }
+    bench_decode_step(c, copy_gbs);
+}
 #endif
 
 int rp_cmd_bench_kernels(int argc, char **argv) {
@@ -327,7 +386,8 @@ int rp_cmd_bench_kernels(int argc, char **argv) {
         if (opt == 'h') {
             printf("Usage: replay bench kernels (--model DIR | --dummy-weights NAME)\n\n"
                    "Times each CUDA kernel alone at the model's shapes against the copy bandwidth\n"
-                   "measured in the same run (only the model's config is read; no weights are loaded).\n");
+                   "measured in the same run (only the model's config is read; the one-kernel\n"
+                   "decode step, timed last, runs on random weights of those shapes).\n");
             return RP_EXIT_OK;
         }
         return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);

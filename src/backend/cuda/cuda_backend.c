@@ -460,7 +460,8 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     RP_CUDA_TRY(cudaEventRecord(cb->ev_start, cb->stream), err);
     if (rp_cuda_pack_and_upload(cb, bt, g ? g->batch_size : S, err)) return RP_ERR;
     double t1 = rp_now_s();
-    if (cb->decode_step_ok && decode && T == 1 && bt->num_logits == 1) cb->stats.decode_step_forwards++;
+    cb->last_decode_step = cb->decode_step_ok && decode && T == 1 && bt->num_logits == 1;
+    if (cb->last_decode_step) cb->stats.decode_step_forwards++;
     if (g) {
         RP_CUDA_TRY(cudaGraphLaunch(g->exec, cb->stream), err);
         cb->stats.graph_replays++;
@@ -488,6 +489,38 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     cb->stats.forwards++;
     cb->timing_pending = 1;
     cb->num_pending++;
+    return 0;
+}
+
+static const rp_backend_ops cuda_ops; /* defined below */
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_err *err) {
+    if (!b || b->ops != &cuda_ops) return rp_errf(err, "the one-kernel decode step is timed on the CUDA backend only");
+    rp_cuda_backend *cb = (rp_cuda_backend *)b;
+    if (!cb->last_decode_step)
+        return rp_errf(err, "the last forward was not a one-kernel batch-1 decode step (the model's shapes: %s)",
+                       cb->decode_step_ok ? "supported" : "not supported");
+    if (cb->num_pending) return rp_errf(err, "read the last forward's results first");
+    float ms[64];
+    if (reps < 1 || reps > 64 || inner < 1) return rp_errf(err, "bad repetition counts");
+    RP_CUDA_TRY(cudaSetDevice(cb->device), err);
+    /* the slots' events are free: no forward is in flight */
+    cudaEvent_t e0 = cb->ev_start_slot[0], e1 = cb->ev_end_slot[0];
+    for (int i = 0; i < 3; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, cb->num_sms, cb->stream), err);
+    for (int r = 0; r < reps; r++) {
+        RP_CUDA_TRY(cudaEventRecord(e0, cb->stream), err);
+        for (int i = 0; i < inner; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, cb->num_sms, cb->stream), err);
+        RP_CUDA_TRY(cudaEventRecord(e1, cb->stream), err);
+        RP_CUDA_TRY(cudaEventSynchronize(e1), err);
+        RP_CUDA_TRY(cudaEventElapsedTime(&ms[r], e0, e1), err);
+    }
+    qsort(ms, (size_t)reps, sizeof ms[0], cmp_float);
+    *us = ms[reps / 2] * 1000.0 / inner;
     return 0;
 }
 

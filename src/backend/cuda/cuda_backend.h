@@ -97,6 +97,7 @@ typedef struct rp_cuda_backend {
     int slot_num_logits[2], slot_sampled[2];
     int slot_top[2]; /* some row of that forward asked for top logprobs: h_top_slot was copied */
     int cur_slot, num_pending;
+    int last_decode_step; /* the last forward ran rp_k_decode_step (rp_cuda_time_decode_step) */
 } rp_cuda_backend;
 
 int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len, int sample,
