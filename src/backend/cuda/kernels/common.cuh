@@ -83,10 +83,6 @@ static int rp_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t sme
     return rp_launch_cluster(kernel, grid, block, smem, stream, 1, args...);
 }
 
-/* ---- bf16 <-> fp32 ------------------------------------------------------ */
-
-/* bf16 -> fp32 is a shift; doing it on raw bits keeps the compiler from
- * going through the __nv_bfloat16 class and lets two values share a word. */
 /* Token t of a step: tokens[t] < 0 stands for the token sampled in logit
  * row -tokens[t] - 1 of the previous step (a token reference, backend.h),
  * still in prev_sampled: the engine packs step N + 1 before it has read step
@@ -98,6 +94,10 @@ __device__ __forceinline__ int32_t rp_step_token(const int32_t *tokens, const in
     return v < 0 ? prev_sampled[-(int64_t)v - 1] : v;
 }
 
+/* ---- bf16 <-> fp32 ------------------------------------------------------ */
+
+/* bf16 -> fp32 is a shift; doing it on raw bits keeps the compiler from
+ * going through the __nv_bfloat16 class and lets two values share a word. */
 __device__ __forceinline__ float rp_bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float rp_bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float rp_bf16_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }

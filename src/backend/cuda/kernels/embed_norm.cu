@@ -11,7 +11,7 @@
  * ss_parts, the row's sum of squares for the first RMSNORM-input GEMV. */
 template <bool VEC>
 __global__ void embed_kernel(const uint16_t *__restrict__ embed, const int32_t *__restrict__ tokens,
-                             const int32_t *__restrict__ prev_sampled, float *__restrict__ residual,
+                             const int32_t *prev_sampled, float *__restrict__ residual,
                              float *__restrict__ ss_parts, int num_parts, int H) {
     __shared__ float scratch[33];
     rp_pdl_trigger();
