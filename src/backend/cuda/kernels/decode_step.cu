@@ -20,10 +20,10 @@
  *    for a free stage, never for an activation: while the consumers sit in
  *    a grid barrier or in attention, the next phase's weights keep
  *    arriving (and when its ring is full it prefetches the next pieces
- *    into L2). The last quarter (on the large shapes three quarters) of
- *    each large phase's units is not cut in advance: producers take them
- *    one at a time from a counter, so blocks that stream faster take more
- *    (static_units);
+ *    into L2). On the large shapes the last seven eighths of each large
+ *    phase's units are not cut in advance: producers take them one at a
+ *    time from a counter, so blocks that stream faster take more
+ *    (static_units; the 1B-class shapes cut everything in advance);
  *  - eight consumer warps stage the phase's input vector in shared memory
  *    (the RMSNorm, SwiGLU and attention output are made there); ring piece
  *    i belongs to warp i % 8, which multiplies it against x on the tensor
@@ -258,8 +258,9 @@ __device__ __forceinline__ ds_mat phase_mat(const rp_decode_step &s, int p) {
  * room first. Blocks do not stream at the same rate (their share of HBM
  * and L2 differs), and every phase ends in a grid barrier: the dynamic tail
  * lets the fast blocks take more instead of waiting for the slow ones. The
- * drift grows with the bytes per phase, so the large shapes leave 3/4 of a
- * phase to the counter (make_args; the barrier trace shows the spread). */
+ * drift grows with the bytes per phase, so the large shapes leave 7/8 of a
+ * phase to the counter, the small ones none (make_args; the barrier trace
+ * shows the spread). */
 __device__ __forceinline__ int static_units(int U, const ds_args &a) {
     return U >= 2 * a.grid ? U - U * a.dyn_eighths / 8 : U;
 }
@@ -1099,14 +1100,15 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
     /* How much of a phase to leave to the counter: blocks drift apart in
      * proportion to the bytes each streams per phase, so the 4B and 8B
-     * shapes (1.5-3 MiB per block per layer) settle best with 3/4 dynamic.
+     * shapes (1.5-3 MiB per block per layer) settle best with 7/8 dynamic
+     * (llama3-8b 5.73 -> 5.69 ms against 6/8; all of it is worse again).
      * On the 1B-class ones (~0.25-0.5 MiB), where a claim's round trip
      * weighs more than the drift it evens out, nothing is dynamic
      * (qwen3-0.6b 0.99 -> 0.945 ms, llama3.2-1b 1.228 -> 1.195 against 1/4;
      * the 4B and 8B shapes lose 3-6% that way; bench/RESULTS.md, 2026-11-23
      * fifth session). */
     a->dyn_eighths =
-        env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, layer_bytes_per_sm(s, num_sms) >= (1 << 20) ? 6 : 0, &dyn);
+        env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, layer_bytes_per_sm(s, num_sms) >= (1 << 20) ? 7 : 0, &dyn);
     *smem = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, 4 * s->num_layers + 1).total;
     return *smem > (size_t)optin ? -1 : 0;
 }
