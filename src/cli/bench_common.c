@@ -71,6 +71,21 @@ int rp_bench_prefill(rp_backend *be, rp_page_table *table, rp_batch_builder *bb,
     return rc;
 }
 
+/* One decode batch: a token per sequence at its current length, the input
+ * seqs[s].last or, when refs is not NULL, refs[s]. NULL on error. */
+static rp_batch *decode_batch(rp_page_table *table, rp_batch_builder *bb, rp_bench_seq *seqs, int B,
+                              const int32_t *refs, rp_err *err) {
+    rp_batch_begin(bb);
+    for (int s = 0; s < B; s++) {
+        if (rp_page_table_reserve(table, seqs[s].row, seqs[s].len + 1, err)) return NULL;
+        if (rp_batch_add(bb, seqs[s].row, refs ? &refs[s] : &seqs[s].last, 1, seqs[s].len, 1) < 0) {
+            rp_errf(err, "decode batch of %d does not fit", B);
+            return NULL;
+        }
+    }
+    return rp_batch_finish(bb);
+}
+
 /* Runs `steps` decode steps over all B sequences; fills per-step wall and
  * device times. */
 int rp_bench_decode_steps(rp_backend *be, rp_page_table *table, rp_batch_builder *bb, rp_bench_seq *seqs, int B,
@@ -80,13 +95,8 @@ int rp_bench_decode_steps(rp_backend *be, rp_page_table *table, rp_batch_builder
     memset(sp, 0, sizeof sp);
     for (int it = 0; it < steps; it++) {
         double t0 = rp_now_s();
-        rp_batch_begin(bb);
-        for (int s = 0; s < B; s++) {
-            if (rp_page_table_reserve(table, seqs[s].row, seqs[s].len + 1, err)) return RP_ERR;
-            if (rp_batch_add(bb, seqs[s].row, &seqs[s].last, 1, seqs[s].len, 1) < 0)
-                return rp_errf(err, "decode batch of %d does not fit", B);
-        }
-        rp_batch *bt = rp_batch_finish(bb);
+        rp_batch *bt = decode_batch(table, bb, seqs, B, NULL, err);
+        if (!bt) return RP_ERR;
         if (be->ops->read_tokens) bt->sample = sp;
         if (rp_backend_forward(be, bt, err)) return RP_ERR;
         if (be->ops->read_tokens) {
@@ -121,13 +131,8 @@ int rp_bench_decode_overlapped(rp_backend *be, rp_page_table *table, rp_batch_bu
     double prev = rp_now_s();
     for (int it = 0; it <= steps; it++) {
         if (it < steps) {
-            rp_batch_begin(bb);
-            for (int s = 0; s < B; s++) {
-                if (rp_page_table_reserve(table, seqs[s].row, seqs[s].len + 1, err)) return RP_ERR;
-                if (rp_batch_add(bb, seqs[s].row, it ? &refs[s] : &seqs[s].last, 1, seqs[s].len, 1) < 0)
-                    return rp_errf(err, "decode batch of %d does not fit", B);
-            }
-            rp_batch *bt = rp_batch_finish(bb);
+            rp_batch *bt = decode_batch(table, bb, seqs, B, it ? refs : NULL, err);
+            if (!bt) return RP_ERR;
             bt->sample = sp;
             if (rp_backend_forward(be, bt, err)) return RP_ERR;
             for (int s = 0; s < B; s++) seqs[s].len++;
