@@ -82,6 +82,7 @@ struct ds_args {
     int grid, splits, stages, kmax;
     int kc;          /* k per ring piece: a multiple of 256, at most DS_KC (make_args) */
     int prefetch;    /* static pieces the producer may prefetch into L2 while it waits */
+    int prefetch_now; /* of those, issued at once when it starts to wait (produce) */
     int dyn_eighths; /* eighths of a large phase's units taken dynamically */
 };
 
@@ -278,6 +279,21 @@ __device__ __forceinline__ bool mbar_try(uint64_t *bar, unsigned parity) {
     return ok != 0;
 }
 
+/* mbar_try, but never suspends the thread: try_wait may sleep until the
+ * phase completes or a system-defined time limit passes. */
+__device__ __forceinline__ bool mbar_test(uint64_t *bar, unsigned parity) {
+    uint32_t ok;
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "mbarrier.test_wait.parity.shared::cta.b64 done, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, done;\n"
+                 "}"
+                 : "=r"(ok)
+                 : "r"(ds_saddr(bar)), "r"(parity)
+                 : "memory");
+    return ok != 0;
+}
+
 /* This block's static pieces in the producer's order (phase, unit, run,
  * column): where the L2 prefetch walks ahead of the ring. */
 struct ds_walk {
@@ -317,9 +333,12 @@ __device__ __forceinline__ void prefetch_piece(const ds_args &a, const ds_walk &
  * order, into ring stage i % stages; info says which unit a piece belongs
  * to, pend[p] where phase p's pieces end (the consumers stop there).
  * While it waits for a free stage (the consumers are in a barrier, in
- * attention or behind), it prefetches up to a.prefetch of its next static
- * pieces into L2, so HBM keeps working through the stall and those copies
- * later come from L2. */
+ * attention or behind), it prefetches its next static pieces into L2, so
+ * HBM keeps working through the stall and those copies later come from
+ * L2: a.prefetch_now of them at once when the wait starts, then one more
+ * each time try_wait gives up, up to a.prefetch. (try_wait sleeps until
+ * the stage is free or a long system time limit passes, so the second kind
+ * is rare: about one per stall.) */
 __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
                         ds_info *info, volatile int *pend) {
     uint64_t policy, waited = 0;
@@ -351,6 +370,13 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                     if (i >= st) {
                         const uint64_t t0 = a.s.trace ? ds_now() : 0;
                         const unsigned par = (unsigned)((i / st) - 1) & 1u;
+                        if (n_walked < n_static + a.prefetch_now && pw.p < NP && !mbar_test(&empty[slot], par)) {
+                            for (; n_walked < n_static && pw.p < NP; n_walked++) walk_next(a, pw);
+                            for (; n_walked < n_static + a.prefetch_now && pw.p < NP; n_walked++) {
+                                prefetch_piece(a, pw);
+                                walk_next(a, pw);
+                            }
+                        }
                         while (!mbar_try(&empty[slot], par)) {
                             if (n_walked >= n_static + a.prefetch || pw.p >= NP) continue;
                             for (; n_walked < n_static && pw.p < NP; n_walked++) walk_next(a, pw);
@@ -1096,8 +1122,17 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     a->stages = DS_STAGES;
     a->kc = ds_kc(s, num_sms);
     if (!ds_pieces_fit(s, a->kc)) a->kc = DS_KC; /* narrower pieces would overflow the slots */
-    static int pf = INT_MIN, dyn = INT_MIN;
+    static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN;
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
+    /* Pieces prefetched at once when a wait starts: 4 on the smallest
+     * shapes (qwen3-0.6b 0.952 -> 0.938 ms), where a block's ring holds
+     * half a layer and the stalls leave HBM idle; elsewhere any is slower
+     * (llama3.2-1b +2%, the 8B shapes +1-4% at 2: the extra requests
+     * compete with the rings' own; bench/RESULTS.md, 2026-11-23 sixth
+     * session). REPLAY_DECODE_STEP_PFN overrides. */
+    a->prefetch_now =
+        env_knob("REPLAY_DECODE_STEP_PFN", 0, 64, layer_bytes_per_sm(s, num_sms) < (256 << 10) ? 4 : 0, &pfn);
+    if (a->prefetch < a->prefetch_now) a->prefetch = a->prefetch_now;
     /* How much of a phase to leave to the counter: blocks drift apart in
      * proportion to the bytes each streams per phase, so the 4B and 8B
      * shapes (1.5-3 MiB per block per layer) settle best with 7/8 dynamic
