@@ -266,33 +266,24 @@ __device__ __forceinline__ int static_units(int U, const ds_args &a) {
     return U >= 2 * a.grid ? U - U * a.dyn_eighths / 8 : U;
 }
 
-__device__ __forceinline__ bool mbar_try(uint64_t *bar, unsigned parity) {
-    uint32_t ok;
-    asm volatile("{\n"
-                 ".reg .pred done;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, done;\n"
-                 "}"
-                 : "=r"(ok)
-                 : "r"(ds_saddr(bar)), "r"(parity)
-                 : "memory");
-    return ok != 0;
-}
+/* Whether the mbarrier's phase of this parity has completed (op: try_wait,
+ * which may suspend the thread until it does or a system-defined time limit
+ * passes, or test_wait, which never suspends). */
+#define DS_MBAR_WAIT(op, bar, parity)                                                                                  \
+    uint32_t ok;                                                                                                       \
+    asm volatile("{\n"                                                                                                 \
+                 ".reg .pred done;\n"                                                                                  \
+                 "mbarrier." op ".parity.shared::cta.b64 done, [%1], %2;\n"                                            \
+                 "selp.u32 %0, 1, 0, done;\n"                                                                          \
+                 "}"                                                                                                   \
+                 : "=r"(ok)                                                                                            \
+                 : "r"(ds_saddr(bar)), "r"(parity)                                                                     \
+                 : "memory");                                                                                          \
+    return ok != 0
 
-/* mbar_try, but never suspends the thread: try_wait may sleep until the
- * phase completes or a system-defined time limit passes. */
-__device__ __forceinline__ bool mbar_test(uint64_t *bar, unsigned parity) {
-    uint32_t ok;
-    asm volatile("{\n"
-                 ".reg .pred done;\n"
-                 "mbarrier.test_wait.parity.shared::cta.b64 done, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, done;\n"
-                 "}"
-                 : "=r"(ok)
-                 : "r"(ds_saddr(bar)), "r"(parity)
-                 : "memory");
-    return ok != 0;
-}
+__device__ __forceinline__ bool mbar_try(uint64_t *bar, unsigned parity) { DS_MBAR_WAIT("try_wait", bar, parity); }
+__device__ __forceinline__ bool mbar_test(uint64_t *bar, unsigned parity) { DS_MBAR_WAIT("test_wait", bar, parity); }
+#undef DS_MBAR_WAIT
 
 /* This block's static pieces in the producer's order (phase, unit, run,
  * column): where the L2 prefetch walks ahead of the ring. */
