@@ -320,6 +320,19 @@ __device__ __forceinline__ void prefetch_piece(const ds_args &a, const ds_walk &
                      : "memory");
 }
 
+/* Up to n more of this block's static pieces into L2, at most `ahead`
+ * past the n_static the ring has taken (the walk first skips what the
+ * ring took meanwhile). */
+__device__ __forceinline__ void prefetch_ahead(const ds_args &a, ds_walk &pw, int &n_walked, int n_static, int ahead,
+                                               int n) {
+    const int NP = 4 * a.s.num_layers + 1;
+    for (; n_walked < n_static && pw.p < NP; n_walked++) walk_next(a, pw);
+    for (; n > 0 && n_walked < n_static + ahead && pw.p < NP; n--, n_walked++) {
+        prefetch_piece(a, pw);
+        walk_next(a, pw);
+    }
+}
+
 /* Producer: every piece of every unit of every phase this block takes, in
  * order, into ring stage i % stages; info says which unit a piece belongs
  * to, pend[p] where phase p's pieces end (the consumers stop there).
@@ -361,22 +374,9 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                     if (i >= st) {
                         const uint64_t t0 = a.s.trace ? ds_now() : 0;
                         const unsigned par = (unsigned)((i / st) - 1) & 1u;
-                        if (n_walked < n_static + a.prefetch_now && pw.p < NP && !mbar_test(&empty[slot], par)) {
-                            for (; n_walked < n_static && pw.p < NP; n_walked++) walk_next(a, pw);
-                            for (; n_walked < n_static + a.prefetch_now && pw.p < NP; n_walked++) {
-                                prefetch_piece(a, pw);
-                                walk_next(a, pw);
-                            }
-                        }
-                        while (!mbar_try(&empty[slot], par)) {
-                            if (n_walked >= n_static + a.prefetch || pw.p >= NP) continue;
-                            for (; n_walked < n_static && pw.p < NP; n_walked++) walk_next(a, pw);
-                            if (pw.p < NP) {
-                                prefetch_piece(a, pw);
-                                walk_next(a, pw);
-                                n_walked++;
-                            }
-                        }
+                        if (n_walked < n_static + a.prefetch_now && !mbar_test(&empty[slot], par))
+                            prefetch_ahead(a, pw, n_walked, n_static, a.prefetch_now, a.prefetch_now);
+                        while (!mbar_try(&empty[slot], par)) prefetch_ahead(a, pw, n_walked, n_static, a.prefetch, 1);
                         if (a.s.trace) waited += ds_now() - t0;
                     }
                     info[slot] = ds_info{u, first, useq, 0};
@@ -1116,8 +1116,9 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN;
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
     /* Pieces prefetched at once when a wait starts: 4 on the smallest
-     * shapes (qwen3-0.6b 0.952 -> 0.938 ms), where a block's ring holds
-     * half a layer and the stalls leave HBM idle; elsewhere any is slower
+     * shapes (qwen3-0.6b 0.948 -> 0.931 ms), where a block's ring holds
+     * half a layer, so HBM has little else to do in a stall; elsewhere any
+     * is slower
      * (llama3.2-1b +2%, the 8B shapes +1-4% at 2: the extra requests
      * compete with the rings' own; bench/RESULTS.md, 2026-11-23 sixth
      * session). REPLAY_DECODE_STEP_PFN overrides. */
