@@ -83,6 +83,7 @@ struct ds_args {
     int kc;          /* k per ring piece: a multiple of 256, at most DS_KC (make_args) */
     int prefetch;    /* static pieces the producer may prefetch into L2 while it waits */
     int prefetch_now; /* of those, issued at once when it starts to wait (produce) */
+    int keep_res;     /* the residual row stays in shared memory for the o and down epilogues */
     int dyn_eighths; /* eighths of a large phase's units taken dynamically */
 };
 
@@ -90,7 +91,7 @@ struct ds_args {
  * kmax) or as attention scratch, the per-piece partial sums and per-unit
  * counters, the pieces' info, the phase ends and a reduction scratch. */
 struct ds_layout {
-    size_t ring, xs, attn, part, ucnt, info, pend, red, total;
+    size_t ring, xs, attn, part, ucnt, info, pend, red, rs, total;
 };
 
 /* What the producer tells the consumers about ring piece i (in info[i %
@@ -110,7 +111,7 @@ __host__ __device__ static inline size_t ds_attn_bytes(int G) {
     return ((size_t)G * DS_HD + 2 * DS_HD + 2 * 8 * (size_t)G + 8 * (size_t)G * DS_HD) * 4 + 16;
 }
 
-__host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G, int phases) {
+__host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G, int phases, int res) {
     ds_layout L;
     L.ring = 256; /* 2 * DS_MAX_STAGES mbarriers */
     L.xs = L.ring + (size_t)stages * DS_STAGE;
@@ -121,7 +122,8 @@ __host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G,
     L.info = L.ucnt + (size_t)DS_PART_SLOTS * 4;
     L.pend = L.info + (size_t)stages * sizeof(ds_info);
     L.red = (L.pend + (size_t)phases * 4 + 15) / 16 * 16;
-    L.total = L.red + 64 * 4;
+    L.rs = L.red + 64 * 4;
+    L.total = L.rs + (size_t)res * 4;
     return L;
 }
 
@@ -426,9 +428,12 @@ __device__ __forceinline__ float csum(float v, float *red) {
 }
 
 /* x = bf16(w * (row * inv)), row from the fp32 residual or (layer 0) the
- * embedding row; the same expression as the RMSNORM GEMV input. */
+ * embedding row; the same expression as the RMSNORM GEMV input. rs, if
+ * given, keeps the row: the residual does not change between this staging
+ * and the next o or down epilogue, which then add to it without an L2
+ * round trip. */
 __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, const uint16_t *w, int H, float eps,
-                           float *red) {
+                           float *red, float *rs) {
     constexpr int J = DS_MAX_H / (DS_CONSUMERS * 32 * 8);
     float v[J][8];
     uint4 gw[J]; /* the norm weights, loaded with the row: one round trip, not two */
@@ -450,6 +455,10 @@ __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, 
             }
 #pragma unroll
             for (int e = 0; e < 8; e++) ss += v[j][e] * v[j][e];
+            if (rs) {
+                *reinterpret_cast<float4 *>(rs + i) = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
+                *reinterpret_cast<float4 *>(rs + i + 4) = make_float4(v[j][4], v[j][5], v[j][6], v[j][7]);
+            }
         }
     }
     const float inv = 1.0f / sqrtf(csum(ss, red) / (float)H + eps);
@@ -488,7 +497,8 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
  * the unit's pieces in piece order and applies the epilogue, so the result
  * does not depend on which warp was last. i and useq are the ring and unit
  * positions (the producer walks the same sequence). */
-__device__ void gemv_phase(const ds_args &a, int p, int epi, int &iw, const uint8_t *ring, uint64_t *full,
+__device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, int &iw, const uint8_t *ring,
+                           uint64_t *full,
                            uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt, const ds_info *info,
                            volatile int *pend, uint64_t *tr) {
     const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
@@ -549,7 +559,9 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, int &iw, const uint
             const int n = in.unit * DS_ROWS + lane;
             switch (epi) {
             case EPI_BF16: a.s.qkv[n] = rp_f32_bf16(v0); break;
-            case EPI_RESIDUAL: a.s.residual[n] = __ldcg(a.s.residual + n) + rp_bf16_f32(rp_f32_bf16(v0)); break;
+            case EPI_RESIDUAL:
+                a.s.residual[n] = (rs ? rs[n] : __ldcg(a.s.residual + n)) + rp_bf16_f32(rp_f32_bf16(v0));
+                break;
             case EPI_SWIGLU: {
                 const float gt = rp_bf16_f32(rp_f32_bf16(v0)), up = rp_bf16_f32(rp_f32_bf16(v1));
                 a.s.act[n] = rp_f32_bf16(gt / (1.0f + expf(-gt)) * up);
@@ -905,11 +917,12 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
 template <int G, int HD>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
     extern __shared__ __align__(128) uint8_t smem[];
-    const ds_layout Lo = ds_plan(a.stages, a.kmax, G, 4 * a.s.num_layers + 1);
+    const ds_layout Lo = ds_plan(a.stages, a.kmax, G, 4 * a.s.num_layers + 1, a.keep_res ? a.s.H : 0);
     uint64_t *full = reinterpret_cast<uint64_t *>(smem), *empty = full + DS_MAX_STAGES;
     uint8_t *ring = smem + Lo.ring;
     uint16_t *xs = reinterpret_cast<uint16_t *>(smem + Lo.xs);
     float *part = reinterpret_cast<float *>(smem + Lo.part), *red = reinterpret_cast<float *>(smem + Lo.red);
+    float *rs = a.keep_res ? reinterpret_cast<float *>(smem + Lo.rs) : nullptr;
     unsigned *ucnt = reinterpret_cast<unsigned *>(smem + Lo.ucnt);
     ds_info *info = reinterpret_cast<ds_info *>(smem + Lo.info);
     volatile int *pend = reinterpret_cast<volatile int *>(smem + Lo.pend);
@@ -962,8 +975,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     for (int l = 0; l < L; l++) {
         const rp_decode_layer *ly = &s.layers[l];
         DS_T(TR_STAGE, stage_norm(xs, s.residual, l == 0 ? s.embed + (int64_t)token * H : nullptr,
-                                  ly->attn_norm, H, s.eps, red));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+                                  ly->attn_norm, H, s.eps, red, rs));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
@@ -971,20 +984,20 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (l + 1 < L) prefetch_kv<HD>(a, l + 1);
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
-        DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, ly->mlp_norm, H, s.eps, red));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 2, EPI_SWIGLU, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+        DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, ly->mlp_norm, H, s.eps, red, rs));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, stage_bf16(xs, s.act, s.F));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 3, EPI_RESIDUAL, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
-    DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, s.final_norm, H, s.eps, red));
-    DS_T(TR_GEMV, gemv_phase(a, 4 * L, EPI_F32, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+    DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, s.final_norm, H, s.eps, red, nullptr));
+    DS_T(TR_GEMV, gemv_phase(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
 #undef DS_T
     if (tr) {
         tr[TR_TOTAL] = ds_now() - t_begin;
@@ -1073,7 +1086,7 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
     /* a unit's pieces must fit the partial-sum slots (gemv_phase) */
     if (!ds_pieces_fit(s, DS_KC)) return "a matrix width above 24576";
     /* shared memory: the ring and x (227 KiB on Hopper) */
-    if (ds_plan(DS_STAGES, kmax_of(s), s->nh / s->nkv, 4 * s->num_layers + 1).total > 227 * 1024)
+    if (ds_plan(DS_STAGES, kmax_of(s), s->nh / s->nkv, 4 * s->num_layers + 1, 0).total > 227 * 1024)
         return "x does not fit beside the ring";
     if (s->V % DS_ROWS) return "vocabulary not a multiple of 8";
     return NULL;
@@ -1113,7 +1126,7 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     a->stages = DS_STAGES;
     a->kc = ds_kc(s, num_sms);
     if (!ds_pieces_fit(s, a->kc)) a->kc = DS_KC; /* narrower pieces would overflow the slots */
-    static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN;
+    static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN, kres = INT_MIN;
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
     /* Pieces prefetched at once when a wait starts: 4 on the smallest
      * shapes (qwen3-0.6b 0.948 -> 0.931 ms), where a block's ring holds
@@ -1136,7 +1149,14 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
      * fifth session). */
     a->dyn_eighths =
         env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, layer_bytes_per_sm(s, num_sms) >= (1 << 20) ? 7 : 0, &dyn);
-    *smem = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, 4 * s->num_layers + 1).total;
+    /* The residual row in shared memory where it fits beside the ring (the
+     * 0.6B-1.7B shapes): the o and down epilogues then skip an L2 round
+     * trip (qwen3-0.6b 0.961 -> 0.957 ms, qwen3-1.7b 1.779 -> 1.748;
+     * REPLAY_DECODE_STEP_RES=0 turns it off). */
+    const int plan_phases = 4 * s->num_layers + 1;
+    const bool res_fits = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, plan_phases, s->H).total <= (size_t)optin;
+    a->keep_res = env_knob("REPLAY_DECODE_STEP_RES", 0, 1, 1, &kres) && res_fits;
+    *smem = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, plan_phases, a->keep_res ? s->H : 0).total;
     return *smem > (size_t)optin ? -1 : 0;
 }
 
