@@ -89,7 +89,8 @@ struct ds_args {
 
 /* Shared memory: mbarriers, the ring, one region used either as x (bf16,
  * kmax) or as attention scratch, the per-piece partial sums and per-unit
- * counters, the pieces' info, the phase ends and a reduction scratch. */
+ * counters, the pieces' info, the phase ends, a reduction scratch and
+ * (res floats, where it fits) the residual row (stage_norm). */
 struct ds_layout {
     size_t ring, xs, attn, part, ucnt, info, pend, red, rs, total;
 };
@@ -496,11 +497,11 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
  * warp that finishes a unit's last piece (a shared counter per unit) adds
  * the unit's pieces in piece order and applies the epilogue, so the result
  * does not depend on which warp was last. i and useq are the ring and unit
- * positions (the producer walks the same sequence). */
+ * positions (the producer walks the same sequence). rs: the residual row
+ * kept by stage_norm, or null (the residual epilogue reads L2). */
 __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, int &iw, const uint8_t *ring,
-                           uint64_t *full,
-                           uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt, const ds_info *info,
-                           volatile int *pend, uint64_t *tr) {
+                           uint64_t *full, uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt,
+                           const ds_info *info, volatile int *pend, uint64_t *tr) {
     const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
     const ds_mat m = phase_mat(a.s, p);
     const int nch = (m.K + a.kc - 1) / a.kc, P = m.runs * nch;
@@ -1131,10 +1132,9 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     /* Pieces prefetched at once when a wait starts: 4 on the smallest
      * shapes (qwen3-0.6b 0.948 -> 0.931 ms), where a block's ring holds
      * half a layer, so HBM has little else to do in a stall; elsewhere any
-     * is slower
-     * (llama3.2-1b +2%, the 8B shapes +1-4% at 2: the extra requests
-     * compete with the rings' own; bench/RESULTS.md, 2026-11-23 sixth
-     * session). REPLAY_DECODE_STEP_PFN overrides. */
+     * is slower (llama3.2-1b +2%, the 8B shapes +1-4% at 2: the extra
+     * requests compete with the rings' own; bench/RESULTS.md, 2026-11-23
+     * sixth session). REPLAY_DECODE_STEP_PFN overrides. */
     a->prefetch_now =
         env_knob("REPLAY_DECODE_STEP_PFN", 0, 64, layer_bytes_per_sm(s, num_sms) < (256 << 10) ? 4 : 0, &pfn);
     if (a->prefetch < a->prefetch_now) a->prefetch = a->prefetch_now;
@@ -1149,9 +1149,10 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
      * fifth session). */
     a->dyn_eighths =
         env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, layer_bytes_per_sm(s, num_sms) >= (1 << 20) ? 7 : 0, &dyn);
-    /* The residual row in shared memory where it fits beside the ring (the
-     * 0.6B-1.7B shapes): the o and down epilogues then skip an L2 round
-     * trip (qwen3-0.6b 0.961 -> 0.957 ms, qwen3-1.7b 1.779 -> 1.748;
+    /* The residual row in shared memory where it fits beside the ring
+     * (hidden size up to 2048: qwen3-0.6b and 1.7b, llama3.2-1b): the o and
+     * down epilogues then skip an L2 round trip (qwen3-0.6b 0.961 -> 0.957
+     * ms, qwen3-1.7b 1.779 -> 1.748, llama3.2-1b 1.215 -> 1.211;
      * REPLAY_DECODE_STEP_RES=0 turns it off). */
     const int plan_phases = 4 * s->num_layers + 1;
     const bool res_fits = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, plan_phases, s->H).total <= (size_t)optin;
