@@ -57,7 +57,14 @@
 #include "mma.cuh"
 
 #define DS_CONSUMERS 8
-#define DS_THREADS ((DS_CONSUMERS + 1) * 32)
+/* Two consumer warpgroups and a producer warpgroup, of which one thread
+ * works. With nine warps ptxas caps a thread at 168 registers (a quadrant
+ * of the register file holds three of them) and the consumers spill; with
+ * whole warpgroups the producer's hands registers to the consumers
+ * (setmaxnreg: 216 x 256 + 64 x 128 <= 64 Ki). */
+#define DS_THREADS ((DS_CONSUMERS + 4) * 32)
+#define DS_CONSUMER_REGS 216
+#define DS_PRODUCER_REGS 64
 #define DS_KC 1536            /* the widest ring piece: 8 rows x 1536 k (ds_args.kc) */
 /* A piece's rows are 64 bytes apart in bank terms (3072 + 64), so the mma
  * B-fragment loads (4 threads x 16 bytes of rows g and g + 1 per phase) hit
@@ -941,12 +948,14 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     __syncthreads();
     /* sampling (launched with PDL) may be placed as this grid's blocks exit */
     rp_pdl_trigger();
-    if (warp == DS_CONSUMERS) {
+    if (warp >= DS_CONSUMERS) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(DS_PRODUCER_REGS));
         /* weights are constant: stream them before (and regardless of) the
          * wait for the previous kernel */
-        if (lane == 0) produce(a, ws, ring, full, empty, info, pend);
+        if (warp == DS_CONSUMERS && lane == 0) produce(a, ws, ring, full, empty, info, pend);
         return;
     }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(DS_CONSUMER_REGS));
     rp_pdl_wait();
     const unsigned launch = __ldcg(ws.launch);
     prefetch_kv<HD>(a, 0);
