@@ -1057,23 +1057,32 @@ static int env_knob(const char *name, int lo, int hi, int dflt, int *cache) {
     return *cache >= 0 ? *cache : dflt;
 }
 
-/* k per ring piece. On the smallest shapes (a block streams under 256 KiB
- * per layer: qwen3-0.6b) most blocks hold one unit of the o and down
- * phases, so such a phase lasts as long as its widest piece: 1024-wide
- * pieces split those widths (2048, 3072) evenly where 1536 leaves one
- * piece half again as long (qwen3-0.6b 1.044 -> 0.97 ms). Elsewhere 1024
- * only adds pieces (qwen3-4b 3.53 -> 3.92; bench/RESULTS.md, 2026-11-23
- * fourth session). REPLAY_DECODE_STEP_KC overrides (a multiple of 256). */
 /* Weight bytes each block streams per layer. */
 static int64_t layer_bytes_per_sm(const rp_decode_step *s, int num_sms) {
     const int64_t q_dim = (int64_t)s->nh * s->hd, kv_dim = (int64_t)s->nkv * s->hd;
     return 2 * (int64_t)s->H * (q_dim + 2 * kv_dim + q_dim + 3 * (int64_t)s->F) / num_sms;
 }
 
+/* k per ring piece, 1024 or 1536. Where every unit of a phase is cut in
+ * advance (under 1 MiB per block per layer: no dynamic tail), a block's
+ * phase ends with its last piece, so an uneven split costs:
+ *  - on the smallest shapes (under 256 KiB: qwen3-0.6b) most blocks hold
+ *    one unit of the o and down phases, and 1024 splits those widths (2048,
+ *    3072) evenly where 1536 leaves one piece half again as long
+ *    (qwen3-0.6b 1.044 -> 0.97 ms, fourth session);
+ *  - on the 1B-class ones the down phase is the largest, and 1024 pays
+ *    where it splits the intermediate size evenly and 1536 does not
+ *    (llama3.2-1b, 8192: 1.204 -> 1.190; qwen3-1.7b, 6144 = 4 x 1536, is
+ *    slower at 1024: 1.729 -> 1.754; seventh session).
+ * Elsewhere 1024 only adds pieces (qwen3-4b 3.53 -> 3.92, fourth session;
+ * llama3-8b 5.69 -> 5.72 and qwen3-8b 5.79 -> 5.87, seventh).
+ * bench/RESULTS.md has the sweeps. REPLAY_DECODE_STEP_KC overrides (a
+ * multiple of 256). */
 static int ds_kc(const rp_decode_step *s, int num_sms) {
     static int knob = INT_MIN;
-    const int v = env_knob("REPLAY_DECODE_STEP_KC", 256, DS_KC,
-                           layer_bytes_per_sm(s, num_sms) < (256 << 10) ? 1024 : DS_KC, &knob);
+    const int64_t b = layer_bytes_per_sm(s, num_sms);
+    const bool narrow = b < (256 << 10) || (b < (1 << 20) && s->F % 1536 && s->F % 1024 == 0);
+    const int v = env_knob("REPLAY_DECODE_STEP_KC", 256, DS_KC, narrow ? 1024 : DS_KC, &knob);
     return v % 256 ? DS_KC : v;
 }
 
