@@ -1198,6 +1198,7 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     a->kc = ds_kc(s, num_sms);
     if (!ds_pieces_fit(s, a->kc)) a->kc = DS_KC; /* narrower pieces would overflow the slots */
     static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN, kres = INT_MIN;
+    const int64_t lb = layer_bytes_per_sm(s, num_sms);
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
     /* Pieces prefetched at once when a wait starts: 4 on the smallest
      * shapes (qwen3-0.6b 0.948 -> 0.931 ms), where a block's ring holds
@@ -1206,19 +1207,19 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
      * requests compete with the rings' own; bench/RESULTS.md, 2026-11-23
      * sixth session). REPLAY_DECODE_STEP_PFN overrides. */
     a->prefetch_now =
-        env_knob("REPLAY_DECODE_STEP_PFN", 0, 64, layer_bytes_per_sm(s, num_sms) < (256 << 10) ? 4 : 0, &pfn);
+        env_knob("REPLAY_DECODE_STEP_PFN", 0, 64, lb < (256 << 10) ? 4 : 0, &pfn);
     if (a->prefetch < a->prefetch_now) a->prefetch = a->prefetch_now;
     /* How much of a phase to leave to the counter: blocks drift apart in
-     * proportion to the bytes each streams per phase, so the 4B and 8B
-     * shapes (1.5-3 MiB per block per layer) settle best with 7/8 dynamic
-     * (llama3-8b 5.73 -> 5.69 ms against 6/8; all of it is worse again).
-     * On the 1B-class ones (~0.25-0.5 MiB), where a claim's round trip
+     * proportion to the bytes each streams per phase, so the 8B shapes
+     * (~3 MiB per block per layer) settle best with 7/8 dynamic (llama3-8b
+     * 5.73 -> 5.69 ms against 6/8; all of it is worse again), qwen3-4b
+     * (1.5 MiB) with 6/8 (3.497 -> 3.480 against 7/8, seventh session).
+     * On the 1B-class ones (~0.25-0.9 MiB), where a claim's round trip
      * weighs more than the drift it evens out, nothing is dynamic
      * (qwen3-0.6b 0.99 -> 0.945 ms, llama3.2-1b 1.228 -> 1.195 against 1/4;
      * the 4B and 8B shapes lose 3-6% that way; bench/RESULTS.md, 2026-11-23
      * fifth session). */
-    a->dyn_eighths =
-        env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, layer_bytes_per_sm(s, num_sms) >= (1 << 20) ? 7 : 0, &dyn);
+    a->dyn_eighths = env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, lb >= (2 << 20) ? 7 : lb >= (1 << 20) ? 6 : 0, &dyn);
     /* The residual row in shared memory where it fits beside the ring
      * (hidden size up to 2048: qwen3-0.6b and 1.7b, llama3.2-1b): the o and
      * down epilogues then skip an L2 round trip (qwen3-0.6b 0.961 -> 0.957
