@@ -58,10 +58,10 @@
 
 #define DS_CONSUMERS 8
 /* Two consumer warpgroups and a producer warpgroup, of which one thread
- * works. With nine warps ptxas caps a thread at 168 registers (a quadrant
+ * works. With nine warps ptxas caps a thread at 168 registers (a quarter
  * of the register file holds three of them) and the consumers spill; with
- * whole warpgroups the producer's hands registers to the consumers
- * (setmaxnreg: 216 x 256 + 64 x 128 <= 64 Ki). */
+ * whole warpgroups the producer warpgroup hands its registers to the
+ * consumers (setmaxnreg: 216 x 256 + 64 x 128 <= 64 Ki). */
 #define DS_THREADS ((DS_CONSUMERS + 4) * 32)
 #define DS_CONSUMER_REGS 216
 #define DS_PRODUCER_REGS 64
