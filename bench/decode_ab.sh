@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
-# A/B of decode variants on the GPU machine, one line per (model, switches):
+# A/B of decode variants on the GPU machine, one line per (model, variant, round):
 #   bash bench/decode_ab.sh "MODELS" "ENV1;ENV2;..." [BATCHES]
 # Each ENV is a space-separated list of VAR=value switches read at backend
 # start (e.g. "REPLAY_GEMV_MAX_KS=1 REPLAY_GEMV_PF_KB=0"); "-" = defaults.
-# Prints the graph ms/step of `replay bench decode ... --no-eager --steps 32`.
+# A variant that starts with "old:" runs $G/old/replay, the build of another
+# revision that `AB_BASE=REV bash scripts/gpu-bundle.sh` packed ("old:-" =
+# that build's defaults), so a change and its base are compared in one call
+# (H100s differ by a few per cent on one binary). ROUNDS=N (default 1) runs
+# the whole list N times, interleaved. Prints the graph ms/step of
+# `replay bench decode ... --no-eager --steps 32`.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
 export LD_LIBRARY_PATH="$PWD/$G/lib" REPLAY_SOURCE_DIR="$PWD"
-models=$1 variants=$2 batches=${3:-1}
+models=$1 variants=$2 batches=${3:-1} rounds=${ROUNDS:-1}
 IFS=';' read -ra vs <<<"$variants"
 for m in $models; do
-  for v in "${vs[@]}"; do
-    e=(); [ "$v" != "-" ] && read -ra e <<<"$v"
-    t0=$SECONDS
-    env "${e[@]}" "$G/bin/replay" bench decode --dummy-weights "$m" --batch "$batches" --ctx 512 --no-eager --steps 32 \
-      2>&1 | awk -v m="$m" -v v="$v" -v s=$SECONDS '$2 == "graph" {printf "%-11s %-44s b=%-3s %s ms %s%%\n", m, v, $1, $3, $7}
-                                                   /rror/ {print m, v, $0}'
-    echo "  ($((SECONDS - t0)) s)" >&2
+  for ((r = 1; r <= rounds; r++)); do
+    for v in "${vs[@]}"; do
+      bin="$G/bin/replay" sw=$v
+      if [[ $sw == old:* ]]; then bin="$G/old/replay" sw=${sw#old:}; fi
+      e=(); [ "$sw" != "-" ] && read -ra e <<<"$sw"
+      t0=$SECONDS
+      env "${e[@]}" "$bin" bench decode --dummy-weights "$m" --batch "$batches" --ctx 512 --no-eager --steps 32 \
+        2>&1 | awk -v m="$m" -v v="$v" '$2 == "graph" {printf "%-11s %-44s b=%-3s %s ms %s%%\n", m, v, $1, $3, $7}
+                                         /rror/ {print m, v, $0}'
+      echo "  ($((SECONDS - t0)) s)" >&2
+    done
   done
 done

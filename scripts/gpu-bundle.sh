@@ -5,7 +5,9 @@
 #   LD_LIBRARY_PATH=.gpu/lib .gpu/bin/<binary>
 # or simply: bash .gpu/gpu-check.sh
 # GPU_DIR=.gpu-NAME packs elsewhere (several people sharing one tree; pass
-# GPU_DIR to gpu-check.sh / decode_ab.sh there too).
+# GPU_DIR to gpu-check.sh / bench/decode_ab.sh there too).
+# AB_BASE=REV also builds revision REV (in a git worktree, build-ab/) and
+# packs its replay as $G/old/replay, for bench/decode_ab.sh's "old:" variants.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -23,5 +25,13 @@ for lib in libutf8proc.so.2 libcmocka.so.0 libmicrohttpd.so.12 libcjson.so.1; do
   [ -n "$f" ] && cp -L "$f" "$G/lib/"
 done
 cp scripts/gpu-check.sh "$G/" 2>/dev/null || true
-strip --strip-debug "$G"/bin/* 2>/dev/null || true
+if [ -n "${AB_BASE:-}" ]; then
+  W=build-ab/src
+  [ -d "$W" ] || git worktree add --detach "$W" "$AB_BASE" >/dev/null
+  git -C "$W" checkout -q --detach "$AB_BASE"
+  cmake -S "$W" -B build-ab/build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREPLAY_CUDA=ON >/dev/null
+  cmake --build build-ab/build -j "$(nproc)" --target replay >/dev/null
+  mkdir -p "$G/old" && cp build-ab/build/replay "$G/old/"
+fi
+strip --strip-debug "$G"/bin/* "$G"/old/* 2>/dev/null || true
 du -sh "$G"
