@@ -6,7 +6,8 @@
 # A variant that starts with "old:" runs $G/old/replay, the build of another
 # revision that `AB_BASE=REV bash scripts/gpu-bundle.sh` packed ("old:-" =
 # that build's defaults), so a change and its base are compared in one call
-# (H100s differ by a few per cent on one binary). ROUNDS=N (default 1) runs
+# (H100s differ by a few per cent on one binary); likewise "NAME:" runs
+# $G/NAME/replay (AB_BASE="NAME=REV ..."). ROUNDS=N (default 1) runs
 # the whole list N times, interleaved. Prints the graph ms/step of
 # `replay bench decode ... --no-eager --steps 32`.
 set -uo pipefail
@@ -18,7 +19,9 @@ for m in $models; do
   for ((r = 1; r <= rounds; r++)); do
     for v in "${vs[@]}"; do
       bin="$G/bin/replay" sw=$v
-      if [[ $sw == old:* ]]; then bin="$G/old/replay" sw=${sw#old:}; fi
+      if [[ $sw =~ ^([A-Za-z0-9_.-]+):(.*)$ && -x $G/${BASH_REMATCH[1]}/replay ]]; then
+        bin="$G/${BASH_REMATCH[1]}/replay" sw=${BASH_REMATCH[2]}
+      fi
       e=(); [ "$sw" != "-" ] && read -ra e <<<"$sw"
       t0=$SECONDS
       env "${e[@]}" "$bin" bench decode --dummy-weights "$m" --batch "$batches" --ctx 512 --no-eager --steps 32 \

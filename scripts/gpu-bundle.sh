@@ -25,13 +25,16 @@ for lib in libutf8proc.so.2 libcmocka.so.0 libmicrohttpd.so.12 libcjson.so.1; do
   [ -n "$f" ] && cp -L "$f" "$G/lib/"
 done
 cp scripts/gpu-check.sh "$G/" 2>/dev/null || true
-if [ -n "${AB_BASE:-}" ]; then
+# AB_BASE="NAME=REV ..." packs several, each as $G/NAME/replay.
+for spec in ${AB_BASE:-}; do
+  name=old rev=$spec
+  if [[ $spec == *=* ]]; then name=${spec%%=*} rev=${spec#*=}; fi
   W=build-ab/src
-  [ -d "$W" ] || git worktree add --detach "$W" "$AB_BASE" >/dev/null
-  git -C "$W" checkout -q --detach "$AB_BASE"
+  [ -d "$W" ] || git worktree add --detach "$W" "$rev" >/dev/null
+  git -C "$W" checkout -q --detach "$rev"
   cmake -S "$W" -B build-ab/build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREPLAY_CUDA=ON >/dev/null
   cmake --build build-ab/build -j "$(nproc)" --target replay >/dev/null
-  mkdir -p "$G/old" && cp build-ab/build/replay "$G/old/"
-fi
-strip --strip-debug "$G"/bin/* "$G"/old/* 2>/dev/null || true
+  mkdir -p "$G/$name" && cp build-ab/build/replay "$G/$name/"
+done
+strip --strip-debug "$G"/*/replay "$G"/bin/* 2>/dev/null || true
 du -sh "$G"
