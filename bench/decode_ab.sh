@@ -9,7 +9,8 @@
 # (H100s differ by a few per cent on one binary); likewise "NAME:" runs
 # $G/NAME/replay (AB_BASE="NAME=REV ..."). ROUNDS=N (default 1) runs
 # the whole list N times, interleaved. Prints the graph ms/step of
-# `replay bench decode ... --no-eager --steps 32`.
+# `replay bench decode ... --no-eager --steps 32`; a run that takes over
+# RUN_TIMEOUT seconds (default 60: a hung variant) is stopped and says so.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
 export LD_LIBRARY_PATH="$PWD/$G/lib" REPLAY_SOURCE_DIR="$PWD"
@@ -24,9 +25,11 @@ for m in $models; do
       fi
       e=(); [ "$sw" != "-" ] && read -ra e <<<"$sw"
       t0=$SECONDS
-      env "${e[@]}" "$bin" bench decode --dummy-weights "$m" --batch "$batches" --ctx 512 --no-eager --steps 32 \
-        2>&1 | awk -v m="$m" -v v="$v" '$2 == "graph" {printf "%-11s %-44s b=%-3s %s ms %s%%\n", m, v, $1, $3, $7}
+      timeout "${RUN_TIMEOUT:-60}" env "${e[@]}" "$bin" bench decode --dummy-weights "$m" --batch "$batches" --ctx 512 --no-eager --steps 32 \
+        2>&1 | awk -v m="$m" -v v="$v" '$2 == "graph" {printf "%-11s %-44s b=%-3s %s ms %s\n", m, v, $1, $3, $7}
                                          /rror/ {print m, v, $0}'
+      rc=${PIPESTATUS[0]}
+      [ "$rc" = 124 ] && echo "$m $v: stopped after ${RUN_TIMEOUT:-60} s"
       echo "  ($((SECONDS - t0)) s)" >&2
     done
   done
