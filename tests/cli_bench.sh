@@ -17,6 +17,9 @@ out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 2 --ctx 40 --steps
 check "bench decode --no-overlap" 0 $?
 contains "steps one at a time" "$out" "steps: one at a time"
 [ "$(echo "$out" | grep -cE '^ +2 +eager')" -eq 1 ]; check "--no-overlap row" 0 $?
+# more warm-up steps than timed ones (the timing arrays hold both)
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 1 --ctx 20 --steps 2 --warmup 9 --device cpu 2>/dev/null)
+check "bench decode --warmup above --steps" 0 $?
 out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 40 --input-len 30 --output-len 12 \
       --random-range 0.3 --max-running-requests 16 --num-pages 40 --device cpu 2>/dev/null)
 check "bench offline" 0 $?

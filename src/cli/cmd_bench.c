@@ -130,7 +130,9 @@ static int bench_decode(int argc, char **argv) {
     rp_backend *be = rp_cli_make_backend(model, &mo, &bc);
     rp_batch_builder *bb = be ? rp_batch_builder_new(table, bc.max_batch_tokens, maxB, maxB) : NULL;
     rp_bench_seq *seqs = calloc((size_t)maxB, sizeof *seqs);
-    double *wall = malloc((size_t)steps * sizeof *wall), *gpu = malloc((size_t)steps * sizeof *gpu);
+    /* per-step times of the warm-up steps, then of the timed ones */
+    const size_t n_times = (size_t)(steps > warmup ? steps : warmup);
+    double *wall = malloc(n_times * sizeof *wall), *gpu = malloc(n_times * sizeof *gpu);
     float *logits = malloc((size_t)maxB * c->vocab_size * sizeof *logits);
     if (!be || !bb || !seqs || !wall || !gpu || !logits) goto out;
 

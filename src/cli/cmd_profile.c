@@ -18,6 +18,7 @@
 
 #define CMD "profile"
 #define MAX_KINDS 64
+#define PROFILE_WARMUP 4 /* untimed steps per mode */
 
 static void help(FILE *f) {
     fprintf(f,
@@ -79,7 +80,7 @@ int rp_cmd_profile(int argc, char **argv) {
     rp_model *model = rp_cli_load_model(&mo);
     if (!model) return RP_EXIT_RUNTIME;
     const rp_model_config *c = &model->cfg;
-    int total_len = (int)(ctx + 4 + 2 * steps + 1), ps = 16;
+    int total_len = (int)(ctx + PROFILE_WARMUP + 2 * steps + 1), ps = 16;
     int pages = B * ((total_len + ps - 1) / ps);
     rp_backend_config bc = {.num_pages = pages, .page_size = ps, .max_batch_seqs = (int)B, .max_logit_rows = (int)B,
                             .max_batch_tokens = 8192, .profile = 1, .num_cuda_graph_bs = 1};
@@ -92,7 +93,9 @@ int rp_cmd_profile(int argc, char **argv) {
     rp_backend *be = rp_cli_make_backend(model, &mo, &bc);
     rp_batch_builder *bb = be ? rp_batch_builder_new(table, bc.max_batch_tokens, (int)B, (int)B) : NULL;
     rp_bench_seq *seqs = calloc((size_t)B, sizeof *seqs);
-    double *wall = malloc((size_t)steps * sizeof *wall), *gpu = malloc((size_t)steps * sizeof *gpu);
+    /* the timing arrays also take the PROFILE_WARMUP untimed steps */
+    const size_t n_times = (size_t)(steps > PROFILE_WARMUP ? steps : PROFILE_WARMUP);
+    double *wall = malloc(n_times * sizeof *wall), *gpu = malloc(n_times * sizeof *gpu);
     double *pack = malloc((size_t)steps * sizeof *pack), *launch = malloc((size_t)steps * sizeof *launch),
            *sync = malloc((size_t)steps * sizeof *sync);
     rp_profile_entry *entries = malloc(4096 * sizeof *entries);
@@ -110,7 +113,7 @@ int rp_cmd_profile(int argc, char **argv) {
     for (int mode = 0; mode < 2; mode++) { /* 0 eager, 1 graph */
         be->ops->set_graphs(be, mode == 1);
         for (int s = 0; s < B; s++) seqs[s].len = (int)ctx;
-        if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, 4, wall, gpu, NULL, &err)) goto fail;
+        if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, PROFILE_WARMUP, wall, gpu, NULL, &err)) goto fail;
         for (int it = 0; it < steps; it++) {
             if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, 1, wall + it, gpu + it, NULL, &err)) goto fail;
             rp_backend_stats st;
