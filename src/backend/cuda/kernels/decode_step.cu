@@ -61,10 +61,16 @@
  * works. With nine warps ptxas caps a thread at 168 registers (a quarter
  * of the register file holds three of them) and the consumers spill; with
  * whole warpgroups the producer warpgroup hands its registers to the
- * consumers (setmaxnreg: 216 x 256 + 64 x 128 <= 64 Ki). */
+ * consumers (setmaxnreg). The block keeps the registers it was launched
+ * with (168 x 384), so the two counts must fit in those: a consumer's
+ * setmaxnreg.inc waits for registers nobody gives back (80 producer
+ * registers hung). 72 measured the same as 64. */
 #define DS_THREADS ((DS_CONSUMERS + 4) * 32)
 #define DS_CONSUMER_REGS 216
 #define DS_PRODUCER_REGS 64
+#define DS_LAUNCH_REGS (65536 / DS_THREADS / 8 * 8)
+static_assert(DS_CONSUMER_REGS * DS_CONSUMERS * 32 + DS_PRODUCER_REGS * 128 <= DS_LAUNCH_REGS * DS_THREADS,
+              "setmaxnreg counts exceed the block's registers");
 #define DS_KC 1536            /* the widest ring piece: 8 rows x 1536 k (ds_args.kc) */
 /* A piece's rows are 64 bytes apart in bank terms (3072 + 64), so the mma
  * B-fragment loads (4 threads x 16 bytes of rows g and g + 1 per phase) hit
