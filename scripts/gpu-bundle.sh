@@ -36,5 +36,22 @@ for spec in ${AB_BASE:-}; do
   cmake --build build-ab/build -j "$(nproc)" --target replay >/dev/null
   mkdir -p "$G/$name" && cp build-ab/build/replay "$G/$name/"
 done
+# ASAN=1 also builds the host code with AddressSanitizer + UBSan (CUDA on)
+# and packs it, with the sanitizer runtimes the GPU image lacks, as
+# $G/asan.tgz for scripts/gpu-asan.sh (compressed: the carry limit is 64 MiB).
+if [ "${ASAN:-0}" = 1 ]; then
+  A=build-cuda-asan
+  cmake -S . -B "$A" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREPLAY_SANITIZE=ON -DREPLAY_CUDA=ON >/dev/null
+  cmake --build "$A" -j "$(nproc)" --target replay test_cuda_backend test_cuda_sample >/dev/null
+  Z=$(mktemp -d)
+  cp "$A/replay" "$A/test_cuda_backend" "$A/test_cuda_sample" "$Z/"
+  strip --strip-debug "$Z"/*
+  for lib in libasan.so.8 libubsan.so.1; do
+    f=$(ldconfig -p | awk -v l="$lib" '$1 == l && !found {print $NF; found = 1}')
+    [ -n "$f" ] && cp -L "$f" "$Z/"
+  done
+  tar czf "$G/asan.tgz" -C "$Z" . && rm -rf "$Z"
+fi
+cp scripts/gpu-asan.sh "$G/" 2>/dev/null || true
 strip --strip-debug "$G"/*/replay "$G"/bin/* 2>/dev/null || true
 du -sh "$G"

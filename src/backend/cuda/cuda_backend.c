@@ -174,6 +174,12 @@ static int plan_meta(rp_cuda_backend *cb, rp_err *err) {
 
 #define META(cb, base, off, type) ((type *)((base) + (cb)->off))
 
+/* memcpy with a null source is undefined even for 0 bytes, and a capture's
+ * batch is empty (all padding) with null arrays. */
+static void copy_bytes_n(void *dst, const void *src, size_t n) {
+    if (n) memcpy(dst, src, n);
+}
+
 /* Packs a batch (padded to padded_seqs one-token dummy sequences when >
  * num_seqs) into the pinned block; returns the bytes to copy. */
 static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, size_t *copy_bytes, rp_err *err) {
@@ -185,13 +191,13 @@ static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, s
     rp_sample_params *params = META(cb, h, off_params, rp_sample_params);
     const int ps = cb->base.cfg.page_size, S = bt->num_seqs, T = bt->num_tokens;
     const int32_t dummy_page = cb->base.cfg.num_pages;
-    memcpy(tokens, bt->tokens, (size_t)T * 4);
-    memcpy(pos, bt->positions, (size_t)T * 4);
-    memcpy(slots, bt->slot_mapping, (size_t)T * 4);
-    memcpy(seq_start, bt->seq_start, (size_t)(S + 1) * 4);
-    memcpy(kv_len, bt->seq_kv_len, (size_t)S * 4);
-    memcpy(logit_token, bt->logit_token, (size_t)bt->num_logits * 4);
-    if (bt->sample) memcpy(params, bt->sample, (size_t)bt->num_logits * sizeof *params);
+    copy_bytes_n(tokens, bt->tokens, (size_t)T * 4);
+    copy_bytes_n(pos, bt->positions, (size_t)T * 4);
+    copy_bytes_n(slots, bt->slot_mapping, (size_t)T * 4);
+    copy_bytes_n(seq_start, bt->seq_start, (size_t)(S + 1) * 4);
+    copy_bytes_n(kv_len, bt->seq_kv_len, (size_t)S * 4);
+    copy_bytes_n(logit_token, bt->logit_token, (size_t)bt->num_logits * 4);
+    if (bt->sample) copy_bytes_n(params, bt->sample, (size_t)bt->num_logits * sizeof *params);
     else memset(params, 0, (size_t)bt->num_logits * sizeof *params); /* greedy */
     size_t np = 0;
     for (int s = 0; s < S; s++) {
@@ -200,7 +206,7 @@ static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, s
             return rp_errf(err, "batch lists %zu KV pages, more than the %zu the step block holds", np + (size_t)n,
                            cb->page_capacity);
         page_row[s] = (int32_t)np;
-        memcpy(pages + np, bt->page_table + (int64_t)bt->seq_page_row[s] * bt->page_table_stride, (size_t)n * 4);
+        copy_bytes_n(pages + np, bt->page_table + (int64_t)bt->seq_page_row[s] * bt->page_table_stride, (size_t)n * 4);
         np += (size_t)n;
     }
     /* Padding: one-token sequences at position 0 whose KV write and read hit
