@@ -25,7 +25,8 @@ for m in $models; do
       fi
       e=(); [ "$sw" != "-" ] && read -ra e <<<"$sw"
       t0=$SECONDS
-      timeout "${RUN_TIMEOUT:-60}" env "${e[@]}" "$bin" bench decode --dummy-weights "$m" --batch "$batches" --ctx 512 --no-eager --steps 32 \
+      timeout "${RUN_TIMEOUT:-60}" env "${e[@]}" "$bin" bench decode --dummy-weights "$m" --batch "$batches" \
+        --ctx 512 --no-eager --steps 32 \
         2>&1 | awk -v m="$m" -v v="$v" '$2 == "graph" {printf "%-11s %-44s b=%-3s %s ms %s\n", m, v, $1, $3, $7}
                                          /rror/ {print m, v, $0}'
       rc=${PIPESTATUS[0]}

@@ -12,8 +12,9 @@ the wait's samples. bench/ncu_step.sh runs ncu on the decode step.
 
 With a SASS table and the kernel's `nvdisasm -gi` listing (the same
 binary, built with -lineinfo), the samples are also summed per source line
-(the innermost inlined line of each instruction), since the CSV's own CUDA
-view carries no samples.
+(the line nvdisasm's `//## File` comment names for each instruction: on
+the decode step, the kernel body's line that calls the inlined phase, which
+gives time per phase), since the CSV's own CUDA view carries no samples.
 """
 import csv
 import os
@@ -88,9 +89,8 @@ def main():
         print('%5.2f%% %-8s %-72s %s' % (100 * v / tot, loc[-8:], r[jsrc].strip()[:72], top))
     if len(sys.argv) > 3 and jloc is not None:
         lm = line_map(sys.argv[3])
-        base = min(int(r[jloc], 16) for _, r in data)
         # the CSV's first row is the function's entry: offsets relative to it
-        first = next((int(r[jloc], 16) for r in rows[hi + 1:] if len(r) > jloc and r[jloc].startswith('0x')), base)
+        first = next(int(r[jloc], 16) for r in rows[hi + 1:] if len(r) > jloc and r[jloc].startswith('0x'))
         per = {}
         for v, r in data:
             key = lm.get(int(r[jloc], 16) - first, ('?', 0))
