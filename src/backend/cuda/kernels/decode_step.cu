@@ -98,6 +98,7 @@ struct ds_args {
     int prefetch_now; /* of those, issued at once when it starts to wait (produce) */
     int keep_res;     /* the residual row stays in shared memory for the o and down epilogues */
     int dyn_eighths; /* eighths of a large phase's units taken dynamically */
+    int contig;      /* whole-row pieces in one bulk copy, rows unpadded (REPLAY_DECODE_STEP_CONTIG) */
 };
 
 /* Shared memory: mbarriers, the ring, one region used either as x (bf16,
@@ -371,6 +372,8 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
     for (int p = 0; p < NP; p++) {
         const ds_mat m = phase_mat(a.s, p);
         const int U = m.N / DS_ROWS, S = static_units(U, a);
+        /* a piece of whole rows is DS_ROWS consecutive rows: one copy */
+        const bool contig = a.contig && m.K <= a.kc;
         int u = (int)((int64_t)blockIdx.x * S / a.grid), u_end = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
         bool dyn = false;
         for (;; u++, useq++) {
@@ -398,10 +401,14 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                     info[slot] = ds_info{u, first, useq, 0};
                     /* releases the info store with the arrival */
                     mbar_expect_tx(&full[slot], DS_ROWS * row_bytes);
-                    /* one copy per row: the rows land apart, see DS_ROW_STRIDE */
-                    for (int j = 0; j < DS_ROWS; j++)
-                        bulk_copy(ring + (size_t)slot * DS_STAGE + j * DS_ROW_STRIDE, src + (int64_t)j * m.K + kc,
-                                  row_bytes, &full[slot], policy);
+                    if (contig) {
+                        bulk_copy(ring + (size_t)slot * DS_STAGE, src, DS_ROWS * row_bytes, &full[slot], policy);
+                    } else {
+                        /* one copy per row: the rows land apart, see DS_ROW_STRIDE */
+                        for (int j = 0; j < DS_ROWS; j++)
+                            bulk_copy(ring + (size_t)slot * DS_STAGE + j * DS_ROW_STRIDE, src + (int64_t)j * m.K + kc,
+                                      row_bytes, &full[slot], policy);
+                    }
                     n_static += !dyn;
                 }
             }
@@ -518,6 +525,14 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
     const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
     const ds_mat m = phase_mat(a.s, p);
     const int nch = (m.K + a.kc - 1) / a.kc, P = m.runs * nch;
+    /* Whole-row pieces land unpadded (rows K * 2 bytes apart, the same
+     * banks): odd rows then walk their 64-byte blocks in pair-swapped order
+     * (q ^ 1), with x likewise, so a load's 8 rows still spread over all
+     * banks. The mma then pairs x and w correctly only between rows of the
+     * same parity: row 2c's sum is read from C[0][2c], row 2c + 1's from
+     * C[1][2c + 1]. */
+    const bool contig = a.contig && m.K <= a.kc;
+    const int flip = contig ? g & 1 : 0, row_stride = contig ? m.K * 2 : DS_ROW_STRIDE;
     for (;; iw += DS_CONSUMERS) {
         /* piece iw, unless the phase ends before it */
         const int slot = iw % st;
@@ -530,15 +545,16 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
         if (!ready || iw >= pend[p]) break;
         const ds_info in = info[slot];
         const int j = iw - in.first, kc = (j % nch) * a.kc, steps = min(a.kc, m.K - kc) / 32;
-        const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * DS_ROW_STRIDE + c * 16;
+        const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * row_stride + c * 16;
         const uint16_t *xk = xs + kc + c * 8;
         float acc[4][4] = {};
         for (int kk = 0; kk < steps; kk += 8) { /* steps is a multiple of 8 (K % 256 == 0) */
             uint4 w[8], x[8];
 #pragma unroll
             for (int q = 0; q < 8; q++) {
-                w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + q) * 64);
-                x[q] = *reinterpret_cast<const uint4 *>(xk + (kk + q) * 32);
+                const int qq = q ^ flip;
+                w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + qq) * 64);
+                x[q] = *reinterpret_cast<const uint4 *>(xk + (kk + qq) * 32);
             }
 #pragma unroll
             for (int q = 0; q < 8; q++) {
@@ -546,7 +562,13 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
                 rp_mma_16816(acc[(2 * q + 1) & 3], x[q].z, x[q].z, x[q].w, x[q].w, w[q].z, w[q].w);
             }
         }
-        if (lane < 4) {
+        if (contig) {
+            if (lane < 8) { /* lanes (0, c): C[0][2c]; lanes (1, c): C[1][2c + 1] */
+                const float s0 = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
+                const float s1 = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
+                part[(iw & (DS_PART_SLOTS - 1)) * DS_ROWS + 2 * c + g] = g ? s1 : s0;
+            }
+        } else if (lane < 4) {
             float *pp = part + (iw & (DS_PART_SLOTS - 1)) * DS_ROWS + 2 * c;
             pp[0] = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
             pp[1] = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
@@ -1203,7 +1225,8 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     a->stages = DS_STAGES;
     a->kc = ds_kc(s, num_sms);
     if (!ds_pieces_fit(s, a->kc)) a->kc = DS_KC; /* narrower pieces would overflow the slots */
-    static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN, kres = INT_MIN;
+    static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN, kres = INT_MIN, contig = INT_MIN;
+    a->contig = env_knob("REPLAY_DECODE_STEP_CONTIG", 0, 1, 0, &contig);
     const int64_t lb = layer_bytes_per_sm(s, num_sms);
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
     /* Pieces prefetched at once when a wait starts: 4 on the smallest
