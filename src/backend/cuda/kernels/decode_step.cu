@@ -1226,6 +1226,12 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     a->kc = ds_kc(s, num_sms);
     if (!ds_pieces_fit(s, a->kc)) a->kc = DS_KC; /* narrower pieces would overflow the slots */
     static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN, kres = INT_MIN, contig = INT_MIN;
+    /* One bulk copy per whole-row piece (only qwen3-0.6b-like shapes have
+     * such pieces): measured no faster than eight (0.905 vs 0.901 ms), so
+     * off. The build that carries it is 0.6-1.7% faster on every shape
+     * than the one without (bench/RESULTS.md, eighth session); the cause
+     * (code generation of the consumer's now-variable block order and row
+     * stride, or of the producer's branch) was not isolated. */
     a->contig = env_knob("REPLAY_DECODE_STEP_CONTIG", 0, 1, 0, &contig);
     const int64_t lb = layer_bytes_per_sm(s, num_sms);
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
