@@ -18,12 +18,18 @@ rm -rf "$G" && mkdir -p "$G/bin" "$G/lib"
 cp "$BUILD"/replay "$G/bin/"
 for t in "$BUILD"/test_*; do [ -x "$t" ] && cp "$t" "$G/bin/"; done
 for b in "$BUILD"/bench_*; do [ -x "$b" ] && cp "$b" "$G/bin/" || true; done
+# Copies the named shared libraries (as ldconfig finds them) into a folder.
+copy_libs() {
+  local dest=$1 lib f; shift
+  for lib in "$@"; do
+    # awk reads all input (no early exit): under pipefail a SIGPIPE'd ldconfig would stop the script
+    f=$(ldconfig -p | awk -v l="$lib" '$1 == l && !found {print $NF; found = 1}')
+    [ -n "$f" ] && cp -L "$f" "$dest/"
+  done
+  return 0
+}
 # Libraries the GPU image lacks (it has libgomp, libjansson, libpcre2-8, CUDA 13).
-for lib in libutf8proc.so.2 libcmocka.so.0 libmicrohttpd.so.12 libcjson.so.1; do
-  # awk reads all input (no early exit): under pipefail a SIGPIPE'd ldconfig would stop the script
-  f=$(ldconfig -p | awk -v l="$lib" '$1 == l && !found {print $NF; found = 1}')
-  [ -n "$f" ] && cp -L "$f" "$G/lib/"
-done
+copy_libs "$G/lib" libutf8proc.so.2 libcmocka.so.0 libmicrohttpd.so.12 libcjson.so.1
 cp scripts/gpu-check.sh "$G/" 2>/dev/null || true
 # AB_BASE="NAME=REV ..." packs several, each as $G/NAME/replay.
 for spec in ${AB_BASE:-}; do
@@ -46,10 +52,7 @@ if [ "${ASAN:-0}" = 1 ]; then
   Z=$(mktemp -d)
   cp "$A/replay" "$A/test_cuda_backend" "$A/test_cuda_sample" "$Z/"
   strip --strip-debug "$Z"/*
-  for lib in libasan.so.8 libubsan.so.1; do
-    f=$(ldconfig -p | awk -v l="$lib" '$1 == l && !found {print $NF; found = 1}')
-    [ -n "$f" ] && cp -L "$f" "$Z/"
-  done
+  copy_libs "$Z" libasan.so.8 libubsan.so.1
   tar czf "$G/asan.tgz" -C "$Z" . && rm -rf "$Z"
 fi
 cp scripts/gpu-asan.sh "$G/" 2>/dev/null || true
