@@ -507,14 +507,18 @@ __device__ void stage_bf16(uint16_t *xs, const uint16_t *src, int K) {
 enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
 
 /* One matrix phase: every unit this block owns, against x in xs, on the
- * tensor cores. Piece i of the ring (8 rows x up to 1024 k) belongs to
- * warp i % 8, which does all of it: mma m16n8k16 with the 8 weight rows as
- * N and x as A (its 16 rows all the same token; only row 0 of D is used),
- * four independent accumulators. Thread (g, c) loads 8 consecutive k of
- * row g with one 16-byte load and the x fragment uses the same k numbering
- * (a sum over k does not care how k is numbered; gemv.cu does the same).
- * Lanes 0..3 end with rows 2c, 2c + 1 and leave them in part[i % 64]; the
- * warp that finishes a unit's last piece (a shared counter per unit) adds
+ * tensor cores. Piece i of the ring (8 rows x up to 1536 k) belongs to
+ * warp i % 8, which does all of it with mma m16n8k16, four independent
+ * accumulators. Thread (g, c) loads 8 consecutive k of row g with one
+ * 16-byte load (a sum over k does not care how k is numbered; gemv.cu does
+ * the same) and puts them in A: the first four k in row g, the last four in
+ * row g + 8. B's column 0 holds the matching first halves of x, column 1
+ * the second halves (lanes g = 0, 1 load them; the other columns are never
+ * read), so row g's sum is D[g][0] + D[g + 8][1] (d0 + d3 of lane (g, 0))
+ * and one mma covers 8 rows x 32 k. (With the rows as N and x in A it
+ * covered 16 k: the same loads and twice the mma; 1.1-1.4% slower on
+ * qwen3-0.6b, llama3.2-1b and qwen3-4b; bench/RESULTS.md, ninth session.)
+ * Lanes (g, 0) leave row g in part[i % 32]; the warp that finishes a unit's last piece (a shared counter per unit) adds
  * the unit's pieces in piece order and applies the epilogue, so the result
  * does not depend on which warp was last. i and useq are the ring and unit
  * positions (the producer walks the same sequence). rs: the residual row
@@ -527,12 +531,13 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
     const int nch = (m.K + a.kc - 1) / a.kc, P = m.runs * nch;
     /* Whole-row pieces land unpadded (rows K * 2 bytes apart, the same
      * banks): odd rows then walk their 64-byte blocks in pair-swapped order
-     * (q ^ 1), with x likewise, so a load's 8 rows still spread over all
-     * banks. The mma then pairs x and w correctly only between rows of the
-     * same parity: row 2c's sum is read from C[0][2c], row 2c + 1's from
-     * C[1][2c + 1]. */
+     * (q ^ 1), so a load's 8 rows still spread over all banks. Their x
+     * halves then go in B's columns 2 and 3 (lanes g = 2, 3, loading x
+     * pair-swapped too), and odd row g's sum is D[g][2] + D[g + 8][3],
+     * lane (g, 1)'s d0 + d3. */
     const bool contig = a.contig && m.K <= a.kc;
     const int flip = contig ? g & 1 : 0, row_stride = contig ? m.K * 2 : DS_ROW_STRIDE;
+    const int xflip = contig ? (g >> 1) & 1 : 0, out_c = contig ? g & 1 : 0;
     for (;; iw += DS_CONSUMERS) {
         /* piece iw, unless the phase ends before it */
         const int slot = iw % st;
@@ -546,33 +551,23 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
         const ds_info in = info[slot];
         const int j = iw - in.first, kc = (j % nch) * a.kc, steps = min(a.kc, m.K - kc) / 32;
         const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * row_stride + c * 16;
-        const uint16_t *xk = xs + kc + c * 8;
+        /* x: this lane's column (g & 1: which half of each 8 k) */
+        const uint8_t *xb = reinterpret_cast<const uint8_t *>(xs + kc) + c * 16 + (g & 1) * 8;
         float acc[4][4] = {};
         for (int kk = 0; kk < steps; kk += 8) { /* steps is a multiple of 8 (K % 256 == 0) */
-            uint4 w[8], x[8];
+            uint4 w[8];
+            uint2 x[8];
 #pragma unroll
             for (int q = 0; q < 8; q++) {
-                const int qq = q ^ flip;
-                w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + qq) * 64);
-                x[q] = *reinterpret_cast<const uint4 *>(xk + (kk + qq) * 32);
+                w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + (q ^ flip)) * 64);
+                x[q] = *reinterpret_cast<const uint2 *>(xb + (kk + (q ^ xflip)) * 64);
             }
 #pragma unroll
-            for (int q = 0; q < 8; q++) {
-                rp_mma_16816(acc[(2 * q) & 3], x[q].x, x[q].x, x[q].y, x[q].y, w[q].x, w[q].y);
-                rp_mma_16816(acc[(2 * q + 1) & 3], x[q].z, x[q].z, x[q].w, x[q].w, w[q].z, w[q].w);
-            }
+            for (int q = 0; q < 8; q++) rp_mma_16816(acc[q & 3], w[q].x, w[q].z, w[q].y, w[q].w, x[q].x, x[q].y);
         }
-        if (contig) {
-            if (lane < 8) { /* lanes (0, c): C[0][2c]; lanes (1, c): C[1][2c + 1] */
-                const float s0 = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
-                const float s1 = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
-                part[(iw & (DS_PART_SLOTS - 1)) * DS_ROWS + 2 * c + g] = g ? s1 : s0;
-            }
-        } else if (lane < 4) {
-            float *pp = part + (iw & (DS_PART_SLOTS - 1)) * DS_ROWS + 2 * c;
-            pp[0] = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
-            pp[1] = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
-        }
+        if (c == out_c)
+            part[(iw & (DS_PART_SLOTS - 1)) * DS_ROWS + g] =
+                ((acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0])) + ((acc[0][3] + acc[1][3]) + (acc[2][3] + acc[3][3]));
         __syncwarp();
         int last = 0;
         if (lane == 0) {
