@@ -281,11 +281,12 @@ static void test_graph_equals_eager(void **state) {
  * for every layer): qwen3-0.6b (GQA 2, q/k norm), llama3.2-1b (head_dim
  * 64, llama3 RoPE), qwen3-4b (hidden 2560: units of 40 KiB split into
  * uneven ring pieces), llama3-8b (intermediate 14336: the widest x). */
-static rp_model *real_shape_model(const char *name, int layers) {
+static rp_model *real_shape_model(const char *name, int layers, int heads, int kv_heads) {
     rp_model_config c;
     rp_err err;
     if (rp_config_preset(&c, name, &err)) fail_msg("%s", err.msg);
     c.num_layers = layers;
+    if (heads) c.num_heads = heads, c.num_kv_heads = kv_heads;
     rp_load_options lo = {.seed = 11, .lazy_dummy = 1};
     rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
     if (!m) fail_msg("%s: %s", name, err.msg);
@@ -352,13 +353,18 @@ static int prefill_then_step(setup *s, const int32_t *prompt, int n, int32_t nex
 static void test_decode_step(void **state) {
     (void)state;
     if (!have_gpu()) skip();
+    /* and two head layouts of qwen3-0.6b's widths that split attention's
+     * merge differently: 16 kv heads (one query head each: 8 splits), and
+     * 12 kv heads of 2 (11 splits on 132 SMs: a split's slice of the
+     * outputs crosses from one query head into the next) */
     const struct {
         const char *name;
-        int layers;
-    } shapes[] = {{"qwen3-0.6b", 4}, {"llama3.2-1b", 3}, {"qwen3-4b", 3}, {"llama3-8b", 2}};
+        int layers, heads, kv_heads;
+    } shapes[] = {{"qwen3-0.6b", 4, 0, 0}, {"llama3.2-1b", 3, 0, 0}, {"qwen3-4b", 3, 0, 0}, {"llama3-8b", 2, 0, 0},
+                  {"qwen3-0.6b", 2, 16, 16}, {"qwen3-0.6b", 2, 24, 12}};
     const int lens[] = {1, 7, 100, 1000};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-        rp_model *m = real_shape_model(shapes[k].name, shapes[k].layers);
+        rp_model *m = real_shape_model(shapes[k].name, shapes[k].layers, shapes[k].heads, shapes[k].kv_heads);
         const int V = m->cfg.vocab_size;
         setup chain, one;
         setenv("REPLAY_DECODE_STEP", "0", 1);
@@ -411,8 +417,8 @@ static void test_decode_step(void **state) {
                 free(d);
             }
             double e = test_rel_l2(b, a, (size_t)V);
-            printf("%s (%d layers), %d cached tokens: one kernel vs chain rel L2 %.2e\n", shapes[k].name,
-                   shapes[k].layers, n, e);
+            printf("%s (%d layers, %d/%d heads), %d cached tokens: one kernel vs chain rel L2 %.2e\n",
+                   shapes[k].name, shapes[k].layers, m->cfg.num_heads, m->cfg.num_kv_heads, n, e);
             if (!(e < 1e-2)) fail_msg("%s len %d: one kernel vs chain of kernels: rel L2 %.3g", shapes[k].name, n, e);
             rp_page_table_release_row(chain.table, rc);
             rp_page_table_release_row(one.table, ro);
