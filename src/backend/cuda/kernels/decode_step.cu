@@ -98,7 +98,6 @@ struct ds_args {
     int prefetch_now; /* of those, issued at once when it starts to wait (produce) */
     int keep_res;     /* the residual row stays in shared memory for the o and down epilogues */
     int dyn_eighths; /* eighths of a large phase's units taken dynamically */
-    int contig;      /* whole-row pieces in one bulk copy, rows unpadded (REPLAY_DECODE_STEP_CONTIG) */
 };
 
 /* Shared memory: mbarriers, the ring, one region used either as x (bf16,
@@ -373,8 +372,6 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
     for (int p = 0; p < NP; p++) {
         const ds_mat m = phase_mat(a.s, p);
         const int U = m.N / DS_ROWS, S = static_units(U, a);
-        /* a piece of whole rows is DS_ROWS consecutive rows: one copy */
-        const bool contig = a.contig && m.K <= a.kc;
         int u = (int)((int64_t)blockIdx.x * S / a.grid), u_end = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
         bool dyn = false;
         for (;; u++, useq++) {
@@ -402,14 +399,10 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                     info[slot] = ds_info{u, first, useq, 0};
                     /* releases the info store with the arrival */
                     mbar_expect_tx(&full[slot], DS_ROWS * row_bytes);
-                    if (contig) {
-                        bulk_copy(ring + (size_t)slot * DS_STAGE, src, DS_ROWS * row_bytes, &full[slot], policy);
-                    } else {
-                        /* one copy per row: the rows land apart, see DS_ROW_STRIDE */
-                        for (int j = 0; j < DS_ROWS; j++)
-                            bulk_copy(ring + (size_t)slot * DS_STAGE + j * DS_ROW_STRIDE, src + (int64_t)j * m.K + kc,
-                                      row_bytes, &full[slot], policy);
-                    }
+                    /* one copy per row: the rows land apart, see DS_ROW_STRIDE */
+                    for (int j = 0; j < DS_ROWS; j++)
+                        bulk_copy(ring + (size_t)slot * DS_STAGE + j * DS_ROW_STRIDE, src + (int64_t)j * m.K + kc,
+                                  row_bytes, &full[slot], policy);
                     n_static += !dyn;
                 }
             }
@@ -530,15 +523,6 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
     const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
     const ds_mat m = phase_mat(a.s, p);
     const int nch = (m.K + a.kc - 1) / a.kc, P = m.runs * nch;
-    /* Whole-row pieces land unpadded (rows K * 2 bytes apart, the same
-     * banks): odd rows then walk their 64-byte blocks in pair-swapped order
-     * (q ^ 1), so a load's 8 rows still spread over all banks. Their x
-     * halves then go in B's columns 2 and 3 (lanes g = 2, 3, loading x
-     * pair-swapped too), and odd row g's sum is D[g][2] + D[g + 8][3],
-     * lane (g, 1)'s d0 + d3. */
-    const bool contig = a.contig && m.K <= a.kc;
-    const int flip = contig ? g & 1 : 0, row_stride = contig ? m.K * 2 : DS_ROW_STRIDE;
-    const int xflip = contig ? (g >> 1) & 1 : 0, out_c = contig ? g & 1 : 0;
     for (;; iw += DS_CONSUMERS) {
         /* piece iw, unless the phase ends before it */
         const int slot = iw % st;
@@ -551,7 +535,7 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
         if (!ready || iw >= pend[p]) break;
         const ds_info in = info[slot];
         const int j = iw - in.first, kc = (j % nch) * a.kc, steps = min(a.kc, m.K - kc) / 32;
-        const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * row_stride + c * 16;
+        const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * DS_ROW_STRIDE + c * 16;
         /* x: this lane's column (g & 1: which half of each 8 k) */
         const uint8_t *xb = reinterpret_cast<const uint8_t *>(xs + kc) + c * 16 + (g & 1) * 8;
         float acc[4][4] = {};
@@ -560,13 +544,13 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
             uint2 x[8];
 #pragma unroll
             for (int q = 0; q < 8; q++) {
-                w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + (q ^ flip)) * 64);
-                x[q] = *reinterpret_cast<const uint2 *>(xb + (kk + (q ^ xflip)) * 64);
+                w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + q) * 64);
+                x[q] = *reinterpret_cast<const uint2 *>(xb + (kk + q) * 64);
             }
 #pragma unroll
             for (int q = 0; q < 8; q++) rp_mma_16816(acc[q & 3], w[q].x, w[q].z, w[q].y, w[q].w, x[q].x, x[q].y);
         }
-        if (c == out_c)
+        if (c == 0)
             part[(iw & (DS_PART_SLOTS - 1)) * DS_ROWS + g] =
                 ((acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0])) + ((acc[0][3] + acc[1][3]) + (acc[2][3] + acc[3][3]));
         __syncwarp();
@@ -1227,14 +1211,7 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     a->stages = DS_STAGES;
     a->kc = ds_kc(s, num_sms);
     if (!ds_pieces_fit(s, a->kc)) a->kc = DS_KC; /* narrower pieces would overflow the slots */
-    static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN, kres = INT_MIN, contig = INT_MIN;
-    /* One bulk copy per whole-row piece (only qwen3-0.6b-like shapes have
-     * such pieces): measured no faster than eight (0.905 vs 0.901 ms), so
-     * off. The build that carries it is 0.6-1.7% faster on every shape
-     * than the one without (bench/RESULTS.md, eighth session); the cause
-     * (code generation of the consumer's now-variable block order and row
-     * stride, or of the producer's branch) was not isolated. */
-    a->contig = env_knob("REPLAY_DECODE_STEP_CONTIG", 0, 1, 0, &contig);
+    static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN, kres = INT_MIN;
     const int64_t lb = layer_bytes_per_sm(s, num_sms);
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
     /* Pieces prefetched at once when a wait starts: 4 on the smallest
