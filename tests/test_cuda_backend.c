@@ -353,10 +353,9 @@ static int prefill_then_step(setup *s, const int32_t *prompt, int n, int32_t nex
 static void test_decode_step(void **state) {
     (void)state;
     if (!have_gpu()) skip();
-    /* and two head layouts of qwen3-0.6b's widths that split attention's
-     * merge differently: 16 kv heads (one query head each: 8 splits), and
-     * 12 kv heads of 2 (11 splits on 132 SMs: a split's slice of the
-     * outputs crosses from one query head into the next) */
+    /* and two head layouts of qwen3-0.6b's widths that split attention
+     * differently: 16 kv heads (one query head each: 8 splits on 132 SMs)
+     * and 12 kv heads of 2 (11 splits, an odd count) */
     const struct {
         const char *name;
         int layers, heads, kv_heads;
