@@ -1216,7 +1216,11 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
     if (!ds_pieces_fit(s, a->kc)) a->kc = DS_KC; /* narrower pieces would overflow the slots */
     static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN, kres = INT_MIN;
     const int64_t lb = layer_bytes_per_sm(s, num_sms);
-    a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, 4, &pf);
+    /* How far ahead of the ring the producer may prefetch: 8 pieces on the
+     * smallest shapes (qwen3-0.6b 0.861 -> 0.850 ms against 4; 12 and 16 the
+     * same as 8), 4 elsewhere (8 or 16 the same there; 0 is 1.4-2.3%
+     * slower on the 4B and 8B shapes; bench/RESULTS.md, ninth session). */
+    a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, lb < (256 << 10) ? 8 : 4, &pf);
     /* Pieces prefetched at once when a wait starts: 4 on the smallest
      * shapes (qwen3-0.6b 0.948 -> 0.931 ms), where a block's ring holds
      * half a layer, so HBM has little else to do in a stall; elsewhere any
