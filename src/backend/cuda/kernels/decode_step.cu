@@ -710,6 +710,35 @@ template <> struct lane_row<2> {
 
 #define ATT_UNROLL 4 /* keys per warp in flight */
 
+/* The sequence's values attention needs every layer, read once per launch
+ * (the step's metadata does not change within it), and the cache rows
+ * (page * page_size + offset) of this warp's first batch of keys in the
+ * block's first item: every layer's first K/V loads then wait for one
+ * round trip to L2, not for the metadata, the page table and then the
+ * rows (three in a row). */
+struct ds_seq {
+    int len, pos, ps;
+    int64_t slot_new;
+    const int32_t *prow;
+    int row[ATT_UNROLL]; /* -1: not a cached key */
+};
+
+__device__ ds_seq seq_of(const ds_args &a) {
+    const rp_decode_step &s = a.s;
+    ds_seq q;
+    q.len = s.meta.seq_kv_len[0], q.pos = s.positions[0], q.ps = s.meta.page_size;
+    q.slot_new = s.slots[0];
+    q.prow = s.meta.page_table + (int64_t)s.meta.seq_page_row[0] * s.meta.page_table_stride;
+    const int NS = a.splits, it = blockIdx.x, split = it % NS, per = (q.len + NS - 1) / NS;
+    const int j0 = split * per, j1 = min(q.len, j0 + per), jb = j0 + (int)(threadIdx.x >> 5);
+#pragma unroll
+    for (int u = 0; u < ATT_UNROLL; u++) {
+        const int j = jb + u * DS_CONSUMERS;
+        q.row[u] = it < s.nkv * NS && j < j1 && j != q.pos ? q.prow[j / q.ps] * q.ps + j % q.ps : -1;
+    }
+    return q;
+}
+
 /* The K and V rows of keys jb, jb + 8, ... (ATT_UNROLL of them, this
  * lane's dims at offset off) that are in [.., j1) and not the new one. */
 template <int DPL>
@@ -723,6 +752,23 @@ __device__ __forceinline__ void load_kv(lane_row<DPL> (&kr)[ATT_UNROLL], lane_ro
         vr[u].zero();
         if (j < j1 && j != pos) {
             const int64_t e = ((int64_t)prow[j / ps] * ps + j % ps) * kv_dim + off;
+            kr[u].load(kc + e);
+            vr[u].load(vc + e);
+        }
+    }
+}
+
+/* The same for the rows seq_of found (-1: none). */
+template <int DPL>
+__device__ __forceinline__ void load_kv_rows(lane_row<DPL> (&kr)[ATT_UNROLL], lane_row<DPL> (&vr)[ATT_UNROLL],
+                                             const int (&row)[ATT_UNROLL], const uint16_t *kc, const uint16_t *vc,
+                                             int64_t off, int kv_dim) {
+#pragma unroll
+    for (int u = 0; u < ATT_UNROLL; u++) {
+        kr[u].zero();
+        vr[u].zero();
+        if (row[u] >= 0) {
+            const int64_t e = (int64_t)row[u] * kv_dim + off;
             kr[u].load(kc + e);
             vr[u].load(vc + e);
         }
@@ -793,12 +839,12 @@ __device__ void merge_head(const ds_ws &ws, uint16_t *out, int kvh, int g, int G
  * first K/V batch is an L2 hit. */
 #define ATT_PREFETCH 128
 template <int HD>
-__device__ void prefetch_kv(const ds_args &a, int l) {
+__device__ void prefetch_kv(const ds_args &a, int l, const ds_seq &sq) {
     constexpr int LINES = HD * 2 / 128; /* 128-byte lines per key row */
     const rp_decode_step &s = a.s;
-    const int nkv = s.nkv, kv_dim = nkv * HD, NS = a.splits, len = s.meta.seq_kv_len[0], pos = s.positions[0];
-    const int32_t *prow = s.meta.page_table + (int64_t)s.meta.seq_page_row[0] * s.meta.page_table_stride;
-    const int ps = s.meta.page_size;
+    const int nkv = s.nkv, kv_dim = nkv * HD, NS = a.splits, len = sq.len, pos = sq.pos;
+    const int32_t *prow = sq.prow;
+    const int ps = sq.ps;
     const uint16_t *kc = s.k_cache + (size_t)l * s.kv_layer_elems, *vc = s.v_cache + (size_t)l * s.kv_layer_elems;
     for (int it = blockIdx.x; it < nkv * NS; it += a.grid) {
         const int kvh = it / NS, split = it - kvh * NS;
@@ -816,7 +862,7 @@ __device__ void prefetch_kv(const ds_args &a, int l) {
 /* Layer l's attention for sequence 0 into s.attn. */
 template <int G, int HD>
 __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws, uint64_t *tr,
-                                unsigned launch) {
+                                unsigned launch, const ds_seq &sq) {
     uint64_t tl = tr ? ds_now() : 0;
     constexpr int DPL = HD / 32;
     const rp_decode_step &s = a.s;
@@ -826,10 +872,9 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
     float *qs = reinterpret_cast<float *>(scratch); /* [G][HD] */
     float *kn = qs + G * HD, *vn = kn + HD;
     float *wm = vn + HD, *wl = wm + 8 * G, *wacc = wl + 8 * G;
-    const int len = s.meta.seq_kv_len[0], pos = s.positions[0];
-    const int64_t slot_new = s.slots[0];
-    const int32_t *prow = s.meta.page_table + (int64_t)s.meta.seq_page_row[0] * s.meta.page_table_stride;
-    const int ps = s.meta.page_size;
+    const int len = sq.len, pos = sq.pos, ps = sq.ps;
+    const int64_t slot_new = sq.slot_new;
+    const int32_t *prow = sq.prow;
     uint16_t *kc = s.k_cache + (size_t)l * s.kv_layer_elems, *vc = s.v_cache + (size_t)l * s.kv_layer_elems;
     const float scale = 1.0f / sqrtf((float)HD);
     const unsigned tag = ll_tag(launch, l);
@@ -840,7 +885,10 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
         /* The cached keys and values are from earlier steps: the first
          * batch is in flight while q and k are normalised and rotated. */
         lane_row<DPL> kr[ATT_UNROLL], vr[ATT_UNROLL];
-        load_kv<DPL>(kr, vr, j0 + warp, j1, pos, prow, ps, kc, vc, (int64_t)kvh * HD + lane * DPL, kv_dim);
+        if (it == (int)blockIdx.x)
+            load_kv_rows<DPL>(kr, vr, sq.row, kc, vc, (int64_t)kvh * HD + lane * DPL, kv_dim);
+        else
+            load_kv<DPL>(kr, vr, j0 + warp, j1, pos, prow, ps, kc, vc, (int64_t)kvh * HD + lane * DPL, kv_dim);
         for (int task = warp; task < G + 2; task += DS_CONSUMERS) {
             if (task < G) {
                 norm_rope_head<HD>(s.qkv + (kvh * G + task) * HD, ly->q_norm, s.inv_freq, (float)pos, s.eps,
@@ -1023,7 +1071,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(DS_CONSUMER_REGS));
     rp_pdl_wait();
     const unsigned launch = __ldcg(ws.launch);
-    prefetch_kv<HD>(a, 0);
+    const ds_seq sq = seq_of(a);
+    prefetch_kv<HD>(a, 0, sq);
     const rp_decode_step &s = a.s;
     const int L = s.num_layers, H = s.H, q_dim = s.nh * HD;
     int i = threadIdx.x >> 5; /* this warp's next ring piece */
@@ -1055,8 +1104,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
-        DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws, tr, launch));
-        if (l + 1 < L) prefetch_kv<HD>(a, l + 1);
+        DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws, tr, launch, sq));
+        if (l + 1 < L) prefetch_kv<HD>(a, l + 1, sq);
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim));
         DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
