@@ -324,10 +324,9 @@ static int32_t sampled_step(setup *s, int row, int n, int32_t next, int top, rp_
     return tok;
 }
 
-/* Prefills `prompt` (chunks of at most 512 tokens) into a fresh row, then
- * runs one decode step of `next` and leaves its logits in out. The row is
- * returned so that the same step can be run again. */
-static int prefill_then_step(setup *s, const int32_t *prompt, int n, int32_t next, float *out, float *scratch) {
+/* Prefills `prompt` (chunks of at most 512 tokens) into a fresh row with
+ * room for one more token; the row. */
+static int prefill_row(setup *s, const int32_t *prompt, int n, float *scratch) {
     rp_err err;
     rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 1, 1);
     int row = rp_page_table_acquire_row(s->table);
@@ -341,8 +340,28 @@ static int prefill_then_step(setup *s, const int32_t *prompt, int n, int32_t nex
         assert_int_equal(rp_backend_read_logits(s->be, scratch, &err), 0);
     }
     rp_batch_builder_free(bb);
+    return row;
+}
+
+/* Prefills `prompt` into a fresh row, then runs one decode step of `next`
+ * and leaves its logits in out. The row is returned so that the same step
+ * can be run again. */
+static int prefill_then_step(setup *s, const int32_t *prompt, int n, int32_t next, float *out, float *scratch) {
+    const int row = prefill_row(s, prompt, n, scratch);
     one_decode_step(s, row, n, next, out);
     return row;
+}
+
+/* One decode step of nb sequences together (next[b] at position n[b] of
+ * rows[b]); their logits, a row each, into out. */
+static void batch_decode_step(setup *s, const int *rows, const int *n, const int32_t *next, int nb, float *out) {
+    rp_err err;
+    rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 4, 4);
+    rp_batch_begin(bb);
+    for (int b = 0; b < nb; b++) assert_true(rp_batch_add(bb, rows[b], &next[b], 1, n[b], 1) >= 0);
+    if (rp_backend_forward(s->be, rp_batch_finish(bb), &err)) fail_msg("decode: %s", err.msg);
+    assert_int_equal(rp_backend_read_logits(s->be, out, &err), 0);
+    rp_batch_builder_free(bb);
 }
 
 /* Batch-1 decode as one persistent kernel against the chain of kernels
@@ -440,6 +459,83 @@ static void test_decode_step(void **state) {
     }
 }
 
+/* 2, 3 and 4 sequences of different lengths decoded together as one
+ * persistent kernel (3 through the kernel for 4) against the chain of
+ * kernels: every sequence's logits within bf16 noise, and the step replayed
+ * from its graph (3: padded to bucket 4 with a dummy sequence) bit-identical
+ * to it run eagerly. */
+static void test_decode_step_batch(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    const struct {
+        const char *name;
+        int layers, heads, kv_heads, runs; /* runs: one-kernel steps expected */
+    } shapes[] = {{"qwen3-0.6b", 4, 0, 0, 6},
+                  {"llama3.2-1b", 3, 0, 0, 6},
+                  {"qwen3-4b", 3, 0, 0, 6},
+                  /* 4 (and 3) rows of x beside the ring do not fit in 227 KiB */
+                  {"llama3-8b", 2, 0, 0, 2},
+                  {"qwen3-0.6b", 2, 16, 16, 6}};
+    const int lens[4] = {1000, 7, 100, 1};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        rp_model *m = real_shape_model(shapes[k].name, shapes[k].layers, shapes[k].heads, shapes[k].kv_heads);
+        const int V = m->cfg.vocab_size;
+        setup chain, one;
+        setenv("REPLAY_DECODE_STEP", "0", 1);
+        make(&chain, m, 1, 4, 1024 + 16, 0);
+        unsetenv("REPLAY_DECODE_STEP");
+        make(&one, m, 1, 4, 1024 + 16, 1);
+        float *a = malloc((size_t)4 * V * 4), *b = malloc((size_t)4 * V * 4), *c = malloc((size_t)4 * V * 4),
+              *scratch = malloc((size_t)V * 4);
+        int32_t *prompt = malloc(1000 * 4);
+        rp_backend_stats st0, st1;
+        int runs = 0;
+        for (int nb = 2; nb <= 4; nb++) {
+            int rc[4], ro[4], n[4];
+            int32_t next[4];
+            for (int s = 0; s < nb; s++) {
+                n[s] = lens[(s + nb) % 4];
+                for (int i = 0; i < n[s]; i++) prompt[i] = (int32_t)((i * 7919 + s * 131 + nb) % V);
+                next[s] = (int32_t)((n[s] * 104729 + s) % V);
+                rc[s] = prefill_row(&chain, prompt, n[s], scratch);
+                ro[s] = prefill_row(&one, prompt, n[s], scratch);
+            }
+            batch_decode_step(&chain, rc, n, next, nb, a);
+            one.be->ops->stats(one.be, &st0);
+            one.be->ops->set_graphs(one.be, 1);
+            batch_decode_step(&one, ro, n, next, nb, b);
+            one.be->ops->set_graphs(one.be, 0);
+            batch_decode_step(&one, ro, n, next, nb, c);
+            one.be->ops->stats(one.be, &st1);
+            runs += (int)(st1.decode_step_forwards - st0.decode_step_forwards);
+            if (memcmp(b, c, (size_t)nb * V * 4) != 0)
+                fail_msg("%s, %d sequences: graph replay differs from eager", shapes[k].name, nb);
+            for (int s = 0; s < nb; s++) {
+                double e = test_rel_l2(b + (size_t)s * V, a + (size_t)s * V, (size_t)V);
+                printf("%s (%d layers, %d/%d heads), %d sequences, #%d (%d cached): one kernel vs chain rel L2 %.2e\n",
+                       shapes[k].name, shapes[k].layers, m->cfg.num_heads, m->cfg.num_kv_heads, nb, s, n[s], e);
+                if (!(e < 1e-2))
+                    fail_msg("%s, %d sequences, #%d: one kernel vs chain: rel L2 %.3g", shapes[k].name, nb, s, e);
+            }
+            for (int s = 0; s < nb; s++) {
+                rp_page_table_release_row(chain.table, rc[s]);
+                rp_page_table_release_row(one.table, ro[s]);
+            }
+        }
+        /* graph and eager for each count that fits */
+        assert_int_equal(runs, shapes[k].runs);
+        if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
+        free(a);
+        free(b);
+        free(c);
+        free(scratch);
+        free(prompt);
+        unmake(&chain);
+        unmake(&one);
+        rp_model_free(m);
+    }
+}
+
 /* The engine on the GPU at a real shape: 48 requests of different lengths
  * decoded together (padded graph buckets, cuBLASLt for prefill and large
  * batches) against each alone (GEMV, bucket 1). bf16 arithmetic differs
@@ -523,6 +619,7 @@ int main(void) {
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_graph_equals_eager),
         cmocka_unit_test(test_decode_step),
+        cmocka_unit_test(test_decode_step_batch),
         cmocka_unit_test(test_engine_real_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

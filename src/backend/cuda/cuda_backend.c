@@ -362,6 +362,13 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
     return 0;
 }
 
+/* How many sequences the forward decodes as one persistent kernel: S when
+ * it is S sequences of one token each, every one with logits, and
+ * rp_k_decode_step takes that many on this model and device; else 0. */
+static int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logits, int decode) {
+    return decode && T == S && num_logits == S && S <= 4 && (cb->decode_step_ok >> (S == 3 ? 4 : S) & 1) ? S : 0;
+}
+
 /* Enqueues one forward over the metadata block: T tokens of S sequences,
  * logits for num_logits rows, sampled when sample is set. Only device
  * pointers and shapes: the same call is run eagerly and captured. */
@@ -374,11 +381,11 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     const int H = c->hidden_size, F = c->intermediate_size;
     const float eps = (float)c->rms_norm_eps;
     cb->prof_n = 0;
-    /* One sequence, one token: the whole step is one persistent kernel
-     * (kernels/decode_step.cu), then sampling. */
-    if (cb->decode_step_ok && decode && T == 1 && S == 1 && num_logits == 1) {
+    /* 1 to 4 sequences of one token: the whole step is one persistent
+     * kernel (kernels/decode_step.cu), then sampling. */
+    if (rp_cuda_decode_step_nb(cb, T, S, num_logits, decode)) {
         prof_mark(cb, "decode step (one kernel)");
-        RP_LAUNCH(rp_k_decode_step(&cb->ds, cb->num_sms, st), err);
+        RP_LAUNCH(rp_k_decode_step(&cb->ds, S, cb->num_sms, st), err);
         if (sample && launch_sample(cb, num_logits, err)) return RP_ERR;
         prof_mark(cb, NULL);
         return 0;
@@ -466,7 +473,7 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     RP_CUDA_TRY(cudaEventRecord(cb->ev_start, cb->stream), err);
     if (rp_cuda_pack_and_upload(cb, bt, g ? g->batch_size : S, err)) return RP_ERR;
     double t1 = rp_now_s();
-    cb->last_decode_step = cb->decode_step_ok && decode && T == 1 && bt->num_logits == 1;
+    cb->last_decode_step = rp_cuda_decode_step_nb(cb, T, S, bt->num_logits, decode);
     if (cb->last_decode_step) cb->stats.decode_step_forwards++;
     if (g) {
         RP_CUDA_TRY(cudaGraphLaunch(g->exec, cb->stream), err);
@@ -508,8 +515,9 @@ static int cmp_float(const void *a, const void *b) {
 int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_err *err) {
     if (!b || b->ops != &cuda_ops) return rp_errf(err, "the one-kernel decode step is timed on the CUDA backend only");
     rp_cuda_backend *cb = (rp_cuda_backend *)b;
-    if (!cb->last_decode_step)
-        return rp_errf(err, "the last forward was not a one-kernel batch-1 decode step (the model's shapes: %s)",
+    const int nb = cb->last_decode_step;
+    if (!nb)
+        return rp_errf(err, "the last forward was not a one-kernel decode step (the model's shapes: %s)",
                        cb->decode_step_ok ? "supported" : "not supported");
     if (cb->num_pending) return rp_errf(err, "read the last forward's results first");
     float ms[64];
@@ -517,10 +525,10 @@ int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_
     RP_CUDA_TRY(cudaSetDevice(cb->device), err);
     /* the slots' events are free: no forward is in flight */
     cudaEvent_t e0 = cb->ev_start_slot[0], e1 = cb->ev_end_slot[0];
-    for (int i = 0; i < 3; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, cb->num_sms, cb->stream), err);
+    for (int i = 0; i < 3; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, nb, cb->num_sms, cb->stream), err);
     for (int r = 0; r < reps; r++) {
         RP_CUDA_TRY(cudaEventRecord(e0, cb->stream), err);
-        for (int i = 0; i < inner; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, cb->num_sms, cb->stream), err);
+        for (int i = 0; i < inner; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, nb, cb->num_sms, cb->stream), err);
         RP_CUDA_TRY(cudaEventRecord(e1, cb->stream), err);
         RP_CUDA_TRY(cudaEventSynchronize(e1), err);
         RP_CUDA_TRY(cudaEventElapsedTime(&ms[r], e0, e1), err);
@@ -795,9 +803,11 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
     const size_t trace_bytes = (size_t)cb->num_sms * RP_DECODE_STEP_TRACE_STRIDE * 8;
     if (env && strcmp(env, "0") && rp_cuda_malloc((void **)&cb->ds.trace, trace_bytes, "decode step trace", err))
         return RP_ERR;
-    const char *why = rp_decode_step_check_device(&cb->ds, cb->num_sms);
-    cb->decode_step_ok = why == NULL;
-    if (why) rp_log_info("cuda: batch-1 decode runs as a chain of kernels (%s)", why);
+    for (int nb = 1; nb <= 4; nb *= 2) { /* 3 sequences run the kernel for 4 */
+        const char *why = rp_decode_step_check_device(&cb->ds, nb, cb->num_sms);
+        if (!why) cb->decode_step_ok |= 1 << nb;
+        else rp_log_info("cuda: decode of %d sequence%s runs as a chain of kernels (%s)", nb, nb > 1 ? "s" : "", why);
+    }
     return 0;
 }
 

@@ -52,8 +52,9 @@ typedef struct rp_cuda_backend {
     /* T <= fused_max_t (<= RP_GEMV_MAX_T) runs the fused decode path
      * (REPLAY_FUSED_MAX_T; 0 turns it off) */
     int fused_max_t;
-    /* batch-1 decode as one persistent kernel (rp_k_decode_step) when
-     * decode_step_ok; REPLAY_DECODE_STEP=0 turns it off */
+    /* decode of nb = 1 to 4 sequences as one persistent kernel
+     * (rp_k_decode_step) where bit nb (4 for 3) of decode_step_ok is set;
+     * REPLAY_DECODE_STEP=0 turns it off */
     int decode_step_ok;
     rp_decode_step ds;
     rp_decode_layer *d_layers;
@@ -97,7 +98,7 @@ typedef struct rp_cuda_backend {
     int slot_num_logits[2], slot_sampled[2];
     int slot_top[2]; /* some row of that forward asked for top logprobs: h_top_slot was copied */
     int cur_slot, num_pending;
-    int last_decode_step; /* the last forward ran rp_k_decode_step (rp_cuda_time_decode_step) */
+    int last_decode_step; /* the last forward ran rp_k_decode_step for this many sequences, or 0 */
 } rp_cuda_backend;
 
 int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len, int sample,

@@ -134,10 +134,13 @@ int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *
  * -1 (default) from DEC_PIPE_MIN_SEQS sequences (attn_decode.cu says why). */
 void rp_k_attn_decode_set_pipe(int mode);
 
-/* The whole batch-1 decode step (embedding to logits) as one persistent
- * kernel, one block per SM (kernels/decode_step.cu says how and why). Same
- * inputs as the chain of kernels: token, position, slot and the paged
- * attention view from the metadata block; sampling runs after it. */
+/* The whole decode step (embedding to logits) of 1 to 4 sequences, one
+ * token each, as one persistent kernel, one block per SM
+ * (kernels/decode_step.cu says how and why). Same inputs as the chain of
+ * kernels: tokens, positions, slots and the paged attention view from the
+ * metadata block (token b belongs to sequence b, logit row b to token b);
+ * the activation buffers hold a row per sequence; sampling runs after
+ * it. */
 typedef struct rp_decode_layer {
     const rp_bf16 *attn_norm, *wqkv, *q_norm, *k_norm, *wo, *mlp_norm, *wgu, *wdown;
 } rp_decode_layer;
@@ -150,8 +153,8 @@ typedef struct rp_decode_step {
     rp_attn_meta meta;
     rp_bf16 *k_cache, *v_cache;
     size_t kv_layer_elems;
-    float *residual; /* [H] */
-    float *logits;   /* [V] */
+    float *residual; /* [nb][H] */
+    float *logits;   /* [nb][V] */
     rp_bf16 *qkv, *attn, *act;
     void *workspace; /* rp_decode_step_workspace_bytes(), zeroed once */
     /* NULL, or [grid][RP_DECODE_STEP_TRACE_STRIDE] u64 per block of the
@@ -163,10 +166,12 @@ typedef struct rp_decode_step {
 } rp_decode_step;
 size_t rp_decode_step_workspace_bytes(int nh, int nkv);
 /* NULL when the shapes are supported, else why not; _device also asks the
- * current device (cooperative launch, a block per SM). */
+ * current device for nb sequences (shared memory, cooperative launch, a
+ * block per SM). 3 sequences run the kernel for 4 (the same arithmetic
+ * per sequence as 3 padded to 4). */
 const char *rp_decode_step_check(const rp_decode_step *s);
-const char *rp_decode_step_check_device(const rp_decode_step *s, int num_sms);
-int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream_t stream);
+const char *rp_decode_step_check_device(const rp_decode_step *s, int nb, int num_sms);
+int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, cudaStream_t stream);
 /* Per block: RP_DECODE_STEP_TRACE_SLOTS totals, then from slot 16 the
  * %globaltimer (ns) at which it arrived at and left grid barrier k (slots
  * 16 + 2k and 16 + 2k + 1; five barriers per layer). */

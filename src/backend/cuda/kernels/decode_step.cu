@@ -1,4 +1,6 @@
-/* The whole batch-1 decode step in one persistent kernel.
+/* The whole decode step of one to four sequences (one token each) in one
+ * persistent kernel; what follows describes one, and gemv_phase how the
+ * others share its weight stream.
  *
  * Why: at batch 1 a step is ~6 launches per layer, and every launch boundary
  * costs a ramp-up and a drain (~3-5 us each even under PDL), which on the
@@ -98,7 +100,18 @@ struct ds_args {
     int prefetch_now; /* of those, issued at once when it starts to wait (produce) */
     int keep_res;     /* the residual row stays in shared memory for the o and down epilogues */
     int dyn_eighths; /* eighths of a large phase's units taken dynamically */
+    /* Several sequences (NB > 1): how many (nb <= NB; the rest of the
+     * kernel's rows are left alone, so that 3 sequences get the same
+     * arithmetic alone as padded to 4), the ring's geometry for kc, and x's
+     * row stride in elements. One sequence uses the constants. */
+    int nb, row_stride, stage_bytes, xstride;
 };
+
+/* A stage's rows 2 kc + 64 bytes apart (see DS_ROW_STRIDE); x rows kmax +
+ * 32 elements apart, so that the matrix loop's x loads for two sequences
+ * (64 bytes each) fall on the two halves of the banks. */
+__host__ __device__ static inline int ds_row_stride(int kc) { return kc * 2 + 64; }
+__host__ __device__ static inline int ds_xstride(int kmax, int nb) { return nb == 1 ? kmax : kmax + 32; }
 
 /* Shared memory: mbarriers, the ring, one region used either as x (bf16,
  * kmax) or as attention scratch, the per-piece partial sums and per-unit
@@ -125,19 +138,23 @@ __host__ __device__ static inline size_t ds_attn_bytes(int G) {
     return ((size_t)G * DS_HD + 2 * DS_HD + 2 * 8 * (size_t)G + 8 * (size_t)G * DS_HD) * 4 + 16;
 }
 
-__host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G, int phases, int res) {
+/* nb sequences: x, the partial sums and the kept residual rows per
+ * sequence; stage_bytes: the ring's stage (DS_STAGE for one sequence). */
+__host__ __device__ static inline ds_layout ds_plan(int stages, int kmax, int G, int phases, int res, int nb = 1,
+                                                    int stage_bytes = DS_STAGE) {
     ds_layout L;
     L.ring = 256; /* 2 * DS_MAX_STAGES mbarriers */
-    L.xs = L.ring + (size_t)stages * DS_STAGE;
+    L.xs = L.ring + (size_t)stages * stage_bytes;
     L.attn = L.xs; /* x and the attention scratch are never live together */
-    size_t x_bytes = ((size_t)kmax * 2 + 127) / 128 * 128, a_bytes = (ds_attn_bytes(G) + 127) / 128 * 128;
+    size_t x_bytes = ((size_t)nb * ds_xstride(kmax, nb) * 2 + 127) / 128 * 128,
+           a_bytes = (ds_attn_bytes(G) + 127) / 128 * 128;
     L.part = L.xs + (x_bytes > a_bytes ? x_bytes : a_bytes);
-    L.ucnt = L.part + (size_t)DS_PART_SLOTS * DS_ROWS * 4;
+    L.ucnt = L.part + (size_t)DS_PART_SLOTS * DS_ROWS * 4 * nb;
     L.info = L.ucnt + (size_t)DS_PART_SLOTS * 4;
     L.pend = L.info + (size_t)stages * sizeof(ds_info);
     L.red = (L.pend + (size_t)phases * 4 + 15) / 16 * 16;
     L.rs = L.red + 64 * 4;
-    L.total = L.rs + (size_t)res * 4;
+    L.total = L.rs + (size_t)res * nb * 4;
     return L;
 }
 
@@ -359,12 +376,13 @@ __device__ __forceinline__ void prefetch_ahead(const ds_args &a, ds_walk &pw, in
  * each time try_wait gives up, up to a.prefetch. (try_wait sleeps until
  * the stage is free or a long system time limit passes, so the second kind
  * is rare: about one per stall.) */
-template <bool TRACE>
+template <int NB, bool TRACE>
 __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
                         ds_info *info, volatile int *pend) {
     uint64_t policy, waited = 0;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     const int NP = 4 * a.s.num_layers + 1, st = a.stages;
+    const int stage_b = NB == 1 ? DS_STAGE : a.stage_bytes, row_b = NB == 1 ? DS_ROW_STRIDE : a.row_stride;
     int i = 0, useq = 0, n_static = 0, n_walked = 0;
     ds_walk pw;
     pw.p = 0;
@@ -401,8 +419,8 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                     mbar_expect_tx(&full[slot], DS_ROWS * row_bytes);
                     /* one copy per row: the rows land apart, see DS_ROW_STRIDE */
                     for (int j = 0; j < DS_ROWS; j++)
-                        bulk_copy(ring + (size_t)slot * DS_STAGE + j * DS_ROW_STRIDE, src + (int64_t)j * m.K + kc,
-                                  row_bytes, &full[slot], policy);
+                        bulk_copy(ring + (size_t)slot * stage_b + j * row_b, src + (int64_t)j * m.K + kc, row_bytes,
+                                  &full[slot], policy);
                     n_static += !dyn;
                 }
             }
@@ -517,13 +535,21 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
  * piece order and applies the epilogue, so the result does not depend on
  * which warp was last. i and useq are the ring and unit
  * positions (the producer walks the same sequence). rs: the residual row
- * kept by stage_norm, or null (the residual epilogue reads L2). */
+ * kept by stage_norm, or null (the residual epilogue reads L2).
+ * NB sequences (up to 4): B's columns 2b and 2b + 1 hold sequence b's x
+ * halves, so the same mma covers all of them, and lane (g, b) holds row
+ * g of sequence b. */
+template <int NB>
 __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, int &iw, const uint8_t *ring,
                            uint64_t *full, uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt,
                            const ds_info *info, volatile int *pend, uint64_t *tr) {
     const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
     const ds_mat m = phase_mat(a.s, p);
     const int nch = (m.K + a.kc - 1) / a.kc, P = m.runs * nch;
+    const int stage_b = NB == 1 ? DS_STAGE : a.stage_bytes, row_b = NB == 1 ? DS_ROW_STRIDE : a.row_stride;
+    /* this lane's B column g: sequence g / 2 (past 2 NB, columns that are
+     * never read) */
+    const int tb = min(g >> 1, NB - 1);
     for (;; iw += DS_CONSUMERS) {
         /* piece iw, unless the phase ends before it */
         const int slot = iw % st;
@@ -536,9 +562,10 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
         if (!ready || iw >= pend[p]) break;
         const ds_info in = info[slot];
         const int j = iw - in.first, kc = (j % nch) * a.kc, steps = min(a.kc, m.K - kc) / 32;
-        const uint8_t *wrow = ring + (size_t)slot * DS_STAGE + g * DS_ROW_STRIDE + c * 16;
+        const uint8_t *wrow = ring + (size_t)slot * stage_b + g * row_b + c * 16;
         /* x: this lane's column (g & 1: which half of each 8 k) */
-        const uint8_t *xb = reinterpret_cast<const uint8_t *>(xs + kc) + c * 16 + (g & 1) * 8;
+        const uint8_t *xb =
+            reinterpret_cast<const uint8_t *>(xs + (NB == 1 ? 0 : tb * a.xstride) + kc) + c * 16 + (g & 1) * 8;
         float acc[4][4] = {};
         for (int kk = 0; kk < steps; kk += 8) { /* steps is a multiple of 8 (K % 256 == 0) */
             uint4 w[8];
@@ -551,10 +578,10 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
 #pragma unroll
             for (int q = 0; q < 8; q++) rp_mma_16816(acc[q & 3], w[q].x, w[q].z, w[q].y, w[q].w, x[q].x, x[q].y);
         }
-        if (c == 0) {
+        if (c < NB) {
             const float d0 = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
             const float d3 = (acc[0][3] + acc[1][3]) + (acc[2][3] + acc[3][3]);
-            part[(iw & (DS_PART_SLOTS - 1)) * DS_ROWS + g] = d0 + d3;
+            part[((iw & (DS_PART_SLOTS - 1)) * NB + (NB == 1 ? 0 : c)) * DS_ROWS + g] = d0 + d3;
         }
         __syncwarp();
         int last = 0;
@@ -569,13 +596,15 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
          * barrier, order every lane's reads of their partials after them */
         if (lane == 0) __threadfence_block();
         __syncwarp();
-        if (lane < DS_ROWS) {
+        if (lane < DS_ROWS * (NB == 1 ? 1 : a.nb)) {
+            /* row r of sequence b; the output rows are m.N apart */
+            const int r = NB == 1 ? lane : lane & 7, b = NB == 1 ? 0 : lane >> 3;
             float v0 = 0.0f, v1 = 0.0f;
             for (int q = 0; q < nch; q++) {
-                v0 += part[((in.first + q) & (DS_PART_SLOTS - 1)) * DS_ROWS + lane];
-                if (m.runs == 2) v1 += part[((in.first + nch + q) & (DS_PART_SLOTS - 1)) * DS_ROWS + lane];
+                v0 += part[(((in.first + q) & (DS_PART_SLOTS - 1)) * NB + b) * DS_ROWS + r];
+                if (m.runs == 2) v1 += part[(((in.first + nch + q) & (DS_PART_SLOTS - 1)) * NB + b) * DS_ROWS + r];
             }
-            const int n = in.unit * DS_ROWS + lane;
+            const int n = (NB == 1 ? 0 : b * m.N) + in.unit * DS_ROWS + r;
             switch (epi) {
             case EPI_BF16: a.s.qkv[n] = rp_f32_bf16(v0); break;
             case EPI_RESIDUAL:
@@ -723,19 +752,39 @@ struct ds_seq {
     int row[ATT_UNROLL]; /* -1: not a cached key */
 };
 
+/* Sequence b's metadata (its token is token b of the step). */
+__device__ __forceinline__ void seq_meta(const ds_args &a, int b, ds_seq &q) {
+    const rp_decode_step &s = a.s;
+    q.len = s.meta.seq_kv_len[b], q.pos = s.positions[b], q.ps = s.meta.page_size;
+    q.slot_new = s.slots[b];
+    q.prow = s.meta.page_table + (int64_t)s.meta.seq_page_row[b] * s.meta.page_table_stride;
+}
+
+/* Attention items: (sequence, kv head, split), numbered in that order. */
+template <int NB>
 __device__ ds_seq seq_of(const ds_args &a) {
     const rp_decode_step &s = a.s;
+    const int NS = a.splits, it = blockIdx.x, split = it % NS;
+    const int nb = NB == 1 ? 1 : a.nb;
     ds_seq q;
-    q.len = s.meta.seq_kv_len[0], q.pos = s.positions[0], q.ps = s.meta.page_size;
-    q.slot_new = s.slots[0];
-    q.prow = s.meta.page_table + (int64_t)s.meta.seq_page_row[0] * s.meta.page_table_stride;
-    const int NS = a.splits, it = blockIdx.x, split = it % NS, per = (q.len + NS - 1) / NS;
+    seq_meta(a, NB == 1 ? 0 : min(it / (s.nkv * NS), nb - 1), q);
+    const int per = (q.len + NS - 1) / NS;
     const int j0 = split * per, j1 = min(q.len, j0 + per), jb = j0 + (int)(threadIdx.x >> 5);
 #pragma unroll
     for (int u = 0; u < ATT_UNROLL; u++) {
         const int j = jb + u * DS_CONSUMERS;
-        q.row[u] = it < s.nkv * NS && j < j1 && j != q.pos ? q.prow[j / q.ps] * q.ps + j % q.ps : -1;
+        q.row[u] = it < nb * s.nkv * NS && j < j1 && j != q.pos ? q.prow[j / q.ps] * q.ps + j % q.ps : -1;
     }
+    return q;
+}
+
+/* The sequence of item it: sq for the block's first item, else read
+ * (only where there are more items than blocks, one split each). */
+template <int NB>
+__device__ __forceinline__ ds_seq item_seq(const ds_args &a, int it, const ds_seq &sq) {
+    if (NB == 1 || it == (int)blockIdx.x) return sq;
+    ds_seq q = sq;
+    seq_meta(a, it / (a.s.nkv * a.splits), q);
     return q;
 }
 
@@ -786,19 +835,20 @@ __device__ __forceinline__ void load_kv_rows(lane_row<DPL> (&kr)[ATT_UNROLL], la
  * kv heads than blocks, one split per kv head, which is its own merger. */
 #define MERGE_BATCH 8
 template <int HD>
-__device__ void merge_head(const ds_ws &ws, uint16_t *out, int kvh, int g, int G, int NS, unsigned tag,
+__device__ void merge_head(const ds_ws &ws, uint16_t *out, int kvh, int item0, int g, int G, int NS, unsigned tag,
                            uint8_t *scratch) {
     constexpr int R = DS_CONSUMERS * 32 / HD; /* threads per dimension */
     float *m = reinterpret_cast<float *>(scratch), *f = m + DS_MAX_SPLITS, *l = f + DS_MAX_SPLITS;
     float *acc = l + DS_MAX_SPLITS; /* [R][HD] */
     const int t = threadIdx.x, d = t % HD, r = t / HD;
-    const unsigned long long *o = ws.o + ((int64_t)kvh * NS * G + g) * HD + d;
+    /* item0: the item of split 0 */
+    const unsigned long long *o = ws.o + ((int64_t)item0 * G + g) * HD + d;
     unsigned long long x[MERGE_BATCH];
 #pragma unroll
     for (int k = 0; k < MERGE_BATCH; k++)
         if (r + k * R < NS) x[k] = ll_load(o + (int64_t)(r + k * R) * G * HD);
     if (t < 2 * NS) {
-        const unsigned long long *w = ws.ml + (((int64_t)kvh * NS + t / 2) * G + g) * 2 + (t & 1);
+        const unsigned long long *w = ws.ml + (((int64_t)item0 + t / 2) * G + g) * 2 + (t & 1);
         (t & 1 ? l : m)[t / 2] = ll_value(ll_load(w), w, tag);
     }
     cbar();
@@ -838,16 +888,17 @@ __device__ void merge_head(const ds_ws &ws, uint16_t *out, int kvh, int g, int G
  * and a load that misses L2 waits behind them; issued a layer ahead, the
  * first K/V batch is an L2 hit. */
 #define ATT_PREFETCH 128
-template <int HD>
-__device__ void prefetch_kv(const ds_args &a, int l, const ds_seq &sq) {
+template <int HD, int NB>
+__device__ void prefetch_kv(const ds_args &a, int l, const ds_seq &sq0) {
     constexpr int LINES = HD * 2 / 128; /* 128-byte lines per key row */
     const rp_decode_step &s = a.s;
-    const int nkv = s.nkv, kv_dim = nkv * HD, NS = a.splits, len = sq.len, pos = sq.pos;
-    const int32_t *prow = sq.prow;
-    const int ps = sq.ps;
+    const int nkv = s.nkv, kv_dim = nkv * HD, NS = a.splits;
     const uint16_t *kc = s.k_cache + (size_t)l * s.kv_layer_elems, *vc = s.v_cache + (size_t)l * s.kv_layer_elems;
-    for (int it = blockIdx.x; it < nkv * NS; it += a.grid) {
-        const int kvh = it / NS, split = it - kvh * NS;
+    for (int it = blockIdx.x; it < (NB == 1 ? 1 : a.nb) * nkv * NS; it += a.grid) {
+        const ds_seq sq = item_seq<NB>(a, it, sq0);
+        const int len = sq.len, pos = sq.pos, ps = sq.ps;
+        const int32_t *prow = sq.prow;
+        const int kvh = NB == 1 ? it / NS : (it / NS) % nkv, split = it - (it / NS) * NS;
         const int per = (len + NS - 1) / NS, j0 = split * per, j1 = min(min(len, j0 + per), j0 + ATT_PREFETCH);
         for (int e = threadIdx.x; e < (j1 - j0) * 2 * LINES; e += DS_CONSUMERS * 32) {
             const int j = j0 + e / (2 * LINES), r = e % (2 * LINES);
@@ -859,10 +910,10 @@ __device__ void prefetch_kv(const ds_args &a, int l, const ds_seq &sq) {
     }
 }
 
-/* Layer l's attention for sequence 0 into s.attn. */
-template <int G, int HD>
+/* Layer l's attention for the NB sequences into s.attn. */
+template <int G, int HD, int NB>
 __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws, uint64_t *tr,
-                                unsigned launch, const ds_seq &sq) {
+                                unsigned launch, const ds_seq &sq0) {
     uint64_t tl = tr ? ds_now() : 0;
     constexpr int DPL = HD / 32;
     const rp_decode_step &s = a.s;
@@ -872,14 +923,18 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
     float *qs = reinterpret_cast<float *>(scratch); /* [G][HD] */
     float *kn = qs + G * HD, *vn = kn + HD;
     float *wm = vn + HD, *wl = wm + 8 * G, *wacc = wl + 8 * G;
-    const int len = sq.len, pos = sq.pos, ps = sq.ps;
-    const int64_t slot_new = sq.slot_new;
-    const int32_t *prow = sq.prow;
     uint16_t *kc = s.k_cache + (size_t)l * s.kv_layer_elems, *vc = s.v_cache + (size_t)l * s.kv_layer_elems;
     const float scale = 1.0f / sqrtf((float)HD);
     const unsigned tag = ll_tag(launch, l);
-    for (int it = blockIdx.x; it < nkv * NS; it += a.grid) {
-        const int kvh = it / NS, split = it - kvh * NS;
+    for (int it = blockIdx.x; it < (NB == 1 ? 1 : a.nb) * nkv * NS; it += a.grid) {
+        const ds_seq sq = item_seq<NB>(a, it, sq0);
+        const int len = sq.len, pos = sq.pos, ps = sq.ps;
+        const int64_t slot_new = sq.slot_new;
+        const int32_t *prow = sq.prow;
+        /* sequence b's rows of qkv and attn */
+        const int b = NB == 1 ? 0 : it / (nkv * NS), kvh = NB == 1 ? it / NS : (it / NS) % nkv;
+        const int split = it - (it / NS) * NS;
+        const uint16_t *qkv = s.qkv + (NB == 1 ? 0 : (int64_t)b * (q_dim + 2 * kv_dim));
         const int per = (len + NS - 1) / NS, j0 = split * per, j1 = min(len, j0 + per);
         const bool has_new = pos >= j0 && pos < j1;
         /* The cached keys and values are from earlier steps: the first
@@ -891,13 +946,13 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
             load_kv<DPL>(kr, vr, j0 + warp, j1, pos, prow, ps, kc, vc, (int64_t)kvh * HD + lane * DPL, kv_dim);
         for (int task = warp; task < G + 2; task += DS_CONSUMERS) {
             if (task < G) {
-                norm_rope_head<HD>(s.qkv + (kvh * G + task) * HD, ly->q_norm, s.inv_freq, (float)pos, s.eps,
+                norm_rope_head<HD>(qkv + (kvh * G + task) * HD, ly->q_norm, s.inv_freq, (float)pos, s.eps,
                                    qs + task * HD, nullptr);
             } else if (task == G && has_new) {
-                norm_rope_head<HD>(s.qkv + q_dim + kvh * HD, ly->k_norm, s.inv_freq, (float)pos, s.eps, kn,
+                norm_rope_head<HD>(qkv + q_dim + kvh * HD, ly->k_norm, s.inv_freq, (float)pos, s.eps, kn,
                                    slot_new >= 0 ? kc + slot_new * kv_dim + kvh * HD : nullptr);
             } else if (task == G + 1 && has_new) {
-                const uint16_t *src = s.qkv + q_dim + kv_dim + kvh * HD;
+                const uint16_t *src = qkv + q_dim + kv_dim + kvh * HD;
                 for (int d = lane; d < HD; d += 32) {
                     const uint16_t v = ld_cg_u16(src + d);
                     vn[d] = rp_bf16_f32(v);
@@ -1028,17 +1083,21 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
         }
         cbar(); /* the scratch is reused */
         ds_lap(tr, TR_ATT_PUBLISH, tl);
-        for (int g = split; g < G; g += NS) merge_head<HD>(ws, s.attn, kvh, g, G, NS, tag, scratch);
+        for (int g = split; g < G; g += NS)
+            merge_head<HD>(ws, s.attn + (NB == 1 ? 0 : (int64_t)b * q_dim), kvh, it - split, g, G, NS, tag, scratch);
         ds_lap(tr, TR_ATT_MERGE, tl);
     }
 }
 
 /* TRACE: the kernel that records where its time goes (s.trace set); the
- * other has none of that code, which alone makes it 0.4-2.7% faster. */
-template <int G, int HD, bool TRACE>
+ * other has none of that code, which alone makes it 0.4-2.7% faster.
+ * NB: sequences decoded together (1, 2 or 4, one token each), all through
+ * the same weight stream. */
+template <int G, int HD, int NB, bool TRACE>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
     extern __shared__ __align__(128) uint8_t smem[];
-    const ds_layout Lo = ds_plan(a.stages, a.kmax, G, 4 * a.s.num_layers + 1, a.keep_res ? a.s.H : 0);
+    const ds_layout Lo = ds_plan(a.stages, a.kmax, G, 4 * a.s.num_layers + 1, a.keep_res ? a.s.H : 0, NB,
+                                 NB == 1 ? DS_STAGE : a.stage_bytes);
     uint64_t *full = reinterpret_cast<uint64_t *>(smem), *empty = full + DS_MAX_STAGES;
     uint8_t *ring = smem + Lo.ring;
     uint16_t *xs = reinterpret_cast<uint16_t *>(smem + Lo.xs);
@@ -1065,25 +1124,29 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(DS_PRODUCER_REGS));
         /* weights are constant: stream them before (and regardless of) the
          * wait for the previous kernel */
-        if (warp == DS_CONSUMERS && lane == 0) produce<TRACE>(a, ws, ring, full, empty, info, pend);
+        if (warp == DS_CONSUMERS && lane == 0) produce<NB, TRACE>(a, ws, ring, full, empty, info, pend);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(DS_CONSUMER_REGS));
     rp_pdl_wait();
     const unsigned launch = __ldcg(ws.launch);
-    const ds_seq sq = seq_of(a);
-    prefetch_kv<HD>(a, 0, sq);
+    const ds_seq sq = seq_of<NB>(a);
+    prefetch_kv<HD, NB>(a, 0, sq);
     const rp_decode_step &s = a.s;
     const int L = s.num_layers, H = s.H, q_dim = s.nh * HD;
+    /* sequence b's x at xs + b * xst */
+    const int xst = NB == 1 ? 0 : a.xstride, nb = NB == 1 ? 1 : a.nb;
     int i = threadIdx.x >> 5; /* this warp's next ring piece */
     unsigned target = 0;
-    const int32_t token = rp_step_token(s.tokens, s.prev_sampled, 0);
-    {
+    int32_t token[NB];
+    for (int b = 0; b < nb; b++) {
+        token[b] = rp_step_token(s.tokens, s.prev_sampled, b);
         /* the residual stream starts as the embedding row: each block
          * writes its share (first read after two grid barriers) */
-        const uint16_t *e = s.embed + (int64_t)token * H;
+        const uint16_t *e = s.embed + (int64_t)token[b] * H;
         const int h0 = (int)((int64_t)blockIdx.x * H / a.grid), h1 = (int)((int64_t)(blockIdx.x + 1) * H / a.grid);
-        for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32) s.residual[k] = rp_bf16_f32(e[k]);
+        for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32)
+            s.residual[(int64_t)b * H + k] = rp_bf16_f32(e[k]);
     }
     /* trace: thread 0's time per kind of work (its warp's view) */
     uint64_t trl[TR_PIECES + 1] = {}, *tr = TRACE && threadIdx.x == 0 ? trl : nullptr;
@@ -1096,32 +1159,42 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (tr) tr[kind] += ds_now() - t0_;                                                                            \
     } while (0)
     const uint64_t t_begin = tk;
+    /* each sequence's row: x from the residual (norm) or a bf16 buffer */
+#define DS_NORM(emb_b, w, keep)                                                                                        \
+    for (int b = 0; b < nb; b++)                                                                                       \
+    stage_norm(xs + b * xst, s.residual + (int64_t)b * H, emb_b, w, H, s.eps, red, keep ? rs + b * H : nullptr)
+#define DS_BF16(src, K)                                                                                                \
+    for (int b = 0; b < nb; b++) stage_bf16(xs + b * xst, src + (int64_t)b * K, K)
     for (int l = 0; l < L; l++) {
         const rp_decode_layer *ly = &s.layers[l];
-        DS_T(TR_STAGE, stage_norm(xs, s.residual, l == 0 ? s.embed + (int64_t)token * H : nullptr,
-                                  ly->attn_norm, H, s.eps, red, rs));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+        DS_T(TR_STAGE, DS_NORM(l == 0 ? s.embed + (int64_t)token[b] * H : nullptr, ly->attn_norm, rs));
+        DS_T(TR_GEMV, gemv_phase<NB>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
-        DS_T(TR_ATTN, attention_phase<G, HD>(a, l, smem + Lo.attn, ws, tr, launch, sq));
-        if (l + 1 < L) prefetch_kv<HD>(a, l + 1, sq);
+        DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq));
+        if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
-        DS_T(TR_STAGE, stage_bf16(xs, s.attn, q_dim));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+        DS_T(TR_STAGE, DS_BF16(s.attn, q_dim));
+        DS_T(TR_GEMV,
+             gemv_phase<NB>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
-        DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, ly->mlp_norm, H, s.eps, red, rs));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+        DS_T(TR_STAGE, DS_NORM(nullptr, ly->mlp_norm, rs));
+        DS_T(TR_GEMV,
+             gemv_phase<NB>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
-        DS_T(TR_STAGE, stage_bf16(xs, s.act, s.F));
-        DS_T(TR_GEMV, gemv_phase(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+        DS_T(TR_STAGE, DS_BF16(s.act, s.F));
+        DS_T(TR_GEMV,
+             gemv_phase<NB>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
-    DS_T(TR_STAGE, stage_norm(xs, s.residual, nullptr, s.final_norm, H, s.eps, red, nullptr));
-    DS_T(TR_GEMV, gemv_phase(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+    DS_T(TR_STAGE, DS_NORM(nullptr, s.final_norm, false));
+    DS_T(TR_GEMV, gemv_phase<NB>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr));
+#undef DS_NORM
+#undef DS_BF16
 #undef DS_T
     if (tr) {
         tr[TR_TOTAL] = ds_now() - t_begin;
@@ -1227,42 +1300,72 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
 
 typedef void (*ds_kernel_fn)(const ds_args);
 
-#define DS_KERNELS(T)                                                                                                  \
-    {{decode_step_kernel<1, 64, T>, decode_step_kernel<2, 64, T>, decode_step_kernel<4, 64, T>,                       \
-      decode_step_kernel<8, 64, T>},                                                                                   \
-     {decode_step_kernel<1, 128, T>, decode_step_kernel<2, 128, T>, decode_step_kernel<4, 128, T>,                     \
-      decode_step_kernel<8, 128, T>}}
+#define DS_KERNELS(NB, T)                                                                                              \
+    {{decode_step_kernel<1, 64, NB, T>, decode_step_kernel<2, 64, NB, T>, decode_step_kernel<4, 64, NB, T>,           \
+      decode_step_kernel<8, 64, NB, T>},                                                                               \
+     {decode_step_kernel<1, 128, NB, T>, decode_step_kernel<2, 128, NB, T>, decode_step_kernel<4, 128, NB, T>,         \
+      decode_step_kernel<8, 128, NB, T>}}
 
-/* The kernel for a GQA group and head size, with or without the trace, its
- * dynamic shared memory limit raised to smem (once per kernel and size). */
-static ds_kernel_fn kernel_for(int G, int HD, bool trace, size_t smem, cudaError_t *e) {
-    static const ds_kernel_fn fns[2][2][4] = {DS_KERNELS(false), DS_KERNELS(true)};
-    static size_t set_for[2][2][4];
-    const int t = trace, h = HD == 128, g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
+/* The kernel for a GQA group, head size and sequence count, with or
+ * without the trace (one sequence only), its dynamic shared memory limit
+ * raised to smem (once per kernel and size). */
+static ds_kernel_fn kernel_for(int G, int HD, int nb, bool trace, size_t smem, cudaError_t *e) {
+    static const ds_kernel_fn fns[4][2][4] = {DS_KERNELS(1, false), DS_KERNELS(1, true), DS_KERNELS(2, false),
+                                              DS_KERNELS(4, false)};
+    static size_t set_for[4][2][4];
+    const int v = nb == 1 ? trace : nb == 2 ? 2 : 3, h = HD == 128, g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
     *e = cudaSuccess;
-    if (set_for[t][h][g] != smem) {
-        *e = cudaFuncSetAttribute(fns[t][h][g], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (set_for[v][h][g] != smem) {
+        *e = cudaFuncSetAttribute(fns[v][h][g], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (*e != cudaSuccess) return nullptr;
-        set_for[t][h][g] = smem;
+        set_for[v][h][g] = smem;
     }
-    return fns[t][h][g];
+    return fns[v][h][g];
 }
 #undef DS_KERNELS
 
-static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *smem) {
+/* The kernel's sequence count for nb sequences: 1, 2 or 4. */
+static int ds_nb_kernel(int nb) { return nb <= 2 ? nb : 4; }
+
+/* Arguments for nb sequences, the kernel's count (ds_nb_kernel) setting
+ * everything but the loops over them, and its shared memory. */
+static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args *a, size_t *smem) {
+    const int nb = ds_nb_kernel(nb_real);
     int dev = 0, optin = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
         return -1;
     a->s = *s;
+    a->nb = nb_real;
     a->grid = num_sms;
     a->kmax = kmax_of(s);
-    a->splits = num_sms / s->nkv;
+    /* attention items (sequence, kv head, split): at most one per block,
+     * and the partials' workspace holds DS_MAX_SPLITS per query head */
+    a->splits = num_sms / (s->nkv * nb);
     if (a->splits < 1) a->splits = 1;
-    if (a->splits > DS_MAX_SPLITS) a->splits = DS_MAX_SPLITS;
+    if (a->splits > DS_MAX_SPLITS / nb) a->splits = DS_MAX_SPLITS / nb;
     a->stages = DS_STAGES;
     a->kc = ds_kc(s, num_sms);
     if (!ds_pieces_fit(s, a->kc)) a->kc = DS_KC; /* narrower pieces would overflow the slots */
+    const int plan_phases = 4 * s->num_layers + 1, G = s->nh / s->nkv;
+    a->xstride = ds_xstride(a->kmax, nb);
+    a->row_stride = DS_ROW_STRIDE;
+    a->stage_bytes = DS_STAGE;
+    if (nb > 1) {
+        /* x for every sequence beside the ring: stages as wide as the
+         * piece, and narrower pieces where that does not fit, down to 1024
+         * (qwen3-8b's 4 sequences at 768: 7.71 ms against 7.07 as a chain;
+         * bench/RESULTS.md, tenth session) */
+        bool fits = false;
+        for (int kc = a->kc; kc >= 1024 && !fits; kc -= 256) {
+            a->kc = kc;
+            a->row_stride = ds_row_stride(kc);
+            a->stage_bytes = DS_ROWS * a->row_stride;
+            fits = ds_pieces_fit(s, kc) &&
+                   ds_plan(a->stages, a->kmax, G, plan_phases, 0, nb, a->stage_bytes).total <= (size_t)optin;
+        }
+        if (!fits) return -1;
+    }
     static int pf = INT_MIN, dyn = INT_MIN, pfn = INT_MIN, kres = INT_MIN;
     const int64_t lb = layer_bytes_per_sm(s, num_sms);
     /* How far ahead of the ring the producer may prefetch: 8 pieces on the
@@ -1295,25 +1398,26 @@ static int make_args(const rp_decode_step *s, int num_sms, ds_args *a, size_t *s
      * down epilogues then skip an L2 round trip (qwen3-0.6b 0.961 -> 0.957
      * ms, qwen3-1.7b 1.779 -> 1.748, llama3.2-1b 1.215 -> 1.211;
      * REPLAY_DECODE_STEP_RES=0 turns it off). */
-    const int plan_phases = 4 * s->num_layers + 1;
-    const bool res_fits = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, plan_phases, s->H).total <= (size_t)optin;
+    const bool res_fits =
+        ds_plan(a->stages, a->kmax, G, plan_phases, s->H, nb, a->stage_bytes).total <= (size_t)optin;
     a->keep_res = env_knob("REPLAY_DECODE_STEP_RES", 0, 1, 1, &kres) && res_fits;
-    *smem = ds_plan(DS_STAGES, a->kmax, s->nh / s->nkv, plan_phases, a->keep_res ? s->H : 0).total;
+    *smem = ds_plan(a->stages, a->kmax, G, plan_phases, a->keep_res ? s->H : 0, nb, a->stage_bytes).total;
     return *smem > (size_t)optin ? -1 : 0;
 }
 
-extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, int num_sms) {
+extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, int nb, int num_sms) {
     const char *why = rp_decode_step_check(s);
     if (why) return why;
+    if (nb < 1 || nb > 4) return "more than 4 sequences";
     ds_args a;
     size_t smem;
     int dev = 0, coop = 0, per_sm = 0;
-    if (make_args(s, num_sms, &a, &smem)) return "not enough shared memory per block";
+    if (make_args(s, nb, num_sms, &a, &smem)) return "not enough shared memory per block";
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess || !coop)
         return "the device cannot launch cooperative kernels";
     cudaError_t e;
-    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, s->trace != nullptr, smem, &e);
+    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr, smem, &e);
     if (!fn || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, DS_THREADS, smem) != cudaSuccess ||
         per_sm < 1) {
         cudaGetLastError();
@@ -1322,12 +1426,13 @@ extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, int 
     return NULL;
 }
 
-extern "C" int rp_k_decode_step(const rp_decode_step *s, int num_sms, cudaStream_t stream) {
+extern "C" int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, cudaStream_t stream) {
     ds_args a;
     size_t smem;
-    if (rp_decode_step_check(s) || num_sms <= 0 || make_args(s, num_sms, &a, &smem)) return (int)cudaErrorInvalidValue;
+    if (rp_decode_step_check(s) || num_sms <= 0 || nb < 1 || nb > 4 || make_args(s, nb, num_sms, &a, &smem))
+        return (int)cudaErrorInvalidValue;
     cudaError_t e;
-    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, s->trace != nullptr, smem, &e);
+    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr, smem, &e);
     if (!fn) return (int)e;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(a.grid);
