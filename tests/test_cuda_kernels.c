@@ -614,6 +614,7 @@ static void test_attn_decode(void **state) {
         check_decode(16, 2, 128, 16, 1); /* G = 8, no split */
         check_decode(16, 1, 64, 16, 32); /* G = 16, many (partly empty) splits */
         check_decode(12, 2, 128, 1, 16); /* G = 6 */
+        check_decode(32, 8, 128, 16, 1); /* llama3-8b, no split */
     }
     rp_k_attn_decode_set_pipe(-1);
 }

@@ -279,13 +279,26 @@ static void run_all(const rp_model_config cfg, const char *name) {
                 int splits = (4 * prop.multiProcessorCount + B * nkv - 1) / (B * nkv);
                 if (splits > L / 64) splits = L / 64;
                 if (splits < 1) splits = 1;
-                void *ws = dmalloc(rp_attn_decode_workspace_bytes(B, nh, hd, splits));
+                void *ws = dmalloc(rp_attn_decode_workspace_bytes(B, nh, hd, splits > 32 ? splits : 32));
                 dec_ctx d = {qkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, out, ws, B, nh, nkv, hd, splits};
                 double us = time_us(dec_fn, &d);
                 double bytes = (double)B * L * nkv * hd * 2 * 2;
                 double gbs = bytes / (us * 1e3);
                 printf("%-24s %4d %5d %6d %9.1f %9.2f %8.0f %6.1f%%\n", "", B, L, splits, bytes / 1e6, us, gbs,
                        100.0 * gbs / copy_gbs);
+                if (getenv("REPLAY_BENCH_ATTN_SWEEP")) { /* the split count and the rings, for tuning */
+                    const int sw[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
+                    for (int pipe = 0; pipe < 2; pipe++) {
+                        rp_k_attn_decode_set_pipe(pipe);
+                        printf("  %s, us at splits", pipe ? "rings" : "registers");
+                        for (int k = 0; k < 10 && sw[k] <= L / 16; k++) {
+                            d.splits = sw[k];
+                            printf(" %d: %.1f", sw[k], time_us(dec_fn, &d));
+                        }
+                        printf("\n");
+                    }
+                    rp_k_attn_decode_set_pipe(-1);
+                }
                 CHECK(cudaFree(ws));
                 CHECK(cudaFree(d_table));
                 CHECK(cudaFree(d_kvl));

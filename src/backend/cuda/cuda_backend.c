@@ -230,8 +230,13 @@ static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, s
 /* ---- the forward pass ------------------------------------------------------ */
 
 int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs) {
-    /* Enough (sequence, kv head, split) blocks to fill the SMs twice. */
-    int want = (2 * cb->num_sms + num_seqs * cb->nkv - 1) / (num_seqs * cb->nkv);
+    /* At most two (sequence, kv head, split) blocks per SM. Rounding up
+     * (at least two per SM) cost batches 8 and 16 3-8% per step at ctx 512
+     * and up to 16% at ctx 2048 (qwen3-0.6b; llama3-8b 1-6%): a third
+     * block per SM only adds a merge input and a short split's ramp-up
+     * (bench/RESULTS.md, eleventh session; REPLAY_BENCH_ATTN_SWEEP=1 replay
+     * bench kernels times every split count). */
+    int want = 2 * cb->num_sms / (num_seqs * cb->nkv);
     if (want < 1) want = 1;
     if (want > cb->max_splits) want = cb->max_splits;
     return want;
@@ -395,7 +400,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
      * GEMVs + RoPE + attention. More tokens: cuBLASLt and separate kernels.
      * The choice depends on T only, so a graph and an eager run of the same
      * batch do the same arithmetic. */
-    if (T <= cb->fused_max_t && !cb->gemm.force_lt && rp_gemv_stage_fits(T, H))
+    if (T <= cb->fused_max_t && T <= cb->gemm.gemv_max_t && rp_gemv_stage_fits(T, H))
         return launch_forward_fused(cb, T, S, num_logits, decode, max_q_len, sample, err);
     prof_mark(cb, "embed");
     RP_LAUNCH(rp_k_embed(cb->embed, tokens, cb->d_tokens, cb->residual, NULL, 0, T, H, st), err);
@@ -403,25 +408,25 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
         const rp_cuda_layer *ly = &cb->layers[l];
         prof_mark(cb, "add_rmsnorm");
         RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, l ? cb->tmp : NULL, ly->attn_norm, cb->xn, T, H, eps, st), err);
-        prof_mark(cb, T <= RP_GEMV_MAX_T ? "gemv qkv" : "gemm qkv");
+        prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, cb->qkv_dim, H) ? "gemv qkv" : "gemm qkv");
         if (rp_gemm_run(&cb->gemm, ly->wqkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, st, err)) return RP_ERR;
         if (launch_attention(cb, l, T, S, decode, max_q_len, err)) return RP_ERR;
-        prof_mark(cb, T <= RP_GEMV_MAX_T ? "gemv o" : "gemm o");
+        prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, H, cb->q_dim) ? "gemv o" : "gemm o");
         if (rp_gemm_run(&cb->gemm, ly->wo, cb->attn, cb->tmp, T, H, cb->q_dim, 0, st, err)) return RP_ERR;
         prof_mark(cb, "add_rmsnorm");
         RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, ly->mlp_norm, cb->xn, T, H, eps, st), err);
-        prof_mark(cb, T <= RP_GEMV_MAX_T ? "gemv gate_up" : "gemm gate_up");
+        prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, 2 * F, H) ? "gemv gate_up" : "gemm gate_up");
         if (rp_gemm_run(&cb->gemm, ly->wgu, cb->xn, cb->gate_up, T, 2 * F, H, 0, st, err)) return RP_ERR;
         prof_mark(cb, "silu_mul");
         RP_LAUNCH(rp_k_silu_mul(cb->gate_up, cb->act, T, F, st), err);
-        prof_mark(cb, T <= RP_GEMV_MAX_T ? "gemv down" : "gemm down");
+        prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, H, F) ? "gemv down" : "gemm down");
         if (rp_gemm_run(&cb->gemm, ly->wdown, cb->act, cb->tmp, T, H, F, 0, st, err)) return RP_ERR;
     }
     prof_mark(cb, "add_rmsnorm");
     RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, cb->final_norm, cb->xn, T, H, eps, st), err);
     prof_mark(cb, "gather_rows");
     RP_LAUNCH(rp_k_gather_rows(cb->xn, logit_token, cb->logit_in, num_logits, H, st), err);
-    prof_mark(cb, num_logits <= RP_GEMV_MAX_T ? "gemv lm_head" : "gemm lm_head");
+    prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, num_logits, c->vocab_size, H) ? "gemv lm_head" : "gemm lm_head");
     if (rp_gemm_run(&cb->gemm, cb->lm_head, cb->logit_in, cb->logits, num_logits, c->vocab_size, H, 1, st, err))
         return RP_ERR;
     if (sample && launch_sample(cb, num_logits, err)) return RP_ERR;

@@ -1,6 +1,7 @@
 /* GEMV/cuBLASLt dispatch and the cuBLASLt plan cache. */
 #include "backend/cuda/gemm.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_util.h"
@@ -14,6 +15,11 @@
 
 int rp_gemm_init(rp_gemm *g, size_t workspace_bytes, rp_err *err) {
     memset(g, 0, sizeof *g);
+    const char *env = getenv("REPLAY_GEMV_MAX_T");
+    g->gemv_max_t = env && *env ? atoi(env) : RP_GEMV_MAX_T;
+    if (g->gemv_max_t < 0 || g->gemv_max_t > RP_GEMV_MAX_T) g->gemv_max_t = RP_GEMV_MAX_T;
+    env = getenv("REPLAY_GEMV_LT_ELEMS");
+    g->lt_elems = env && *env ? atoll(env) : RP_GEMM_LT_ELEMS;
     LT_TRY(cublasLtCreate(&g->lt), err);
     g->workspace_bytes = workspace_bytes;
     return rp_cuda_malloc(&g->workspace, workspace_bytes, "cuBLASLt workspace", err);
@@ -87,9 +93,13 @@ static rp_gemm_plan *find_plan(rp_gemm *g, int T, int N, int K, int out_f32, rp_
     return p;
 }
 
+int rp_gemm_uses_gemv(const rp_gemm *g, int T, int N, int K) {
+    return T <= g->gemv_max_t && (T <= 2 || (long long)N * K < g->lt_elems);
+}
+
 int rp_gemm_run(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,
                 cudaStream_t stream, rp_err *err) {
-    if (T <= RP_GEMV_MAX_T && !g->force_lt) {
+    if (rp_gemm_uses_gemv(g, T, N, K)) {
         if (out_f32) RP_LAUNCH(rp_k_gemv_f32out(W, x, y, T, N, K, stream), err);
         else RP_LAUNCH(rp_k_gemv(W, x, y, T, N, K, stream), err);
         return 0;

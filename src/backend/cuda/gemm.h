@@ -1,7 +1,9 @@
 /* Matrix products for the CUDA backend: y[T][N] = x[T][K] . W[N][K]^T.
  *
  * Small T (decode) goes to replay's GEMV kernel, which streams W once near
- * HBM bandwidth; larger T goes to cuBLASLt (tensor cores). cuBLASLt
+ * HBM bandwidth; larger T, and from 3 tokens the large matrices
+ * (RP_GEMM_LT_ELEMS), go to cuBLASLt (tensor cores). The choice depends on
+ * T and the shape only, so a graph and an eager run agree. cuBLASLt
  * descriptors and the chosen algorithm are cached per shape, so a prefill
  * step pays the heuristic once and graph capture records plain launches. */
 #ifndef RP_BACKEND_CUDA_GEMM_H
@@ -13,6 +15,14 @@
 #include "util/err.h"
 
 #define RP_GEMM_CACHE 96
+/* From 3 tokens, matrices of at least this many elements go to cuBLASLt:
+ * at 3-8 tokens it streams them faster than the GEMV (llama3-8b 7.13 ->
+ * 6.62 ms per step at batch 8, qwen3-4b 4.82 -> 4.43, llama3.2-1b 1.50 ->
+ * 1.45), while the GEMV stays ahead on the small ones (qwen3-0.6b's 1024 x
+ * 6144 gate_up: all of it through cuBLASLt took batch 8 1.36 -> 1.49 ms;
+ * qwen3-4b's 2560 x 4096 o is faster through cuBLASLt). bench/RESULTS.md,
+ * eleventh session. */
+#define RP_GEMM_LT_ELEMS (8LL << 20)
 
 typedef struct rp_gemm_plan {
     int T, N, K, out_f32;
@@ -27,11 +37,14 @@ typedef struct rp_gemm {
     size_t workspace_bytes;
     rp_gemm_plan plans[RP_GEMM_CACHE];
     int num_plans, next_evict;
-    int force_lt; /* bench/tests: use cuBLASLt even for small T */
+    int gemv_max_t; /* T up to this runs the GEMV (RP_GEMV_MAX_T; REPLAY_GEMV_MAX_T lowers it) */
+    long long lt_elems; /* RP_GEMM_LT_ELEMS; REPLAY_GEMV_LT_ELEMS overrides */
 } rp_gemm;
 
 int rp_gemm_init(rp_gemm *g, size_t workspace_bytes, rp_err *err);
 void rp_gemm_destroy(rp_gemm *g);
+/* Whether y = x W^T for T tokens and an N x K matrix runs the GEMV. */
+int rp_gemm_uses_gemv(const rp_gemm *g, int T, int N, int K);
 /* y is bf16 ([T][N]) unless out_f32, then fp32. */
 int rp_gemm_run(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,
                 cudaStream_t stream, rp_err *err);
