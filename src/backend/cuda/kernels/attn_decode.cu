@@ -12,18 +12,22 @@
  * Within a block, 4 warps take 16-key tiles in turn and keep their own
  * online-softmax state in registers; the warps meet once, at the end,
  * through shared memory (no communication between blocks: the merge is a
- * separate launch). From DEC_PIPE_MIN_SEQS sequences each warp streams
- * its tiles through a 3-stage cp.async ring in shared memory, so two tiles
- * are in flight while it computes on a third (loaded straight into
- * registers, a warp has at most one: batch 128 x 512 keys went from 69% to
- * 72% of the copy bandwidth, batch 32 x 512 from 52% to 55%;
- * bench/RESULTS.md); below that, straight into registers.
+ * separate launch). Each warp loads its tile straight into registers.
+ * (A 3-stage cp.async ring per warp, two tiles in flight while it computes
+ * on a third, won at 32 sequences and more while every key cost the tile
+ * loader a page-table load and a division: batch 128 x 512 keys 69% -> 72%
+ * of the copy bandwidth. With one page lookup per tile the register path
+ * is ahead at every batch: llama3-8b's shape at 128 x 512 keys 116 against
+ * 123 us, 32 x 4096 209 against 227; the rings, 98 KiB per block, hold the
+ * SM to 8 warps. rp_k_attn_decode_set_pipe(1) still runs them, for tests
+ * and A/Bs; bench/RESULTS.md, eleventh session.)
  *
  * Fragment trick (see gemv.cu): a dot product does not care how its index is
  * numbered, so each thread loads 8 (K) or 8/16 (V) consecutive bf16 with one
  * or two 16-byte loads and the mma's k/n numbering is permuted to match.
  * For V the output dimension is permuted: n-tile j, column n holds dim
  * n * (hd / 8) + j, undone when the result is stored. */
+#include <limits.h>
 #include <math.h>
 
 #include "common.cuh"
@@ -106,11 +110,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     for (int j = 0; j < DPT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
+    /* A tile starts at a multiple of 16 keys, so where pages hold a
+     * multiple of 16 keys its keys share one page: one page-table load and
+     * one division per tile instead of six of each per thread. */
+    const bool tile_in_page = meta.page_size % DEC_TILE == 0;
     /* This thread's 16-byte pieces of the tile at base_t, piece i at
      * dst[i * 32] (keys past end: zeros). PIPE: into ring stage st by
      * cp.async, read back later by this same thread (its own copies only: no
      * barrier, just the group count); else straight into registers. */
     auto load = [&](int base_t, uint4 *dst, int stride) {
+        const int64_t slot0 =
+            tile_in_page && base_t < end ? key_slot(prow, meta.page_size, base_t) - base_t : 0;
+        auto slot = [&](int j) { return tile_in_page ? slot0 + j : key_slot(prow, meta.page_size, j); };
         auto piece = [&](int i, const uint16_t *src, bool ok) {
             if (PIPE) rp_cp_async16(dst + i * stride, src, ok ? 16 : 0);
             else dst[i * stride] = ok ? rp_ld_act(src) : make_uint4(0, 0, 0, 0);
@@ -119,8 +130,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         for (int nt = 0; nt < 2; nt++) {
             const int j = base_t + nt * 8 + g;
             const bool ok = j < end;
-            const uint16_t *kp = k_cache + (ok ? key_slot(prow, meta.page_size, j) : 0) * kv_stride +
-                                 (int64_t)kvh * HD + c * 8;
+            const uint16_t *kp = k_cache + (ok ? slot(j) : 0) * kv_stride + (int64_t)kvh * HD + c * 8;
 #pragma unroll
             for (int ch = 0; ch < KCH; ch++) piece(nt * KCH + ch, kp + ch * 32, ok);
         }
@@ -128,8 +138,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         for (int r = 0; r < 4; r++) {
             const int j = base_t + 2 * c + (r & 1) + (r >> 1) * 8;
             const bool ok = j < end;
-            const uint16_t *vp = v_cache + (ok ? key_slot(prow, meta.page_size, j) : 0) * kv_stride +
-                                 (int64_t)kvh * HD + g * DPT;
+            const uint16_t *vp = v_cache + (ok ? slot(j) : 0) * kv_stride + (int64_t)kvh * HD + g * DPT;
 #pragma unroll
             for (int h = 0; h < DPT / 8; h++) piece(dec_tile<HD>::K_U4 + r * (DPT / 8) + h, vp + h * 8, ok);
         }
@@ -318,12 +327,11 @@ template <int HD> static int dec_opt_in(void) {
     return (int)e;
 }
 
-/* Rings only from this many sequences: they need more shared memory than
- * the other decode kernels, and a kernel whose shared/L1 split differs from
- * its neighbours' ends their PDL overlap (measured at batch 1: +0.28 ms per
- * llama3-8b step, 32 such boundaries each way). From batch 32 the rings
- * win (bench/RESULTS.md). */
-#define DEC_PIPE_MIN_SEQS 32
+/* Rings by default from this many sequences: never (see the top). They
+ * also need more shared memory than the other decode kernels, and a kernel
+ * whose shared/L1 split differs from its neighbours' ends their PDL overlap
+ * (measured at batch 1: +0.28 ms per llama3-8b step). */
+#define DEC_PIPE_MIN_SEQS INT_MAX
 static int dec_pipe_mode = -1;
 extern "C" void rp_k_attn_decode_set_pipe(int mode) { dec_pipe_mode = mode < 0 ? -1 : mode != 0; }
 
