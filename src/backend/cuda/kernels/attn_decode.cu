@@ -7,7 +7,8 @@
  * num_splits ranges, fixed per graph; the range length is computed on the
  * device from seq_kv_len, so a captured graph stays valid as sequences grow,
  * and ranges past a sequence's end are empty. A second kernel merges the
- * splits' (max, sum, unnormalised output) into the bf16 result.
+ * splits' (max, sum, unnormalised output) into the bf16 result (with one
+ * split the first kernel writes it, and there is no second launch).
  *
  * Within a block, 4 warps take 16-key tiles in turn and keep their own
  * online-softmax state in registers; the warps meet once, at the end,
@@ -60,7 +61,8 @@ template <int HD, bool PIPE>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     attn_decode_split_kernel(const uint16_t *__restrict__ qkv, const uint16_t *__restrict__ k_cache,
                              const uint16_t *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
-                             float2 *__restrict__ ws_ml, int nh, int nkv, int num_splits) {
+                             float2 *__restrict__ ws_ml, uint16_t *__restrict__ out, int nh, int nkv,
+                             int num_splits) {
     constexpr int KCH = HD / 32; /* 32-dim chunks: one uint4 of K per thread each */
     constexpr int DPT = HD / 8;  /* V dims per thread = PV n-tiles */
     constexpr int U4 = dec_tile<HD>::U4;
@@ -289,6 +291,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         }
         const int h = kvh * G + r;
         const int64_t idx = ((int64_t)s * nh + h) * num_splits + split;
+        if (out) { /* one split: the merge kernel's result, without its launch */
+            out[idx * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
+            continue;
+        }
         ws_o[idx * HD + d] = acc;
         if (d == 0) ws_ml[idx] = make_float2(M, L);
     }
@@ -340,16 +346,19 @@ static int dec_launch(bool pipe, dim3 grid, const rp_bf16 *qkv, const rp_bf16 *k
                       rp_attn_meta meta, rp_bf16 *out, float *ws_o, float2 *ws_ml, int num_seqs, int nh, int nkv,
                       int num_splits, cudaStream_t stream) {
     int rc;
+    /* one split: the split kernel writes the result (bit-identical: the
+     * merge of one split scales it by exp2(0) = 1) */
+    uint16_t *direct = num_splits == 1 ? out : nullptr;
     if (pipe) {
         rc = dec_opt_in<HD>();
         if (rc == 0)
             rc = rp_launch(attn_decode_split_kernel<HD, true>, grid, dim3(DEC_WARPS * 32), dec_smem_bytes<HD>(), stream,
-                           qkv, k_cache, v_cache, meta, ws_o, ws_ml, nh, nkv, num_splits);
+                           qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
     } else {
         rc = rp_launch(attn_decode_split_kernel<HD, false>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(), stream,
-                       qkv, k_cache, v_cache, meta, ws_o, ws_ml, nh, nkv, num_splits);
+                       qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
     }
-    if (rc == 0)
+    if (rc == 0 && !direct)
         rc = rp_launch(attn_decode_merge_kernel<HD>, dim3(num_seqs * nh), dim3(HD), 0, stream, ws_o, ws_ml, out, nh,
                        num_splits);
     return rc;
