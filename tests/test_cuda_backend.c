@@ -49,6 +49,20 @@ static void unmake(setup *s) {
     rp_page_pool_free(s->pool);
 }
 
+/* The end of a one-kernel-vs-chain comparison: its buffers, both backends
+ * (every page back in the pool), the model. */
+static void end_comparison(setup *chain, setup *one, rp_model *m, float *a, float *b, float *c, float *scratch,
+                           int32_t *prompt) {
+    free(a);
+    free(b);
+    free(c);
+    free(scratch);
+    free(prompt);
+    unmake(chain);
+    unmake(one);
+    rp_model_free(m);
+}
+
 /* The CPU backend's logits after prompt + out[0..k-1]: how much it prefers
  * token a over token b, and the logits' rms. */
 static void cpu_margin(rp_backend *be, rp_page_table *table, const int32_t *prompt, int n, const int32_t *out, int k,
@@ -448,14 +462,7 @@ static void test_decode_step(void **state) {
         assert_int_equal(st1.decode_step_forwards - st0.decode_step_forwards, 2 * 4 + 1 + 5);
         assert_true(st1.graph_replays - st0.graph_replays >= 4);
         if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
-        free(a);
-        free(b);
-        free(c);
-        free(scratch);
-        free(prompt);
-        unmake(&chain);
-        unmake(&one);
-        rp_model_free(m);
+        end_comparison(&chain, &one, m, a, b, c, scratch, prompt);
     }
 }
 
@@ -525,14 +532,7 @@ static void test_decode_step_batch(void **state) {
         /* graph and eager for each count that fits */
         assert_int_equal(runs, shapes[k].runs);
         if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
-        free(a);
-        free(b);
-        free(c);
-        free(scratch);
-        free(prompt);
-        unmake(&chain);
-        unmake(&one);
-        rp_model_free(m);
+        end_comparison(&chain, &one, m, a, b, c, scratch, prompt);
     }
 }
 
