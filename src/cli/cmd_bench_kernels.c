@@ -288,9 +288,10 @@ static void run_all(const rp_model_config cfg, const char *name) {
                        100.0 * gbs / copy_gbs);
                 if (getenv("REPLAY_BENCH_ATTN_SWEEP")) { /* the split count and the rings, for tuning */
                     const int sw[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
-                    for (int pipe = 0; pipe < 2; pipe++) {
-                        rp_k_attn_decode_set_pipe(pipe);
-                        printf("  %s, us at splits", pipe ? "rings" : "registers");
+                    for (int mode = 0; mode < 3; mode++) {
+                        rp_k_attn_decode_set_pipe(mode == 2);
+                        rp_k_attn_decode_set_trans(mode == 1);
+                        printf("  %s, us at splits", mode == 2 ? "rings" : mode ? "keys as M" : "registers");
                         for (int k = 0; k < 10 && sw[k] <= L / 16; k++) {
                             d.splits = sw[k];
                             printf(" %d: %.1f", sw[k], time_us(dec_fn, &d));
@@ -298,6 +299,7 @@ static void run_all(const rp_model_config cfg, const char *name) {
                         printf("\n");
                     }
                     rp_k_attn_decode_set_pipe(-1);
+                    rp_k_attn_decode_set_trans(-1);
                 }
                 CHECK(cudaFree(ws));
                 CHECK(cudaFree(d_table));

@@ -133,6 +133,9 @@ int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *
 /* Tests and A/Bs: 1 streams K/V through per-warp shared-memory rings, 0
  * or -1 (default) loads them into registers (attn_decode.cu says why). */
 void rp_k_attn_decode_set_pipe(int mode);
+/* Tests and A/Bs: 1 runs the register path's transposed tile products
+ * (keys as the mma's M), 0 the heads-as-M ones, -1 the default. */
+void rp_k_attn_decode_set_trans(int mode);
 
 /* The whole decode step (embedding to logits) of 1 to 4 sequences, one
  * token each, as one persistent kernel, one block per SM

@@ -23,6 +23,11 @@
  * SM to 8 warps. rp_k_attn_decode_set_pipe(1) still runs them, for tests
  * and A/Bs; bench/RESULTS.md, eleventh session.)
  *
+ * Where the grid has at least three blocks per SM, attn_decode_t_kernel
+ * does the same with the tile's products transposed (keys as M, heads as
+ * N: no padded rows, half the mma and accumulators, four blocks per SM);
+ * dec_trans says when and why.
+ *
  * Fragment trick (see gemv.cu): a dot product does not care how its index is
  * numbered, so each thread loads 8 (K) or 8/16 (V) consecutive bf16 with one
  * or two 16-byte loads and the mma's k/n numbering is permuted to match.
@@ -30,6 +35,7 @@
  * n * (hd / 8) + j, undone when the result is stored. */
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "common.cuh"
 #include "mma.cuh"
@@ -55,6 +61,38 @@ static __device__ __forceinline__ int64_t key_slot(const int32_t *row, int page_
 /* The merge arrays alone: the shared memory of the kernel without rings. */
 template <int HD> static constexpr __host__ __device__ size_t dec_merge_bytes(void) {
     return (size_t)DEC_WARPS * DEC_MAX_GROUP * (HD + 1) * 4 + 2 * (size_t)DEC_WARPS * DEC_MAX_GROUP * 4;
+}
+
+/* The block's warps' (max, sum, unnormalised output) per query head,
+ * combined in warp order: the split's partial result (ws_o, ws_ml), or with
+ * one split (out set) the bf16 result itself, without the merge launch. */
+template <int HD>
+__device__ void dec_merge_warps(const float (*sm_o)[DEC_MAX_GROUP][HD + 1], const float (*sm_m)[DEC_MAX_GROUP],
+                                const float (*sm_l)[DEC_MAX_GROUP], float *ws_o, float2 *ws_ml, uint16_t *out, int s,
+                                int kvh, int G, int nh, int num_splits, int split) {
+    for (int i = threadIdx.x; i < G * HD; i += DEC_WARPS * 32) {
+        const int r = i / HD, d = i % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w][r]);
+        float acc = 0.0f, L = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; w++) {
+                const float f = exp2f(sm_m[w][r] - M); /* 0 for a warp that saw no key */
+                acc += f * sm_o[w][r][d];
+                L += f * sm_l[w][r];
+            }
+        }
+        const int h = kvh * G + r;
+        const int64_t idx = ((int64_t)s * nh + h) * num_splits + split;
+        if (out) {
+            out[idx * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
+            continue;
+        }
+        ws_o[idx * HD + d] = acc;
+        if (d == 0) ws_ml[idx] = make_float2(M, L);
+    }
 }
 
 template <int HD, bool PIPE>
@@ -274,31 +312,171 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             if (g + 8 < G) sm_o[warp][g + 8][d] = o[j][2 + e];
         }
     __syncthreads();
+    dec_merge_warps<HD>(sm_o, sm_m, sm_l, ws_o, ws_ml, out, s, kvh, G, nh, num_splits, split);
+}
 
-    for (int i = threadIdx.x; i < G * HD; i += DEC_WARPS * 32) {
-        const int r = i / HD, d = i % HD;
-        float M = -INFINITY;
+/* The same attention with the tile's products transposed: keys are the
+ * mma's M (16 per tile) and the group's query heads its N (8 per n-tile),
+ * so S^T = K Q^T and O^T += V^T P^T. With a group of up to 8 heads nothing
+ * is padding (q as M padded G heads to 16 rows): half the mma, and the
+ * accumulators of O^T take 32 registers instead of 64. P^T's B fragments
+ * come from S^T's accumulators through movmatrix (an 8 x 8 transpose in
+ * registers). Loads and the split range are those of the kernel above. */
+/* four blocks per SM: 128 registers (12 bytes of spills); 140 without
+ * the bound, three per SM, were 1% slower at batch 128 */
+#define DEC_T_MIN_BLOCKS 4
+template <int HD, int NT>
+__global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
+    attn_decode_t_kernel(const uint16_t *__restrict__ qkv, const uint16_t *__restrict__ k_cache,
+                         const uint16_t *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
+                         float2 *__restrict__ ws_ml, uint16_t *__restrict__ out, int nh, int nkv, int num_splits) {
+    constexpr int KCH = HD / 32; /* 32-dim chunks: one uint4 of a K row per thread each */
+    constexpr int DPT = HD / 8;  /* V dims per thread */
+    constexpr int MT = HD / 16;  /* m-tiles of O^T: thread (g, c) row g is dim g * DPT + 2 mt, row g + 8 the next */
+    constexpr int VU4 = DPT / 8; /* uint4 per V row per thread */
+    extern __shared__ uint4 dec_ring[];
+    typedef float o_rows[DEC_MAX_GROUP][HD + 1];
+    o_rows *sm_o = reinterpret_cast<o_rows *>(dec_ring);
+    float(*sm_m)[DEC_MAX_GROUP] = reinterpret_cast<float(*)[DEC_MAX_GROUP]>(sm_o + DEC_WARPS);
+    float(*sm_l)[DEC_MAX_GROUP] = sm_m + DEC_WARPS;
+
+    rp_pdl_trigger();
+    rp_pdl_wait();
+    const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
+    const int G = nh / nkv;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int kv_len = meta.seq_kv_len[s];
+    const int64_t kv_stride = (int64_t)nkv * HD;
+    const int32_t *prow = meta.page_table + (int64_t)meta.seq_page_row[s] * meta.page_table_stride;
+    const int sweep = DEC_WARPS * DEC_TILE;
+    int chunk = (kv_len + num_splits - 1) / num_splits;
+    chunk = (chunk + sweep - 1) / sweep * sweep;
+    const int begin = split * chunk;
+    const int end = min(kv_len, begin + chunk);
+
+    /* B fragments of Q^T: head nt * 8 + g, dims ch * 32 + c * 8 .. + 7 (k-step 0: x, y; 1: z, w) */
+    const uint16_t *qbase = qkv + (int64_t)s * (nh + 2 * nkv) * HD + (int64_t)kvh * G * HD;
+    uint4 qb[NT][KCH];
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w][r]);
-        float acc = 0.0f, L = 0.0f;
-        if (M != -INFINITY) {
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int w = 0; w < DEC_WARPS; w++) {
-                const float f = exp2f(sm_m[w][r] - M); /* 0 for a warp that saw no key */
-                acc += f * sm_o[w][r][d];
-                L += f * sm_l[w][r];
+        for (int ch = 0; ch < KCH; ch++)
+            qb[nt][ch] = nt * 8 + g < G ? rp_ld_act(qbase + (int64_t)(nt * 8 + g) * HD + ch * 32 + c * 8)
+                                        : make_uint4(0, 0, 0, 0);
+    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f; /* exp2 domain */
+
+    /* per n-tile: heads nt * 8 + 2c (index 0) and + 1 (index 1) */
+    float o[NT][MT][4], m[NT][2], l[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        m[nt][0] = m[nt][1] = -INFINITY;
+        l[nt][0] = l[nt][1] = 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) o[nt][mt][0] = o[nt][mt][1] = o[nt][mt][2] = o[nt][mt][3] = 0.0f;
+    }
+    const bool tile_in_page = meta.page_size % DEC_TILE == 0;
+    for (int base = begin + warp * DEC_TILE; base < end; base += sweep) {
+        const int64_t slot0 = tile_in_page ? key_slot(prow, meta.page_size, base) - base : 0;
+        auto slot = [&](int j) { return tile_in_page ? slot0 + j : key_slot(prow, meta.page_size, j); };
+        /* K rows of keys base + g (kr[0]) and base + g + 8 (kr[1]); V rows of
+         * keys base + 2c, + 1, + 8, + 9, dims g * DPT .. + DPT - 1 */
+        uint4 kr[2][KCH], vr[4][VU4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int j = base + h * 8 + g;
+            const bool ok = j < end;
+            const uint16_t *kp = k_cache + (ok ? slot(j) : 0) * kv_stride + (int64_t)kvh * HD + c * 8;
+#pragma unroll
+            for (int ch = 0; ch < KCH; ch++) kr[h][ch] = ok ? rp_ld_act(kp + ch * 32) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int j = base + 2 * c + (r & 1) + (r >> 1) * 8;
+            const bool ok = j < end;
+            const uint16_t *vp = v_cache + (ok ? slot(j) : 0) * kv_stride + (int64_t)kvh * HD + g * DPT;
+#pragma unroll
+            for (int u = 0; u < VU4; u++) vr[r][u] = ok ? rp_ld_act(vp + u * 8) : make_uint4(0, 0, 0, 0);
+        }
+        /* S^T: rows keys base + g, + 8; columns heads nt * 8 + 2c, + 1 */
+        float sc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+            for (int ch = 0; ch < KCH; ch++) {
+                rp_mma_16816(sc[nt], kr[0][ch].x, kr[1][ch].x, kr[0][ch].y, kr[1][ch].y, qb[nt][ch].x, qb[nt][ch].y);
+                rp_mma_16816(sc[nt], kr[0][ch].z, kr[1][ch].z, kr[0][ch].w, kr[1][ch].w, qb[nt][ch].z, qb[nt][ch].w);
             }
         }
-        const int h = kvh * G + r;
-        const int64_t idx = ((int64_t)s * nh + h) * num_splits + split;
-        if (out) { /* one split: the merge kernel's result, without its launch */
-            out[idx * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
-            continue;
+        const bool ok_lo = base + g < end, ok_hi = base + g + 8 < end;
+        uint32_t pb[NT][2];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            float mx[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                sc[nt][e] = ok_lo ? sc[nt][e] * qk_scale : -INFINITY;
+                sc[nt][2 + e] = ok_hi ? sc[nt][2 + e] * qk_scale : -INFINITY;
+                mx[e] = fmaxf(sc[nt][e], sc[nt][2 + e]);
+                mx[e] = fmaxf(mx[e], __shfl_xor_sync(RP_FULL_MASK, mx[e], 4));
+                mx[e] = fmaxf(mx[e], __shfl_xor_sync(RP_FULL_MASK, mx[e], 8));
+                mx[e] = fmaxf(mx[e], __shfl_xor_sync(RP_FULL_MASK, mx[e], 16));
+                /* key base is in range, so the new max is finite */
+                const float mn = fmaxf(m[nt][e], mx[e]), a = exp2f(m[nt][e] - mn);
+                m[nt][e] = mn;
+                sc[nt][e] = exp2f(sc[nt][e] - mn);
+                sc[nt][2 + e] = exp2f(sc[nt][2 + e] - mn);
+                l[nt][e] = l[nt][e] * a + (sc[nt][e] + sc[nt][2 + e]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    o[nt][mt][e] *= a;
+                    o[nt][mt][2 + e] *= a;
+                }
+            }
+            /* P^T's B fragments: transpose (key g, heads 2c, 2c + 1) into (head g, keys 2c, 2c + 1) */
+            const uint32_t p_lo = rp_pack_bf16x2(sc[nt][0], sc[nt][1]), p_hi = rp_pack_bf16x2(sc[nt][2], sc[nt][3]);
+            asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[nt][0]) : "r"(p_lo));
+            asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[nt][1]) : "r"(p_hi));
         }
-        ws_o[idx * HD + d] = acc;
-        if (d == 0) ws_ml[idx] = make_float2(M, L);
+        /* O^T += V^T P^T: row g of m-tile mt is dim g * DPT + 2 mt (the low half of V word mt), row g + 8 the high half */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const uint32_t v0 = reinterpret_cast<const uint32_t *>(vr[0])[mt];
+            const uint32_t v1 = reinterpret_cast<const uint32_t *>(vr[1])[mt];
+            const uint32_t v2 = reinterpret_cast<const uint32_t *>(vr[2])[mt];
+            const uint32_t v3 = reinterpret_cast<const uint32_t *>(vr[3])[mt];
+            const uint32_t a0 = __byte_perm(v0, v1, 0x5410), a1 = __byte_perm(v0, v1, 0x7632);
+            const uint32_t a2 = __byte_perm(v2, v3, 0x5410), a3 = __byte_perm(v2, v3, 0x7632);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) rp_mma_16816(o[nt][mt], a0, a1, a2, a3, pb[nt][0], pb[nt][1]);
+        }
     }
+    /* the warp's sums over its keys: lanes of one c hold the same heads */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            l[nt][e] += __shfl_xor_sync(RP_FULL_MASK, l[nt][e], 4);
+            l[nt][e] += __shfl_xor_sync(RP_FULL_MASK, l[nt][e], 8);
+            l[nt][e] += __shfl_xor_sync(RP_FULL_MASK, l[nt][e], 16);
+        }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int h = nt * 8 + 2 * c + e;
+            if (h >= G) continue;
+            if (g == 0) sm_m[warp][h] = m[nt][e], sm_l[warp][h] = l[nt][e];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                sm_o[warp][h][g * DPT + 2 * mt] = o[nt][mt][e];
+                sm_o[warp][h][g * DPT + 2 * mt + 1] = o[nt][mt][2 + e];
+            }
+        }
+    __syncthreads();
+    dec_merge_warps<HD>(sm_o, sm_m, sm_l, ws_o, ws_ml, out, s, kvh, G, nh, num_splits, split);
 }
+
 
 /* out[s][h] = sum_i o_i 2^(m_i - M) / sum_i l_i 2^(m_i - M) over splits. */
 template <int HD>
@@ -338,8 +516,27 @@ template <int HD> static int dec_opt_in(void) {
  * whose shared/L1 split differs from its neighbours' ends their PDL overlap
  * (measured at batch 1: +0.28 ms per llama3-8b step). */
 #define DEC_PIPE_MIN_SEQS INT_MAX
-static int dec_pipe_mode = -1;
+static int dec_pipe_mode = -1, dec_trans_mode = -1;
 extern "C" void rp_k_attn_decode_set_pipe(int mode) { dec_pipe_mode = mode < 0 ? -1 : mode != 0; }
+extern "C" void rp_k_attn_decode_set_trans(int mode) { dec_trans_mode = mode < 0 ? -1 : mode != 0; }
+/* Keys as M (attn_decode_t_kernel) where the grid has at least three
+ * blocks per SM: its longer chain per tile pays only with more blocks
+ * resident (it fits four per SM, the other two). llama3-8b's shape alone,
+ * 128 x 512 keys 108.8 -> 94.7 us, 128 x 4096 794 -> 704 (100% of the
+ * read bandwidth); but 32 x 512 in 256 blocks 30.1 -> 31.4 (bench/RESULTS.md,
+ * eleventh session). REPLAY_ATTN_TRANS=0/1 or the setter (tests) force it. */
+static bool dec_trans(int blocks) {
+    static int env = -2, sms = 0;
+    if (env == -2) {
+        const char *e = getenv("REPLAY_ATTN_TRANS");
+        env = e && *e ? atoi(e) != 0 : -1;
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
+            sms = 132;
+    }
+    const int mode = dec_trans_mode >= 0 ? dec_trans_mode : env;
+    return mode >= 0 ? mode != 0 : blocks >= 3 * sms;
+}
 
 template <int HD>
 static int dec_launch(bool pipe, dim3 grid, const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
@@ -354,6 +551,11 @@ static int dec_launch(bool pipe, dim3 grid, const rp_bf16 *qkv, const rp_bf16 *k
         if (rc == 0)
             rc = rp_launch(attn_decode_split_kernel<HD, true>, grid, dim3(DEC_WARPS * 32), dec_smem_bytes<HD>(), stream,
                            qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
+    } else if (dec_trans(num_seqs * nkv * num_splits)) {
+        rc = nh / nkv <= 8 ? rp_launch(attn_decode_t_kernel<HD, 1>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(),
+                                       stream, qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits)
+                           : rp_launch(attn_decode_t_kernel<HD, 2>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(),
+                                       stream, qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
     } else {
         rc = rp_launch(attn_decode_split_kernel<HD, false>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(), stream,
                        qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
