@@ -49,6 +49,16 @@ static void unmake(setup *s) {
     rp_page_pool_free(s->pool);
 }
 
+/* A one-kernel-vs-chain comparison's two CUDA backends for up to max_seqs
+ * sequences of 1024 tokens: the chain of kernels (REPLAY_DECODE_STEP=0
+ * while it is made) and the default, which runs the one kernel. */
+static void begin_comparison(setup *chain, setup *one, rp_model *m, int max_seqs) {
+    setenv("REPLAY_DECODE_STEP", "0", 1);
+    make(chain, m, 1, max_seqs, 1024 + 16, 0);
+    unsetenv("REPLAY_DECODE_STEP");
+    make(one, m, 1, max_seqs, 1024 + 16, 1);
+}
+
 /* The end of a one-kernel-vs-chain comparison: its buffers, both backends
  * (every page back in the pool), the model. */
 static void end_comparison(setup *chain, setup *one, rp_model *m, float *a, float *b, float *c, float *scratch,
@@ -399,10 +409,7 @@ static void test_decode_step(void **state) {
         rp_model *m = real_shape_model(shapes[k].name, shapes[k].layers, shapes[k].heads, shapes[k].kv_heads);
         const int V = m->cfg.vocab_size;
         setup chain, one;
-        setenv("REPLAY_DECODE_STEP", "0", 1);
-        make(&chain, m, 1, 1, 1024 + 16, 0);
-        unsetenv("REPLAY_DECODE_STEP");
-        make(&one, m, 1, 1, 1024 + 16, 1);
+        begin_comparison(&chain, &one, m, 1);
         float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4), *c = malloc((size_t)V * 4),
               *scratch = malloc((size_t)V * 4);
         int32_t *prompt = malloc(1000 * 4);
@@ -488,10 +495,7 @@ static void test_decode_step_batch(void **state) {
         rp_model *m = real_shape_model(shapes[k].name, shapes[k].layers, shapes[k].heads, shapes[k].kv_heads);
         const int V = m->cfg.vocab_size;
         setup chain, one;
-        setenv("REPLAY_DECODE_STEP", "0", 1);
-        make(&chain, m, 1, 4, 1024 + 16, 0);
-        unsetenv("REPLAY_DECODE_STEP");
-        make(&one, m, 1, 4, 1024 + 16, 1);
+        begin_comparison(&chain, &one, m, 4);
         float *a = malloc((size_t)4 * V * 4), *b = malloc((size_t)4 * V * 4), *c = malloc((size_t)4 * V * 4),
               *scratch = malloc((size_t)V * 4);
         int32_t *prompt = malloc(1000 * 4);
