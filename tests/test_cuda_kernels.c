@@ -606,10 +606,9 @@ static void check_decode(int nh, int nkv, int hd, int ps, int num_splits) {
 static void test_attn_decode(void **state) {
     (void)state;
     NEED_GPU();
-    for (int mode = 2; mode >= 0; mode--) { /* cp.async rings; registers, heads as M; registers, keys as M */
-        rp_k_attn_decode_set_pipe(mode == 2);
+    for (int mode = 1; mode >= 0; mode--) { /* heads as the mma's M; keys as M */
         rp_k_attn_decode_set_trans(mode == 0);
-        printf("  attn_decode %s\n", mode == 2 ? "with K/V rings" : mode ? "registers, heads as M" : "registers, keys as M");
+        printf("  attn_decode %s\n", mode ? "heads as M" : "keys as M");
         check_decode(32, 8, 128, 16, 8); /* llama3-8b: G = 4 */
         check_decode(8, 8, 64, 1, 3);    /* G = 1, page size 1 */
         check_decode(16, 2, 128, 16, 1); /* G = 8, no split */
@@ -617,7 +616,6 @@ static void test_attn_decode(void **state) {
         check_decode(12, 2, 128, 1, 16); /* G = 6 */
         check_decode(32, 8, 128, 16, 1); /* llama3-8b, no split */
     }
-    rp_k_attn_decode_set_pipe(-1);
     rp_k_attn_decode_set_trans(-1);
 }
 

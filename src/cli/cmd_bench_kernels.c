@@ -286,19 +286,17 @@ static void run_all(const rp_model_config cfg, const char *name) {
                 double gbs = bytes / (us * 1e3);
                 printf("%-24s %4d %5d %6d %9.1f %9.2f %8.0f %6.1f%%\n", "", B, L, splits, bytes / 1e6, us, gbs,
                        100.0 * gbs / copy_gbs);
-                if (getenv("REPLAY_BENCH_ATTN_SWEEP")) { /* the split count and the rings, for tuning */
+                if (getenv("REPLAY_BENCH_ATTN_SWEEP")) { /* the split count and the kernel, for tuning */
                     const int sw[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
-                    for (int mode = 0; mode < 3; mode++) {
-                        rp_k_attn_decode_set_pipe(mode == 2);
+                    for (int mode = 0; mode < 2; mode++) {
                         rp_k_attn_decode_set_trans(mode == 1);
-                        printf("  %s, us at splits", mode == 2 ? "rings" : mode ? "keys as M" : "registers");
+                        printf("  %s, us at splits", mode ? "keys as M" : "heads as M");
                         for (int k = 0; k < 10 && sw[k] <= L / 16; k++) {
                             d.splits = sw[k];
                             printf(" %d: %.1f", sw[k], time_us(dec_fn, &d));
                         }
                         printf("\n");
                     }
-                    rp_k_attn_decode_set_pipe(-1);
                     rp_k_attn_decode_set_trans(-1);
                 }
                 CHECK(cudaFree(ws));

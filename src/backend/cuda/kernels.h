@@ -130,11 +130,8 @@ size_t rp_attn_decode_workspace_bytes(int num_seqs, int nh, int hd, int num_spli
 int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
                      rp_bf16 *out, void *workspace, int num_seqs, int nh, int nkv, int hd, int num_splits,
                      cudaStream_t stream);
-/* Tests and A/Bs: 1 streams K/V through per-warp shared-memory rings, 0
- * or -1 (default) loads them into registers (attn_decode.cu says why). */
-void rp_k_attn_decode_set_pipe(int mode);
-/* Tests and A/Bs: 1 runs the register path's transposed tile products
- * (keys as the mma's M), 0 the heads-as-M ones, -1 the default. */
+/* Tests and A/Bs: 1 runs the transposed tile products (keys as the mma's
+ * M), 0 the heads-as-M ones, -1 the default (attn_decode.cu says when). */
 void rp_k_attn_decode_set_trans(int mode);
 
 /* The whole decode step (embedding to logits) of 1 to 4 sequences, one

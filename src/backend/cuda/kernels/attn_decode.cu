@@ -14,14 +14,10 @@
  * online-softmax state in registers; the warps meet once, at the end,
  * through shared memory (no communication between blocks: the merge is a
  * separate launch). Each warp loads its tile straight into registers.
- * (A 3-stage cp.async ring per warp, two tiles in flight while it computes
- * on a third, won at 32 sequences and more while every key cost the tile
- * loader a page-table load and a division: batch 128 x 512 keys 69% -> 72%
- * of the copy bandwidth. With one page lookup per tile the register path
- * is ahead at every batch: llama3-8b's shape at 128 x 512 keys 116 against
- * 123 us, 32 x 4096 209 against 227; the rings, 98 KiB per block, hold the
- * SM to 8 warps. rp_k_attn_decode_set_pipe(1) still runs them, for tests
- * and A/Bs; bench/RESULTS.md, eleventh session.)
+ * (A 3-stage cp.async ring per warp won at 32 sequences and more while
+ * every key cost the tile loader a page-table load and a division; with one
+ * page lookup per tile the register path was ahead at every batch, and the
+ * rings went: bench/RESULTS.md, eleventh and twelfth sessions.)
  *
  * Where the grid has at least three blocks per SM, attn_decode_t_kernel
  * does the same with the tile's products transposed (keys as M, heads as
@@ -43,22 +39,73 @@
 #define DEC_WARPS 4
 #define DEC_TILE 16 /* keys per warp iteration */
 #define DEC_MAX_GROUP 16
-#define DEC_STAGES 3 /* K/V tiles per warp in shared memory: two in flight while one is used */
-
-/* uint4 per thread per tile: K (2 key rows x HD/32 chunks) and V (4 key
- * rows x HD/64). */
-template <int HD> struct dec_tile {
-    static constexpr int K_U4 = 2 * (HD / 32), V_U4 = 4 * (HD / 64), U4 = K_U4 + V_U4;
-};
-template <int HD> static constexpr __host__ __device__ size_t dec_smem_bytes(void) {
-    return (size_t)DEC_WARPS * DEC_STAGES * dec_tile<HD>::U4 * 32 * 16;
-}
 
 static __device__ __forceinline__ int64_t key_slot(const int32_t *row, int page_size, int j) {
     return (int64_t)row[j / page_size] * page_size + j % page_size;
 }
 
-/* The merge arrays alone: the shared memory of the kernel without rings. */
+/* What a block of either kernel owns, (sequence, kv head, split), and the
+ * split's key range, from the device-side length (multiples of the block's
+ * tile sweep, so that few tiles are partial; ranges past a sequence's end
+ * are empty). */
+struct dec_block {
+    int s, kvh, split, G, warp, g, c, begin, end;
+    int64_t kv_stride;
+    const int32_t *prow;
+    /* A tile starts at a multiple of 16 keys, so where pages hold a
+     * multiple of 16 keys its keys share one page: one page-table load and
+     * one division per tile instead of six of each per thread. */
+    bool tile_in_page;
+};
+
+template <int HD>
+static __device__ __forceinline__ dec_block dec_block_of(const rp_attn_meta &meta, int nh, int nkv, int num_splits) {
+    dec_block b;
+    b.s = blockIdx.z, b.kvh = blockIdx.y, b.split = blockIdx.x;
+    b.G = nh / nkv;
+    b.warp = threadIdx.x >> 5;
+    b.g = (threadIdx.x & 31) >> 2, b.c = threadIdx.x & 3;
+    const int kv_len = meta.seq_kv_len[b.s];
+    b.kv_stride = (int64_t)nkv * HD;
+    b.prow = meta.page_table + (int64_t)meta.seq_page_row[b.s] * meta.page_table_stride;
+    const int sweep = DEC_WARPS * DEC_TILE;
+    int chunk = (kv_len + num_splits - 1) / num_splits;
+    chunk = (chunk + sweep - 1) / sweep * sweep;
+    b.begin = b.split * chunk;
+    b.end = min(kv_len, b.begin + chunk);
+    b.tile_in_page = meta.page_size % DEC_TILE == 0;
+    return b;
+}
+
+/* This thread's part of the tile at key base (< end; keys past end:
+ * zeros): K rows of keys base + g (kr[0]) and base + g + 8 (kr[1]), 8 dims
+ * at c * 8 + 32 ch each; V rows of keys base + 2c, + 1, + 8, + 9 (vr[0..3]),
+ * dims g * HD / 8 .. + HD / 8 - 1. */
+template <int HD>
+static __device__ __forceinline__ void dec_load_tile(const dec_block &b, const rp_attn_meta &meta,
+                                                     const uint16_t *k_cache, const uint16_t *v_cache, int base,
+                                                     uint4 (&kr)[2][HD / 32], uint4 (&vr)[4][HD / 64]) {
+    const int64_t slot0 = b.tile_in_page ? key_slot(b.prow, meta.page_size, base) - base : 0;
+    auto slot = [&](int j) { return b.tile_in_page ? slot0 + j : key_slot(b.prow, meta.page_size, j); };
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int j = base + h * 8 + b.g;
+        const bool ok = j < b.end;
+        const uint16_t *kp = k_cache + (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.c * 8;
+#pragma unroll
+        for (int ch = 0; ch < HD / 32; ch++) kr[h][ch] = ok ? rp_ld_act(kp + ch * 32) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int j = base + 2 * b.c + (r & 1) + (r >> 1) * 8;
+        const bool ok = j < b.end;
+        const uint16_t *vp = v_cache + (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.g * (HD / 8);
+#pragma unroll
+        for (int u = 0; u < HD / 64; u++) vr[r][u] = ok ? rp_ld_act(vp + u * 8) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+/* Shared memory of both kernels: the warps' partial results for the merge. */
 template <int HD> static constexpr __host__ __device__ size_t dec_merge_bytes(void) {
     return (size_t)DEC_WARPS * DEC_MAX_GROUP * (HD + 1) * 4 + 2 * (size_t)DEC_WARPS * DEC_MAX_GROUP * 4;
 }
@@ -95,7 +142,7 @@ __device__ void dec_merge_warps(const float (*sm_o)[DEC_MAX_GROUP][HD + 1], cons
     }
 }
 
-template <int HD, bool PIPE>
+template <int HD>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     attn_decode_split_kernel(const uint16_t *__restrict__ qkv, const uint16_t *__restrict__ k_cache,
                              const uint16_t *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
@@ -103,39 +150,19 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                              int num_splits) {
     constexpr int KCH = HD / 32; /* 32-dim chunks: one uint4 of K per thread each */
     constexpr int DPT = HD / 8;  /* V dims per thread = PV n-tiles */
-    constexpr int U4 = dec_tile<HD>::U4;
-    /* The warps' tile rings ([warp][stage][U4][lane]: a warp's 16-byte
-     * accesses to one index are 512 contiguous bytes), reused for the final
-     * merge once every warp is done with its ring. */
-    extern __shared__ uint4 dec_ring[];
-    uint4 *ring = dec_ring + (int64_t)(threadIdx.x >> 5) * DEC_STAGES * U4 * 32 + (threadIdx.x & 31);
+    extern __shared__ uint4 dec_smem[];
     typedef float o_rows[DEC_MAX_GROUP][HD + 1];
-    o_rows *sm_o = reinterpret_cast<o_rows *>(dec_ring);
+    o_rows *sm_o = reinterpret_cast<o_rows *>(dec_smem);
     float(*sm_m)[DEC_MAX_GROUP] = reinterpret_cast<float(*)[DEC_MAX_GROUP]>(sm_o + DEC_WARPS);
     float(*sm_l)[DEC_MAX_GROUP] = sm_m + DEC_WARPS;
-    static_assert(sizeof(o_rows) * DEC_WARPS + 2 * sizeof(float) * DEC_WARPS * DEC_MAX_GROUP == dec_merge_bytes<HD>() &&
-                      dec_merge_bytes<HD>() <= dec_smem_bytes<HD>(),
-                  "the merge's arrays fit in the rings");
 
     rp_pdl_trigger();
     rp_pdl_wait();
-    const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
-    const int G = nh / nkv;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int kv_len = meta.seq_kv_len[s];
-    const int64_t kv_stride = (int64_t)nkv * HD;
-    const int32_t *prow = meta.page_table + (int64_t)meta.seq_page_row[s] * meta.page_table_stride;
-
-    /* Split range, from the device-side length; multiples of the block's
-     * tile sweep so that few tiles are partial. */
-    const int sweep = DEC_WARPS * DEC_TILE;
-    int chunk = (kv_len + num_splits - 1) / num_splits;
-    chunk = (chunk + sweep - 1) / sweep * sweep;
-    const int begin = split * chunk;
-    const int end = min(kv_len, begin + chunk);
+    const dec_block b = dec_block_of<HD>(meta, nh, nkv, num_splits);
+    const int G = b.G, warp = b.warp, g = b.g, c = b.c;
 
     /* q of heads g and g + 8 of this group, raw bf16 words (exact). */
-    const uint16_t *qbase = qkv + (int64_t)s * (nh + 2 * nkv) * HD + (int64_t)kvh * G * HD;
+    const uint16_t *qbase = qkv + (int64_t)b.s * (nh + 2 * nkv) * HD + (int64_t)b.kvh * G * HD;
     uint4 q_lo[KCH], q_hi[KCH];
 #pragma unroll
     for (int ch = 0; ch < KCH; ch++) {
@@ -150,71 +177,11 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     for (int j = 0; j < DPT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
-    /* A tile starts at a multiple of 16 keys, so where pages hold a
-     * multiple of 16 keys its keys share one page: one page-table load and
-     * one division per tile instead of six of each per thread. */
-    const bool tile_in_page = meta.page_size % DEC_TILE == 0;
-    /* This thread's 16-byte pieces of the tile at base_t, piece i at
-     * dst[i * 32] (keys past end: zeros). PIPE: into ring stage st by
-     * cp.async, read back later by this same thread (its own copies only: no
-     * barrier, just the group count); else straight into registers. */
-    auto load = [&](int base_t, uint4 *dst, int stride) {
-        const int64_t slot0 =
-            tile_in_page && base_t < end ? key_slot(prow, meta.page_size, base_t) - base_t : 0;
-        auto slot = [&](int j) { return tile_in_page ? slot0 + j : key_slot(prow, meta.page_size, j); };
-        auto piece = [&](int i, const uint16_t *src, bool ok) {
-            if (PIPE) rp_cp_async16(dst + i * stride, src, ok ? 16 : 0);
-            else dst[i * stride] = ok ? rp_ld_act(src) : make_uint4(0, 0, 0, 0);
-        };
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            const int j = base_t + nt * 8 + g;
-            const bool ok = j < end;
-            const uint16_t *kp = k_cache + (ok ? slot(j) : 0) * kv_stride + (int64_t)kvh * HD + c * 8;
-#pragma unroll
-            for (int ch = 0; ch < KCH; ch++) piece(nt * KCH + ch, kp + ch * 32, ok);
-        }
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int j = base_t + 2 * c + (r & 1) + (r >> 1) * 8;
-            const bool ok = j < end;
-            const uint16_t *vp = v_cache + (ok ? slot(j) : 0) * kv_stride + (int64_t)kvh * HD + g * DPT;
-#pragma unroll
-            for (int h = 0; h < DPT / 8; h++) piece(dec_tile<HD>::K_U4 + r * (DPT / 8) + h, vp + h * 8, ok);
-        }
-    };
-    const int first = begin + warp * DEC_TILE;
-    if (PIPE)
-#pragma unroll
-        for (int st = 0; st < DEC_STAGES - 1; st++) {
-            if (first + st * sweep < end) load(first + st * sweep, ring + st * U4 * 32, 32);
-            rp_cp_async_commit(); /* empty groups keep the count uniform */
-        }
-    int it = 0;
-    for (int base = first; base < end; base += sweep, it++) {
-        uint4 regs[PIPE ? 1 : U4];
-        const uint4 *src = regs;
-        int stride = 1;
-        if (PIPE) {
-            const int ahead = base + (DEC_STAGES - 1) * sweep;
-            if (ahead < end) load(ahead, ring + ((it + DEC_STAGES - 1) % DEC_STAGES) * U4 * 32, 32);
-            rp_cp_async_commit();
-            rp_cp_async_wait<DEC_STAGES - 1>(); /* this tile's group has landed */
-            src = ring + (it % DEC_STAGES) * U4 * 32;
-            stride = 32;
-        } else {
-            load(base, regs, 1);
-        }
+    const int end = b.end;
+    for (int base = b.begin + warp * DEC_TILE; base < end; base += DEC_WARPS * DEC_TILE) {
         uint4 kr[2][KCH];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int ch = 0; ch < KCH; ch++) kr[nt][ch] = src[(nt * KCH + ch) * stride];
         uint4 vr[4][DPT / 8]; /* keys base + {2c, 2c+1, 2c+8, 2c+9}, dims g*DPT .. +DPT */
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int h = 0; h < DPT / 8; h++) vr[r][h] = src[(dec_tile<HD>::K_U4 + r * (DPT / 8) + h) * stride];
+        dec_load_tile<HD>(b, meta, k_cache, v_cache, base, kr, vr);
 
         /* S = Q K^T for the 16 keys: two n-tiles of 8. */
         float sc[2][4];
@@ -287,12 +254,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     l_hi += __shfl_xor_sync(RP_FULL_MASK, l_hi, 1);
     l_hi += __shfl_xor_sync(RP_FULL_MASK, l_hi, 2);
 
-    /* Meet the other warps: rows < G only, in the rings' memory once all
-     * are done with theirs. */
-    if (PIPE) {
-        rp_cp_async_wait<0>();
-        __syncthreads();
-    }
+    /* Meet the other warps: rows < G only. */
     if (c == 0) {
         if (g < G) {
             sm_m[warp][g] = m_lo;
@@ -312,7 +274,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             if (g + 8 < G) sm_o[warp][g + 8][d] = o[j][2 + e];
         }
     __syncthreads();
-    dec_merge_warps<HD>(sm_o, sm_m, sm_l, ws_o, ws_ml, out, s, kvh, G, nh, num_splits, split);
+    dec_merge_warps<HD>(sm_o, sm_m, sm_l, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split);
 }
 
 /* The same attention with the tile's products transposed: keys are the
@@ -334,28 +296,19 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
     constexpr int DPT = HD / 8;  /* V dims per thread */
     constexpr int MT = HD / 16;  /* m-tiles of O^T: thread (g, c) row g is dim g * DPT + 2 mt, row g + 8 the next */
     constexpr int VU4 = DPT / 8; /* uint4 per V row per thread */
-    extern __shared__ uint4 dec_ring[];
+    extern __shared__ uint4 dec_smem[];
     typedef float o_rows[DEC_MAX_GROUP][HD + 1];
-    o_rows *sm_o = reinterpret_cast<o_rows *>(dec_ring);
+    o_rows *sm_o = reinterpret_cast<o_rows *>(dec_smem);
     float(*sm_m)[DEC_MAX_GROUP] = reinterpret_cast<float(*)[DEC_MAX_GROUP]>(sm_o + DEC_WARPS);
     float(*sm_l)[DEC_MAX_GROUP] = sm_m + DEC_WARPS;
 
     rp_pdl_trigger();
     rp_pdl_wait();
-    const int s = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
-    const int G = nh / nkv;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int kv_len = meta.seq_kv_len[s];
-    const int64_t kv_stride = (int64_t)nkv * HD;
-    const int32_t *prow = meta.page_table + (int64_t)meta.seq_page_row[s] * meta.page_table_stride;
-    const int sweep = DEC_WARPS * DEC_TILE;
-    int chunk = (kv_len + num_splits - 1) / num_splits;
-    chunk = (chunk + sweep - 1) / sweep * sweep;
-    const int begin = split * chunk;
-    const int end = min(kv_len, begin + chunk);
+    const dec_block b = dec_block_of<HD>(meta, nh, nkv, num_splits);
+    const int G = b.G, warp = b.warp, g = b.g, c = b.c, end = b.end;
 
     /* B fragments of Q^T: head nt * 8 + g, dims ch * 32 + c * 8 .. + 7 (k-step 0: x, y; 1: z, w) */
-    const uint16_t *qbase = qkv + (int64_t)s * (nh + 2 * nkv) * HD + (int64_t)kvh * G * HD;
+    const uint16_t *qbase = qkv + (int64_t)b.s * (nh + 2 * nkv) * HD + (int64_t)b.kvh * G * HD;
     uint4 qb[NT][KCH];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -374,29 +327,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) o[nt][mt][0] = o[nt][mt][1] = o[nt][mt][2] = o[nt][mt][3] = 0.0f;
     }
-    const bool tile_in_page = meta.page_size % DEC_TILE == 0;
-    for (int base = begin + warp * DEC_TILE; base < end; base += sweep) {
-        const int64_t slot0 = tile_in_page ? key_slot(prow, meta.page_size, base) - base : 0;
-        auto slot = [&](int j) { return tile_in_page ? slot0 + j : key_slot(prow, meta.page_size, j); };
-        /* K rows of keys base + g (kr[0]) and base + g + 8 (kr[1]); V rows of
-         * keys base + 2c, + 1, + 8, + 9, dims g * DPT .. + DPT - 1 */
+    for (int base = b.begin + warp * DEC_TILE; base < end; base += DEC_WARPS * DEC_TILE) {
         uint4 kr[2][KCH], vr[4][VU4];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int j = base + h * 8 + g;
-            const bool ok = j < end;
-            const uint16_t *kp = k_cache + (ok ? slot(j) : 0) * kv_stride + (int64_t)kvh * HD + c * 8;
-#pragma unroll
-            for (int ch = 0; ch < KCH; ch++) kr[h][ch] = ok ? rp_ld_act(kp + ch * 32) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int j = base + 2 * c + (r & 1) + (r >> 1) * 8;
-            const bool ok = j < end;
-            const uint16_t *vp = v_cache + (ok ? slot(j) : 0) * kv_stride + (int64_t)kvh * HD + g * DPT;
-#pragma unroll
-            for (int u = 0; u < VU4; u++) vr[r][u] = ok ? rp_ld_act(vp + u * 8) : make_uint4(0, 0, 0, 0);
-        }
+        dec_load_tile<HD>(b, meta, k_cache, v_cache, base, kr, vr);
         /* S^T: rows keys base + g, + 8; columns heads nt * 8 + 2c, + 1 */
         float sc[NT][4];
 #pragma unroll
@@ -474,9 +407,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
             }
         }
     __syncthreads();
-    dec_merge_warps<HD>(sm_o, sm_m, sm_l, ws_o, ws_ml, out, s, kvh, G, nh, num_splits, split);
+    dec_merge_warps<HD>(sm_o, sm_m, sm_l, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split);
 }
-
 
 /* out[s][h] = sum_i o_i 2^(m_i - M) / sum_i l_i 2^(m_i - M) over splits. */
 template <int HD>
@@ -500,24 +432,7 @@ __global__ void attn_decode_merge_kernel(const float *__restrict__ ws_o, const f
     out[(int64_t)sh * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
 }
 
-/* Above 48 KiB of shared memory a kernel needs the opt-in: once, at the
- * first (eager) launch, never first inside a capture. */
-template <int HD> static int dec_opt_in(void) {
-    static bool done = false;
-    if (done) return 0;
-    const cudaError_t e = cudaFuncSetAttribute(attn_decode_split_kernel<HD, true>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dec_smem_bytes<HD>());
-    done = e == cudaSuccess;
-    return (int)e;
-}
-
-/* Rings by default from this many sequences: never (see the top). They
- * also need more shared memory than the other decode kernels, and a kernel
- * whose shared/L1 split differs from its neighbours' ends their PDL overlap
- * (measured at batch 1: +0.28 ms per llama3-8b step). */
-#define DEC_PIPE_MIN_SEQS INT_MAX
-static int dec_pipe_mode = -1, dec_trans_mode = -1;
-extern "C" void rp_k_attn_decode_set_pipe(int mode) { dec_pipe_mode = mode < 0 ? -1 : mode != 0; }
+static int dec_trans_mode = -1;
 extern "C" void rp_k_attn_decode_set_trans(int mode) { dec_trans_mode = mode < 0 ? -1 : mode != 0; }
 /* Keys as M (attn_decode_t_kernel) where the grid has at least three
  * blocks per SM: its longer chain per tile pays only with more blocks
@@ -539,27 +454,21 @@ static bool dec_trans(int blocks) {
 }
 
 template <int HD>
-static int dec_launch(bool pipe, dim3 grid, const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
+static int dec_launch(dim3 grid, const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
                       rp_attn_meta meta, rp_bf16 *out, float *ws_o, float2 *ws_ml, int num_seqs, int nh, int nkv,
                       int num_splits, cudaStream_t stream) {
     int rc;
     /* one split: the split kernel writes the result (bit-identical: the
      * merge of one split scales it by exp2(0) = 1) */
     uint16_t *direct = num_splits == 1 ? out : nullptr;
-    if (pipe) {
-        rc = dec_opt_in<HD>();
-        if (rc == 0)
-            rc = rp_launch(attn_decode_split_kernel<HD, true>, grid, dim3(DEC_WARPS * 32), dec_smem_bytes<HD>(), stream,
-                           qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
-    } else if (dec_trans(num_seqs * nkv * num_splits)) {
+    if (dec_trans(num_seqs * nkv * num_splits))
         rc = nh / nkv <= 8 ? rp_launch(attn_decode_t_kernel<HD, 1>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(),
                                        stream, qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits)
                            : rp_launch(attn_decode_t_kernel<HD, 2>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(),
                                        stream, qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
-    } else {
-        rc = rp_launch(attn_decode_split_kernel<HD, false>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(), stream,
-                       qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
-    }
+    else
+        rc = rp_launch(attn_decode_split_kernel<HD>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(), stream, qkv,
+                       k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
     if (rc == 0 && !direct)
         rc = rp_launch(attn_decode_merge_kernel<HD>, dim3(num_seqs * nh), dim3(HD), 0, stream, ws_o, ws_ml, out, nh,
                        num_splits);
@@ -582,9 +491,8 @@ extern "C" int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, cons
     float *ws_o = (float *)workspace;
     float2 *ws_ml = (float2 *)(((uintptr_t)(ws_o + parts * hd) + 15) & ~(uintptr_t)15);
     dim3 grid(num_splits, nkv, num_seqs);
-    const bool pipe = dec_pipe_mode < 0 ? num_seqs >= DEC_PIPE_MIN_SEQS : dec_pipe_mode != 0;
-    if (hd == 128) return dec_launch<128>(pipe, grid, qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_seqs, nh, nkv,
-                                          num_splits, stream);
-    return dec_launch<64>(pipe, grid, qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_seqs, nh, nkv, num_splits,
-                          stream);
+    if (hd == 128)
+        return dec_launch<128>(grid, qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_seqs, nh, nkv, num_splits,
+                               stream);
+    return dec_launch<64>(grid, qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_seqs, nh, nkv, num_splits, stream);
 }
