@@ -619,8 +619,9 @@ static void test_attn_decode(void **state) {
     rp_k_attn_decode_set_trans(-1);
 }
 
-static void check_prefill(int nh, int nkv, int hd, int ps) {
-    int q_len[] = {1, 7, 100, 64, 130, 1};
+static void check_prefill(int nh, int nkv, int hd, int ps, int mode) {
+    /* 600 new tokens: several 128-query tiles, warps past and before the diagonal */
+    int q_len[] = {1, 7, 100, 600, 130, 1};
     int kv_len[] = {1, 7, 100, 1000, 4097, 500};
     const int S = 6;
     if (g_small) kv_len[4] = 300;
@@ -641,8 +642,8 @@ static void check_prefill(int nh, int nkv, int hd, int ps) {
             for (int h = 0; h < nh; h++)
                 attend_ref(&p, s, h / (nh / nkv), qkv + (size_t)t * row + (size_t)h * hd,
                            kv_len[s] - q_len[s] + i + 1, ref + ((size_t)t * nh + h) * hd, sc);
-    expect_close(rel_l2_bf16(out, ref, (size_t)T * nh * hd, "prefill"), 1e-2, "attn_prefill nh=%d nkv=%d hd=%d page=%d",
-                 nh, nkv, hd, ps);
+    expect_close(rel_l2_bf16(out, ref, (size_t)T * nh * hd, "prefill"), 1e-2,
+                 "attn_prefill nh=%d nkv=%d hd=%d page=%d mode=%d", nh, nkv, hd, ps, mode);
     free(qkv), free(out), free(ref), free(sc);
     cudaFree(d_qkv), cudaFree(d_out);
     paged_kv_free(&p);
@@ -651,10 +652,15 @@ static void check_prefill(int nh, int nkv, int hd, int ps) {
 static void test_attn_prefill(void **state) {
     (void)state;
     NEED_GPU();
-    check_prefill(8, 2, 128, 16); /* G = 4 */
-    check_prefill(4, 4, 64, 1);   /* G = 1, page size 1 */
-    check_prefill(8, 1, 128, 1);  /* G = 8 */
-    check_prefill(8, 1, 64, 16);
+    for (int mode = RP_PREFILL_ROWS16; mode <= RP_PREFILL_HEADS2; mode++) { /* block shapes */
+        rp_k_attn_prefill_set_mode(mode);
+        check_prefill(8, 2, 128, 16, mode); /* G = 4 */
+        check_prefill(4, 4, 64, 1, mode);   /* G = 1 (two heads: falls back to 32 rows), page size 1 */
+        check_prefill(8, 1, 128, 1, mode);  /* G = 8 */
+        check_prefill(8, 1, 64, 16, mode);
+        check_prefill(6, 3, 128, 16, mode); /* G = 2 */
+    }
+    rp_k_attn_prefill_set_mode(-1);
 }
 
 int main(void) {

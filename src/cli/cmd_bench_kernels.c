@@ -1,8 +1,9 @@
-/* `replay bench kernels`: each bandwidth-critical CUDA kernel alone at the
- * model's shapes (the GEMVs of every projection and lm_head, decode and
- * prefill attention, sampling, and the one-kernel batch-1 decode step),
- * with achieved GB/s or TFLOP/s next to the device-to-device copy and
- * streaming read bandwidths measured in the same run.
+/* `replay bench kernels`: each CUDA kernel alone at the model's shapes (the
+ * GEMVs of every projection and lm_head, the cuBLASLt products prefill
+ * runs, decode and prefill attention, sampling, and the one-kernel batch-1
+ * decode step), with achieved GB/s or TFLOP/s next to the ceilings measured
+ * in the same run: the device-to-device copy and streaming read bandwidths,
+ * and a large cuBLASLt bf16 GEMM's rate.
  *
  * Method (METHOD.md): random inputs (never zeros), a warm-up, then the
  * median of 15 timings of 20 back-to-back launches each (CUDA events).
@@ -27,12 +28,13 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/bandwidth.h"
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 
 /* A failing CUDA call ends the benchmark with its message (longjmp back to
  * the command, which returns exit status 1). */
 static jmp_buf g_fail;
-static char g_fail_msg[256];
+static char g_fail_msg[640];
 #define CHECK(call)                                                                                   \
     do {                                                                                              \
         cudaError_t e_ = (cudaError_t)(call);                                                         \
@@ -106,6 +108,23 @@ static void dec_fn(int i, void *c) {
     dec_ctx *d = c;
     (void)i;
     CHECK(rp_k_attn_decode(d->qkv, d->kc, d->vc, d->meta, d->out, d->ws, d->B, d->nh, d->nkv, d->hd, d->splits, 0));
+}
+
+/* ---- cuBLASLt products (prefill's projections) ---- */
+typedef struct {
+    rp_gemm *g;
+    const rp_bf16 *W, *x;
+    void *y;
+    int T, N, K, f32;
+} lt_ctx;
+static void lt_fn(int i, void *c) {
+    lt_ctx *l = c;
+    rp_err err;
+    (void)i;
+    if (rp_gemm_run(l->g, l->W, l->x, l->y, l->T, l->N, l->K, l->f32, 0, &err)) {
+        snprintf(g_fail_msg, sizeof g_fail_msg, "%s", err.msg);
+        longjmp(g_fail, 1);
+    }
 }
 
 typedef struct {
@@ -222,6 +241,7 @@ static void run_all(const rp_model_config cfg, const char *name) {
     fill_bf16(pool, pool_bytes / 2, 7);
     int maxk = H > F ? H : F, maxn = V > 2 * F ? V : 2 * F;
     if (qd > maxk) maxk = qd;
+    double mma_tflops = 0;
     rp_bf16 *x = dmalloc((size_t)8 * maxk * 2), *y = dmalloc((size_t)8 * maxn * 2);
     float *yf = dmalloc((size_t)8 * maxn * 4);
     fill_bf16(x, (size_t)8 * maxk, 9);
@@ -241,10 +261,41 @@ static void run_all(const rp_model_config cfg, const char *name) {
             printf("%-24s %2d %7d %6d %9.1f %9.2f %8.0f %6.1f%%\n", shapes[si].name, T, g.N, g.K, bytes / 1e6, us, gbs,
                    100.0 * gbs / copy_gbs);
         }
-    CHECK(cudaFree(pool));
     CHECK(cudaFree(x));
     CHECK(cudaFree(y));
     CHECK(cudaFree(yf));
+
+    /* The same projections as prefill runs them (cuBLASLt) at 512 to 8192
+     * token rows, against the rate of a large GEMM measured now. The
+     * weights come from the pool (the activations, up to 8192 x 2F, make
+     * each product's bytes far smaller than its FLOPs at these T). */
+    {
+        const int Ts[] = {512, 2048, 8192}, maxT = 8192;
+        rp_err gerr;
+        rp_gemm gm;
+        if (rp_gemm_init(&gm, 64u << 20, &gerr)) {
+            snprintf(g_fail_msg, sizeof g_fail_msg, "%s", gerr.msg);
+            longjmp(g_fail, 1);
+        }
+        if (rp_cuda_matmul_tflops(0, &mma_tflops)) mma_tflops = 0;
+        int ltn = 2 * F > qd + 2 * kvd ? 2 * F : qd + 2 * kvd;
+        if (H > ltn) ltn = H;
+        rp_bf16 *xa = dmalloc((size_t)maxT * maxk * 2), *ya = dmalloc((size_t)maxT * ltn * 2);
+        fill_bf16(xa, (size_t)maxT * maxk, 10);
+        printf("\n%-24s %5s %7s %6s %9s %9s %7s   (bf16 GEMM 8192^3, cuBLASLt: %.0f TFLOP/s)\n",
+               "gemm (cuBLASLt)", "T", "N", "K", "us", "TFLOP/s", "%mma", mma_tflops);
+        for (size_t si = 0; si < 4; si++) /* lm_head runs on the sampled rows only */
+            for (int ti = 0; ti < 3; ti++) {
+                lt_ctx l = {&gm, pool, xa, ya, Ts[ti], shapes[si].N, shapes[si].K, 0};
+                const double us = time_us(lt_fn, &l), tf = 2.0 * l.T * l.N * (double)l.K / (us * 1e6);
+                printf("%-24s %5d %7d %6d %9.1f %9.1f %6.1f%%\n", shapes[si].name, l.T, l.N, l.K, us, tf,
+                       mma_tflops > 0 ? 100.0 * tf / mma_tflops : 0.0);
+            }
+        CHECK(cudaFree(xa));
+        CHECK(cudaFree(ya));
+        rp_gemm_destroy(&gm);
+    }
+    CHECK(cudaFree(pool));
 
     /* decode attention at the model's heads, page 16 */
     {
@@ -308,9 +359,9 @@ static void run_all(const rp_model_config cfg, const char *name) {
             }
 
         /* prefill: causal, no cached prefix */
-        printf("\n%-24s %4s %5s %9s %9s\n", "attn_prefill (causal)", "seqs", "len", "us", "TFLOP/s");
-        const int pf[][2] = {{1, 512}, {1, 2048}, {4, 1024}, {1, 8192}};
-        for (int pi = 0; pi < 4; pi++) {
+        printf("\n%-24s %4s %5s %9s %9s %7s\n", "attn_prefill (causal)", "seqs", "len", "us", "TFLOP/s", "%mma");
+        const int pf[][2] = {{1, 512}, {1, 2048}, {4, 1024}, {1, 8192}, {1, 16384}};
+        for (int pi = 0; pi < 5; pi++) {
             const int S = pf[pi][0], L = pf[pi][1], T = S * L, pages = L / ps;
             rp_bf16 *pqkv = dmalloc((size_t)T * (nh + 2 * nkv) * hd * 2), *pout = dmalloc((size_t)T * nh * hd * 2);
             fill_bf16(pqkv, (size_t)T * (nh + 2 * nkv) * hd, 14);
@@ -329,7 +380,17 @@ static void run_all(const rp_model_config cfg, const char *name) {
             pf_ctx p = {pqkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, pout, T, S, L, nh, nkv, hd};
             double us = time_us(pf_fn, &p);
             double flops = 4.0 * nh * hd * S * ((double)L * (L + 1) / 2);
-            printf("%-24s %4d %5d %9.1f %9.1f\n", "", S, L, us, flops / (us * 1e6));
+            printf("%-24s %4d %5d %9.1f %9.1f %6.1f%%\n", "", S, L, us, flops / (us * 1e6),
+                   mma_tflops > 0 ? 100.0 * flops / (us * 1e6) / mma_tflops : 0.0);
+            if (getenv("REPLAY_BENCH_ATTN_SWEEP")) { /* every block shape, for tuning */
+                static const char *const names[] = {"", "16 rows per warp", "32 rows per warp", "two heads per warp"};
+                for (int mode = RP_PREFILL_ROWS16; mode <= RP_PREFILL_HEADS2; mode++) {
+                    rp_k_attn_prefill_set_mode(mode);
+                    const double m_us = time_us(pf_fn, &p);
+                    printf("  %s: %.1f us, %.1f TFLOP/s\n", names[mode], m_us, flops / (m_us * 1e6));
+                }
+                rp_k_attn_prefill_set_mode(-1);
+            }
             CHECK(cudaFree(pqkv));
             CHECK(cudaFree(pout));
             CHECK(cudaFree(d_table));

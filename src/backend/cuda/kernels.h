@@ -187,6 +187,13 @@ extern const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS];
 int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
                       rp_bf16 *out, int T, int num_seqs, int max_q_len, int nh, int nkv, int hd,
                       cudaStream_t stream);
+/* Prefill attention's block shape (attn_prefill.cu says why): 16 query
+ * rows per warp; 32 (two runs of 16 positions); two heads of one kv group
+ * at the same 16 positions (the default where the group is even and that
+ * grid covers the SMs; else the first). Tests and A/Bs:
+ * rp_k_attn_prefill_set_mode(mode) or REPLAY_PREFILL_MODE, -1 the default. */
+enum { RP_PREFILL_ROWS16 = 1, RP_PREFILL_ROWS32 = 2, RP_PREFILL_HEADS2 = 3 };
+void rp_k_attn_prefill_set_mode(int mode);
 
 /* Gathers rows: out[i][:] = in[rows[i]][:], for the lm_head's input. */
 int rp_k_gather_rows(const rp_bf16 *in, const int32_t *rows, rp_bf16 *out, int n, int H, cudaStream_t stream);
