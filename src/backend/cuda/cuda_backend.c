@@ -339,12 +339,13 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
                   err);
         prof_mark(cb, "gemv gate_up (+rmsnorm)");
         normed.norm_w = ly->mlp_norm;
-        RP_LAUNCH(rp_k_gemv_fused(ly->wgu, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_BF16, .y = cb->gate_up}, T,
+        RP_LAUNCH(rp_k_gemv_fused(ly->wgu, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_F32, .y = cb->gate_up}, T,
                                   2 * F, H, st),
                   err);
         if (rp_gemv_stage_fits(T, F)) {
             prof_mark(cb, "gemv down (+silu, residual)");
-            RP_LAUNCH(rp_k_gemv_fused(ly->wdown, (rp_gemv_in){.mode = RP_GEMV_IN_SILU, .x = cb->gate_up}, to_residual,
+            RP_LAUNCH(rp_k_gemv_fused(ly->wdown, (rp_gemv_in){.mode = RP_GEMV_IN_SILU, .gate_up = cb->gate_up},
+                                      to_residual,
                                       T, H, F, st),
                       err);
         } else { /* the SwiGLU rows do not fit in a block's shared memory */
@@ -412,15 +413,15 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
         if (rp_gemm_run(&cb->gemm, ly->wqkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, st, err)) return RP_ERR;
         if (launch_attention(cb, l, T, S, decode, max_q_len, err)) return RP_ERR;
         prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, H, cb->q_dim) ? "gemv o" : "gemm o");
-        if (rp_gemm_run(&cb->gemm, ly->wo, cb->attn, cb->tmp, T, H, cb->q_dim, 0, st, err)) return RP_ERR;
+        if (rp_gemm_run(&cb->gemm, ly->wo, cb->attn, cb->tmp, T, H, cb->q_dim, 1, st, err)) return RP_ERR;
         prof_mark(cb, "add_rmsnorm");
         RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, ly->mlp_norm, cb->xn, T, H, eps, st), err);
         prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, 2 * F, H) ? "gemv gate_up" : "gemm gate_up");
-        if (rp_gemm_run(&cb->gemm, ly->wgu, cb->xn, cb->gate_up, T, 2 * F, H, 0, st, err)) return RP_ERR;
+        if (rp_gemm_run(&cb->gemm, ly->wgu, cb->xn, cb->gate_up, T, 2 * F, H, 1, st, err)) return RP_ERR;
         prof_mark(cb, "silu_mul");
         RP_LAUNCH(rp_k_silu_mul(cb->gate_up, cb->act, T, F, st), err);
         prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, H, F) ? "gemv down" : "gemm down");
-        if (rp_gemm_run(&cb->gemm, ly->wdown, cb->act, cb->tmp, T, H, F, 0, st, err)) return RP_ERR;
+        if (rp_gemm_run(&cb->gemm, ly->wdown, cb->act, cb->tmp, T, H, F, 1, st, err)) return RP_ERR;
     }
     prof_mark(cb, "add_rmsnorm");
     RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, cb->final_norm, cb->xn, T, H, eps, st), err);
@@ -713,8 +714,8 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         {(void **)&cb->xn, T * H * 2},
         {(void **)&cb->qkv, T * (size_t)cb->qkv_dim * 2},
         {(void **)&cb->attn, T * (size_t)cb->q_dim * 2},
-        {(void **)&cb->tmp, T * H * 2},
-        {(void **)&cb->gate_up, T * 2 * F * 2},
+        {(void **)&cb->tmp, T * H * 4},
+        {(void **)&cb->gate_up, T * 2 * F * 4},
         {(void **)&cb->act, T * F * 2},
         {(void **)&cb->logit_in, Lg * H * 2},
         {(void **)&cb->logits, Lg * V * 4},

@@ -59,7 +59,12 @@ typedef struct rp_cuda_backend {
     rp_decode_step ds;
     rp_decode_layer *d_layers;
     void *ds_ws;
-    rp_bf16 *xn, *qkv, *attn, *tmp, *gate_up, *act, *logit_in;
+    rp_bf16 *xn, *qkv, *attn, *act, *logit_in;
+    /* the o and down products (added to the residual by the next norm) and
+     * the gate_up product stay fp32: rounded to bf16 they were the largest
+     * errors against transformers after the products' bf16 inputs
+     * (bench/RESULTS.md, twelfth session) */
+    float *tmp, *gate_up;
     /* sampled tokens [max_logits], then their logprobs (d_logprobs) right
      * after: one 2-D copy brings both back; the pinned slots alike */
     int32_t *d_tokens;

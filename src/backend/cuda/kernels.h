@@ -43,9 +43,9 @@ void rp_k_set_pdl(int enabled);
 int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, const int32_t *prev_sampled, float *residual,
                float *ss_parts, int num_parts, int T, int H, cudaStream_t stream);
 
-/* If delta != NULL: residual += float(delta) first. Then
- * out = bf16(rmsnorm(residual) * w) with transformers' RMSNorm in fp32. */
-int rp_k_add_rmsnorm(float *residual, const rp_bf16 *delta, const rp_bf16 *w, rp_bf16 *out, int T, int H,
+/* If delta != NULL: residual += delta (a projection's fp32 output) first.
+ * Then out = bf16(rmsnorm(residual) * w) with transformers' RMSNorm in fp32. */
+int rp_k_add_rmsnorm(float *residual, const float *delta, const rp_bf16 *w, rp_bf16 *out, int T, int H,
                      float eps, cudaStream_t stream);
 
 /* y[t][n] = sum_k x[t][k] * W[n][k] for small T (decode): streams W once at
@@ -63,11 +63,11 @@ int rp_k_gemv_f32out(const rp_bf16 *W, const rp_bf16 *x, float *y, int T, int N,
  *             in.rows[t] : t, inv_r = 1 / sqrt(sum_p ss_parts[p][r] / K + eps)
  *             over p < num_parts (the parts a RESIDUAL-output GEMV or
  *             rp_k_embed wrote; rows r < RP_GEMV_MAX_T). residual: [.][K].
- *  - SILU:    x = bf16(silu(g) * u) with g = in.x[t][k], u = in.x[t][K + k]
- *             (the [T][2K] gate_up product).
+ *  - SILU:    x = bf16(silu(g) * u) with g = in.gate_up[t][k], u =
+ *             in.gate_up[t][K + k] (the [T][2K] gate_up product, fp32).
  * Output y[t][n]:
  *  - BF16 / F32: out.y[t][n] = y ([T][N]).
- *  - RESIDUAL: out.residual[t][n] += float(bf16(y)); then ss_parts[p][t]
+ *  - RESIDUAL: out.residual[t][n] += y (fp32); then ss_parts[p][t]
  *             (p < rp_gemv_ss_parts(N), t < RP_GEMV_MAX_T, 0 for t >= T)
  *             = sum of the new residual's squares over the rows of part p. */
 enum { RP_GEMV_IN_BF16 = 0, RP_GEMV_IN_RMSNORM = 1, RP_GEMV_IN_SILU = 2 };
@@ -81,6 +81,7 @@ typedef struct rp_gemv_in {
     const rp_bf16 *norm_w;
     const int32_t *rows;
     float eps;
+    const float *gate_up; /* SILU */
 } rp_gemv_in;
 typedef struct rp_gemv_out {
     int mode;
@@ -107,8 +108,8 @@ int rp_k_qk_norm_rope_store(rp_bf16 *qkv, const rp_bf16 *q_norm, const rp_bf16 *
                             const int32_t *positions, const int32_t *slot_mapping, rp_bf16 *k_cache,
                             rp_bf16 *v_cache, int T, int nh, int nkv, int hd, float eps, cudaStream_t stream);
 
-/* out[t][:F] = silu(gate_up[t][:F]) * gate_up[t][F:2F]. */
-int rp_k_silu_mul(const rp_bf16 *gate_up, rp_bf16 *out, int T, int F, cudaStream_t stream);
+/* out[t][:F] = bf16(silu(gate_up[t][:F]) * gate_up[t][F:2F]), gate_up fp32. */
+int rp_k_silu_mul(const float *gate_up, rp_bf16 *out, int T, int F, cudaStream_t stream);
 
 /* Paged attention metadata shared by decode and prefill. */
 typedef struct rp_attn_meta {

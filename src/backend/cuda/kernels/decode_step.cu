@@ -31,7 +31,7 @@
  *    i belongs to warp i % 8, which multiplies it against x on the tensor
  *    cores and leaves 8 partial sums; the warp that finishes a unit's last
  *    piece adds them in piece order and writes the phase's output with its
- *    epilogue fused (qkv bf16, residual += bf16(y), silu(gate) * up, fp32
+ *    epilogue fused (qkv bf16, residual += y, bf16(silu(gate) * up), fp32
  *    logits);
  *  - phases meet at a grid barrier (a counter with release/acquire at gpu
  *    scope; docs/memory-model.md), five per layer;
@@ -44,9 +44,9 @@
  *    split order.
  * Every sum is taken in a fixed order (per lane, then per warp in warp
  * order), so a replay is bit-identical to an eager run. The rounding points
- * are those of the chain of kernels (bf16 qkv, bf16 projections added to
- * the fp32 residual, bf16 SwiGLU input and output, fp32 logits); only the
- * order of some fp32 sums differs.
+ * are those of the chain of kernels (bf16 qkv, fp32 projections added to
+ * the fp32 residual, fp32 SwiGLU input and bf16 output, fp32 logits); only
+ * the order of some fp32 sums differs.
  *
  * Requirements (rp_decode_step_check): head_dim 64 or 128, GQA group 1/2/4/8,
  * hidden, q and intermediate sizes multiples of 256, hidden <= 8192, row
@@ -707,11 +707,10 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
             switch (epi) {
             case EPI_BF16: a.s.qkv[n] = rp_f32_bf16(v0); break;
             case EPI_RESIDUAL:
-                a.s.residual[n] = (rs ? rs[n] : __ldcg(a.s.residual + n)) + rp_bf16_f32(rp_f32_bf16(v0));
+                a.s.residual[n] = (rs ? rs[n] : __ldcg(a.s.residual + n)) + v0;
                 break;
             case EPI_SWIGLU: {
-                const float gt = rp_bf16_f32(rp_f32_bf16(v0)), up = rp_bf16_f32(rp_f32_bf16(v1));
-                a.s.act[n] = rp_f32_bf16(gt / (1.0f + expf(-gt)) * up);
+                a.s.act[n] = rp_f32_bf16(v0 / (1.0f + expf(-v0)) * v1);
                 break;
             }
             default: a.s.logits[n] = v0;

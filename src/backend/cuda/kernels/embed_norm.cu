@@ -56,25 +56,25 @@ extern "C" int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, const int
  * second pass re-reads the residual this thread just wrote (L1/L2), which
  * keeps the kernel independent of H. */
 template <bool VEC>
-__global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t *__restrict__ delta,
+__global__ void add_rmsnorm_kernel(float *__restrict__ residual, const float *__restrict__ delta,
                                    const uint16_t *__restrict__ w, uint16_t *__restrict__ out, int H, float eps) {
     __shared__ float scratch[33];
     rp_pdl_trigger();
     rp_pdl_wait();
     const int t = blockIdx.x;
     float *r = residual + (int64_t)t * H;
-    const uint16_t *d = delta ? delta + (int64_t)t * H : nullptr;
+    const float *d = delta ? delta + (int64_t)t * H : nullptr;
     uint16_t *o = out + (int64_t)t * H;
     float ss = 0.0f;
     if (VEC) {
         for (int i = threadIdx.x * 4; i < H; i += blockDim.x * 4) {
             float4 x = *reinterpret_cast<float4 *>(r + i);
             if (d) {
-                uint2 dv = *reinterpret_cast<const uint2 *>(d + i);
-                x.x += rp_bf16_lo(dv.x);
-                x.y += rp_bf16_hi(dv.x);
-                x.z += rp_bf16_lo(dv.y);
-                x.w += rp_bf16_hi(dv.y);
+                const float4 dv = *reinterpret_cast<const float4 *>(d + i);
+                x.x += dv.x;
+                x.y += dv.y;
+                x.z += dv.z;
+                x.w += dv.w;
                 *reinterpret_cast<float4 *>(r + i) = x;
             }
             ss += x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
@@ -83,7 +83,7 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t 
         for (int i = threadIdx.x; i < H; i += blockDim.x) {
             float x = r[i];
             if (d) {
-                x += rp_bf16_f32(d[i]);
+                x += d[i];
                 r[i] = x;
             }
             ss += x * x;
@@ -106,7 +106,7 @@ __global__ void add_rmsnorm_kernel(float *__restrict__ residual, const uint16_t 
     }
 }
 
-extern "C" int rp_k_add_rmsnorm(float *residual, const rp_bf16 *delta, const rp_bf16 *w, rp_bf16 *out, int T,
+extern "C" int rp_k_add_rmsnorm(float *residual, const float *delta, const rp_bf16 *w, rp_bf16 *out, int T,
                                 int H, float eps, cudaStream_t stream) {
     if (T <= 0) return cudaSuccess;
     if (H % 4 == 0)

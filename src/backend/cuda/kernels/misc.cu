@@ -8,31 +8,23 @@ int rp_pdl_enabled = 1;
 
 extern "C" void rp_k_set_pdl(int enabled) { rp_pdl_enabled = enabled != 0; }
 
-/* gate_up[t] = [gate (F) | up (F)]; 8 elements per thread when aligned. */
+/* gate_up[t] = [gate (F) | up (F)], fp32 (the products' own sums: bf16
+ * there was the largest rounding error of the chain after the GEMMs'
+ * inputs); 8 elements per thread when aligned. */
 template <bool VEC>
-__global__ void silu_mul_kernel(const uint16_t *__restrict__ gate_up, uint16_t *__restrict__ out, int T, int F) {
+__global__ void silu_mul_kernel(const float *__restrict__ gate_up, uint16_t *__restrict__ out, int T, int F) {
     rp_pdl_trigger();
     rp_pdl_wait();
     const int64_t per_row = VEC ? F / 8 : F;
     const int64_t total = (int64_t)T * per_row;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / per_row, c = i % per_row;
-        const uint16_t *g = gate_up + t * 2 * F;
+        const float *g = gate_up + t * 2 * F;
         if (VEC) {
-            uint4 gv = rp_ld_act(g + c * 8), uv = rp_ld_act(g + F + c * 8);
-            const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
-            uint32_t ow[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float g0 = rp_bf16_lo(gw[j]), g1 = rp_bf16_hi(gw[j]);
-                float s0 = g0 / (1.0f + expf(-g0)) * rp_bf16_lo(uw[j]);
-                float s1 = g1 / (1.0f + expf(-g1)) * rp_bf16_hi(uw[j]);
-                ow[j] = rp_pack_bf16x2(s0, s1);
-            }
-            *reinterpret_cast<uint4 *>(out + t * F + c * 8) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+            *reinterpret_cast<uint4 *>(out + t * F + c * 8) = rp_silu_mul8(g + c * 8, g + F + c * 8);
         } else {
-            float gf = rp_bf16_f32(g[c]);
-            out[t * F + c] = rp_f32_bf16(gf / (1.0f + expf(-gf)) * rp_bf16_f32(g[F + c]));
+            const float gf = g[c];
+            out[t * F + c] = rp_f32_bf16(gf / (1.0f + expf(-gf)) * g[F + c]);
         }
     }
 }
@@ -42,7 +34,7 @@ static int grid_for(int64_t work, int threads) {
     return (int)(b < 1 ? 1 : b > 65535 ? 65535 : b);
 }
 
-extern "C" int rp_k_silu_mul(const rp_bf16 *gate_up, rp_bf16 *out, int T, int F, cudaStream_t stream) {
+extern "C" int rp_k_silu_mul(const float *gate_up, rp_bf16 *out, int T, int F, cudaStream_t stream) {
     if (T <= 0 || F <= 0) return cudaSuccess;
     if (F % 8 == 0)
         return rp_launch(silu_mul_kernel<true>, dim3(grid_for((int64_t)T * F / 8, 256)), dim3(256), 0, stream,
