@@ -58,8 +58,12 @@ struct dec_block {
     bool tile_in_page;
 };
 
+/* Also the kernel's PDL point: everything below reads the step's metadata,
+ * which the kernel before may still be writing. */
 template <int HD>
 static __device__ __forceinline__ dec_block dec_block_of(const rp_attn_meta &meta, int nh, int nkv, int num_splits) {
+    rp_pdl_trigger();
+    rp_pdl_wait();
     dec_block b;
     b.s = blockIdx.z, b.kvh = blockIdx.y, b.split = blockIdx.x;
     b.G = nh / nkv;
@@ -110,25 +114,39 @@ template <int HD> static constexpr __host__ __device__ size_t dec_merge_bytes(vo
     return (size_t)DEC_WARPS * DEC_MAX_GROUP * (HD + 1) * 4 + 2 * (size_t)DEC_WARPS * DEC_MAX_GROUP * 4;
 }
 
+/* Where those lie: per warp and query head, the unnormalised output row
+ * (padded by one float), then the running maxima, then the sums. */
+template <int HD> struct dec_merge_smem {
+    float (*o)[DEC_MAX_GROUP][HD + 1];
+    float (*m)[DEC_MAX_GROUP];
+    float (*l)[DEC_MAX_GROUP];
+};
+template <int HD> __device__ __forceinline__ dec_merge_smem<HD> dec_merge_smem_at(uint4 *smem) {
+    dec_merge_smem<HD> sm;
+    sm.o = reinterpret_cast<float (*)[DEC_MAX_GROUP][HD + 1]>(smem);
+    sm.m = reinterpret_cast<float (*)[DEC_MAX_GROUP]>(sm.o + DEC_WARPS);
+    sm.l = sm.m + DEC_WARPS;
+    return sm;
+}
+
 /* The block's warps' (max, sum, unnormalised output) per query head,
  * combined in warp order: the split's partial result (ws_o, ws_ml), or with
  * one split (out set) the bf16 result itself, without the merge launch. */
 template <int HD>
-__device__ void dec_merge_warps(const float (*sm_o)[DEC_MAX_GROUP][HD + 1], const float (*sm_m)[DEC_MAX_GROUP],
-                                const float (*sm_l)[DEC_MAX_GROUP], float *ws_o, float2 *ws_ml, uint16_t *out, int s,
+__device__ void dec_merge_warps(const dec_merge_smem<HD> &sm, float *ws_o, float2 *ws_ml, uint16_t *out, int s,
                                 int kvh, int G, int nh, int num_splits, int split) {
     for (int i = threadIdx.x; i < G * HD; i += DEC_WARPS * 32) {
         const int r = i / HD, d = i % HD;
         float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w][r]);
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm.m[w][r]);
         float acc = 0.0f, L = 0.0f;
         if (M != -INFINITY) {
 #pragma unroll
             for (int w = 0; w < DEC_WARPS; w++) {
-                const float f = exp2f(sm_m[w][r] - M); /* 0 for a warp that saw no key */
-                acc += f * sm_o[w][r][d];
-                L += f * sm_l[w][r];
+                const float f = exp2f(sm.m[w][r] - M); /* 0 for a warp that saw no key */
+                acc += f * sm.o[w][r][d];
+                L += f * sm.l[w][r];
             }
         }
         const int h = kvh * G + r;
@@ -151,13 +169,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     constexpr int KCH = HD / 32; /* 32-dim chunks: one uint4 of K per thread each */
     constexpr int DPT = HD / 8;  /* V dims per thread = PV n-tiles */
     extern __shared__ uint4 dec_smem[];
-    typedef float o_rows[DEC_MAX_GROUP][HD + 1];
-    o_rows *sm_o = reinterpret_cast<o_rows *>(dec_smem);
-    float(*sm_m)[DEC_MAX_GROUP] = reinterpret_cast<float(*)[DEC_MAX_GROUP]>(sm_o + DEC_WARPS);
-    float(*sm_l)[DEC_MAX_GROUP] = sm_m + DEC_WARPS;
-
-    rp_pdl_trigger();
-    rp_pdl_wait();
+    const dec_merge_smem<HD> sm = dec_merge_smem_at<HD>(dec_smem);
     const dec_block b = dec_block_of<HD>(meta, nh, nkv, num_splits);
     const int G = b.G, warp = b.warp, g = b.g, c = b.c;
 
@@ -257,12 +269,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     /* Meet the other warps: rows < G only. */
     if (c == 0) {
         if (g < G) {
-            sm_m[warp][g] = m_lo;
-            sm_l[warp][g] = l_lo;
+            sm.m[warp][g] = m_lo;
+            sm.l[warp][g] = l_lo;
         }
         if (g + 8 < G) {
-            sm_m[warp][g + 8] = m_hi;
-            sm_l[warp][g + 8] = l_hi;
+            sm.m[warp][g + 8] = m_hi;
+            sm.l[warp][g + 8] = l_hi;
         }
     }
 #pragma unroll
@@ -270,11 +282,11 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int d = (2 * c + e) * DPT + j;
-            if (g < G) sm_o[warp][g][d] = o[j][e];
-            if (g + 8 < G) sm_o[warp][g + 8][d] = o[j][2 + e];
+            if (g < G) sm.o[warp][g][d] = o[j][e];
+            if (g + 8 < G) sm.o[warp][g + 8][d] = o[j][2 + e];
         }
     __syncthreads();
-    dec_merge_warps<HD>(sm_o, sm_m, sm_l, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split);
+    dec_merge_warps<HD>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split);
 }
 
 /* The same attention with the tile's products transposed: keys are the
@@ -297,13 +309,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
     constexpr int MT = HD / 16;  /* m-tiles of O^T: thread (g, c) row g is dim g * DPT + 2 mt, row g + 8 the next */
     constexpr int VU4 = DPT / 8; /* uint4 per V row per thread */
     extern __shared__ uint4 dec_smem[];
-    typedef float o_rows[DEC_MAX_GROUP][HD + 1];
-    o_rows *sm_o = reinterpret_cast<o_rows *>(dec_smem);
-    float(*sm_m)[DEC_MAX_GROUP] = reinterpret_cast<float(*)[DEC_MAX_GROUP]>(sm_o + DEC_WARPS);
-    float(*sm_l)[DEC_MAX_GROUP] = sm_m + DEC_WARPS;
-
-    rp_pdl_trigger();
-    rp_pdl_wait();
+    const dec_merge_smem<HD> sm = dec_merge_smem_at<HD>(dec_smem);
     const dec_block b = dec_block_of<HD>(meta, nh, nkv, num_splits);
     const int G = b.G, warp = b.warp, g = b.g, c = b.c, end = b.end;
 
@@ -399,15 +405,15 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
         for (int e = 0; e < 2; e++) {
             const int h = nt * 8 + 2 * c + e;
             if (h >= G) continue;
-            if (g == 0) sm_m[warp][h] = m[nt][e], sm_l[warp][h] = l[nt][e];
+            if (g == 0) sm.m[warp][h] = m[nt][e], sm.l[warp][h] = l[nt][e];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                sm_o[warp][h][g * DPT + 2 * mt] = o[nt][mt][e];
-                sm_o[warp][h][g * DPT + 2 * mt + 1] = o[nt][mt][2 + e];
+                sm.o[warp][h][g * DPT + 2 * mt] = o[nt][mt][e];
+                sm.o[warp][h][g * DPT + 2 * mt + 1] = o[nt][mt][2 + e];
             }
         }
     __syncthreads();
-    dec_merge_warps<HD>(sm_o, sm_m, sm_l, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split);
+    dec_merge_warps<HD>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split);
 }
 
 /* out[s][h] = sum_i o_i 2^(m_i - M) / sum_i l_i 2^(m_i - M) over splits. */
