@@ -345,8 +345,7 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
         if (rp_gemv_stage_fits(T, F)) {
             prof_mark(cb, "gemv down (+silu, residual)");
             RP_LAUNCH(rp_k_gemv_fused(ly->wdown, (rp_gemv_in){.mode = RP_GEMV_IN_SILU, .gate_up = cb->gate_up},
-                                      to_residual,
-                                      T, H, F, st),
+                                      to_residual, T, H, F, st),
                       err);
         } else { /* the SwiGLU rows do not fit in a block's shared memory */
             prof_mark(cb, "silu_mul");
