@@ -200,10 +200,11 @@ def main():
             got = torch.frombuffer(bytearray(open(out, "rb").read()), dtype=torch.float32).view(-1, vocab)
             errs = [rel_l2(got[i], ref[i]) for i in range(ref.shape[0])]
             same_top = (got.argmax(-1) == ref.argmax(-1)).float().mean().item()
-            # bf16 tolerance: the issue's 1e-2, or at most transformers' own
-            # bf16 error on the same weights and prompt, whichever is larger
-            tol = 1e-4 if name.startswith("tiny") else max(1e-2, hf_err)
-            res = "ok" if max(errs) < 1e-2 else "ok (< HF bf16)" if max(errs) < tol else "FAIL"
+            # bf16 tolerance: the issue's 1e-2 (transformers' own bf16 run is
+            # printed beside it, ~2e-2); the tiny shapes run on replay's fp32
+            # CPU backend and must match to 1e-4
+            tol = 1e-4 if name.startswith("tiny") else 1e-2
+            res = "ok" if max(errs) < tol else "FAIL"
             rows.append((name, L, max(errs), hf_err, same_top, res))
         del model
         torch.cuda.empty_cache()
