@@ -129,7 +129,8 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
 #pragma unroll
             for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                for (int nt = 0; nt < PF_BN / 8; nt++) sc[mi][nt][0] = sc[mi][nt][1] = sc[mi][nt][2] = sc[mi][nt][3] = 0.0f;
+                for (int nt = 0; nt < PF_BN / 8; nt++)
+                    sc[mi][nt][0] = sc[mi][nt][1] = sc[mi][nt][2] = sc[mi][nt][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < KS; kk++) {
                 uint32_t qf[MI][4]; /* Q from shared memory each tile: registers go to O */
@@ -234,7 +235,8 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             uint16_t *dst = out + (int64_t)(tok0 + row) * nh * HD + (int64_t)(h0 + mt_head(mi)) * HD + 2 * c;
 #pragma unroll
             for (int j = 0; j < ON; j++)
-                *reinterpret_cast<uint32_t *>(dst + j * 8) = rp_pack_bf16x2(o[mi][j][2 * r] * inv, o[mi][j][2 * r + 1] * inv);
+                *reinterpret_cast<uint32_t *>(dst + j * 8) =
+                    rp_pack_bf16x2(o[mi][j][2 * r] * inv, o[mi][j][2 * r + 1] * inv);
         }
 }
 
@@ -260,11 +262,13 @@ template <int HD>
 static int prefill_mode(int mode, const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
                         rp_attn_meta meta, rp_bf16 *out, int num_seqs, int max_q_len, int nh, int nkv,
                         cudaStream_t stream) {
+#define PF_ARGS qkv, k_cache, v_cache, meta, out, num_seqs, max_q_len, nh, nkv, stream
     switch (mode) {
-    case RP_PREFILL_ROWS16: return prefill_launch<HD, 1, 1>(qkv, k_cache, v_cache, meta, out, num_seqs, max_q_len, nh, nkv, stream);
-    case RP_PREFILL_ROWS32: return prefill_launch<HD, 2, 1>(qkv, k_cache, v_cache, meta, out, num_seqs, max_q_len, nh, nkv, stream);
-    default: return prefill_launch<HD, 2, 2>(qkv, k_cache, v_cache, meta, out, num_seqs, max_q_len, nh, nkv, stream);
+    case RP_PREFILL_ROWS16: return prefill_launch<HD, 1, 1>(PF_ARGS);
+    case RP_PREFILL_ROWS32: return prefill_launch<HD, 2, 1>(PF_ARGS);
+    default: return prefill_launch<HD, 2, 2>(PF_ARGS);
     }
+#undef PF_ARGS
 }
 
 static int pf_mode_set = -1;
@@ -293,7 +297,9 @@ extern "C" int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, con
         mode = big >= sms ? RP_PREFILL_HEADS2 : RP_PREFILL_ROWS16;
     }
     if (mode == RP_PREFILL_HEADS2 && (nh / nkv) % 2) mode = RP_PREFILL_ROWS32;
-    if (hd == 128) return prefill_mode<128>(mode, qkv, k_cache, v_cache, meta, out, num_seqs, max_q_len, nh, nkv, stream);
-    if (hd == 64) return prefill_mode<64>(mode, qkv, k_cache, v_cache, meta, out, num_seqs, max_q_len, nh, nkv, stream);
+#define PF_ARGS mode, qkv, k_cache, v_cache, meta, out, num_seqs, max_q_len, nh, nkv, stream
+    if (hd == 128) return prefill_mode<128>(PF_ARGS);
+    if (hd == 64) return prefill_mode<64>(PF_ARGS);
+#undef PF_ARGS
     return (int)cudaErrorInvalidValue;
 }
