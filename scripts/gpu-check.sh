@@ -37,7 +37,7 @@ for stage in $stages; do
         >"$OUT/sanitize-ids.txt"
       sanitize() { # name tool command... (each run stopped after SANITIZE_TIMEOUT seconds, default 240)
         local name=$1 tool=$2 rc; shift 2
-        REPLAY_TEST_SMALL=1 timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" \
+        REPLAY_TEST_SMALL=${SMALL:-1} timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" \
           >"$OUT/sanitize-$name.log" 2>&1
         rc=$?
         if [ $rc = 0 ]; then summary+=("compute-sanitizer $name: clean")
@@ -48,9 +48,11 @@ for stage in $stages; do
       }
       for tool in memcheck racecheck; do sanitize "$tool-test_cuda_kernels" $tool "$B/test_cuda_kernels"; done
       sanitize memcheck-test_cuda_sample memcheck "$B/test_cuda_sample"
-      # racecheck on the sampler takes over 8 minutes (its 16-block clusters):
-      # only the first two tests, in SANITIZE_TIMEOUT
-      sanitize racecheck-test_cuda_sample racecheck "$B/test_cuda_sample"
+      # racecheck on the sampler (16-block clusters) took over 8 minutes at
+      # the memcheck shapes: each test alone, with a few rows (REPLAY_TEST_SMALL=2)
+      for t in sample_greedy sample_vs_host sample_batch sample_ties_and_edges sample_distribution top_logprobs; do
+        SMALL=2 REPLAY_TEST_ONLY=test_$t sanitize "racecheck-test_cuda_sample-$t" racecheck "$B/test_cuda_sample"
+      done
       sanitize memcheck-decode memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b --batch 1,2,6,16 --ctx 40 \
         --steps 2 --warmup 1 --no-eager
       sanitize memcheck-prefill memcheck "$B/replay" logits --dummy-weights qwen3-0.6b \

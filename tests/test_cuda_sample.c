@@ -13,8 +13,11 @@
  *
  * Every run draws fresh random inputs (the seed is printed;
  * REPLAY_TEST_SEED repeats one); outputs are poisoned before each launch.
- * REPLAY_TEST_SMALL=1 shrinks the shapes (for compute-sanitizer);
- * REPLAY_TEST_SKIP=pattern skips tests by name (cmocka wildcards);
+ * REPLAY_TEST_SMALL=1 shrinks the shapes (for compute-sanitizer memcheck),
+ * REPLAY_TEST_SMALL=2 also the row counts (racecheck: the same
+ * vocabularies and kernel paths, a few rows of each);
+ * REPLAY_TEST_SKIP=pattern skips tests by name, REPLAY_TEST_ONLY=pattern
+ * runs only those (cmocka wildcards);
  * Top logprobs (rp_k_sample_kept + rp_k_top_logprobs): ids exactly the
  * first n of a full sort, logprobs against float64 (greedy) and the host
  * sampler (sampled rows), eager and graph-replayed alike.
@@ -47,7 +50,10 @@
 /* ---- helpers ------------------------------------------------------------ */
 
 static uint64_t g_seed, g_ctr;
-static int g_small;
+static int g_small; /* REPLAY_TEST_SMALL: 0, 1 or 2 */
+
+/* A test's row count or vocabulary at the three sizes. */
+static int rows_at(int full, int small, int tiny) { return g_small >= 2 ? tiny : g_small ? small : full; }
 
 static uint32_t urand(uint32_t n) { return (uint32_t)(rp_rand_u64(g_seed, 2, g_ctr++) % n); }
 
@@ -190,7 +196,7 @@ static void test_sample_greedy(void **state) {
 static void test_sample_vs_host(void **state) {
     (void)state;
     NEED_GPU();
-    const int vocab = g_small ? 32000 : 152064, rows = g_small ? 32 : 128;
+    const int vocab = rows_at(152064, 32000, 8000), rows = rows_at(128, 32, 2);
     struct {
         float t, p, minp;
         int k;
@@ -236,7 +242,7 @@ static void test_sample_batch(void **state) {
     (void)state;
     NEED_GPU();
     const int vocabs[] = {g_small ? 4003 : 32003, g_small ? 8000 : 151936};
-    const int rows = g_small ? 16 : 256;
+    const int rows = rows_at(256, 16, 6);
     for (int vi = 0; vi < 2; vi++) {
         const int vocab = vocabs[vi];
         float *logits = malloc((size_t)rows * vocab * 4);
@@ -266,7 +272,7 @@ static void test_sample_batch(void **state) {
 static void test_sample_ties_and_edges(void **state) {
     (void)state;
     NEED_GPU();
-    const int vocab = g_small ? 20000 : 151936, rows = 8;
+    const int vocab = rows_at(151936, 20000, 10000), rows = 8;
     float *logits = malloc((size_t)rows * vocab * 4);
     rp_sample_params params[8];
     for (int r = 0; r < rows; r++) {
@@ -452,8 +458,8 @@ static void test_top_logprobs(void **state) {
     (void)state;
     NEED_GPU();
     /* mixed rows: greedy and sampled with every truncation, n in 0..20 */
-    const int vocabs[] = {g_small ? 4003 : 32003, g_small ? 32000 : 151936};
-    const int rows = g_small ? 24 : 96;
+    const int vocabs[] = {g_small ? 4003 : 32003, rows_at(151936, 32000, 8000)};
+    const int rows = rows_at(96, 24, 6);
     for (int vi = 0; vi < 2; vi++) {
         const int vocab = vocabs[vi];
         float *logits = malloc((size_t)rows * vocab * 4);
@@ -479,7 +485,7 @@ static void test_top_logprobs(void **state) {
 
     /* the exact slow path (thousands of ties), flat rows, inf/NaN, a single
      * finite token, an all -inf row */
-    const int vocab = g_small ? 20000 : 151936, n_edge = 7;
+    const int vocab = rows_at(151936, 20000, 10000), n_edge = 7;
     float *logits = malloc((size_t)n_edge * vocab * 4);
     rp_sample_params params[7];
     for (int r = 0; r < n_edge; r++) {
@@ -527,7 +533,7 @@ static void test_top_logprobs(void **state) {
 static void test_sample_distribution(void **state) {
     (void)state;
     NEED_GPU();
-    const int vocab = 40, rows = g_small ? 2000 : 20000;
+    const int vocab = 40, rows = rows_at(20000, 2000, 100);
     float logits[40];
     fill_normal(logits, vocab, 1.5f);
     for (int cfgi = 0; cfgi < 2; cfgi++) {
@@ -682,10 +688,12 @@ static void test_sample_bench(void **state) {
 int main(void) {
     const char *env = getenv("REPLAY_TEST_SEED");
     g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
-    g_small = getenv("REPLAY_TEST_SMALL") != NULL;
+    env = getenv("REPLAY_TEST_SMALL");
+    g_small = !env ? 0 : atoi(env) >= 2 ? 2 : 1;
     printf("test_cuda_sample: seed %llu%s (REPLAY_TEST_SEED repeats it)\n", (unsigned long long)g_seed,
            g_small ? ", small shapes" : "");
     if (getenv("REPLAY_TEST_SKIP")) cmocka_set_skip_filter(getenv("REPLAY_TEST_SKIP"));
+    if (getenv("REPLAY_TEST_ONLY")) cmocka_set_test_filter(getenv("REPLAY_TEST_ONLY"));
     if (getenv("REPLAY_SAMPLE_BENCH")) cmocka_set_test_filter("test_sample_bench");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sample_greedy),         cmocka_unit_test(test_sample_vs_host),
