@@ -72,6 +72,31 @@ int rp_cli_runtime_error(const char *cmd, const char *fmt, ...) {
     return RP_EXIT_RUNTIME;
 }
 
+void rp_cli_opts_begin(void) {
+    optind = 1;
+    opterr = 0; /* the messages are ours (rp_cli_next_opt) */
+}
+
+int rp_cli_next_opt(int argc, char **argv, const char *shortopts, const struct option *longopts, rp_model_opts *mo,
+                    struct rp_sampling_params *sp, const char *cmd) {
+    for (;;) {
+        const int opt = getopt_long(argc, argv, shortopts, longopts, NULL);
+        if (opt == -1) return RP_OPT_END;
+        if (opt == ':') {
+            rp_cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
+            return RP_OPT_ERROR;
+        }
+        if (opt == '?') {
+            rp_cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+            return RP_OPT_ERROR;
+        }
+        int r = mo ? rp_model_opts_parse(mo, opt, optarg, cmd) : 0;
+        if (r == 0 && sp) r = rp_sampling_opts_parse(sp, opt, optarg, cmd);
+        if (r < 0) return RP_OPT_ERROR;
+        if (r == 0) return opt;
+    }
+}
+
 int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *cmd) {
     long v;
     switch (opt) {

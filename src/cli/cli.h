@@ -67,6 +67,15 @@ void rp_model_opts_init(rp_model_opts *o);
 /* Handles one of the RP_MODEL_LONG_OPTIONS; returns 1 if it was one, 0 if
  * not, -1 on a bad value (message printed). */
 int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *cmd);
+/* A command's option loop: rp_cli_opts_begin(), then rp_cli_next_opt()
+ * until RP_OPT_END. getopt_long over longopts, with the model options (mo)
+ * and the sampling options (sp) handled here when given, and a missing
+ * value or an unknown option reported as a usage error (RP_OPT_ERROR, the
+ * message printed); anything else is the command's own option. */
+enum { RP_OPT_END = -1, RP_OPT_ERROR = -2 };
+void rp_cli_opts_begin(void);
+int rp_cli_next_opt(int argc, char **argv, const char *shortopts, const struct option *longopts, rp_model_opts *mo,
+                    struct rp_sampling_params *sp, const char *cmd);
 /* Checks that exactly one model source is given; prints a usage error. */
 int rp_model_opts_check(const rp_model_opts *o, const char *cmd);
 /* Loads the model; prints a one-line error and returns NULL on failure. */

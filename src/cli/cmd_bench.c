@@ -65,13 +65,9 @@ static int bench_decode(int argc, char **argv) {
     rp_model_opts_init(&mo);
     int batches[MAX_BATCHES] = {1, 8, 32, 128}, nb = 4, no_eager = 0, no_overlap = 0;
     long ctx = 512, steps = 64, warmup = 8, page_size = 16;
-    optind = 1;
-    opterr = 0;
+    rp_cli_opts_begin();
     int opt;
-    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
-        if (r < 0) return RP_EXIT_USAGE;
-        if (r > 0) continue;
+    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
         case 'b':
@@ -92,8 +88,7 @@ static int bench_decode(int argc, char **argv) {
             break;
         case 'E': no_eager = 1; break;
         case 'O': no_overlap = 1; break;
-        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
-        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
@@ -276,13 +271,9 @@ static int bench_offline(int argc, char **argv) {
     double range = 0;
     uint64_t seed = 0;
     int no_graph = 0;
-    optind = 1;
-    opterr = 0;
+    rp_cli_opts_begin();
     int opt;
-    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        int r = rp_model_opts_parse(&mo, opt, optarg, cmd);
-        if (r < 0) return RP_EXIT_USAGE;
-        if (r > 0) continue;
+    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, cmd)) != RP_OPT_END) {
         long *dst = NULL;
         long lo = 1, hi = 1 << 24;
         switch (opt) {
@@ -303,8 +294,7 @@ static int bench_offline(int argc, char **argv) {
         case 's':
             if (rp_parse_u64(optarg, &seed)) return rp_cli_usage_error(cmd, "--seed must be a non-negative integer");
             break;
-        case ':': return rp_cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
-        default: return rp_cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
         if (dst && rp_parse_int(optarg, lo, hi, dst))
             return rp_cli_usage_error(cmd, "%s must be an integer from %ld to %ld, got '%s'", argv[optind - 1], lo, hi,

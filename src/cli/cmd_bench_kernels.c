@@ -450,21 +450,15 @@ int rp_cmd_bench_kernels(int argc, char **argv) {
     static const struct option longopts[] = {RP_MODEL_LONG_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     rp_model_opts mo;
     rp_model_opts_init(&mo);
-    optind = 1;
-    opterr = 0;
+    rp_cli_opts_begin();
     int opt;
-    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
-        if (r < 0) return RP_EXIT_USAGE;
-        if (r > 0) continue;
-        if (opt == 'h') {
-            printf("Usage: replay bench kernels (--model DIR | --dummy-weights NAME)\n\n"
-                   "Times each CUDA kernel alone at the model's shapes against the copy bandwidth\n"
-                   "measured in the same run (only the model's config is read; the one-kernel\n"
-                   "decode step, timed last, runs on random weights of those shapes).\n");
-            return RP_EXIT_OK;
-        }
-        return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
+        if (opt != 'h') return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
+        printf("Usage: replay bench kernels (--model DIR | --dummy-weights NAME)\n\n"
+               "Times each CUDA kernel alone at the model's shapes against the copy bandwidth\n"
+               "measured in the same run (only the model's config is read; the one-kernel\n"
+               "decode step, timed last, runs on random weights of those shapes).\n");
+        return RP_EXIT_OK;
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;

@@ -376,10 +376,9 @@ int rp_cmd_bench_serve(int argc, char **argv) {
     double rate = INFINITY, range = 1.0;
     uint64_t seed = 1;
     bs_target t = {0};
-    optind = 1;
-    opterr = 0;
+    rp_cli_opts_begin();
     int opt;
-    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, NULL, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(); free(model); return RP_EXIT_OK;
         case 'u': url = optarg; break;
@@ -413,8 +412,7 @@ int rp_cmd_bench_serve(int argc, char **argv) {
             else if (rp_parse_float(optarg, &rate) || rate <= 0)
                 return rp_cli_usage_error(CMD, "--request-rate must be a positive number or inf");
             break;
-        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
-        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);

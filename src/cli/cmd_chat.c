@@ -96,14 +96,9 @@ int rp_cmd_chat(int argc, char **argv) {
     const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_name = NULL;
     int no_thinking = 0;
     long max_tokens = 1024, max_context = 8192;
-    optind = 1;
-    opterr = 0;
+    rp_cli_opts_begin();
     int opt;
-    while ((opt = getopt_long(argc, argv, ":hq", longopts, NULL)) != -1) {
-        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
-        if (r == 0) r = rp_sampling_opts_parse(&sp, opt, optarg, CMD);
-        if (r < 0) return RP_EXIT_USAGE;
-        if (r > 0) continue;
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", longopts, &mo, &sp, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
         case 'q': rp_log_set_level(RP_LOG_ERROR); break;
@@ -118,8 +113,7 @@ int rp_cmd_chat(int argc, char **argv) {
             if (rp_parse_int(optarg, 16, 1 << 24, &max_context))
                 return rp_cli_usage_error(CMD, "--max-context must be >= 16");
             break;
-        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
-        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);

@@ -88,13 +88,9 @@ int rp_cmd_logits(int argc, char **argv) {
     rp_model_opts_init(&mo);
     const char *ids_arg = NULL, *out_path = NULL;
     long last = 0, chunk = 2048;
-    optind = 1;
-    opterr = 0;
+    rp_cli_opts_begin();
     int opt;
-    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
-        if (r < 0) return RP_EXIT_USAGE;
-        if (r > 0) continue;
+    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
         case 'I': ids_arg = optarg; break;
@@ -105,8 +101,7 @@ int rp_cmd_logits(int argc, char **argv) {
         case 'c':
             if (rp_parse_int(optarg, 1, 1 << 20, &chunk)) return rp_cli_usage_error(CMD, "--chunk must be >= 1");
             break;
-        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
-        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);

@@ -51,13 +51,9 @@ int rp_cmd_profile(int argc, char **argv) {
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     long B = 1, ctx = 512, steps = 32;
-    optind = 1;
-    opterr = 0;
+    rp_cli_opts_begin();
     int opt;
-    while ((opt = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
-        if (r < 0) return RP_EXIT_USAGE;
-        if (r > 0) continue;
+    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
         case 'b':
@@ -69,8 +65,7 @@ int rp_cmd_profile(int argc, char **argv) {
         case 's':
             if (rp_parse_int(optarg, 1, 10000, &steps)) return rp_cli_usage_error(CMD, "--steps must be >= 1");
             break;
-        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
-        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);

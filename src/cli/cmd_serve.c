@@ -67,13 +67,9 @@ int rp_cmd_serve(int argc, char **argv) {
     const char *tokenizer_dir = NULL, *template_name = NULL;
     long port = 8000, running = 256, prefill = 16384, chunk = 8192, pages = 0, page_size = 16, max_len = 0;
     int no_graph = 0;
-    optind = 1;
-    opterr = 0;
+    rp_cli_opts_begin();
     int opt;
-    while ((opt = getopt_long(argc, argv, ":hq", longopts, NULL)) != -1) {
-        int r = rp_model_opts_parse(&mo, opt, optarg, CMD);
-        if (r < 0) return RP_EXIT_USAGE;
-        if (r > 0) continue;
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
         long *dst = NULL, lo = 1, hi = 1 << 24;
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
@@ -91,8 +87,7 @@ int rp_cmd_serve(int argc, char **argv) {
         case 'N': dst = &pages, lo = 0; break;
         case 'g': dst = &page_size, hi = 4096; break;
         case 'L': dst = &max_len; break;
-        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
-        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
         if (dst && rp_parse_int(optarg, lo, hi, dst))
             return rp_cli_usage_error(CMD, "%s must be an integer from %ld to %ld, got '%s'", argv[optind - 1], lo, hi,

@@ -73,16 +73,14 @@ int rp_cmd_tokenize(int argc, char **argv) {
     int verbose = 0;
     unsigned flags = 0;
     int opt;
-    optind = 1;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "+:vh", longopts, NULL)) != -1) {
+    rp_cli_opts_begin();
+    while ((opt = rp_cli_next_opt(argc, argv, "+:vh", longopts, NULL, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'm': model_dir = optarg; break;
         case 'v': verbose = 1; break;
         case 's': flags |= RP_ENCODE_SPLIT_SPECIAL; break;
         case 'h': help(stdout); return RP_EXIT_OK;
-        case ':': return rp_cli_usage_error(CMD, "option '%s' needs a value", argv[optind - 1]);
-        default: return rp_cli_usage_error(CMD, "unknown option '%s'", argv[optind - 1]);
+        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (!model_dir) return rp_cli_usage_error(CMD, "--model DIR is required");
