@@ -14,8 +14,8 @@
  * Every run draws fresh random inputs (the seed is printed;
  * REPLAY_TEST_SEED repeats one); outputs are poisoned before each launch.
  * REPLAY_TEST_SMALL=1 shrinks the shapes (for compute-sanitizer memcheck),
- * REPLAY_TEST_SMALL=2 also the row counts (racecheck: the same
- * vocabularies and kernel paths, a few rows of each);
+ * REPLAY_TEST_SMALL=2 further (racecheck: a few rows, vocabularies down
+ * to 8000-10000, the same kernel paths: cluster fast path, tie slow path);
  * REPLAY_TEST_SKIP=pattern skips tests by name, REPLAY_TEST_ONLY=pattern
  * runs only those (cmocka wildcards);
  * Top logprobs (rp_k_sample_kept + rp_k_top_logprobs): ids exactly the
@@ -53,7 +53,7 @@ static uint64_t g_seed, g_ctr;
 static int g_small; /* REPLAY_TEST_SMALL: 0, 1 or 2 */
 
 /* A test's row count or vocabulary at the three sizes. */
-static int rows_at(int full, int small, int tiny) { return g_small >= 2 ? tiny : g_small ? small : full; }
+static int size_at(int full, int small, int tiny) { return g_small >= 2 ? tiny : g_small ? small : full; }
 
 static uint32_t urand(uint32_t n) { return (uint32_t)(rp_rand_u64(g_seed, 2, g_ctr++) % n); }
 
@@ -196,7 +196,7 @@ static void test_sample_greedy(void **state) {
 static void test_sample_vs_host(void **state) {
     (void)state;
     NEED_GPU();
-    const int vocab = rows_at(152064, 32000, 8000), rows = rows_at(128, 32, 2);
+    const int vocab = size_at(152064, 32000, 8000), rows = size_at(128, 32, 2);
     struct {
         float t, p, minp;
         int k;
@@ -242,7 +242,7 @@ static void test_sample_batch(void **state) {
     (void)state;
     NEED_GPU();
     const int vocabs[] = {g_small ? 4003 : 32003, g_small ? 8000 : 151936};
-    const int rows = rows_at(256, 16, 6);
+    const int rows = size_at(256, 16, 6);
     for (int vi = 0; vi < 2; vi++) {
         const int vocab = vocabs[vi];
         float *logits = malloc((size_t)rows * vocab * 4);
@@ -272,7 +272,7 @@ static void test_sample_batch(void **state) {
 static void test_sample_ties_and_edges(void **state) {
     (void)state;
     NEED_GPU();
-    const int vocab = rows_at(151936, 20000, 10000), rows = 8;
+    const int vocab = size_at(151936, 20000, 10000), rows = 8;
     float *logits = malloc((size_t)rows * vocab * 4);
     rp_sample_params params[8];
     for (int r = 0; r < rows; r++) {
@@ -458,8 +458,8 @@ static void test_top_logprobs(void **state) {
     (void)state;
     NEED_GPU();
     /* mixed rows: greedy and sampled with every truncation, n in 0..20 */
-    const int vocabs[] = {g_small ? 4003 : 32003, rows_at(151936, 32000, 8000)};
-    const int rows = rows_at(96, 24, 6);
+    const int vocabs[] = {g_small ? 4003 : 32003, size_at(151936, 32000, 8000)};
+    const int rows = size_at(96, 24, 6);
     for (int vi = 0; vi < 2; vi++) {
         const int vocab = vocabs[vi];
         float *logits = malloc((size_t)rows * vocab * 4);
@@ -485,7 +485,7 @@ static void test_top_logprobs(void **state) {
 
     /* the exact slow path (thousands of ties), flat rows, inf/NaN, a single
      * finite token, an all -inf row */
-    const int vocab = rows_at(151936, 20000, 10000), n_edge = 7;
+    const int vocab = size_at(151936, 20000, 10000), n_edge = 7;
     float *logits = malloc((size_t)n_edge * vocab * 4);
     rp_sample_params params[7];
     for (int r = 0; r < n_edge; r++) {
@@ -533,7 +533,7 @@ static void test_top_logprobs(void **state) {
 static void test_sample_distribution(void **state) {
     (void)state;
     NEED_GPU();
-    const int vocab = 40, rows = rows_at(20000, 2000, 100);
+    const int vocab = 40, rows = size_at(20000, 2000, 100);
     float logits[40];
     fill_normal(logits, vocab, 1.5f);
     for (int cfgi = 0; cfgi < 2; cfgi++) {
