@@ -35,23 +35,37 @@ for stage in $stages; do
       # one-kernel step's mbarriers (docs/memory-model.md), so it is not run there.
       python3 -c "import random; random.seed(3); print(','.join(str(random.randrange(151936)) for _ in range(300)))" \
         >"$OUT/sanitize-ids.txt"
-      sanitize() { # name tool command... (each run stopped after SANITIZE_TIMEOUT seconds, default 240)
-        local name=$1 tool=$2 rc; shift 2
+      sanitize_run() { # name tool command... -> exit status (each run stopped after SANITIZE_TIMEOUT s, default 240)
+        local name=$1 tool=$2; shift 2
         REPLAY_TEST_SMALL=${SMALL:-1} timeout "${SANITIZE_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" \
           >"$OUT/sanitize-$name.log" 2>&1
-        rc=$?
-        if [ $rc = 0 ]; then summary+=("compute-sanitizer $name: clean")
-        elif [ $rc = 124 ]; then summary+=("compute-sanitizer $name: stopped after ${SANITIZE_TIMEOUT:-240} s, none found so far")
+      }
+      sanitize_report() { # name exit-status seconds
+        local name=$1 rc=$2
+        if [ "$rc" = 0 ]; then summary+=("compute-sanitizer $name: clean ($3 s)")
+        elif [ "$rc" = 124 ]; then summary+=("compute-sanitizer $name: stopped after ${SANITIZE_TIMEOUT:-240} s, none found so far")
              grep -qiE "hazard|error" "$OUT/sanitize-$name.log" && status=1
         else summary+=("compute-sanitizer $name: ERRORS (see sanitize-$name.log)"); status=1
              tail -20 "$OUT/sanitize-$name.log"; fi
       }
+      sanitize() { local t0=$SECONDS; sanitize_run "$@"; sanitize_report "$1" $? $((SECONDS - t0)); }
       for tool in memcheck racecheck; do sanitize "$tool-test_cuda_kernels" $tool "$B/test_cuda_kernels"; done
       sanitize memcheck-test_cuda_sample memcheck "$B/test_cuda_sample"
       # racecheck on the sampler (16-block clusters) took over 8 minutes at
-      # the memcheck shapes: each test alone, with a few rows (REPLAY_TEST_SMALL=2)
-      for t in sample_greedy sample_vs_host sample_batch sample_ties_and_edges sample_distribution top_logprobs; do
-        SMALL=2 REPLAY_TEST_ONLY=test_$t sanitize "racecheck-test_cuda_sample-$t" racecheck "$B/test_cuda_sample"
+      # the memcheck shapes: each test alone, with a few rows
+      # (REPLAY_TEST_SMALL=2), all six at once: ~7.5 minutes on an H100 (the
+      # slowest ~450 s; they share the GPU), so each gets RACECHECK_TIMEOUT
+      # (default 540) s
+      rtests="sample_greedy sample_vs_host sample_batch sample_ties_and_edges sample_distribution top_logprobs"
+      for t in $rtests; do
+        (t0=$SECONDS
+         SMALL=2 SANITIZE_TIMEOUT=${RACECHECK_TIMEOUT:-540} REPLAY_TEST_ONLY=test_$t sanitize_run "racecheck-test_cuda_sample-$t" racecheck "$B/test_cuda_sample"
+         echo "$? $((SECONDS - t0))" >"$OUT/sanitize-racecheck-test_cuda_sample-$t.rc") &
+      done
+      wait
+      for t in $rtests; do
+        # shellcheck disable=SC2046
+        SANITIZE_TIMEOUT=${RACECHECK_TIMEOUT:-540} sanitize_report "racecheck-test_cuda_sample-$t" $(cat "$OUT/sanitize-racecheck-test_cuda_sample-$t.rc")
       done
       sanitize memcheck-decode memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b --batch 1,2,6,16 --ctx 40 \
         --steps 2 --warmup 1 --no-eager
