@@ -242,6 +242,38 @@ static void test_encode_flags_and_errors(void **state) {
     rp_detok_free(&d);
 }
 
+/* Added tokens with "normalized": false are split off the raw text before
+ * the normalizer runs: in Qwen3 (NFC) a combining U+0338 after "<think>"
+ * stays a mark of its own instead of composing with its ">" (U+226F). The
+ * ids are Hugging Face tokenizers 0.23.2's for the same text (checked on the
+ * GPU machine, 2026-11-25; the fuzz test's round trip found the case). */
+static void test_added_tokens_before_normalizer(void **state) {
+    (void)state;
+    rp_err err;
+    int32_t *ids;
+    size_t n;
+    const char *s = "<think>\xcc\xb8W";
+    assert_int_equal(rp_tokenizer_encode(tok_qwen3, s, strlen(s), &ids, &n, &err), 0);
+    const int32_t want[] = {151667, 136, 116, 54};
+    assert_int_equal(n, 4);
+    assert_memory_equal(ids, want, sizeof want);
+    char *out;
+    size_t out_len;
+    assert_int_equal(rp_tokenizer_decode(tok_qwen3, ids, n, 0, &out, &out_len, &err), 0);
+    assert_int_equal(out_len, strlen(s));
+    assert_memory_equal(out, s, out_len);
+    free(out);
+    free(ids);
+    /* without the added token the same mark composes */
+    const char *plain = ">\xcc\xb8W";
+    assert_int_equal(rp_tokenizer_encode(tok_qwen3, plain, strlen(plain), &ids, &n, &err), 0);
+    assert_int_equal(rp_tokenizer_decode(tok_qwen3, ids, n, 0, &out, &out_len, &err), 0);
+    assert_int_equal(out_len, 4);
+    assert_memory_equal(out, "\xe2\x89\xafW", 4);
+    free(out);
+    free(ids);
+}
+
 /* A character split over tokens is held back, not emitted in halves. */
 static void test_stream_holds_partial_chars(void **state) {
     (void)state;
@@ -405,6 +437,7 @@ int main(void) {
         cmocka_unit_test(test_parity_llama3),
         cmocka_unit_test(test_lookups),
         cmocka_unit_test(test_encode_flags_and_errors),
+        cmocka_unit_test(test_added_tokens_before_normalizer),
         cmocka_unit_test(test_stream_holds_partial_chars),
         cmocka_unit_test(test_bpe_algorithms_agree),
         cmocka_unit_test(test_mini_tokenizer),

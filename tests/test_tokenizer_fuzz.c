@@ -4,8 +4,9 @@
  *    encodes and decodes without crashing;
  *  - random text (bytes, code points, special-token fragments) round-trips
  *    through the real tokenizers: decode(encode(x)) is x after the same
- *    U+FFFD replacement (Llama 3) and NFC (Qwen3) that HF applies, and
- *    streaming decode equals full decode;
+ *    U+FFFD replacement (Llama 3) and NFC (Qwen3) that HF applies (NFC
+ *    between the added tokens, which HF splits off first), and streaming
+ *    decode equals full decode;
  *  - random id sequences decode the same streamed and whole.
  * Under the ASan+UBSan build this is the memory-safety check of the parser. */
 #include "test_util.h"
@@ -145,6 +146,42 @@ static size_t random_text(char *out, size_t cap) {
     return n;
 }
 
+/* What HF's normalizer makes of text: added tokens with "normalized": false
+ * (Qwen3's <|im_end|> and <think>, the ones random_text writes) are split
+ * off the raw text first and only the pieces between them are normalized,
+ * so a combining mark after "<think>" does not compose with its ">"
+ * (U+0338: ">" would become U+226F). */
+static char *nfc_outside_added(const char *text, size_t n, size_t *out_len) {
+    static const char *const added[] = {"<|im_end|>", "<think>"};
+    char *out = malloc(4 * n + 1); /* NFC grows UTF-8 text by at most 3x */
+    size_t o = 0, i = 0;
+    assert_non_null(out);
+    while (i <= n) {
+        size_t next = n, alen = 0; /* the earliest added token at or after i */
+        for (size_t a = 0; a < sizeof added / sizeof added[0]; a++) {
+            const size_t l = strlen(added[a]);
+            for (size_t j = i; j + l <= n && j < next; j++)
+                if (memcmp(text + j, added[a], l) == 0) {
+                    next = j, alen = l;
+                    break;
+                }
+        }
+        char *norm = NULL;
+        size_t nl = 0;
+        rp_err err;
+        assert_int_equal(tok_nfc(text + i, next - i, &norm, &nl, &err), 0);
+        if (!norm) nl = next - i; /* already NFC */
+        assert_true(o + nl + alen <= 4 * n + 1);
+        memcpy(out + o, norm ? norm : text + i, nl), o += nl;
+        free(norm);
+        memcpy(out + o, text + next, alen), o += alen;
+        if (next == n) break;
+        i = next + alen;
+    }
+    *out_len = o;
+    return out;
+}
+
 static void round_trip(const rp_tokenizer *t, int nfc, double seconds) {
     double end = rp_now_s() + seconds;
     long iters = 0;
@@ -156,7 +193,7 @@ static void round_trip(const rp_tokenizer *t, int nfc, double seconds) {
         size_t ll = 0, cap = 0, nl;
         assert_int_equal(tok_utf8_lossy_append((const unsigned char *)text, n, 1, &lossy, &ll, &cap, NULL), 0);
         rp_err err;
-        if (nfc) assert_int_equal(tok_nfc(lossy, ll, &norm, &nl, &err), 0);
+        if (nfc) norm = nfc_outside_added(lossy, ll, &nl);
         const char *want = norm ? norm : lossy;
         size_t want_len = norm ? nl : ll;
 
