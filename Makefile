@@ -11,10 +11,12 @@ all: build
 deps:
 	@scripts/deps.sh
 
-$(BUILD)/CMakeCache.txt:
+# The generated Makefile, not CMakeCache.txt, marks a finished configure: a
+# configure that failed (a package missing) leaves the cache behind.
+$(BUILD)/Makefile:
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 
-build: deps $(BUILD)/CMakeCache.txt
+build: deps $(BUILD)/Makefile
 	@cmake --build $(BUILD) -j $(JOBS)
 
 demo: build

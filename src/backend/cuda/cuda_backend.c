@@ -635,6 +635,16 @@ static void print_decode_step_trace(rp_cuda_backend *cb) {
         fprintf(stderr, "  %-30s %10.1f %10.1f%s\n", rp_decode_step_trace_names[k], sum / cb->num_sms, mx,
                 k == RP_DECODE_STEP_TRACE_SLOTS - 1 ? "" : " us");
     }
+    { /* EXPERIMENT: the paced prefetch's pieces and wake-ups per block */
+        double pp = 0, wk = 0;
+        for (int b = 0; b < cb->num_sms; b++) {
+            pp += (double)h[b * RP_DECODE_STEP_TRACE_STRIDE + RP_DECODE_STEP_TRACE_SLOTS];
+            wk += (double)h[b * RP_DECODE_STEP_TRACE_STRIDE + RP_DECODE_STEP_TRACE_SLOTS + 1];
+        }
+        if (pp + wk > 0)
+            fprintf(stderr, "  window prefetch: %.1f pieces, %.1f wake-ups per block\n", pp / cb->num_sms,
+                    wk / cb->num_sms);
+    }
     /* Each barrier: how far apart the blocks arrived, how long the last
      * arrival took to release the first waiter, and the work before it
      * (mean over blocks of arrival minus the previous release). */
@@ -661,6 +671,31 @@ static void print_decode_step_trace(rp_cuda_backend *cb) {
     free(h);
 }
 
+/* REPLAY_DECODE_STEP_TIMELINE=FILE: the last one-kernel step's trace and
+ * piece timeline as raw words, for tools/step_timeline.py: "RPTL", then
+ * u32 blocks, pieces per block, layers, trace stride, then the trace and
+ * the timeline (kernels.h says what each holds). */
+static void write_decode_step_timeline(rp_cuda_backend *cb, const char *path) {
+    const size_t tr_words = (size_t)cb->num_sms * RP_DECODE_STEP_TRACE_STRIDE,
+                 tl_words = (size_t)cb->num_sms * RP_DECODE_STEP_TL_PIECES * 4;
+    uint64_t *h = malloc((tr_words + tl_words) * 8);
+    FILE *f = NULL;
+    if (!h || cudaMemcpy(h, cb->ds.trace, tr_words * 8, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(h + tr_words, cb->ds.timeline, tl_words * 8, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        !(f = fopen(path, "wb"))) {
+        rp_log_warn("cuda: the decode step timeline was not written to %s", path);
+        free(h);
+        return;
+    }
+    const uint32_t head[4] = {(uint32_t)cb->num_sms, RP_DECODE_STEP_TL_PIECES,
+                              (uint32_t)cb->base.model->cfg.num_layers, RP_DECODE_STEP_TRACE_STRIDE};
+    if (fwrite("RPTL", 1, 4, f) != 4 || fwrite(head, 4, 4, f) != 4 ||
+        fwrite(h, 8, tr_words + tl_words, f) != tr_words + tl_words)
+        rp_log_warn("cuda: writing %s failed", path);
+    fclose(f);
+    free(h);
+}
+
 static void cuda_destroy(rp_backend *b) {
     rp_cuda_backend *cb = (rp_cuda_backend *)b;
     if (!cb) return;
@@ -668,7 +703,10 @@ static void cuda_destroy(rp_backend *b) {
     if (cb->stream) cudaStreamSynchronize(cb->stream);
     if (cb->ds.trace) {
         print_decode_step_trace(cb);
+        const char *tl_path = getenv("REPLAY_DECODE_STEP_TIMELINE");
+        if (cb->ds.timeline && tl_path) write_decode_step_timeline(cb, tl_path);
         rp_cuda_free(cb->ds.trace);
+        rp_cuda_free(cb->ds.timeline);
     }
     rp_cuda_graphs_destroy(cb);
     rp_gemm_destroy(&cb->gemm);
@@ -808,6 +846,11 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
     const size_t trace_bytes = (size_t)cb->num_sms * RP_DECODE_STEP_TRACE_STRIDE * 8;
     if (env && strcmp(env, "0") && rp_cuda_malloc((void **)&cb->ds.trace, trace_bytes, "decode step trace", err))
         return RP_ERR;
+    const size_t tl_bytes = (size_t)cb->num_sms * RP_DECODE_STEP_TL_PIECES * 4 * 8;
+    if (cb->ds.trace && getenv("REPLAY_DECODE_STEP_TIMELINE")) {
+        if (rp_cuda_malloc((void **)&cb->ds.timeline, tl_bytes, "decode step timeline", err)) return RP_ERR;
+        RP_CUDA_TRY(cudaMemset(cb->ds.timeline, 0, tl_bytes), err);
+    }
     for (int nb = 1; nb <= 4; nb *= 2) { /* 3 sequences run the kernel for 4 */
         const char *why = rp_decode_step_check_device(&cb->ds, nb, cb->num_sms);
         if (!why) cb->decode_step_ok |= 1 << nb;

@@ -162,6 +162,11 @@ typedef struct rp_decode_step {
      * last launch: ns spent per kind of work, rp_decode_step_trace_names
      * (REPLAY_DECODE_STEP_TRACE) */
     uint64_t *trace;
+    /* NULL, or (with trace) [grid][RP_DECODE_STEP_TL_PIECES][4] u64 per
+     * block of the last launch: for each ring piece, the %globaltimer at
+     * which the producer issued it, its consumer warp found it complete and
+     * released its stage, then (phase << 40) | bytes (REPLAY_DECODE_STEP_TIMELINE) */
+    uint64_t *timeline;
     int num_layers, H, F, nh, nkv, hd, V;
     float eps;
 } rp_decode_step;
@@ -180,6 +185,7 @@ int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, cudaStream_t 
 #define RP_DECODE_STEP_TRACE_BARRIERS (5 * 128)
 #define RP_DECODE_STEP_TRACE_STRIDE (16 + 2 * RP_DECODE_STEP_TRACE_BARRIERS)
 extern const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS];
+#define RP_DECODE_STEP_TL_PIECES 8192
 
 /* Prefill attention for variable-length sequences (T tokens in all): query
  * token i of sequence s sits at position kv_len - n_new + i and attends

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Where the one-kernel decode step leaves HBM idle: a timeline of its ring pieces.
+
+    REPLAY_DECODE_STEP_TRACE=1 REPLAY_DECODE_STEP_TIMELINE=step.tl \\
+        replay bench decode --dummy-weights qwen3-4b --batch 1 --no-eager --steps 8
+    python3 tools/step_timeline.py step.tl [--peak-gbs 3030] [--bins 1.0]
+
+The trace kernel stamps, for every ring piece of the last launch, when its
+producer issued the bulk copies, when its consumer warp found it complete,
+and when that warp released the stage (kernels.h, rp_decode_step.timeline);
+the grid barriers' arrival and release times come with it. This prints:
+
+- per window between two grid barriers (named after what the consumers do
+  in it: "qkv" runs from the release after down to the release after qkv,
+  and so on), its mean length, the bytes the producers issued in it as a
+  rate, and the HBM time it leaves unused: length - bytes / peak. Issued is
+  not delivered (a copy lands a microsecond or two later), but summed over
+  a step the two agree, and a window in which the producers issue little is
+  one in which their rings are full;
+- the same over fixed bins of the step, as a histogram of issue rates;
+- how long pieces sat complete in the ring before their warp took them.
+
+numpy is needed (the GPU machine's Python has it; Debian: python3-numpy).
+"""
+import argparse
+import struct
+import sys
+
+import numpy as np
+
+KINDS = ["attention", "o", "gate_up", "down", "qkv"]  # window after barrier k % 5
+TR_PIECES = 11  # trace slot: ring pieces of the block (decode_step.cu)
+
+
+def load(path):
+    raw = open(path, "rb").read()
+    if raw[:4] != b"RPTL":
+        sys.exit(f"{path}: not a decode step timeline")
+    grid, tlp, layers, stride = struct.unpack_from("<4I", raw, 4)
+    words = np.frombuffer(raw, dtype=np.uint64, offset=20)
+    trace = words[: grid * stride].reshape(grid, stride)
+    tl = words[grid * stride:].reshape(grid, tlp, 4)
+    return grid, layers, trace, tl
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("file")
+    ap.add_argument("--peak-gbs", type=float, default=3030.0, help="read bandwidth, GB/s (3.03 TB/s: H100 here)")
+    ap.add_argument("--bins", type=float, default=1.0, help="histogram bin, microseconds")
+    args = ap.parse_args()
+    grid, layers, trace, tl = load(args.file)
+    npieces = np.minimum(trace[:, TR_PIECES].astype(np.int64), tl.shape[1])
+    rows = [tl[b, : npieces[b]] for b in range(grid)]
+    pcs = np.concatenate(rows).astype(np.int64)
+    issue, ready, rel = pcs[:, 0], pcs[:, 1], pcs[:, 2]
+    phase, nbytes = pcs[:, 3] >> 40, pcs[:, 3] & ((1 << 40) - 1)
+    if (ready == 0).any() or (issue == 0).any():
+        print(f"warning: {(ready == 0).sum()} pieces without a consumer stamp (ignored)")
+        keep = (ready > 0) & (issue > 0)
+        issue, ready, rel, phase, nbytes = issue[keep], ready[keep], rel[keep], phase[keep], nbytes[keep]
+    nbar = 5 * layers
+    bt = trace[:, 16: 16 + 2 * nbar].astype(np.int64).reshape(grid, nbar, 2)
+    release = bt[:, :, 1].min(axis=0)  # the first block out of barrier k
+    arrive_last = bt[:, :, 0].max(axis=0)
+    t0, t_end = issue.min(), rel.max()
+    us = lambda ns: ns / 1e3
+    peak = args.peak_gbs  # bytes per ns = GB/s
+    total_b = nbytes.sum()
+    step = t_end - t0
+    print(f"{grid} blocks, {layers} layers, {len(issue)} pieces, {total_b / 1e9:.3f} GB of weights")
+    print(f"step (first issue to last release) {us(step):.1f} us; at {peak:.0f} GB/s the bytes take "
+          f"{us(total_b / peak):.1f} us ({total_b / peak / step * 100:.0f}%)")
+
+    # windows between barrier releases
+    edges = np.concatenate([[t0], release, [t_end]])
+    order = np.argsort(issue)
+    iss_sorted, b_sorted = issue[order], nbytes[order]
+    cum = np.concatenate([[0], np.cumsum(b_sorted)])
+    def issued_between(a, b):
+        return cum[np.searchsorted(iss_sorted, b)] - cum[np.searchsorted(iss_sorted, a)]
+    stats = {k: [0, 0.0, 0.0, 0.0] for k in KINDS + ["layer 0 start", "lm_head"]}
+    for w in range(len(edges) - 1):
+        a, b = edges[w], edges[w + 1]
+        name = "layer 0 start" if w == 0 else ("lm_head" if w == len(edges) - 2 else KINDS[(w - 1) % 5])
+        byt = issued_between(a, b)
+        s = stats[name]
+        s[0] += 1
+        s[1] += b - a
+        s[2] += byt
+        s[3] += max(0.0, (b - a) - byt / peak)
+    print("\nwindows between grid barrier releases (named after the consumers' work in them):")
+    print(f"{'window':<14} {'count':>5} {'mean us':>8} {'total us':>9} {'issued GB/s':>11} {'unused HBM us':>14}")
+    lost = 0.0
+    for name, (n, dur, byt, idle) in stats.items():
+        if not n:
+            continue
+        lost += idle
+        print(f"{name:<14} {n:5d} {us(dur) / n:8.2f} {us(dur):9.1f} {byt / dur:11.0f} {us(idle):14.1f}")
+    print(f"{'all':<14} {'':5} {'':8} {us(step):9.1f} {total_b / step:11.0f} {us(lost):14.1f}")
+
+    # attention's stretch, per layer: from the last arrival after qkv to the release after attention
+    att = release[1::5] - arrive_last[0::5]
+    print(f"\nqkv's last arrival to the release after attention: mean {us(att.mean()):.2f} us, "
+          f"max {us(att.max()):.2f}")
+
+    # fixed bins
+    binw = args.bins * 1e3
+    nb = int(np.ceil(step / binw))
+    hist = np.bincount(((issue - t0) // binw).astype(np.int64), weights=nbytes, minlength=nb)[:nb]
+    rate = hist / binw / peak
+    print(f"\nissue rate over {nb} bins of {args.bins:g} us (share of {peak:.0f} GB/s): "
+          + ", ".join(f"<{int(q * 100)}%: {np.mean(rate < q) * 100:.0f}% of bins" for q in (0.25, 0.5, 0.75, 1.0)))
+
+    # pieces waiting in the ring, and warps waiting for pieces
+    sat = ready - issue
+    print(f"\nissue to consumer: median {us(np.median(sat)):.2f} us, p10 {us(np.percentile(sat, 10)):.2f}, "
+          f"p90 {us(np.percentile(sat, 90)):.2f}; consumer hold (ready to release): median "
+          f"{us(np.median(rel - ready)):.2f} us")
+    per_phase = {}
+    for k, name in enumerate(["qkv", "o", "gate_up", "down"]):
+        m = (phase % 4 == k) & (phase < 4 * layers)
+        per_phase[name] = m
+    per_phase["lm_head"] = phase == 4 * layers
+    print(f"{'phase':<8} {'pieces':>7} {'GB':>7} {'hold us':>8} {'issue->ready us':>16}")
+    for name, m in per_phase.items():
+        if m.any():
+            print(f"{name:<8} {m.sum():7d} {nbytes[m].sum() / 1e9:7.3f} {us(np.median(rel[m] - ready[m])):8.2f} "
+                  f"{us(np.median(ready[m] - issue[m])):16.2f}")
+
+
+if __name__ == "__main__":
+    main()
