@@ -104,6 +104,20 @@ def main():
     print(f"\nqkv's last arrival to the release after attention: mean {us(att.mean()):.2f} us, "
           f"max {us(att.max()):.2f}")
 
+    # attention's stamps (kernels.h: RP_DECODE_STEP_TRACE_ATT), per layer from the release after qkv
+    att0 = 16 + 2 * 5 * 128
+    att = trace[:, att0: att0 + 8 * layers].astype(np.int64).reshape(grid, layers, 8)
+    names = ["item starts", "q/k/v in hand", "score loop ends (warp 0)", "all scores in", "partials published",
+             "merged"]
+    has = att[:, :, 0] > 0
+    print("\nattention, us after the release after qkv (mean over layers; latest block / mean over blocks with an item):")
+    for k, name in enumerate(names):
+        d = np.where(has, att[:, :, k] - release[0::5][None, :], np.nan)
+        print(f"  {name:<26} {us(np.nanmax(d, axis=0).mean()):6.2f} {us(np.nanmean(d)):6.2f}")
+    arr = bt[:, 1::5, 0] - release[0::5][None, :]
+    print(f"  {'barrier arrival':<26} {us(arr.max(axis=0).mean()):6.2f} {us(arr.mean()):6.2f}")
+    print(f"  {'release after attention':<26} {us((release[1::5] - release[0::5]).mean()):6.2f}")
+
     # fixed bins
     binw = args.bins * 1e3
     nb = int(np.ceil(step / binw))

@@ -635,16 +635,6 @@ static void print_decode_step_trace(rp_cuda_backend *cb) {
         fprintf(stderr, "  %-30s %10.1f %10.1f%s\n", rp_decode_step_trace_names[k], sum / cb->num_sms, mx,
                 k == RP_DECODE_STEP_TRACE_SLOTS - 1 ? "" : " us");
     }
-    { /* EXPERIMENT: the paced prefetch's pieces and wake-ups per block */
-        double pp = 0, wk = 0;
-        for (int b = 0; b < cb->num_sms; b++) {
-            pp += (double)h[b * RP_DECODE_STEP_TRACE_STRIDE + RP_DECODE_STEP_TRACE_SLOTS];
-            wk += (double)h[b * RP_DECODE_STEP_TRACE_STRIDE + RP_DECODE_STEP_TRACE_SLOTS + 1];
-        }
-        if (pp + wk > 0)
-            fprintf(stderr, "  window prefetch: %.1f pieces, %.1f wake-ups per block\n", pp / cb->num_sms,
-                    wk / cb->num_sms);
-    }
     /* Each barrier: how far apart the blocks arrived, how long the last
      * arrival took to release the first waiter, and the work before it
      * (mean over blocks of arrival minus the previous release). */
@@ -844,8 +834,10 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
     };
     env = getenv("REPLAY_DECODE_STEP_TRACE");
     const size_t trace_bytes = (size_t)cb->num_sms * RP_DECODE_STEP_TRACE_STRIDE * 8;
-    if (env && strcmp(env, "0") && rp_cuda_malloc((void **)&cb->ds.trace, trace_bytes, "decode step trace", err))
-        return RP_ERR;
+    if (env && strcmp(env, "0")) {
+        if (rp_cuda_malloc((void **)&cb->ds.trace, trace_bytes, "decode step trace", err)) return RP_ERR;
+        RP_CUDA_TRY(cudaMemset(cb->ds.trace, 0, trace_bytes), err); /* blocks with no attention item leave 0 */
+    }
     const size_t tl_bytes = (size_t)cb->num_sms * RP_DECODE_STEP_TL_PIECES * 4 * 8;
     if (cb->ds.trace && getenv("REPLAY_DECODE_STEP_TIMELINE")) {
         if (rp_cuda_malloc((void **)&cb->ds.timeline, tl_bytes, "decode step timeline", err)) return RP_ERR;

@@ -180,10 +180,14 @@ const char *rp_decode_step_check_device(const rp_decode_step *s, int nb, int num
 int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, cudaStream_t stream);
 /* Per block: RP_DECODE_STEP_TRACE_SLOTS totals, then from slot 16 the
  * %globaltimer (ns) at which it arrived at and left grid barrier k (slots
- * 16 + 2k and 16 + 2k + 1; five barriers per layer). */
+ * 16 + 2k and 16 + 2k + 1; five barriers per layer), then from
+ * RP_DECODE_STEP_TRACE_ATT, 8 per layer, when its attention item started,
+ * had q/k/v, ended its score loop (warp 0), had every warp's scores, had
+ * published its partials and had merged (0: no item). */
 #define RP_DECODE_STEP_TRACE_SLOTS 12
 #define RP_DECODE_STEP_TRACE_BARRIERS (5 * 128)
-#define RP_DECODE_STEP_TRACE_STRIDE (16 + 2 * RP_DECODE_STEP_TRACE_BARRIERS)
+#define RP_DECODE_STEP_TRACE_ATT (16 + 2 * RP_DECODE_STEP_TRACE_BARRIERS)
+#define RP_DECODE_STEP_TRACE_STRIDE (RP_DECODE_STEP_TRACE_ATT + 8 * 128)
 extern const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS];
 #define RP_DECODE_STEP_TL_PIECES 8192
 

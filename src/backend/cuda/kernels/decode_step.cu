@@ -100,7 +100,6 @@ struct ds_args {
     int prefetch_now; /* of those, issued at once when it starts to wait (produce) */
     int keep_res;     /* the residual row stays in shared memory for the o and down epilogues */
     int dyn_eighths; /* eighths of a large phase's units taken dynamically */
-    int apf, apf_ns; /* EXPERIMENT: paced L2 prefetch in the attention window (pieces ahead, ns apart) */
     /* Several sequences (NB > 1): how many (nb <= NB; the rest of the
      * kernel's rows are left alone, so that 3 sequences get the same
      * arithmetic alone as padded to 4), the ring's geometry for kc, and x's
@@ -317,19 +316,6 @@ __device__ __forceinline__ int static_units(int U, const ds_args &a) {
 
 __device__ __forceinline__ bool mbar_try(uint64_t *bar, unsigned parity) { DS_MBAR_WAIT("try_wait", bar, parity); }
 __device__ __forceinline__ bool mbar_test(uint64_t *bar, unsigned parity) { DS_MBAR_WAIT("test_wait", bar, parity); }
-/* try_wait that suspends at most about ns nanoseconds */
-__device__ __forceinline__ bool mbar_try_hint(uint64_t *bar, unsigned parity, unsigned ns) {
-    uint32_t ok;
-    asm volatile("{\n"
-                 ".reg .pred done;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%1], %2, %3;\n"
-                 "selp.u32 %0, 1, 0, done;\n"
-                 "}"
-                 : "=r"(ok)
-                 : "r"(ds_saddr(bar)), "r"(parity), "r"(ns)
-                 : "memory");
-    return ok != 0;
-}
 #undef DS_MBAR_WAIT
 
 /* This block's static pieces in the producer's order (phase, unit, run,
@@ -392,13 +378,12 @@ __device__ __forceinline__ void prefetch_ahead(const ds_args &a, ds_walk &pw, in
  * is rare: about one per stall.) */
 template <int NB, bool TRACE>
 __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
-                        ds_info *info, volatile int *pend, volatile int *apf_flag) {
+                        ds_info *info, volatile int *pend) {
     uint64_t policy, waited = 0;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     const int NP = 4 * a.s.num_layers + 1, st = a.stages;
     const int stage_b = NB == 1 ? DS_STAGE : a.stage_bytes, row_b = NB == 1 ? DS_ROW_STRIDE : a.row_stride;
     int i = 0, useq = 0, n_static = 0, n_walked = 0;
-    uint64_t apf_next = 0, apf_wakes = 0, apf_pieces = 0;
     ds_walk pw;
     pw.p = 0;
     walk_phase(a, pw);
@@ -426,23 +411,7 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                         const unsigned par = (unsigned)((i / st) - 1) & 1u;
                         if (n_walked < n_static + a.prefetch_now && !mbar_test(&empty[slot], par))
                             prefetch_ahead(a, pw, n_walked, n_static, a.prefetch_now, a.prefetch_now);
-                        if (a.apf) {
-                            /* EXPERIMENT: wake every ~300 ns; in the attention window, one
-                             * static piece into L2 every apf_ns, up to apf ahead of the ring */
-                            while (!mbar_try_hint(&empty[slot], par, 300u)) {
-                                const uint64_t now = ds_now();
-                                if (TRACE) apf_wakes++;
-                                if (*apf_flag && now >= apf_next && n_walked < n_static + a.apf) {
-                                    const int before = n_walked;
-                                    prefetch_ahead(a, pw, n_walked, n_static, a.apf, 1);
-                                    if (TRACE) apf_pieces += n_walked > before;
-                                    apf_next = now + (uint64_t)a.apf_ns;
-                                }
-                            }
-                        } else {
-                            while (!mbar_try(&empty[slot], par))
-                                prefetch_ahead(a, pw, n_walked, n_static, a.prefetch, 1);
-                        }
+                        while (!mbar_try(&empty[slot], par)) prefetch_ahead(a, pw, n_walked, n_static, a.prefetch, 1);
                         if (TRACE) waited += ds_now() - t0;
                     }
                     info[slot] = ds_info{u, first, useq, 0};
@@ -466,8 +435,6 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
     if (TRACE) {
         a.s.trace[blockIdx.x * TR_N + TR_WAIT_EMPTY] = waited;
         a.s.trace[blockIdx.x * TR_N + TR_PIECES] = (uint64_t)i;
-        a.s.trace[blockIdx.x * TR_N + TR_PIECES + 1] = apf_pieces; /* EXPERIMENT */
-        a.s.trace[blockIdx.x * TR_N + TR_PIECES + 2] = apf_wakes;
     }
 }
 
@@ -1076,6 +1043,10 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
         const uint16_t *qkv = s.qkv + (NB == 1 ? 0 : (int64_t)b * (q_dim + 2 * kv_dim));
         const int per = (len + NS - 1) / NS, j0 = split * per, j1 = min(len, j0 + per);
         const bool has_new = pos >= j0 && pos < j1;
+        /* the item's stamps (trace): its start, then each lap */
+        uint64_t *as = tr && it == (int)blockIdx.x ? s.trace + blockIdx.x * TR_N + RP_DECODE_STEP_TRACE_ATT + l * 8
+                                                   : nullptr;
+        if (as) as[0] = tl;
         /* The cached keys and values are from earlier steps: the first
          * batch is in flight while q and k are normalised and rotated. */
         lane_row<DPL> kr[ATT_UNROLL], vr[ATT_UNROLL];
@@ -1101,6 +1072,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
         }
         cbar();
         ds_lap(tr, TR_ATT_LOAD, tl);
+        if (as) as[1] = tl;
         float q[G][DPL], m[G], lsum[G], o[G][DPL];
 #pragma unroll
         for (int g = 0; g < G; g++) {
@@ -1194,6 +1166,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
                 }
             }
         }
+        if (as) as[2] = ds_now();
 #pragma unroll
         for (int g = 0; g < G; g++) {
             if (lane == 0) wm[warp * G + g] = m[g], wl[warp * G + g] = lsum[g];
@@ -1202,6 +1175,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
         }
         cbar();
         ds_lap(tr, TR_ATT_SCORE, tl);
+        if (as) as[3] = tl;
         /* the item's (max, sum, unnormalised output), warps in order */
         for (int e = threadIdx.x; e < G * HD; e += DS_CONSUMERS * 32) {
             const int g = e / HD, d = e - g * HD;
@@ -1222,9 +1196,11 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
         }
         cbar(); /* the scratch is reused */
         ds_lap(tr, TR_ATT_PUBLISH, tl);
+        if (as) as[4] = tl;
         for (int g = split; g < G; g += NS)
             merge_head<HD>(ws, s.attn + (NB == 1 ? 0 : (int64_t)b * q_dim), kvh, it - split, g, G, NS, tag, scratch);
         ds_lap(tr, TR_ATT_MERGE, tl);
+        if (as) as[5] = tl;
     }
 }
 
@@ -1242,9 +1218,6 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     uint16_t *xs = reinterpret_cast<uint16_t *>(smem + Lo.xs);
     float *part = reinterpret_cast<float *>(smem + Lo.part), *red = reinterpret_cast<float *>(smem + Lo.red);
     float *rs = a.keep_res ? reinterpret_cast<float *>(smem + Lo.rs) : nullptr;
-    /* EXPERIMENT: the last word of the reduction scratch (csum uses 8, stage_norm_nb 32) */
-    volatile int *apf_flag = reinterpret_cast<volatile int *>(red + 63);
-    if (threadIdx.x == 0) *apf_flag = 0;
     unsigned *ucnt = reinterpret_cast<unsigned *>(smem + Lo.ucnt);
     ds_info *info = reinterpret_cast<ds_info *>(smem + Lo.info);
     volatile int *pend = reinterpret_cast<volatile int *>(smem + Lo.pend);
@@ -1266,7 +1239,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(DS_PRODUCER_REGS));
         /* weights are constant: stream them before (and regardless of) the
          * wait for the previous kernel */
-        if (warp == DS_CONSUMERS && lane == 0) produce<NB, TRACE>(a, ws, ring, full, empty, info, pend, apf_flag);
+        if (warp == DS_CONSUMERS && lane == 0) produce<NB, TRACE>(a, ws, ring, full, empty, info, pend);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(DS_CONSUMER_REGS));
@@ -1323,13 +1296,11 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_STAGE, DS_NORM(l == 0, ly->attn_norm, rs));
         DS_T(TR_GEMV, gemv_phase<NB>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
-        if (threadIdx.x == 0) *apf_flag = 1; /* the attention window opens */
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq));
         if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
-        if (threadIdx.x == 0) *apf_flag = 0;
         DS_T(TR_STAGE, DS_BF16(s.attn, q_dim));
         DS_T(TR_GEMV,
              gemv_phase<NB>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
@@ -1548,9 +1519,6 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
      * the 4B and 8B shapes lose 3-6% that way; bench/RESULTS.md, 2026-11-23
      * fifth session). */
     a->dyn_eighths = env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, lb >= (2 << 20) ? 7 : lb >= (1 << 20) ? 6 : 0, &dyn);
-    static int apf = INT_MIN, apf_ns = INT_MIN;
-    a->apf = env_knob("REPLAY_DECODE_STEP_APF", 0, 256, 0, &apf);
-    a->apf_ns = env_knob("REPLAY_DECODE_STEP_APFNS", 0, 100000, 1500, &apf_ns);
     /* The residual row in shared memory where it fits beside the ring
      * (hidden size up to 2048: qwen3-0.6b and 1.7b, llama3.2-1b): the o and
      * down epilogues then skip an L2 round trip (qwen3-0.6b 0.961 -> 0.957
