@@ -100,6 +100,7 @@ struct ds_args {
     int prefetch_now; /* of those, issued at once when it starts to wait (produce) */
     int keep_res;     /* the residual row stays in shared memory for the o and down epilogues */
     int dyn_eighths; /* eighths of a large phase's units taken dynamically */
+    int poll_ns;     /* one sequence, dynamic tails: past its static pieces a consumer polls (gemv_phase) */
     /* Several sequences (NB > 1): how many (nb <= NB; the rest of the
      * kernel's rows are left alone, so that 3 sequences get the same
      * arithmetic alone as padded to 4), the ring's geometry for kc, and x's
@@ -643,7 +644,7 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
  * NB sequences (up to 4): B's columns 2b and 2b + 1 hold sequence b's x
  * halves, so the same mma covers all of them, and lane (g, b) holds row
  * g of sequence b. */
-template <int NB>
+template <int NB, bool POLL>
 __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, int &iw, const uint8_t *ring,
                            uint64_t *full, uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt,
                            const ds_info *info, volatile int *pend, uint64_t *tr, uint64_t *tl) {
@@ -654,13 +655,28 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
     /* this lane's B column g: sequence g / 2 (past 2 NB, columns that are
      * never read) */
     const int tb = min(g >> 1, NB - 1);
+    /* Where the phase has a dynamic tail, this block's static pieces,
+     * [first, certain), are sure to come; past them the phase ends where the
+     * producer's claims run out (pend[p]). A warp sleeping in try_wait there
+     * wakes only when its stage's next piece lands, which then belongs to the
+     * next phase and comes a claim and a copy later (qwen3-4b: 1.7-4.2 us
+     * from a phase's last piece to its last barrier arrival, against 0.7
+     * with static units only; tools/step_timeline.py), so there it polls. */
+    const int U = m.N / DS_ROWS, S = static_units(U, a);
+    const int certain = POLL && S < U && a.poll_ns ? (p == 0 ? 0 : pend[p - 1]) +
+                                                 ((int)(blockIdx.x + 1) * S / a.grid - (int)blockIdx.x * S / a.grid) * P
+                                           : INT_MAX;
     for (;; iw += DS_CONSUMERS) {
         /* piece iw, unless the phase ends before it */
         const int slot = iw % st;
         const unsigned par = (unsigned)(iw / st) & 1u;
         const uint64_t t0 = tr ? ds_now() : 0;
         bool ready = false;
-        while (iw < pend[p] && !(ready = mbar_try(&full[slot], par))) {
+        if (POLL && iw >= certain) {
+            while (iw < pend[p] && !(ready = mbar_test(&full[slot], par))) __nanosleep(a.poll_ns);
+        } else {
+            while (iw < pend[p] && !(ready = mbar_try(&full[slot], par))) {
+            }
         }
         if (tr) tr[TR_WAIT_FULL] += ds_now() - t0;
         if (!ready || iw >= pend[p]) break;
@@ -1208,7 +1224,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
  * other has none of that code, which alone makes it 0.4-2.7% faster.
  * NB: sequences decoded together (1, 2 or 4, one token each), all through
  * the same weight stream. */
-template <int G, int HD, int NB, bool TRACE>
+template <int G, int HD, int NB, bool TRACE, bool POLL>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
     extern __shared__ __align__(128) uint8_t smem[];
     const ds_layout Lo = ds_plan(a.stages, a.kmax, G, 4 * a.s.num_layers + 1, a.keep_res ? a.s.H : 0, NB,
@@ -1294,7 +1310,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     for (int l = 0; l < L; l++) {
         const rp_decode_layer *ly = &s.layers[l];
         DS_T(TR_STAGE, DS_NORM(l == 0, ly->attn_norm, rs));
-        DS_T(TR_GEMV, gemv_phase<NB>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+        DS_T(TR_GEMV, gemv_phase<NB, POLL>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
@@ -1303,22 +1319,22 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         DS_T(TR_STAGE, DS_BF16(s.attn, q_dim));
         DS_T(TR_GEMV,
-             gemv_phase<NB>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+             gemv_phase<NB, POLL>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
         DS_T(TR_STAGE, DS_NORM(false, ly->mlp_norm, rs));
         DS_T(TR_GEMV,
-             gemv_phase<NB>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+             gemv_phase<NB, POLL>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, DS_BF16(s.act, s.F));
         DS_T(TR_GEMV,
-             gemv_phase<NB>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+             gemv_phase<NB, POLL>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
     DS_T(TR_STAGE, DS_NORM(false, s.final_norm, false));
-    DS_T(TR_GEMV, gemv_phase<NB>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+    DS_T(TR_GEMV, gemv_phase<NB, POLL>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
 #undef DS_NORM
 #undef DS_BF16
 #undef DS_T
@@ -1426,20 +1442,26 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
 
 typedef void (*ds_kernel_fn)(const ds_args);
 
-#define DS_KERNELS(NB, T)                                                                                              \
-    {{decode_step_kernel<1, 64, NB, T>, decode_step_kernel<2, 64, NB, T>, decode_step_kernel<4, 64, NB, T>,           \
-      decode_step_kernel<8, 64, NB, T>},                                                                               \
-     {decode_step_kernel<1, 128, NB, T>, decode_step_kernel<2, 128, NB, T>, decode_step_kernel<4, 128, NB, T>,         \
-      decode_step_kernel<8, 128, NB, T>}}
+#define DS_KERNELS(NB, T, P)                                                                                           \
+    {{decode_step_kernel<1, 64, NB, T, P>, decode_step_kernel<2, 64, NB, T, P>, decode_step_kernel<4, 64, NB, T, P>,  \
+      decode_step_kernel<8, 64, NB, T, P>},                                                                            \
+     {decode_step_kernel<1, 128, NB, T, P>, decode_step_kernel<2, 128, NB, T, P>,                                      \
+      decode_step_kernel<4, 128, NB, T, P>, decode_step_kernel<8, 128, NB, T, P>}}
 
 /* The kernel for a GQA group, head size and sequence count, with or
  * without the trace (one sequence only), its dynamic shared memory limit
- * raised to smem (once per kernel and size). */
-static ds_kernel_fn kernel_for(int G, int HD, int nb, bool trace, size_t smem, cudaError_t *e) {
-    static const ds_kernel_fn fns[4][2][4] = {DS_KERNELS(1, false), DS_KERNELS(1, true), DS_KERNELS(2, false),
-                                              DS_KERNELS(4, false)};
-    static size_t set_for[4][2][4];
-    const int v = nb == 1 ? trace : nb == 2 ? 2 : 3, h = HD == 128, g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
+ * raised to smem (once per kernel and size). poll: one sequence, phases
+ * with dynamic tails (gemv_phase); a kernel of its own, so that the others
+ * keep their code as it was (qwen3-0.6b measured 2% slower with the polling
+ * compiled in and switched off: code layout). The trace kernel has it, off
+ * unless a.poll_ns. */
+static ds_kernel_fn kernel_for(int G, int HD, int nb, bool trace, bool poll, size_t smem, cudaError_t *e) {
+    static const ds_kernel_fn fns[5][2][4] = {DS_KERNELS(1, false, false), DS_KERNELS(1, true, true),
+                                              DS_KERNELS(2, false, false), DS_KERNELS(4, false, false),
+                                              DS_KERNELS(1, false, true)};
+    static size_t set_for[5][2][4];
+    const int v = nb == 1 ? (trace ? 1 : poll ? 4 : 0) : nb == 2 ? 2 : 3, h = HD == 128;
+    const int g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
     *e = cudaSuccess;
     if (set_for[v][h][g] != smem) {
         *e = cudaFuncSetAttribute(fns[v][h][g], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -1519,6 +1541,13 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
      * the 4B and 8B shapes lose 3-6% that way; bench/RESULTS.md, 2026-11-23
      * fifth session). */
     a->dyn_eighths = env_knob("REPLAY_DECODE_STEP_DYN", 0, 8, lb >= (2 << 20) ? 7 : lb >= (1 << 20) ? 6 : 0, &dyn);
+    /* Polling for a dynamic phase's end (gemv_phase), every 64 ns: qwen3-4b
+     * 3.33 -> 3.29 ms, the 8B shapes the same (32 and 128 ns the same;
+     * bench/RESULTS.md, fifteenth session). One sequence only (the kernels
+     * for several keep their code). REPLAY_DECODE_STEP_POLL_NS=0 sleeps in
+     * try_wait as before. */
+    static int poll = INT_MIN;
+    a->poll_ns = nb == 1 && a->dyn_eighths > 0 ? env_knob("REPLAY_DECODE_STEP_POLL_NS", 0, 10000, 64, &poll) : 0;
     /* The residual row in shared memory where it fits beside the ring
      * (hidden size up to 2048: qwen3-0.6b and 1.7b, llama3.2-1b): the o and
      * down epilogues then skip an L2 round trip (qwen3-0.6b 0.961 -> 0.957
@@ -1545,7 +1574,7 @@ extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, int 
         cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess || !coop)
         return "the device cannot launch cooperative kernels";
     cudaError_t e;
-    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr, smem, &e);
+    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr, a.poll_ns > 0, smem, &e);
     if (!fn || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, DS_THREADS, smem) != cudaSuccess ||
         per_sm < 1) {
         cudaGetLastError();
@@ -1560,7 +1589,7 @@ extern "C" int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, cu
     if (rp_decode_step_check(s) || num_sms <= 0 || nb < 1 || nb > 4 || make_args(s, nb, num_sms, &a, &smem))
         return (int)cudaErrorInvalidValue;
     cudaError_t e;
-    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr, smem, &e);
+    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr, a.poll_ns > 0, smem, &e);
     if (!fn) return (int)e;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(a.grid);
