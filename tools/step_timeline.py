@@ -18,6 +18,8 @@ the grid barriers' arrival and release times come with it. This prints:
   a step the two agree, and a window in which the producers issue little is
   one in which their rings are full;
 - the same over fixed bins of the step, as a histogram of issue rates;
+- how long each phase's end takes to reach the barrier (last piece released
+  to last arrival), and attention's critical path, step by step;
 - how long pieces sat complete in the ring before their warp took them.
 
 numpy is needed (the GPU machine's Python has it; Debian: python3-numpy).
@@ -103,6 +105,16 @@ def main():
     att = release[1::5] - arrive_last[0::5]
     print(f"\nqkv's last arrival to the release after attention: mean {us(att.mean()):.2f} us, "
           f"max {us(att.max()):.2f}")
+
+    # each phase's end: from its last piece's release anywhere to the last block's barrier arrival
+    # (with static units only ~0.7 us: the epilogue, the fence and the arrival)
+    P = 4 * layers + 1
+    last_rel = np.zeros(P, np.int64)
+    np.maximum.at(last_rel, phase, rel)
+    print("\nlast piece of a phase released -> last barrier arrival after it (mean over layers, us):")
+    for k5, (pk, name) in {0: (0, "qkv"), 2: (1, "o"), 3: (2, "gate_up"), 4: (3, "down")}.items():
+        gaps = [bt[:, 5 * l + k5, 0].max() - last_rel[4 * l + pk] for l in range(layers)]
+        print(f"  {name:<8} {us(np.mean(gaps)):6.2f}")
 
     # attention's stamps (kernels.h: RP_DECODE_STEP_TRACE_ATT), per layer from the release after qkv
     att0 = 16 + 2 * 5 * 128
