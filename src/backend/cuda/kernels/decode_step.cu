@@ -100,7 +100,11 @@ struct ds_args {
     int prefetch_now; /* of those, issued at once when it starts to wait (produce) */
     int keep_res;     /* the residual row stays in shared memory for the o and down epilogues */
     int dyn_eighths; /* eighths of a large phase's units taken dynamically */
-    int poll_ns;     /* one sequence, dynamic tails: past its static pieces a consumer polls (gemv_phase) */
+    /* The kernel for one sequence on shapes with dynamic units (DYNK): past
+     * its static pieces a consumer polls for a phase's end every poll_ns
+     * (gemv_phase), and while the consumers are at the qkv barrier or in
+     * attention the producer waits apace_ns between pieces (produce). */
+    int poll_ns, apace_ns;
     /* Several sequences (NB > 1): how many (nb <= NB; the rest of the
      * kernel's rows are left alone, so that 3 sequences get the same
      * arithmetic alone as padded to 4), the ring's geometry for kc, and x's
@@ -377,9 +381,9 @@ __device__ __forceinline__ void prefetch_ahead(const ds_args &a, ds_walk &pw, in
  * each time try_wait gives up, up to a.prefetch. (try_wait sleeps until
  * the stage is free or a long system time limit passes, so the second kind
  * is rare: about one per stall.) */
-template <int NB, bool TRACE>
+template <int NB, bool TRACE, bool DYNK>
 __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
-                        ds_info *info, volatile int *pend) {
+                        ds_info *info, volatile int *pend, volatile int *att_flag) {
     uint64_t policy, waited = 0;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     const int NP = 4 * a.s.num_layers + 1, st = a.stages;
@@ -415,6 +419,12 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                         while (!mbar_try(&empty[slot], par)) prefetch_ahead(a, pw, n_walked, n_static, a.prefetch, 1);
                         if (TRACE) waited += ds_now() - t0;
                     }
+                    /* The qkv barrier's release and attention's loads are latency-bound, and
+                     * a ring refill arriving all at once (the qkv phase's last stages free
+                     * together) queues ahead of them in L2; spread over the attention window,
+                     * which is ~9 us with HBM otherwise idle (qwen3-4b 3.29 -> 3.26 ms,
+                     * llama3-8b 5.51 -> 5.46; bench/RESULTS.md, fifteenth session). */
+                    if (DYNK && a.apace_ns && *att_flag) __nanosleep(a.apace_ns);
                     info[slot] = ds_info{u, first, useq, 0};
                     /* releases the info store with the arrival */
                     mbar_expect_tx(&full[slot], DS_ROWS * row_bytes);
@@ -644,7 +654,7 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
  * NB sequences (up to 4): B's columns 2b and 2b + 1 hold sequence b's x
  * halves, so the same mma covers all of them, and lane (g, b) holds row
  * g of sequence b. */
-template <int NB, bool POLL>
+template <int NB, bool DYNK>
 __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, int &iw, const uint8_t *ring,
                            uint64_t *full, uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt,
                            const ds_info *info, volatile int *pend, uint64_t *tr, uint64_t *tl) {
@@ -663,7 +673,7 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
      * from a phase's last piece to its last barrier arrival, against 0.7
      * with static units only; tools/step_timeline.py), so there it polls. */
     const int U = m.N / DS_ROWS, S = static_units(U, a);
-    const int certain = POLL && S < U && a.poll_ns ? (p == 0 ? 0 : pend[p - 1]) +
+    const int certain = DYNK && S < U && a.poll_ns ? (p == 0 ? 0 : pend[p - 1]) +
                                                  ((int)(blockIdx.x + 1) * S / a.grid - (int)blockIdx.x * S / a.grid) * P
                                            : INT_MAX;
     for (;; iw += DS_CONSUMERS) {
@@ -672,7 +682,7 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
         const unsigned par = (unsigned)(iw / st) & 1u;
         const uint64_t t0 = tr ? ds_now() : 0;
         bool ready = false;
-        if (POLL && iw >= certain) {
+        if (DYNK && iw >= certain) {
             while (iw < pend[p] && !(ready = mbar_test(&full[slot], par))) __nanosleep(a.poll_ns);
         } else {
             while (iw < pend[p] && !(ready = mbar_try(&full[slot], par))) {
@@ -1224,7 +1234,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
  * other has none of that code, which alone makes it 0.4-2.7% faster.
  * NB: sequences decoded together (1, 2 or 4, one token each), all through
  * the same weight stream. */
-template <int G, int HD, int NB, bool TRACE, bool POLL>
+template <int G, int HD, int NB, bool TRACE, bool DYNK>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
     extern __shared__ __align__(128) uint8_t smem[];
     const ds_layout Lo = ds_plan(a.stages, a.kmax, G, 4 * a.s.num_layers + 1, a.keep_res ? a.s.H : 0, NB,
@@ -1234,6 +1244,10 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     uint16_t *xs = reinterpret_cast<uint16_t *>(smem + Lo.xs);
     float *part = reinterpret_cast<float *>(smem + Lo.part), *red = reinterpret_cast<float *>(smem + Lo.red);
     float *rs = a.keep_res ? reinterpret_cast<float *>(smem + Lo.rs) : nullptr;
+    /* set from the qkv phase's end to the release after attention (DYNK; the
+     * last word of the reduction scratch: csum uses 8, stage_norm_nb 32) */
+    volatile int *att_flag = reinterpret_cast<volatile int *>(red + 63);
+    if (DYNK && threadIdx.x == 0) *att_flag = 0;
     unsigned *ucnt = reinterpret_cast<unsigned *>(smem + Lo.ucnt);
     ds_info *info = reinterpret_cast<ds_info *>(smem + Lo.info);
     volatile int *pend = reinterpret_cast<volatile int *>(smem + Lo.pend);
@@ -1255,7 +1269,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(DS_PRODUCER_REGS));
         /* weights are constant: stream them before (and regardless of) the
          * wait for the previous kernel */
-        if (warp == DS_CONSUMERS && lane == 0) produce<NB, TRACE>(a, ws, ring, full, empty, info, pend);
+        if (warp == DS_CONSUMERS && lane == 0)
+            produce<NB, TRACE, DYNK>(a, ws, ring, full, empty, info, pend, att_flag);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(DS_CONSUMER_REGS));
@@ -1310,31 +1325,38 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     for (int l = 0; l < L; l++) {
         const rp_decode_layer *ly = &s.layers[l];
         DS_T(TR_STAGE, DS_NORM(l == 0, ly->attn_norm, rs));
-        DS_T(TR_GEMV, gemv_phase<NB, POLL>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+        DS_T(TR_GEMV,
+             gemv_phase<NB, DYNK>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+        if (DYNK && threadIdx.x == 0) *att_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq));
         if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
+        if (DYNK && threadIdx.x == 0) *att_flag = 0;
         DS_T(TR_STAGE, DS_BF16(s.attn, q_dim));
         DS_T(TR_GEMV,
-             gemv_phase<NB, POLL>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+             gemv_phase<NB, DYNK>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
+                                  tl));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
         DS_T(TR_STAGE, DS_NORM(false, ly->mlp_norm, rs));
         DS_T(TR_GEMV,
-             gemv_phase<NB, POLL>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+             gemv_phase<NB, DYNK>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
+                                  tl));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, DS_BF16(s.act, s.F));
         DS_T(TR_GEMV,
-             gemv_phase<NB, POLL>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+             gemv_phase<NB, DYNK>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
+                                  tl));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
     DS_T(TR_STAGE, DS_NORM(false, s.final_norm, false));
-    DS_T(TR_GEMV, gemv_phase<NB, POLL>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+    DS_T(TR_GEMV,
+         gemv_phase<NB, DYNK>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
 #undef DS_NORM
 #undef DS_BF16
 #undef DS_T
@@ -1450,17 +1472,17 @@ typedef void (*ds_kernel_fn)(const ds_args);
 
 /* The kernel for a GQA group, head size and sequence count, with or
  * without the trace (one sequence only), its dynamic shared memory limit
- * raised to smem (once per kernel and size). poll: one sequence, phases
- * with dynamic tails (gemv_phase); a kernel of its own, so that the others
- * keep their code as it was (qwen3-0.6b measured 2% slower with the polling
- * compiled in and switched off: code layout). The trace kernel has it, off
- * unless a.poll_ns. */
-static ds_kernel_fn kernel_for(int G, int HD, int nb, bool trace, bool poll, size_t smem, cudaError_t *e) {
+ * raised to smem (once per kernel and size). dyn: one sequence on a shape
+ * with dynamic units (ds_args.poll_ns, apace_ns); a kernel of its own, so
+ * that the others keep their code as it was (qwen3-0.6b measured 1-2%
+ * slower with that code compiled in and switched off: code layout). The
+ * trace kernel has it, used where the knobs say. */
+static ds_kernel_fn kernel_for(int G, int HD, int nb, bool trace, bool dyn, size_t smem, cudaError_t *e) {
     static const ds_kernel_fn fns[5][2][4] = {DS_KERNELS(1, false, false), DS_KERNELS(1, true, true),
                                               DS_KERNELS(2, false, false), DS_KERNELS(4, false, false),
                                               DS_KERNELS(1, false, true)};
     static size_t set_for[5][2][4];
-    const int v = nb == 1 ? (trace ? 1 : poll ? 4 : 0) : nb == 2 ? 2 : 3, h = HD == 128;
+    const int v = nb == 1 ? (trace ? 1 : dyn ? 4 : 0) : nb == 2 ? 2 : 3, h = HD == 128;
     const int g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
     *e = cudaSuccess;
     if (set_for[v][h][g] != smem) {
@@ -1548,6 +1570,12 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
      * try_wait as before. */
     static int poll = INT_MIN;
     a->poll_ns = nb == 1 && a->dyn_eighths > 0 ? env_knob("REPLAY_DECODE_STEP_POLL_NS", 0, 10000, 64, &poll) : 0;
+    /* The producer's pause in the attention window (produce), same kernel:
+     * qwen3-4b 3.29 -> 3.26 ms and llama3-8b 5.51 -> 5.46 at 500 ns (250 and
+     * 1000 ns in between, 2000 none); on qwen3-0.6b (no dynamic units, its
+     * own kernel) any pause lost. REPLAY_DECODE_STEP_APACE=0 turns it off. */
+    static int apace = INT_MIN;
+    a->apace_ns = nb == 1 && a->dyn_eighths > 0 ? env_knob("REPLAY_DECODE_STEP_APACE", 0, 100000, 500, &apace) : 0;
     /* The residual row in shared memory where it fits beside the ring
      * (hidden size up to 2048: qwen3-0.6b and 1.7b, llama3.2-1b): the o and
      * down epilogues then skip an L2 round trip (qwen3-0.6b 0.961 -> 0.957
@@ -1574,7 +1602,8 @@ extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, int 
         cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess || !coop)
         return "the device cannot launch cooperative kernels";
     cudaError_t e;
-    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr, a.poll_ns > 0, smem, &e);
+    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr,
+                                 a.poll_ns > 0 || a.apace_ns > 0, smem, &e);
     if (!fn || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, DS_THREADS, smem) != cudaSuccess ||
         per_sm < 1) {
         cudaGetLastError();
@@ -1589,7 +1618,8 @@ extern "C" int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, cu
     if (rp_decode_step_check(s) || num_sms <= 0 || nb < 1 || nb > 4 || make_args(s, nb, num_sms, &a, &smem))
         return (int)cudaErrorInvalidValue;
     cudaError_t e;
-    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr, a.poll_ns > 0, smem, &e);
+    ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr,
+                                 a.poll_ns > 0 || a.apace_ns > 0, smem, &e);
     if (!fn) return (int)e;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(a.grid);
