@@ -69,6 +69,9 @@ for stage in $stages; do
       done
       sanitize memcheck-decode memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b --batch 1,2,6,16 --ctx 40 \
         --steps 2 --warmup 1 --no-eager
+      # the one-kernel step's kernel for shapes with dynamic units (DYNK: polled phase ends, paced refill)
+      sanitize memcheck-decode-dyn memcheck "$B/replay" bench decode --dummy-weights qwen3-4b --batch 1 --ctx 40 \
+        --steps 2 --warmup 1 --no-eager
       sanitize memcheck-prefill memcheck "$B/replay" logits --dummy-weights qwen3-0.6b \
         --prompt-ids "@$OUT/sanitize-ids.txt" --last 2 --out "$OUT/sanitize-logits.bin"
       ;;
