@@ -105,6 +105,7 @@ struct ds_args {
      * (gemv_phase), and while the consumers are at the qkv barrier or in
      * attention the producer waits apace_ns between pieces (produce). */
     int poll_ns, apace_ns;
+    int apace_all; /* EXPERIMENT: pace at the o, gate_up and down barriers too */
     /* Several sequences (NB > 1): how many (nb <= NB; the rest of the
      * kernel's rows are left alone, so that 3 sequences get the same
      * arithmetic alone as padded to 4), the ring's geometry for kc, and x's
@@ -1339,19 +1340,25 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
+        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
+        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
         DS_T(TR_STAGE, DS_NORM(false, ly->mlp_norm, rs));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
+        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
+        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, DS_BF16(s.act, s.F));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
+        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
+        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
     DS_T(TR_STAGE, DS_NORM(false, s.final_norm, false));
@@ -1576,6 +1583,8 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
      * own kernel) any pause lost. REPLAY_DECODE_STEP_APACE=0 turns it off. */
     static int apace = INT_MIN;
     a->apace_ns = nb == 1 && a->dyn_eighths > 0 ? env_knob("REPLAY_DECODE_STEP_APACE", 0, 100000, 500, &apace) : 0;
+    static int apace_all = INT_MIN;
+    a->apace_all = env_knob("REPLAY_DECODE_STEP_APACE_ALL", 0, 1, 0, &apace_all);
     /* The residual row in shared memory where it fits beside the ring
      * (hidden size up to 2048: qwen3-0.6b and 1.7b, llama3.2-1b): the o and
      * down epilogues then skip an L2 round trip (qwen3-0.6b 0.961 -> 0.957
