@@ -1582,9 +1582,9 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
      * 1000 ns in between, 2000 none); on qwen3-0.6b (no dynamic units, its
      * own kernel) any pause lost. REPLAY_DECODE_STEP_APACE=0 turns it off. */
     static int apace = INT_MIN;
-    a->apace_ns = nb == 1 && a->dyn_eighths > 0 ? env_knob("REPLAY_DECODE_STEP_APACE", 0, 100000, 500, &apace) : 0;
+    a->apace_ns = nb == 1 ? env_knob("REPLAY_DECODE_STEP_APACE", 0, 100000, a->dyn_eighths > 0 ? 500 : 0, &apace) : 0;
     static int apace_all = INT_MIN;
-    a->apace_all = env_knob("REPLAY_DECODE_STEP_APACE_ALL", 0, 1, 0, &apace_all);
+    a->apace_all = env_knob("REPLAY_DECODE_STEP_APACE_ALL", 0, 1, 1, &apace_all);
     /* The residual row in shared memory where it fits beside the ring
      * (hidden size up to 2048: qwen3-0.6b and 1.7b, llama3.2-1b): the o and
      * down epilogues then skip an L2 round trip (qwen3-0.6b 0.961 -> 0.957
