@@ -102,10 +102,11 @@ struct ds_args {
     int dyn_eighths; /* eighths of a large phase's units taken dynamically */
     /* The kernel for one sequence on shapes with dynamic units (DYNK): past
      * its static pieces a consumer polls for a phase's end every poll_ns
-     * (gemv_phase), and while the consumers are at the qkv barrier or in
-     * attention the producer waits apace_ns between pieces (produce). */
-    int poll_ns, apace_ns;
-    int apace_all; /* EXPERIMENT: pace at the o, gate_up and down barriers too */
+     * (gemv_phase), and while the consumers are at a grid barrier or in
+     * attention the producer waits apace_ns between pieces (produce; with
+     * apace_all 0 only from the qkv phase's end to the release after
+     * attention). */
+    int poll_ns, apace_ns, apace_all;
     /* Several sequences (NB > 1): how many (nb <= NB; the rest of the
      * kernel's rows are left alone, so that 3 sequences get the same
      * arithmetic alone as padded to 4), the ring's geometry for kc, and x's
@@ -420,11 +421,11 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                         while (!mbar_try(&empty[slot], par)) prefetch_ahead(a, pw, n_walked, n_static, a.prefetch, 1);
                         if (TRACE) waited += ds_now() - t0;
                     }
-                    /* The qkv barrier's release and attention's loads are latency-bound, and
-                     * a ring refill arriving all at once (the qkv phase's last stages free
-                     * together) queues ahead of them in L2; spread over the attention window,
-                     * which is ~9 us with HBM otherwise idle (qwen3-4b 3.29 -> 3.26 ms,
-                     * llama3-8b 5.51 -> 5.46; bench/RESULTS.md, fifteenth session). */
+                    /* A barrier's release and attention's loads are latency-bound, and a
+                     * ring refill issued all at once (a phase's last stages free together)
+                     * queues ahead of them in L2; spread out, it lands in time for the next
+                     * phase (qwen3-4b 3.29 -> 3.17 ms, llama3-8b 5.51 -> 5.37; only in the
+                     * attention window: 3.26 / 5.45; bench/RESULTS.md, fifteenth session). */
                     if (DYNK && a.apace_ns && *att_flag) __nanosleep(a.apace_ns);
                     info[slot] = ds_info{u, first, useq, 0};
                     /* releases the info store with the arrival */
@@ -1245,8 +1246,9 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     uint16_t *xs = reinterpret_cast<uint16_t *>(smem + Lo.xs);
     float *part = reinterpret_cast<float *>(smem + Lo.part), *red = reinterpret_cast<float *>(smem + Lo.red);
     float *rs = a.keep_res ? reinterpret_cast<float *>(smem + Lo.rs) : nullptr;
-    /* set from the qkv phase's end to the release after attention (DYNK; the
-     * last word of the reduction scratch: csum uses 8, stage_norm_nb 32) */
+    /* set from a phase's end to the release after its barrier, and through
+     * attention (DYNK; the last word of the reduction scratch: csum uses 8,
+     * stage_norm_nb 32) */
     volatile int *att_flag = reinterpret_cast<volatile int *>(red + 63);
     if (DYNK && threadIdx.x == 0) *att_flag = 0;
     unsigned *ucnt = reinterpret_cast<unsigned *>(smem + Lo.ucnt);
@@ -1577,10 +1579,14 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
      * try_wait as before. */
     static int poll = INT_MIN;
     a->poll_ns = nb == 1 && a->dyn_eighths > 0 ? env_knob("REPLAY_DECODE_STEP_POLL_NS", 0, 10000, 64, &poll) : 0;
-    /* The producer's pause in the attention window (produce), same kernel:
-     * qwen3-4b 3.29 -> 3.26 ms and llama3-8b 5.51 -> 5.46 at 500 ns (250 and
-     * 1000 ns in between, 2000 none); on qwen3-0.6b (no dynamic units, its
-     * own kernel) any pause lost. REPLAY_DECODE_STEP_APACE=0 turns it off. */
+    /* The producer's pause between pieces while its consumers are at a
+     * barrier or in attention (produce), same kernel: 500 ns, qwen3-4b 3.29
+     * -> 3.17 ms, llama3-8b 5.51 -> 5.37, qwen3-8b 5.59 -> 5.46 (400 ns about
+     * the same, 250 and 700-1000 ns less; in the attention window alone 3.26,
+     * 5.45). On qwen3-0.6b (no dynamic units) it lost 3%, so the shapes
+     * without dynamic units run their own kernel without it unless
+     * REPLAY_DECODE_STEP_APACE is set (llama3.2-1b: -0.6% at 500). 0 turns it
+     * off; REPLAY_DECODE_STEP_APACE_ALL=0 keeps it to the attention window. */
     static int apace = INT_MIN;
     a->apace_ns = nb == 1 ? env_knob("REPLAY_DECODE_STEP_APACE", 0, 100000, a->dyn_eighths > 0 ? 500 : 0, &apace) : 0;
     static int apace_all = INT_MIN;
