@@ -385,7 +385,7 @@ __device__ __forceinline__ void prefetch_ahead(const ds_args &a, ds_walk &pw, in
  * is rare: about one per stall.) */
 template <int NB, bool TRACE, bool DYNK>
 __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
-                        ds_info *info, volatile int *pend, volatile int *att_flag) {
+                        ds_info *info, volatile int *pend, volatile int *pace_flag) {
     uint64_t policy, waited = 0;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     const int NP = 4 * a.s.num_layers + 1, st = a.stages;
@@ -426,7 +426,7 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                      * queues ahead of them in L2; spread out, it lands in time for the next
                      * phase (qwen3-4b 3.29 -> 3.17 ms, llama3-8b 5.51 -> 5.37; only in the
                      * attention window: 3.26 / 5.45; bench/RESULTS.md, fifteenth session). */
-                    if (DYNK && a.apace_ns && *att_flag) __nanosleep(a.apace_ns);
+                    if (DYNK && a.apace_ns && *pace_flag) __nanosleep(a.apace_ns);
                     info[slot] = ds_info{u, first, useq, 0};
                     /* releases the info store with the arrival */
                     mbar_expect_tx(&full[slot], DS_ROWS * row_bytes);
@@ -1249,8 +1249,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     /* set from a phase's end to the release after its barrier, and through
      * attention (DYNK; the last word of the reduction scratch: csum uses 8,
      * stage_norm_nb 32) */
-    volatile int *att_flag = reinterpret_cast<volatile int *>(red + 63);
-    if (DYNK && threadIdx.x == 0) *att_flag = 0;
+    volatile int *pace_flag = reinterpret_cast<volatile int *>(red + 63);
+    if (DYNK && threadIdx.x == 0) *pace_flag = 0;
     unsigned *ucnt = reinterpret_cast<unsigned *>(smem + Lo.ucnt);
     ds_info *info = reinterpret_cast<ds_info *>(smem + Lo.info);
     volatile int *pend = reinterpret_cast<volatile int *>(smem + Lo.pend);
@@ -1273,7 +1273,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         /* weights are constant: stream them before (and regardless of) the
          * wait for the previous kernel */
         if (warp == DS_CONSUMERS && lane == 0)
-            produce<NB, TRACE, DYNK>(a, ws, ring, full, empty, info, pend, att_flag);
+            produce<NB, TRACE, DYNK>(a, ws, ring, full, empty, info, pend, pace_flag);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(DS_CONSUMER_REGS));
@@ -1330,37 +1330,37 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_STAGE, DS_NORM(l == 0, ly->attn_norm, rs));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
-        if (DYNK && threadIdx.x == 0) *att_flag = 1;
+        if (DYNK && threadIdx.x == 0) *pace_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq));
         if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
-        if (DYNK && threadIdx.x == 0) *att_flag = 0;
+        if (DYNK && threadIdx.x == 0) *pace_flag = 0;
         DS_T(TR_STAGE, DS_BF16(s.attn, q_dim));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
-        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 1;
+        if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
-        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 0;
+        if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
         DS_T(TR_STAGE, DS_NORM(false, ly->mlp_norm, rs));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
-        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 1;
+        if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
-        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 0;
+        if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, DS_BF16(s.act, s.F));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
-        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 1;
+        if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
-        if (DYNK && a.apace_all && threadIdx.x == 0) *att_flag = 0;
+        if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
     DS_T(TR_STAGE, DS_NORM(false, s.final_norm, false));
