@@ -757,13 +757,22 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
 }
 
 /* Every consumer of every block has arrived (release of this block's
- * writes, acquire of everyone's). */
-__device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int grid, uint64_t *bt) {
+ * writes, acquire of everyone's), in two halves: grid_arrive, then
+ * grid_wait, with work between them that no other block's writes feed
+ * (attention's K/V prefetch for the next layer, whose page-table loads
+ * were an L2 round trip on the critical path from the merge to the
+ * arrival). */
+__device__ __forceinline__ void grid_arrive(unsigned *ctr, unsigned &target, int grid, uint64_t *bt, uint64_t &t0) {
     cbar();
     if (threadIdx.x == 0) {
-        const uint64_t t0 = bt ? ds_now() : 0;
+        t0 = bt ? ds_now() : 0;
         target += (unsigned)grid;
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+    }
+}
+
+__device__ __forceinline__ void grid_wait(unsigned *ctr, unsigned target, int grid, uint64_t *bt, uint64_t t0) {
+    if (threadIdx.x == 0) {
         unsigned v;
         do {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
@@ -775,6 +784,12 @@ __device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int g
         }
     }
     cbar();
+}
+
+__device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int grid, uint64_t *bt) {
+    uint64_t t0 = 0;
+    grid_arrive(ctr, target, grid, bt, t0);
+    grid_wait(ctr, target, grid, bt, t0);
 }
 
 /* q or k head: per-head RMSNorm (when nw), rotate_half RoPE at pos, rounded
@@ -1335,8 +1350,12 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq));
-        if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
+        DS_T(TR_SYNC, {
+            uint64_t t0 = 0;
+            grid_arrive(ws.sync, target, a.grid, bt, t0);
+            if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
+            grid_wait(ws.sync, target, a.grid, bt, t0);
+        });
         if (DYNK && threadIdx.x == 0) *pace_flag = 0;
         DS_T(TR_STAGE, DS_BF16(s.attn, q_dim));
         DS_T(TR_GEMV,
