@@ -1060,9 +1060,23 @@ __device__ void prefetch_kv(const ds_args &a, int l, const ds_seq &sq0) {
 }
 
 /* Layer l's attention for the NB sequences into s.attn. */
+/* The block's first item's first batch of cached keys and values (layer
+ * l), into registers: cached rows are not written in this step, so the
+ * loads may start before the barrier after qkv releases (after this
+ * block's arrival, so that its release fence does not wait for them). */
+template <int HD>
+__device__ __forceinline__ void first_kv(const ds_args &a, int l, const ds_seq &sq, lane_row<HD / 32> (&kr)[ATT_UNROLL],
+                                         lane_row<HD / 32> (&vr)[ATT_UNROLL]) {
+    const rp_decode_step &s = a.s;
+    const int NS = a.splits, kvh = ((int)blockIdx.x / NS) % s.nkv, lane = threadIdx.x & 31;
+    load_kv_rows<HD / 32>(kr, vr, sq.row, s.k_cache + (size_t)l * s.kv_layer_elems,
+                          s.v_cache + (size_t)l * s.kv_layer_elems, (int64_t)kvh * HD + lane * (HD / 32), s.nkv * HD);
+}
+
 template <int G, int HD, int NB>
 __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws, uint64_t *tr,
-                                unsigned launch, const ds_seq &sq0) {
+                                unsigned launch, const ds_seq &sq0, lane_row<HD / 32> (&kr)[ATT_UNROLL],
+                                lane_row<HD / 32> (&vr)[ATT_UNROLL]) {
     uint64_t tl = tr ? ds_now() : 0;
     constexpr int DPL = HD / 32;
     const rp_decode_step &s = a.s;
@@ -1091,11 +1105,9 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
                                                    : nullptr;
         if (as) as[0] = tl;
         /* The cached keys and values are from earlier steps: the first
-         * batch is in flight while q and k are normalised and rotated. */
-        lane_row<DPL> kr[ATT_UNROLL], vr[ATT_UNROLL];
-        if (it == (int)blockIdx.x)
-            load_kv_rows<DPL>(kr, vr, sq.row, kc, vc, (int64_t)kvh * HD + lane * DPL, kv_dim);
-        else
+         * batch is in flight while q and k are normalised and rotated (the
+         * first item's since the barrier, first_kv). */
+        if (it != (int)blockIdx.x)
             load_kv<DPL>(kr, vr, j0 + warp, j1, pos, prow, ps, kc, vc, (int64_t)kvh * HD + lane * DPL, kv_dim);
         for (int task = warp; task < G + 2; task += DS_CONSUMERS) {
             if (task < G) {
@@ -1346,10 +1358,16 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
         if (DYNK && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
+        lane_row<HD / 32> kr[ATT_UNROLL], vr[ATT_UNROLL];
+        DS_T(TR_SYNC, {
+            uint64_t t0 = 0;
+            grid_arrive(ws.sync, target, a.grid, bt, t0);
+            first_kv<HD>(a, l, sq, kr, vr);
+            grid_wait(ws.sync, target, a.grid, bt, t0);
+        });
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
-        DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq));
+        DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq, kr, vr));
         DS_T(TR_SYNC, {
             uint64_t t0 = 0;
             grid_arrive(ws.sync, target, a.grid, bt, t0);
