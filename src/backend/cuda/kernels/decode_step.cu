@@ -270,6 +270,16 @@ __device__ __forceinline__ void ds_lap(uint64_t *tr, int kind, uint64_t &t) {
     t = now;
 }
 
+/* 2^x in one MUFU.EX2 (2 ulp; expf is ~8 instructions): attention runs
+ * once per layer on the step's critical path, where its instruction count
+ * shows (ncu: instruction-fetch and issue stalls in the score loop). 2^-inf
+ * is 0. */
+__device__ __forceinline__ float ds_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* ---- the step's schedule: the same walk for producer and consumers ------- */
 
 struct ds_mat {
@@ -1004,7 +1014,7 @@ __device__ void merge_head(const ds_ws &ws, uint16_t *out, int kvh, int item0, i
     if (t < NS) {
         float M = -INFINITY;
         for (int sp = 0; sp < NS; sp++) M = fmaxf(M, m[sp]);
-        f[t] = m[t] == -INFINITY ? 0.0f : expf(m[t] - M);
+        f[t] = m[t] == -INFINITY ? 0.0f : ds_exp2(m[t] - M);
     }
     cbar();
     float A = 0.0f;
@@ -1087,7 +1097,9 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
     float *kn = qs + G * HD, *vn = kn + HD;
     float *wm = vn + HD, *wl = wm + 8 * G, *wacc = wl + 8 * G;
     uint16_t *kc = s.k_cache + (size_t)l * s.kv_layer_elems, *vc = s.v_cache + (size_t)l * s.kv_layer_elems;
-    const float scale = 1.0f / sqrtf((float)HD);
+    /* scores in log2 units (q scaled by log2(e) / sqrt(HD)), so that each
+     * softmax exponential is one ex2 (ds_exp2) */
+    const float scale = 1.4426950408889634f / sqrtf((float)HD);
     const unsigned tag = ll_tag(launch, l);
     for (int it = blockIdx.x; it < (NB == 1 ? 1 : a.nb) * nkv * NS; it += a.grid) {
         const ds_seq sq = item_seq<NB>(a, it, sq0);
@@ -1133,7 +1145,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
         for (int g = 0; g < G; g++) {
             m[g] = -INFINITY, lsum[g] = 0.0f;
 #pragma unroll
-            for (int d = 0; d < DPL; d++) q[g][d] = qs[g * HD + lane * DPL + d], o[g][d] = 0.0f;
+            for (int d = 0; d < DPL; d++) q[g][d] = qs[g * HD + lane * DPL + d] * scale, o[g][d] = 0.0f;
         }
         for (int jb = j0 + warp; jb < j1; jb += DS_CONSUMERS * ATT_UNROLL) {
             if (jb != j0 + warp)
@@ -1170,17 +1182,17 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
                     float x[ATT_UNROLL], mn = m[g];
 #pragma unroll
                     for (int u = 0; u < ATT_UNROLL; u++) { /* keys past j1 score -inf */
-                        x[u] = jb + u * DS_CONSUMERS < j1 ? sc[u * G + g] * scale : -INFINITY;
+                        x[u] = jb + u * DS_CONSUMERS < j1 ? sc[u * G + g] : -INFINITY;
                         mn = fmaxf(mn, x[u]);
                     }
                     /* key jb is in range, so mn is finite; corr is 0 while m is -inf */
-                    const float corr = expf(m[g] - mn);
+                    const float corr = ds_exp2(m[g] - mn);
                     float pl = 0.0f;
 #pragma unroll
                     for (int d = 0; d < DPL; d++) o[g][d] *= corr;
 #pragma unroll
                     for (int u = 0; u < ATT_UNROLL; u++) {
-                        const float pe = expf(x[u] - mn);
+                        const float pe = ds_exp2(x[u] - mn);
                         pl += pe;
 #pragma unroll
                         for (int d = 0; d < DPL; d++) o[g][d] = fmaf(pe, vf[u][d], o[g][d]);
@@ -1211,8 +1223,8 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
                     warp_sum_heads<G>(sc);
 #pragma unroll
                     for (int g = 0; g < G; g++) {
-                        const float x = sc[g] * scale;
-                        const float mn = fmaxf(m[g], x), corr = expf(m[g] - mn), pe = expf(x - mn);
+                        const float x = sc[g];
+                        const float mn = fmaxf(m[g], x), corr = ds_exp2(m[g] - mn), pe = ds_exp2(x - mn);
                         lsum[g] = lsum[g] * corr + pe;
 #pragma unroll
                         for (int d = 0; d < DPL; d++) o[g][d] = o[g][d] * corr + pe * vf[d];
@@ -1239,7 +1251,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
             float A = 0.0f, Ls = 0.0f;
             for (int w = 0; w < DS_CONSUMERS; w++) {
                 const float mw = wm[w * G + g];
-                const float f = mw == -INFINITY ? 0.0f : expf(mw - M);
+                const float f = mw == -INFINITY ? 0.0f : ds_exp2(mw - M);
                 A += f * wacc[(w * G + g) * HD + d];
                 Ls += f * wl[w * G + g];
             }
