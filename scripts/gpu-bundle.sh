@@ -35,6 +35,8 @@ cp scripts/gpu-check.sh "$G/" 2>/dev/null || true
 for spec in ${AB_BASE:-}; do
   name=old rev=$spec
   if [[ $spec == *=* ]]; then name=${spec%%=*} rev=${spec#*=}; fi
+  # resolved here: inside the worktree HEAD would name its own last checkout
+  rev=$(git rev-parse --verify "$rev^{commit}")
   W=build-ab/src
   [ -d "$W" ] || git worktree add --detach "$W" "$rev" >/dev/null
   git -C "$W" checkout -q --detach "$rev"
