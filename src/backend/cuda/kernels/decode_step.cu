@@ -706,6 +706,14 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
         if (tp) tp[1] = ds_now();
         const ds_info in = info[slot];
         const int j = iw - in.first, kc = (j % nch) * a.kc, steps = min(a.kc, m.K - kc) / 32;
+        /* The residual epilogue's input, loaded before the multiply in case
+         * this warp finishes the unit: the L2 round trip then overlaps the
+         * mma loop instead of delaying the phase's end (unless the row is in
+         * shared memory). Only the unit's own epilogue writes these rows, and
+         * it runs after every piece's load. */
+        float rres = 0.0f;
+        if (epi == EPI_RESIDUAL && !rs && lane < DS_ROWS * (NB == 1 ? 1 : a.nb))
+            rres = __ldcg(a.s.residual + (NB == 1 ? 0 : (lane >> 3) * m.N) + in.unit * DS_ROWS + (lane & 7));
         const uint8_t *wrow = ring + (size_t)slot * stage_b + g * row_b + c * 16;
         /* x: this lane's column (g & 1: which half of each 8 k) */
         const uint8_t *xb =
@@ -753,7 +761,7 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
             switch (epi) {
             case EPI_BF16: a.s.qkv[n] = rp_f32_bf16(v0); break;
             case EPI_RESIDUAL:
-                a.s.residual[n] = (rs ? rs[n] : __ldcg(a.s.residual + n)) + v0;
+                a.s.residual[n] = (rs ? rs[n] : rres) + v0;
                 break;
             case EPI_SWIGLU: {
                 a.s.act[n] = rp_f32_bf16(v0 / (1.0f + expf(-v0)) * v1);
