@@ -776,10 +776,11 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
 
 /* Every consumer of every block has arrived (release of this block's
  * writes, acquire of everyone's), in two halves: grid_arrive, then
- * grid_wait, with work between them that no other block's writes feed
- * (attention's K/V prefetch for the next layer, whose page-table loads
- * were an L2 round trip on the critical path from the merge to the
- * arrival). */
+ * grid_wait, with loads between them that no block's writes in this step
+ * feed: after qkv, the first cached K/V rows (first_kv), a barrier earlier
+ * than attention would load them; after attention, the next layer's K/V
+ * prefetch, whose page-table loads were an L2 round trip on the critical
+ * path from the merge to the arrival. */
 __device__ __forceinline__ void grid_arrive(unsigned *ctr, unsigned &target, int grid, uint64_t *bt, uint64_t &t0) {
     cbar();
     if (threadIdx.x == 0) {
@@ -1077,7 +1078,6 @@ __device__ void prefetch_kv(const ds_args &a, int l, const ds_seq &sq0) {
     }
 }
 
-/* Layer l's attention for the NB sequences into s.attn. */
 /* The block's first item's first batch of cached keys and values (layer
  * l), into registers: cached rows are not written in this step, so the
  * loads may start before the barrier after qkv releases (after this
@@ -1091,6 +1091,8 @@ __device__ __forceinline__ void first_kv(const ds_args &a, int l, const ds_seq &
                           s.v_cache + (size_t)l * s.kv_layer_elems, (int64_t)kvh * HD + lane * (HD / 32), s.nkv * HD);
 }
 
+/* Layer l's attention for the NB sequences into s.attn; kr, vr: the first
+ * item's first K/V batch (first_kv). */
 template <int G, int HD, int NB>
 __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws, uint64_t *tr,
                                 unsigned launch, const ds_seq &sq0, lane_row<HD / 32> (&kr)[ATT_UNROLL],
