@@ -797,14 +797,32 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
         h[l] = (rp_decode_layer){ly->attn_norm, ly->wqkv, ly->q_norm, ly->k_norm,
                                  ly->wo,        ly->mlp_norm, ly->wgu, ly->wdown};
     }
-    size_t bytes = (size_t)c->num_layers * sizeof *h;
-    int rc = rp_cuda_malloc((void **)&cb->d_layers, bytes, "layer table", err);
-    if (!rc && cudaMemcpy(cb->d_layers, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+    /* the table, then the norm weights side by side (rp_decode_step.norms;
+     * copied on the stream the uploads were queued on) */
+    const size_t bytes = ((size_t)c->num_layers * sizeof *h + 127) / 128 * 128,
+                 nstride = 2 * (size_t)c->hidden_size + 2 * (size_t)c->head_dim;
+    const int qk = cb->layers[0].q_norm != NULL;
+    int rc = rp_cuda_malloc((void **)&cb->d_layers, bytes + (size_t)c->num_layers * nstride * 2, "layer table", err);
+    rp_bf16 *norms = rc ? NULL : (rp_bf16 *)((uint8_t *)cb->d_layers + bytes);
+    if (!rc && cudaMemcpy(cb->d_layers, h, (size_t)c->num_layers * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess)
         rc = rp_errf(err, "cudaMemcpy of the layer table failed");
+    for (int l = 0; !rc && l < c->num_layers; l++) {
+        const rp_cuda_layer *ly = &cb->layers[l];
+        rp_bf16 *n = norms + (size_t)l * nstride;
+        const size_t hb = (size_t)c->hidden_size * 2, db = (size_t)c->head_dim * 2;
+        if (cudaMemcpyAsync(n, ly->attn_norm, hb, cudaMemcpyDeviceToDevice, cb->stream) != cudaSuccess ||
+            cudaMemcpyAsync(n + c->hidden_size, ly->mlp_norm, hb, cudaMemcpyDeviceToDevice, cb->stream) != cudaSuccess ||
+            (qk && (cudaMemcpyAsync(n + 2 * c->hidden_size, ly->q_norm, db, cudaMemcpyDeviceToDevice, cb->stream) != cudaSuccess ||
+                    cudaMemcpyAsync(n + 2 * c->hidden_size + c->head_dim, ly->k_norm, db, cudaMemcpyDeviceToDevice,
+                                    cb->stream) != cudaSuccess)))
+            rc = rp_errf(err, "cudaMemcpy of the norm weights failed");
+    }
     free(h);
     if (rc) return RP_ERR;
     cb->ds = (rp_decode_step){
         .layers = cb->d_layers,
+        .norms = norms,
+        .qk_norm = qk,
         .embed = cb->embed,
         .final_norm = cb->final_norm,
         .lm_head = cb->lm_head,

@@ -147,6 +147,11 @@ typedef struct rp_decode_layer {
 } rp_decode_layer;
 typedef struct rp_decode_step {
     const rp_decode_layer *layers; /* device array [num_layers] */
+    /* the RMSNorm weights again, side by side, so that the kernel computes
+     * their addresses instead of loading them from layers: per layer
+     * attn_norm [H], mlp_norm [H], then (qk_norm) q_norm [hd], k_norm [hd] */
+    const rp_bf16 *norms;
+    int qk_norm;
     const rp_bf16 *embed, *final_norm, *lm_head;
     const float *inv_freq;
     const int32_t *tokens, *positions, *slots;

@@ -107,6 +107,7 @@ struct ds_args {
      * apace_all 0 only from the qkv phase's end to the release after
      * attention). */
     int poll_ns, apace_ns, apace_all;
+    int norm_pf; /* prefetch the next norms' weights into L2 (prefetch_norms) */
     /* Several sequences (NB > 1): how many (nb <= NB; the rest of the
      * kernel's rows are left alone, so that 3 sequences get the same
      * arithmetic alone as padded to 4), the ring's geometry for kc, and x's
@@ -493,17 +494,41 @@ __device__ __forceinline__ float csum(float v, float *red) {
  * given, keeps the row: the residual does not change between this staging
  * and the next o or down epilogue, which then add to it without an L2
  * round trip. */
-__device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, const uint16_t *w, int H, float eps,
+/* Layer l's RMSNorm weights (which: 0 attn_norm, 1 mlp_norm, 2 q_norm, 3
+ * k_norm; l = num_layers: the final norm): addresses computed, not loaded
+ * (rp_decode_step.norms), so a norm's first load does not wait for a
+ * pointer; nullptr where the model has no q/k norm. */
+__device__ __forceinline__ const uint16_t *ds_norm(const rp_decode_step &s, int l, int which) {
+    if (l == s.num_layers) return s.final_norm;
+    if (which >= 2 && !s.qk_norm) return nullptr;
+    const uint16_t *n = s.norms + (size_t)l * (2 * s.H + 2 * s.hd);
+    return which < 2 ? n + which * s.H : n + 2 * s.H + (which - 2) * s.hd;
+}
+
+/* A thread's share of a norm's weights, in registers: loaded between the
+ * halves of the grid barrier before the staging (the weights feed nothing
+ * a block writes), so that after the release the staging waits only for
+ * the residual row. */
+struct ds_nw {
+    uint4 g[DS_MAX_H / (DS_CONSUMERS * 32 * 8)];
+};
+__device__ __forceinline__ void load_nw(ds_nw &n, const uint16_t *w, int H) {
+#pragma unroll
+    for (int j = 0; j < DS_MAX_H / (DS_CONSUMERS * 32 * 8); j++) {
+        const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
+        if (i < H) n.g[j] = rp_ld_nc(w + i);
+    }
+}
+
+__device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, const ds_nw &nw, int H, float eps,
                            float *red, float *rs) {
     constexpr int J = DS_MAX_H / (DS_CONSUMERS * 32 * 8);
     float v[J][8];
-    uint4 gw[J]; /* the norm weights, loaded with the row: one round trip, not two */
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < J; j++) {
         const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
         if (i < H) {
-            gw[j] = rp_ld_nc(w + i);
             if (emb) {
                 const uint4 e = rp_ld_nc(emb + i);
                 v[j][0] = rp_bf16_lo(e.x), v[j][1] = rp_bf16_hi(e.x), v[j][2] = rp_bf16_lo(e.y);
@@ -527,7 +552,7 @@ __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, 
     for (int j = 0; j < J; j++) {
         const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
         if (i < H) {
-            const uint4 g = gw[j];
+            const uint4 g = nw.g[j];
             *reinterpret_cast<uint4 *>(xs + i) =
                 make_uint4(rp_pack_bf16x2(rp_bf16_lo(g.x) * (v[j][0] * inv), rp_bf16_hi(g.x) * (v[j][1] * inv)),
                            rp_pack_bf16x2(rp_bf16_lo(g.y) * (v[j][2] * inv), rp_bf16_hi(g.y) * (v[j][3] * inv)),
@@ -813,25 +838,45 @@ __device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int g
 
 /* q or k head: per-head RMSNorm (when nw), rotate_half RoPE at pos, rounded
  * to bf16 as qk_norm_rope_store does (same expressions, same order). */
+/* A lane's q and k norm weights (dims lane + 32 p and + HD / 2) and RoPE
+ * frequencies, loaded between the halves of the barrier after qkv
+ * (constants: no block writes them), so that attention's first loads after
+ * the release are the new q, k and v alone. */
 template <int HD>
-__device__ void norm_rope_head(const uint16_t *src, const uint16_t *nw, const float *inv_freq, float pos, float eps,
-                               float *dst, uint16_t *cache) {
+struct ds_qkw {
+    float qa[HD / 64], qb[HD / 64], ka[HD / 64], kb[HD / 64], fr[HD / 64];
+};
+template <int HD>
+__device__ __forceinline__ void load_qkw(ds_qkw<HD> &w, const rp_decode_step &s, int l) {
+    const int lane = threadIdx.x & 31;
+    const uint16_t *qn = ds_norm(s, l, 2), *kn = ds_norm(s, l, 3);
+#pragma unroll
+    for (int p = 0; p < HD / 64; p++) {
+        const int i = lane + 32 * p;
+        w.fr[p] = s.inv_freq[i];
+        if (qn) {
+            w.qa[p] = rp_bf16_f32(qn[i]), w.qb[p] = rp_bf16_f32(qn[i + HD / 2]);
+            w.ka[p] = rp_bf16_f32(kn[i]), w.kb[p] = rp_bf16_f32(kn[i + HD / 2]);
+        }
+    }
+}
+
+template <int HD>
+__device__ void norm_rope_head(const uint16_t *src, bool norm, const float (&na)[HD / 64], const float (&nb)[HD / 64],
+                               const float (&fr)[HD / 64], float pos, float eps, float *dst, uint16_t *cache) {
     constexpr int half = HD / 2, PAIRS = HD / 64;
     const int lane = threadIdx.x & 31;
-    float a[PAIRS], b[PAIRS], na[PAIRS], nb[PAIRS], fr[PAIRS], ss = 0.0f;
-    /* every load first: one round trip to L2, not three */
+    float a[PAIRS], b[PAIRS], ss = 0.0f;
 #pragma unroll
     for (int p = 0; p < PAIRS; p++) {
         const int i = lane + 32 * p;
-        fr[p] = inv_freq[i];
-        if (nw) na[p] = rp_bf16_f32(nw[i]), nb[p] = rp_bf16_f32(nw[i + half]);
         a[p] = rp_bf16_f32(ld_cg_u16(src + i));
         b[p] = rp_bf16_f32(ld_cg_u16(src + i + half));
     }
 #pragma unroll
     for (int p = 0; p < PAIRS; p++) ss += a[p] * a[p] + b[p] * b[p];
     float inv = 1.0f;
-    if (nw) {
+    if (norm) {
         ss = rp_warp_sum(ss);
         inv = 1.0f / sqrtf(ss / (float)HD + eps);
     }
@@ -839,7 +884,7 @@ __device__ void norm_rope_head(const uint16_t *src, const uint16_t *nw, const fl
     for (int p = 0; p < PAIRS; p++) {
         const int i = lane + 32 * p;
         float av = a[p], bv = b[p];
-        if (nw) {
+        if (norm) {
             av = na[p] * (av * inv);
             bv = nb[p] * (bv * inv);
         }
@@ -1078,6 +1123,23 @@ __device__ void prefetch_kv(const ds_args &a, int l, const ds_seq &sq0) {
     }
 }
 
+/* Layer l's mlp norm and layer l + 1's other norms (or the final norm)
+ * into L2, a phase or more before their loads (load_nw, load_qkw): read
+ * once a step, they need not have stayed in L2. Block b takes line b of
+ * them all. */
+__device__ void prefetch_norms(const ds_args &a, int l) {
+    const rp_decode_step &s = a.s;
+    if (threadIdx.x != 32) return; /* warp 1: thread 0 polls the barrier */
+    const int hl = s.H * 2 / 128, dl = s.hd * 2 / 128;
+    int k = blockIdx.x;
+    const uint16_t *p = nullptr;
+    if (k < hl) p = ds_norm(s, l, 1) + k * 64;
+    else if ((k -= hl) < hl) p = ds_norm(s, l + 1, 0) + k * 64;
+    else if (l + 1 < s.num_layers && s.qk_norm && (k -= hl) < 2 * dl)
+        p = ds_norm(s, l + 1, 2 + k / dl) + (k % dl) * 64;
+    if (p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 /* The block's first item's first batch of cached keys and values (layer
  * l), into registers: cached rows are not written in this step, so the
  * loads may start before the barrier after qkv releases (after this
@@ -1096,11 +1158,10 @@ __device__ __forceinline__ void first_kv(const ds_args &a, int l, const ds_seq &
 template <int G, int HD, int NB>
 __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const ds_ws &ws, uint64_t *tr,
                                 unsigned launch, const ds_seq &sq0, lane_row<HD / 32> (&kr)[ATT_UNROLL],
-                                lane_row<HD / 32> (&vr)[ATT_UNROLL]) {
+                                lane_row<HD / 32> (&vr)[ATT_UNROLL], const ds_qkw<HD> &qw) {
     uint64_t tl = tr ? ds_now() : 0;
     constexpr int DPL = HD / 32;
     const rp_decode_step &s = a.s;
-    const rp_decode_layer *ly = &s.layers[l];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nkv = s.nkv, q_dim = s.nh * HD, kv_dim = nkv * HD, NS = a.splits;
     float *qs = reinterpret_cast<float *>(scratch); /* [G][HD] */
@@ -1133,10 +1194,10 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
             load_kv<DPL>(kr, vr, j0 + warp, j1, pos, prow, ps, kc, vc, (int64_t)kvh * HD + lane * DPL, kv_dim);
         for (int task = warp; task < G + 2; task += DS_CONSUMERS) {
             if (task < G) {
-                norm_rope_head<HD>(qkv + (kvh * G + task) * HD, ly->q_norm, s.inv_freq, (float)pos, s.eps,
+                norm_rope_head<HD>(qkv + (kvh * G + task) * HD, s.qk_norm, qw.qa, qw.qb, qw.fr, (float)pos, s.eps,
                                    qs + task * HD, nullptr);
             } else if (task == G && has_new) {
-                norm_rope_head<HD>(qkv + q_dim + kvh * HD, ly->k_norm, s.inv_freq, (float)pos, s.eps, kn,
+                norm_rope_head<HD>(qkv + q_dim + kvh * HD, s.qk_norm, qw.ka, qw.kb, qw.fr, (float)pos, s.eps, kn,
                                    slot_new >= 0 ? kc + slot_new * kv_dim + kvh * HD : nullptr);
             } else if (task == G + 1 && has_new) {
                 const uint16_t *src = qkv + q_dim + kv_dim + kvh * HD;
@@ -1362,38 +1423,43 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     } while (0)
     const uint64_t t_begin = tk;
     /* x from the residual (norm) or a bf16 buffer, for each sequence */
-#define DS_NORM(first, w, keep)                                                                                        \
+    /* one sequence: the next norm's weights, loaded a barrier ahead (load_nw) */
+    ds_nw nw;
+    if constexpr (NB == 1) load_nw(nw, ds_norm(s, 0, 0), H);
+#define DS_NORM(first, l_, which, keep)                                                                                \
     if constexpr (NB == 1)                                                                                             \
-        stage_norm(xs, s.residual, first ? s.embed + (int64_t)token[0] * H : nullptr, w, H, s.eps, red,              \
+        stage_norm(xs, s.residual, first ? s.embed + (int64_t)token[0] * H : nullptr, nw, H, s.eps, red,             \
                    keep ? rs : nullptr);                                                                               \
     else                                                                                                               \
-        stage_norm_nb<NB>(xs, xst, nb, s.residual, first ? s.embed : nullptr, token, w, H, s.eps, red,               \
-                          keep ? rs : nullptr)
+        stage_norm_nb<NB>(xs, xst, nb, s.residual, first ? s.embed : nullptr, token, ds_norm(s, l_, which), H, s.eps, \
+                          red, keep ? rs : nullptr)
 #define DS_BF16(src, K)                                                                                                \
     if constexpr (NB == 1)                                                                                             \
         stage_bf16(xs, src, K);                                                                                        \
     else                                                                                                               \
         stage_bf16_nb<NB>(xs, xst, nb, src, K)
     for (int l = 0; l < L; l++) {
-        const rp_decode_layer *ly = &s.layers[l];
-        DS_T(TR_STAGE, DS_NORM(l == 0, ly->attn_norm, rs));
+        DS_T(TR_STAGE, DS_NORM(l == 0, l, 0, rs));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
         if (DYNK && threadIdx.x == 0) *pace_flag = 1;
         lane_row<HD / 32> kr[ATT_UNROLL], vr[ATT_UNROLL];
+        ds_qkw<HD> qw;
         DS_T(TR_SYNC, {
             uint64_t t0 = 0;
             grid_arrive(ws.sync, target, a.grid, bt, t0);
             first_kv<HD>(a, l, sq, kr, vr);
+            load_qkw<HD>(qw, s, l);
             grid_wait(ws.sync, target, a.grid, bt, t0);
         });
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
-        DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq, kr, vr));
+        DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq, kr, vr, qw));
         DS_T(TR_SYNC, {
             uint64_t t0 = 0;
             grid_arrive(ws.sync, target, a.grid, bt, t0);
             if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
+            if (a.norm_pf) prefetch_norms(a, l);
             grid_wait(ws.sync, target, a.grid, bt, t0);
         });
         if (DYNK && threadIdx.x == 0) *pace_flag = 0;
@@ -1402,10 +1468,15 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
              gemv_phase<NB, DYNK>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
+        DS_T(TR_SYNC, {
+            uint64_t t0 = 0;
+            grid_arrive(ws.sync, target, a.grid, bt, t0);
+            if constexpr (NB == 1) load_nw(nw, ds_norm(s, l, 1), H);
+            grid_wait(ws.sync, target, a.grid, bt, t0);
+        });
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
-        DS_T(TR_STAGE, DS_NORM(false, ly->mlp_norm, rs));
+        DS_T(TR_STAGE, DS_NORM(false, l, 1, rs));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
@@ -1418,11 +1489,16 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
              gemv_phase<NB, DYNK>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
+        DS_T(TR_SYNC, {
+            uint64_t t0 = 0;
+            grid_arrive(ws.sync, target, a.grid, bt, t0);
+            if constexpr (NB == 1) load_nw(nw, ds_norm(s, l + 1, 0), H);
+            grid_wait(ws.sync, target, a.grid, bt, t0);
+        });
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
-    DS_T(TR_STAGE, DS_NORM(false, s.final_norm, false));
+    DS_T(TR_STAGE, DS_NORM(false, L, 0, false));
     DS_T(TR_GEMV,
          gemv_phase<NB, DYNK>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
 #undef DS_NORM
@@ -1648,6 +1724,8 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
      * off; REPLAY_DECODE_STEP_APACE_ALL=0 keeps it to the attention window. */
     static int apace = INT_MIN;
     a->apace_ns = nb == 1 ? env_knob("REPLAY_DECODE_STEP_APACE", 0, 100000, a->dyn_eighths > 0 ? 500 : 0, &apace) : 0;
+    static int npf = INT_MIN;
+    a->norm_pf = env_knob("REPLAY_DECODE_STEP_NPF", 0, 1, 1, &npf);
     static int apace_all = INT_MIN;
     a->apace_all = env_knob("REPLAY_DECODE_STEP_APACE_ALL", 0, 1, 1, &apace_all);
     /* The residual row in shared memory where it fits beside the ring
