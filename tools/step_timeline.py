@@ -20,7 +20,14 @@ the grid barriers' arrival and release times come with it. This prints:
 - the same over fixed bins of the step, as a histogram of issue rates;
 - how long each phase's end takes to reach the barrier (last piece released
   to last arrival), and attention's critical path, step by step;
-- how long pieces sat complete in the ring before their warp took them.
+- how long pieces sat complete in the ring before their warp took them;
+- with --fifo, where HBM idles by a model closer to delivery than issue:
+  the pieces served in issue order at --peak-gbs, each no earlier than
+  --fifo-latency after its issue; the server's idle time is charged to the
+  window in which it starts;
+- attention's steps as durations (each stamp minus the previous one, mean
+  over blocks and the latest block), also for a second pass stamped at
+  layer + 64 where a build records one (an experiment, not the kernel).
 
 numpy is needed (the GPU machine's Python has it; Debian: python3-numpy).
 """
@@ -50,6 +57,8 @@ def main():
     ap.add_argument("file")
     ap.add_argument("--peak-gbs", type=float, default=3030.0, help="read bandwidth, GB/s (3.03 TB/s: H100 here)")
     ap.add_argument("--bins", type=float, default=1.0, help="histogram bin, microseconds")
+    ap.add_argument("--fifo", action="store_true", help="also the FIFO delivery model's idle HBM per window")
+    ap.add_argument("--fifo-latency", type=float, default=800.0, help="FIFO model: issue to first byte, ns")
     args = ap.parse_args()
     grid, layers, trace, tl = load(args.file)
     npieces = np.minimum(trace[:, TR_PIECES].astype(np.int64), tl.shape[1])
@@ -129,6 +138,44 @@ def main():
     arr = bt[:, 1::5, 0] - release[0::5][None, :]
     print(f"  {'barrier arrival':<26} {us(arr.max(axis=0).mean()):6.2f} {us(arr.mean()):6.2f}")
     print(f"  {'release after attention':<26} {us((release[1::5] - release[0::5]).mean()):6.2f}")
+
+    # attention's steps as durations; a second pass (layer + 64) where recorded
+    dnames = ["start -> q/k/v in hand", "-> score loop ends (w0)", "-> all scores in", "-> published", "-> merged"]
+    def att_durations(first):
+        a = trace[:, att0 + 8 * first: att0 + 8 * (first + layers)].astype(np.int64).reshape(grid, layers, 8)
+        ok = a[:, :, 0] > 0
+        return [(np.nanmean(np.where(ok, a[:, :, k] - a[:, :, k - 1], np.nan)),
+                 np.nanmax(np.where(ok, a[:, :, k] - a[:, :, k - 1], np.nan), axis=0).mean()) for k in range(1, 6)]
+    second = layers <= 64 and trace[:, att0 + 8 * 64].any()
+    p1 = att_durations(0)
+    p2 = att_durations(64) if second else None
+    print("\nattention steps as durations, us (mean over blocks / latest block)" +
+          (", then the second pass" if second else "") + ":")
+    for k, name in enumerate(dnames):
+        line = f"  {name:<26} {us(p1[k][0]):6.2f} {us(p1[k][1]):6.2f}"
+        if p2:
+            line += f"   {us(p2[k][0]):6.2f} {us(p2[k][1]):6.2f}"
+        print(line)
+
+    if args.fifo:
+        # pieces delivered in issue order at the peak rate, none before its issue + latency
+        base = issue.min()
+        o = np.argsort(issue, kind="stable")
+        iss, byt = (issue[o] - base).astype(np.float64), nbytes[o].astype(np.float64)
+        t, idle_at = 0.0, []
+        for i in range(len(iss)):
+            start = max(t, iss[i] + args.fifo_latency)
+            if start > t:
+                idle_at.append((t, start - t))
+            t = start + byt[i] / peak
+        wedges = np.concatenate([[0.0], (release - base).astype(np.float64), [float(t_end - base)]])
+        acc = {}
+        for a0, d in idle_at:
+            w = int(np.searchsorted(wedges, a0, side="right")) - 1
+            name = "layer 0 start" if w <= 0 else ("lm_head" if w >= len(wedges) - 2 else KINDS[(w - 1) % 5])
+            acc[name] = acc.get(name, 0.0) + d
+        print(f"\nFIFO model ({args.fifo_latency:.0f} ns latency): HBM idle {us(sum(acc.values())):.1f} us, by window "
+              "where the idle starts: " + ", ".join(f"{n} {us(v):.1f}" for n, v in acc.items()))
 
     # fixed bins
     binw = args.bins * 1e3
