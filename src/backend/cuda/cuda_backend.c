@@ -794,8 +794,7 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
     if (!h) return rp_errf(err, "out of memory");
     for (int l = 0; l < c->num_layers; l++) {
         const rp_cuda_layer *ly = &cb->layers[l];
-        h[l] = (rp_decode_layer){ly->attn_norm, ly->wqkv, ly->q_norm, ly->k_norm,
-                                 ly->wo,        ly->mlp_norm, ly->wgu, ly->wdown};
+        h[l] = (rp_decode_layer){ly->wqkv, ly->wo, ly->wgu, ly->wdown};
     }
     /* the table, then the norm weights side by side (rp_decode_step.norms;
      * copied on the stream the uploads were queued on) */

@@ -142,8 +142,8 @@ void rp_k_attn_decode_set_trans(int mode);
  * metadata block (token b belongs to sequence b, logit row b to token b);
  * the activation buffers hold a row per sequence; sampling runs after
  * it. */
-typedef struct rp_decode_layer {
-    const rp_bf16 *attn_norm, *wqkv, *q_norm, *k_norm, *wo, *mlp_norm, *wgu, *wdown;
+typedef struct rp_decode_layer { /* the matrices; the norms are in rp_decode_step.norms */
+    const rp_bf16 *wqkv, *wo, *wgu, *wdown;
 } rp_decode_layer;
 typedef struct rp_decode_step {
     const rp_decode_layer *layers; /* device array [num_layers] */

@@ -489,11 +489,6 @@ __device__ __forceinline__ float csum(float v, float *red) {
     return r;
 }
 
-/* x = bf16(w * (row * inv)), row from the fp32 residual or (layer 0) the
- * embedding row; the same expression as the RMSNORM GEMV input. rs, if
- * given, keeps the row: the residual does not change between this staging
- * and the next o or down epilogue, which then add to it without an L2
- * round trip. */
 /* Layer l's RMSNorm weights (which: 0 attn_norm, 1 mlp_norm, 2 q_norm, 3
  * k_norm; l = num_layers: the final norm): addresses computed, not loaded
  * (rp_decode_step.norms), so a norm's first load does not wait for a
@@ -520,6 +515,11 @@ __device__ __forceinline__ void load_nw(ds_nw &n, const uint16_t *w, int H) {
     }
 }
 
+/* x = bf16(w * (row * inv)), row from the fp32 residual or (layer 0) the
+ * embedding row; the same expression as the RMSNORM GEMV input. rs, if
+ * given, keeps the row: the residual does not change between this staging
+ * and the next o or down epilogue, which then add to it without an L2
+ * round trip. */
 __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, const ds_nw &nw, int H, float eps,
                            float *red, float *rs) {
     constexpr int J = DS_MAX_H / (DS_CONSUMERS * 32 * 8);
@@ -836,8 +836,6 @@ __device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int g
     grid_wait(ctr, target, grid, bt, t0);
 }
 
-/* q or k head: per-head RMSNorm (when nw), rotate_half RoPE at pos, rounded
- * to bf16 as qk_norm_rope_store does (same expressions, same order). */
 /* A lane's q and k norm weights (dims lane + 32 p and + HD / 2) and RoPE
  * frequencies, loaded between the halves of the barrier after qkv
  * (constants: no block writes them), so that attention's first loads after
@@ -861,6 +859,9 @@ __device__ __forceinline__ void load_qkw(ds_qkw<HD> &w, const rp_decode_step &s,
     }
 }
 
+/* q or k head: per-head RMSNorm (when norm, with the weights na, nb),
+ * rotate_half RoPE at pos, rounded to bf16 as qk_norm_rope_store does (same
+ * expressions, same order). */
 template <int HD>
 __device__ void norm_rope_head(const uint16_t *src, bool norm, const float (&na)[HD / 64], const float (&nb)[HD / 64],
                                const float (&fr)[HD / 64], float pos, float eps, float *dst, uint16_t *cache) {
@@ -1724,6 +1725,9 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
      * off; REPLAY_DECODE_STEP_APACE_ALL=0 keeps it to the attention window. */
     static int apace = INT_MIN;
     a->apace_ns = nb == 1 ? env_knob("REPLAY_DECODE_STEP_APACE", 0, 100000, a->dyn_eighths > 0 ? 500 : 0, &apace) : 0;
+    /* The next norms' weights prefetched into L2 at the barrier after
+     * attention (prefetch_norms): qwen3-4b 3.062 -> 3.052 ms, the others the
+     * same (bench/RESULTS.md, seventeenth session). */
     static int npf = INT_MIN;
     a->norm_pf = env_knob("REPLAY_DECODE_STEP_NPF", 0, 1, 1, &npf);
     static int apace_all = INT_MIN;
