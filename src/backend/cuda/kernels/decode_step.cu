@@ -802,10 +802,12 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
 /* Every consumer of every block has arrived (release of this block's
  * writes, acquire of everyone's), in two halves: grid_arrive, then
  * grid_wait, with loads between them that no block's writes in this step
- * feed: after qkv, the first cached K/V rows (first_kv), a barrier earlier
- * than attention would load them; after attention, the next layer's K/V
+ * feed (grid_sync's between): after qkv, the first cached K/V rows
+ * (first_kv) and the q/k norm weights (load_qkw), a barrier earlier than
+ * attention would load them; after attention, the next layer's K/V
  * prefetch, whose page-table loads were an L2 round trip on the critical
- * path from the merge to the arrival. */
+ * path from the merge to the arrival, and the norms' L2 prefetch; after o
+ * and down, the next norm's weights (load_nw). */
 __device__ __forceinline__ void grid_arrive(unsigned *ctr, unsigned &target, int grid, uint64_t *bt, uint64_t &t0) {
     cbar();
     if (threadIdx.x == 0) {
@@ -830,9 +832,13 @@ __device__ __forceinline__ void grid_wait(unsigned *ctr, unsigned target, int gr
     cbar();
 }
 
-__device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int grid, uint64_t *bt) {
+/* A grid barrier with between() run after this block's arrival, before its
+ * wait (loads that no block writes in the step). */
+template <class F>
+__device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int grid, uint64_t *bt, F &&between) {
     uint64_t t0 = 0;
     grid_arrive(ctr, target, grid, bt, t0);
+    between();
     grid_wait(ctr, target, grid, bt, t0);
 }
 
@@ -1446,35 +1452,26 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (DYNK && threadIdx.x == 0) *pace_flag = 1;
         lane_row<HD / 32> kr[ATT_UNROLL], vr[ATT_UNROLL];
         ds_qkw<HD> qw;
-        DS_T(TR_SYNC, {
-            uint64_t t0 = 0;
-            grid_arrive(ws.sync, target, a.grid, bt, t0);
-            first_kv<HD>(a, l, sq, kr, vr);
-            load_qkw<HD>(qw, s, l);
-            grid_wait(ws.sync, target, a.grid, bt, t0);
-        });
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, [&] {
+                 first_kv<HD>(a, l, sq, kr, vr);
+                 load_qkw<HD>(qw, s, l);
+             }));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq, kr, vr, qw));
-        DS_T(TR_SYNC, {
-            uint64_t t0 = 0;
-            grid_arrive(ws.sync, target, a.grid, bt, t0);
-            if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
-            if (a.norm_pf) prefetch_norms(a, l);
-            grid_wait(ws.sync, target, a.grid, bt, t0);
-        });
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, [&] {
+                 if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
+                 if (a.norm_pf) prefetch_norms(a, l);
+             }));
         if (DYNK && threadIdx.x == 0) *pace_flag = 0;
         DS_T(TR_STAGE, DS_BF16(s.attn, q_dim));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, {
-            uint64_t t0 = 0;
-            grid_arrive(ws.sync, target, a.grid, bt, t0);
-            if constexpr (NB == 1) load_nw(nw, ds_norm(s, l, 1), H);
-            grid_wait(ws.sync, target, a.grid, bt, t0);
-        });
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, [&] {
+                 if constexpr (NB == 1) load_nw(nw, ds_norm(s, l, 1), H);
+             }));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
         DS_T(TR_STAGE, DS_NORM(false, l, 1, rs));
@@ -1482,7 +1479,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
              gemv_phase<NB, DYNK>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, [] {}));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, DS_BF16(s.act, s.F));
@@ -1490,12 +1487,9 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
              gemv_phase<NB, DYNK>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, {
-            uint64_t t0 = 0;
-            grid_arrive(ws.sync, target, a.grid, bt, t0);
-            if constexpr (NB == 1) load_nw(nw, ds_norm(s, l + 1, 0), H);
-            grid_wait(ws.sync, target, a.grid, bt, t0);
-        });
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, [&] {
+                 if constexpr (NB == 1) load_nw(nw, ds_norm(s, l + 1, 0), H);
+             }));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
