@@ -405,8 +405,14 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
     ds_walk pw;
     pw.p = 0;
     walk_phase(a, pw);
+    const uint16_t *w_next = phase_mat(a.s, 0).w;
     for (int p = 0; p < NP; p++) {
-        const ds_mat m = phase_mat(a.s, p);
+        ds_mat m = phase_mat(a.s, p);
+        /* the matrix's address was loaded a phase ahead: the layer table is
+         * an L2 round trip away (every grid barrier's acquire spin
+         * invalidates L1), which the phase's first copy would wait for */
+        m.w = w_next;
+        if (p + 1 < NP) w_next = phase_mat(a.s, p + 1).w;
         const int U = m.N / DS_ROWS, S = static_units(U, a);
         int u = (int)((int64_t)blockIdx.x * S / a.grid), u_end = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
         bool dyn = false;
