@@ -1060,7 +1060,7 @@ __device__ __forceinline__ void load_kv_rows(lane_row<DPL> (&kr)[ATT_UNROLL], la
  * are at most as many items as blocks (splits = grid / nkv), or, with more
  * kv heads than blocks, one split per kv head, which is its own merger. */
 #define MERGE_BATCH 8
-template <int HD>
+template <int HD, bool TOGETHER>
 __device__ void merge_head(const ds_ws &ws, uint16_t *out, int kvh, int item0, int g, int G, int NS, unsigned tag,
                            uint8_t *scratch) {
     constexpr int R = DS_CONSUMERS * 32 / HD; /* threads per dimension */
@@ -1073,7 +1073,31 @@ __device__ void merge_head(const ds_ws &ws, uint16_t *out, int kvh, int item0, i
 #pragma unroll
     for (int k = 0; k < MERGE_BATCH; k++)
         if (r + k * R < NS) x[k] = ll_load(o + (int64_t)(r + k * R) * G * HD);
-    if (t < 2 * NS) {
+    if constexpr (TOGETHER) {
+        /* The (max, sum) word and the first batch of outputs polled
+         * together, every stale one reloaded each round: the last split's
+         * words are found one round trip after they land, where polled one
+         * after the other its outputs (loaded before its (max, sum) had
+         * landed) took another round trip. Only with at most two query
+         * heads per kv head: with four, twice as many blocks merge, and
+         * their polls cost more than the round trip (qwen3-0.6b 0.777 ->
+         * 0.767 ms, qwen3-4b 3.057 -> 3.072; bench/RESULTS.md, seventeenth
+         * session). */
+        const int tm = t < 2 * NS ? t : 0;
+        const unsigned long long *w = ws.ml + (((int64_t)item0 + tm / 2) * G + g) * 2 + (tm & 1);
+        unsigned long long mw = t < 2 * NS ? ll_load(w) : 0;
+        for (;;) {
+            bool stale = t < 2 * NS && (unsigned)(mw >> 32) != tag;
+#pragma unroll
+            for (int k = 0; k < MERGE_BATCH; k++) stale |= r + k * R < NS && (unsigned)(x[k] >> 32) != tag;
+            if (!stale) break;
+            if (t < 2 * NS && (unsigned)(mw >> 32) != tag) mw = ll_load(w);
+#pragma unroll
+            for (int k = 0; k < MERGE_BATCH; k++)
+                if (r + k * R < NS && (unsigned)(x[k] >> 32) != tag) x[k] = ll_load(o + (int64_t)(r + k * R) * G * HD);
+        }
+        if (t < 2 * NS) (t & 1 ? l : m)[t / 2] = __uint_as_float((unsigned)mw);
+    } else if (t < 2 * NS) {
         const unsigned long long *w = ws.ml + (((int64_t)item0 + t / 2) * G + g) * 2 + (t & 1);
         (t & 1 ? l : m)[t / 2] = ll_value(ll_load(w), w, tag);
     }
@@ -1349,7 +1373,7 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
         ds_lap(tr, TR_ATT_PUBLISH, tl);
         if (as) as[4] = tl;
         for (int g = split; g < G; g += NS)
-            merge_head<HD>(ws, s.attn + (NB == 1 ? 0 : (int64_t)b * q_dim), kvh, it - split, g, G, NS, tag, scratch);
+            merge_head<HD, G <= 2>(ws, s.attn + (NB == 1 ? 0 : (int64_t)b * q_dim), kvh, it - split, g, G, NS, tag, scratch);
         ds_lap(tr, TR_ATT_MERGE, tl);
         if (as) as[5] = tl;
     }
