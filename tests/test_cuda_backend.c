@@ -9,6 +9,8 @@
  *    greedy tokens as each decoded alone, and logits within bf16 noise;
  *  - batch-1 decode as one persistent kernel matches the chain of kernels
  *    at real layer widths and context lengths 1..1000;
+ *  - the one-kernel step's own greedy pick: the host's argmax and
+ *    log-softmax of the same logits, the sampling kernels' choice;
  *  - nothing is allocated on the device after startup. */
 #include <jansson.h>
 #include <math.h>
@@ -617,6 +619,116 @@ static void test_engine_real_shape(void **state) {
     rp_engine_destroy(e);
 }
 
+/* One decode step of nb sequences, sampled on the device with every row
+ * greedy and top logprobs each: tokens and logprobs. */
+static void sampled_batch(setup *s, const int *rows, const int *n, const int32_t *next, int nb, int top, int32_t *tok,
+                          float *lp) {
+    rp_err err;
+    rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 4, 4);
+    rp_batch_begin(bb);
+    for (int b = 0; b < nb; b++) assert_true(rp_batch_add(bb, rows[b], &next[b], 1, n[b], 1) >= 0);
+    rp_batch *bt = rp_batch_finish(bb);
+    rp_sample_params sp[4];
+    memset(sp, 0, sizeof sp); /* temperature 0: greedy */
+    for (int b = 0; b < nb; b++) sp[b].top_logprobs = top;
+    bt->sample = sp;
+    if (rp_backend_forward(s->be, bt, &err)) fail_msg("sampled decode: %s", err.msg);
+    rp_top_logprobs tl[4];
+    if (s->be->ops->read_tokens(s->be, tok, lp, tl, &err)) fail_msg("read_tokens: %s", err.msg);
+    rp_batch_builder_free(bb);
+}
+
+/* The one-kernel step's own greedy pick (one sequence, greedy, no top
+ * logprobs: no sampling kernel runs), and 3 sequences through the same
+ * graphs with the sampling kernels: the host's
+ * argmax (lowest id on ties) of the same step's logits and the sampling
+ * kernels' token (asked for top logprobs, so they run); logprobs within
+ * 1e-4 of the host's double log-softmax, bit-identical between a graph
+ * replay and an eager run. */
+static void test_greedy_pick(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    /* untied: the lm_head's random rows are scaled like the other
+     * matrices', so the logits spread over a few units and the logprob is
+     * far from 0 (the tied embedding's logits reach hundreds: logprob -0);
+     * 3 sequences where one kernel runs them */
+    const struct {
+        const char *name;
+        int untie, max_nb;
+    } shapes[] = {{"qwen3-0.6b", 1, 3}, {"qwen3-0.6b", 0, 3}, {"qwen3-4b", 0, 1}, {"llama3-8b", 0, 1}};
+    const int lens[3] = {7, 100, 1};
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        const char *name = shapes[k].name;
+        rp_model_config cfg;
+        rp_err cerr;
+        if (rp_config_preset(&cfg, name, &cerr)) fail_msg("%s", cerr.msg);
+        cfg.num_layers = 2;
+        if (shapes[k].untie) cfg.tie_word_embeddings = 0;
+        rp_load_options lo = {.seed = 11, .lazy_dummy = 1};
+        rp_model *m = rp_model_dummy_from_config(&cfg, &lo, &cerr);
+        if (!m) fail_msg("%s: %s", name, cerr.msg);
+        const int V = m->cfg.vocab_size;
+        setup one;
+        make(&one, m, 1, 4, 1024 + 16, 1);
+        float *logits = malloc((size_t)4 * V * 4), *scratch = malloc((size_t)V * 4);
+        int32_t *prompt = malloc(128 * 4);
+        int rows[3], n[3];
+        int32_t next[3];
+        for (int b = 0; b < 3; b++) {
+            n[b] = lens[b];
+            for (int i = 0; i < n[b]; i++) prompt[i] = (int32_t)((i * 7919 + b * 131 + (int)k) % V);
+            next[b] = (int32_t)((n[b] * 104729 + b) % V);
+            rows[b] = prefill_row(&one, prompt, n[b], scratch);
+        }
+        rp_backend_stats st0, st1;
+        one.be->ops->stats(one.be, &st0);
+        int picks = 0;
+        for (int nb = 1; nb <= shapes[k].max_nb; nb += 2) {
+            one.be->ops->set_graphs(one.be, 0);
+            batch_decode_step(&one, rows, n, next, nb, logits);
+            int32_t th[3], tg[3], te[3], tk[3];
+            float lh[3], lg[3], le[3], lk[3];
+            for (int b = 0; b < nb; b++) {
+                const float *row = logits + (size_t)b * V;
+                int best = 0;
+                for (int i = 1; i < V; i++)
+                    if (row[i] > row[best]) best = i;
+                double sum = 0.0;
+                for (int i = 0; i < V; i++) sum += exp((double)row[i] - row[best]);
+                th[b] = best;
+                lh[b] = (float)-log(sum);
+            }
+            one.be->ops->set_graphs(one.be, 1);
+            sampled_batch(&one, rows, n, next, nb, 0, tg, lg);
+            one.be->ops->set_graphs(one.be, 0);
+            sampled_batch(&one, rows, n, next, nb, 0, te, le);
+            sampled_batch(&one, rows, n, next, nb, 1, tk, lk);
+            picks += nb == 1 ? 2 : 0; /* the kernel picks for one sequence; 3 take the sampling kernels */
+            for (int b = 0; b < nb; b++) {
+                printf("%s, %d sequences, row %d: token %d, logprob host %.7g, pick %.7g, sampling kernel %.7g\n",
+                       name, nb, b, th[b], lh[b], lg[b], lk[b]);
+                if (tg[b] != th[b] || te[b] != th[b] || tk[b] != th[b])
+                    fail_msg("%s row %d: tokens host %d, graph %d, eager %d, sampling kernel %d", name, b, th[b], tg[b],
+                             te[b], tk[b]);
+                if (memcmp(&lg[b], &le[b], 4)) fail_msg("%s row %d: the pick's logprob graph %.9g vs eager %.9g",
+                                                        name, b, lg[b], le[b]);
+                if (!(fabs(lg[b] - lh[b]) < 1e-4 && fabs(lk[b] - lh[b]) < 1e-4))
+                    fail_msg("%s row %d: logprob host %.7g, pick %.7g, sampling kernel %.7g", name, b, lh[b], lg[b],
+                             lk[b]);
+            }
+        }
+        one.be->ops->stats(one.be, &st1);
+        assert_int_equal(st1.decode_step_picks - st0.decode_step_picks, picks);
+        if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
+        for (int b = 0; b < 3; b++) rp_page_table_release_row(one.table, rows[b]);
+        free(logits);
+        free(scratch);
+        free(prompt);
+        unmake(&one);
+        rp_model_free(m);
+    }
+}
+
 int main(void) {
     if (!have_gpu()) printf("no CUDA device: the GPU tests are skipped\n");
     const struct CMUnitTest tests[] = {
@@ -624,6 +736,7 @@ int main(void) {
         cmocka_unit_test(test_graph_equals_eager),
         cmocka_unit_test(test_decode_step),
         cmocka_unit_test(test_decode_step_batch),
+        cmocka_unit_test(test_greedy_pick),
         cmocka_unit_test(test_engine_real_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

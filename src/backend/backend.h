@@ -66,6 +66,7 @@ typedef struct rp_backend_stats {
     uint64_t forwards;
     uint64_t graph_replays;      /* forwards that were one CUDA graph replay */
     uint64_t decode_step_forwards; /* batch-1 decode steps run as one persistent kernel */
+    uint64_t decode_step_picks;    /* of those, sampled by the kernel's own greedy pick */
     uint64_t device_allocs;      /* device allocations since the backend finished starting */
     double last_gpu_ms;          /* device time of the last forward (CUDA events) */
     /* host time of the last forward: packing the metadata block, enqueueing

@@ -370,13 +370,15 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
 /* How many sequences the forward decodes as one persistent kernel: S when
  * it is S sequences of one token each, every one with logits, and
  * rp_k_decode_step takes that many on this model and device; else 0. */
-static int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logits, int decode) {
+int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logits, int decode) {
     return decode && T == S && num_logits == S && S <= 4 && (cb->decode_step_ok >> (S == 3 ? 4 : S) & 1) ? S : 0;
 }
 
 /* Enqueues one forward over the metadata block: T tokens of S sequences,
- * logits for num_logits rows, sampled when sample is set. Only device
- * pointers and shapes: the same call is run eagerly and captured. */
+ * logits for num_logits rows, sampled when sample is set (RP_SAMPLE_PICK:
+ * every row greedy with no top logprobs, which the one-kernel step picks
+ * itself). Only device pointers and shapes: the same call is run eagerly
+ * and captured. */
 int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len,
                            int sample, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
@@ -387,11 +389,16 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     const float eps = (float)c->rms_norm_eps;
     cb->prof_n = 0;
     /* 1 to 4 sequences of one token: the whole step is one persistent
-     * kernel (kernels/decode_step.cu), then sampling. */
+     * kernel (kernels/decode_step.cu), then sampling, unless the kernel
+     * picked greedily: a kernel boundary after it costs ~15 us a step
+     * (qwen3-0.6b 0.762 -> 0.746 ms without the sampling kernels;
+     * bench/RESULTS.md, eighteenth session). */
     if (rp_cuda_decode_step_nb(cb, T, S, num_logits, decode)) {
-        prof_mark(cb, "decode step (one kernel)");
-        RP_LAUNCH(rp_k_decode_step(&cb->ds, S, cb->num_sms, st), err);
-        if (sample && launch_sample(cb, num_logits, err)) return RP_ERR;
+        const int pick =
+            sample == RP_SAMPLE_PICK && cb->decode_step_pick && rp_decode_step_pick_ok(&cb->ds, S, cb->num_sms);
+        prof_mark(cb, pick ? "decode step (one kernel, greedy pick)" : "decode step (one kernel)");
+        RP_LAUNCH(rp_k_decode_step(&cb->ds, S, cb->num_sms, pick, st), err);
+        if (sample && !pick && launch_sample(cb, num_logits, err)) return RP_ERR;
         prof_mark(cb, NULL);
         return 0;
     }
@@ -465,8 +472,11 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     cb->h_tokens = cb->h_tokens_slot[slot];
     cb->h_logprobs = cb->h_logprobs_slot[slot];
     cb->slot_top[slot] = 0;
-    for (int i = 0; sample && i < bt->num_logits && !cb->slot_top[slot]; i++)
-        cb->slot_top[slot] = bt->sample[i].top_logprobs > 0;
+    int greedy = sample;
+    for (int i = 0; sample && i < bt->num_logits; i++) {
+        if (bt->sample[i].top_logprobs > 0) cb->slot_top[slot] = 1;
+        if (bt->sample[i].top_logprobs > 0 || bt->sample[i].temperature != 0.0f) greedy = 0;
+    }
     cb->ev_start = cb->ev_start_slot[slot];
     cb->ev_end = cb->ev_end_slot[slot];
     cb->slot_sampled[slot] = sample;
@@ -479,15 +489,20 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     if (rp_cuda_pack_and_upload(cb, bt, g ? g->batch_size : S, err)) return RP_ERR;
     double t1 = rp_now_s();
     cb->last_decode_step = rp_cuda_decode_step_nb(cb, T, S, bt->num_logits, decode);
+    greedy = greedy && cb->last_decode_step && cb->decode_step_pick &&
+             rp_decode_step_pick_ok(&cb->ds, S, cb->num_sms) && (!g || g->exec_pick);
     if (cb->last_decode_step) cb->stats.decode_step_forwards++;
+    if (greedy) cb->stats.decode_step_picks++;
     if (g) {
-        RP_CUDA_TRY(cudaGraphLaunch(g->exec, cb->stream), err);
+        RP_CUDA_TRY(cudaGraphLaunch(greedy && g->exec_pick ? g->exec_pick : g->exec, cb->stream), err);
         cb->stats.graph_replays++;
     } else {
         int max_q = 0;
         for (int s = 0; s < S; s++)
             if (bt->seq_start[s + 1] - bt->seq_start[s] > max_q) max_q = bt->seq_start[s + 1] - bt->seq_start[s];
-        if (rp_cuda_launch_forward(cb, T, S, bt->num_logits, decode, max_q, sample, err)) return RP_ERR;
+        if (rp_cuda_launch_forward(cb, T, S, bt->num_logits, decode, max_q,
+                                   greedy ? RP_SAMPLE_PICK : sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
+            return RP_ERR;
     }
     if (sample) {
         /* tokens and logprobs in one copy: two rows of the 2-D layout */
@@ -530,10 +545,10 @@ int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_
     RP_CUDA_TRY(cudaSetDevice(cb->device), err);
     /* the slots' events are free: no forward is in flight */
     cudaEvent_t e0 = cb->ev_start_slot[0], e1 = cb->ev_end_slot[0];
-    for (int i = 0; i < 3; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, nb, cb->num_sms, cb->stream), err);
+    for (int i = 0; i < 3; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, nb, cb->num_sms, 0, cb->stream), err);
     for (int r = 0; r < reps; r++) {
         RP_CUDA_TRY(cudaEventRecord(e0, cb->stream), err);
-        for (int i = 0; i < inner; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, nb, cb->num_sms, cb->stream), err);
+        for (int i = 0; i < inner; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, nb, cb->num_sms, 0, cb->stream), err);
         RP_CUDA_TRY(cudaEventRecord(e1, cb->stream), err);
         RP_CUDA_TRY(cudaEventSynchronize(e1), err);
         RP_CUDA_TRY(cudaEventElapsedTime(&ms[r], e0, e1), err);
@@ -790,6 +805,8 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
     uint8_t *d = cb->d_meta;
     const char *env = getenv("REPLAY_DECODE_STEP");
     if (env && !strcmp(env, "0")) return 0;
+    env = getenv("REPLAY_DECODE_STEP_PICK");
+    cb->decode_step_pick = !(env && !strcmp(env, "0"));
     rp_decode_layer *h = calloc((size_t)c->num_layers, sizeof *h);
     if (!h) return rp_errf(err, "out of memory");
     for (int l = 0; l < c->num_layers; l++) {
@@ -830,6 +847,8 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
         .positions = META(cb, d, off_positions, int32_t),
         .slots = META(cb, d, off_slots, int32_t),
         .prev_sampled = cb->d_tokens,
+        .pick_tokens = cb->d_tokens,
+        .pick_logprobs = cb->d_logprobs,
         .meta = device_attn_meta(cb),
         .k_cache = cb->k_cache,
         .v_cache = cb->v_cache,

@@ -19,6 +19,10 @@ typedef struct rp_cuda_graph {
     int batch_size;
     int splits;
     cudaGraphExec_t exec;
+    /* where the bucket runs the one-kernel step: the same step with the
+     * greedy pick inside the kernel and no sampling kernels, for batches
+     * that sample greedily and ask for no top logprobs (RP_SAMPLE_PICK) */
+    cudaGraphExec_t exec_pick;
 } rp_cuda_graph;
 
 #define RP_MAX_GRAPHS 64
@@ -56,6 +60,7 @@ typedef struct rp_cuda_backend {
      * (rp_k_decode_step) where bit nb (4 for 3) of decode_step_ok is set;
      * REPLAY_DECODE_STEP=0 turns it off */
     int decode_step_ok;
+    int decode_step_pick; /* the one-kernel step may pick greedily (REPLAY_DECODE_STEP_PICK=0: never) */
     rp_decode_step ds;
     rp_decode_layer *d_layers;
     void *ds_ws;
@@ -106,8 +111,13 @@ typedef struct rp_cuda_backend {
     int last_decode_step; /* the last forward ran rp_k_decode_step for this many sequences, or 0 */
 } rp_cuda_backend;
 
+/* rp_cuda_launch_forward's sample: none, the sampling kernels, or (every
+ * row greedy, no top logprobs) the one-kernel step's own pick where it
+ * runs, else the sampling kernels */
+enum { RP_SAMPLE_NONE, RP_SAMPLE_KERNELS, RP_SAMPLE_PICK };
 int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len, int sample,
                            rp_err *err);
+int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logits, int decode);
 int rp_cuda_pack_and_upload(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, rp_err *err);
 int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs);
 

@@ -1,7 +1,9 @@
 /* Decode CUDA graphs, one per batch-size bucket (mini-sglang's GraphRunner).
  *
  * At startup each bucket's whole decode step (embedding, every layer,
- * lm_head, sampling) is captured once over the fixed metadata block, so a
+ * lm_head, sampling) is captured once over the fixed metadata block (twice
+ * where the step is one kernel: with the sampling kernels, and with the
+ * kernel's own greedy pick for batches that need nothing else), so a
  * decode step later costs one metadata copy and one cudaGraphLaunch. A batch
  * of S sequences replays the smallest bucket >= S, padded with one-token
  * dummy sequences whose KV reads and writes go to the dummy page. All graphs
@@ -34,6 +36,28 @@ static int dummy_step(rp_cuda_backend *cb, int bs, rp_err *err) {
     return rp_cuda_pack_and_upload(cb, &empty, bs, err);
 }
 
+/* Warm-up (eager), capture, instantiate and a dry run of one bucket's step
+ * with the given sampling (rp_cuda_launch_forward's sample). */
+static int capture_step(rp_cuda_backend *cb, int bs, int sample, cudaGraphExec_t *exec, rp_err *err) {
+    if (dummy_step(cb, bs, err)) return RP_ERR;
+    if (rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, sample, err)) return RP_ERR;
+    RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
+    cudaGraph_t graph;
+    RP_CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), err);
+    cb->capturing = 1;
+    int rc = rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, sample, err);
+    cb->capturing = 0;
+    cudaError_t ce = cudaStreamEndCapture(cb->stream, &graph);
+    if (rc) return rp_err_wrap(err, "capturing the decode graph for batch size %d", bs);
+    RP_CUDA_TRY(ce, err);
+    ce = cudaGraphInstantiate(exec, graph, 0);
+    cudaGraphDestroy(graph);
+    RP_CUDA_TRY(ce, err);
+    RP_CUDA_TRY(cudaGraphLaunch(*exec, cb->stream), err);
+    RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
+    return 0;
+}
+
 int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
     const rp_backend_config *bc = &cb->base.cfg;
     int sizes[RP_MAX_GRAPHS], n = 0;
@@ -64,24 +88,11 @@ int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
         rp_cuda_graph *g = &cb->graphs[i];
         g->batch_size = bs;
         g->splits = rp_cuda_decode_splits(cb, bs);
-        if (dummy_step(cb, bs, err)) return RP_ERR;
-        /* warm-up, eager */
-        if (rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, 1, err)) return RP_ERR;
-        RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
-        cudaGraph_t graph;
-        RP_CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), err);
-        cb->capturing = 1;
-        int rc = rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, 1, err);
-        cb->capturing = 0;
-        cudaError_t ce = cudaStreamEndCapture(cb->stream, &graph);
-        if (rc) return rp_err_wrap(err, "capturing the decode graph for batch size %d", bs);
-        RP_CUDA_TRY(ce, err);
-        ce = cudaGraphInstantiate(&g->exec, graph, 0);
-        cudaGraphDestroy(graph);
-        RP_CUDA_TRY(ce, err);
-        /* dry run of the instantiated graph */
-        RP_CUDA_TRY(cudaGraphLaunch(g->exec, cb->stream), err);
-        RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
+        if (capture_step(cb, bs, RP_SAMPLE_KERNELS, &g->exec, err)) return RP_ERR;
+        /* the bucket's greedy variant, where its step is one kernel */
+        if (rp_cuda_decode_step_nb(cb, bs, bs, bs, 1) && cb->decode_step_pick &&
+            rp_decode_step_pick_ok(&cb->ds, bs, cb->num_sms) && capture_step(cb, bs, RP_SAMPLE_PICK, &g->exec_pick, err))
+            return RP_ERR;
         cb->num_graphs++;
         rp_progress_add(&prog, 1);
         if (prog.enabled) {
@@ -107,7 +118,9 @@ const rp_cuda_graph *rp_cuda_graph_find(const rp_cuda_backend *cb, int num_seqs)
 }
 
 void rp_cuda_graphs_destroy(rp_cuda_backend *cb) {
-    for (int i = 0; i < RP_MAX_GRAPHS; i++)
+    for (int i = 0; i < RP_MAX_GRAPHS; i++) {
         if (cb->graphs[i].exec) cudaGraphExecDestroy(cb->graphs[i].exec);
+        if (cb->graphs[i].exec_pick) cudaGraphExecDestroy(cb->graphs[i].exec_pick);
+    }
     cb->num_graphs = 0;
 }

@@ -161,6 +161,10 @@ typedef struct rp_decode_step {
     size_t kv_layer_elems;
     float *residual; /* [nb][H] */
     float *logits;   /* [nb][V] */
+    /* the greedy pick's outputs (rp_k_decode_step's greedy): token and
+     * logprob per sequence, where the sampling kernels leave theirs */
+    int32_t *pick_tokens;
+    float *pick_logprobs;
     rp_bf16 *qkv, *attn, *act;
     void *workspace; /* rp_decode_step_workspace_bytes(), zeroed once */
     /* NULL, or [grid][RP_DECODE_STEP_TRACE_STRIDE] u64 per block of the
@@ -182,7 +186,13 @@ size_t rp_decode_step_workspace_bytes(int nh, int nkv);
  * per sequence as 3 padded to 4). */
 const char *rp_decode_step_check(const rp_decode_step *s);
 const char *rp_decode_step_check_device(const rp_decode_step *s, int nb, int num_sms);
-int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, cudaStream_t stream);
+/* greedy: every sequence's token is its logits' argmax (lowest id on
+ * ties), picked inside the kernel with its logprob (pick_tokens,
+ * pick_logprobs; as rp_k_sample_kept leaves them for greedy rows), so no
+ * sampling kernel needs to follow. */
+int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, int greedy, cudaStream_t stream);
+/* Whether rp_k_decode_step can pick greedily for nb sequences. */
+int rp_decode_step_pick_ok(const rp_decode_step *s, int nb, int num_sms);
 /* Per block: RP_DECODE_STEP_TRACE_SLOTS totals, then from slot 16 the
  * %globaltimer (ns) at which it arrived at and left grid barrier k (slots
  * 16 + 2k and 16 + 2k + 1; five barriers per layer), then from

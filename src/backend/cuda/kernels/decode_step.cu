@@ -51,6 +51,7 @@
  * Requirements (rp_decode_step_check): head_dim 64 or 128, GQA group 1/2/4/8,
  * hidden, q and intermediate sizes multiples of 256, hidden <= 8192, row
  * counts multiples of 8. Anything else runs the chain of kernels. */
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -91,6 +92,7 @@ static_assert(DS_CONSUMER_REGS * DS_CONSUMERS * 32 + DS_PRODUCER_REGS * 128 <= D
 #define DS_MAX_STAGES 16
 #define DS_MAX_H 8192               /* stage_norm keeps the row in registers */
 #define DS_MAX_PHASES (4 * 128 + 1) /* 128 layers */
+#define DS_PICK_MAX_GRID 1024 /* blocks whose pick partials the workspace holds */
 
 struct ds_args {
     rp_decode_step s;
@@ -176,6 +178,9 @@ struct ds_ws {
     unsigned long long *ml; /* [nkv * splits][G][2]: running max, sum */
     unsigned *sync, *exitc, *launch;
     unsigned *claim; /* [DS_MAX_PHASES]: dynamic units taken per phase */
+    /* the greedy pick (decode_step_kernel's PK): each block's (max, sum, key) of
+     * its slice of each sequence's logits (pick_slice, pick_finish) */
+    float4 *pick; /* [DS_PICK_MAX_GRID][4] */
 };
 
 __host__ __device__ static inline ds_ws ds_ws_at(void *base, int nh) {
@@ -189,6 +194,9 @@ __host__ __device__ static inline ds_ws ds_ws_at(void *base, int nh) {
     w.exitc = w.sync + 4;
     w.launch = w.sync + 5;
     w.claim = w.sync + 8;
+    p = (uint8_t *)(w.claim + DS_MAX_PHASES);
+    p = (uint8_t *)(((uintptr_t)p + 15) & ~(uintptr_t)15);
+    w.pick = (float4 *)p;
     return w;
 }
 
@@ -242,6 +250,103 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
 
 /* The eight consumer warps' barrier (the producer never joins). */
 __device__ __forceinline__ void cbar(void) { asm volatile("bar.sync 1, %0;" ::"n"(DS_CONSUMERS * 32) : "memory"); }
+
+/* ---- the greedy pick: the token chosen inside the step ------------------ */
+
+/* The sampler's view of a logit (sample.cu): NaN never wins, +inf is the
+ * largest finite value, -0 is +0 (ties go by id). */
+__device__ __forceinline__ float pick_sanitize(float x) {
+    if (isnan(x)) return -INFINITY;
+    if (x == INFINITY) return FLT_MAX;
+    return x == 0.0f ? 0.0f : x;
+}
+/* Unsigned order of floats: a larger key is a larger logit. */
+__device__ __forceinline__ unsigned pick_order(float x) {
+    const unsigned u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+__device__ __forceinline__ float pick_unorder(unsigned o) {
+    return __uint_as_float((o & 0x80000000u) ? o & 0x7fffffffu : ~o);
+}
+__device__ __forceinline__ unsigned long long pick_max(unsigned long long a, unsigned long long b) {
+    return a > b ? a : b;
+}
+
+/* After the barrier that follows lm_head, this block's fixed slice
+ * [blk V / grid, (blk + 1) V / grid) of each sequence's logits (at most
+ * DS_PICK_PER_THREAD per consumer thread, kept in registers): its best
+ * (logit, ~id) key, so the largest logit and its lowest id win, and the sum
+ * of exp(x - max), both in a fixed order, into the workspace. So the pick
+ * does not depend on which block took which lm_head unit, and a replay
+ * picks bit-identically to an eager run. scratch: 32 floats (the matrix
+ * phases' partial sums, free by then). */
+#define DS_PICK_PER_THREAD 8
+__device__ void pick_slice(const rp_decode_step &s, const ds_ws &ws, int nb, int grid, float *scratch) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, NT = DS_CONSUMERS * 32;
+    const int i0 = (int)((int64_t)blockIdx.x * s.V / grid), i1 = (int)((int64_t)(blockIdx.x + 1) * s.V / grid);
+    unsigned long long *wkey = reinterpret_cast<unsigned long long *>(scratch + 16);
+    for (int b = 0; b < nb; b++) {
+        const float *row = s.logits + (int64_t)b * s.V;
+        float x[DS_PICK_PER_THREAD];
+        unsigned long long key = 0;
+#pragma unroll
+        for (int j = 0; j < DS_PICK_PER_THREAD; j++) {
+            const int i = i0 + t + j * NT;
+            x[j] = i < i1 ? pick_sanitize(__ldcg(row + i)) : -INFINITY;
+            if (i < i1) key = pick_max(key, (unsigned long long)pick_order(x[j]) << 32 | (unsigned)~i);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) key = pick_max(key, __shfl_xor_sync(RP_FULL_MASK, key, o));
+        if (lane == 0) wkey[warp] = key;
+        cbar();
+        for (int w = 0; w < DS_CONSUMERS; w++) key = pick_max(key, wkey[w]);
+        const float mx = key ? pick_unorder((unsigned)(key >> 32)) : -INFINITY;
+        float e = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DS_PICK_PER_THREAD; j++)
+            if (x[j] != -INFINITY) e += expf(x[j] - mx);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) e += __shfl_xor_sync(RP_FULL_MASK, e, o);
+        if (lane == 0) scratch[warp] = e;
+        cbar();
+        if (t == 0) {
+            float sum = 0.0f;
+            for (int w = 0; w < DS_CONSUMERS; w++) sum += scratch[w];
+            ws.pick[blockIdx.x * 4 + b] = make_float4(mx, sum, __uint_as_float((unsigned)key),
+                                                      __uint_as_float((unsigned)(key >> 32)));
+        }
+        cbar(); /* scratch is free again */
+    }
+}
+
+/* Warp 0 of the last block out, after every block's pick_slice: the token
+ * and its logprob (log-softmax at temperature 1, as the sampler reports
+ * it) per sequence; the blocks' sums rescaled to the row's max and added
+ * in block order. */
+__device__ void pick_finish(const rp_decode_step &s, const ds_ws &ws, int nb, int grid) {
+    const int lane = threadIdx.x & 31;
+    for (int b = 0; b < nb; b++) {
+        unsigned long long key = 0;
+        for (int j = lane; j < grid; j += 32) {
+            const float4 p = __ldcg(ws.pick + j * 4 + b);
+            key = pick_max(key, (unsigned long long)__float_as_uint(p.w) << 32 | __float_as_uint(p.z));
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) key = pick_max(key, __shfl_xor_sync(RP_FULL_MASK, key, o));
+        const float mx = pick_unorder((unsigned)(key >> 32));
+        double sum = 0.0;
+        for (int j = lane; j < grid && mx != -INFINITY; j += 32) {
+            const float4 p = __ldcg(ws.pick + j * 4 + b);
+            if (p.y > 0.0f) sum += (double)p.y * exp((double)p.x - (double)mx);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(RP_FULL_MASK, sum, o);
+        if (lane == 0) {
+            s.pick_tokens[b] = mx == -INFINITY ? 0 : (int32_t)~(unsigned)key;
+            s.pick_logprobs[b] = mx == -INFINITY ? -INFINITY : (float)-log(sum);
+        }
+    }
+}
 
 __device__ __forceinline__ uint16_t ld_cg_u16(const uint16_t *p) {
     uint16_t v;
@@ -1383,7 +1488,11 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
  * other has none of that code, which alone makes it 0.4-2.7% faster.
  * NB: sequences decoded together (1, 2 or 4, one token each), all through
  * the same weight stream. */
-template <int G, int HD, int NB, bool TRACE, bool DYNK>
+/* PK: every sequence samples greedily and asks for no top logprobs, so
+ * the kernel picks the token itself (pick_slice, pick_finish) and no
+ * sampling kernel follows; a kernel of its own, so that the others keep
+ * their code. */
+template <int G, int HD, int NB, bool TRACE, bool DYNK, bool PK = false>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
     extern __shared__ __align__(128) uint8_t smem[];
     const ds_layout Lo = ds_plan(a.stages, a.kmax, G, 4 * a.s.num_layers + 1, a.keep_res ? a.s.H : 0, NB,
@@ -1534,17 +1643,33 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         for (int k = 0; k <= TR_PIECES; k++)
             if (k != TR_WAIT_EMPTY && k != TR_PIECES) s.trace[blockIdx.x * TR_N + k] = tr[k];
     }
+    /* The greedy pick: every block's logits are in after one more barrier
+     * (not traced: the trace has five per layer). */
+    if constexpr (PK) {
+        grid_sync(ws.sync, target, a.grid, nullptr, [] {});
+        pick_slice(s, ws, nb, a.grid, part);
+    }
     /* The last block out puts the barrier back to 0 for the next launch:
-     * every block has passed its last grid barrier before it counts here. */
+     * every block has passed its last grid barrier before it counts here.
+     * With the pick it also finishes it: thread 0's fence releases its
+     * block's slice (written by thread 0), the last block's fence after
+     * the count acquires everyone's. */
     cbar();
-    if (threadIdx.x == 0) {
-        const unsigned prev = atomicAdd(ws.exitc, 1u);
-        if (prev == (unsigned)a.grid - 1) {
-            *ws.sync = 0;
-            *ws.exitc = 0;
-            *ws.launch += 1; /* every block read it at its start */
-            ws.claim[4 * L] = 0;
+    if (warp == 0) {
+        unsigned last = 0;
+        if (lane == 0) {
+            if (PK) __threadfence();
+            const unsigned prev = atomicAdd(ws.exitc, 1u);
+            last = prev == (unsigned)a.grid - 1;
+            if (last) {
+                *ws.sync = 0;
+                *ws.exitc = 0;
+                *ws.launch += 1; /* every block read it at its start */
+                ws.claim[4 * L] = 0;
+                if (PK) __threadfence();
+            }
         }
+        if (PK && __shfl_sync(RP_FULL_MASK, last, 0)) pick_finish(s, ws, nb, a.grid);
     }
 }
 
@@ -1558,7 +1683,7 @@ extern "C" const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLO
 extern "C" size_t rp_decode_step_workspace_bytes(int nh, int nkv) {
     (void)nkv;
     ds_ws w = ds_ws_at(nullptr, nh);
-    return (size_t)((uint8_t *)(w.claim + DS_MAX_PHASES) - (uint8_t *)nullptr);
+    return (size_t)((uint8_t *)(w.pick + DS_PICK_MAX_GRID * 4) - (uint8_t *)nullptr);
 }
 
 static int kmax_of(const rp_decode_step *s) {
@@ -1633,11 +1758,11 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
 
 typedef void (*ds_kernel_fn)(const ds_args);
 
-#define DS_KERNELS(NB, T, P)                                                                                           \
-    {{decode_step_kernel<1, 64, NB, T, P>, decode_step_kernel<2, 64, NB, T, P>, decode_step_kernel<4, 64, NB, T, P>,  \
-      decode_step_kernel<8, 64, NB, T, P>},                                                                            \
-     {decode_step_kernel<1, 128, NB, T, P>, decode_step_kernel<2, 128, NB, T, P>,                                      \
-      decode_step_kernel<4, 128, NB, T, P>, decode_step_kernel<8, 128, NB, T, P>}}
+#define DS_KERNELS(NB, T, P, K)                                                                                        \
+    {{decode_step_kernel<1, 64, NB, T, P, K>, decode_step_kernel<2, 64, NB, T, P, K>,                                  \
+      decode_step_kernel<4, 64, NB, T, P, K>, decode_step_kernel<8, 64, NB, T, P, K>},                                 \
+     {decode_step_kernel<1, 128, NB, T, P, K>, decode_step_kernel<2, 128, NB, T, P, K>,                                \
+      decode_step_kernel<4, 128, NB, T, P, K>, decode_step_kernel<8, 128, NB, T, P, K>}}
 
 /* The kernel for a GQA group, head size and sequence count, with or
  * without the trace (one sequence only), its dynamic shared memory limit
@@ -1645,13 +1770,16 @@ typedef void (*ds_kernel_fn)(const ds_args);
  * with dynamic units (ds_args.poll_ns, apace_ns); a kernel of its own, so
  * that the others keep their code as it was (qwen3-0.6b measured 1-2%
  * slower with that code compiled in and switched off: code layout). The
- * trace kernel has it, used where the knobs say. */
-static ds_kernel_fn kernel_for(int G, int HD, int nb, bool trace, bool dyn, size_t smem, cudaError_t *e) {
-    static const ds_kernel_fn fns[5][2][4] = {DS_KERNELS(1, false, false), DS_KERNELS(1, true, true),
-                                              DS_KERNELS(2, false, false), DS_KERNELS(4, false, false),
-                                              DS_KERNELS(1, false, true)};
-    static size_t set_for[5][2][4];
-    const int v = nb == 1 ? (trace ? 1 : dyn ? 4 : 0) : nb == 2 ? 2 : 3, h = HD == 128;
+ * trace kernel has it, used where the knobs say. pick: one sequence with
+ * the greedy pick (PK; the same reason, eighteenth session: +0.3% on
+ * qwen3-4b with it compiled in and switched off). */
+static ds_kernel_fn kernel_for(int G, int HD, int nb, bool trace, bool dyn, bool pick, size_t smem, cudaError_t *e) {
+    static const ds_kernel_fn fns[7][2][4] = {
+        DS_KERNELS(1, false, false, false), DS_KERNELS(1, true, true, false),  DS_KERNELS(2, false, false, false),
+        DS_KERNELS(4, false, false, false), DS_KERNELS(1, false, true, false), DS_KERNELS(1, false, false, true),
+        DS_KERNELS(1, false, true, true)};
+    static size_t set_for[7][2][4];
+    const int v = nb == 1 ? (trace ? 1 : pick ? (dyn ? 6 : 5) : dyn ? 4 : 0) : nb == 2 ? 2 : 3, h = HD == 128;
     const int g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
     *e = cudaSuccess;
     if (set_for[v][h][g] != smem) {
@@ -1783,7 +1911,7 @@ extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, int 
         return "the device cannot launch cooperative kernels";
     cudaError_t e;
     ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr,
-                                 a.poll_ns > 0 || a.apace_ns > 0, smem, &e);
+                                 a.poll_ns > 0 || a.apace_ns > 0, false, smem, &e);
     if (!fn || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, DS_THREADS, smem) != cudaSuccess ||
         per_sm < 1) {
         cudaGetLastError();
@@ -1792,14 +1920,23 @@ extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, int 
     return NULL;
 }
 
-extern "C" int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, cudaStream_t stream) {
+/* One sequence (the kernel with the pick is built for one only; the trace
+ * kernel has none), the workspace holds every block's pick, and a block's
+ * slice of the vocabulary fits pick_slice's registers. */
+extern "C" int rp_decode_step_pick_ok(const rp_decode_step *s, int nb, int num_sms) {
+    return nb == 1 && !s->trace && num_sms >= 1 && num_sms <= DS_PICK_MAX_GRID && !rp_decode_step_check(s) &&
+           (s->V + num_sms - 1) / num_sms <= DS_PICK_PER_THREAD * DS_CONSUMERS * 32;
+}
+
+extern "C" int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, int greedy, cudaStream_t stream) {
     ds_args a;
     size_t smem;
-    if (rp_decode_step_check(s) || num_sms <= 0 || nb < 1 || nb > 4 || make_args(s, nb, num_sms, &a, &smem))
+    if (rp_decode_step_check(s) || num_sms <= 0 || nb < 1 || nb > 4 || make_args(s, nb, num_sms, &a, &smem) ||
+        (greedy && (!s->pick_tokens || !s->pick_logprobs || !rp_decode_step_pick_ok(s, nb, num_sms))))
         return (int)cudaErrorInvalidValue;
     cudaError_t e;
     ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr,
-                                 a.poll_ns > 0 || a.apace_ns > 0, smem, &e);
+                                 a.poll_ns > 0 || a.apace_ns > 0, greedy != 0, smem, &e);
     if (!fn) return (int)e;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(a.grid);
