@@ -153,6 +153,7 @@ static int plan_meta(rp_cuda_backend *cb, rp_err *err) {
     cb->off_kv_len = o, o += S * 4;
     cb->off_page_row = o, o += S * 4;
     cb->off_logit_token = o, o += L * 4;
+    cb->off_out_slot = o, o += 4; /* which host slot the step's results go to (rp_decode_step.pick_host) */
     o = align_up(o, 16);
     cb->off_params = o, o += L * sizeof(rp_sample_params);
     o = align_up(o, 16);
@@ -197,6 +198,7 @@ static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, s
     copy_bytes_n(seq_start, bt->seq_start, (size_t)(S + 1) * 4);
     copy_bytes_n(kv_len, bt->seq_kv_len, (size_t)S * 4);
     copy_bytes_n(logit_token, bt->logit_token, (size_t)bt->num_logits * 4);
+    *META(cb, h, off_out_slot, int32_t) = cb->cur_slot;
     if (bt->sample) copy_bytes_n(params, bt->sample, (size_t)bt->num_logits * sizeof *params);
     else memset(params, 0, (size_t)bt->num_logits * sizeof *params); /* greedy */
     size_t np = 0;
@@ -504,7 +506,8 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
                                    greedy ? RP_SAMPLE_PICK : sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
             return RP_ERR;
     }
-    if (sample) {
+    /* The greedy pick wrote them into the slot's pinned buffers itself. */
+    if (sample && !greedy) {
         /* tokens and logprobs in one copy: two rows of the 2-D layout */
         const size_t pitch = (size_t)cb->max_logits * 4;
         RP_CUDA_TRY(cudaMemcpy2DAsync(cb->h_tokens, pitch, cb->d_tokens, pitch, (size_t)bt->num_logits * 4, 2,
@@ -849,6 +852,8 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
         .prev_sampled = cb->d_tokens,
         .pick_tokens = cb->d_tokens,
         .pick_logprobs = cb->d_logprobs,
+        .pick_slot = META(cb, d, off_out_slot, int32_t),
+        .pick_host_stride = cb->max_logits,
         .meta = device_attn_meta(cb),
         .k_cache = cb->k_cache,
         .v_cache = cb->v_cache,
@@ -868,6 +873,14 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
         .V = c->vocab_size,
         .eps = (float)c->rms_norm_eps,
     };
+    /* pinned, so mapped (unified addressing): the device address of each
+     * slot's result buffer for the greedy pick, which is off without it */
+    for (int k = 0; k < 2 && cb->decode_step_pick; k++)
+        if (cudaHostGetDevicePointer((void **)&cb->ds.pick_host[k], cb->h_tokens_slot[k], 0) != cudaSuccess) {
+            cudaGetLastError();
+            rp_log_info("cuda: pinned result buffers are not mapped: decode steps sample with the sampling kernels");
+            cb->decode_step_pick = 0;
+        }
     env = getenv("REPLAY_DECODE_STEP_TRACE");
     const size_t trace_bytes = (size_t)cb->num_sms * RP_DECODE_STEP_TRACE_STRIDE * 8;
     if (env && strcmp(env, "0")) {

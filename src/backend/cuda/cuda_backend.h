@@ -84,7 +84,7 @@ typedef struct rp_cuda_backend {
     uint8_t *d_meta, *h_meta;
     size_t meta_bytes, page_capacity;
     size_t off_tokens, off_positions, off_slots, off_seq_start, off_kv_len, off_page_row, off_logit_token,
-        off_params, off_pages;
+        off_out_slot, off_params, off_pages;
     /* graphs */
     rp_cuda_graph graphs[RP_MAX_GRAPHS];
     int num_graphs, graphs_enabled;

@@ -165,6 +165,12 @@ typedef struct rp_decode_step {
      * logprob per sequence, where the sampling kernels leave theirs */
     int32_t *pick_tokens;
     float *pick_logprobs;
+    /* and into pinned host memory, so that no copy follows the kernel:
+     * pick_host[*pick_slot], tokens then logprobs pick_host_stride apart
+     * (the backend's per-slot result buffers) */
+    const int32_t *pick_slot;
+    int32_t *pick_host[2];
+    int pick_host_stride;
     rp_bf16 *qkv, *attn, *act;
     void *workspace; /* rp_decode_step_workspace_bytes(), zeroed once */
     /* NULL, or [grid][RP_DECODE_STEP_TRACE_STRIDE] u64 per block of the

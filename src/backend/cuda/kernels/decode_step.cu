@@ -322,7 +322,10 @@ __device__ void pick_slice(const rp_decode_step &s, const ds_ws &ws, int nb, int
 /* Warp 0 of the last block out, after every block's pick_slice: the token
  * and its logprob (log-softmax at temperature 1, as the sampler reports
  * it) per sequence; the blocks' sums rescaled to the row's max and added
- * in block order. */
+ * in block order. Also into the host's pinned buffer of this step's slot:
+ * a copy after the kernel costs ~8 us a step (bench/RESULTS.md,
+ * eighteenth session); the host reads it after the step's event, so after
+ * the kernel has completed and its writes are visible. */
 __device__ void pick_finish(const rp_decode_step &s, const ds_ws &ws, int nb, int grid) {
     const int lane = threadIdx.x & 31;
     for (int b = 0; b < nb; b++) {
@@ -342,8 +345,13 @@ __device__ void pick_finish(const rp_decode_step &s, const ds_ws &ws, int nb, in
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(RP_FULL_MASK, sum, o);
         if (lane == 0) {
-            s.pick_tokens[b] = mx == -INFINITY ? 0 : (int32_t)~(unsigned)key;
-            s.pick_logprobs[b] = mx == -INFINITY ? -INFINITY : (float)-log(sum);
+            const int32_t tok = mx == -INFINITY ? 0 : (int32_t)~(unsigned)key;
+            const float lp = mx == -INFINITY ? -INFINITY : (float)-log(sum);
+            s.pick_tokens[b] = tok; /* where the next step's token reference reads it */
+            s.pick_logprobs[b] = lp;
+            int32_t *h = s.pick_host[*s.pick_slot & 1];
+            h[b] = tok;
+            reinterpret_cast<float *>(h + s.pick_host_stride)[b] = lp;
         }
     }
 }
@@ -1932,7 +1940,8 @@ extern "C" int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, in
     ds_args a;
     size_t smem;
     if (rp_decode_step_check(s) || num_sms <= 0 || nb < 1 || nb > 4 || make_args(s, nb, num_sms, &a, &smem) ||
-        (greedy && (!s->pick_tokens || !s->pick_logprobs || !rp_decode_step_pick_ok(s, nb, num_sms))))
+        (greedy && (!s->pick_tokens || !s->pick_logprobs || !s->pick_slot || !s->pick_host[0] || !s->pick_host[1] ||
+                    !rp_decode_step_pick_ok(s, nb, num_sms))))
         return (int)cudaErrorInvalidValue;
     cudaError_t e;
     ds_kernel_fn fn = kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), s->trace != nullptr,
