@@ -92,7 +92,7 @@ static_assert(DS_CONSUMER_REGS * DS_CONSUMERS * 32 + DS_PRODUCER_REGS * 128 <= D
 #define DS_MAX_STAGES 16
 #define DS_MAX_H 8192               /* stage_norm keeps the row in registers */
 #define DS_MAX_PHASES (4 * 128 + 1) /* 128 layers */
-#define DS_PICK_MAX_GRID 1024 /* blocks whose pick partials the workspace holds */
+#define DS_PICK_MAX_GRID 256 /* blocks whose pick partials the workspace holds (pick_finish: 8 a lane) */
 
 struct ds_args {
     rp_decode_step s;
@@ -329,19 +329,24 @@ __device__ void pick_slice(const rp_decode_step &s, const ds_ws &ws, int nb, int
 __device__ void pick_finish(const rp_decode_step &s, const ds_ws &ws, int nb, int grid) {
     const int lane = threadIdx.x & 31;
     for (int b = 0; b < nb; b++) {
-        unsigned long long key = 0;
-        for (int j = lane; j < grid; j += 32) {
-            const float4 p = __ldcg(ws.pick + j * 4 + b);
-            key = pick_max(key, (unsigned long long)__float_as_uint(p.w) << 32 | __float_as_uint(p.z));
+        /* every load in flight at once: this is the step's last L2 round trip */
+        float4 p[DS_PICK_MAX_GRID / 32];
+#pragma unroll
+        for (int k = 0; k < DS_PICK_MAX_GRID / 32; k++) {
+            const int j = lane + 32 * k;
+            p[k] = j < grid ? __ldcg(ws.pick + j * 4 + b) : make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
         }
+        unsigned long long key = 0;
+#pragma unroll
+        for (int k = 0; k < DS_PICK_MAX_GRID / 32; k++)
+            key = pick_max(key, (unsigned long long)__float_as_uint(p[k].w) << 32 | __float_as_uint(p[k].z));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) key = pick_max(key, __shfl_xor_sync(RP_FULL_MASK, key, o));
         const float mx = pick_unorder((unsigned)(key >> 32));
         double sum = 0.0;
-        for (int j = lane; j < grid && mx != -INFINITY; j += 32) {
-            const float4 p = __ldcg(ws.pick + j * 4 + b);
-            if (p.y > 0.0f) sum += (double)p.y * exp((double)p.x - (double)mx);
-        }
+#pragma unroll
+        for (int k = 0; k < DS_PICK_MAX_GRID / 32; k++)
+            if (p[k].y > 0.0f) sum += (double)p[k].y * (double)expf(p[k].x - mx);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(RP_FULL_MASK, sum, o);
         if (lane == 0) {
