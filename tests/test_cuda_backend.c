@@ -378,14 +378,19 @@ static int prefill_then_step(setup *s, const int32_t *prompt, int n, int32_t nex
     return row;
 }
 
-/* One decode step of nb sequences together (next[b] at position n[b] of
- * rows[b]); their logits, a row each, into out. */
+/* The batch of one decode step of nb sequences together: next[b] at
+ * position n[b] of rows[b]. */
+static rp_batch *decode_batch_of(rp_batch_builder *bb, const int *rows, const int *n, const int32_t *next, int nb) {
+    rp_batch_begin(bb);
+    for (int b = 0; b < nb; b++) assert_true(rp_batch_add(bb, rows[b], &next[b], 1, n[b], 1) >= 0);
+    return rp_batch_finish(bb);
+}
+
+/* That step run; the sequences' logits, a row each, into out. */
 static void batch_decode_step(setup *s, const int *rows, const int *n, const int32_t *next, int nb, float *out) {
     rp_err err;
     rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 4, 4);
-    rp_batch_begin(bb);
-    for (int b = 0; b < nb; b++) assert_true(rp_batch_add(bb, rows[b], &next[b], 1, n[b], 1) >= 0);
-    if (rp_backend_forward(s->be, rp_batch_finish(bb), &err)) fail_msg("decode: %s", err.msg);
+    if (rp_backend_forward(s->be, decode_batch_of(bb, rows, n, next, nb), &err)) fail_msg("decode: %s", err.msg);
     assert_int_equal(rp_backend_read_logits(s->be, out, &err), 0);
     rp_batch_builder_free(bb);
 }
@@ -625,9 +630,7 @@ static void sampled_batch(setup *s, const int *rows, const int *n, const int32_t
                           float *lp) {
     rp_err err;
     rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 4, 4);
-    rp_batch_begin(bb);
-    for (int b = 0; b < nb; b++) assert_true(rp_batch_add(bb, rows[b], &next[b], 1, n[b], 1) >= 0);
-    rp_batch *bt = rp_batch_finish(bb);
+    rp_batch *bt = decode_batch_of(bb, rows, n, next, nb);
     rp_sample_params sp[4];
     memset(sp, 0, sizeof sp); /* temperature 0: greedy */
     for (int b = 0; b < nb; b++) sp[b].top_logprobs = top;
@@ -639,19 +642,19 @@ static void sampled_batch(setup *s, const int *rows, const int *n, const int32_t
 }
 
 /* The one-kernel step's own greedy pick (one sequence, greedy, no top
- * logprobs: no sampling kernel runs), and 3 sequences through the same
- * graphs with the sampling kernels: the host's
- * argmax (lowest id on ties) of the same step's logits and the sampling
- * kernels' token (asked for top logprobs, so they run); logprobs within
- * 1e-4 of the host's double log-softmax, bit-identical between a graph
- * replay and an eager run. */
+ * logprobs: no sampling kernel runs or copy follows), and 3 sequences
+ * through the sampling kernels: the tokens are the host's argmax (lowest id
+ * on ties) of the same step's logits and the sampling kernels' (asked for
+ * top logprobs, so they run); the logprobs are within 1e-4 of the host's
+ * double log-softmax and bit-identical between a graph replay and an eager
+ * run. */
 static void test_greedy_pick(void **state) {
     (void)state;
     if (!have_gpu()) skip();
     /* untied: the lm_head's random rows are scaled like the other
      * matrices', so the logits spread over a few units and the logprob is
      * far from 0 (the tied embedding's logits reach hundreds: logprob -0);
-     * 3 sequences where one kernel runs them */
+     * 3 sequences where the kernel for four runs them (hidden <= 2048) */
     const struct {
         const char *name;
         int untie, max_nb;
