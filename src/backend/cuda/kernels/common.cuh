@@ -6,6 +6,7 @@
 #define RP_KERNELS_COMMON_CUH
 
 #include <cuda_bf16.h>
+#include <float.h>
 #include <stdint.h>
 
 #include "backend/cuda/kernels.h"
@@ -101,6 +102,15 @@ __device__ __forceinline__ int32_t rp_step_token(const int32_t *tokens, const in
 __device__ __forceinline__ float rp_bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float rp_bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float rp_bf16_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/* A logit as the samplers see it: NaN never wins, +inf is the largest
+ * finite value, and -0 is +0 (one key, so ties go by id as on the host). */
+__device__ __forceinline__ float rp_sanitize_logit(float x) {
+    if (isnan(x)) return -INFINITY;
+    if (x == INFINITY) return FLT_MAX;
+    if (x == 0.0f) return 0.0f;
+    return x;
+}
 
 /* Round to nearest even, NaN stays NaN: the same as rp_f32_to_bf16 and
  * torch's .to(torch.bfloat16). */

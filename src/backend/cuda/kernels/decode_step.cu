@@ -51,7 +51,6 @@
  * Requirements (rp_decode_step_check): head_dim 64 or 128, GQA group 1/2/4/8,
  * hidden, q and intermediate sizes multiples of 256, hidden <= 8192, row
  * counts multiples of 8. Anything else runs the chain of kernels. */
-#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -253,13 +252,6 @@ __device__ __forceinline__ void cbar(void) { asm volatile("bar.sync 1, %0;" ::"n
 
 /* ---- the greedy pick: the token chosen inside the step ------------------ */
 
-/* The sampler's view of a logit (sample.cu): NaN never wins, +inf is the
- * largest finite value, -0 is +0 (ties go by id). */
-__device__ __forceinline__ float pick_sanitize(float x) {
-    if (isnan(x)) return -INFINITY;
-    if (x == INFINITY) return FLT_MAX;
-    return x == 0.0f ? 0.0f : x;
-}
 /* Unsigned order of floats: a larger key is a larger logit. */
 __device__ __forceinline__ unsigned pick_order(float x) {
     const unsigned u = __float_as_uint(x);
@@ -292,7 +284,7 @@ __device__ void pick_slice(const rp_decode_step &s, const ds_ws &ws, int nb, int
 #pragma unroll
         for (int j = 0; j < DS_PICK_PER_THREAD; j++) {
             const int i = i0 + t + j * NT;
-            x[j] = i < i1 ? pick_sanitize(__ldcg(row + i)) : -INFINITY;
+            x[j] = i < i1 ? rp_sanitize_logit(__ldcg(row + i)) : -INFINITY;
             if (i < i1) key = pick_max(key, (unsigned long long)pick_order(x[j]) << 32 | (unsigned)~i);
         }
 #pragma unroll

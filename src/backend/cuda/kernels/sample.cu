@@ -53,12 +53,6 @@ namespace cg = cooperative_groups;
 #define SMP_ONE 17592186044416.0f /* 2^44: fixed-point weight of the top token */
 #define SMP_MAX_VOCAB (1 << 19)     /* so that 2^44 * vocab < 2^64 */
 
-__device__ __forceinline__ float sanitize(float x) {
-    if (isnan(x)) return -INFINITY;
-    if (x == INFINITY) return FLT_MAX;
-    if (x == 0.0f) return 0.0f; /* -0 == +0 as a logit: one key, so ties go by id as on the host */
-    return x;
-}
 
 /* Order-preserving key: a larger logit gives a larger key. -inf maps to
  * 0x007fffff; finite logits are above it. */
@@ -120,7 +114,7 @@ __device__ __forceinline__ void for_each(const float *row, int vocab, smp_shared
                 x = sh.list_x[i];
                 id = sh.list_id[i];
             } else {
-                x = sanitize(row[i]);
+                x = rp_sanitize_logit(row[i]);
                 id = i;
             }
         }
@@ -232,7 +226,7 @@ __device__ int select_prefix(const float *row, int vocab, smp_shared &sh, bool b
         const int lo = threadIdx.x * per, hi = min(n, lo + per);
         int cnt = 0;
         for (int i = lo; i < hi; i++) {
-            const float x = st.use_list ? sh.list_x[i] : sanitize(row[i]);
+            const float x = st.use_list ? sh.list_x[i] : rp_sanitize_logit(row[i]);
             const int id = st.use_list ? sh.list_id[i] : i;
             const uint32_t key = order_key(x);
             cnt += key == key_star && is_kept(key, id, x, st);
@@ -269,7 +263,7 @@ __device__ int select_prefix(const float *row, int vocab, smp_shared &sh, bool b
             if (m > before && m <= before + cnt) {
                 int seen = before;
                 for (int i = lo; i < hi; i++) {
-                    const float x = sanitize(row[i]);
+                    const float x = rp_sanitize_logit(row[i]);
                     const uint32_t key = order_key(x);
                     if (key == key_star && is_kept(key, i, x, st) && ++seen == m) {
                         sh.found_id = i;
@@ -302,7 +296,7 @@ __device__ __forceinline__ void sample_row_exact(const float *row, const rp_samp
     float best = -INFINITY;
     int best_i = 0x7fffffff;
     for (int i = threadIdx.x; i < vocab; i += SMP_THREADS) {
-        const float x = sanitize(row[i]);
+        const float x = rp_sanitize_logit(row[i]);
         if (x > best || (x == best && i < best_i)) {
             best = x;
             best_i = i;
@@ -336,7 +330,7 @@ __device__ __forceinline__ void sample_row_exact(const float *row, const rp_samp
             /* log-softmax at temperature 1 of the argmax */
             float s = 0.0f;
             if (best != -INFINITY)
-                for (int i = threadIdx.x; i < vocab; i += SMP_THREADS) s += expf(sanitize(row[i]) - best);
+                for (int i = threadIdx.x; i < vocab; i += SMP_THREADS) s += expf(rp_sanitize_logit(row[i]) - best);
             __shared__ float scratch[33];
             s = rp_block_sum(s, scratch);
             if (threadIdx.x == 0) *lp = best == -INFINITY ? -INFINITY : -logf(s);
@@ -403,7 +397,7 @@ __device__ __forceinline__ void sample_row_exact(const float *row, const rp_samp
         const int pick = found ? sh.st.bid : best_i;
         *tok = pick;
         if (lp) {
-            const double x = (double)sanitize(row[pick]);
+            const double x = (double)rp_sanitize_logit(row[pick]);
             *lp = (float)((x - (double)best) / (double)temp - log((double)total / (double)SMP_ONE));
         }
     }
@@ -718,7 +712,8 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
             for (int u = 0; u < 8; u++) {
                 const int q = q0 + u * FS_THREADS;
                 if (q >= nq) break;
-                const float a[4] = {sanitize(v[u].x), sanitize(v[u].y), sanitize(v[u].z), sanitize(v[u].w)};
+                const float a[4] = {rp_sanitize_logit(v[u].x), rp_sanitize_logit(v[u].y), rp_sanitize_logit(v[u].z),
+                                    rp_sanitize_logit(v[u].w)};
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     if (a[e] > bmax) bmax = a[e], barg = id0 + 4 * q + e; /* ids ascend within a thread */
@@ -729,7 +724,7 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
         }
     }
     for (int i = nv + threadIdx.x; i < n; i += FS_THREADS) {
-        const float x = sanitize(src[i]);
+        const float x = rp_sanitize_logit(src[i]);
         xs[i] = x;
         if (x > bmax || (x == bmax && id0 + i < barg)) bmax = x, barg = id0 + i;
         if (x != -INFINITY) bmin = fminf(bmin, x);
@@ -1107,7 +1102,7 @@ __global__ void __launch_bounds__(TLP_THREADS)
     int cnt = 0;
     float worst = -INFINITY;
     for (int i = threadIdx.x; i < vocab; i += TLP_THREADS) {
-        const float x = sanitize(__ldcg(row + i));
+        const float x = rp_sanitize_logit(__ldcg(row + i));
         if (cnt == n && !(x > worst)) continue;
         int j = cnt < n ? cnt++ : n - 1;
         for (; j > 0 && x > lx[j - 1]; j--) lx[j] = lx[j - 1], li[j] = li[j - 1];
@@ -1118,7 +1113,7 @@ __global__ void __launch_bounds__(TLP_THREADS)
     /* the distribution's parameters, from the sampled token */
     const int32_t tok = tokens[r];
     const double lp_tok = (double)logprobs[r];
-    const double x_tok = (double)sanitize(row[tok]);
+    const double x_tok = (double)rp_sanitize_logit(row[tok]);
     const double temp = p.temperature == 0.0f ? 1.0 : (double)(p.temperature < 0.01f ? 0.01f : p.temperature);
     const int n_kept = p.temperature == 0.0f ? vocab : kept[r];
 
