@@ -376,6 +376,11 @@ int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logi
     return decode && T == S && num_logits == S && S <= 4 && (cb->decode_step_ok >> (S == 3 ? 4 : S) & 1) ? S : 0;
 }
 
+/* Whether that kernel may pick the greedy token itself for nb sequences. */
+int rp_cuda_decode_step_can_pick(const rp_cuda_backend *cb, int nb) {
+    return cb->decode_step_pick && rp_decode_step_pick_ok(&cb->ds, nb, cb->num_sms);
+}
+
 /* Enqueues one forward over the metadata block: T tokens of S sequences,
  * logits for num_logits rows, sampled when sample is set (RP_SAMPLE_PICK:
  * every row greedy with no top logprobs, which the one-kernel step picks
@@ -396,8 +401,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
      * (qwen3-0.6b 0.762 -> 0.746 ms without the sampling kernels;
      * bench/RESULTS.md, eighteenth session). */
     if (rp_cuda_decode_step_nb(cb, T, S, num_logits, decode)) {
-        const int pick =
-            sample == RP_SAMPLE_PICK && cb->decode_step_pick && rp_decode_step_pick_ok(&cb->ds, S, cb->num_sms);
+        const int pick = sample == RP_SAMPLE_PICK && rp_cuda_decode_step_can_pick(cb, S);
         prof_mark(cb, pick ? "decode step (one kernel, greedy pick)" : "decode step (one kernel)");
         RP_LAUNCH(rp_k_decode_step(&cb->ds, S, cb->num_sms, pick, st), err);
         if (sample && !pick && launch_sample(cb, num_logits, err)) return RP_ERR;
@@ -491,8 +495,7 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     if (rp_cuda_pack_and_upload(cb, bt, g ? g->batch_size : S, err)) return RP_ERR;
     double t1 = rp_now_s();
     cb->last_decode_step = rp_cuda_decode_step_nb(cb, T, S, bt->num_logits, decode);
-    greedy = greedy && cb->last_decode_step && cb->decode_step_pick &&
-             rp_decode_step_pick_ok(&cb->ds, S, cb->num_sms) && (!g || g->exec_pick);
+    greedy = greedy && cb->last_decode_step && rp_cuda_decode_step_can_pick(cb, S) && (!g || g->exec_pick);
     if (cb->last_decode_step) cb->stats.decode_step_forwards++;
     if (greedy) cb->stats.decode_step_picks++;
     if (g) {

@@ -118,6 +118,7 @@ enum { RP_SAMPLE_NONE, RP_SAMPLE_KERNELS, RP_SAMPLE_PICK };
 int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len, int sample,
                            rp_err *err);
 int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logits, int decode);
+int rp_cuda_decode_step_can_pick(const rp_cuda_backend *cb, int nb);
 int rp_cuda_pack_and_upload(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, rp_err *err);
 int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs);
 

@@ -90,8 +90,8 @@ int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
         g->splits = rp_cuda_decode_splits(cb, bs);
         if (capture_step(cb, bs, RP_SAMPLE_KERNELS, &g->exec, err)) return RP_ERR;
         /* the bucket's greedy variant, where its step is one kernel */
-        if (rp_cuda_decode_step_nb(cb, bs, bs, bs, 1) && cb->decode_step_pick &&
-            rp_decode_step_pick_ok(&cb->ds, bs, cb->num_sms) && capture_step(cb, bs, RP_SAMPLE_PICK, &g->exec_pick, err))
+        if (rp_cuda_decode_step_nb(cb, bs, bs, bs, 1) && rp_cuda_decode_step_can_pick(cb, bs) &&
+            capture_step(cb, bs, RP_SAMPLE_PICK, &g->exec_pick, err))
             return RP_ERR;
         cb->num_graphs++;
         rp_progress_add(&prog, 1);
