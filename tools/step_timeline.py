@@ -59,6 +59,9 @@ def main():
     ap.add_argument("--bins", type=float, default=1.0, help="histogram bin, microseconds")
     ap.add_argument("--fifo", action="store_true", help="also the FIFO delivery model's idle HBM per window")
     ap.add_argument("--fifo-latency", type=float, default=800.0, help="FIFO model: issue to first byte, ns")
+    ap.add_argument("--around-qkv", action="store_true",
+                    help="also the issue rate per microsecond around qkv's last barrier arrival, by phase "
+                         "(mean over the middle layers): when the rings fill in attention's stretch")
     args = ap.parse_args()
     grid, layers, trace, tl = load(args.file)
     npieces = np.minimum(trace[:, TR_PIECES].astype(np.int64), tl.shape[1])
@@ -177,6 +180,9 @@ def main():
         print(f"\nFIFO model ({args.fifo_latency:.0f} ns latency): HBM idle {us(sum(acc.values())):.1f} us, by window "
               "where the idle starts: " + ", ".join(f"{n} {us(v):.1f}" for n, v in acc.items()))
 
+    if args.around_qkv:
+        around_qkv(layers, issue, ready, phase, nbytes, release, arrive_last)
+
     # fixed bins
     binw = args.bins * 1e3
     nb = int(np.ceil(step / binw))
@@ -200,6 +206,35 @@ def main():
         if m.any():
             print(f"{name:<8} {m.sum():7d} {nbytes[m].sum() / 1e9:7.3f} {us(np.median(rel[m] - ready[m])):8.2f} "
                   f"{us(np.median(ready[m] - issue[m])):16.2f}")
+
+
+def around_qkv(layers, issue, ready, phase, nbytes, release, arrive_last):
+    """Bytes issued (and found ready by a consumer) per 1 us bin from 16 us before to 24 us after
+    the last block's arrival at the barrier after qkv, by the phase the pieces belong to, as GB/s,
+    mean over layers 4 .. L - 5; then where the barriers around it fall on that axis."""
+    bins = np.arange(-16.0, 25.0, 1.0)
+    ls = range(4, layers - 4) if layers > 8 else range(layers)
+    iss = np.zeros(len(bins) - 1)
+    rdy = np.zeros(len(bins) - 1)
+    byp = {k: np.zeros(len(bins) - 1) for k in (-1, 0, 1, 2)}
+    for l in ls:
+        t0 = arrive_last[5 * l]
+        d, dr = (issue - t0) / 1e3, (ready - t0) / 1e3
+        iss += np.histogram(d, bins=bins, weights=nbytes)[0]
+        rdy += np.histogram(dr, bins=bins, weights=nbytes)[0]
+        for k in byp:
+            m = phase == 4 * l + k
+            byp[k] += np.histogram(d[m], bins=bins, weights=nbytes[m])[0]
+    n = len(ls) * 1e3  # bytes per 1 us bin -> GB/s
+    print("\naround qkv's last arrival (t = 0), GB/s per 1 us bin, mean over layers:")
+    print(f"{'t us':>5} {'issued':>7} {'ready':>7} | issued for: {'down':>6} {'qkv':>6} {'o':>6} {'gate_up':>7}")
+    for i in range(len(bins) - 1):
+        print(f"{bins[i]:5.0f} {iss[i] / n:7.0f} {rdy[i] / n:7.0f} |             " +
+              " ".join(f"{byp[k][i] / n:6.0f}" for k in (-1, 0, 1)) + f" {byp[2][i] / n:7.0f}")
+    for k, name in enumerate(["qkv", "attention", "o", "gate_up"]):
+        rel = np.mean([(release[5 * l + k] - arrive_last[5 * l]) / 1e3 for l in ls])
+        arr = np.mean([(arrive_last[5 * l + k] - arrive_last[5 * l]) / 1e3 for l in ls])
+        print(f"  barrier after {name:<9}: last arrival {arr:6.2f} us, first release {rel:6.2f} us")
 
 
 if __name__ == "__main__":
