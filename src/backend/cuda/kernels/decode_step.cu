@@ -1847,12 +1847,15 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
     a->prefetch = env_knob("REPLAY_DECODE_STEP_PF", 0, 64, lb < (256 << 10) ? 8 : 4, &pf);
     /* Pieces prefetched at once when a wait starts: 4 on the smallest
      * shapes (qwen3-0.6b 0.948 -> 0.931 ms), where a block's ring holds
-     * half a layer, so HBM has little else to do in a stall; elsewhere any
-     * is slower (llama3.2-1b +2%, the 8B shapes +1-4% at 2: the extra
-     * requests compete with the rings' own; bench/RESULTS.md, 2026-11-23
-     * sixth session). REPLAY_DECODE_STEP_PFN overrides. */
-    a->prefetch_now =
-        env_knob("REPLAY_DECODE_STEP_PFN", 0, 64, lb < (256 << 10) ? 4 : 0, &pfn);
+     * half a layer, so HBM has little else to do in a stall; one on the
+     * 4B class (1-2 MiB: qwen3-4b 3.046 -> 3.023 ms, 2 the same, 3 +0.3%;
+     * there the ring fills ~8 us into attention's stretch and stays full
+     * ~4.5 us, bench/RESULTS.md, nineteenth session); elsewhere none
+     * (llama3.2-1b +2%, the 8B shapes +1-4% at 2 in the sixth session, the
+     * extra requests competing with the rings' own; qwen3-8b -0.2% at 1,
+     * +0.3% at 2 in the nineteenth). REPLAY_DECODE_STEP_PFN overrides. */
+    a->prefetch_now = env_knob("REPLAY_DECODE_STEP_PFN", 0, 64,
+                               lb < (256 << 10) ? 4 : lb >= (1 << 20) && lb < (2 << 20) ? 1 : 0, &pfn);
     if (a->prefetch < a->prefetch_now) a->prefetch = a->prefetch_now;
     /* How much of a phase to leave to the counter: blocks drift apart in
      * proportion to the bytes each streams per phase, so the 8B shapes
