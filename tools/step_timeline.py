@@ -27,7 +27,10 @@ the grid barriers' arrival and release times come with it. This prints:
   window in which it starts;
 - attention's steps as durations (each stamp minus the previous one, mean
   over blocks and the latest block), also for a second pass stamped at
-  layer + 64 where a build records one (an experiment, not the kernel).
+  layer + 64 where a build records one (an experiment, not the kernel);
+- with --around-qkv, the bytes issued per microsecond around the last
+  arrival at the barrier after qkv, by the phase they are for: when the
+  rings fill in attention's stretch and when they are refilled.
 
 numpy is needed (the GPU machine's Python has it; Debian: python3-numpy).
 """
