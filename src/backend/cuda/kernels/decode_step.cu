@@ -923,7 +923,10 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
  * attention would load them; after attention, the next layer's K/V
  * prefetch, whose page-table loads were an L2 round trip on the critical
  * path from the merge to the arrival, and the norms' L2 prefetch; after o
- * and down, the next norm's weights (load_nw). */
+ * and down, the next norm's weights (load_nw). The release's fence waits
+ * for every transfer queued on this SM, the ring's copies too (~1 us for
+ * the last block under the stream; bench_fence_probe), which the paced
+ * refill keeps short. */
 __device__ __forceinline__ void grid_arrive(unsigned *ctr, unsigned &target, int grid, uint64_t *bt, uint64_t &t0) {
     cbar();
     if (threadIdx.x == 0) {
