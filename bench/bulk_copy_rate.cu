@@ -14,32 +14,9 @@
  * stage) with the device-to-device copy bandwidth of the same run; the
  * median of 5 runs. Speed is printed, not asserted (bench/RESULTS.md).
  */
-#include <cuda_runtime.h>
-
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "bench_device.cuh"
 
 #define STAGES 8
-#define CHECK(call)                                                                                                    \
-    do {                                                                                                               \
-        cudaError_t e_ = (call);                                                                                       \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "bulk_copy_rate: %s failed: %s\n", #call, cudaGetErrorString(e_));                        \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-
-__device__ __forceinline__ unsigned saddr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ bool mbar_try(uint64_t *b, unsigned parity) {
-    unsigned ok;
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(ok)
-                 : "r"(saddr(b)), "r"(parity)
-                 : "memory");
-    return ok;
-}
 
 __global__ void __launch_bounds__(64, 1)
     stream_kernel(const uint8_t *src, size_t bytes_per_block, unsigned size, unsigned stride, unsigned rows) {

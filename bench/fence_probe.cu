@@ -23,33 +23,10 @@
  * run, and the stream's total rate. Speed is printed, not asserted
  * (bench/RESULTS.md, twenty-first session).
  */
-#include <cuda_runtime.h>
-
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "bench_device.cuh"
 
 #define ROWS 8
 #define ROW_BYTES 3072
-#define CHECK(call)                                                                                                    \
-    do {                                                                                                               \
-        cudaError_t e_ = (call);                                                                                       \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "fence_probe: %s failed: %s\n", #call, cudaGetErrorString(e_));                           \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-
-__device__ __forceinline__ unsigned saddr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ bool mbar_try(uint64_t *b, unsigned parity) {
-    unsigned ok;
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(ok)
-                 : "r"(saddr(b)), "r"(parity)
-                 : "memory");
-    return ok;
-}
 
 enum { STREAM_NONE, STREAM_ALL, STREAM_ODD, STREAM_EVEN, STREAM_FIRST };
 enum { MEASURE_ALL, MEASURE_EVEN, MEASURE_ODD, MEASURE_FIRST };
