@@ -27,3 +27,11 @@ __device__ __forceinline__ bool mbar_try(uint64_t *b, unsigned parity) {
                  : "memory");
     return ok;
 }
+
+/* Device 0 made current; its properties (the SM count among them). */
+static inline cudaDeviceProp bench_device(void) {
+    cudaDeviceProp prop;
+    CHECK(cudaSetDevice(0));
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    return prop;
+}

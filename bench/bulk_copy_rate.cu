@@ -81,11 +81,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_bulk_copy_rate [MiB per SM, 4..512]\n");
         return 2;
     }
-    int dev = 0, sms = 0;
-    CHECK(cudaSetDevice(dev));
-    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    cudaDeviceProp prop;
-    CHECK(cudaGetDeviceProperties(&prop, dev));
+    const cudaDeviceProp prop = bench_device();
+    const int sms = prop.multiProcessorCount;
     const size_t per_block = (size_t)mib << 20, total = per_block * sms;
     uint8_t *src, *dst;
     CHECK(cudaMalloc(&src, total));

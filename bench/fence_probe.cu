@@ -268,11 +268,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_fence_probe [iterations per block, 10..100000]\n");
         return 2;
     }
-    int dev = 0, sms = 0;
-    CHECK(cudaSetDevice(dev));
-    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    cudaDeviceProp prop;
-    CHECK(cudaGetDeviceProperties(&prop, dev));
+    const cudaDeviceProp prop = bench_device();
+    const int sms = prop.multiProcessorCount;
     const size_t per_block = (size_t)24 << 20;
     uint8_t *src;
     unsigned *out, *words;
