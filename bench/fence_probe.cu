@@ -6,7 +6,7 @@
  *
  *   bench_fence_probe [iterations per block, default 400]
  *
- * One block per SM (two where a row says so). A producer thread keeps a
+ * One block per SM. A producer thread keeps a
  * ring of 24 KiB stages (8 copies of 3 KiB, the decode step's piece) in
  * flight, re-arming each stage as soon as it lands; in the same block
  * thread 0 times with clock64, ~1 us apart, each kind of operation in the
@@ -132,10 +132,10 @@ __device__ __forceinline__ unsigned remote(const void *p, unsigned rank) {
 
 /* out[blk][kind][it]: cycles; bytes[blk]: bytes this block's producer
  * issued; span[blk]: cycles it streamed for.
- * xcta: clusters of two, rank 1's producer fills rank 0's ring (copies
+ * xcta 1: clusters of two, rank 1's producer fills rank 0's ring (copies
  * and mbarriers in rank 0, the other way round for the empty barriers),
  * so that the fence of the block the bytes land in, and of the block that
- * issued them, can be told apart. */
+ * issued them, can be told apart; xcta 2: each rank fills the other's. */
 __global__ void __launch_bounds__(96, 1)
     probe_kernel(const uint8_t *src, size_t bytes_per_block, int stages, int stream, int measure, int xcta,
                  int iters, unsigned *out, unsigned *words, unsigned long long *bytes, unsigned long long *span) {
