@@ -17,6 +17,14 @@ out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 2 --ctx 40 --steps
 check "bench decode --no-overlap" 0 $?
 contains "steps one at a time" "$out" "steps: one at a time"
 [ "$(echo "$out" | grep -cE '^ +2 +eager')" -eq 1 ]; check "--no-overlap row" 0 $?
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 2 --ctx 40 --steps 4 --warmup 1 --device cpu \
+      --temperature 0.8 --top-p 0.9 2>/dev/null)
+check "bench decode --temperature" 0 $?
+contains "sampled steps" "$out" "sampling: temperature 0.8, top-p 0.9"
+[ "$(echo "$out" | grep -cE '^ +2 +eager')" -eq 1 ]; check "sampled row" 0 $?
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --temperature -1 2>&1); check "bad temperature" 2 $?
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --top-p 0 2>&1); check "bad top-p" 2 $?
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --top-p 1.5 2>&1); check "top-p above 1" 2 $?
 # more warm-up steps than timed ones (the timing arrays hold both)
 out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 1 --ctx 20 --steps 2 --warmup 9 --device cpu 2>/dev/null)
 check "bench decode --warmup above --steps" 0 $?

@@ -88,15 +88,33 @@ static rp_batch *decode_batch(rp_page_table *table, rp_batch_builder *bb, rp_ben
 
 /* Runs `steps` decode steps over all B sequences; fills per-step wall and
  * device times. */
+/* Each sequence's sampling parameters for its next token: *sp (NULL:
+ * greedy), seeded by the sequence and counted by its length, as the engine
+ * does. */
+static void step_params(rp_sample_params *out, const rp_sample_params *sp, const rp_bench_seq *seqs, int B) {
+    for (int s = 0; s < B; s++) {
+        if (sp) {
+            out[s] = *sp;
+        } else {
+            memset(&out[s], 0, sizeof out[s]);
+            out[s].top_p = 1.0f;
+        }
+        out[s].seed = (uint64_t)s + 1;
+        out[s].step = (uint64_t)seqs[s].len;
+    }
+}
+
 int rp_bench_decode_steps(rp_backend *be, rp_page_table *table, rp_batch_builder *bb, rp_bench_seq *seqs, int B,
-                        int steps, double *wall_ms, double *gpu_ms, float *logits, rp_err *err) {
+                          int steps, const rp_sample_params *sp_in, double *wall_ms, double *gpu_ms, float *logits,
+                          rp_err *err) {
     rp_sample_params sp[1024];
     int32_t tok[1024];
-    memset(sp, 0, sizeof sp);
+    if (B > 1024) return rp_errf(err, "decode batch of %d does not fit", B);
     for (int it = 0; it < steps; it++) {
         double t0 = rp_now_s();
         rp_batch *bt = decode_batch(table, bb, seqs, B, NULL, err);
         if (!bt) return RP_ERR;
+        step_params(sp, sp_in, seqs, B);
         if (be->ops->read_tokens) bt->sample = sp;
         if (rp_backend_forward(be, bt, err)) return RP_ERR;
         if (be->ops->read_tokens) {
@@ -121,18 +139,18 @@ int rp_bench_decode_steps(rp_backend *be, rp_page_table *table, rp_batch_builder
  * launched before step N's tokens are read, its input tokens being
  * references to them, so the host's work hides behind the device's. */
 int rp_bench_decode_overlapped(rp_backend *be, rp_page_table *table, rp_batch_builder *bb, rp_bench_seq *seqs, int B,
-                               int steps, double *wall_ms, double *gpu_ms, rp_err *err) {
+                               int steps, const rp_sample_params *sp_in, double *wall_ms, double *gpu_ms, rp_err *err) {
     rp_sample_params sp[1024];
     int32_t tok[1024], refs[1024];
     if (!be->supports_token_refs || !be->ops->read_tokens) return rp_errf(err, "this backend cannot overlap steps");
     if (B > 1024 || B > be->cfg.max_logit_rows) return rp_errf(err, "decode batch of %d does not fit", B);
-    memset(sp, 0, sizeof sp);
     for (int s = 0; s < B; s++) refs[s] = -(s + 1); /* sequence s samples logit row s */
     double prev = rp_now_s();
     for (int it = 0; it <= steps; it++) {
         if (it < steps) {
             rp_batch *bt = decode_batch(table, bb, seqs, B, it ? refs : NULL, err);
             if (!bt) return RP_ERR;
+            step_params(sp, sp_in, seqs, B);
             bt->sample = sp;
             if (rp_backend_forward(be, bt, err)) return RP_ERR;
             for (int s = 0; s < B; s++) seqs[s].len++;

@@ -45,6 +45,8 @@ static void help(FILE *f) {
             "  --no-eager         time graph replay only\n"
             "  --no-overlap       wait for each step's tokens before launching the next (by default\n"
             "                     steps overlap as in the engine, where the backend can)\n"
+            "  --temperature T    sample at temperature T (default 0: greedy)\n"
+            "  --top-p P          and keep the smallest set of tokens with probability >= P (default 1)\n"
             "  -h, --help         show this help\n");
 }
 
@@ -58,6 +60,8 @@ static int bench_decode(int argc, char **argv) {
         {"page-size", required_argument, 0, 'g'},
         {"no-eager", no_argument, 0, 'E'},
         {"no-overlap", no_argument, 0, 'O'},
+        {"temperature", required_argument, 0, 'T'},
+        {"top-p", required_argument, 0, 'P'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -65,6 +69,7 @@ static int bench_decode(int argc, char **argv) {
     rp_model_opts_init(&mo);
     int batches[MAX_BATCHES] = {1, 8, 32, 128}, nb = 4, no_eager = 0, no_overlap = 0;
     long ctx = 512, steps = 64, warmup = 8, page_size = 16;
+    double temperature = 0, top_p = 1;
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
@@ -88,6 +93,14 @@ static int bench_decode(int argc, char **argv) {
             break;
         case 'E': no_eager = 1; break;
         case 'O': no_overlap = 1; break;
+        case 'T':
+            if (rp_parse_float(optarg, &temperature) || temperature < 0 || temperature > 100)
+                return rp_cli_usage_error(CMD, "--temperature must be a number from 0 to 100, got '%s'", optarg);
+            break;
+        case 'P':
+            if (rp_parse_float(optarg, &top_p) || top_p <= 0 || top_p > 1)
+                return rp_cli_usage_error(CMD, "--top-p must be in (0, 1], got '%s'", optarg);
+            break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
@@ -143,6 +156,11 @@ static int bench_decode(int argc, char **argv) {
     if (read_gbs > 0)
         printf("measured bandwidth: read %.0f GB/s, device copy %.0f GB/s (read+write)\n", read_gbs, copy_gbs);
     const int overlap = !no_overlap && be->supports_token_refs && be->ops->read_tokens;
+    rp_sample_params sp = {.temperature = (float)temperature, .top_p = (float)top_p};
+    if (temperature > 0)
+        printf("sampling: temperature %g, top-p %g (seeded per sequence)\n", temperature, top_p);
+    else
+        printf("sampling: greedy\n");
     printf("steps: %s\n", overlap ? "overlapped as in the engine (step N + 1 launched before step N's tokens are read)"
                                   : "one at a time (each step's tokens read before the next is launched)");
     printf("\n%5s  %-6s %9s %10s %11s %9s %7s %9s %9s %11s\n", "batch", "mode", "ms/step", "tok/s", "MB/step",
@@ -164,9 +182,10 @@ static int bench_decode(int argc, char **argv) {
             if (be->ops->set_graphs) be->ops->set_graphs(be, graphs);
             else if (graphs) continue; /* no graphs on this backend: eager only */
             for (int s = 0; s < B; s++) seqs[s].len = (int)ctx; /* rewind: KV past ctx is rewritten */
-            if (warmup && rp_bench_decode_steps(be, table, bb, seqs, B, (int)warmup, wall, gpu, logits, &err)) goto fail;
-            if (overlap ? rp_bench_decode_overlapped(be, table, bb, seqs, B, (int)steps, wall, gpu, &err)
-                        : rp_bench_decode_steps(be, table, bb, seqs, B, (int)steps, wall, gpu, logits, &err))
+            if (warmup && rp_bench_decode_steps(be, table, bb, seqs, B, (int)warmup, &sp, wall, gpu, logits, &err))
+                goto fail;
+            if (overlap ? rp_bench_decode_overlapped(be, table, bb, seqs, B, (int)steps, &sp, wall, gpu, &err)
+                        : rp_bench_decode_steps(be, table, bb, seqs, B, (int)steps, &sp, wall, gpu, logits, &err))
                 goto fail;
             double w = rp_bench_median(wall, (int)steps), g = rp_bench_median(gpu, (int)steps);
             double avg_ctx = (double)ctx + warmup + steps / 2.0;

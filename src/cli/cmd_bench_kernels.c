@@ -189,7 +189,7 @@ static void bench_decode_step(const rp_model_config *cfg, double copy_gbs) {
     if (!bb || seq.row < 0) {
         printf("  skipped: %s\n", be || !table ? "out of memory" : err.msg);
     } else if (rp_bench_prefill(be, table, bb, &seq, 1, ctx, cfg->vocab_size, &prefill_s, &err) ||
-               rp_bench_decode_steps(be, table, bb, &seq, 1, 1, &wall, &gpu, NULL, &err) ||
+               rp_bench_decode_steps(be, table, bb, &seq, 1, 1, NULL, &wall, &gpu, NULL, &err) ||
                rp_cuda_time_decode_step(be, REPS, INNER, &us, &err)) {
         printf("  skipped: %s\n", err.msg);
     } else {

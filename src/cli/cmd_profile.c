@@ -108,9 +108,9 @@ int rp_cmd_profile(int argc, char **argv) {
     for (int mode = 0; mode < 2; mode++) { /* 0 eager, 1 graph */
         be->ops->set_graphs(be, mode == 1);
         for (int s = 0; s < B; s++) seqs[s].len = (int)ctx;
-        if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, PROFILE_WARMUP, wall, gpu, NULL, &err)) goto fail;
+        if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, PROFILE_WARMUP, NULL, wall, gpu, NULL, &err)) goto fail;
         for (int it = 0; it < steps; it++) {
-            if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, 1, wall + it, gpu + it, NULL, &err)) goto fail;
+            if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, 1, NULL, wall + it, gpu + it, NULL, &err)) goto fail;
             rp_backend_stats st;
             be->ops->stats(be, &st);
             pack[it] = st.last_pack_ms;
