@@ -333,7 +333,10 @@ static int ref_order_cmp(const void *a, const void *b) {
 }
 
 /* Both kernels as the backend runs them, eagerly, or captured in a graph and
- * replayed (with_graph), into poisoned buffers. */
+ * replayed (with_graph), into poisoned buffers; the sampler also writes the
+ * tokens and logprobs into host slot 1 of two mapped pinned buffers
+ * (rp_sample_host), which must then hold exactly the device's, slot 0 left
+ * as poisoned. */
 static void run_top(const float *d_logits, const rp_sample_params *params, int rows, int vocab, int with_graph,
                     int32_t *tok, float *lp, rp_top_logprobs *top) {
     rp_sample_params *d_p = dup_to_dev(params, (size_t)rows * sizeof *params);
@@ -341,18 +344,28 @@ static void run_top(const float *d_logits, const rp_sample_params *params, int r
     float *d_lp = dalloc((size_t)rows * 4);
     rp_top_logprobs *d_top = dalloc((size_t)rows * sizeof *d_top);
     void *d_ws = dalloc(rp_sample_workspace_bytes(rows, vocab));
+    const int32_t one = 1;
+    int32_t *h_res[2];
+    rp_sample_host host = {.slot = dup_to_dev(&one, 4), .stride = rows};
+    for (int k = 0; k < 2; k++) {
+        CU(cudaHostAlloc((void **)&h_res[k], (size_t)rows * 8, cudaHostAllocMapped));
+        memset(h_res[k], 0xff, (size_t)rows * 8);
+        CU(cudaHostGetDevicePointer((void **)&host.rows[k], h_res[k], 0));
+    }
     if (with_graph) {
         cudaStream_t st;
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
         /* the first launch sets the kernels' attributes, outside the capture */
-        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, d_ws, rows, vocab, st));
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, d_ws, rows, vocab, st));
+        CU(cudaStreamSynchronize(st));
+        memset(h_res[1], 0xff, (size_t)rows * 8);
         CU(cudaMemset(d_tok, 0xff, (size_t)rows * 4));
         CU(cudaMemset(d_lp, 0xff, (size_t)rows * 4));
         CU(cudaMemset(d_kept, 0xff, (size_t)rows * 4));
         CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        int r1 = rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, d_ws, rows, vocab, st);
+        int r1 = rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, d_ws, rows, vocab, st);
         int r2 = rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, rows, vocab, st);
         CU(cudaStreamEndCapture(st, &g));
         if (r1 || r2) fail_msg("launch under capture failed: %d %d", r1, r2);
@@ -363,12 +376,18 @@ static void run_top(const float *d_logits, const rp_sample_params *params, int r
         CU(cudaGraphDestroy(g));
         CU(cudaStreamDestroy(st));
     } else {
-        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, d_ws, rows, vocab, 0));
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, d_ws, rows, vocab, 0));
         LAUNCH(rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, rows, vocab, 0));
     }
     to_host(tok, d_tok, (size_t)rows * 4);
     to_host(lp, d_lp, (size_t)rows * 4);
     to_host(top, d_top, (size_t)rows * sizeof *top);
+    assert_memory_equal(h_res[1], tok, (size_t)rows * 4);
+    assert_memory_equal(h_res[1] + rows, lp, (size_t)rows * 4);
+    for (int i = 0; i < 2 * rows; i++)
+        if (h_res[0][i] != -1) fail_msg("host slot 0 written at %d though the kernel was told slot 1", i);
+    for (int k = 0; k < 2; k++) cudaFreeHost(h_res[k]);
+    cudaFree((void *)host.slot);
     cudaFree(d_p), cudaFree(d_tok), cudaFree(d_kept), cudaFree(d_lp), cudaFree(d_top), cudaFree(d_ws);
 }
 

@@ -299,8 +299,12 @@ static int launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
     const int V = cb->base.model->cfg.vocab_size;
     const rp_sample_params *params = META(cb, cb->d_meta, off_params, rp_sample_params);
     prof_mark(cb, "sample");
-    RP_LAUNCH(rp_k_sample_kept(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept, cb->sample_ws,
-                               num_logits, V, cb->stream),
+    /* the results also straight into the slot's pinned buffer (no copy) */
+    const rp_sample_host host = {.rows = {cb->d_tokens_host[0], cb->d_tokens_host[1]},
+                                 .slot = META(cb, cb->d_meta, off_out_slot, int32_t),
+                                 .stride = cb->max_logits};
+    RP_LAUNCH(rp_k_sample_kept(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept,
+                               cb->d_tokens_host[0] ? &host : NULL, cb->sample_ws, num_logits, V, cb->stream),
               err);
     prof_mark(cb, "top logprobs");
     RP_LAUNCH(rp_k_top_logprobs(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept, cb->d_top, num_logits,
@@ -509,13 +513,15 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
                                    greedy ? RP_SAMPLE_PICK : sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
             return RP_ERR;
     }
-    /* The greedy pick wrote them into the slot's pinned buffers itself. */
+    /* The greedy pick and (mapped buffers) the sampling kernels wrote them
+     * into the slot's pinned buffers themselves. */
     if (sample && !greedy) {
         /* tokens and logprobs in one copy: two rows of the 2-D layout */
         const size_t pitch = (size_t)cb->max_logits * 4;
-        RP_CUDA_TRY(cudaMemcpy2DAsync(cb->h_tokens, pitch, cb->d_tokens, pitch, (size_t)bt->num_logits * 4, 2,
-                                      cudaMemcpyDeviceToHost, cb->stream),
-                    err);
+        if (!cb->d_tokens_host[0])
+            RP_CUDA_TRY(cudaMemcpy2DAsync(cb->h_tokens, pitch, cb->d_tokens, pitch, (size_t)bt->num_logits * 4, 2,
+                                          cudaMemcpyDeviceToHost, cb->stream),
+                        err);
         if (cb->slot_top[slot]) /* only when asked: ~164 bytes a row */
             RP_CUDA_TRY(cudaMemcpyAsync(cb->h_top_slot[slot], cb->d_top,
                                         (size_t)bt->num_logits * sizeof(rp_top_logprobs), cudaMemcpyDeviceToHost,
@@ -799,6 +805,15 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         cb->h_logprobs_slot[k] = (float *)(cb->h_tokens_slot[k] + Lg);
         RP_CUDA_TRY(cudaMallocHost((void **)&cb->h_top_slot[k], Lg * sizeof(rp_top_logprobs)), err);
     }
+    /* REPLAY_SAMPLE_MAPPED=0 (A/Bs): copy the results after the kernels */
+    const char *env = getenv("REPLAY_SAMPLE_MAPPED");
+    for (int k = 0; k < 2 && !(env && !strcmp(env, "0")); k++)
+        if (cudaHostGetDevicePointer((void **)&cb->d_tokens_host[k], cb->h_tokens_slot[k], 0) != cudaSuccess) {
+            cudaGetLastError();
+            rp_log_info("cuda: pinned result buffers are not mapped: the results are copied after each step");
+            cb->d_tokens_host[0] = cb->d_tokens_host[1] = NULL;
+            break;
+        }
     cb->h_tokens = cb->h_tokens_slot[0];
     cb->h_logprobs = cb->h_logprobs_slot[0];
     return 0;
@@ -876,14 +891,10 @@ static int setup_decode_step(rp_cuda_backend *cb, rp_err *err) {
         .V = c->vocab_size,
         .eps = (float)c->rms_norm_eps,
     };
-    /* pinned, so mapped (unified addressing): the device address of each
-     * slot's result buffer for the greedy pick, which is off without it */
-    for (int k = 0; k < 2 && cb->decode_step_pick; k++)
-        if (cudaHostGetDevicePointer((void **)&cb->ds.pick_host[k], cb->h_tokens_slot[k], 0) != cudaSuccess) {
-            cudaGetLastError();
-            rp_log_info("cuda: pinned result buffers are not mapped: decode steps sample with the sampling kernels");
-            cb->decode_step_pick = 0;
-        }
+    /* the greedy pick writes into the slot's result buffer; without a
+     * mapped one, decode steps sample with the sampling kernels */
+    for (int k = 0; k < 2; k++) cb->ds.pick_host[k] = cb->d_tokens_host[k];
+    if (!cb->d_tokens_host[0]) cb->decode_step_pick = 0;
     env = getenv("REPLAY_DECODE_STEP_TRACE");
     const size_t trace_bytes = (size_t)cb->num_sms * RP_DECODE_STEP_TRACE_STRIDE * 8;
     if (env && strcmp(env, "0")) {

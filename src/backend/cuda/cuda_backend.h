@@ -102,6 +102,10 @@ typedef struct rp_cuda_backend {
      * h_tokens and h_logprobs point into the slot of the last forward. */
     uint8_t *h_meta_slot[2];
     int32_t *h_tokens_slot[2];
+    /* their device addresses (pinned memory is mapped under unified
+     * addressing), where the sampling kernels and the greedy pick write the
+     * results themselves; NULL: they are copied after the kernels */
+    int32_t *d_tokens_host[2];
     float *h_logprobs_slot[2];
     rp_top_logprobs *h_top_slot[2];
     cudaEvent_t ev_start_slot[2], ev_end_slot[2];

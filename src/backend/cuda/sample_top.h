@@ -16,13 +16,27 @@
 extern "C" {
 #endif
 
+/* Where the sampling kernel also puts each row's token and logprob: the
+ * host's pinned result buffer of the step's slot, mapped (rows[*slot & 1]:
+ * the tokens, then the logprobs stride entries further), so that no copy
+ * follows the kernel (a copy node costs ~8 us a step: bench/RESULTS.md,
+ * eighteenth session). The slot is read when the kernel runs, so a graph
+ * serves both. */
+typedef struct rp_sample_host {
+    int32_t *rows[2];
+    const int32_t *slot;
+    int stride;
+} rp_sample_host;
+
 /* rp_k_sample, and kept[r] (when kept != NULL): how many tokens of the
  * sampling order (logit descending, id ascending) row r's draw was made
  * from, i.e. survived top-k, top-p and min-p; vocab for greedy rows. It is
  * computed (at a cost only on the exact slow path) for rows with
- * params[r].top_logprobs > 0; other rows' entries may be left unwritten. */
+ * params[r].top_logprobs > 0; other rows' entries may be left unwritten.
+ * host (nullable): tokens and logprobs also go there. */
 int rp_k_sample_kept(const float *logits, const rp_sample_params *params, int32_t *tokens, float *logprobs,
-                     int32_t *kept, void *workspace, int rows, int vocab, cudaStream_t stream);
+                     int32_t *kept, const rp_sample_host *host, void *workspace, int rows, int vocab,
+                     cudaStream_t stream);
 
 /* After rp_k_sample_kept on the same rows: top[r] = the min(top_logprobs,
  * vocab) first tokens of row r's sampling order, with their logprobs under

@@ -404,10 +404,20 @@ __device__ __forceinline__ void sample_row_exact(const float *row, const rp_samp
 }
 
 
+/* Row r's token and logprob, as the thread that wrote them sees them, into
+ * the host's result buffer (rp_sample_host). */
+__device__ __forceinline__ void smp_mirror(const rp_sample_host &h, int r, const int32_t *tokens,
+                                           const float *logprobs) {
+    if (!h.rows[0]) return;
+    int32_t *t = h.rows[*h.slot & 1];
+    t[r] = tokens[r];
+    if (logprobs) reinterpret_cast<float *>(t + h.stride)[r] = logprobs[r];
+}
+
 __global__ void __launch_bounds__(SMP_THREADS)
     sample_kernel_slow(const float *logits, const rp_sample_params *__restrict__ params,
                        int32_t *__restrict__ tokens, float *__restrict__ logprobs, int32_t *__restrict__ kept,
-                       int vocab) {
+                       rp_sample_host host, int vocab) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     smp_shared &sh = *reinterpret_cast<smp_shared *>(smem_raw);
     rp_pdl_trigger();
@@ -415,6 +425,7 @@ __global__ void __launch_bounds__(SMP_THREADS)
     const int r = blockIdx.x;
     sample_row_exact(logits + (int64_t)r * vocab, params[r], tokens + r, logprobs ? logprobs + r : NULL,
                      kept ? kept + r : NULL, vocab, sh);
+    if (threadIdx.x == 0) smp_mirror(host, r, tokens, logprobs); /* thread 0 wrote them */
 }
 
 /* ======================= fast path (one cluster per row) ================== */
@@ -675,7 +686,7 @@ __device__ u64 fs_prefix_weight(int b, unsigned j, const fs_row &rw, fs_shared &
 __global__ void __launch_bounds__(FS_THREADS, 2)
     sample_kernel_cluster(const float *logits, const rp_sample_params *__restrict__ params,
                           int32_t *__restrict__ tokens, float *__restrict__ logprobs, int32_t *__restrict__ kept,
-                          int vocab, int chunk) {
+                          rp_sample_host host, int vocab, int chunk) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     fs_shared &sh = *reinterpret_cast<fs_shared *>(smem_raw);
     float *xs = reinterpret_cast<float *>(smem_raw + FS_SHARED_BYTES);
@@ -785,9 +796,10 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
                 if (lane == 0) logprobs[r] = mx == -INFINITY ? -INFINITY : -logf(tot);
             }
         }
-        if (rank == 0 && threadIdx.x == 0) {
+        if (rank == 0 && threadIdx.x == 0) { /* also the logprob's writer */
             tokens[r] = argmax;
             if (kept) kept[r] = vocab;
+            smp_mirror(host, r, tokens, logprobs);
         }
         cluster.sync(); /* [exit] no block leaves while its slot may still be read */
         return;
@@ -956,6 +968,7 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
         /* a bin too large to open: the exact slow path over the global row */
         sample_row_exact(row, p, tokens + r, logprobs ? logprobs + r : NULL, kept ? kept + r : NULL, vocab,
                          *reinterpret_cast<smp_shared *>(smem_raw));
+        if (rank == 0 && threadIdx.x == 0) smp_mirror(host, r, tokens, logprobs);
         return;
     }
     if (threadIdx.x == 0) {
@@ -963,6 +976,7 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
         if (kept) kept[r] = (int32_t)kept_n;
         if (logprobs)
             logprobs[r] = (float)(((double)pick_x - (double)mx) / (double)temp - log((double)s2 / (double)SMP_ONE));
+        smp_mirror(host, r, tokens, logprobs);
     }
 }
 
@@ -1027,13 +1041,15 @@ static int fs_cluster_size(int vocab, int *chunk_out, size_t *smem_out) {
 
 extern "C" int rp_k_sample(const float *logits, const rp_sample_params *params, int32_t *tokens, float *logprobs,
                            void *workspace, int rows, int vocab, cudaStream_t stream) {
-    return rp_k_sample_kept(logits, params, tokens, logprobs, NULL, workspace, rows, vocab, stream);
+    return rp_k_sample_kept(logits, params, tokens, logprobs, NULL, NULL, workspace, rows, vocab, stream);
 }
 
 extern "C" int rp_k_sample_kept(const float *logits, const rp_sample_params *params, int32_t *tokens,
-                                float *logprobs, int32_t *kept, void *workspace, int rows, int vocab,
-                                cudaStream_t stream) {
+                                float *logprobs, int32_t *kept, const rp_sample_host *host_in, void *workspace, int rows,
+                                int vocab, cudaStream_t stream) {
     (void)workspace;
+    rp_sample_host host = {};
+    if (host_in) host = *host_in;
     if (rows <= 0) return cudaSuccess;
     if (vocab <= 0 || vocab > SMP_MAX_VOCAB || rows > 65535) return (int)cudaErrorInvalidValue;
     int chunk = 0;
@@ -1041,7 +1057,7 @@ extern "C" int rp_k_sample_kept(const float *logits, const rp_sample_params *par
     const int cl = fs_cluster_size(vocab, &chunk, &smem);
     if (cl) {
         return rp_launch_cluster(sample_kernel_cluster, dim3(cl, rows), dim3(FS_THREADS), smem, stream, cl, logits,
-                                 params, tokens, logprobs, kept, vocab, chunk);
+                                 params, tokens, logprobs, kept, host, vocab, chunk);
     }
     static int attr_set = 0;
     const size_t bytes = sizeof(smp_shared);
@@ -1051,7 +1067,7 @@ extern "C" int rp_k_sample_kept(const float *logits, const rp_sample_params *par
         attr_set = 1;
     }
     return rp_launch(sample_kernel_slow, dim3(rows), dim3(SMP_THREADS), bytes, stream, logits, params, tokens, logprobs,
-                     kept, vocab);
+                     kept, host, vocab);
 }
 
 /* ======================= top logprobs ===================================== */
