@@ -86,8 +86,6 @@ static rp_batch *decode_batch(rp_page_table *table, rp_batch_builder *bb, rp_ben
     return rp_batch_finish(bb);
 }
 
-/* Runs `steps` decode steps over all B sequences; fills per-step wall and
- * device times. */
 /* Each sequence's sampling parameters for its next token: *sp (NULL:
  * greedy), seeded by the sequence and counted by its length, as the engine
  * does. */
@@ -104,6 +102,8 @@ static void step_params(rp_sample_params *out, const rp_sample_params *sp, const
     }
 }
 
+/* Runs `steps` decode steps over all B sequences; fills per-step wall and
+ * device times. */
 int rp_bench_decode_steps(rp_backend *be, rp_page_table *table, rp_batch_builder *bb, rp_bench_seq *seqs, int B,
                           int steps, const rp_sample_params *sp_in, double *wall_ms, double *gpu_ms, float *logits,
                           rp_err *err) {
