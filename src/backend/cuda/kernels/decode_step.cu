@@ -109,6 +109,7 @@ struct ds_args {
      * attention). */
     int poll_ns, apace_ns, apace_all;
     int norm_pf; /* prefetch the next norms' weights into L2 (prefetch_norms) */
+    int tail_hold; /* a block that took one of a phase's last tail_hold units issues no more until it arrives */
     /* Several sequences (NB > 1): how many (nb <= NB; the rest of the
      * kernel's rows are left alone, so that 3 sequences get the same
      * arithmetic alone as padded to 4), the ring's geometry for kc, and x's
@@ -506,12 +507,13 @@ __device__ __forceinline__ void prefetch_ahead(const ds_args &a, ds_walk &pw, in
  * is rare: about one per stall.) */
 template <int NB, bool TRACE, bool DYNK>
 __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
-                        ds_info *info, volatile int *pend, volatile int *pace_flag) {
+                        ds_info *info, volatile int *pend, volatile int *pace_flag, volatile int *arrived) {
     uint64_t policy, waited = 0;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     const int NP = 4 * a.s.num_layers + 1, st = a.stages;
     const int stage_b = NB == 1 ? DS_STAGE : a.stage_bytes, row_b = NB == 1 ? DS_ROW_STRIDE : a.row_stride;
     int i = 0, useq = 0, n_static = 0, n_walked = 0;
+    bool tail = false;
     ds_walk pw;
     pw.p = 0;
     walk_phase(a, pw);
@@ -526,11 +528,23 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
         const int U = m.N / DS_ROWS, S = static_units(U, a);
         int u = (int)((int64_t)blockIdx.x * S / a.grid), u_end = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
         bool dyn = false;
+        /* This block took one of phase p - 1's last units, so it is likely
+         * to arrive last at that phase's barrier, where its release fence
+         * waits for every copy queued on its SM (~1 us under the stream;
+         * bench_fence_probe): it queues nothing more until it has arrived.
+         * The other blocks' rings are full by then, and the next phase's
+         * dynamic units even out its late start. */
+        if (DYNK && tail) {
+            const int q = p - 1, bar = 5 * (q >> 2) + ((q & 3) ? (q & 3) + 1 : 0); /* barriers: 5 a layer */
+            while (*arrived <= bar) __nanosleep(32);
+            tail = false;
+        }
         for (;; u++, useq++) {
             if (u >= u_end) {
                 if (S == U) break;
                 u = S + (int)atomicAdd(ws.claim + p, 1u);
                 if (u >= U) break;
+                tail |= DYNK && u >= U - a.tail_hold;
                 u_end = u + 1;
                 dyn = true;
             }
@@ -927,12 +941,14 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
  * for every transfer queued on this SM, the ring's copies too (~1 us for
  * the last block under the stream; bench_fence_probe), which the paced
  * refill keeps short. */
-__device__ __forceinline__ void grid_arrive(unsigned *ctr, unsigned &target, int grid, uint64_t *bt, uint64_t &t0) {
+__device__ __forceinline__ void grid_arrive(unsigned *ctr, unsigned &target, int grid, uint64_t *bt, uint64_t &t0,
+                                            volatile int *arrived) {
     cbar();
     if (threadIdx.x == 0) {
         t0 = bt ? ds_now() : 0;
         target += (unsigned)grid;
         asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+        if (arrived) *arrived = (int)(target / (unsigned)grid); /* after the release's fence */
     }
 }
 
@@ -954,9 +970,10 @@ __device__ __forceinline__ void grid_wait(unsigned *ctr, unsigned target, int gr
 /* A grid barrier with between() run after this block's arrival, before its
  * wait (loads that no block writes in the step). */
 template <class F>
-__device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int grid, uint64_t *bt, F &&between) {
+__device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int grid, uint64_t *bt,
+                                          volatile int *arrived, F &&between) {
     uint64_t t0 = 0;
-    grid_arrive(ctr, target, grid, bt, t0);
+    grid_arrive(ctr, target, grid, bt, t0, arrived);
     between();
     grid_wait(ctr, target, grid, bt, t0);
 }
@@ -1515,6 +1532,10 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
      * stage_norm_nb 32) */
     volatile int *pace_flag = reinterpret_cast<volatile int *>(red + 63);
     if (DYNK && threadIdx.x == 0) *pace_flag = 0;
+    /* grid barriers this block has arrived at, its release fence done (the
+     * producer's tail hold; only with dynamic units) */
+    volatile int *arrived = DYNK ? reinterpret_cast<volatile int *>(red + 62) : nullptr;
+    if (DYNK && threadIdx.x == 0) *arrived = 0;
     unsigned *ucnt = reinterpret_cast<unsigned *>(smem + Lo.ucnt);
     ds_info *info = reinterpret_cast<ds_info *>(smem + Lo.info);
     volatile int *pend = reinterpret_cast<volatile int *>(smem + Lo.pend);
@@ -1537,7 +1558,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         /* weights are constant: stream them before (and regardless of) the
          * wait for the previous kernel */
         if (warp == DS_CONSUMERS && lane == 0)
-            produce<NB, TRACE, DYNK>(a, ws, ring, full, empty, info, pend, pace_flag);
+            produce<NB, TRACE, DYNK>(a, ws, ring, full, empty, info, pend, pace_flag, arrived);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(DS_CONSUMER_REGS));
@@ -1599,14 +1620,14 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (DYNK && threadIdx.x == 0) *pace_flag = 1;
         lane_row<HD / 32> kr[ATT_UNROLL], vr[ATT_UNROLL];
         ds_qkw<HD> qw;
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, [&] {
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
                  first_kv<HD>(a, l, sq, kr, vr);
                  load_qkw<HD>(qw, s, l);
              }));
         /* Past a phase's barrier no producer takes from its counter again. */
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq, kr, vr, qw));
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, [&] {
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
                  if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
                  if (a.norm_pf) prefetch_norms(a, l);
              }));
@@ -1616,7 +1637,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
              gemv_phase<NB, DYNK>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, [&] {
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
                  if constexpr (NB == 1) load_nw(nw, ds_norm(s, l, 1), H);
              }));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
@@ -1626,7 +1647,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
              gemv_phase<NB, DYNK>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, [] {}));
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [] {}));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, DS_BF16(s.act, s.F));
@@ -1634,7 +1655,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
              gemv_phase<NB, DYNK>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, [&] {
+        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
                  if constexpr (NB == 1) load_nw(nw, ds_norm(s, l + 1, 0), H);
              }));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
@@ -1654,7 +1675,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     /* The greedy pick: every block's logits are in after one more barrier
      * (not traced: the trace has five per layer). */
     if constexpr (PK) {
-        grid_sync(ws.sync, target, a.grid, nullptr, [] {});
+        grid_sync(ws.sync, target, a.grid, nullptr, arrived, [] {});
         pick_slice(s, ws, nb, a.grid, part);
     }
     /* The last block out puts the barrier back to 0 for the next launch:
@@ -1895,6 +1916,13 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
     a->norm_pf = env_knob("REPLAY_DECODE_STEP_NPF", 0, 1, 1, &npf);
     static int apace_all = INT_MIN;
     a->apace_all = env_knob("REPLAY_DECODE_STEP_APACE_ALL", 0, 1, 1, &apace_all);
+    /* The blocks that take the last quarter-grid of a phase's dynamic units
+     * queue no copies until they arrive at its barrier (produce): qwen3-4b
+     * 3.021-3.027 -> 2.990-3.003 ms, llama3-8b and qwen3-8b -1% (24 and 40
+     * about the same, 48 less; bench/RESULTS.md, twenty-first session). */
+    static int tail_hold = INT_MIN;
+    a->tail_hold =
+        env_knob("REPLAY_DECODE_STEP_TAILHOLD", 0, 1 << 20, a->dyn_eighths > 0 ? num_sms / 4 : 0, &tail_hold);
     /* The residual row in shared memory where it fits beside the ring
      * (hidden size up to 2048: qwen3-0.6b and 1.7b, llama3.2-1b): the o and
      * down epilogues then skip an L2 round trip (qwen3-0.6b 0.961 -> 0.957
