@@ -1918,8 +1918,9 @@ static int make_args(const rp_decode_step *s, int nb_real, int num_sms, ds_args 
     a->apace_all = env_knob("REPLAY_DECODE_STEP_APACE_ALL", 0, 1, 1, &apace_all);
     /* The blocks that take the last quarter-grid of a phase's dynamic units
      * queue no copies until they arrive at its barrier (produce): qwen3-4b
-     * 3.021-3.027 -> 2.990-3.003 ms, llama3-8b and qwen3-8b -1% (24 and 40
-     * about the same, 48 less; bench/RESULTS.md, twenty-first session). */
+     * 3.021-3.025 -> 3.009-3.014 ms, llama3-8b and qwen3-8b -0.7..-0.8%
+     * (24 and 40 about the same, 48 and 64 less; bench/RESULTS.md,
+     * twenty-first session). */
     static int tail_hold = INT_MIN;
     a->tail_hold =
         env_knob("REPLAY_DECODE_STEP_TAILHOLD", 0, 1 << 20, a->dyn_eighths > 0 ? num_sms / 4 : 0, &tail_hold);
