@@ -667,24 +667,35 @@ static void print_decode_step_trace(rp_cuda_backend *cb) {
      * (mean over blocks of arrival minus the previous release). */
     static const char *const kind[5] = {"after qkv", "after attention", "after o", "after gate_up", "after down"};
     const int L = cb->base.model->cfg.num_layers, nb = 5 * L < RP_DECODE_STEP_TRACE_BARRIERS ? 5 * L : 0;
-    double spread[5] = {0}, latency[5] = {0}, work[5] = {0};
+    /* The fence: each block's (mean), the one of the block whose fence
+     * ended last, and the release latency counted from that end. */
+    double spread[5] = {0}, latency[5] = {0}, work[5] = {0}, fmean[5] = {0}, flast[5] = {0}, after[5] = {0};
     for (int k = 0; k < nb; k++) {
-        uint64_t amin = UINT64_MAX, amax = 0, rmin = UINT64_MAX;
-        double w = 0;
+        uint64_t amin = UINT64_MAX, amax = 0, rmin = UINT64_MAX, fmax = 0, fl = 0;
+        double w = 0, f = 0;
         for (int b = 0; b < cb->num_sms; b++) {
-            const uint64_t *bt = h + (size_t)b * RP_DECODE_STEP_TRACE_STRIDE + 16;
+            const uint64_t *bt = h + (size_t)b * RP_DECODE_STEP_TRACE_STRIDE + 16,
+                           fe = h[(size_t)b * RP_DECODE_STEP_TRACE_STRIDE + RP_DECODE_STEP_TRACE_FENCE + k];
             if (bt[2 * k] < amin) amin = bt[2 * k];
             if (bt[2 * k] > amax) amax = bt[2 * k];
             if (bt[2 * k + 1] < rmin) rmin = bt[2 * k + 1];
             if (k > 0) w += (double)(bt[2 * k] - bt[2 * k - 1]);
+            f += (double)(fe - bt[2 * k]);
+            if (fe > fmax) fmax = fe, fl = fe - bt[2 * k];
         }
         spread[k % 5] += (double)(amax - amin) / 1e3 / L;
         latency[k % 5] += ((double)rmin - (double)amax) / 1e3 / L;
         work[k % 5] += w / cb->num_sms / 1e3 / L;
+        fmean[k % 5] += f / cb->num_sms / 1e3 / L;
+        flast[k % 5] += (double)fl / 1e3 / L;
+        after[k % 5] += ((double)rmin - (double)fmax) / 1e3 / L;
     }
-    if (nb) fprintf(stderr, "  per barrier, mean over layers: arrival spread / release latency / work before (us)\n");
+    if (nb)
+        fprintf(stderr, "  per barrier, mean over layers (us): arrival spread / release latency / work before /"
+                        " fence mean / fence of the last / release after the last fence\n");
     for (int k = 0; nb && k < 5; k++)
-        fprintf(stderr, "    %-16s %8.2f %8.2f %8.2f\n", kind[k], spread[k], latency[k], work[k]);
+        fprintf(stderr, "    %-16s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", kind[k], spread[k], latency[k], work[k],
+                fmean[k], flast[k], after[k]);
     free(h);
 }
 

@@ -204,11 +204,14 @@ int rp_decode_step_pick_ok(const rp_decode_step *s, int nb, int num_sms);
  * 16 + 2k and 16 + 2k + 1; five barriers per layer), then from
  * RP_DECODE_STEP_TRACE_ATT, 8 per layer, when its attention item started,
  * had q/k/v, ended its score loop (warp 0), had every warp's scores, had
- * published its partials and had merged (0: no item). */
+ * published its partials and had merged (0: no item), then from
+ * RP_DECODE_STEP_TRACE_FENCE, one per barrier, when its release fence was
+ * done (the arrival slot holds the time before the fence). */
 #define RP_DECODE_STEP_TRACE_SLOTS 12
 #define RP_DECODE_STEP_TRACE_BARRIERS (5 * 128)
 #define RP_DECODE_STEP_TRACE_ATT (16 + 2 * RP_DECODE_STEP_TRACE_BARRIERS)
-#define RP_DECODE_STEP_TRACE_STRIDE (RP_DECODE_STEP_TRACE_ATT + 8 * 128)
+#define RP_DECODE_STEP_TRACE_FENCE (RP_DECODE_STEP_TRACE_ATT + 8 * 128)
+#define RP_DECODE_STEP_TRACE_STRIDE (RP_DECODE_STEP_TRACE_FENCE + RP_DECODE_STEP_TRACE_BARRIERS)
 extern const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS];
 #define RP_DECODE_STEP_TL_PIECES 8192
 

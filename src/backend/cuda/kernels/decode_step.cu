@@ -945,9 +945,17 @@ __device__ __forceinline__ void grid_arrive(unsigned *ctr, unsigned &target, int
                                             volatile int *arrived) {
     cbar();
     if (threadIdx.x == 0) {
-        t0 = bt ? ds_now() : 0;
         target += (unsigned)grid;
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+        if (bt) {
+            /* the trace times the release's fence apart: a fence then a
+             * relaxed add is the same release */
+            t0 = ds_now();
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            bt[RP_DECODE_STEP_TRACE_FENCE - 16 + target / (unsigned)grid - 1] = ds_now();
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+        } else {
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+        }
         if (arrived) *arrived = (int)(target / (unsigned)grid); /* after the release's fence */
     }
 }
