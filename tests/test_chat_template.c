@@ -10,7 +10,7 @@
 static rp_tokenizer *load_real(const char *name) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/.cache/tokenizers/%s", test_source_dir(), name);
-    rp_err err = {{0}};
+    rp_err err = {0};
     rp_tokenizer *t = rp_tokenizer_load(dir, &err);
     if (!t) fail_msg("%s (run scripts/fetch-tokenizers.sh)", err.msg);
     return t;

@@ -77,7 +77,7 @@ static void test_rope_parameters_spelling(void **state) {
 
 static void expect_error(const char *json, const char *needle) {
     rp_model_config c;
-    rp_err err = {{0}};
+    rp_err err = {0};
     assert_int_not_equal(rp_config_parse(&c, json, NULL, &err), 0);
     if (!strstr(err.msg, needle)) fail_msg("error \"%s\" does not mention \"%s\"", err.msg, needle);
 }

@@ -1,14 +1,14 @@
 /* The CPU backend against transformers: logits at every prompt position
  * (relative L2 < 1e-3) and 32 greedy tokens, for each committed fixture
  * model (tools/make_fixtures.py), each prompt alone and all batched together
- * with different lengths, across page sizes and prefill chunk sizes. */
+ * with different lengths, across page sizes and prefill chunk sizes: the
+ * logits through the runner, the greedy tokens through the engine. */
 #include <jansson.h>
 #include <math.h>
 
 #include "backend/backend.h"
-#include "engine/generate.h"
-#include "kv/page_pool.h"
-#include "kv/page_table.h"
+#include "engine/runner.h"
+#include "replay/engine.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -70,9 +70,24 @@ static void free_fixture(fixture *fx) {
 }
 
 
+typedef struct greedy_out {
+    int32_t tokens[GREEDY];
+    int n;
+    rp_finish finish;
+} greedy_out;
+
+static void collect(void *user, const rp_token_event *ev) {
+    greedy_out *o = user;
+    if (ev->token >= 0 && o->n < GREEDY) o->tokens[o->n++] = ev->token;
+    if (ev->finish != RP_FINISH_REASON_NONE) o->finish = ev->finish;
+}
+
 /* Runs the given prompts of a fixture together and checks each against the
- * reference. page_size and max_batch_tokens vary the paging and chunking. */
-static void run_and_check(fixture *fx, const int *which, int n, int page_size, int max_batch_tokens) {
+ * reference: the logits at every prompt position through the runner, the
+ * greedy continuation through the engine (continuous batching). page_size
+ * and max_batch_tokens vary the paging and chunking. */
+static void run_and_check(fixture *fx, const char *name, const int *which, int n, int page_size,
+                          int max_batch_tokens) {
     const int vocab = fx->model->cfg.vocab_size;
     int total = 0, max_len = 0;
     for (int i = 0; i < n; i++) {
@@ -80,50 +95,77 @@ static void run_and_check(fixture *fx, const int *which, int n, int page_size, i
         total += (len + page_size - 1) / page_size;
         if (len > max_len) max_len = len;
     }
-    rp_page_pool *pool = rp_page_pool_new(total, page_size);
-    rp_page_table *table = rp_page_table_new(pool, n, max_len);
-    rp_backend_config bc = {.num_pages = total, .page_size = page_size, .max_batch_tokens = max_batch_tokens,
-                            .max_batch_seqs = n, .max_logit_rows = max_batch_tokens, .num_threads = 2};
     rp_err err;
-    rp_backend *be = rp_backend_cpu_new(fx->model, &bc, &err);
-    if (!be) fail_msg("backend: %s", err.msg);
-    rp_gen_request reqs[MAX_PROMPTS];
-    int32_t outputs[MAX_PROMPTS][GREEDY];
+    rp_runner_config rc = {.model = fx->model, .device = "cpu", .threads = 2, .page_size = page_size,
+                           .num_pages = total, .max_seqs = n, .max_context = max_len,
+                           .max_batched_tokens = max_batch_tokens, .max_logit_rows = max_batch_tokens};
+    rp_runner *run = rp_runner_new(&rc, &err);
+    if (!run) fail_msg("runner: %s", err.msg);
+    const int32_t *prompts[MAX_PROMPTS];
+    int lens[MAX_PROMPTS];
+    float *logits[MAX_PROMPTS];
     for (int i = 0; i < n; i++) {
         int p = which[i];
-        memset(&reqs[i], 0, sizeof reqs[i]);
-        reqs[i].prompt = fx->prompts[p];
-        reqs[i].num_prompt = fx->prompt_len[p];
-        reqs[i].max_tokens = GREEDY;
-        reqs[i].ignore_eos = 1;
-        rp_sampling_params_default(&reqs[i].sampling);
-        reqs[i].sampling.temperature = 0;
-        reqs[i].output = outputs[i];
-        reqs[i].prompt_logits = malloc((size_t)fx->prompt_len[p] * vocab * sizeof(float));
-        for (size_t k = 0; k < (size_t)fx->prompt_len[p] * vocab; k++) reqs[i].prompt_logits[k] = NAN; /* poison */
+        prompts[i] = fx->prompts[p];
+        lens[i] = fx->prompt_len[p];
+        logits[i] = malloc((size_t)lens[i] * vocab * sizeof(float));
+        for (size_t k = 0; k < (size_t)lens[i] * vocab; k++) logits[i][k] = NAN; /* poison */
     }
-    rp_gen_stats st;
-    if (rp_generate(be, table, reqs, n, NULL, NULL, &st, &err)) fail_msg("generate: %s", err.msg);
+    if (rp_runner_run_prompts(run, n, prompts, lens, logits, 0, NULL, &err)) fail_msg("prompt logits: %s", err.msg);
     for (int i = 0; i < n; i++) {
-        int p = which[i], len = fx->prompt_len[p];
-        for (int pos = 0; pos < len; pos++) {
-            double e = test_rel_l2(reqs[i].prompt_logits + (size_t)pos * vocab, fx->logits[p] + (size_t)pos * vocab,
-                              (size_t)vocab);
+        int p = which[i];
+        for (int pos = 0; pos < lens[i]; pos++) {
+            double e = test_rel_l2(logits[i] + (size_t)pos * vocab, fx->logits[p] + (size_t)pos * vocab, (size_t)vocab);
             if (!(e < 1e-3))
                 fail_msg("prompt %d position %d: relative L2 error %.3g (page %d, chunk %d)", p, pos, e, page_size,
                          max_batch_tokens);
         }
-        assert_int_equal(reqs[i].num_output, GREEDY);
-        for (int k = 0; k < GREEDY; k++)
-            if (outputs[i][k] != fx->greedy[p][k])
-                fail_msg("prompt %d: greedy token %d is %d, transformers says %d", p, k, outputs[i][k],
-                         fx->greedy[p][k]);
-        free(reqs[i].prompt_logits);
+        free(logits[i]);
     }
-    assert_int_equal(rp_page_pool_num_free(pool), total); /* every page came back */
-    rp_backend_destroy(be);
-    rp_page_table_free(table);
-    rp_page_pool_free(pool);
+    assert_int_equal(rp_page_pool_num_free(run->pool), total); /* every page came back */
+    rp_runner_free(run);
+
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", test_source_dir(), name);
+    rp_engine_config ec;
+    rp_engine_config_default(&ec);
+    ec.model_dir = dir;
+    ec.device = "cpu";
+    ec.threads = 2;
+    ec.page_size = page_size;
+    ec.num_pages = total;
+    ec.max_running_requests = n;
+    ec.max_batched_tokens = max_batch_tokens;
+    ec.chunked_prefill_size = max_batch_tokens;
+    ec.quiet_model_warning = 1;
+    rp_error eerr;
+    rp_engine *eng = rp_engine_create(&ec, &eerr);
+    if (!eng) fail_msg("engine: %s", eerr.message);
+    greedy_out outs[MAX_PROMPTS] = {0};
+    for (int i = 0; i < n; i++) {
+        rp_request_params rq;
+        rp_request_params_default(&rq);
+        rq.prompt_ids = prompts[i];
+        rq.num_prompt_ids = lens[i];
+        rq.max_tokens = GREEDY;
+        rq.ignore_eos = 1;
+        rq.temperature = 0;
+        if (rp_engine_submit(eng, &rq, collect, &outs[i], NULL, &eerr)) fail_msg("submit: %s", eerr.message);
+    }
+    rp_engine_wait_idle(eng);
+    rp_engine_stats st;
+    rp_engine_get_stats(eng, &st);
+    assert_int_equal(st.kv_pages_free, total); /* every page came back */
+    rp_engine_destroy(eng);
+    for (int i = 0; i < n; i++) {
+        int p = which[i];
+        assert_int_equal(outs[i].finish, RP_FINISH_REASON_LENGTH);
+        assert_int_equal(outs[i].n, GREEDY);
+        for (int k = 0; k < GREEDY; k++)
+            if (outs[i].tokens[k] != fx->greedy[p][k])
+                fail_msg("prompt %d: greedy token %d is %d, transformers says %d (page %d, chunk %d)", p, k,
+                         outs[i].tokens[k], fx->greedy[p][k], page_size, max_batch_tokens);
+    }
 }
 
 static void test_model(void **state) {
@@ -131,13 +173,13 @@ static void test_model(void **state) {
     fixture fx;
     load_fixture(&fx, name);
     /* each prompt alone */
-    for (int p = 0; p < fx.num_prompts; p++) run_and_check(&fx, &p, 1, 16, 256);
+    for (int p = 0; p < fx.num_prompts; p++) run_and_check(&fx, name, &p, 1, 16, 256);
     /* all together, different lengths, several paging and chunking setups */
     int all[MAX_PROMPTS];
     for (int p = 0; p < fx.num_prompts; p++) all[p] = fx.num_prompts - 1 - p;
-    run_and_check(&fx, all, fx.num_prompts, 16, 256);
-    run_and_check(&fx, all, fx.num_prompts, 1, 256);
-    run_and_check(&fx, all, fx.num_prompts, 7, 13); /* chunked prefill mixed with decode */
+    run_and_check(&fx, name, all, fx.num_prompts, 16, 256);
+    run_and_check(&fx, name, all, fx.num_prompts, 1, 256);
+    run_and_check(&fx, name, all, fx.num_prompts, 7, 13); /* chunked prefill mixed with decode */
     free_fixture(&fx);
 }
 

@@ -17,7 +17,7 @@
 
 #include "backend/backend.h"
 #include "engine/batch.h"
-#include "engine/generate.h"
+#include "engine/runner.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "model/model.h"
@@ -27,7 +27,9 @@
 static int have_gpu(void) { return rp_cuda_device_count() > 0; }
 
 
+/* A runner over a borrowed model, with its parts at hand. */
 typedef struct setup {
+    rp_runner *run;
     rp_page_pool *pool;
     rp_page_table *table;
     rp_backend *be;
@@ -35,20 +37,20 @@ typedef struct setup {
 
 static void make(setup *s, const rp_model *m, int cuda, int seqs, int ctx, int graphs) {
     int ps = 16, pages = seqs * ((ctx + ps - 1) / ps);
-    s->pool = rp_page_pool_new(pages, ps);
-    s->table = rp_page_table_new(s->pool, seqs, ctx);
-    rp_backend_config bc = {.num_pages = pages, .page_size = ps, .max_batch_tokens = 512, .max_batch_seqs = seqs,
-                            .max_logit_rows = 512, .num_threads = 2, .disable_cuda_graph = !graphs};
+    rp_runner_config rc = {.model = m, .device = cuda ? "cuda" : "cpu", .threads = 2, .page_size = ps,
+                           .num_pages = pages, .max_seqs = seqs, .max_context = ctx, .max_batched_tokens = 512,
+                           .max_logit_rows = 512, .disable_cuda_graph = !graphs};
     rp_err err;
-    s->be = cuda ? rp_backend_cuda_new(m, &bc, &err) : rp_backend_cpu_new(m, &bc, &err);
-    if (!s->be) fail_msg("%s backend: %s", cuda ? "cuda" : "cpu", err.msg);
+    s->run = rp_runner_new(&rc, &err);
+    if (!s->run) fail_msg("%s runner: %s", cuda ? "cuda" : "cpu", err.msg);
+    s->pool = s->run->pool;
+    s->table = s->run->table;
+    s->be = s->run->backend;
 }
 
 static void unmake(setup *s) {
     assert_int_equal(rp_page_pool_num_free(s->pool), s->pool->num_pages);
-    rp_backend_destroy(s->be);
-    rp_page_table_free(s->table);
-    rp_page_pool_free(s->pool);
+    rp_runner_free(s->run);
 }
 
 /* A one-kernel-vs-chain comparison's two CUDA backends for up to max_seqs
@@ -77,20 +79,17 @@ static void end_comparison(setup *chain, setup *one, rp_model *m, float *a, floa
 
 /* The CPU backend's logits after prompt + out[0..k-1]: how much it prefers
  * token a over token b, and the logits' rms. */
-static void cpu_margin(rp_backend *be, rp_page_table *table, const int32_t *prompt, int n, const int32_t *out, int k,
-                       int32_t a, int32_t b, double *margin, double *rms) {
-    const int V = be->model->cfg.vocab_size;
+static void cpu_margin(rp_runner *run, const int32_t *prompt, int n, const int32_t *out, int k, int32_t a, int32_t b,
+                       double *margin, double *rms) {
+    const int V = run->model->cfg.vocab_size;
     int32_t *seq = malloc((size_t)(n + k) * 4);
     memcpy(seq, prompt, (size_t)n * 4);
     memcpy(seq + n, out, (size_t)k * 4);
     float *lg = malloc((size_t)(n + k) * V * 4);
-    int32_t one[1];
-    rp_gen_request r = {.prompt = seq, .num_prompt = n + k, .max_tokens = 1, .ignore_eos = 1, .prompt_logits = lg,
-                        .output = one};
-    rp_sampling_params_default(&r.sampling);
-    r.sampling.temperature = 0;
+    const int32_t *prompts[1] = {seq};
+    int len = n + k;
     rp_err err;
-    if (rp_generate(be, table, &r, 1, NULL, NULL, NULL, &err)) fail_msg("cpu: %s", err.msg);
+    if (rp_runner_run_prompts(run, 1, prompts, &len, &lg, 0, NULL, &err)) fail_msg("cpu: %s", err.msg);
     const float *last = lg + (size_t)(n + k - 1) * V;
     double ss = 0;
     for (int i = 0; i < V; i++) ss += (double)last[i] * last[i];
@@ -122,7 +121,7 @@ static void test_fixtures(void **state) {
         json_t *prompts = json_object_get(ref, "prompts");
         int n = (int)json_array_size(prompts), V = m->cfg.vocab_size;
         int32_t *ids[8], out_cpu[8][32], out_gpu[8][32];
-        rp_gen_request rc[8], rg[8];
+        int lens[8];
         float *logits[8];
         size_t off = 0;
         for (int p = 0; p < n; p++) {
@@ -131,22 +130,18 @@ static void test_fixtures(void **state) {
             ids[p] = malloc((size_t)len * 4);
             for (int i = 0; i < len; i++) ids[p][i] = (int32_t)json_integer_value(json_array_get(pa, (size_t)i));
             logits[p] = malloc((size_t)len * V * 4);
-            rp_gen_request r = {.prompt = ids[p], .num_prompt = len, .max_tokens = 32, .ignore_eos = 1};
-            rp_sampling_params_default(&r.sampling);
-            r.sampling.temperature = 0;
-            rc[p] = r;
-            rc[p].output = out_cpu[p];
-            rg[p] = r;
-            rg[p].output = out_gpu[p];
-            rg[p].prompt_logits = logits[p];
+            lens[p] = len;
         }
         setup cpu, gpu;
         make(&cpu, m, 0, n, 128, 0);
         make(&gpu, m, 1, n, 128, 1);
-        if (rp_generate(cpu.be, cpu.table, rc, n, NULL, NULL, NULL, &err)) fail_msg("cpu: %s", err.msg);
-        if (rp_generate(gpu.be, gpu.table, rg, n, NULL, NULL, NULL, &err)) fail_msg("cuda: %s", err.msg);
+        const int32_t *const *ids_c = (const int32_t *const *)ids;
+        if (rp_runner_run_prompts(cpu.run, n, ids_c, lens, NULL, 32, &out_cpu[0][0], &err))
+            fail_msg("cpu: %s", err.msg);
+        if (rp_runner_run_prompts(gpu.run, n, ids_c, lens, logits, 32, &out_gpu[0][0], &err))
+            fail_msg("cuda: %s", err.msg);
         for (int p = 0; p < n; p++) {
-            int len = rg[p].num_prompt;
+            int len = lens[p];
             for (int pos = 0; pos < len; pos++) {
                 double e = test_rel_l2(logits[p] + (size_t)pos * V, blob + off + (size_t)pos * V, (size_t)V);
                 /* bf16 activations and KV: transformers' own bf16 run is ~2e-2
@@ -162,7 +157,7 @@ static void test_fixtures(void **state) {
                  * tokens must be within bf16 noise of each other. After it
                  * the sequences differ, so comparing stops there. */
                 double margin, rms;
-                cpu_margin(cpu.be, cpu.table, ids[p], rg[p].num_prompt, out_cpu[p], k, out_cpu[p][k], out_gpu[p][k],
+                cpu_margin(cpu.run, ids[p], lens[p], out_cpu[p], k, out_cpu[p][k], out_gpu[p][k],
                            &margin, &rms);
                 if (margin > 0.05 * rms)
                     fail_msg("%s prompt %d: greedy token %d: cpu %d, cuda %d, and the cpu prefers its token by %.3g "
@@ -199,26 +194,27 @@ static rp_model *small_model(int hd) {
     return m;
 }
 
-/* Prefills `n` sequences of different lengths, then returns per-step logits
- * of `steps` greedy decode steps: logits[step][seq][vocab]. */
-static void decode_run(rp_backend *be, rp_page_table *table, int n, int steps, int graphs, float *logits_out,
-                       int32_t *tokens_out) {
-    const int V = be->model->cfg.vocab_size;
-    rp_gen_request r[16];
-    int32_t prompts[16][40], outs[16][64];
+/* Prompt s of the padding test: 5 + 7s tokens. */
+static int padding_prompt(int s, int V, int32_t *out) {
+    int len = 5 + 7 * s;
+    for (int i = 0; i < len; i++) out[i] = (int32_t)((s * 131 + i * 17) % V);
+    return len;
+}
+
+/* Prefills `n` sequences of different lengths, then decodes `steps` greedy
+ * tokens of each together: tokens_out[seq * steps + k]. */
+static void decode_run(rp_runner *run, int n, int steps, int graphs, int32_t *tokens_out) {
+    const int V = run->model->cfg.vocab_size;
+    int32_t prompts[16][40];
+    const int32_t *ids[16];
+    int lens[16];
     for (int s = 0; s < n; s++) {
-        int len = 5 + 7 * s;
-        for (int i = 0; i < len; i++) prompts[s][i] = (int32_t)((s * 131 + i * 17) % V);
-        r[s] = (rp_gen_request){.prompt = prompts[s], .num_prompt = len, .max_tokens = steps, .ignore_eos = 1,
-                                .output = outs[s]};
-        rp_sampling_params_default(&r[s].sampling);
-        r[s].sampling.temperature = 0;
+        lens[s] = padding_prompt(s, V, prompts[s]);
+        ids[s] = prompts[s];
     }
-    if (be->ops->set_graphs) be->ops->set_graphs(be, graphs);
+    if (run->backend->ops->set_graphs) run->backend->ops->set_graphs(run->backend, graphs);
     rp_err err;
-    if (rp_generate(be, table, r, n, NULL, NULL, NULL, &err)) fail_msg("generate: %s", err.msg);
-    for (int s = 0; s < n; s++) memcpy(tokens_out + s * steps, outs[s], (size_t)steps * 4);
-    (void)logits_out;
+    if (rp_runner_run_prompts(run, n, ids, lens, NULL, steps, tokens_out, &err)) fail_msg("generate: %s", err.msg);
 }
 
 static void test_graph_equals_eager(void **state) {
@@ -272,25 +268,20 @@ static void test_graph_equals_eager(void **state) {
          * greedy tokens as each sequence alone (bucket 1), graphs on and off. */
         int32_t together[16 * 24], alone[24];
         for (int n = 3; n <= 5; n += 2) {
-            decode_run(g.be, g.table, n, 24, 1, NULL, together);
+            decode_run(g.run, n, 24, 1, together);
             for (int s = 0; s < n; s++) {
                 /* the same prompt as sequence s, run alone */
-                rp_gen_request r;
-                int32_t pr[40], out[24];
-                int len = 5 + 7 * s;
-                for (int i = 0; i < len; i++) pr[i] = (int32_t)((s * 131 + i * 17) % V);
-                r = (rp_gen_request){.prompt = pr, .num_prompt = len, .max_tokens = 24, .ignore_eos = 1, .output = out};
-                rp_sampling_params_default(&r.sampling);
-                r.sampling.temperature = 0;
-                assert_int_equal(rp_generate(g.be, g.table, &r, 1, NULL, NULL, NULL, &err), 0);
-                memcpy(alone, out, sizeof out);
+                int32_t pr[40];
+                int len = padding_prompt(s, V, pr);
+                const int32_t *one_prompt[1] = {pr};
+                assert_int_equal(rp_runner_run_prompts(g.run, 1, one_prompt, &len, NULL, 24, alone, &err), 0);
                 for (int k = 0; k < 24; k++)
                     if (alone[k] != together[s * 24 + k])
                         fail_msg("hd %d: sequence %d of %d: token %d is %d together, %d alone", hd, s, n, k,
                                  together[s * 24 + k], alone[k]);
             }
             int32_t eager[16 * 24];
-            decode_run(g.be, g.table, n, 24, 0, NULL, eager);
+            decode_run(g.run, n, 24, 0, eager);
             for (int k = 0; k < n * 24; k++)
                 if (eager[k] != together[k]) fail_msg("hd %d: %d sequences: eager and graph decode differ", hd, n);
         }
@@ -579,9 +570,9 @@ static void test_engine_real_shape(void **state) {
     c.device = "cuda";
     c.max_running_requests = 64;
     c.num_pages = 4096;
-    char err[512];
-    rp_engine *e = rp_engine_create(&c, err, sizeof err);
-    if (!e) fail_msg("%s", err);
+    rp_error err;
+    rp_engine *e = rp_engine_create(&c, &err);
+    if (!e) fail_msg("%s", err.message);
     for (int pass = 0; pass < 2; pass++) {
         eng_out *out = pass ? alone : together;
         memset(out, 0, sizeof(eng_out) * N);
@@ -596,7 +587,7 @@ static void test_engine_real_shape(void **state) {
             p.ignore_eos = 1;
             p.temperature = 0;
             p.logprobs = 1;
-            if (rp_engine_submit(e, &p, eng_collect, &out[i], NULL, err, sizeof err)) fail_msg("%s", err);
+            if (rp_engine_submit(e, &p, eng_collect, &out[i], NULL, &err)) fail_msg("%s", err.message);
             if (pass) rp_engine_wait_idle(e); /* one at a time */
         }
         rp_engine_wait_idle(e);

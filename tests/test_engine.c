@@ -51,12 +51,12 @@ static rp_engine *make_engine(const char *model, int num_pages, int chunk, int m
     c.num_pages = num_pages;
     c.page_size = 16;
     c.chunked_prefill_size = chunk;
-    c.max_prefill_tokens = 512;
+    c.max_batched_tokens = 512;
     c.max_running_requests = max_running;
     c.disable_overlap = g_no_overlap;
-    char err[512];
-    rp_engine *e = rp_engine_create(&c, err, sizeof err);
-    if (!e) fail_msg("engine: %s", err);
+    rp_error err;
+    rp_engine *e = rp_engine_create(&c, &err);
+    if (!e) fail_msg("engine: %s", err.message);
     return e;
 }
 
@@ -84,9 +84,17 @@ static void params_for(int i, rp_request_params *p, int32_t *prompt, int sampled
     p->has_seed = 1;
 }
 
+/* A rejected submit says what went wrong as data: the code, the parameter
+ * at fault and a message that names the problem. */
+static void expect_error(const rp_error *err, rp_error_code code, const char *param, const char *words) {
+    if (err->code != code || strcmp(err->param, param) != 0 || !strstr(err->message, words))
+        fail_msg("expected %s on '%s' saying '%s'; got %s on '%s': %s", rp_error_code_name(code), param, words,
+                 rp_error_code_name(err->code), err->param, err->message);
+}
+
 static void submit_or_fail(rp_engine *e, const rp_request_params *p, result *r) {
-    char err[512];
-    if (rp_engine_submit(e, p, collect, r, NULL, err, sizeof err)) fail_msg("submit: %s", err);
+    rp_error err;
+    if (rp_engine_submit(e, p, collect, r, NULL, &err)) fail_msg("submit: %s", err.message);
 }
 
 /* Each request alone, one at a time: the reference. */
@@ -171,32 +179,34 @@ static void test_rejections(void **state) {
     rp_request_params_default(&p);
     int32_t big[3000];
     for (int i = 0; i < 3000; i++) big[i] = i % 400;
-    char err[512];
+    rp_error err;
     result r = {0};
     p.prompt_ids = big;
     p.num_prompt_ids = 2500; /* over the model's context of 2048 */
-    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
-    assert_non_null(strstr(err, "context"));
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+    expect_error(&err, RP_ERROR_CONTEXT_LENGTH, "prompt", "context");
     p.num_prompt_ids = 100; /* fits the model's context, not the 64-token pool */
-    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
-    assert_non_null(strstr(err, "limited by the KV cache"));
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+    expect_error(&err, RP_ERROR_CONTEXT_LENGTH, "prompt", "limited by the KV cache");
     p.num_prompt_ids = 10;
     big[3] = 100000;
-    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
-    assert_non_null(strstr(err, "vocabulary"));
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+    expect_error(&err, RP_ERROR_INVALID_REQUEST, "prompt", "vocabulary");
     big[3] = 3;
     p.temperature = -1;
-    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
-    assert_non_null(strstr(err, "temperature"));
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+    expect_error(&err, RP_ERROR_INVALID_REQUEST, "temperature", "temperature");
     p.temperature = 1;
     p.max_tokens = 0;
-    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+    expect_error(&err, RP_ERROR_INVALID_REQUEST, "max_tokens", "max_tokens");
     p.max_tokens = 4;
     p.prompt = "text";
-    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1); /* both forms */
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1); /* both forms */
+    expect_error(&err, RP_ERROR_INVALID_REQUEST, "prompt", "exactly one");
     p.prompt_ids = NULL;
-    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1); /* no tokenizer */
-    assert_non_null(strstr(err, "tokenizer"));
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1); /* no tokenizer */
+    expect_error(&err, RP_ERROR_UNSUPPORTED, "prompt", "tokenizer");
     assert_int_equal(rp_engine_abort(e, 424242), -1);
     /* max_tokens past the context is rejected, as vLLM's server does */
     p.prompt = NULL;
@@ -204,8 +214,15 @@ static void test_rejections(void **state) {
     p.num_prompt_ids = 50;
     p.max_tokens = 100;
     p.ignore_eos = 1;
-    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1); /* 150 > 64 */
-    assert_non_null(strstr(err, "context"));
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1); /* 150 > 64 */
+    expect_error(&err, RP_ERROR_CONTEXT_LENGTH, "max_tokens", "context");
+    static const int32_t bad_stop[1] = {-5};
+    p.stop_ids = bad_stop;
+    p.num_stop_ids = 1;
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+    expect_error(&err, RP_ERROR_INVALID_REQUEST, "stop_token_ids", "vocabulary");
+    p.stop_ids = NULL;
+    p.num_stop_ids = 0;
     p.max_tokens = 14; /* exactly fills the context */
     submit_or_fail(e, &p, &r);
     rp_engine_wait_idle(e);
@@ -268,8 +285,8 @@ static void test_top_logprobs(void **state) {
         p.has_seed = 1;
         g_top_k = cfg[c].top_k;
         top_result t = {0};
-        char err[512];
-        if (rp_engine_submit(e, &p, top_check, &t, NULL, err, sizeof err)) fail_msg("submit: %s", err);
+        rp_error err;
+        if (rp_engine_submit(e, &p, top_check, &t, NULL, &err)) fail_msg("submit: %s", err.message);
         rp_engine_wait_idle(e);
         if (t.bad) fail_msg("config %zu: %s", c, t.why);
         assert_int_equal(t.tokens, 6);
@@ -282,10 +299,10 @@ static void test_top_logprobs(void **state) {
     p.prompt_ids = prompt;
     p.num_prompt_ids = 8;
     p.top_logprobs = RP_MAX_TOP_LOGPROBS + 1;
-    char err[512];
+    rp_error err;
     result r = {0};
-    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, err, sizeof err), -1);
-    assert_non_null(strstr(err, "top_logprobs"));
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+    expect_error(&err, RP_ERROR_INVALID_REQUEST, "top_logprobs", "top_logprobs");
     expect_pool_full(e);
     rp_engine_destroy(e);
 }
@@ -297,12 +314,12 @@ static void test_abort_everywhere(void **state) {
     memset(r, 0, sizeof r);
     rp_request_id ids[12];
     int32_t prompt[12][64];
-    char err[512];
+    rp_error err;
     for (int i = 0; i < 12; i++) {
         rp_request_params p;
         params_for(i, &p, prompt[i], 0);
         p.max_tokens = 200; /* long enough to be caught decoding */
-        if (rp_engine_submit(e, &p, collect, &r[i], &ids[i], err, sizeof err)) fail_msg("%s", err);
+        if (rp_engine_submit(e, &p, collect, &r[i], &ids[i], &err)) fail_msg("%s", err.message);
     }
     /* abort some at once (waiting or prefilling), some later (decoding) */
     for (int i = 0; i < 12; i += 3) assert_int_equal(rp_engine_abort(e, ids[i]), 0);
@@ -350,10 +367,10 @@ static void test_text_and_stop_strings(void **state) {
     c.threads = 2;
     c.num_pages = 64;
     c.max_running_requests = 8;
-    c.max_prefill_tokens = 256;
-    char err[512];
-    rp_engine *e = rp_engine_create(&c, err, sizeof err);
-    if (!e) fail_msg("%s (run scripts/fetch-tokenizers.sh)", err);
+    c.max_batched_tokens = 256;
+    rp_error err;
+    rp_engine *e = rp_engine_create(&c, &err);
+    if (!e) fail_msg("%s (run scripts/fetch-tokenizers.sh)", err.message);
     /* a free run, then the same run with a stop string taken from its middle */
     result a = {0}, b = {0};
     rp_request_params p;

@@ -45,7 +45,7 @@ static void expect_reject(const char *hdr, const char *needle) {
     for (int i = 0; i < 8; i++) buf[i] = (uint8_t)(hlen >> (8 * i));
     memcpy(buf + 8, hdr, hlen);
     memset(buf + 8 + hlen, 0, 32);
-    rp_err err = {{0}};
+    rp_err err = {0};
     rp_safetensors *st = rp_safetensors_parse(buf, 8 + hlen + 32, &err);
     if (st) fail_msg("accepted: %s", hdr);
     if (!strstr(err.msg, needle)) fail_msg("error \"%s\" lacks \"%s\"", err.msg, needle);

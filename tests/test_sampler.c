@@ -213,13 +213,13 @@ static void check_distribution(const float *logits, int vocab, const rp_sampling
 /* ---- validation ---- */
 
 static void expect_invalid(const rp_sampling_params *p, int vocab, const char *msg) {
-    rp_err err = {{0}};
+    rp_err err = {0};
     assert_int_equal(rp_sampling_params_validate(p, vocab, &err), RP_ERR);
     if (!strstr(err.msg, msg)) fail_msg("message \"%s\" does not contain \"%s\"", err.msg, msg);
 }
 
 static void expect_valid(const rp_sampling_params *p, int vocab) {
-    rp_err err = {{0}};
+    rp_err err = {0};
     int rc = rp_sampling_params_validate(p, vocab, &err);
     if (rc != RP_OK) fail_msg("rejected: %s", err.msg);
 }

@@ -197,11 +197,12 @@ static int setup(void **state) {
     c.threads = 2;
     c.num_pages = 1024; /* 16k tokens: two full-context requests */
     c.max_running_requests = 16;
-    c.max_prefill_tokens = 512;
+    c.max_batched_tokens = 512;
     char err[512];
-    eng = rp_engine_create(&c, err, sizeof err);
+    rp_error eerr;
+    eng = rp_engine_create(&c, &eerr);
     if (!eng) {
-        fprintf(stderr, "engine: %s (run scripts/fetch-tokenizers.sh)\n", err);
+        fprintf(stderr, "engine: %s (run scripts/fetch-tokenizers.sh)\n", eerr.message);
         return -1;
     }
     rp_server_config sc = {.host = "127.0.0.1", .port = 0, .served_model = "tiny", .max_body_bytes = 1 << 20};

@@ -17,7 +17,7 @@ static json_t *parity;
 static rp_tokenizer *load_real(const char *name) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/.cache/tokenizers/%s", test_source_dir(), name);
-    rp_err err = {{0}};
+    rp_err err = {0};
     rp_tokenizer *t = rp_tokenizer_load(dir, &err);
     if (!t) fail_msg("%s (run scripts/fetch-tokenizers.sh)", err.msg);
     return t;
@@ -360,7 +360,7 @@ static char *replace(const char *s, const char *from, const char *to) {
 }
 
 static void expect_load_error(const char *json, size_t len, const char *needle) {
-    rp_err err = {{0}};
+    rp_err err = {0};
     rp_tokenizer *t = rp_tokenizer_load_json(json, len, NULL, 0, &err);
     if (t) fail_msg("loaded, expected an error containing '%s'", needle);
     if (!strstr(err.msg, needle)) fail_msg("error '%s' lacks '%s'", err.msg, needle);

@@ -7,7 +7,9 @@
  * each request's tokens arrive through its callback, on the engine thread,
  * as soon as they are sampled.
  *
- * Functions return 0 on success and -1 with a message in *err. */
+ * Functions return 0 on success and -1 with an rp_error: a code the caller
+ * maps (to an HTTP status, an exit code), the request parameter at fault and
+ * a one-line message for people. */
 #ifndef REPLAY_ENGINE_H
 #define REPLAY_ENGINE_H
 
@@ -21,9 +23,30 @@ extern "C" {
 typedef struct rp_engine rp_engine;
 typedef uint64_t rp_request_id;
 
-/* Most alternatives a token event can carry (rp_request_params.top_logprobs;
- * vLLM's limit). */
-#define RP_MAX_TOP_LOGPROBS 20
+#include "replay/limits.h"
+
+/* What went wrong, as data: callers map the code, never the message text. */
+typedef enum rp_error_code {
+    RP_ERROR_NONE = 0,
+    RP_ERROR_INVALID_REQUEST, /* a parameter is out of range, malformed or contradicts another */
+    RP_ERROR_CONTEXT_LENGTH,  /* the prompt, or prompt plus max_tokens, does not fit the context or the KV cache */
+    RP_ERROR_UNSUPPORTED,     /* valid, but this engine cannot do it (text or stop strings without a tokenizer) */
+    RP_ERROR_OUT_OF_MEMORY,   /* host memory ran out: nothing was queued */
+    RP_ERROR_INTERNAL,        /* replay itself failed (a backend or model error at create) */
+} rp_error_code;
+
+typedef struct rp_error {
+    rp_error_code code;
+    /* the rp_request_params field at fault, by its OpenAI name ("prompt",
+     * "max_tokens", "stop", "temperature", "top_p", "top_k", "min_p",
+     * "repetition_penalty", "presence_penalty", "frequency_penalty",
+     * "top_logprobs", "seed"), or "" when no single one is */
+    char param[48];
+    char message[512];
+} rp_error;
+
+/* "invalid_request", "context_length", ...: for logs and tests. */
+const char *rp_error_code_name(rp_error_code code);
 
 typedef struct rp_engine_config {
     /* the model: a Hugging Face directory, or a named dummy shape */
@@ -42,8 +65,8 @@ typedef struct rp_engine_config {
     int max_context;       /* per request; default: the model's max_position_embeddings */
     /* scheduling */
     int max_running_requests; /* default 256 */
-    int max_prefill_tokens;   /* new prompt tokens per step (default 8192) */
-    int chunked_prefill_size; /* a prompt is prefilled in chunks of at most this (default 2048; 0 = off) */
+    int max_batched_tokens;   /* tokens one step feeds, prompt chunks and decode tokens together */
+    int chunked_prefill_size; /* a prompt is prefilled in chunks of at most this (0 = max_batched_tokens) */
     /* CUDA graphs */
     int disable_cuda_graph;
     int cuda_graph_max_bs;
@@ -104,10 +127,13 @@ typedef struct rp_request_params {
     int top_logprobs;           /* 0..RP_MAX_TOP_LOGPROBS: fill rp_token_event.top_* with that many */
 } rp_request_params;
 
+/* The defaults, defined once (src/engine/engine.c): 256 running requests,
+ * 16,384 batched tokens, chunks of 8,192, pages of 16 tokens, 90% of free
+ * device memory for the KV cache. Commands print these in their help. */
 void rp_engine_config_default(rp_engine_config *cfg);
 void rp_request_params_default(rp_request_params *p);
 
-rp_engine *rp_engine_create(const rp_engine_config *cfg, char *err, size_t err_len);
+rp_engine *rp_engine_create(const rp_engine_config *cfg, rp_error *err);
 /* Stops the engine thread; requests still running finish with ABORT. */
 void rp_engine_destroy(rp_engine *e);
 
@@ -115,7 +141,7 @@ void rp_engine_destroy(rp_engine *e);
  * needs more KV pages than the whole pool, or invalid sampling values are
  * rejected here, never queued. */
 int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback cb, void *user,
-                     rp_request_id *id_out, char *err, size_t err_len);
+                     rp_request_id *id_out, rp_error *err);
 /* Ends a request wherever it is (waiting, prefilling, decoding); its pages are
  * freed at the next step and its callback gets a final ABORT event. Returns
  * -1 if the id is unknown or already finished. */

@@ -7,9 +7,7 @@
 
 #include <stdint.h>
 
-/* Most alternatives one token can report (vLLM's limit; include/replay/
- * engine.h defines the same value for the engine API). */
-#define RP_MAX_TOP_LOGPROBS 20
+#include "replay/limits.h"
 
 typedef struct rp_sample_params {
     float temperature; /* 0 = greedy */

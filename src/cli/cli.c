@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "engine/runner.h"
 #include "engine/sampler.h"
 #include "replay/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -183,40 +184,30 @@ int rp_model_opts_check(const rp_model_opts *o, const char *cmd) {
     return 0;
 }
 
-rp_model *rp_cli_load_model(const rp_model_opts *o) {
+const char *rp_cli_device(const rp_model_opts *o) { return rp_runner_resolve_device(o->device); }
+
+void rp_cli_runner_config(const rp_model_opts *o, rp_runner_config *rc) {
+    memset(rc, 0, sizeof *rc);
+    rc->model_dir = o->model_dir;
+    rc->dummy_name = o->dummy_name;
+    rc->load_dummy = !strcmp(o->load_format, "dummy");
+    rc->weight_seed = o->weight_seed;
+    rc->load_progress = 1;
+    rc->device = rp_cli_device(o);
+    rc->threads = o->threads;
+}
+
+rp_runner *rp_cli_runner_new(const rp_model_opts *o, const rp_runner_config *rc, const char *cmd) {
     rp_err err;
-    rp_load_options lo = {.format = RP_LOAD_AUTO, .seed = o->weight_seed, .progress = 1};
-    /* On the GPU, dummy weights are generated in device memory directly. */
-    lo.lazy_dummy = !strcmp(rp_cli_device(o), "cuda");
-    if (!strcmp(o->load_format, "dummy")) lo.format = RP_LOAD_DUMMY;
-    double t0 = rp_now_s();
-    rp_model *m = o->model_dir ? rp_model_load(o->model_dir, &lo, &err) : rp_model_dummy(o->dummy_name, &lo, &err);
-    if (!m) {
-        fprintf(stderr, "replay: %s\n", err.msg);
+    rp_runner *r = rp_runner_new(rc, &err);
+    if (!r) {
+        rp_cli_runtime_error(cmd, "%s", err.msg);
         return NULL;
     }
-    const rp_model_config *c = &m->cfg;
-    rp_log_info("model: %s, %d layers, hidden %d, %d heads (%d kv) x %d, vocab %d, %.2fB params, loaded in %.2fs",
-                c->arch_name, c->num_layers, c->hidden_size, c->num_heads, c->num_kv_heads, c->head_dim,
-                c->vocab_size, (double)rp_config_num_params(c) / 1e9, rp_now_s() - t0);
-    if (m->dummy)
+    if (r->model->dummy)
         rp_log_warn("the weights are RANDOM (%s): output is meaningless text, useful only for testing and timing",
                     o->dummy_name ? "--dummy-weights" : "--load-format dummy");
-    return m;
-}
-
-const char *rp_cli_device(const rp_model_opts *o) {
-    if (!strcmp(o->device, "auto")) return rp_cuda_device_count() > 0 ? "cuda" : "cpu";
-    return o->device;
-}
-
-rp_backend *rp_cli_make_backend(const rp_model *m, const rp_model_opts *o, rp_backend_config *bc) {
-    rp_err err;
-    bc->num_threads = o->threads;
-    const char *dev = rp_cli_device(o);
-    rp_backend *b = !strcmp(dev, "cuda") ? rp_backend_cuda_new(m, bc, &err) : rp_backend_cpu_new(m, bc, &err);
-    if (!b) fprintf(stderr, "replay: %s backend: %s\n", dev, err.msg);
-    return b;
+    return r;
 }
 
 int rp_cli_load_tokenizer(const rp_model_opts *o, const char *tokenizer_dir, const rp_model *m, rp_tokenizer **tok,

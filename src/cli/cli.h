@@ -78,10 +78,16 @@ int rp_cli_next_opt(int argc, char **argv, const char *shortopts, const struct o
                     struct rp_sampling_params *sp, const char *cmd);
 /* Checks that exactly one model source is given; prints a usage error. */
 int rp_model_opts_check(const rp_model_opts *o, const char *cmd);
-/* Loads the model; prints a one-line error and returns NULL on failure. */
-rp_model *rp_cli_load_model(const rp_model_opts *o);
 /* "cpu" or "cuda": --device auto picks cuda when a GPU is present. */
 const char *rp_cli_device(const rp_model_opts *o);
+struct rp_runner;
+struct rp_runner_config;
+/* A runner config from the model options (model source, device, threads);
+ * the command sets the batch shape. */
+void rp_cli_runner_config(const rp_model_opts *o, struct rp_runner_config *rc);
+/* The runner (src/engine/runner.h); prints a one-line error and returns NULL
+ * on failure, and warns when the weights are random. */
+struct rp_runner *rp_cli_runner_new(const rp_model_opts *o, const struct rp_runner_config *rc, const char *cmd);
 
 struct rp_tokenizer;
 /* The tokenizer of --tokenizer DIR, else of the model directory when it has
@@ -94,10 +100,6 @@ struct rp_engine_config;
 /* An engine configuration from the model options (model, device, threads). */
 void rp_cli_engine_config(const rp_model_opts *o, struct rp_engine_config *ec);
 
-struct rp_backend;
-struct rp_backend_config;
-/* Creates the backend --device names; prints a one-line error on failure. */
-struct rp_backend *rp_cli_make_backend(const rp_model *m, const rp_model_opts *o, struct rp_backend_config *bc);
 
 /* Prints "replay CMD: message" and a hint to stderr; returns RP_EXIT_USAGE. */
 int rp_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -15,9 +15,7 @@
 #include "backend/backend.h"
 #include "cli/bench_common.h"
 #include "cli/cli.h"
-#include "engine/batch.h"
-#include "kv/page_pool.h"
-#include "kv/page_table.h"
+#include "engine/runner.h"
 #include "util/log.h"
 #include "util/rng.h"
 #include "replay/engine.h"
@@ -113,36 +111,39 @@ static int bench_decode(int argc, char **argv) {
     if (!strcmp(dev, "cuda") && rp_cuda_read_bandwidth(0, &read_gbs, &copy_gbs) != 0)
         rp_log_warn("could not measure the read bandwidth");
 #endif
-    rp_model *model = rp_cli_load_model(&mo);
-    if (!model) return RP_EXIT_RUNTIME;
-    const rp_model_config *c = &model->cfg;
     int maxB = 0;
     for (int i = 0; i < nb; i++) maxB = batches[i] > maxB ? batches[i] : maxB;
     int total_len = (int)(ctx + warmup + 2 * steps + 1);
-    if (total_len > c->max_position_embeddings) {
-        rp_model_free(model);
+    int pages_per_seq = (total_len + (int)page_size - 1) / (int)page_size;
+    rp_runner_config rcfg;
+    rp_cli_runner_config(&mo, &rcfg);
+    rcfg.page_size = (int)page_size;
+    rcfg.num_pages = pages_per_seq * maxB;
+    rcfg.max_seqs = maxB;
+    rcfg.max_context = total_len;
+    rcfg.max_batched_tokens = 8192;
+    rcfg.num_cuda_graph_bs = nb;
+    memcpy(rcfg.cuda_graph_bs, batches, (size_t)nb * sizeof(int));
+    rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);
+    if (!run) return RP_EXIT_RUNTIME;
+    const rp_model *model = run->model;
+    const rp_model_config *c = &model->cfg;
+    rp_backend *be = run->backend;
+    int rc = RP_EXIT_RUNTIME;
+    rp_err err;
+    if (total_len > run->max_context) {
+        rp_runner_free(run);
         return rp_cli_runtime_error(CMD, "--ctx %ld plus %ld steps exceeds the model's context of %d", ctx,
                                     warmup + 2 * steps, c->max_position_embeddings);
     }
-    int pages_per_seq = (total_len + (int)page_size - 1) / (int)page_size;
-    int num_pages = pages_per_seq * maxB;
-    rp_backend_config bc = {.num_pages = num_pages, .page_size = (int)page_size, .max_batch_seqs = maxB,
-                            .max_logit_rows = maxB, .max_batch_tokens = 8192};
-    if (bc.max_batch_tokens < maxB) bc.max_batch_tokens = maxB;
-    bc.num_cuda_graph_bs = nb;
-    memcpy(bc.cuda_graph_bs, batches, (size_t)nb * sizeof(int));
-    int rc = RP_EXIT_RUNTIME;
-    rp_err err;
-    rp_page_pool *pool = rp_page_pool_new(num_pages, (int)page_size);
-    rp_page_table *table = rp_page_table_new(pool, maxB, total_len);
-    rp_backend *be = rp_cli_make_backend(model, &mo, &bc);
-    rp_batch_builder *bb = be ? rp_batch_builder_new(table, bc.max_batch_tokens, maxB, maxB) : NULL;
-    rp_bench_seq *seqs = calloc((size_t)maxB, sizeof *seqs);
+    rp_runner_seq *seqs = calloc((size_t)maxB, sizeof *seqs);
     /* per-step times of the warm-up steps, then of the timed ones */
     const size_t n_times = (size_t)(steps > warmup ? steps : warmup);
     double *wall = malloc(n_times * sizeof *wall), *gpu = malloc(n_times * sizeof *gpu);
-    float *logits = malloc((size_t)maxB * c->vocab_size * sizeof *logits);
-    if (!be || !bb || !seqs || !wall || !gpu || !logits) goto out;
+    if (!seqs || !wall || !gpu) {
+        rp_errf(&err, "out of memory");
+        goto fail;
+    }
 
     /* Bytes a decode step must read: every weight once (the embedding table
      * only when it doubles as lm_head), plus the KV cache of each sequence. */
@@ -155,7 +156,7 @@ static int bench_decode(int argc, char **argv) {
            dev);
     if (read_gbs > 0)
         printf("measured bandwidth: read %.0f GB/s, device copy %.0f GB/s (read+write)\n", read_gbs, copy_gbs);
-    const int overlap = !no_overlap && be->supports_token_refs && be->ops->read_tokens;
+    const int overlap = !no_overlap && rp_runner_can_overlap(run);
     rp_sample_params sp = {.temperature = (float)temperature, .top_p = (float)top_p};
     if (temperature > 0)
         printf("sampling: temperature %g, top-p %g (seeded per sequence)\n", temperature, top_p);
@@ -167,25 +168,18 @@ static int bench_decode(int argc, char **argv) {
            "GB/s", "%read", "gpu ms", "gap ms", "prefill t/s");
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
-        for (int s = 0; s < B; s++) {
-            seqs[s].row = rp_page_table_acquire_row(table);
-            if (seqs[s].row < 0) {
-                rp_errf(&err, "no page-table row");
-                goto fail;
-            }
-        }
+        if (rp_runner_seqs_begin(run, seqs, B, &err)) goto fail;
         double prefill_s = 0;
-        if (rp_bench_prefill(be, table, bb, seqs, B, (int)ctx, c->vocab_size, &prefill_s, &err)) goto fail;
+        if (rp_runner_prefill_random(run, seqs, B, (int)ctx, &prefill_s, &err)) goto fail;
         for (int mode = 0; mode < 2; mode++) {
             int graphs = mode == 0;
             if (!graphs && no_eager) break;
             if (be->ops->set_graphs) be->ops->set_graphs(be, graphs);
             else if (graphs) continue; /* no graphs on this backend: eager only */
             for (int s = 0; s < B; s++) seqs[s].len = (int)ctx; /* rewind: KV past ctx is rewritten */
-            if (warmup && rp_bench_decode_steps(be, table, bb, seqs, B, (int)warmup, &sp, wall, gpu, logits, &err))
-                goto fail;
-            if (overlap ? rp_bench_decode_overlapped(be, table, bb, seqs, B, (int)steps, &sp, wall, gpu, &err)
-                        : rp_bench_decode_steps(be, table, bb, seqs, B, (int)steps, &sp, wall, gpu, logits, &err))
+            if (warmup && rp_runner_decode_steps(run, seqs, B, (int)warmup, &sp, wall, gpu, &err)) goto fail;
+            if (overlap ? rp_runner_decode_overlapped(run, seqs, B, (int)steps, &sp, wall, gpu, &err)
+                        : rp_runner_decode_steps(run, seqs, B, (int)steps, &sp, wall, gpu, &err))
                 goto fail;
             double w = rp_bench_median(wall, (int)steps), g = rp_bench_median(gpu, (int)steps);
             double avg_ctx = (double)ctx + warmup + steps / 2.0;
@@ -196,7 +190,7 @@ static int bench_decode(int argc, char **argv) {
                    g > 0 ? w - g : 0.0, (double)B * ctx / prefill_s);
             fflush(stdout);
         }
-        for (int s = 0; s < B; s++) rp_page_table_release_row(table, seqs[s].row);
+        rp_runner_seqs_end(run, seqs, B);
     }
     if (be->ops->stats) {
         rp_backend_stats st;
@@ -212,12 +206,7 @@ out:
     free(seqs);
     free(wall);
     free(gpu);
-    free(logits);
-    rp_batch_builder_free(bb);
-    rp_backend_destroy(be);
-    rp_page_table_free(table);
-    rp_page_pool_free(pool);
-    rp_model_free(model);
+    rp_runner_free(run);
     return rc;
 }
 
@@ -333,14 +322,14 @@ static int bench_offline(int argc, char **argv) {
     rp_engine_config ec;
     rp_cli_engine_config(&mo, &ec);
     ec.max_running_requests = (int)max_running;
-    ec.max_prefill_tokens = (int)max_prefill;
+    ec.max_batched_tokens = (int)max_prefill;
     ec.chunked_prefill_size = (int)chunk;
     ec.num_pages = (int)pages;
     ec.page_size = (int)page_size;
     ec.disable_cuda_graph = no_graph;
-    char errbuf[512];
-    rp_engine *eng = rp_engine_create(&ec, errbuf, sizeof errbuf);
-    if (!eng) return rp_cli_runtime_error(cmd, "%s", errbuf);
+    rp_error eerr;
+    rp_engine *eng = rp_engine_create(&ec, &eerr);
+    if (!eng) return rp_cli_runtime_error(cmd, "%s", eerr.message);
     int vocab = rp_engine_vocab_size(eng), rc = RP_EXIT_RUNTIME;
     offline_req *reqs = calloc((size_t)num, sizeof *reqs);
     int32_t *prompt = malloc((size_t)(in_len * (1 + range) + 2) * sizeof *prompt);
@@ -363,8 +352,8 @@ static int bench_offline(int argc, char **argv) {
         p.temperature = 0;
         reqs[i].prompt_len = L;
         reqs[i].t_submit = rp_now_s();
-        if (rp_engine_submit(eng, &p, offline_event, &reqs[i], NULL, errbuf, sizeof errbuf)) {
-            rc = rp_cli_runtime_error(cmd, "request %ld: %s", i, errbuf);
+        if (rp_engine_submit(eng, &p, offline_event, &reqs[i], NULL, &eerr)) {
+            rc = rp_cli_runtime_error(cmd, "request %ld: %s", i, eerr.message);
             goto out;
         }
         total_in += L;

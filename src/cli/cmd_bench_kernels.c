@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "cli/bench_common.h"
+#include "engine/runner.h"
 #include "cli/cli.h"
 #include "engine/batch.h"
 #include "kv/page_pool.h"
@@ -178,19 +179,15 @@ static void bench_decode_step(const rp_model_config *cfg, double copy_gbs) {
         printf("  skipped: %s\n", err.msg);
         return;
     }
-    rp_backend_config bc = {.num_pages = pages, .page_size = page, .max_batch_tokens = ctx, .max_batch_seqs = 1,
-                            .max_logit_rows = 1, .disable_cuda_graph = 1};
-    rp_page_pool *pool = rp_page_pool_new(pages, page);
-    rp_page_table *table = pool ? rp_page_table_new(pool, 1, ctx + 2) : NULL;
-    rp_backend *be = table ? rp_backend_cuda_new(m, &bc, &err) : NULL;
-    rp_batch_builder *bb = be ? rp_batch_builder_new(table, ctx, 1, 1) : NULL;
-    rp_bench_seq seq = {.row = table ? rp_page_table_acquire_row(table) : -1};
+    rp_runner_config rc = {.model = m, .device = "cuda", .page_size = page, .num_pages = pages, .max_seqs = 1,
+                           .max_context = ctx + 2, .max_batched_tokens = ctx, .disable_cuda_graph = 1};
+    rp_runner *run = rp_runner_new(&rc, &err);
+    rp_runner_seq seq;
     double prefill_s, wall, gpu, us = 0, read_gbs = 0, copy2 = 0;
-    if (!bb || seq.row < 0) {
-        printf("  skipped: %s\n", be || !table ? "out of memory" : err.msg);
-    } else if (rp_bench_prefill(be, table, bb, &seq, 1, ctx, cfg->vocab_size, &prefill_s, &err) ||
-               rp_bench_decode_steps(be, table, bb, &seq, 1, 1, NULL, &wall, &gpu, NULL, &err) ||
-               rp_cuda_time_decode_step(be, REPS, INNER, &us, &err)) {
+    if (!run || rp_runner_seqs_begin(run, &seq, 1, &err) ||
+        rp_runner_prefill_random(run, &seq, 1, ctx, &prefill_s, &err) ||
+        rp_runner_decode_steps(run, &seq, 1, 1, NULL, &wall, &gpu, &err) ||
+        rp_cuda_time_decode_step(run->backend, REPS, INNER, &us, &err)) {
         printf("  skipped: %s\n", err.msg);
     } else {
         const uint64_t embed = (uint64_t)cfg->vocab_size * cfg->hidden_size * 2;
@@ -202,10 +199,7 @@ static void bench_decode_step(const rp_model_config *cfg, double copy_gbs) {
                100.0 * gbs / copy_gbs, read_gbs > 0 ? 100.0 * gbs / read_gbs : 0.0);
         printf("(read bandwidth, streaming kernel: %.0f GB/s)\n", read_gbs);
     }
-    rp_batch_builder_free(bb);
-    rp_backend_destroy(be);
-    rp_page_table_free(table);
-    rp_page_pool_free(pool);
+    rp_runner_free(run);
     rp_model_free(m);
 }
 

@@ -131,10 +131,10 @@ int rp_cmd_chat(int argc, char **argv) {
     ec.chat_template = template_name;
     ec.max_running_requests = 1;
     ec.max_context = (int)max_context;
-    ec.max_prefill_tokens = 2048;
-    char errbuf[512];
-    rp_engine *eng = rp_engine_create(&ec, errbuf, sizeof errbuf);
-    if (!eng) return rp_cli_runtime_error(CMD, "%s", errbuf);
+    ec.max_batched_tokens = 2048;
+    rp_error eerr;
+    rp_engine *eng = rp_engine_create(&ec, &eerr);
+    if (!eng) return rp_cli_runtime_error(CMD, "%s", eerr.message);
     int rc = RP_EXIT_RUNTIME;
     rp_chat_message *msgs = calloc(MAX_TURNS * 2 + 1, sizeof *msgs);
     char **owned = calloc(MAX_TURNS * 2 + 1, sizeof *owned);
@@ -215,10 +215,10 @@ int rp_cmd_chat(int argc, char **argv) {
         cs.generated = 0;
         cs.finish = RP_FINISH_REASON_NONE;
         append(&cs, "", 0);
-        int src = rp_engine_submit(eng, &rq, on_event, &cs, NULL, errbuf, sizeof errbuf);
+        int src = rp_engine_submit(eng, &rq, on_event, &cs, NULL, &eerr);
         free(ids);
         if (src) {
-            rc = rp_cli_runtime_error(CMD, "%s", errbuf);
+            rc = rp_cli_runtime_error(CMD, "%s", eerr.message);
             goto out;
         }
         rp_engine_wait_idle(eng);

@@ -172,17 +172,17 @@ int rp_cmd_generate(int argc, char **argv) {
     ec.chat_template = template_name;
     ec.page_size = (int)page_size;
     ec.max_running_requests = 1;
-    ec.max_prefill_tokens = (int)max_batch_tokens;
+    ec.max_batched_tokens = (int)max_batch_tokens;
     ec.chunked_prefill_size = (int)max_batch_tokens;
     int rc = RP_EXIT_RUNTIME;
     char *rendered = NULL;
     int32_t stop_ids[8];
     int num_stop = 0;
-    char errbuf[512];
-    rp_engine *eng = rp_engine_create(&ec, errbuf, sizeof errbuf);
+    rp_error eerr;
+    rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) {
         free(ids);
-        return rp_cli_runtime_error(CMD, "%s", errbuf);
+        return rp_cli_runtime_error(CMD, "%s", eerr.message);
     }
     const rp_tokenizer *tok = rp_engine_tokenizer(eng);
     rp_request_params rq;
@@ -224,8 +224,8 @@ int rp_cmd_generate(int argc, char **argv) {
     rq.stop_ids = stop_ids;
     rq.num_stop_ids = num_stop;
     stream_ctx sc = {.print_ids = print_ids || !tok, .t_submit = rp_now_s()};
-    if (rp_engine_submit(eng, &rq, on_event, &sc, NULL, errbuf, sizeof errbuf)) {
-        rc = rp_cli_usage_error(CMD, "%s", errbuf);
+    if (rp_engine_submit(eng, &rq, on_event, &sc, NULL, &eerr)) {
+        rc = rp_cli_usage_error(CMD, "%s", eerr.message);
         goto out;
     }
     rp_engine_wait_idle(eng);

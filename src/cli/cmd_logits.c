@@ -7,9 +7,7 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
-#include "engine/generate.h"
-#include "kv/page_pool.h"
-#include "kv/page_table.h"
+#include "engine/runner.h"
 
 #define CMD "logits"
 
@@ -110,33 +108,36 @@ int rp_cmd_logits(int argc, char **argv) {
     int32_t *ids;
     int n;
     if (read_ids(ids_arg, &ids, &n)) return rp_cli_usage_error(CMD, "cannot read token ids from '%s'", ids_arg);
-    rp_model *model = rp_cli_load_model(&mo);
-    if (!model) {
+    rp_runner_config rcfg;
+    rp_cli_runner_config(&mo, &rcfg);
+    int rows = (int)(chunk < n ? chunk : n);
+    rcfg.num_pages = (n + 1 + 15) / 16;
+    rcfg.max_seqs = 1;
+    rcfg.max_context = n + 1;
+    rcfg.max_batched_tokens = rows;
+    rcfg.max_logit_rows = rows;
+    rcfg.disable_cuda_graph = 1;
+    rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);
+    if (!run) {
         free(ids);
         return RP_EXIT_RUNTIME;
     }
-    const int vocab = model->cfg.vocab_size;
-    int rc = RP_EXIT_RUNTIME, ps = 16, pages = (n + 1 + ps - 1) / ps;
+    const int vocab = run->model->cfg.vocab_size;
+    int rc = RP_EXIT_RUNTIME;
     rp_err err;
-    rp_page_pool *pool = rp_page_pool_new(pages, ps);
-    rp_page_table *table = rp_page_table_new(pool, 1, n + 1);
-    int rows = (int)(chunk < n ? chunk : n);
-    rp_backend_config bc = {.num_pages = pages, .page_size = ps, .max_batch_tokens = rows, .max_batch_seqs = 1,
-                            .max_logit_rows = rows, .disable_cuda_graph = 1};
-    rp_backend *be = rp_cli_make_backend(model, &mo, &bc);
     float *logits = malloc((size_t)n * vocab * sizeof(float));
-    int32_t out_tok[1];
-    if (!be || !logits) goto out;
+    if (!logits) {
+        rc = rp_cli_runtime_error(CMD, "out of memory");
+        goto out;
+    }
     for (int i = 0; i < n; i++)
         if (ids[i] >= vocab) {
             rc = rp_cli_usage_error(CMD, "token id %d is outside the vocabulary (%d)", ids[i], vocab);
             goto out;
         }
-    rp_gen_request req = {.prompt = ids, .num_prompt = n, .max_tokens = 1, .ignore_eos = 1, .prompt_logits = logits,
-                          .output = out_tok};
-    rp_sampling_params_default(&req.sampling);
-    req.sampling.temperature = 0;
-    if (rp_generate(be, table, &req, 1, NULL, NULL, NULL, &err)) {
+    const int32_t *prompts[1] = {ids};
+    float *outs[1] = {logits};
+    if (rp_runner_run_prompts(run, 1, prompts, &n, outs, 0, NULL, &err)) {
         rc = rp_cli_runtime_error(CMD, "%s", err.msg);
         goto out;
     }
@@ -151,10 +152,7 @@ int rp_cmd_logits(int argc, char **argv) {
     rc = RP_EXIT_OK;
 out:
     free(logits);
-    rp_backend_destroy(be);
-    rp_page_table_free(table);
-    rp_page_pool_free(pool);
-    rp_model_free(model);
+    rp_runner_free(run);
     free(ids);
     return rc;
 }

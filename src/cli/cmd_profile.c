@@ -13,7 +13,7 @@
 #include "backend/backend.h"
 #include "cli/bench_common.h"
 #include "cli/cli.h"
-#include "kv/page_pool.h"
+#include "engine/runner.h"
 #include "util/log.h"
 
 #define CMD "profile"
@@ -72,22 +72,23 @@ int rp_cmd_profile(int argc, char **argv) {
     if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
     if (strcmp(rp_cli_device(&mo), "cuda") != 0)
         return rp_cli_runtime_error(CMD, "profiling needs the CUDA backend (no GPU found, or --device cpu)");
-    rp_model *model = rp_cli_load_model(&mo);
-    if (!model) return RP_EXIT_RUNTIME;
-    const rp_model_config *c = &model->cfg;
     int total_len = (int)(ctx + PROFILE_WARMUP + 2 * steps + 1), ps = 16;
-    int pages = B * ((total_len + ps - 1) / ps);
-    rp_backend_config bc = {.num_pages = pages, .page_size = ps, .max_batch_seqs = (int)B, .max_logit_rows = (int)B,
-                            .max_batch_tokens = 8192, .profile = 1, .num_cuda_graph_bs = 1};
-    bc.cuda_graph_bs[0] = (int)B;
-    if (bc.max_batch_tokens < B) bc.max_batch_tokens = (int)B;
+    rp_runner_config rcfg;
+    rp_cli_runner_config(&mo, &rcfg);
+    rcfg.page_size = ps;
+    rcfg.num_pages = (int)B * ((total_len + ps - 1) / ps);
+    rcfg.max_seqs = (int)B;
+    rcfg.max_context = total_len;
+    rcfg.max_batched_tokens = 8192;
+    rcfg.profile = 1;
+    rcfg.num_cuda_graph_bs = 1;
+    rcfg.cuda_graph_bs[0] = (int)B;
+    rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);
+    if (!run) return RP_EXIT_RUNTIME;
+    rp_backend *be = run->backend;
     int rc = RP_EXIT_RUNTIME;
     rp_err err;
-    rp_page_pool *pool = rp_page_pool_new(pages, ps);
-    rp_page_table *table = rp_page_table_new(pool, (int)B, total_len);
-    rp_backend *be = rp_cli_make_backend(model, &mo, &bc);
-    rp_batch_builder *bb = be ? rp_batch_builder_new(table, bc.max_batch_tokens, (int)B, (int)B) : NULL;
-    rp_bench_seq *seqs = calloc((size_t)B, sizeof *seqs);
+    rp_runner_seq *seqs = calloc((size_t)B, sizeof *seqs);
     /* the timing arrays also take the PROFILE_WARMUP untimed steps */
     const size_t n_times = (size_t)(steps > PROFILE_WARMUP ? steps : PROFILE_WARMUP);
     double *wall = malloc(n_times * sizeof *wall), *gpu = malloc(n_times * sizeof *gpu);
@@ -97,20 +98,28 @@ int rp_cmd_profile(int argc, char **argv) {
     kind_acc kinds[MAX_KINDS];
     int nkinds = 0;
     double results[2][6];
-    if (!be || !bb || !seqs || !wall || !gpu || !pack || !launch || !sync || !entries) goto out;
+    if (!seqs || !wall || !gpu || !pack || !launch || !sync || !entries) {
+        rc = rp_cli_runtime_error(CMD, "out of memory");
+        goto out;
+    }
+    if (total_len > run->max_context) {
+        rc = rp_cli_runtime_error(CMD, "--ctx %ld plus %ld steps exceeds the model's context of %d", ctx,
+                                  PROFILE_WARMUP + 2 * steps, run->max_context);
+        goto out;
+    }
     if (!be->ops->profile || !be->ops->set_graphs) {
         rc = rp_cli_runtime_error(CMD, "this backend cannot profile");
         goto out;
     }
-    for (int s = 0; s < B; s++) seqs[s].row = rp_page_table_acquire_row(table);
+    if (rp_runner_seqs_begin(run, seqs, (int)B, &err)) goto fail;
     double prefill_s;
-    if (rp_bench_prefill(be, table, bb, seqs, (int)B, (int)ctx, c->vocab_size, &prefill_s, &err)) goto fail;
+    if (rp_runner_prefill_random(run, seqs, (int)B, (int)ctx, &prefill_s, &err)) goto fail;
     for (int mode = 0; mode < 2; mode++) { /* 0 eager, 1 graph */
         be->ops->set_graphs(be, mode == 1);
         for (int s = 0; s < B; s++) seqs[s].len = (int)ctx;
-        if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, PROFILE_WARMUP, NULL, wall, gpu, NULL, &err)) goto fail;
+        if (rp_runner_decode_steps(run, seqs, (int)B, PROFILE_WARMUP, NULL, wall, gpu, &err)) goto fail;
         for (int it = 0; it < steps; it++) {
-            if (rp_bench_decode_steps(be, table, bb, seqs, (int)B, 1, NULL, wall + it, gpu + it, NULL, &err)) goto fail;
+            if (rp_runner_decode_steps(run, seqs, (int)B, 1, NULL, wall + it, gpu + it, &err)) goto fail;
             rp_backend_stats st;
             be->ops->stats(be, &st);
             pack[it] = st.last_pack_ms;
@@ -167,10 +176,6 @@ out:
     free(wall);
     free(gpu);
     free(seqs);
-    rp_batch_builder_free(bb);
-    rp_backend_destroy(be);
-    rp_page_table_free(table);
-    rp_page_pool_free(pool);
-    rp_model_free(model);
+    rp_runner_free(run);
     return rc;
 }

@@ -120,15 +120,16 @@ int rp_cmd_serve(int argc, char **argv) {
     ec.tokenizer_dir = tokenizer_dir;
     ec.chat_template = template_name;
     ec.max_running_requests = (int)running;
-    ec.max_prefill_tokens = (int)prefill;
+    ec.max_batched_tokens = (int)prefill;
     ec.chunked_prefill_size = (int)chunk;
     ec.num_pages = (int)pages;
     ec.page_size = (int)page_size;
     ec.max_context = (int)max_len;
     ec.disable_cuda_graph = no_graph;
+    rp_error eerr;
+    rp_engine *eng = rp_engine_create(&ec, &eerr);
+    if (!eng) return rp_cli_runtime_error(CMD, "%s", eerr.message);
     char err[512];
-    rp_engine *eng = rp_engine_create(&ec, err, sizeof err);
-    if (!eng) return rp_cli_runtime_error(CMD, "%s", err);
     rp_server *srv = rp_server_start(eng, &sc, err, sizeof err);
     if (!srv) {
         rp_engine_destroy(eng);

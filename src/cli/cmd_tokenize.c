@@ -98,7 +98,7 @@ int rp_cmd_tokenize(int argc, char **argv) {
         text = owned;
     }
 
-    rp_err err = {{0}};
+    rp_err err = {0};
     rp_tokenizer *tok = rp_tokenizer_load(model_dir, &err);
     if (!tok) {
         free(owned);

@@ -65,19 +65,19 @@ void rp_sampling_params_default(rp_sampling_params *p) {
 /* Comparisons are written so that NaN fails them. */
 int rp_sampling_params_validate(const rp_sampling_params *p, int vocab_size, rp_err *err) {
     if (vocab_size < 1) return rp_errf(err, "vocab_size must be at least 1, got %d", vocab_size);
-    if (!(p->temperature >= 0.0f)) return rp_errf(err, "temperature must be non-negative, got %g", p->temperature);
-    if (!isfinite(p->temperature)) return rp_errf(err, "temperature must be a finite number, got %g", p->temperature);
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) return rp_errf(err, "top_p must be in (0, 1], got %g", p->top_p);
-    if (p->top_k < -1) return rp_errf(err, "top_k must be 0 (disable), or at least 1, got %d", p->top_k);
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) return rp_errf(err, "min_p must be in [0, 1], got %g", p->min_p);
+    if (!(p->temperature >= 0.0f)) return rp_errp(err, "temperature", "temperature must be non-negative, got %g", p->temperature);
+    if (!isfinite(p->temperature)) return rp_errp(err, "temperature", "temperature must be a finite number, got %g", p->temperature);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) return rp_errp(err, "top_p", "top_p must be in (0, 1], got %g", p->top_p);
+    if (p->top_k < -1) return rp_errp(err, "top_k", "top_k must be 0 (disable), or at least 1, got %d", p->top_k);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) return rp_errp(err, "min_p", "min_p must be in [0, 1], got %g", p->min_p);
     if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
-        return rp_errf(err, "repetition_penalty must be greater than zero, got %g", p->repetition_penalty);
+        return rp_errp(err, "repetition_penalty", "repetition_penalty must be greater than zero, got %g", p->repetition_penalty);
     if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
-        return rp_errf(err, "presence_penalty must be in [-2, 2], got %g", p->presence_penalty);
+        return rp_errp(err, "presence_penalty", "presence_penalty must be in [-2, 2], got %g", p->presence_penalty);
     if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
-        return rp_errf(err, "frequency_penalty must be in [-2, 2], got %g", p->frequency_penalty);
+        return rp_errp(err, "frequency_penalty", "frequency_penalty must be in [-2, 2], got %g", p->frequency_penalty);
     if (p->top_logprobs < 0 || p->top_logprobs > RP_MAX_TOP_LOGPROBS)
-        return rp_errf(err, "top_logprobs must be in [0, %d], got %d", RP_MAX_TOP_LOGPROBS, p->top_logprobs);
+        return rp_errp(err, "top_logprobs", "top_logprobs must be in [0, %d], got %d", RP_MAX_TOP_LOGPROBS, p->top_logprobs);
     return RP_OK;
 }
 

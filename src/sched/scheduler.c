@@ -9,7 +9,7 @@ rp_scheduler *rp_scheduler_new(const rp_sched_config *cfg, rp_page_table *table)
     rp_scheduler *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->cfg = *cfg;
-    if (s->cfg.chunk <= 0 || s->cfg.chunk > s->cfg.token_budget) s->cfg.chunk = s->cfg.token_budget;
+    if (s->cfg.chunk <= 0 || s->cfg.chunk > s->cfg.max_batched_tokens) s->cfg.chunk = s->cfg.max_batched_tokens;
     s->table = table;
     s->running = calloc((size_t)cfg->max_running, sizeof *s->running);
     s->plan = calloc((size_t)cfg->max_running, sizeof *s->plan);
@@ -114,7 +114,7 @@ static int in_plan(const rp_scheduler *s, const rp_request *r) {
 
 static int schedule_once(rp_scheduler *s) {
     s->plan_len = 0;
-    int budget = s->cfg.token_budget;
+    int budget = s->cfg.max_batched_tokens;
     /* 1. decodes, oldest first; preempt the newest when pages run out */
     for (int i = 0; i < s->num_running && budget > 0; i++) {
         rp_request *r = s->running[i];

@@ -21,8 +21,8 @@
 
 typedef struct rp_sched_config {
     int max_running;          /* requests in the running set */
-    int token_budget;         /* tokens fed per step, decode and prefill together */
-    int chunk;                /* prefill chunk per request per step (<= token_budget) */
+    int max_batched_tokens;         /* tokens fed per step, decode and prefill together */
+    int chunk;                /* prefill chunk per request per step (<= max_batched_tokens) */
     int max_context;          /* tokens per request */
 } rp_sched_config;
 

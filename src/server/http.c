@@ -581,9 +581,19 @@ static srv_req *req_new(rp_server *s, const rp_oai_request *q, struct MHD_Connec
     return r;
 }
 
+/* An engine submit error as the OpenAI error a client gets: the parameter
+ * the engine names, a chat request's prompt reported as its messages. */
+static void submit_error(rp_oai_error *e, rp_oai_kind kind, const rp_error *err) {
+    int status = err->code == RP_ERROR_OUT_OF_MEMORY ? 503 : err->code == RP_ERROR_INTERNAL ? 500 : 400;
+    const char *type = status == 400 ? "invalid_request_error" : status == 503 ? "service_unavailable" : "server_error";
+    const char *param = err->param[0] ? err->param : NULL;
+    if (param && kind == RP_OAI_CHAT && !strcmp(param, "prompt")) param = "messages";
+    rp_oai_set_error(e, status, type, param, NULL, "%s", err->message);
+}
+
 /* Submits every choice of prompt k (ids): choice k*n+i with seed seed+i. */
 static int submit_prompt(rp_server *s, srv_req *r, const rp_oai_request *q, int k, const int32_t *ids, size_t n,
-                         char *err, size_t err_len) {
+                         rp_error *err) {
     rp_request_params p = q->params;
     p.prompt = NULL;
     p.prompt_ids = ids;
@@ -599,7 +609,7 @@ static int submit_prompt(rp_server *s, srv_req *r, const rp_oai_request *q, int 
         r->refs++; /* the engine's, dropped at this choice's final event */
         pthread_mutex_unlock(&r->mu);
         c->t_submit = rp_now_s();
-        if (rp_engine_submit(s->eng, &p, on_event, c, &c->id, err, err_len)) {
+        if (rp_engine_submit(s->eng, &p, on_event, c, &c->id, err)) {
             pthread_mutex_lock(&r->mu);
             r->refs--;
             pthread_mutex_unlock(&r->mu);
@@ -633,14 +643,16 @@ static enum MHD_Result handle_generate(rp_server *s, struct MHD_Connection *conn
             sb_json_event(&r->out, chunk_json(r, choice));
         }
     }
-    char err[512] = "";
+    rp_error err = {0};
     int failed = 0;
     for (int k = 0; k < q.num_prompts && !failed; k++) {
         int32_t *ids;
         size_t n;
         int own;
         if (prompt_ids(s, &q, k, &ids, &n, &own, &e)) {
-            snprintf(err, sizeof err, "%s", e.message);
+            err.code = RP_ERROR_INVALID_REQUEST;
+            snprintf(err.param, sizeof err.param, "%s", e.param);
+            snprintf(err.message, sizeof err.message, "%s", e.message);
             failed = 1;
             break;
         }
@@ -658,7 +670,7 @@ static enum MHD_Result handle_generate(rp_server *s, struct MHD_Connection *conn
             }
             free(echo);
         }
-        if (submit_prompt(s, r, &q, k, ids, n, err, sizeof err)) failed = 1;
+        if (submit_prompt(s, r, &q, k, ids, n, &err)) failed = 1;
         if (own) free(ids);
     }
     rp_oai_request_free(&q);
@@ -669,13 +681,7 @@ static enum MHD_Result handle_generate(rp_server *s, struct MHD_Connection *conn
         while (r->refs > 1) pthread_cond_wait(&r->cv, &r->mu);
         pthread_mutex_unlock(&r->mu);
         req_unref(r);
-        const char *param = strstr(err, "output tokens") ? "max_tokens"
-                            : strstr(err, "stop")        ? "stop"
-                            : kind == RP_OAI_CHAT        ? "messages"
-                                                         : "prompt";
-        if (strstr(err, "temperature") || strstr(err, "top_") || strstr(err, "min_p") || strstr(err, "penalty"))
-            param = NULL;
-        rp_oai_set_error(&e, 400, "invalid_request_error", param, NULL, "%s", err);
+        submit_error(&e, kind, &err);
         return send_error(s, conn, &e);
     }
     if (r->stream) {

@@ -1,4 +1,4 @@
-/* rp_err formatting and the few allocation helpers that treat OOM as fatal. */
+/* rp_err formatting. */
 #include "util/err.h"
 
 #include <stdarg.h>
@@ -8,6 +8,18 @@
 
 int rp_errf(rp_err *err, const char *fmt, ...) {
     if (err) {
+        err->param[0] = 0;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return RP_ERR;
+}
+
+int rp_errp(rp_err *err, const char *param, const char *fmt, ...) {
+    if (err) {
+        snprintf(err->param, sizeof err->param, "%s", param);
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
@@ -37,29 +49,4 @@ int rp_err_wrap(rp_err *err, const char *fmt, ...) {
 void rp_assert_fail(const char *expr, const char *file, int line) {
     fprintf(stderr, "replay: internal error: assertion `%s' failed at %s:%d\n", expr, file, line);
     abort();
-}
-
-void *rp_xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "replay: out of memory (%zu bytes)\n", n);
-        abort();
-    }
-    return p;
-}
-
-void *rp_xcalloc(size_t n, size_t size) {
-    void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) {
-        fprintf(stderr, "replay: out of memory (%zu x %zu bytes)\n", n, size);
-        abort();
-    }
-    return p;
-}
-
-char *rp_xstrdup(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *p = rp_xmalloc(n);
-    memcpy(p, s, n);
-    return p;
 }

@@ -1,0 +1,371 @@
+/* The engine API (include/replay/engine.h): creation on a runner, the
+ * engine thread and its inbox, abort, stats.
+ *
+ * submit() (submit.c) validates and tokenizes on the caller's thread, then
+ * hands the request over through the inbox; abort() posts an id. The engine
+ * thread loops: take new requests and aborts, run one step (step.c), publish
+ * a stats snapshot; it sleeps when nothing is waiting or running. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/engine_internal.h"
+#include "model/config.h"
+#include "util/log.h"
+
+/* The engine's defaults, the one place they are written: SGLang's on large
+ * GPUs for the token budget and chunk (measured in bench/RESULTS.md). */
+enum {
+    DEFAULT_PAGE_SIZE = 16,
+    DEFAULT_MAX_RUNNING = 256,
+    DEFAULT_MAX_BATCHED_TOKENS = 16384,
+    DEFAULT_CHUNKED_PREFILL = 8192,
+};
+#define DEFAULT_MEMORY_RATIO 0.9
+
+void rp_engine_config_default(rp_engine_config *c) {
+    memset(c, 0, sizeof *c);
+    c->device = "auto";
+    c->page_size = DEFAULT_PAGE_SIZE;
+    c->memory_ratio = DEFAULT_MEMORY_RATIO;
+    c->max_running_requests = DEFAULT_MAX_RUNNING;
+    c->max_batched_tokens = DEFAULT_MAX_BATCHED_TOKENS;
+    c->chunked_prefill_size = DEFAULT_CHUNKED_PREFILL;
+}
+
+void rp_request_params_default(rp_request_params *p) {
+    memset(p, 0, sizeof *p);
+    p->max_tokens = 16;
+    p->temperature = 1.0f;
+    p->top_p = 1.0f;
+    p->top_k = 0;
+    p->repetition_penalty = 1.0f;
+}
+
+const char *rp_error_code_name(rp_error_code code) {
+    switch (code) {
+    case RP_ERROR_NONE: return "none";
+    case RP_ERROR_INVALID_REQUEST: return "invalid_request";
+    case RP_ERROR_CONTEXT_LENGTH: return "context_length";
+    case RP_ERROR_UNSUPPORTED: return "unsupported";
+    case RP_ERROR_OUT_OF_MEMORY: return "out_of_memory";
+    case RP_ERROR_INTERNAL: return "internal";
+    }
+    return "unknown";
+}
+
+/* ---- live ids ---------------------------------------------------------- */
+
+static int live_add(rp_engine *e, rp_request_id id) {
+    if (e->num_live == e->cap_live) {
+        int cap = e->cap_live ? e->cap_live * 2 : 64;
+        rp_request_id *live = realloc(e->live, (size_t)cap * sizeof *live);
+        if (!live) return -1;
+        e->live = live;
+        e->cap_live = cap;
+    }
+    e->live[e->num_live++] = id;
+    return 0;
+}
+
+void rp_engine_live_remove(rp_engine *e, rp_request_id id) {
+    for (int i = 0; i < e->num_live; i++)
+        if (e->live[i] == id) {
+            e->live[i] = e->live[--e->num_live];
+            return;
+        }
+}
+
+int rp_engine_enqueue(rp_engine *e, rp_request *r, int prompt_tokens, rp_request_id *id_out) {
+    pthread_mutex_lock(&e->mu);
+    r->id = e->next_id;
+    if (live_add(e, r->id)) {
+        pthread_mutex_unlock(&e->mu);
+        return -1;
+    }
+    e->next_id++;
+    if (id_out) *id_out = r->id;
+    e->stats_prompt_tokens += (uint64_t)prompt_tokens;
+    if (e->inbox_tail) e->inbox_tail->next = r;
+    else e->inbox_head = r;
+    e->inbox_tail = r;
+    e->busy = 1;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+/* ---- the engine thread -------------------------------------------------- */
+
+static rp_request *find_request(rp_scheduler *s, rp_request_id id) {
+    for (int i = 0; i < s->num_running; i++)
+        if (s->running[i]->id == id) return s->running[i];
+    for (rp_request *w = s->wait_head; w; w = w->next)
+        if (w->id == id) return w;
+    return NULL;
+}
+
+/* Ends everything: the step in flight is read, every request gets ABORT. */
+static void shut_down(rp_engine *e) {
+    if (e->steps[e->cur_step].active) rp_engine_collect_step(e, e->cur_step);
+    e->completed = e->launched;
+    rp_engine_release_retired(e);
+    while (e->sched->num_running)
+        rp_engine_finish(e, e->sched->running[0], -1, 0, NULL, RP_FINISH_REASON_ABORT, NULL);
+    while (e->sched->wait_head) rp_engine_finish(e, e->sched->wait_head, -1, 0, NULL, RP_FINISH_REASON_ABORT, NULL);
+}
+
+/* Copies the engine thread's counters where get_stats reads them (under mu). */
+static void publish_stats(rp_engine *e) {
+    rp_engine_stats *ss = &e->snapshot;
+    *ss = e->stats;
+    ss->running = e->sched->num_running;
+    ss->waiting = e->sched->num_waiting;
+    ss->kv_pages_free = rp_page_pool_num_free(e->run->pool);
+    ss->preemptions = e->sched->preemptions;
+    ss->cpu_ms_per_step = e->stats.steps ? e->cpu_ms_total / (double)e->stats.steps : 0;
+    rp_backend *be = e->run->backend;
+    if (be->ops->stats) {
+        rp_backend_stats bs;
+        be->ops->stats(be, &bs);
+        ss->graph_replays = bs.graph_replays;
+        ss->forwards = bs.forwards;
+    }
+}
+
+static void *engine_main(void *arg) {
+    rp_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        for (;;) {
+            while (e->inbox_head) { /* new requests */
+                rp_request *r = e->inbox_head;
+                e->inbox_head = r->next;
+                if (!e->inbox_head) e->inbox_tail = NULL;
+                rp_scheduler_enqueue(e->sched, r);
+            }
+            if (e->num_aborts || e->stopping) break;
+            if (e->sched->num_running + e->sched->num_waiting > 0) break;
+            e->busy = 0;
+            pthread_cond_broadcast(&e->idle);
+            pthread_cond_wait(&e->work, &e->mu);
+        }
+        e->busy = 1;
+        int stopping = e->stopping;
+        int na = e->num_aborts;
+        rp_request_id ids[na > 0 ? na : 1];
+        if (na) memcpy(ids, e->aborts, (size_t)na * sizeof *ids);
+        e->num_aborts = 0;
+        pthread_mutex_unlock(&e->mu);
+
+        for (int k = 0; k < na; k++) {
+            rp_request *found = find_request(e->sched, ids[k]);
+            if (found) rp_engine_finish(e, found, -1, 0, NULL, RP_FINISH_REASON_ABORT, NULL);
+        }
+        if (stopping) {
+            shut_down(e);
+            break;
+        }
+        rp_engine_step(e);
+        pthread_mutex_lock(&e->mu);
+        publish_stats(e);
+        pthread_mutex_unlock(&e->mu);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->busy = 0;
+    pthread_cond_broadcast(&e->idle);
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---- creation ------------------------------------------------------------- */
+
+static void set_error(rp_error *err, rp_error_code code, const char *msg) {
+    if (!err) return;
+    err->code = code;
+    err->param[0] = 0;
+    snprintf(err->message, sizeof err->message, "%s", msg);
+}
+
+/* The tokenizer of tokenizer_dir, else of model_dir when it has one; the
+ * chat template override. */
+static int load_tokenizer(rp_engine *e, rp_err *err) {
+    const rp_engine_config *cfg = &e->cfg;
+    const char *tdir = cfg->tokenizer_dir ? cfg->tokenizer_dir : cfg->model_dir;
+    if (tdir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tokenizer.json", tdir);
+        if ((cfg->tokenizer_dir || access(path, R_OK) == 0) && !(e->tok = rp_tokenizer_load(tdir, err))) return RP_ERR;
+    }
+    if (cfg->chat_template) {
+        rp_chat_template_kind kind;
+        if (!e->tok) return rp_errf(err, "a chat template was given but the model has no tokenizer");
+        if (rp_chat_template_from_name(cfg->chat_template, &kind, err)) return RP_ERR;
+        rp_tokenizer_set_chat_template(e->tok, kind);
+    }
+    return RP_OK;
+}
+
+/* Fills in what a caller left at 0 with the defaults. */
+static void config_complete(rp_engine_config *cfg) {
+    if (!cfg->device) cfg->device = "auto";
+    if (cfg->page_size <= 0) cfg->page_size = DEFAULT_PAGE_SIZE;
+    if (cfg->memory_ratio <= 0 || cfg->memory_ratio > 1) cfg->memory_ratio = DEFAULT_MEMORY_RATIO;
+    if (cfg->max_running_requests <= 0) cfg->max_running_requests = DEFAULT_MAX_RUNNING;
+    if (cfg->max_batched_tokens <= 0) cfg->max_batched_tokens = DEFAULT_MAX_BATCHED_TOKENS;
+    /* a decode step of every running request must fit one step */
+    if (cfg->max_batched_tokens < cfg->max_running_requests) cfg->max_batched_tokens = cfg->max_running_requests;
+}
+
+rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
+    rp_engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        set_error(errout, RP_ERROR_OUT_OF_MEMORY, "out of memory");
+        return NULL;
+    }
+    e->cfg = *cfg_in;
+    rp_engine_config *cfg = &e->cfg;
+    config_complete(cfg);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->work, NULL);
+    pthread_cond_init(&e->idle, NULL);
+    e->next_id = 1;
+    rp_err err;
+    rp_runner_config rc = {.model_dir = cfg->model_dir, .dummy_name = cfg->dummy_name, .load_dummy = cfg->load_dummy,
+                           .weight_seed = cfg->weight_seed, .load_progress = 1, .device = cfg->device,
+                           .threads = cfg->threads, .page_size = cfg->page_size, .num_pages = cfg->num_pages,
+                           .memory_ratio = cfg->memory_ratio, .max_seqs = cfg->max_running_requests,
+                           .max_context = cfg->max_context, .max_batched_tokens = cfg->max_batched_tokens,
+                           .max_logit_rows = cfg->max_running_requests,
+                           .disable_cuda_graph = cfg->disable_cuda_graph,
+                           .cuda_graph_max_bs = cfg->cuda_graph_max_bs};
+    if (!(e->run = rp_runner_new(&rc, &err))) goto fail;
+    if (e->run->model->dummy && !cfg->quiet_model_warning)
+        rp_log_warn("the weights are RANDOM (dummy): output is meaningless text, useful only for testing and timing");
+    if (load_tokenizer(e, &err)) goto fail;
+    e->max_context = e->run->max_context;
+    e->max_logits = e->run->max_logit_rows;
+    const int num_pages = e->run->pool->num_pages;
+    rp_sched_config sc = {.max_running = cfg->max_running_requests, .max_batched_tokens = cfg->max_batched_tokens,
+                          .max_context = e->max_context,
+                          .chunk = cfg->chunked_prefill_size > 0 ? cfg->chunked_prefill_size : cfg->max_batched_tokens};
+    e->sched = rp_scheduler_new(&sc, e->run->table);
+    for (int k = 0; k < 2; k++) {
+        e->steps[k].items = calloc((size_t)cfg->max_running_requests, sizeof *e->steps[k].items);
+        e->steps[k].logit_row = calloc((size_t)cfg->max_running_requests, sizeof(int));
+        e->steps[k].out_index = calloc((size_t)cfg->max_running_requests, sizeof(int));
+        if (!e->steps[k].items || !e->steps[k].logit_row || !e->steps[k].out_index) goto oom;
+    }
+    e->overlap = e->run->backend->supports_token_refs && !cfg->disable_overlap;
+    e->sampler = rp_sampler_new(e->run->model->cfg.vocab_size);
+    e->retiring = calloc((size_t)cfg->max_running_requests, sizeof *e->retiring);
+    e->dev_params = calloc((size_t)e->max_logits, sizeof *e->dev_params);
+    e->dev_tokens = calloc((size_t)e->max_logits, sizeof *e->dev_tokens);
+    e->dev_logprobs = calloc((size_t)e->max_logits, sizeof *e->dev_logprobs);
+    e->dev_top = calloc((size_t)e->max_logits, sizeof *e->dev_top);
+    if (!e->sched || !e->sampler || !e->retiring || !e->dev_params || !e->dev_tokens || !e->dev_logprobs ||
+        !e->dev_top)
+        goto oom;
+    e->stats.kv_pages_total = num_pages;
+    e->stats.max_total_tokens = num_pages * cfg->page_size;
+    e->snapshot = e->stats;
+    e->snapshot.kv_pages_free = num_pages;
+    rp_log_info("engine: %d KV pages of %d tokens (%d tokens in all), up to %d running requests, %d tokens per step",
+                num_pages, cfg->page_size, num_pages * cfg->page_size, cfg->max_running_requests,
+                cfg->max_batched_tokens);
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        set_error(errout, RP_ERROR_INTERNAL, "cannot start the engine thread");
+        rp_engine_destroy(e);
+        return NULL;
+    }
+    e->thread_started = 1;
+    return e;
+oom:
+    set_error(errout, RP_ERROR_OUT_OF_MEMORY, "out of memory setting up the engine");
+    rp_engine_destroy(e);
+    return NULL;
+fail:
+    set_error(errout, RP_ERROR_INTERNAL, err.msg);
+    rp_engine_destroy(e);
+    return NULL;
+}
+
+void rp_engine_destroy(rp_engine *e) {
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stopping = 1;
+        pthread_cond_signal(&e->work);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    while (e->inbox_head) {
+        rp_request *r = e->inbox_head;
+        e->inbox_head = r->next;
+        rp_request_free(r);
+    }
+    free(e->aborts);
+    free(e->live);
+    for (int i = 0; i < e->num_retiring; i++) rp_request_free(e->retiring[i]);
+    free(e->retiring);
+    for (int k = 0; k < 2; k++) {
+        free(e->steps[k].items);
+        free(e->steps[k].logit_row);
+        free(e->steps[k].out_index);
+    }
+    free(e->dev_params);
+    free(e->dev_tokens);
+    free(e->dev_logprobs);
+    free(e->dev_top);
+    rp_sampler_free(e->sampler);
+    rp_scheduler_free(e->sched);
+    rp_runner_free(e->run);
+    rp_tokenizer_free(e->tok);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->work);
+    pthread_cond_destroy(&e->idle);
+    free(e);
+}
+
+/* ---- abort, wait, stats ---------------------------------------------------- */
+
+int rp_engine_abort(rp_engine *e, rp_request_id id) {
+    pthread_mutex_lock(&e->mu);
+    int known = 0;
+    for (int i = 0; i < e->num_live && !known; i++) known = e->live[i] == id;
+    if (known && e->num_aborts == e->cap_aborts) {
+        int cap = e->cap_aborts ? e->cap_aborts * 2 : 16;
+        rp_request_id *aborts = realloc(e->aborts, (size_t)cap * sizeof *aborts);
+        if (aborts) {
+            e->aborts = aborts;
+            e->cap_aborts = cap;
+        } else {
+            rp_log_error("out of memory queueing the abort of request %llu", (unsigned long long)id);
+            known = 0;
+        }
+    }
+    if (known) {
+        e->aborts[e->num_aborts++] = id;
+        pthread_cond_signal(&e->work);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return known ? 0 : -1;
+}
+
+void rp_engine_wait_idle(rp_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    while (e->busy || e->inbox_head || e->num_aborts) pthread_cond_wait(&e->idle, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void rp_engine_get_stats(rp_engine *e, rp_engine_stats *out) {
+    pthread_mutex_lock(&e->mu);
+    *out = e->snapshot;
+    out->prompt_tokens = e->stats_prompt_tokens;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int rp_engine_vocab_size(const rp_engine *e) { return e->run->model->cfg.vocab_size; }
+int rp_engine_max_context(const rp_engine *e) { return e->max_context; }
+const struct rp_tokenizer *rp_engine_tokenizer(const rp_engine *e) { return e->tok; }

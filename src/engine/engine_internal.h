@@ -1,0 +1,90 @@
+/* The engine's state, shared by its four files and nothing else:
+ *   engine.c  create/destroy, the engine thread, inbox, abort, stats
+ *   submit.c  validating a request and handing it to the engine thread
+ *   step.c    one step: schedule, build the batch, launch, collect, overlap
+ *   output.c  a sampled token's way out: detokenise, stop strings, finish
+ * Fields marked "under mu" are shared with callers' threads; the rest belong
+ * to the engine thread. */
+#ifndef RP_ENGINE_ENGINE_INTERNAL_H
+#define RP_ENGINE_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+
+#include "engine/runner.h"
+#include "engine/sampler.h"
+#include "replay/engine.h"
+#include "sched/request.h"
+#include "sched/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+/* A launched step whose results have not been read yet. */
+typedef struct rp_step {
+    int active;
+    uint64_t id;
+    int n;
+    rp_sched_item *items; /* [max_running] */
+    int *logit_row;       /* [max_running] */
+    int *out_index;       /* [max_running]: output index of the token each sampling item makes */
+    int device_sampling;
+} rp_step;
+
+struct rp_engine {
+    rp_engine_config cfg;
+    rp_runner *run; /* model, backend, KV pool, page table, batch builder */
+    rp_tokenizer *tok;
+    rp_scheduler *sched;
+    rp_sampler *sampler;
+    rp_sample_params *dev_params; /* [max_logits]: each logit row's sampling on the device */
+    int32_t *dev_tokens;          /* [max_logits]: what the device sampled */
+    float *dev_logprobs;
+    rp_top_logprobs *dev_top;
+    int max_context, max_logits;
+    /* shared with callers, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t work, idle;
+    pthread_t thread;
+    int thread_started, stopping, busy;
+    rp_request *inbox_head, *inbox_tail;
+    rp_request_id *aborts;
+    int num_aborts, cap_aborts;
+    rp_request_id *live; /* ids submitted and not finished */
+    int num_live, cap_live;
+    rp_request_id next_id;
+    uint64_t stats_prompt_tokens; /* counted at submit */
+    rp_engine_stats snapshot;     /* what get_stats reports */
+    /* overlap: step N+1 is launched before step N's tokens are read */
+    int overlap;
+    rp_step steps[2];
+    int cur_step;                 /* index in steps[] of the newest launched step */
+    uint64_t launched, completed; /* step counters */
+    rp_request **retiring;        /* finished, freed once their last step completed */
+    int num_retiring, cap_retiring;
+    rp_engine_stats stats; /* engine thread only */
+    double cpu_ms_total;
+};
+
+/* step.c: one turn of the engine loop (launch, and collect with or without
+ * overlap); collect_step also serves shutdown. */
+void rp_engine_step(rp_engine *e);
+void rp_engine_collect_step(rp_engine *e, int slot);
+
+/* output.c */
+/* Hands output token number k (0-based) of r to its request: records it,
+ * streams its text and finishes the request on a stop condition. */
+void rp_engine_on_sampled(rp_engine *e, rp_request *r, int k, int32_t tok, float lp, const rp_top_logprobs *top);
+/* Ends a request with its final event now; its pages are freed once no
+ * launched step still writes them. */
+void rp_engine_finish(rp_engine *e, rp_request *r, int32_t tok, float lp, const rp_top_logprobs *top, rp_finish fin,
+                      const char *error);
+/* Frees the retiring requests whose last step has completed. */
+void rp_engine_release_retired(rp_engine *e);
+
+/* engine.c */
+/* Forgets a finished id (under mu): abort() no longer knows it. */
+void rp_engine_live_remove(rp_engine *e, rp_request_id id);
+/* Registers a validated request (its id in *id_out, set before the engine
+ * thread can see it) and wakes the engine thread; -1 when memory for the
+ * bookkeeping ran out (nothing queued). */
+int rp_engine_enqueue(rp_engine *e, rp_request *r, int prompt_tokens, rp_request_id *id_out);
+
+#endif

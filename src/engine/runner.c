@@ -1,0 +1,399 @@
+/* The runner (runner.h): model + backend + KV pool + page table + batch
+ * builder from one config, and the fixed-batch drivers built on them. */
+#include "engine/runner.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/config.h"
+#include "util/log.h"
+#include "util/rng.h"
+
+const char *rp_runner_resolve_device(const char *device) {
+    if (!device || !strcmp(device, "auto")) return rp_cuda_device_count() > 0 ? "cuda" : "cpu";
+    return device;
+}
+
+/* The CPU backend's pool when none is asked for: a full batch of full
+ * contexts (fp32 K and V), capped at a quarter of the free memory, and never
+ * less than one whole context. */
+static int cpu_auto_pages(const rp_model_config *c, int max_seqs, int max_context, int page_size,
+                          double memory_ratio) {
+    double per_token = (double)c->num_layers * 2 * c->num_kv_heads * c->head_dim * 4;
+    long pages_avail = sysconf(_SC_AVPHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
+    double avail = pages_avail > 0 && page_bytes > 0 ? (double)pages_avail * page_bytes : 4e9;
+    double want = (double)max_seqs * max_context * per_token;
+    double cap = avail * 0.25 * memory_ratio;
+    double bytes = want < cap ? want : cap;
+    int pages = (int)(bytes / per_token / page_size);
+    int min_pages = (max_context + page_size - 1) / page_size;
+    return pages < min_pages ? min_pages : pages;
+}
+
+static int load_model(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
+    if (cfg->model) {
+        r->model = (rp_model *)cfg->model;
+        return RP_OK;
+    }
+    if ((!cfg->model_dir) == (!cfg->dummy_name))
+        return rp_errf(err, "give exactly one of a model directory or a dummy model name");
+    rp_load_options lo = {.format = cfg->load_dummy ? RP_LOAD_DUMMY : RP_LOAD_AUTO, .seed = cfg->weight_seed,
+                          .progress = cfg->load_progress, .lazy_dummy = !strcmp(r->device, "cuda")};
+    double t0 = rp_now_s();
+    r->model = cfg->model_dir ? rp_model_load(cfg->model_dir, &lo, err) : rp_model_dummy(cfg->dummy_name, &lo, err);
+    if (!r->model) return RP_ERR;
+    r->owns_model = 1;
+    const rp_model_config *c = &r->model->cfg;
+    rp_log_info("model: %s, %d layers, hidden %d, %d heads (%d kv) x %d, vocab %d, %.2fB params, loaded in %.2fs",
+                c->arch_name, c->num_layers, c->hidden_size, c->num_heads, c->num_kv_heads, c->head_dim,
+                c->vocab_size, (double)rp_config_num_params(c) / 1e9, rp_now_s() - t0);
+    return RP_OK;
+}
+
+rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
+    rp_runner *r = calloc(1, sizeof *r);
+    if (!r) {
+        rp_errf(err, "out of memory");
+        return NULL;
+    }
+    r->device = rp_runner_resolve_device(cfg->device);
+    if (strcmp(r->device, "cpu") && strcmp(r->device, "cuda")) {
+        rp_errf(err, "unknown device '%s' (auto, cpu or cuda)", r->device);
+        goto fail;
+    }
+    if (load_model(r, cfg, err)) goto fail;
+    const rp_model_config *c = &r->model->cfg;
+    const int page_size = cfg->page_size > 0 ? cfg->page_size : 16;
+    const double memory_ratio = cfg->memory_ratio > 0 && cfg->memory_ratio <= 1 ? cfg->memory_ratio : 0.9;
+    r->max_seqs = cfg->max_seqs > 0 ? cfg->max_seqs : 1;
+    r->max_logit_rows = cfg->max_logit_rows > 0 ? cfg->max_logit_rows : r->max_seqs;
+    int max_batched = cfg->max_batched_tokens > 0 ? cfg->max_batched_tokens : 8192;
+    if (max_batched < r->max_seqs) max_batched = r->max_seqs; /* a decode step of every sequence fits */
+    r->max_context = cfg->max_context > 0 && cfg->max_context < c->max_position_embeddings
+                         ? cfg->max_context
+                         : c->max_position_embeddings;
+    const int use_cuda = !strcmp(r->device, "cuda");
+    int num_pages = cfg->num_pages > 0 ? cfg->num_pages
+                    : use_cuda         ? 0
+                                       : cpu_auto_pages(c, r->max_seqs, r->max_context, page_size, memory_ratio);
+    rp_backend_config bc = {.num_pages = num_pages, .memory_ratio = memory_ratio, .page_size = page_size,
+                            .max_batch_tokens = max_batched, .max_batch_seqs = r->max_seqs,
+                            .max_logit_rows = r->max_logit_rows, .num_threads = cfg->threads,
+                            .disable_cuda_graph = cfg->disable_cuda_graph, .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
+                            .num_cuda_graph_bs = cfg->num_cuda_graph_bs, .profile = cfg->profile};
+    if (cfg->num_cuda_graph_bs > 0) memcpy(bc.cuda_graph_bs, cfg->cuda_graph_bs, sizeof bc.cuda_graph_bs);
+    r->backend = use_cuda ? rp_backend_cuda_new(r->model, &bc, err) : rp_backend_cpu_new(r->model, &bc, err);
+    if (!r->backend) {
+        rp_err_wrap(err, "%s backend", r->device);
+        goto fail;
+    }
+    num_pages = r->backend->cfg.num_pages; /* the backend sized it when asked to */
+    /* One sequence must always fit the pool, or preemption could not
+     * guarantee progress (vLLM refuses to start in that case; replay
+     * shortens the context and says so). */
+    if ((long)num_pages * page_size < r->max_context) {
+        rp_log_warn("the KV cache holds %d tokens, less than the context of %d: sequences are limited to %d",
+                    num_pages * page_size, r->max_context, num_pages * page_size);
+        r->max_context = num_pages * page_size;
+    }
+    r->pool = rp_page_pool_new(num_pages, page_size);
+    r->table = r->pool ? rp_page_table_new(r->pool, r->max_seqs, r->max_context) : NULL;
+    r->bb = r->table ? rp_batch_builder_new(r->table, max_batched, r->max_seqs, r->max_logit_rows) : NULL;
+    r->sample = calloc((size_t)r->max_logit_rows, sizeof *r->sample);
+    r->tokens = calloc((size_t)r->max_logit_rows, sizeof *r->tokens);
+    r->logits = malloc((size_t)r->max_logit_rows * c->vocab_size * sizeof *r->logits);
+    if (!r->bb || !r->sample || !r->tokens || !r->logits) {
+        rp_errf(err, "out of memory setting up the KV cache and batch buffers");
+        goto fail;
+    }
+    return r;
+fail:
+    rp_runner_free(r);
+    return NULL;
+}
+
+void rp_runner_free(rp_runner *r) {
+    if (!r) return;
+    free(r->sample);
+    free(r->tokens);
+    free(r->logits);
+    rp_batch_builder_free(r->bb);
+    rp_page_table_free(r->table);
+    rp_page_pool_free(r->pool);
+    rp_backend_destroy(r->backend);
+    if (r->owns_model) rp_model_free(r->model);
+    free(r);
+}
+
+/* ---- fixed-batch drivers ------------------------------------------------ */
+
+int rp_runner_seqs_begin(rp_runner *r, rp_runner_seq *seqs, int B, rp_err *err) {
+    if (B > r->max_seqs || B > r->max_logit_rows)
+        return rp_errf(err, "a batch of %d sequences does not fit this runner (%d)", B, r->max_seqs);
+    for (int s = 0; s < B; s++) {
+        seqs[s] = (rp_runner_seq){.row = rp_page_table_acquire_row(r->table)};
+        if (seqs[s].row < 0) {
+            rp_runner_seqs_end(r, seqs, s);
+            return rp_errf(err, "no page-table row left");
+        }
+    }
+    return RP_OK;
+}
+
+void rp_runner_seqs_end(rp_runner *r, rp_runner_seq *seqs, int B) {
+    for (int s = 0; s < B; s++) rp_page_table_release_row(r->table, seqs[s].row);
+}
+
+int rp_runner_prefill_random(rp_runner *r, rp_runner_seq *seqs, int B, int ctx, double *seconds, rp_err *err) {
+    rp_backend *be = r->backend;
+    rp_batch_builder *bb = r->bb;
+    const int vocab = r->model->cfg.vocab_size;
+    int32_t *prompt = malloc((size_t)ctx * sizeof *prompt);
+    if (!prompt) return rp_errf(err, "out of memory");
+    memset(r->sample, 0, (size_t)r->max_logit_rows * sizeof *r->sample); /* greedy */
+    double t0 = rp_now_s();
+    int s = 0, done_in_seq = 0, rc = 0;
+    while (s < B && !rc) {
+        rp_batch_begin(bb);
+        int first_seq = s;
+        while (s < B && rp_batch_tokens_left(bb) > 0) {
+            int n = ctx - done_in_seq;
+            if (n > rp_batch_tokens_left(bb)) n = rp_batch_tokens_left(bb);
+            for (int i = 0; i < n; i++)
+                prompt[i] = (int32_t)(rp_rand_u64(1, (uint64_t)s, (uint64_t)(done_in_seq + i)) % (uint64_t)vocab);
+            if ((rc = rp_page_table_reserve(r->table, seqs[s].row, done_in_seq + n, err))) break;
+            int last = done_in_seq + n == ctx;
+            if (rp_batch_add(bb, seqs[s].row, prompt, n, done_in_seq, last) < 0) break;
+            done_in_seq += n;
+            if (last) {
+                s++;
+                done_in_seq = 0;
+            }
+        }
+        if (rc) break;
+        rp_batch *bt = rp_batch_finish(bb);
+        bt->sample = be->ops->read_tokens && bt->num_logits ? r->sample : NULL;
+        if ((rc = rp_backend_forward(be, bt, err))) break;
+        if (bt->sample) {
+            if ((rc = be->ops->read_tokens(be, r->tokens, NULL, NULL, err))) break;
+            int k = 0;
+            for (int q = first_seq; q < s; q++) seqs[q].last = r->tokens[k++];
+        } else {
+            /* no device sampling: token 1 is the next input; its value does not matter here */
+            for (int q = first_seq; q < s; q++) seqs[q].last = 1;
+        }
+    }
+    for (int q = 0; q < B; q++) seqs[q].len = ctx;
+    *seconds = rp_now_s() - t0;
+    free(prompt);
+    return rc;
+}
+
+/* One decode batch: a token per sequence at its current length, the input
+ * seqs[s].last or, when refs is not NULL, refs[s]. NULL on error. */
+static rp_batch *decode_batch(rp_runner *r, rp_runner_seq *seqs, int B, const int32_t *refs, rp_err *err) {
+    rp_batch_begin(r->bb);
+    for (int s = 0; s < B; s++) {
+        if (rp_page_table_reserve(r->table, seqs[s].row, seqs[s].len + 1, err)) return NULL;
+        if (rp_batch_add(r->bb, seqs[s].row, refs ? &refs[s] : &seqs[s].last, 1, seqs[s].len, 1) < 0) {
+            rp_errf(err, "decode batch of %d does not fit", B);
+            return NULL;
+        }
+    }
+    return rp_batch_finish(r->bb);
+}
+
+/* Each sequence's sampling parameters for its next token: *sp (NULL:
+ * greedy), seeded by the sequence and counted by its length, as the engine
+ * does. */
+static void step_params(rp_sample_params *out, const rp_sample_params *sp, const rp_runner_seq *seqs, int B) {
+    for (int s = 0; s < B; s++) {
+        if (sp) {
+            out[s] = *sp;
+        } else {
+            memset(&out[s], 0, sizeof out[s]);
+            out[s].top_p = 1.0f;
+        }
+        out[s].seed = (uint64_t)s + 1;
+        out[s].step = (uint64_t)seqs[s].len;
+    }
+}
+
+static double last_gpu_ms(rp_backend *be) {
+    rp_backend_stats st = {0};
+    if (be->ops->stats) be->ops->stats(be, &st);
+    return st.last_gpu_ms;
+}
+
+int rp_runner_decode_steps(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sample_params *sp,
+                           double *wall_ms, double *gpu_ms, rp_err *err) {
+    rp_backend *be = r->backend;
+    if (B > r->max_logit_rows) return rp_errf(err, "decode batch of %d does not fit", B);
+    for (int it = 0; it < steps; it++) {
+        double t0 = rp_now_s();
+        rp_batch *bt = decode_batch(r, seqs, B, NULL, err);
+        if (!bt) return RP_ERR;
+        step_params(r->sample, sp, seqs, B);
+        if (be->ops->read_tokens) bt->sample = r->sample;
+        if (rp_backend_forward(be, bt, err)) return RP_ERR;
+        if (be->ops->read_tokens) {
+            if (be->ops->read_tokens(be, r->tokens, NULL, NULL, err)) return RP_ERR;
+        } else {
+            if (rp_backend_read_logits(be, r->logits, err)) return RP_ERR;
+            for (int s = 0; s < B; s++) r->tokens[s] = 1;
+        }
+        for (int s = 0; s < B; s++) {
+            seqs[s].last = r->tokens[s];
+            seqs[s].len++;
+        }
+        wall_ms[it] = (rp_now_s() - t0) * 1e3;
+        gpu_ms[it] = last_gpu_ms(be);
+    }
+    return RP_OK;
+}
+
+int rp_runner_can_overlap(const rp_runner *r) {
+    return r->backend->supports_token_refs && r->backend->ops->read_tokens;
+}
+
+int rp_runner_decode_overlapped(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sample_params *sp,
+                                double *wall_ms, double *gpu_ms, rp_err *err) {
+    rp_backend *be = r->backend;
+    if (!rp_runner_can_overlap(r)) return rp_errf(err, "this backend cannot overlap steps");
+    if (B > r->max_logit_rows) return rp_errf(err, "decode batch of %d does not fit", B);
+    int32_t *refs = malloc((size_t)B * sizeof *refs);
+    if (!refs) return rp_errf(err, "out of memory");
+    for (int s = 0; s < B; s++) refs[s] = -(s + 1); /* sequence s samples logit row s */
+    int rc = RP_OK;
+    double prev = rp_now_s();
+    for (int it = 0; it <= steps && !rc; it++) {
+        if (it < steps) {
+            rp_batch *bt = decode_batch(r, seqs, B, it ? refs : NULL, err);
+            if (!bt) {
+                rc = RP_ERR;
+                break;
+            }
+            step_params(r->sample, sp, seqs, B);
+            bt->sample = r->sample;
+            if ((rc = rp_backend_forward(be, bt, err))) break;
+            for (int s = 0; s < B; s++) seqs[s].len++;
+        }
+        if (it == 0) continue;
+        /* the older of the two steps in flight: step it - 1 */
+        if ((rc = be->ops->read_tokens(be, r->tokens, NULL, NULL, err))) break;
+        const double now = rp_now_s();
+        wall_ms[it - 1] = (now - prev) * 1e3;
+        prev = now;
+        gpu_ms[it - 1] = last_gpu_ms(be);
+    }
+    if (!rc)
+        for (int s = 0; s < B; s++) seqs[s].last = r->tokens[s];
+    free(refs);
+    return rc;
+}
+
+/* Index of the largest logit (the lower id on a tie), as the greedy sampler picks. */
+static int32_t argmax(const float *v, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+/* The greedy token of each of the batch's `rows` logit rows, into tok:
+ * sampled on the device where the backend can, else the argmax of the
+ * logits read back (into r->logits, which logits_out then points at). */
+static int greedy_tokens(rp_runner *r, rp_batch *bt, int rows, int32_t *tok, rp_err *err) {
+    rp_backend *be = r->backend;
+    const int device = be->ops->read_tokens != NULL && rows > 0;
+    if (device) {
+        for (int i = 0; i < rows; i++) r->sample[i] = (rp_sample_params){.top_p = 1.0f};
+        bt->sample = r->sample;
+    }
+    if (rp_backend_forward(be, bt, err)) return RP_ERR;
+    if (device) return be->ops->read_tokens(be, tok, NULL, NULL, err);
+    if (rp_backend_read_logits(be, r->logits, err)) return RP_ERR;
+    const int vocab = r->model->cfg.vocab_size;
+    for (int i = 0; i < rows; i++) tok[i] = argmax(r->logits + (size_t)i * vocab, vocab);
+    return RP_OK;
+}
+
+int rp_runner_run_prompts(rp_runner *r, int num_prompts, const int32_t *const *ids, const int *n, float *const *logits,
+                          int steps, int32_t *tokens, rp_err *err) {
+    const int vocab = r->model->cfg.vocab_size;
+    for (int p = 0; p < num_prompts; p++) {
+        if (n[p] < 1) return rp_errf(err, "prompt %d is empty", p);
+        if (n[p] + steps > r->max_context)
+            return rp_errf(err, "prompt %d: %d tokens and %d more exceed the context of %d", p, n[p], steps,
+                           r->max_context);
+        for (int i = 0; i < n[p]; i++)
+            if (ids[p][i] < 0 || ids[p][i] >= vocab)
+                return rp_errf(err, "token id %d is outside the vocabulary (0..%d)", ids[p][i], vocab - 1);
+    }
+    if (steps > 0 && !tokens) return rp_errf(err, "no room for the generated tokens");
+    rp_runner_seq *seqs = calloc((size_t)num_prompts, sizeof *seqs);
+    int *done = calloc((size_t)num_prompts, sizeof *done), *fed = calloc((size_t)num_prompts, sizeof *fed);
+    int32_t *tok = calloc((size_t)r->max_logit_rows, sizeof *tok);
+    int rc = !seqs || !done || !fed || !tok ? rp_errf(err, "out of memory") : RP_OK;
+    if (rc || (rc = rp_runner_seqs_begin(r, seqs, num_prompts, err))) goto out;
+    /* Prefill: each step takes the next chunk of every unfinished prompt, in
+     * order, while the batch has tokens and logit rows left. */
+    for (int left = num_prompts; !rc && left > 0;) {
+        rp_batch_begin(r->bb);
+        int rows = 0;
+        for (int p = 0; p < num_prompts && !rc; p++) {
+            fed[p] = 0;
+            int k = n[p] - done[p], room = rp_batch_tokens_left(r->bb);
+            if (k > room) k = room;
+            if (logits && k > r->max_logit_rows - rows) k = r->max_logit_rows - rows;
+            const int ends = done[p] + k == n[p], mode = logits ? 2 : ends && steps > 0 ? 1 : 0;
+            if (k <= 0 || (mode == 1 && rows == r->max_logit_rows)) continue;
+            if ((rc = rp_page_table_reserve(r->table, seqs[p].row, done[p] + k, err))) break;
+            if (rp_batch_add(r->bb, seqs[p].row, ids[p] + done[p], k, done[p], mode) < 0) break;
+            fed[p] = k;
+            rows += mode == 2 ? k : mode;
+        }
+        if (rc) break;
+        rp_batch *bt = rp_batch_finish(r->bb);
+        if (logits) {
+            if ((rc = rp_backend_forward(r->backend, bt, err)) || (rc = rp_backend_read_logits(r->backend, r->logits, err)))
+                break;
+        } else if ((rc = greedy_tokens(r, bt, rows, tok, err))) {
+            break;
+        }
+        int row = 0;
+        for (int p = 0; p < num_prompts; p++) {
+            if (!fed[p]) continue;
+            if (logits) memcpy(logits[p] + (size_t)done[p] * vocab, r->logits + (size_t)row * vocab,
+                               (size_t)fed[p] * vocab * sizeof *r->logits);
+            done[p] += fed[p];
+            row += logits ? fed[p] : done[p] == n[p] && steps > 0;
+            if (done[p] < n[p]) continue;
+            left--;
+            seqs[p].len = n[p];
+            if (steps > 0) /* the first generated token: the last prompt position's */
+                tokens[(size_t)p * steps] = logits ? argmax(logits[p] + (size_t)(n[p] - 1) * vocab, vocab) : tok[row - 1];
+        }
+    }
+    /* Decode: every sequence together, one greedy token per step. */
+    for (int it = 1; it < steps && !rc; it++) {
+        for (int p = 0; p < num_prompts; p++) seqs[p].last = tokens[(size_t)p * steps + it - 1];
+        rp_batch *bt = decode_batch(r, seqs, num_prompts, NULL, err);
+        if (!bt || (rc = greedy_tokens(r, bt, num_prompts, tok, err))) {
+            rc = RP_ERR;
+            break;
+        }
+        for (int p = 0; p < num_prompts; p++) {
+            tokens[(size_t)p * steps + it] = tok[p];
+            seqs[p].len++;
+        }
+    }
+    rp_runner_seqs_end(r, seqs, num_prompts);
+out:
+    free(seqs);
+    free(done);
+    free(fed);
+    free(tok);
+    return rc;
+}

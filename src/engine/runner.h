@@ -1,0 +1,111 @@
+/* The runner: everything that drives a model builds it here, one way.
+ *
+ * A runner owns (or borrows) a model, the backend --device names, the KV page
+ * pool, the page table and the batch builder, sized together from one
+ * config: the engine runs on one, and so do `bench decode`, `profile`,
+ * `logits` and the tests. It also holds the fixed-batch drivers those
+ * callers share (prefill sequences to a length, timed decode steps one at a
+ * time or overlapped as the engine runs them, prompts' logits at every
+ * position and greedy continuations), so there is one decode loop outside the engine, not one per
+ * command. The engine's own loop (src/engine/step.c) adds requests,
+ * scheduling and streaming on top of the same backend calls. */
+#ifndef RP_ENGINE_RUNNER_H
+#define RP_ENGINE_RUNNER_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "engine/batch.h"
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "model/model.h"
+
+typedef struct rp_runner_config {
+    /* The model: borrow `model`, or load exactly one of model_dir (with
+     * load_dummy: its config with random weights) or dummy_name. */
+    const rp_model *model;
+    const char *model_dir;
+    const char *dummy_name;
+    int load_dummy;
+    uint64_t weight_seed;
+    int load_progress; /* a progress bar while the weights load */
+    const char *device; /* "auto" (NULL too): the GPU when there is one; "cpu"; "cuda" */
+    int threads;        /* CPU backend; 0 = all cores */
+    /* KV cache and batch shape */
+    int page_size;          /* tokens per page; 0 = 16 */
+    int num_pages;          /* 0: CUDA sizes it from memory_ratio, the CPU from what a full batch needs */
+    double memory_ratio;    /* 0 = 0.9 */
+    int max_seqs;           /* page-table rows: the most sequences one step takes */
+    int max_context;        /* tokens per sequence; 0 or more than the model's = the model's */
+    int max_batched_tokens; /* tokens one forward takes; 0 = 8192 */
+    int max_logit_rows;     /* 0 = max_seqs */
+    /* CUDA graphs */
+    int disable_cuda_graph;
+    int cuda_graph_max_bs;
+    int num_cuda_graph_bs; /* > 0: capture exactly these batch sizes */
+    int cuda_graph_bs[64];
+    int profile; /* time every kernel of eager forwards (replay profile) */
+} rp_runner_config;
+
+typedef struct rp_runner {
+    rp_model *model; /* owned unless borrowed */
+    int owns_model;
+    rp_backend *backend;
+    rp_page_pool *pool;
+    rp_page_table *table;
+    rp_batch_builder *bb;
+    const char *device; /* "cpu" or "cuda", as resolved */
+    int max_context;    /* tokens per sequence, after fitting the pool */
+    int max_seqs, max_logit_rows;
+    /* scratch for the fixed-batch drivers: [max_logit_rows] and [max_logit_rows][vocab] */
+    rp_sample_params *sample;
+    int32_t *tokens;
+    float *logits;
+} rp_runner;
+
+/* "cpu" or "cuda" for a --device value ("auto" and NULL: cuda when a GPU is present). */
+const char *rp_runner_resolve_device(const char *device);
+
+rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err);
+void rp_runner_free(rp_runner *r);
+
+/* ---- fixed-batch drivers (benchmarks, profiler, logits, tests) ---------- */
+
+/* One sequence of a fixed batch: its page-table row, tokens in the cache,
+ * and the next input token. */
+typedef struct rp_runner_seq {
+    int row;
+    int len;
+    int32_t last;
+} rp_runner_seq;
+
+/* Takes a page-table row for each of B sequences (len 0). */
+int rp_runner_seqs_begin(rp_runner *r, rp_runner_seq *seqs, int B, rp_err *err);
+/* Gives their rows and pages back. */
+void rp_runner_seqs_end(rp_runner *r, rp_runner_seq *seqs, int B);
+/* Prefills each sequence with ctx seeded random tokens through the batched
+ * path; *seconds is the wall time. */
+int rp_runner_prefill_random(rp_runner *r, rp_runner_seq *seqs, int B, int ctx, double *seconds, rp_err *err);
+/* Runs `steps` decode steps over the B sequences, each reading its tokens
+ * before the next is launched, sampling with *sp (NULL: greedy; sequence s
+ * seeded s + 1, its RNG counter its length, as the engine does); per-step
+ * wall and device milliseconds (device: 0 when the backend does not time). */
+int rp_runner_decode_steps(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sample_params *sp,
+                           double *wall_ms, double *gpu_ms, rp_err *err);
+/* The same as the engine overlaps them: step N + 1 (its tokens references
+ * to step N's) is launched before step N's tokens are read. wall_ms[k]: the
+ * time between the reads of steps k - 1 and k, the time per output token a
+ * user sees. Needs token references and device sampling (rp_runner_can_overlap). */
+int rp_runner_decode_overlapped(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sample_params *sp,
+                                double *wall_ms, double *gpu_ms, rp_err *err);
+int rp_runner_can_overlap(const rp_runner *r);
+/* Runs each prompt (n[p] tokens of ids[p]): prefilled together in chunks
+ * as the batch's tokens and logit rows allow, then `steps` greedy tokens
+ * each (tokens[p * steps + k]) decoded together, one step per token. With
+ * logits != NULL, logits[p] receives the logits at every prompt position
+ * ([n[p]][vocab]). The pages are given back afterwards. For `replay logits`
+ * and the tests; the engine is what serves requests. */
+int rp_runner_run_prompts(rp_runner *r, int num_prompts, const int32_t *const *ids, const int *n, float *const *logits,
+                          int steps, int32_t *tokens, rp_err *err);
+
+#endif

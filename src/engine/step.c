@@ -1,0 +1,159 @@
+/* One step of the engine: ask the scheduler for a plan, turn it into a
+ * backend batch, launch the forward (sampling on the device unless a
+ * request needs the host sampler's penalties), and hand the sampled tokens
+ * to their requests (output.c).
+ *
+ * Overlap: where the backend takes token references, step N + 1 is launched
+ * before step N's tokens are read, its inputs naming the logit rows step N
+ * samples into, so the host's scheduling and streaming hide behind the
+ * device's work. A request that finishes in step N has already been fed into
+ * step N + 1: that provisional token is dropped, and the request's pages stay
+ * until step N + 1 has completed (output.c's retiring list). */
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "util/log.h"
+
+static int needs_host_sampler(const rp_request *r) {
+    const rp_sampling_params *p = &r->sampling;
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
+
+/* Whether any request's sampling needs the host sampler (penalties over its
+ * history): such a step cannot overlap. */
+static int any_needs_host_sampler(const rp_scheduler *s) {
+    for (int i = 0; i < s->num_running; i++)
+        if (needs_host_sampler(s->running[i])) return 1;
+    for (const rp_request *w = s->wait_head; w; w = w->next)
+        if (needs_host_sampler(w)) return 1;
+    return 0;
+}
+
+static void fail_running(rp_engine *e, const char *msg) {
+    e->completed = e->launched; /* nothing is in flight after a failure */
+    e->steps[0].active = e->steps[1].active = 0;
+    rp_engine_release_retired(e);
+    while (e->sched->num_running > 0)
+        rp_engine_finish(e, e->sched->running[0], -1, 0, NULL, RP_FINISH_REASON_ERROR, msg);
+}
+
+/* Schedules and launches one step; returns its slot or -1 when there was
+ * nothing to run (or the launch failed). */
+static int launch_step(rp_engine *e) {
+    double t0 = rp_now_s();
+    rp_scheduler *s = e->sched;
+    rp_runner *run = e->run;
+    int n = rp_scheduler_schedule(s);
+    if (n == 0) return -1;
+    /* peaks as scheduled, before this step's finished requests leave */
+    if (s->num_running > e->stats.peak_running) e->stats.peak_running = s->num_running;
+    int used = run->pool->num_pages - rp_page_pool_num_free(run->pool);
+    if (used > e->stats.kv_pages_peak_used) e->stats.kv_pages_peak_used = used;
+    int slot = e->overlap ? e->cur_step ^ 1 : 0;
+    rp_step *st = &e->steps[slot];
+    rp_batch_begin(run->bb);
+    st->device_sampling = run->backend->ops->read_tokens != NULL;
+    for (int i = 0; i < n; i++) {
+        rp_sched_item *it = &s->plan[i];
+        rp_request *r = it->req;
+        st->logit_row[i] = rp_batch_add(run->bb, r->row, r->tokens + r->cached, it->num_tokens, r->cached, it->samples);
+        RP_ASSERT(st->logit_row[i] >= 0 || !it->samples);
+        st->out_index[i] = r->num_output;
+        if (it->samples) {
+            if (needs_host_sampler(r)) st->device_sampling = 0;
+            const rp_sampling_params *p = &r->sampling;
+            e->dev_params[st->logit_row[i]] = (rp_sample_params){.temperature = p->temperature, .top_p = p->top_p,
+                                                                 .top_k = p->top_k, .min_p = p->min_p,
+                                                                 .seed = p->seed, .step = (uint64_t)r->num_output,
+                                                                 .top_logprobs = p->top_logprobs};
+        }
+    }
+    rp_batch *bt = rp_batch_finish(run->bb);
+    bt->sample = st->device_sampling ? e->dev_params : NULL;
+    e->cpu_ms_total += (rp_now_s() - t0) * 1e3;
+    rp_err err;
+    if (rp_backend_forward(run->backend, bt, &err)) {
+        rp_log_error("forward failed: %s", err.msg);
+        rp_scheduler_commit(s);
+        fail_running(e, err.msg);
+        return -1;
+    }
+    e->launched++;
+    st->active = 1;
+    st->id = e->launched;
+    st->n = n;
+    memcpy(st->items, s->plan, (size_t)n * sizeof *st->items);
+    rp_scheduler_commit(s);
+    for (int i = 0; i < n; i++) {
+        rp_request *r = st->items[i].req;
+        r->last_step = st->id;
+        /* overlap: reserve the output slot with a reference to the row the
+         * device samples it into; the next step can feed it before the
+         * host has seen it */
+        if (e->overlap && st->items[i].samples) r->tokens[rp_request_len(r)] = -(st->logit_row[i] + 1), r->num_output++;
+    }
+    e->cur_step = slot;
+    e->stats.steps++;
+    return slot;
+}
+
+void rp_engine_collect_step(rp_engine *e, int slot) {
+    rp_step *st = &e->steps[slot];
+    rp_backend *be = e->run->backend;
+    rp_err err;
+    int rc = st->device_sampling ? be->ops->read_tokens(be, e->dev_tokens, e->dev_logprobs, e->dev_top, &err)
+                                 : rp_backend_read_logits(be, e->run->logits, &err);
+    st->active = 0;
+    if (rc) {
+        rp_log_error("forward failed: %s", err.msg);
+        fail_running(e, err.msg);
+        return;
+    }
+    e->completed = st->id;
+    const int vocab = e->run->model->cfg.vocab_size;
+    for (int i = 0; i < st->n; i++) {
+        if (!st->items[i].samples) continue;
+        rp_request *r = st->items[i].req;
+        int row = st->logit_row[i], k = st->out_index[i];
+        int32_t tok;
+        float lp = 0;
+        rp_top_logprobs host_top;
+        const rp_top_logprobs *top = &host_top;
+        if (r->retiring) continue;
+        if (st->device_sampling) {
+            tok = e->dev_tokens[row];
+            lp = e->dev_logprobs[row];
+            top = &e->dev_top[row];
+        } else {
+            tok = rp_sampler_sample_top(e->sampler, &r->sampling, e->run->logits + (size_t)row * vocab, r->tokens,
+                                        r->num_prompt, r->tokens + r->num_prompt, k, (uint64_t)k, &lp, &host_top);
+        }
+        rp_engine_on_sampled(e, r, k, tok, lp, top);
+    }
+    rp_engine_release_retired(e);
+}
+
+/* Without overlap: launch, wait, collect. With overlap: launch step N + 1
+ * first, then collect step N while the device runs N + 1. */
+void rp_engine_step(rp_engine *e) {
+    rp_step *prev = &e->steps[e->cur_step];
+    int had_prev = e->overlap && prev->active;
+    int prev_slot = e->cur_step;
+    /* The host needs real tokens (penalties), or the step in flight sampled
+     * on the host so the device holds no tokens to refer to: no overlap now. */
+    if (had_prev && (!prev->device_sampling || any_needs_host_sampler(e->sched))) {
+        rp_engine_collect_step(e, prev_slot);
+        had_prev = 0;
+    }
+    int slot = launch_step(e);
+    if (had_prev) rp_engine_collect_step(e, prev_slot);
+    if (slot >= 0 && !e->overlap) rp_engine_collect_step(e, slot);
+    if (slot < 0 && !had_prev) {
+        /* Nothing launched and nothing in flight: a request that cannot be
+         * scheduled (submit checks that each fits the pool); fail it rather
+         * than spin. */
+        rp_scheduler *s = e->sched;
+        if (s->wait_head)
+            rp_engine_finish(e, s->wait_head, -1, 0, NULL, RP_FINISH_REASON_ERROR, "the request cannot be scheduled");
+    }
+}

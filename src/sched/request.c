@@ -1,0 +1,15 @@
+/* A request's memory (request.h): everything it owns is freed here. */
+#include "sched/request.h"
+
+#include <stdlib.h>
+
+void rp_request_free(rp_request *r) {
+    if (!r) return;
+    if (r->has_detok) rp_detok_free(&r->detok);
+    for (int i = 0; i < r->num_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    free(r->stop_ids);
+    free(r->tokens);
+    free(r->held);
+    free(r);
+}
