@@ -233,8 +233,51 @@ int rp_cli_load_tokenizer(const rp_model_opts *o, const char *tokenizer_dir, con
     return 0;
 }
 
-void rp_cli_engine_config(const rp_model_opts *o, rp_engine_config *ec) {
-    rp_engine_config_default(ec);
+void rp_engine_opts_help(FILE *f) {
+    rp_engine_config d;
+    rp_engine_config_default(&d);
+    fprintf(f,
+            "Engine:\n"
+            "  --max-running-requests N     requests decoded together (default %d)\n"
+            "  --max-num-batched-tokens N   tokens one step feeds, prompt chunks and decode tokens together\n"
+            "                               (default %d; --max-prefill-tokens is the same)\n"
+            "  --chunked-prefill-size N     a prompt is fed in chunks of at most N tokens (default %d; 0 = the step's)\n"
+            "  --num-pages N                KV pages (default: %.0f%% of the GPU memory left, or what the CPU needs)\n"
+            "  --page-size N                tokens per KV page (default %d)\n"
+            "  --max-model-len N            context per request (default: the model's)\n"
+            "  --disable-cuda-graph         run every step eagerly\n",
+            d.max_running_requests, d.max_batched_tokens, d.chunked_prefill_size, d.memory_ratio * 100, d.page_size);
+}
+
+int rp_engine_opts_parse(rp_engine_config *ec, int opt, const char *arg, const char *cmd) {
+    static const struct {
+        int opt;
+        const char *name;
+        long lo, hi;
+    } ints[] = {{0x140, "--max-running-requests", 1, 4096}, {0x141, "--max-num-batched-tokens", 1, 1 << 24},
+                {0x142, "--chunked-prefill-size", 0, 1 << 24}, {0x143, "--num-pages", 0, 1 << 30},
+                {0x144, "--page-size", 1, 4096},               {0x145, "--max-model-len", 1, 1 << 24}};
+    if (opt == 0x146) {
+        ec->disable_cuda_graph = 1;
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if (ints[i].opt != opt) continue;
+        long v;
+        if (rp_parse_int(arg, ints[i].lo, ints[i].hi, &v)) {
+            rp_cli_usage_error(cmd, "%s must be an integer from %ld to %ld, got '%s'", ints[i].name, ints[i].lo,
+                               ints[i].hi, arg);
+            return -1;
+        }
+        int *dst[] = {&ec->max_running_requests, &ec->max_batched_tokens, &ec->chunked_prefill_size,
+                      &ec->num_pages, &ec->page_size, &ec->max_context};
+        *dst[opt - 0x140] = (int)v;
+        return 1;
+    }
+    return 0;
+}
+
+void rp_cli_engine_model(const rp_model_opts *o, rp_engine_config *ec) {
     ec->model_dir = o->model_dir;
     ec->dummy_name = o->dummy_name;
     ec->load_dummy = !strcmp(o->load_format, "dummy");

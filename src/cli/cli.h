@@ -6,6 +6,7 @@
 
 #include <getopt.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "model/model.h"
 
@@ -53,6 +54,22 @@ typedef struct rp_model_opts {
     "  --frequency-penalty F  [-2, 2], per occurrence in the output (default 0)\n"                 \
     "  --seed N               sampling seed: same seed, same output (default: random)\n"
 
+/* Engine options of the commands that run the engine on many requests
+ * (serve, bench offline). --max-prefill-tokens is SGLang's name for vLLM's
+ * --max-num-batched-tokens, kept as an alias. */
+#define RP_ENGINE_LONG_OPTIONS                                                                                   \
+    {"max-running-requests", required_argument, 0, 0x140}, {"max-num-batched-tokens", required_argument, 0, 0x141}, \
+        {"max-prefill-tokens", required_argument, 0, 0x141}, {"chunked-prefill-size", required_argument, 0, 0x142},  \
+        {"num-pages", required_argument, 0, 0x143}, {"page-size", required_argument, 0, 0x144},                    \
+        {"max-model-len", required_argument, 0, 0x145}, {"disable-cuda-graph", no_argument, 0, 0x146}
+
+struct rp_engine_config;
+/* Prints the engine options' help, with the defaults rp_engine_config_default sets. */
+void rp_engine_opts_help(FILE *f);
+/* Handles one of RP_ENGINE_LONG_OPTIONS into ec: 1 if it was one, 0 if not,
+ * -1 on a bad value (message printed). */
+int rp_engine_opts_parse(struct rp_engine_config *ec, int opt, const char *arg, const char *cmd);
+
 struct rp_sampling_params;
 /* Handles one of RP_SAMPLING_LONG_OPTIONS: 1 if it was one, 0 if not, -1 on
  * a bad value (message printed). Ranges are checked later, by the sampler. */
@@ -97,8 +114,8 @@ int rp_cli_load_tokenizer(const rp_model_opts *o, const char *tokenizer_dir, con
                           struct rp_tokenizer **tok, const char *cmd);
 
 struct rp_engine_config;
-/* An engine configuration from the model options (model, device, threads). */
-void rp_cli_engine_config(const rp_model_opts *o, struct rp_engine_config *ec);
+/* Sets an engine configuration's model, device and threads from the model options. */
+void rp_cli_engine_model(const rp_model_opts *o, struct rp_engine_config *ec);
 
 
 /* Prints "replay CMD: message" and a hint to stderr; returns RP_EXIT_USAGE. */

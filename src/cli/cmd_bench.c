@@ -244,14 +244,9 @@ static void offline_help(FILE *f) {
             "  --output-len M           output tokens (default 512)\n"
             "  --random-range R         lengths uniform in [x(1-R), x(1+R)] (default 0)\n"
             "  --seed N                 workload seed (default 0)\n"
-            "Engine:\n"
-            "  --max-running-requests N (default 256)\n"
-            "  --max-prefill-tokens N   tokens per step (default 16384)\n"
-            "  --chunked-prefill-size N (default 8192)\n"
-            "  --num-pages N            KV pages (default: from free memory)\n"
-            "  --page-size N            (default 16)\n"
-            "  --disable-cuda-graph\n"
-            "  -h, --help\n");
+            "  -h, --help\n"
+            "\n");
+    rp_engine_opts_help(f);
 }
 
 static int bench_offline(int argc, char **argv) {
@@ -262,23 +257,18 @@ static int bench_offline(int argc, char **argv) {
         {"output-len", required_argument, 0, 'o'},
         {"random-range", required_argument, 0, 'r'},
         {"seed", required_argument, 0, 's'},
-        {"max-running-requests", required_argument, 0, 'R'},
-        {"max-prefill-tokens", required_argument, 0, 'P'},
-        {"chunked-prefill-size", required_argument, 0, 'C'},
-        {"num-pages", required_argument, 0, 'N'},
-        {"page-size", required_argument, 0, 'g'},
-        {"disable-cuda-graph", no_argument, 0, 'G'},
+        RP_ENGINE_LONG_OPTIONS,
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *cmd = "bench offline";
     rp_model_opts mo;
     rp_model_opts_init(&mo);
-    long num = 200, in_len = 512, out_len = 512, max_running = 256, max_prefill = 16384, chunk = 8192, pages = 0,
-         page_size = 16;
+    long num = 200, in_len = 512, out_len = 512;
     double range = 0;
     uint64_t seed = 0;
-    int no_graph = 0;
+    rp_engine_config ec;
+    rp_engine_config_default(&ec);
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, cmd)) != RP_OPT_END) {
@@ -289,12 +279,6 @@ static int bench_offline(int argc, char **argv) {
         case 'n': dst = &num; break;
         case 'i': dst = &in_len; break;
         case 'o': dst = &out_len; break;
-        case 'R': dst = &max_running; hi = 4096; break;
-        case 'P': dst = &max_prefill; break;
-        case 'C': dst = &chunk; lo = 0; break;
-        case 'N': dst = &pages; lo = 0; break;
-        case 'g': dst = &page_size; hi = 4096; break;
-        case 'G': no_graph = 1; break;
         case 'r':
             if (rp_parse_float(optarg, &range) || range < 0 || range >= 1)
                 return rp_cli_usage_error(cmd, "--random-range must be in [0, 1), got '%s'", optarg);
@@ -302,7 +286,8 @@ static int bench_offline(int argc, char **argv) {
         case 's':
             if (rp_parse_u64(optarg, &seed)) return rp_cli_usage_error(cmd, "--seed must be a non-negative integer");
             break;
-        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
+        default:
+            if (rp_engine_opts_parse(&ec, opt, optarg, cmd) != 1) return RP_EXIT_USAGE; /* reported */
         }
         if (dst && rp_parse_int(optarg, lo, hi, dst))
             return rp_cli_usage_error(cmd, "%s must be an integer from %ld to %ld, got '%s'", argv[optind - 1], lo, hi,
@@ -319,14 +304,7 @@ static int bench_offline(int argc, char **argv) {
         if (rp_cuda_matmul_tflops(0, &tflops)) rp_log_warn("could not measure the matrix rate");
     }
 #endif
-    rp_engine_config ec;
-    rp_cli_engine_config(&mo, &ec);
-    ec.max_running_requests = (int)max_running;
-    ec.max_batched_tokens = (int)max_prefill;
-    ec.chunked_prefill_size = (int)chunk;
-    ec.num_pages = (int)pages;
-    ec.page_size = (int)page_size;
-    ec.disable_cuda_graph = no_graph;
+    rp_cli_engine_model(&mo, &ec);
     rp_error eerr;
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) return rp_cli_runtime_error(cmd, "%s", eerr.message);

@@ -126,7 +126,8 @@ int rp_cmd_chat(int argc, char **argv) {
     if (rp_sampling_params_validate(&sp, 1 << 30, &err)) return rp_cli_usage_error(CMD, "%s", err.msg);
 
     rp_engine_config ec;
-    rp_cli_engine_config(&mo, &ec);
+    rp_engine_config_default(&ec);
+    rp_cli_engine_model(&mo, &ec);
     ec.tokenizer_dir = tokenizer_dir;
     ec.chat_template = template_name;
     ec.max_running_requests = 1;

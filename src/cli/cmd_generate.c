@@ -167,7 +167,8 @@ int rp_cmd_generate(int argc, char **argv) {
     rp_sampling_seed_if_unset(&sp);
 
     rp_engine_config ec;
-    rp_cli_engine_config(&mo, &ec);
+    rp_engine_config_default(&ec);
+    rp_cli_engine_model(&mo, &ec);
     ec.tokenizer_dir = tokenizer_dir;
     ec.chat_template = template_name;
     ec.page_size = (int)page_size;

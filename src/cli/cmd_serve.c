@@ -29,16 +29,10 @@ static void help(FILE *f) {
             "  --api-key KEY              require 'Authorization: Bearer KEY'\n"
             "  --tokenizer DIR            tokenizer.json from DIR instead of the model's\n"
             "  --chat-template NAME       qwen3 or llama3\n"
-            "Engine:\n"
-            "  --max-running-requests N   (default 256)\n"
-            "  --max-prefill-tokens N     tokens per step (default 16384)\n"
-            "  --chunked-prefill-size N   (default 8192)\n"
-            "  --num-pages N              KV pages (default: from free memory)\n"
-            "  --page-size N              (default 16)\n"
-            "  --max-model-len N          context per request (default: the model's)\n"
-            "  --disable-cuda-graph\n"
             "  -q, --quiet                no log lines\n"
-            "  -h, --help\n");
+            "  -h, --help\n"
+            "\n");
+    rp_engine_opts_help(f);
 }
 
 int rp_cmd_serve(int argc, char **argv) {
@@ -50,13 +44,7 @@ int rp_cmd_serve(int argc, char **argv) {
         {"api-key", required_argument, 0, 'k'},
         {"tokenizer", required_argument, 0, 'T'},
         {"chat-template", required_argument, 0, 'M'},
-        {"max-running-requests", required_argument, 0, 'R'},
-        {"max-prefill-tokens", required_argument, 0, 'P'},
-        {"chunked-prefill-size", required_argument, 0, 'C'},
-        {"num-pages", required_argument, 0, 'N'},
-        {"page-size", required_argument, 0, 'g'},
-        {"max-model-len", required_argument, 0, 'L'},
-        {"disable-cuda-graph", no_argument, 0, 'G'},
+        RP_ENGINE_LONG_OPTIONS,
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -65,8 +53,9 @@ int rp_cmd_serve(int argc, char **argv) {
     rp_model_opts_init(&mo);
     rp_server_config sc = {.host = "127.0.0.1", .port = 8000};
     const char *tokenizer_dir = NULL, *template_name = NULL;
-    long port = 8000, running = 256, prefill = 16384, chunk = 8192, pages = 0, page_size = 16, max_len = 0;
-    int no_graph = 0;
+    long port = 8000;
+    rp_engine_config ec;
+    rp_engine_config_default(&ec);
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
@@ -79,15 +68,9 @@ int rp_cmd_serve(int argc, char **argv) {
         case 'k': sc.api_key = optarg; break;
         case 'T': tokenizer_dir = optarg; break;
         case 'M': template_name = optarg; break;
-        case 'G': no_graph = 1; break;
         case 'p': dst = &port, lo = 1, hi = 65535; break;
-        case 'R': dst = &running, hi = 4096; break;
-        case 'P': dst = &prefill; break;
-        case 'C': dst = &chunk, lo = 0; break;
-        case 'N': dst = &pages, lo = 0; break;
-        case 'g': dst = &page_size, hi = 4096; break;
-        case 'L': dst = &max_len; break;
-        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
+        default:
+            if (rp_engine_opts_parse(&ec, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
         }
         if (dst && rp_parse_int(optarg, lo, hi, dst))
             return rp_cli_usage_error(CMD, "%s must be an integer from %ld to %ld, got '%s'", argv[optind - 1], lo, hi,
@@ -115,17 +98,9 @@ int rp_cmd_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    rp_engine_config ec;
-    rp_cli_engine_config(&mo, &ec);
+    rp_cli_engine_model(&mo, &ec);
     ec.tokenizer_dir = tokenizer_dir;
     ec.chat_template = template_name;
-    ec.max_running_requests = (int)running;
-    ec.max_batched_tokens = (int)prefill;
-    ec.chunked_prefill_size = (int)chunk;
-    ec.num_pages = (int)pages;
-    ec.page_size = (int)page_size;
-    ec.max_context = (int)max_len;
-    ec.disable_cuda_graph = no_graph;
     rp_error eerr;
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) return rp_cli_runtime_error(CMD, "%s", eerr.message);
