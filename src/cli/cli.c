@@ -210,29 +210,6 @@ rp_runner *rp_cli_runner_new(const rp_model_opts *o, const rp_runner_config *rc,
     return r;
 }
 
-int rp_cli_load_tokenizer(const rp_model_opts *o, const char *tokenizer_dir, const rp_model *m, rp_tokenizer **tok,
-                          const char *cmd) {
-    *tok = NULL;
-    const char *dir = tokenizer_dir ? tokenizer_dir : o->model_dir;
-    if (!dir) return 0;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    if (!tokenizer_dir && access(path, R_OK) != 0) return 0;
-    rp_err err;
-    if (!(*tok = rp_tokenizer_load(dir, &err))) {
-        rp_cli_runtime_error(cmd, "%s", err.msg);
-        return -1;
-    }
-    if (rp_tokenizer_vocab_size(*tok) > m->cfg.vocab_size) {
-        rp_cli_runtime_error(cmd, "the tokenizer has %d tokens, more than the model's vocabulary of %d",
-                             rp_tokenizer_vocab_size(*tok), m->cfg.vocab_size);
-        rp_tokenizer_free(*tok);
-        *tok = NULL;
-        return -1;
-    }
-    return 0;
-}
-
 void rp_engine_opts_help(FILE *f) {
     rp_engine_config d;
     rp_engine_config_default(&d);

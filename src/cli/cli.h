@@ -106,14 +106,6 @@ void rp_cli_runner_config(const rp_model_opts *o, struct rp_runner_config *rc);
  * on failure, and warns when the weights are random. */
 struct rp_runner *rp_cli_runner_new(const rp_model_opts *o, const struct rp_runner_config *rc, const char *cmd);
 
-struct rp_tokenizer;
-/* The tokenizer of --tokenizer DIR, else of the model directory when it has
- * a tokenizer.json; *tok = NULL when there is none. Checks it fits the
- * model's vocabulary. Prints a one-line error and returns -1 on failure. */
-int rp_cli_load_tokenizer(const rp_model_opts *o, const char *tokenizer_dir, const rp_model *m,
-                          struct rp_tokenizer **tok, const char *cmd);
-
-struct rp_engine_config;
 /* Sets an engine configuration's model, device and threads from the model options. */
 void rp_cli_engine_model(const rp_model_opts *o, struct rp_engine_config *ec);
 

@@ -1,4 +1,4 @@
-/* dtype sizes, names and the IEEE half -> float conversion. */
+/* dtype sizes and the IEEE half -> float conversion. */
 #include "util/dtype.h"
 
 size_t rp_dtype_size(rp_dtype t) {
@@ -8,15 +8,6 @@ size_t rp_dtype_size(rp_dtype t) {
     case RP_DTYPE_F32: return 4;
     }
     return 0;
-}
-
-const char *rp_dtype_name(rp_dtype t) {
-    switch (t) {
-    case RP_DTYPE_BF16: return "bf16";
-    case RP_DTYPE_F16: return "f16";
-    case RP_DTYPE_F32: return "f32";
-    }
-    return "?";
 }
 
 float rp_f16_to_f32(uint16_t h) {

@@ -13,7 +13,6 @@
 typedef enum rp_dtype { RP_DTYPE_BF16 = 0, RP_DTYPE_F16, RP_DTYPE_F32 } rp_dtype;
 
 size_t rp_dtype_size(rp_dtype t);
-const char *rp_dtype_name(rp_dtype t);
 
 static inline float rp_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
