@@ -4,6 +4,7 @@
  * an error with a 4xx status and a message, never a crash (this runs under
  * ASan/UBSan in `make test`, a few seconds). */
 #include "server/openai.h"
+#include "server/openai_json.h"
 #include "tokenizer/tokenizer.h"
 #include "util/rng.h"
 #include "test_util.h"
