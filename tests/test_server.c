@@ -306,7 +306,15 @@ static void test_errors(void **state) {
         {"token id past the vocabulary", "/v1/completions", "{\"prompt\":[1,999999]}", "prompt", NULL, 400},
         {"negative token id", "/v1/completions", "{\"prompt\":[-1]}", "prompt", NULL, 400},
         {"max_tokens past the context", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":100000}", "max_tokens",
-         NULL, 400},
+         "context_length_exceeded", 400},
+        {"max_tokens past the context (chat)", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":100000}", "max_tokens",
+         "context_length_exceeded", 400},
+        {"max_completion_tokens past the context", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":100000}",
+         "max_completion_tokens", "context_length_exceeded", 400},
+        {"stop_token_ids past the vocabulary", "/v1/completions", "{\"prompt\":\"x\",\"stop_token_ids\":[999999]}",
+         "stop_token_ids", NULL, 400},
         {"messages missing", "/v1/chat/completions", "{\"prompt\":\"x\"}", "messages", NULL, 400},
         {"messages empty", "/v1/chat/completions", "{\"messages\":[]}", "messages", NULL, 400},
         {"bad role", "/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages",
@@ -332,7 +340,13 @@ static void test_errors(void **state) {
     snprintf(big + n, bcap - (size_t)n, "]}");
     response r = request(port(), "POST", "/v1/completions", NULL, big);
     assert_non_null(strstr(r.body, "context"));
-    expect_error("prompt over the context", r, 400, "prompt", NULL);
+    expect_error("prompt over the context", r, 400, "prompt", "context_length_exceeded");
+    /* ... and a conversation over it: the client sent messages, not a prompt */
+    n = snprintf(big, bcap, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (int i = 0; i < 8300; i++) n += snprintf(big + n, bcap - (size_t)n, " hello");
+    snprintf(big + n, bcap - (size_t)n, "\"}]}");
+    expect_error("messages over the context", request(port(), "POST", "/v1/chat/completions", NULL, big), 400,
+                 "messages", "context_length_exceeded");
     free(big);
     /* methods, routes, sizes */
     r = request(port(), "GET", "/v1/completions", NULL, NULL);

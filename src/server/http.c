@@ -78,9 +78,7 @@ static enum MHD_Result send_text(rp_server *s, struct MHD_Connection *conn, int 
 
 /* obj: taken; NULL (out of memory) answers 500. */
 static enum MHD_Result send_json(rp_server *s, struct MHD_Connection *conn, int status, json_t *obj) {
-    char *text = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
-    json_decref(obj);
-    return send_text(s, conn, status, "application/json", text, NULL);
+    return send_text(s, conn, status, "application/json", rp_oai_json_dumps(obj), NULL);
 }
 
 static enum MHD_Result send_error(rp_server *s, struct MHD_Connection *conn, const rp_oai_error *e) {

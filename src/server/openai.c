@@ -60,9 +60,10 @@ static int copy_string(json_t *str, char **out, rp_oai_error *err) {
     return *out ? 0 : rp_oai_set_out_of_memory(err);
 }
 
-/* A body jansson could not load: malformed (400), or too big for memory. */
+/* A body jansson could not load: malformed (400), or too big for memory
+ * (jansson says so, or, when its first allocation fails, says nothing). */
 static int bad_json(const json_error_t *jerr, rp_oai_error *err) {
-    if (json_error_code(jerr) == json_error_out_of_memory) return rp_oai_set_out_of_memory(err);
+    if (json_error_code(jerr) == json_error_out_of_memory || !jerr->text[0]) return rp_oai_set_out_of_memory(err);
     return BAD(NULL, "the request body is not valid JSON: %s (line %d)", jerr->text, jerr->line);
 }
 

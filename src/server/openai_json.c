@@ -168,13 +168,41 @@ int rp_oai_logprobs_add(const rp_oai_response *r, json_t *logprobs, const rp_tok
 
 /* ---- framing, other endpoints ------------------------------------------------------ */
 
+/* Where json_dump_callback writes. The failure is remembered here because
+ * jansson (2.14) goes on after a failed write of an object's key: its own
+ * json_dumps can return text with a key missing when memory runs out. */
+typedef struct dump_sink {
+    rp_sbuf *out;
+    int failed;
+} dump_sink;
+
+static int dump_write(const char *buf, size_t n, void *data) {
+    dump_sink *d = data;
+    if (!d->failed && rp_sbuf_add(d->out, buf, n)) d->failed = 1;
+    return d->failed ? -1 : 0;
+}
+
+int rp_oai_json_add(rp_sbuf *out, json_t *obj) {
+    size_t mark = out->len;
+    dump_sink d = {.out = out, .failed = !obj};
+    if (!d.failed && json_dump_callback(obj, dump_write, &d, JSON_COMPACT)) d.failed = 1;
+    json_decref(obj);
+    if (d.failed) rp_sbuf_truncate(out, mark);
+    return d.failed ? -1 : 0;
+}
+
+char *rp_oai_json_dumps(json_t *obj) {
+    rp_sbuf b = {0};
+    return rp_oai_json_add(&b, obj) ? NULL : b.p;
+}
+
 int rp_oai_sse_add(rp_sbuf *out, json_t *event) {
-    char *s = event ? json_dumps(event, JSON_COMPACT) : NULL;
-    json_decref(event);
-    if (!s) return -1;
-    int rc = rp_sbuf_printf(out, "data: %s\n\n", s);
-    free(s);
-    return rc;
+    size_t mark = out->len;
+    if (rp_sbuf_add_str(out, "data: ") || rp_oai_json_add(out, event) || rp_sbuf_add_str(out, "\n\n")) {
+        rp_sbuf_truncate(out, mark);
+        return -1;
+    }
+    return 0;
 }
 
 json_t *rp_oai_tokenize_json(const rp_tokenizer *tok, int bos, const int32_t *ids, size_t n, int return_token_strs,
@@ -257,10 +285,7 @@ json_t *rp_oai_error_object(const rp_oai_error *err) {
 }
 
 char *rp_oai_error_json(const rp_oai_error *err) {
-    json_t *root = rp_oai_error_object(err);
-    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
-    json_decref(root);
-    return s;
+    return rp_oai_json_dumps(rp_oai_error_object(err));
 }
 
 void rp_oai_engine_error(rp_oai_error *out, const rp_error *err, const rp_oai_request *q) {

@@ -51,6 +51,11 @@ json_t *rp_oai_usage_chunk(const rp_oai_response *r, json_t *usage);
 json_t *rp_oai_logprobs_new(const rp_oai_response *r);
 int rp_oai_logprobs_add(const rp_oai_response *r, json_t *logprobs, const rp_token_event *ev, size_t text_offset);
 
+/* Compact JSON text of obj (takes obj): appended to out, or as a malloc'd
+ * string. -1 (out unchanged) or NULL when obj is NULL or memory runs out;
+ * use these, not json_dumps, which can drop a key when memory runs out. */
+int rp_oai_json_add(rp_sbuf *out, json_t *obj);
+char *rp_oai_json_dumps(json_t *obj);
 /* Appends "data: {event}\n\n" (takes event). -1, out unchanged, when event
  * is NULL or memory runs out. */
 int rp_oai_sse_add(rp_sbuf *out, json_t *event);
