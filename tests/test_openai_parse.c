@@ -272,6 +272,7 @@ static void test_fuzz_fields(void **state) {
 
 /* ---- engine errors as the client sees them -------------------------------------- */
 
+/* rp_oai_engine_error on one engine error; the message passes through. */
 static rp_oai_error engine_error(rp_error_code code, const char *param, rp_oai_kind kind, int max_completion_tokens) {
     rp_error err = {.code = code};
     snprintf(err.param, sizeof err.param, "%s", param);
@@ -279,9 +280,7 @@ static rp_oai_error engine_error(rp_error_code code, const char *param, rp_oai_k
     rp_oai_request q = {.kind = kind, .max_completion_tokens = max_completion_tokens};
     rp_oai_error e;
     rp_oai_engine_error(&e, &err, &q);
-    char want[64];
-    snprintf(want, sizeof want, "engine says %s", rp_error_code_name(code));
-    assert_string_equal(e.message, want);
+    assert_string_equal(e.message, err.message);
     return e;
 }
 
@@ -301,33 +300,36 @@ static void test_engine_errors(void **state) {
         for (int kind = RP_OAI_COMPLETION; kind <= RP_OAI_CHAT; kind++)
             expect_mapped(engine_error(RP_ERROR_INVALID_REQUEST, sampling[i], (rp_oai_kind)kind, 1), 400,
                           "invalid_request_error", sampling[i], "");
-    expect_mapped(engine_error(RP_ERROR_INVALID_REQUEST, "prompt", RP_OAI_COMPLETION, 0), 400,
-                  "invalid_request_error", "prompt", "");
-    expect_mapped(engine_error(RP_ERROR_INVALID_REQUEST, "prompt", RP_OAI_CHAT, 0), 400, "invalid_request_error",
-                  "messages", "");
-    expect_mapped(engine_error(RP_ERROR_INVALID_REQUEST, "", RP_OAI_COMPLETION, 0), 400, "invalid_request_error", "",
-                  "");
-    expect_mapped(engine_error(RP_ERROR_UNSUPPORTED, "stop", RP_OAI_COMPLETION, 0), 400, "invalid_request_error",
-                  "stop", "");
-    expect_mapped(engine_error(RP_ERROR_UNSUPPORTED, "prompt", RP_OAI_CHAT, 0), 400, "invalid_request_error",
-                  "messages", "");
-    /* the context: OpenAI's code, the field the client sent */
-    expect_mapped(engine_error(RP_ERROR_CONTEXT_LENGTH, "prompt", RP_OAI_COMPLETION, 0), 400, "invalid_request_error",
-                  "prompt", "context_length_exceeded");
-    expect_mapped(engine_error(RP_ERROR_CONTEXT_LENGTH, "prompt", RP_OAI_CHAT, 0), 400, "invalid_request_error",
-                  "messages", "context_length_exceeded");
-    expect_mapped(engine_error(RP_ERROR_CONTEXT_LENGTH, "max_tokens", RP_OAI_COMPLETION, 0), 400,
-                  "invalid_request_error", "max_tokens", "context_length_exceeded");
-    expect_mapped(engine_error(RP_ERROR_CONTEXT_LENGTH, "max_tokens", RP_OAI_CHAT, 0), 400, "invalid_request_error",
-                  "max_tokens", "context_length_exceeded");
-    expect_mapped(engine_error(RP_ERROR_CONTEXT_LENGTH, "max_tokens", RP_OAI_CHAT, 1), 400, "invalid_request_error",
-                  "max_completion_tokens", "context_length_exceeded");
-    expect_mapped(engine_error(RP_ERROR_INVALID_REQUEST, "max_tokens", RP_OAI_CHAT, 1), 400, "invalid_request_error",
-                  "max_completion_tokens", "");
-    /* the server's side: no parameter to blame */
-    expect_mapped(engine_error(RP_ERROR_OUT_OF_MEMORY, "", RP_OAI_CHAT, 0), 503, "service_unavailable", "", "");
-    expect_mapped(engine_error(RP_ERROR_INTERNAL, "", RP_OAI_COMPLETION, 0), 500, "server_error", "", "");
-    expect_mapped(engine_error(RP_ERROR_INTERNAL, "prompt", RP_OAI_COMPLETION, 0), 500, "server_error", "", "");
+    enum { CMPL = RP_OAI_COMPLETION, CHAT = RP_OAI_CHAT };
+    static const char *inv = "invalid_request_error", *ctx_code = "context_length_exceeded";
+    const struct {
+        rp_error_code code;
+        const char *param;
+        int kind, max_completion_tokens;
+        int status;
+        const char *type, *want_param, *want_code;
+    } cases[] = {
+        {RP_ERROR_INVALID_REQUEST, "prompt", CMPL, 0, 400, inv, "prompt", ""},
+        {RP_ERROR_INVALID_REQUEST, "prompt", CHAT, 0, 400, inv, "messages", ""}, /* what a chat client sent */
+        {RP_ERROR_INVALID_REQUEST, "", CMPL, 0, 400, inv, "", ""},
+        {RP_ERROR_INVALID_REQUEST, "max_tokens", CHAT, 1, 400, inv, "max_completion_tokens", ""},
+        {RP_ERROR_UNSUPPORTED, "stop", CMPL, 0, 400, inv, "stop", ""},
+        {RP_ERROR_UNSUPPORTED, "prompt", CHAT, 0, 400, inv, "messages", ""},
+        /* the context: OpenAI's code, the field the client sent */
+        {RP_ERROR_CONTEXT_LENGTH, "prompt", CMPL, 0, 400, inv, "prompt", ctx_code},
+        {RP_ERROR_CONTEXT_LENGTH, "prompt", CHAT, 0, 400, inv, "messages", ctx_code},
+        {RP_ERROR_CONTEXT_LENGTH, "max_tokens", CMPL, 0, 400, inv, "max_tokens", ctx_code},
+        {RP_ERROR_CONTEXT_LENGTH, "max_tokens", CHAT, 0, 400, inv, "max_tokens", ctx_code},
+        {RP_ERROR_CONTEXT_LENGTH, "max_tokens", CHAT, 1, 400, inv, "max_completion_tokens", ctx_code},
+        /* the server's side: no parameter to blame */
+        {RP_ERROR_OUT_OF_MEMORY, "", CHAT, 0, 503, "service_unavailable", "", ""},
+        {RP_ERROR_INTERNAL, "", CMPL, 0, 500, "server_error", "", ""},
+        {RP_ERROR_INTERNAL, "prompt", CMPL, 0, 500, "server_error", "", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_mapped(engine_error(cases[i].code, cases[i].param, (rp_oai_kind)cases[i].kind,
+                                   cases[i].max_completion_tokens),
+                      cases[i].status, cases[i].type, cases[i].want_param, cases[i].want_code);
     /* the parser records which name the limit came under */
     rp_oai_context ctx = {.served_model = "m", .max_context = 4096, .vocab_size = 151936};
     rp_oai_request q;
