@@ -382,17 +382,19 @@ static int build_responses(const rp_tokenizer *tok, rp_sbuf *out) {
             return -1;
         }
         json_t *choices = json_array();
-        if (json_array_append_new(choices, rp_oai_choice(&r, 0, "Hello\xff", 6, lp, RP_FINISH_REASON_STOP)) ||
-            rp_oai_sse_add(out, rp_oai_completion(&r, choices, rp_oai_usage(3, 2))))
+        if (json_array_append_new(choices, rp_oai_choice(&r, 0, "Hello\xff", 6, lp, RP_FINISH_REASON_STOP))) {
+            json_decref(choices);
             return -1;
+        }
+        if (rp_oai_sse_add(out, rp_oai_completion(&r, choices, rp_oai_usage(3, 2)))) return -1;
         /* the stream: role, a token with logprobs, the end, usage */
+        if (kind == RP_OAI_CHAT && rp_oai_sse_add(out, rp_oai_role_chunk(&r, 0))) return -1;
         lp = rp_oai_logprobs_new(&r);
         if (!lp || rp_oai_logprobs_add(&r, lp, &ev, 0)) {
             json_decref(lp);
             return -1;
         }
-        if ((kind == RP_OAI_CHAT && rp_oai_sse_add(out, rp_oai_role_chunk(&r, 0))) ||
-            rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "Hello", 5, RP_FINISH_REASON_NONE, lp)) ||
+        if (rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "Hello", 5, RP_FINISH_REASON_NONE, lp)) ||
             rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "", 0, RP_FINISH_REASON_LENGTH, NULL)) ||
             rp_oai_sse_add(out, rp_oai_usage_chunk(&r, rp_oai_usage(3, 2))))
             return -1;

@@ -193,7 +193,8 @@ int rp_oai_json_add(rp_sbuf *out, json_t *obj) {
 
 char *rp_oai_json_dumps(json_t *obj) {
     rp_sbuf b = {0};
-    return rp_oai_json_add(&b, obj) ? NULL : b.p;
+    if (rp_oai_json_add(&b, obj)) rp_sbuf_free(&b);
+    return b.p;
 }
 
 int rp_oai_sse_add(rp_sbuf *out, json_t *event) {
