@@ -61,7 +61,8 @@ static int copy_string(json_t *str, char **out, rp_oai_error *err) {
 }
 
 /* A body jansson could not load: malformed (400), or too big for memory
- * (jansson says so, or, when its first allocation fails, says nothing). */
+ * (500: jansson says so, or says nothing when its first allocation fails;
+ * one that fails inside its lexer reads as a syntax error, a 400). */
 static int bad_json(const json_error_t *jerr, rp_oai_error *err) {
     if (json_error_code(jerr) == json_error_out_of_memory || !jerr->text[0]) return rp_oai_set_out_of_memory(err);
     return BAD(NULL, "the request body is not valid JSON: %s (line %d)", jerr->text, jerr->line);
