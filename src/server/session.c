@@ -294,9 +294,10 @@ static int wait_slice(rp_session *r) {
     if (now - r->last_check < WAIT_SLICE_MS * 1e-3) return 0;
     r->last_check = now;
     int gone = client_gone(r->fd);
-    if (gone || (!r->aborted && (r->failed || sessions_stopping(r->h)))) {
+    int stopping = !gone && !r->aborted && sessions_stopping(r->h);
+    if (gone || stopping || (r->failed && !r->aborted)) {
         pthread_mutex_unlock(&r->mu);
-        session_abort(r, !gone);
+        session_abort(r, stopping);
         pthread_mutex_lock(&r->mu);
     }
     return gone;
