@@ -80,7 +80,9 @@ json_t *rp_oai_usage_chunk(const rp_oai_response *r, json_t *usage) {
  * written as -9999.0, as vLLM does, since JSON has no infinity. */
 static json_t *lp_real(float lp) { return json_real(isfinite(lp) ? (double)lp : -9999.0); }
 
-json_t *rp_oai_token_text(const rp_tokenizer *tok, int32_t id) {
+/* A token's text as logprobs and /tokenize show it: its bytes (a piece of
+ * a character shows as U+FFFD), or "token_id:N" without a tokenizer. */
+static json_t *token_text(const rp_tokenizer *tok, int32_t id) {
     const char *bytes;
     size_t len;
     if (tok && rp_tokenizer_token_bytes(tok, id, &bytes, &len) == 0) return rp_oai_json_text(bytes, len);
@@ -100,7 +102,7 @@ static json_t *chat_lp_item(const rp_oai_response *r, int32_t tok_id, float lp) 
             json_decref(bytes);
             return NULL;
         }
-    return json_pack("{s:o, s:o, s:o}", "token", rp_oai_token_text(r->tok, tok_id), "logprob", lp_real(lp), "bytes",
+    return json_pack("{s:o, s:o, s:o}", "token", token_text(r->tok, tok_id), "logprob", lp_real(lp), "bytes",
                      bytes);
 }
 
@@ -124,7 +126,7 @@ static json_t *chat_lp_entry(const rp_oai_response *r, const rp_token_event *ev)
 /* Completions: {text: logprob} keeps the first entry of a text (two ids may
  * share one). */
 static int cmpl_top_add(const rp_oai_response *r, json_t *obj, int32_t tok_id, float lp) {
-    json_t *t = rp_oai_token_text(r->tok, tok_id);
+    json_t *t = token_text(r->tok, tok_id);
     if (!t) return -1;
     const char *key = json_string_value(t);
     size_t key_len = json_string_length(t);
@@ -159,7 +161,7 @@ json_t *rp_oai_logprobs_new(const rp_oai_response *r) {
 int rp_oai_logprobs_add(const rp_oai_response *r, json_t *logprobs, const rp_token_event *ev, size_t text_offset) {
     if (r->kind == RP_OAI_CHAT) return json_array_append_new(json_object_get(logprobs, "content"), chat_lp_entry(r, ev));
     json_t *tops = json_object_get(logprobs, "top_logprobs");
-    if (json_array_append_new(json_object_get(logprobs, "tokens"), rp_oai_token_text(r->tok, ev->token)) ||
+    if (json_array_append_new(json_object_get(logprobs, "tokens"), token_text(r->tok, ev->token)) ||
         json_array_append_new(json_object_get(logprobs, "token_logprobs"), lp_real(ev->logprob)) ||
         json_array_append_new(json_object_get(logprobs, "text_offset"), json_integer((json_int_t)text_offset)))
         return -1;
@@ -182,7 +184,9 @@ static int dump_write(const char *buf, size_t n, void *data) {
     return d->failed ? -1 : 0;
 }
 
-int rp_oai_json_add(rp_sbuf *out, json_t *obj) {
+/* Appends obj's compact JSON to out (takes obj); -1, out unchanged, when
+ * obj is NULL or memory runs out. */
+static int json_add(rp_sbuf *out, json_t *obj) {
     size_t mark = out->len;
     dump_sink d = {.out = out, .failed = !obj};
     if (!d.failed && json_dump_callback(obj, dump_write, &d, JSON_COMPACT)) d.failed = 1;
@@ -193,13 +197,13 @@ int rp_oai_json_add(rp_sbuf *out, json_t *obj) {
 
 char *rp_oai_json_dumps(json_t *obj) {
     rp_sbuf b = {0};
-    if (rp_oai_json_add(&b, obj)) rp_sbuf_free(&b);
+    if (json_add(&b, obj)) rp_sbuf_free(&b);
     return b.p;
 }
 
 int rp_oai_sse_add(rp_sbuf *out, json_t *event) {
     size_t mark = out->len;
-    if (rp_sbuf_add_str(out, "data: ") || rp_oai_json_add(out, event) || rp_sbuf_add_str(out, "\n\n")) {
+    if (rp_sbuf_add_str(out, "data: ") || json_add(out, event) || rp_sbuf_add_str(out, "\n\n")) {
         rp_sbuf_truncate(out, mark);
         return -1;
     }
@@ -213,7 +217,7 @@ json_t *rp_oai_tokenize_json(const rp_tokenizer *tok, int bos, const int32_t *id
     for (size_t i = bos >= 0 ? 0 : 1; !failed && i <= n; i++) {
         int32_t id = i == 0 ? bos : ids[i - 1];
         failed = json_array_append_new(tokens, json_integer(id)) ||
-                 (strs && json_array_append_new(strs, rp_oai_token_text(tok, id)));
+                 (strs && json_array_append_new(strs, token_text(tok, id)));
     }
     json_t *out = failed ? NULL
                          : json_pack("{s:I, s:I, s:O}", "count", (json_int_t)json_array_size(tokens), "max_model_len",

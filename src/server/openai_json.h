@@ -51,18 +51,14 @@ json_t *rp_oai_usage_chunk(const rp_oai_response *r, json_t *usage);
 json_t *rp_oai_logprobs_new(const rp_oai_response *r);
 int rp_oai_logprobs_add(const rp_oai_response *r, json_t *logprobs, const rp_token_event *ev, size_t text_offset);
 
-/* Compact JSON text of obj (takes obj): appended to out, or as a malloc'd
- * string. -1 (out unchanged) or NULL when obj is NULL or memory runs out;
- * use these, not json_dumps, which can drop a key when memory runs out. */
-int rp_oai_json_add(rp_sbuf *out, json_t *obj);
+/* Compact JSON text of obj (takes obj) as a malloc'd string; NULL when obj
+ * is NULL or memory runs out. Use it, not json_dumps, which can drop a key
+ * when memory runs out. */
 char *rp_oai_json_dumps(json_t *obj);
 /* Appends "data: {event}\n\n" (takes event). -1, out unchanged, when event
  * is NULL or memory runs out. */
 int rp_oai_sse_add(rp_sbuf *out, json_t *event);
 
-/* A token's text as logprobs and /tokenize show it: its bytes (a piece of
- * a character shows as U+FFFD), or "token_id:N" without a tokenizer. */
-json_t *rp_oai_token_text(const struct rp_tokenizer *tok, int32_t id);
 /* A JSON string from bytes that may not be valid UTF-8 (one token's bytes
  * can be part of a character): each invalid byte becomes U+FFFD. */
 json_t *rp_oai_json_text(const char *s, size_t n);

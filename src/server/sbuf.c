@@ -43,14 +43,6 @@ int rp_sbuf_vprintf(rp_sbuf *b, const char *fmt, va_list ap) {
     return rc;
 }
 
-int rp_sbuf_printf(rp_sbuf *b, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = rp_sbuf_vprintf(b, fmt, ap);
-    va_end(ap);
-    return rc;
-}
-
 void rp_sbuf_truncate(rp_sbuf *b, size_t len) {
     if (len >= b->len) return;
     b->len = len;

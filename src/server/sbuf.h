@@ -19,7 +19,6 @@ typedef struct rp_sbuf {
 /* 0, or -1 (nothing added) when memory runs out or len would overflow. */
 int rp_sbuf_add(rp_sbuf *b, const char *s, size_t n);
 int rp_sbuf_add_str(rp_sbuf *b, const char *s);
-int rp_sbuf_printf(rp_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int rp_sbuf_vprintf(rp_sbuf *b, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 /* Drops what was added after len (a mark taken earlier), to undo a group of
  * appends of which one failed. */
