@@ -2,11 +2,17 @@
  * flips, truncations and splices of valid bodies, and valid bodies whose
  * fields hold values of random types, must give either a parsed request or
  * an error with a 4xx status and a message, never a crash (this runs under
- * ASan/UBSan in `make test`, a few seconds). */
+ * ASan/UBSan in `make test`, a few seconds). Then the engine's errors as a
+ * client sees them, and the response builders with jansson's allocations
+ * failing one after another: whole events or a failure, never an answer
+ * with a part missing. */
 #include "server/openai.h"
+#include "server/openai_json.h"
 #include "tokenizer/tokenizer.h"
 #include "util/rng.h"
 #include "test_util.h"
+
+#include <math.h>
 
 static const char *bodies[] = {
     "{\"model\":\"m\",\"prompt\":\"Hello\",\"max_tokens\":5,\"temperature\":0.7,\"top_p\":0.9,\"stop\":[\"\\n\",\"END\"]}",
@@ -264,11 +270,182 @@ static void test_fuzz_fields(void **state) {
     rp_tokenizer_free(tok);
 }
 
+/* ---- engine errors as the client sees them -------------------------------------- */
+
+/* rp_oai_engine_error on one engine error; the message passes through. */
+static rp_oai_error engine_error(rp_error_code code, const char *param, rp_oai_kind kind, int max_completion_tokens) {
+    rp_error err = {.code = code};
+    snprintf(err.param, sizeof err.param, "%s", param);
+    snprintf(err.message, sizeof err.message, "engine says %s", rp_error_code_name(code));
+    rp_oai_request q = {.kind = kind, .max_completion_tokens = max_completion_tokens};
+    rp_oai_error e;
+    rp_oai_engine_error(&e, &err, &q);
+    assert_string_equal(e.message, err.message);
+    return e;
+}
+
+static void expect_mapped(rp_oai_error e, int status, const char *type, const char *param, const char *code) {
+    assert_int_equal(e.status, status);
+    assert_string_equal(e.type, type);
+    assert_string_equal(e.param, param);
+    assert_string_equal(e.code, code);
+}
+
+static void test_engine_errors(void **state) {
+    (void)state;
+    static const char *sampling[] = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                                     "presence_penalty", "frequency_penalty", "top_logprobs", "seed", "stop",
+                                     "stop_token_ids"};
+    for (size_t i = 0; i < sizeof sampling / sizeof sampling[0]; i++)
+        for (int kind = RP_OAI_COMPLETION; kind <= RP_OAI_CHAT; kind++)
+            expect_mapped(engine_error(RP_ERROR_INVALID_REQUEST, sampling[i], (rp_oai_kind)kind, 1), 400,
+                          "invalid_request_error", sampling[i], "");
+    enum { CMPL = RP_OAI_COMPLETION, CHAT = RP_OAI_CHAT };
+    static const char *inv = "invalid_request_error", *ctx_code = "context_length_exceeded";
+    const struct {
+        rp_error_code code;
+        const char *param;
+        int kind, max_completion_tokens;
+        int status;
+        const char *type, *want_param, *want_code;
+    } cases[] = {
+        {RP_ERROR_INVALID_REQUEST, "prompt", CMPL, 0, 400, inv, "prompt", ""},
+        {RP_ERROR_INVALID_REQUEST, "prompt", CHAT, 0, 400, inv, "messages", ""}, /* what a chat client sent */
+        {RP_ERROR_INVALID_REQUEST, "", CMPL, 0, 400, inv, "", ""},
+        {RP_ERROR_INVALID_REQUEST, "max_tokens", CHAT, 1, 400, inv, "max_completion_tokens", ""},
+        {RP_ERROR_UNSUPPORTED, "stop", CMPL, 0, 400, inv, "stop", ""},
+        {RP_ERROR_UNSUPPORTED, "prompt", CHAT, 0, 400, inv, "messages", ""},
+        /* the context: OpenAI's code, the field the client sent */
+        {RP_ERROR_CONTEXT_LENGTH, "prompt", CMPL, 0, 400, inv, "prompt", ctx_code},
+        {RP_ERROR_CONTEXT_LENGTH, "prompt", CHAT, 0, 400, inv, "messages", ctx_code},
+        {RP_ERROR_CONTEXT_LENGTH, "max_tokens", CMPL, 0, 400, inv, "max_tokens", ctx_code},
+        {RP_ERROR_CONTEXT_LENGTH, "max_tokens", CHAT, 0, 400, inv, "max_tokens", ctx_code},
+        {RP_ERROR_CONTEXT_LENGTH, "max_tokens", CHAT, 1, 400, inv, "max_completion_tokens", ctx_code},
+        /* the server's side: no parameter to blame */
+        {RP_ERROR_OUT_OF_MEMORY, "", CHAT, 0, 503, "service_unavailable", "", ""},
+        {RP_ERROR_INTERNAL, "", CMPL, 0, 500, "server_error", "", ""},
+        {RP_ERROR_INTERNAL, "prompt", CMPL, 0, 500, "server_error", "", ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_mapped(engine_error(cases[i].code, cases[i].param, (rp_oai_kind)cases[i].kind,
+                                   cases[i].max_completion_tokens),
+                      cases[i].status, cases[i].type, cases[i].want_param, cases[i].want_code);
+    /* the parser records which name the limit came under */
+    rp_oai_context ctx = {.served_model = "m", .max_context = 4096, .vocab_size = 151936};
+    rp_oai_request q;
+    rp_oai_error e;
+    const char *body = "{\"prompt\":[1],\"max_completion_tokens\":7}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e), 0);
+    assert_true(q.max_completion_tokens && q.max_tokens_set);
+    assert_int_equal(q.params.max_tokens, 7);
+    rp_oai_request_free(&q);
+    body = "{\"prompt\":[1],\"max_tokens\":7}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e), 0);
+    assert_true(!q.max_completion_tokens && q.max_tokens_set);
+    rp_oai_request_free(&q);
+}
+
+/* ---- jansson's allocations failing ------------------------------------------------ */
+
+static long alloc_budget = -1; /* allocations that succeed before one fails; < 0: none fails */
+static int alloc_failed;
+
+/* Fails one allocation only, so that a caller that ignored the failure
+ * would go on and produce an answer with a hole in it. */
+static void *limited_malloc(size_t n) {
+    if (alloc_budget == 0) {
+        alloc_budget = -1;
+        alloc_failed = 1;
+        return NULL;
+    }
+    if (alloc_budget > 0) alloc_budget--;
+    return malloc(n);
+}
+
+static void limit_allocations(long budget) {
+    alloc_budget = budget;
+    alloc_failed = 0;
+}
+
+/* Every response shape, each added to out as one SSE event (as the server
+ * does); stops at the first failure. */
+static int build_responses(const rp_tokenizer *tok, rp_sbuf *out) {
+    rp_token_event ev = {.token = 9707, .logprob = -0.5f, .num_top_logprobs = 3, .text = "Hello", .text_len = 5,
+                         .top_ids = {9707, 151643, 11}, .top_logprobs = {-0.5f, -1.0f, -INFINITY}};
+    for (int kind = RP_OAI_COMPLETION; kind <= RP_OAI_CHAT; kind++) {
+        rp_oai_response r = {.kind = (rp_oai_kind)kind, .id = "cmpl-1", .created = 7, .model = "m", .tok = tok,
+                             .top_logprobs = 2};
+        /* the non-streaming answer with logprobs of two tokens */
+        json_t *lp = rp_oai_logprobs_new(&r);
+        if (!lp || rp_oai_logprobs_add(&r, lp, &ev, 0) || rp_oai_logprobs_add(&r, lp, &ev, 5)) {
+            json_decref(lp);
+            return -1;
+        }
+        json_t *choices = json_array();
+        if (json_array_append_new(choices, rp_oai_choice(&r, 0, "Hello\xff", 6, lp, RP_FINISH_REASON_STOP))) {
+            json_decref(choices);
+            return -1;
+        }
+        if (rp_oai_sse_add(out, rp_oai_completion(&r, choices, rp_oai_usage(3, 2)))) return -1;
+        /* the stream: role, a token with logprobs, the end, usage */
+        if (kind == RP_OAI_CHAT && rp_oai_sse_add(out, rp_oai_role_chunk(&r, 0))) return -1;
+        lp = rp_oai_logprobs_new(&r);
+        if (!lp || rp_oai_logprobs_add(&r, lp, &ev, 0)) {
+            json_decref(lp);
+            return -1;
+        }
+        if (rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "Hello", 5, RP_FINISH_REASON_NONE, lp)) ||
+            rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "", 0, RP_FINISH_REASON_LENGTH, NULL)) ||
+            rp_oai_sse_add(out, rp_oai_usage_chunk(&r, rp_oai_usage(3, 2))))
+            return -1;
+    }
+    int32_t ids[] = {9707, 11};
+    rp_oai_error e;
+    rp_oai_set_error(&e, 400, "invalid_request_error", "messages", "context_length_exceeded", "too long");
+    return rp_oai_sse_add(out, rp_oai_tokenize_json(tok, 151643, ids, 2, 1, 4096)) ||
+                   rp_oai_sse_add(out, rp_oai_models_json("m", 7, 4096, 151936)) ||
+                   rp_oai_sse_add(out, rp_oai_error_object(&e))
+               ? -1
+               : 0;
+}
+
+static void test_out_of_memory(void **state) {
+    (void)state;
+    rp_tokenizer *tok = load_tok();
+    json_set_alloc_funcs(limited_malloc, free);
+    static const char prefix[] = "data: {}\n\n";
+    rp_sbuf want = {0};
+    assert_int_equal(build_responses(tok, &want), 0);
+    assert_non_null(strstr(want.p, "\"top_logprobs\":[{\"token\":\"Hello\""));
+    int whole = 0;
+    for (long budget = 0; !whole; budget++) {
+        rp_sbuf out = {0};
+        assert_int_equal(rp_sbuf_add_str(&out, prefix), 0);
+        size_t mark = out.len;
+        limit_allocations(budget);
+        int rc = build_responses(tok, &out);
+        whole = !alloc_failed;
+        limit_allocations(-1);
+        if (whole) assert_int_equal(rc, 0);
+        /* what was added is whole: the events before the failure, never part of one */
+        assert_true(out.len >= mark && !memcmp(out.p, prefix, mark));
+        if (out.len - mark > want.len || memcmp(out.p + mark, want.p, out.len - mark))
+            fail_msg("allocation %ld failed and the answer differs:\n%s\nexpected:\n%s", budget, out.p + mark, want.p);
+        assert_true(rc ? out.len == mark || !strcmp(out.p + out.len - 2, "\n\n") : out.len - mark == want.len);
+        rp_sbuf_free(&out);
+    }
+    rp_sbuf_free(&want);
+    json_set_alloc_funcs(malloc, free);
+    rp_tokenizer_free(tok);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid),
         cmocka_unit_test(test_fuzz),
         cmocka_unit_test(test_fuzz_fields),
+        cmocka_unit_test(test_engine_errors),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

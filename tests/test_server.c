@@ -2,7 +2,8 @@
  * error case with its status and OpenAI-shaped body, the API key, logprobs
  * and top logprobs,
  * prompt lists, streaming framing, a client that hangs up mid-stream or
- * mid-request (aborted at once, the KV pool back to full), /metrics, and a
+ * mid-request (aborted at once, the KV pool back to full), /metrics, memory
+ * running out while the answer is built (a 500 or an error event), and a
  * shutdown with a stream open (it ends with an error event and [DONE]).
  * The model: a one-layer Qwen3 shape with random weights and the real
  * Qwen3 tokenizer (scripts/fetch-tokenizers.sh). */
@@ -306,7 +307,15 @@ static void test_errors(void **state) {
         {"token id past the vocabulary", "/v1/completions", "{\"prompt\":[1,999999]}", "prompt", NULL, 400},
         {"negative token id", "/v1/completions", "{\"prompt\":[-1]}", "prompt", NULL, 400},
         {"max_tokens past the context", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":100000}", "max_tokens",
-         NULL, 400},
+         "context_length_exceeded", 400},
+        {"max_tokens past the context (chat)", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":100000}", "max_tokens",
+         "context_length_exceeded", 400},
+        {"max_completion_tokens past the context", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":100000}",
+         "max_completion_tokens", "context_length_exceeded", 400},
+        {"stop_token_ids past the vocabulary", "/v1/completions", "{\"prompt\":\"x\",\"stop_token_ids\":[999999]}",
+         "stop_token_ids", NULL, 400},
         {"messages missing", "/v1/chat/completions", "{\"prompt\":\"x\"}", "messages", NULL, 400},
         {"messages empty", "/v1/chat/completions", "{\"messages\":[]}", "messages", NULL, 400},
         {"bad role", "/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages",
@@ -332,7 +341,13 @@ static void test_errors(void **state) {
     snprintf(big + n, bcap - (size_t)n, "]}");
     response r = request(port(), "POST", "/v1/completions", NULL, big);
     assert_non_null(strstr(r.body, "context"));
-    expect_error("prompt over the context", r, 400, "prompt", NULL);
+    expect_error("prompt over the context", r, 400, "prompt", "context_length_exceeded");
+    /* ... and a conversation over it: the client sent messages, not a prompt */
+    n = snprintf(big, bcap, "{\"messages\":[{\"role\":\"user\",\"content\":\"");
+    for (int i = 0; i < 8300; i++) n += snprintf(big + n, bcap - (size_t)n, " hello");
+    snprintf(big + n, bcap - (size_t)n, "\"}]}");
+    expect_error("messages over the context", request(port(), "POST", "/v1/chat/completions", NULL, big), 400,
+                 "messages", "context_length_exceeded");
     free(big);
     /* methods, routes, sizes */
     r = request(port(), "GET", "/v1/completions", NULL, NULL);
@@ -670,6 +685,53 @@ static void test_disconnect(void **state) {
     assert_true(metric("replay_inter_token_latency_seconds_count") >= 1);
 }
 
+/* ---- out of memory while answering --------------------------------------------- */
+
+static int fail_next_alloc; /* the next jansson allocation fails (once) */
+
+static void *failing_malloc(size_t n) {
+    if (__atomic_exchange_n(&fail_next_alloc, 0, __ATOMIC_SEQ_CST)) return NULL;
+    return malloc(n);
+}
+
+/* Reads fd to its end (the server closes it). */
+static char *read_all(int fd) {
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (ssize_t got; (got = read(fd, buf + len, cap - len - 1)) > 0;)
+        if ((len += (size_t)got) + 4096 > cap) buf = realloc(buf, cap *= 2);
+    buf[len] = 0;
+    close(fd);
+    return buf;
+}
+
+/* A chunk or a logprob the engine thread cannot build: the request is
+ * aborted and the client told so (a 500, or an error event and [DONE] after
+ * the whole events so far), never sent an answer with a hole in it. The
+ * failing allocation is armed once the request runs, so the engine
+ * callback is the one that meets it. */
+static void test_out_of_memory(void **state) {
+    (void)state;
+    json_set_alloc_funcs(failing_malloc, free);
+    int fd = send_request(port(), "POST", "/v1/completions", NULL,
+                          "{\"prompt\":\"Once\",\"max_tokens\":8000,\"ignore_eos\":true,\"stream\":true}");
+    read_first_event(fd);
+    __atomic_store_n(&fail_next_alloc, 1, __ATOMIC_SEQ_CST);
+    char *rest = read_all(fd);
+    const char *end = "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"";
+    if (!strstr(rest, end) || !strstr(rest, "data: [DONE]")) fail_msg("stream ended with: %.2000s", rest);
+    free(rest);
+    wait_pool_full();
+    fd = send_request(port(), "POST", "/v1/completions", NULL,
+                      "{\"prompt\":\"Once\",\"max_tokens\":8000,\"ignore_eos\":true,\"logprobs\":2}");
+    wait_busy(1);
+    __atomic_store_n(&fail_next_alloc, 1, __ATOMIC_SEQ_CST);
+    response r = read_response(fd);
+    json_set_alloc_funcs(malloc, free);
+    expect_error("out of memory building the answer", r, 500, NULL, NULL);
+    wait_pool_full();
+}
+
 /* Shutdown with a stream open: the stream ends with an error event and
  * [DONE], new connections are refused, and the pool is full. Runs last:
  * it stops the server (teardown starts nothing new). */
@@ -702,7 +764,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),     cmocka_unit_test(test_completions), cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_streaming),
-        cmocka_unit_test(test_disconnect), cmocka_unit_test(test_shutdown),
+        cmocka_unit_test(test_disconnect), cmocka_unit_test(test_out_of_memory), cmocka_unit_test(test_shutdown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

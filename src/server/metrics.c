@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/sbuf.h"
+
 static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
                                      0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
 static const double itl_bounds[] = {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075,
@@ -78,28 +80,20 @@ void rp_metrics_count_http(rp_metrics *m, int status) {
     pthread_mutex_unlock(&m->mu);
 }
 
+/* The text so far; failed once an append found no memory (the text is then
+ * dropped, never sent cut short). */
 typedef struct out {
-    char *p;
-    size_t len, cap;
+    rp_sbuf text;
+    int failed;
 } out;
 
 static void put(out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put(out *o, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = o->p ? vsnprintf(o->p + o->len, o->cap - o->len, fmt, ap) : -1;
-        va_end(ap);
-        if (n >= 0 && o->len + (size_t)n < o->cap) {
-            o->len += (size_t)n;
-            return;
-        }
-        size_t cap = o->cap ? o->cap * 2 : 8192;
-        char *q = realloc(o->p, cap);
-        if (!q) return; /* out of memory: the text is cut, the server goes on */
-        o->p = q;
-        o->cap = cap;
-    }
+    if (o->failed) return;
+    va_list ap;
+    va_start(ap, fmt);
+    if (rp_sbuf_vprintf(&o->text, fmt, ap)) o->failed = 1;
+    va_end(ap);
 }
 
 static void metric(out *o, const char *name, const char *type, const char *help) {
@@ -157,5 +151,6 @@ char *rp_metrics_render(rp_metrics *m, const rp_engine_stats *st) {
     put_hist(&o, "replay_inter_token_latency_seconds", "Time between successive tokens of a request.", &m->itl);
     put_hist(&o, "replay_e2e_request_latency_seconds", "Time from submission to the last token.", &m->e2e);
     pthread_mutex_unlock(&m->mu);
-    return o.p;
+    if (o.failed) rp_sbuf_free(&o.text);
+    return o.text.p; /* NULL: out of memory */
 }

@@ -1,6 +1,7 @@
-/* OpenAI request parsing (jansson) and error JSON. Every field is checked
- * for its type and range, with vLLM's meaning; unknown fields are ignored,
- * as vLLM and OpenAI's own server do. */
+/* OpenAI request parsing (jansson): every field is checked for its type and
+ * range, with vLLM's meaning; unknown fields are ignored, as vLLM and
+ * OpenAI's own server do. A body that cannot be held in memory is a 500,
+ * never a request parsed with a part missing. */
 #include "server/openai.h"
 
 #include <jansson.h>
@@ -24,24 +25,9 @@ void rp_oai_set_error(rp_oai_error *err, int status, const char *type, const cha
     va_end(ap);
 }
 
-char *rp_oai_error_json(const rp_oai_error *err) {
-    json_t *e = json_pack("{s:s, s:s, s:o, s:o}", "message", err->message, "type", err->type, "param",
-                          err->param[0] ? json_string(err->param) : json_null(), "code",
-                          err->code[0] ? json_string(err->code) : json_null());
-    json_t *root = json_pack("{s:o}", "error", e);
-    char *s = json_dumps(root, JSON_COMPACT);
-    json_decref(root);
-    return s;
-}
-
-const char *rp_oai_finish_name(rp_finish f) {
-    switch (f) {
-    case RP_FINISH_REASON_STOP: return "stop";
-    case RP_FINISH_REASON_LENGTH: return "length";
-    case RP_FINISH_REASON_ABORT: return "abort";
-    case RP_FINISH_REASON_ERROR: return "error";
-    default: return NULL;
-    }
+int rp_oai_set_out_of_memory(rp_oai_error *err) {
+    rp_oai_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
+    return -1;
 }
 
 void rp_oai_request_free(rp_oai_request *r) {
@@ -67,6 +53,20 @@ static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) {
     return -1;
 }
 #define BAD(param, ...) bad(err, param, __VA_ARGS__)
+
+/* A copy of a JSON string's text into *out; -1 (a 500) when memory runs out. */
+static int copy_string(json_t *str, char **out, rp_oai_error *err) {
+    *out = strdup(json_string_value(str));
+    return *out ? 0 : rp_oai_set_out_of_memory(err);
+}
+
+/* A body jansson could not load: malformed (400), or too big for memory
+ * (500: jansson says so, or says nothing when its first allocation fails;
+ * one that fails inside its lexer reads as a syntax error, a 400). */
+static int bad_json(const json_error_t *jerr, rp_oai_error *err) {
+    if (json_error_code(jerr) == json_error_out_of_memory || !jerr->text[0]) return rp_oai_set_out_of_memory(err);
+    return BAD(NULL, "the request body is not valid JSON: %s (line %d)", jerr->text, jerr->line);
+}
 
 /* Optional number field in [lo, hi]; NaN-free. */
 static int get_number(json_t *root, const char *key, double lo, double hi, float *out, rp_oai_error *err) {
@@ -100,7 +100,8 @@ static int get_bool(json_t *root, const char *key, int *out, rp_oai_error *err) 
 
 /* Text of a message's content: a string, or a list of {"type":"text"} parts. */
 static char *content_text(json_t *content, rp_oai_error *err) {
-    if (json_is_string(content)) return strdup(json_string_value(content));
+    char *s;
+    if (json_is_string(content)) return copy_string(content, &s, err) ? NULL : s;
     if (!json_is_array(content)) {
         BAD("messages", "message content must be a string or a list of text parts");
         return NULL;
@@ -116,8 +117,11 @@ static char *content_text(json_t *content, rp_oai_error *err) {
         }
         total += json_string_length(text);
     }
-    char *s = malloc(total), *p = s;
-    if (!s) return NULL;
+    char *p = s = malloc(total);
+    if (!s) {
+        rp_oai_set_out_of_memory(err);
+        return NULL;
+    }
     json_array_foreach(content, i, part) {
         json_t *text = json_object_get(part, "text");
         memcpy(p, json_string_value(text), json_string_length(text));
@@ -139,7 +143,7 @@ static int render_messages(const rp_oai_context *ctx, json_t *root, int add_gene
     char **texts = calloc(n, sizeof *texts);
     int rc = -1;
     if (!m || !texts) {
-        rp_oai_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
+        rp_oai_set_out_of_memory(err);
         goto out;
     }
     json_t *msg;
@@ -156,7 +160,10 @@ static int render_messages(const rp_oai_context *ctx, json_t *root, int add_gene
         }
         json_t *content = json_object_get(msg, "content");
         if (!content || json_is_null(content)) {
-            texts[i] = strdup("");
+            if (!(texts[i] = strdup(""))) {
+                rp_oai_set_out_of_memory(err);
+                goto out;
+            }
         } else if (!(texts[i] = content_text(content, err))) {
             goto out;
         }
@@ -195,10 +202,7 @@ static int alloc_prompts(rp_oai_request *out, int n, rp_oai_error *err) {
     out->prompt_ids = calloc((size_t)n, sizeof *out->prompt_ids);
     out->num_prompt_ids = calloc((size_t)n, sizeof *out->num_prompt_ids);
     out->num_prompts = n;
-    if (!out->prompt_texts || !out->prompt_ids || !out->num_prompt_ids) {
-        rp_oai_set_error(err, 500, "server_error", NULL, NULL, "out of memory");
-        return -1;
-    }
+    if (!out->prompt_texts || !out->prompt_ids || !out->num_prompt_ids) return rp_oai_set_out_of_memory(err);
     return 0;
 }
 
@@ -207,7 +211,7 @@ static int ids_prompt(json_t *arr, rp_oai_request *out, int k, rp_oai_error *err
     size_t n = json_array_size(arr), i;
     if (n == 0) return BAD("prompt", "a prompt of token ids must not be empty");
     out->prompt_ids[k] = malloc(n * sizeof **out->prompt_ids);
-    if (!out->prompt_ids[k]) return BAD("prompt", "out of memory");
+    if (!out->prompt_ids[k]) return rp_oai_set_out_of_memory(err);
     json_t *v;
     json_array_foreach(arr, i, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff)
@@ -225,8 +229,7 @@ static int parse_prompt(json_t *root, rp_oai_request *out, rp_oai_error *err) {
     if (!p || json_is_null(p)) return BAD("prompt", "'prompt' is required");
     if (json_is_string(p)) {
         if (alloc_prompts(out, 1, err)) return -1;
-        out->prompt_texts[0] = strdup(json_string_value(p));
-        return 0;
+        return copy_string(p, &out->prompt_texts[0], err);
     }
     if (!json_is_array(p)) return BAD("prompt", "'prompt' must be a string, a list of strings, a list of token ids "
                                                 "or a list of lists of token ids");
@@ -241,7 +244,7 @@ static int parse_prompt(json_t *root, rp_oai_request *out, rp_oai_error *err) {
     if (alloc_prompts(out, (int)n, err)) return -1;
     json_array_foreach(p, i, v) {
         if (json_is_string(v)) {
-            out->prompt_texts[i] = strdup(json_string_value(v));
+            if (copy_string(v, &out->prompt_texts[i], err)) return -1;
         } else if (json_is_array(v)) {
             if (ids_prompt(v, out, (int)i, err)) return -1;
         } else {
@@ -260,7 +263,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
     out->params.max_tokens = kind == RP_OAI_COMPLETION ? 16 : 0;
     json_error_t jerr;
     json_t *root = json_loadb(body, len, 0, &jerr);
-    if (!root) return BAD(NULL, "the request body is not valid JSON: %s (line %d)", jerr.text, jerr.line);
+    if (!root) return bad_json(&jerr, err);
     int rc = -1;
     if (!json_is_object(root)) {
         BAD(NULL, "the request body must be a JSON object");
@@ -290,11 +293,12 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         get_int(root, "top_k", -1, 1 << 30, &top_k, NULL, err) ||
         get_int(root, "n", 1, RP_OAI_MAX_N, &out->n, NULL, err) ||
         get_int(root, "max_tokens", 1, 1 << 24, &p->max_tokens, &out->max_tokens_set, err) ||
-        get_int(root, "max_completion_tokens", 1, 1 << 24, &p->max_tokens, &out->max_tokens_set, err) ||
+        get_int(root, "max_completion_tokens", 1, 1 << 24, &p->max_tokens, &out->max_completion_tokens, err) ||
         get_bool(root, "stream", &out->stream, err) || get_bool(root, "ignore_eos", &p->ignore_eos, err) ||
         get_bool(root, "echo", &out->echo, err))
         goto out;
     p->top_k = top_k;
+    out->max_tokens_set |= out->max_completion_tokens;
     json_t *seed = json_object_get(root, "seed"); /* any 64-bit integer, as vLLM takes */
     if (seed && !json_is_null(seed)) {
         if (!json_is_integer(seed)) {
@@ -339,7 +343,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
     json_t *stop = json_object_get(root, "stop");
     if (stop && !json_is_null(stop)) {
         if (json_is_string(stop)) {
-            out->stop_buf[0] = strdup(json_string_value(stop));
+            if (copy_string(stop, &out->stop_buf[0], err)) goto out;
             p->num_stop = 1;
         } else if (json_is_array(stop) && json_array_size(stop) <= RP_OAI_MAX_STOP) {
             size_t i;
@@ -349,7 +353,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
                     BAD("stop", "'stop' entries must be non-empty strings");
                     goto out;
                 }
-                out->stop_buf[i] = strdup(json_string_value(s));
+                if (copy_string(s, &out->stop_buf[i], err)) goto out;
             }
             p->num_stop = (int)json_array_size(stop);
         } else {
@@ -428,7 +432,7 @@ static json_t *load_object(const char *body, size_t len, rp_oai_error *err) {
     json_error_t jerr;
     json_t *root = json_loadb(body, len, 0, &jerr);
     if (!root) {
-        BAD(NULL, "the request body is not valid JSON: %s (line %d)", jerr.text, jerr.line);
+        bad_json(&jerr, err);
         return NULL;
     }
     if (!json_is_object(root)) {
@@ -458,13 +462,13 @@ int rp_oai_parse_tokenize(const rp_oai_context *ctx, const char *body, size_t le
         if (render_messages(ctx, root, add_gen, &out->text, err)) goto out;
         out->add_bos = 0; /* the template writes its own special tokens */
     } else if (json_is_string(prompt)) {
-        out->text = strdup(json_string_value(prompt));
+        if (copy_string(prompt, &out->text, err)) goto out;
         out->add_bos = add_special;
     } else {
         BAD("prompt", "'prompt' must be a string (or send 'messages')");
         goto out;
     }
-    rc = out->text ? 0 : -1;
+    rc = 0;
 out:
     json_decref(root);
     if (rc) rp_oai_tokenize_free(out);
@@ -495,7 +499,10 @@ int rp_oai_parse_detokenize(const rp_oai_context *ctx, const char *body, size_t 
         goto out;
     }
     int32_t *ids = malloc((json_array_size(t) + 1) * sizeof *ids);
-    if (!ids) goto out;
+    if (!ids) {
+        rp_oai_set_out_of_memory(err);
+        goto out;
+    }
     json_array_foreach(t, i, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= ctx->vocab_size) {
             free(ids);
@@ -510,49 +517,4 @@ int rp_oai_parse_detokenize(const rp_oai_context *ctx, const char *body, size_t 
 out:
     json_decref(root);
     return rc;
-}
-
-/* Length of the valid UTF-8 character at s (at most n bytes), 0 if invalid. */
-static size_t utf8_char_len(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    size_t len;
-    unsigned min;
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) len = 2, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef) len = 3, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4) len = 4, min = 0x10000;
-    else return 0;
-    if (len > n) return 0;
-    unsigned cp = c & (0xff >> (len + 1));
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    return len;
-}
-
-json_t *rp_oai_json_text(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    char *buf = malloc(n * 3 + 1); /* each invalid byte may become 3 bytes */
-    if (!buf) return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < n;) {
-        size_t l = utf8_char_len(u + i, n - i);
-        if (l && !(l == 1 && u[i] == 0)) {
-            memcpy(buf + o, s + i, l);
-            o += l;
-            i += l;
-        } else if (l == 1) { /* NUL: jansson takes it with a length */
-            buf[o++] = 0;
-            i++;
-        } else {
-            memcpy(buf + o, "\xef\xbf\xbd", 3);
-            o += 3;
-            i++;
-        }
-    }
-    json_t *j = json_stringn(buf, o);
-    free(buf);
-    return j;
 }

@@ -1,14 +1,12 @@
-/* OpenAI-compatible request parsing and response shapes, independent of the
- * HTTP library: JSON in, validated engine requests out; engine events in,
- * JSON (or Server-Sent Events chunks) out. Errors carry OpenAI's shape and
- * the HTTP status they map to. */
+/* OpenAI-compatible request parsing, independent of the HTTP library and
+ * the engine thread: JSON in, validated engine requests out, or an error
+ * with OpenAI's fields and the HTTP status it maps to (openai_json.c writes
+ * it out, with the responses). */
 #ifndef RP_SERVER_OPENAI_H
 #define RP_SERVER_OPENAI_H
 
 #include <stddef.h>
 #include <stdint.h>
-
-#include <jansson.h>
 
 #include "replay/engine.h"
 
@@ -38,6 +36,7 @@ typedef struct rp_oai_request {
     int n;
     int stream, include_usage, echo, logprobs;
     int max_tokens_set;
+    int max_completion_tokens; /* the limit came as "max_completion_tokens" (errors name it so) */
     rp_request_params params; /* sampling, max_tokens, ignore_eos; stop points into stop_buf */
     char *stop_buf[RP_OAI_MAX_STOP];
     int32_t stop_ids[16];
@@ -71,15 +70,9 @@ void rp_oai_tokenize_free(rp_oai_tokenize *t);
 int rp_oai_parse_detokenize(const rp_oai_context *ctx, const char *body, size_t len, int32_t **ids_out, int *n_out,
                             rp_oai_error *err);
 
-/* A JSON string from bytes that may not be valid UTF-8 (one token's bytes
- * can be part of a character): each invalid byte becomes U+FFFD. */
-json_t *rp_oai_json_text(const char *s, size_t n);
-
-/* {"error": {...}} as a malloc'd string. */
-char *rp_oai_error_json(const rp_oai_error *err);
 void rp_oai_set_error(rp_oai_error *err, int status, const char *type, const char *param, const char *code,
                       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-
-const char *rp_oai_finish_name(rp_finish f);
+/* The server could not allocate: 500 server_error, "out of memory". Returns -1. */
+int rp_oai_set_out_of_memory(rp_oai_error *err);
 
 #endif

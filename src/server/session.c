@@ -1,0 +1,548 @@
+/* A generation request's life (session.h).
+ *
+ * A session's state is shared by the engine callbacks (engine thread) and
+ * the HTTP side (a libmicrohttpd thread) under the session's own mutex, and
+ * freed by whichever lets go last: the HTTP side holds one reference, every
+ * submitted engine request one more until its final event. The callback
+ * only appends to buffers and signals; it never blocks on the network.
+ *
+ * Waiting is done in short slices: between slices the HTTP side checks
+ * whether the client hung up (poll for POLLRDHUP on its socket), whether the
+ * server is stopping, and whether building the answer ran out of memory; any
+ * of these aborts every choice at once, whether they wait, prefill or
+ * decode, and the engine frees their KV pages at its next step.
+ *
+ * Out of memory: every append is checked. A choice whose text or chunk
+ * cannot be added marks the session failed; the HTTP side aborts it and the
+ * client gets a 500 or, streaming, the whole events so far, an error event
+ * and [DONE] (a fixed text, when even that cannot be allocated). */
+#include "server/session.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "server/openai_json.h"
+#include "server/sbuf.h"
+#include "tokenizer/tokenizer.h"
+#include "util/log.h"
+#include "util/rng.h"
+
+#define WAIT_SLICE_MS 20
+
+/* What a stream ends with when there is no memory left to say it otherwise
+ * (the JSON rp_oai_error_json writes for a 500 "out of memory"). */
+static const char oom_stream_tail[] =
+    "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\n"
+    "data: [DONE]\n\n";
+
+/* ---- the server's gate --------------------------------------------------------- */
+
+void rp_sessions_init(rp_sessions *h, rp_engine *eng, rp_metrics *metrics) {
+    *h = (rp_sessions){.eng = eng, .metrics = metrics, .tok = rp_engine_tokenizer(eng),
+                       .max_context = rp_engine_max_context(eng)};
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->idle, NULL);
+}
+
+void rp_sessions_destroy(rp_sessions *h) {
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->idle);
+}
+
+int rp_sessions_enter(rp_sessions *h) {
+    pthread_mutex_lock(&h->mu);
+    int ok = !h->stopping;
+    if (ok) h->active++;
+    pthread_mutex_unlock(&h->mu);
+    return ok ? 0 : -1;
+}
+
+void rp_sessions_leave(rp_sessions *h) {
+    pthread_mutex_lock(&h->mu);
+    h->active--;
+    pthread_cond_broadcast(&h->idle);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int sessions_stopping(rp_sessions *h) {
+    pthread_mutex_lock(&h->mu);
+    int v = h->stopping;
+    pthread_mutex_unlock(&h->mu);
+    return v;
+}
+
+void rp_sessions_stop(rp_sessions *h) {
+    pthread_mutex_lock(&h->mu);
+    h->stopping = 1;
+    pthread_mutex_unlock(&h->mu);
+}
+
+int rp_sessions_wait_idle(rp_sessions *h, double timeout_s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (timeout_s >= 0) {
+        long ns = ts.tv_nsec + (long)((timeout_s - (long)timeout_s) * 1e9);
+        ts.tv_sec += (time_t)timeout_s + ns / 1000000000L;
+        ts.tv_nsec = ns % 1000000000L;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&h->mu);
+    while (h->active > 0 && !rc) {
+        if (timeout_s < 0) pthread_cond_wait(&h->idle, &h->mu);
+        else if (pthread_cond_timedwait(&h->idle, &h->mu, &ts) != 0) rc = -1;
+    }
+    pthread_mutex_unlock(&h->mu);
+    return rc;
+}
+
+/* Whether the peer closed its side (or the socket failed). Data waiting to
+ * be read (a pipelined request) is not a hang-up. */
+static int client_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return 1;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* ---- one request's shared state ---------------------------------------------------- */
+
+typedef struct session_choice {
+    rp_session *r;
+    int index;
+    rp_request_id id;
+    int submitted;
+    rp_sbuf text;       /* non-streaming: the whole text, echo included */
+    size_t text_bytes;  /* text so far (offsets of completions' logprobs) */
+    json_t *logprobs;   /* non-streaming with logprobs: the response's logprobs object */
+    rp_finish finish;
+    char error[256];
+    int completion_tokens;
+    double t_submit, t_last;
+    int tokens;
+} session_choice;
+
+struct rp_session {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    rp_sessions *h;
+    rp_oai_response resp;
+    int stream, include_usage, logprobs;
+    int num_choices, n_done, prompt_tokens;
+    session_choice *ch;
+    rp_sbuf out; /* streaming: SSE bytes not yet read */
+    size_t out_off;
+    const char *tail; /* streaming: sent after out when its end could not be added to it */
+    size_t tail_off;
+    int all_done;
+    int failed;   /* memory ran out for the answer: abort, answer 500 */
+    int aborted;  /* rp_engine_abort was called for every choice */
+    int shutdown; /* ... because the server is stopping */
+    int fd;       /* the client's socket, to notice a hang-up */
+    double last_check;
+};
+
+static void session_unref(rp_session *r) {
+    pthread_mutex_lock(&r->mu);
+    int left = --r->refs;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (left) return;
+    rp_sessions *h = r->h;
+    for (int i = 0; i < r->num_choices; i++) {
+        rp_sbuf_free(&r->ch[i].text);
+        json_decref(r->ch[i].logprobs);
+    }
+    free(r->ch);
+    rp_sbuf_free(&r->out);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+    rp_sessions_leave(h); /* the engine no longer calls into this session */
+}
+
+/* Aborts every choice still running. Called without r->mu: the engine may
+ * be delivering an event that takes it. */
+static void session_abort(rp_session *r, int shutdown) {
+    pthread_mutex_lock(&r->mu);
+    int already = r->aborted;
+    r->aborted = 1;
+    if (shutdown) r->shutdown = 1;
+    pthread_mutex_unlock(&r->mu);
+    if (already) return;
+    for (int i = 0; i < r->num_choices; i++)
+        if (r->ch[i].submitted) rp_engine_abort(r->h->eng, r->ch[i].id);
+}
+
+static json_t *usage_json(const rp_session *r) {
+    int completion = 0;
+    for (int i = 0; i < r->num_choices; i++) completion += r->ch[i].completion_tokens;
+    return rp_oai_usage(r->prompt_tokens, completion);
+}
+
+/* How the session ended once every choice is done: 0 (the answer), or -1
+ * with the error the client gets. */
+static int session_outcome(const rp_session *r, rp_oai_error *e) {
+    if (r->failed) return rp_oai_set_out_of_memory(e);
+    for (int i = 0; i < r->num_choices; i++)
+        if (r->ch[i].finish == RP_FINISH_REASON_ERROR) {
+            rp_oai_set_error(e, 500, "server_error", NULL, NULL, "%s", r->ch[i].error[0] ? r->ch[i].error : "engine error");
+            return -1;
+        }
+    for (int i = 0; i < r->num_choices; i++)
+        if (r->ch[i].finish == RP_FINISH_REASON_ABORT) {
+            rp_oai_set_error(e, 503, "service_unavailable", NULL, NULL, "%s",
+                             r->shutdown ? "the server is shutting down" : "the request was aborted");
+            return -1;
+        }
+    return 0;
+}
+
+/* Streaming: what follows the last choice's end (vLLM's way: an error
+ * event, or the usage chunk when asked; then [DONE]). */
+static void stream_end(rp_session *r) {
+    rp_oai_error e;
+    size_t mark = r->out.len;
+    int rc = 0;
+    if (session_outcome(r, &e)) rc = rp_oai_sse_add(&r->out, rp_oai_error_object(&e));
+    else if (r->include_usage) rc = rp_oai_sse_add(&r->out, rp_oai_usage_chunk(&r->resp, usage_json(r)));
+    if (rc || rp_sbuf_add_str(&r->out, "data: [DONE]\n\n")) {
+        rp_sbuf_truncate(&r->out, mark);
+        r->tail = oom_stream_tail;
+    }
+}
+
+/* Adds one event's text and logprobs to the answer; -1 when memory ran out
+ * (a chunk is added whole or not at all). */
+static int add_event(rp_session *r, session_choice *c, const rp_token_event *ev) {
+    const rp_oai_response *resp = &r->resp;
+    int with_logprobs = r->logprobs && ev->token >= 0;
+    if (r->stream) {
+        /* a chunk per token, as OpenAI streams (empty text while it is held
+         * back for a stop string or an unfinished character) */
+        if (ev->token < 0 && !ev->text_len && ev->finish == RP_FINISH_REASON_NONE) return 0;
+        json_t *lp = NULL;
+        if (with_logprobs &&
+            (!(lp = rp_oai_logprobs_new(resp)) || rp_oai_logprobs_add(resp, lp, ev, c->text_bytes))) {
+            json_decref(lp);
+            return -1;
+        }
+        return rp_oai_sse_add(&r->out, rp_oai_chunk(resp, c->index, ev->text, ev->text_len, ev->finish, lp));
+    }
+    if (with_logprobs && rp_oai_logprobs_add(resp, c->logprobs, ev, c->text_bytes)) return -1;
+    return rp_sbuf_add(&c->text, ev->text, ev->text_len);
+}
+
+/* Engine thread: one event of one choice. Kept short: it runs between
+ * engine steps. */
+static void on_event(void *user, const rp_token_event *ev) {
+    session_choice *c = user;
+    rp_session *r = c->r;
+    rp_metrics *m = r->h->metrics;
+    double now = rp_now_s();
+    pthread_mutex_lock(&r->mu);
+    c->completion_tokens = ev->completion_tokens;
+    if (ev->token >= 0) {
+        if (c->tokens++ == 0) rp_metrics_observe_ttft(m, now - c->t_submit);
+        else rp_metrics_observe_itl(m, now - c->t_last);
+        c->t_last = now;
+    }
+    int ended_badly = ev->finish == RP_FINISH_REASON_ABORT || ev->finish == RP_FINISH_REASON_ERROR;
+    if (!ended_badly && !r->failed) {
+        if (add_event(r, c, ev)) {
+            r->failed = 1; /* the HTTP side aborts the session within a wait slice */
+            rp_log_error("out of memory answering %s", r->resp.id);
+        }
+        c->text_bytes += ev->text_len;
+    }
+    int final = ev->finish != RP_FINISH_REASON_NONE;
+    if (final) {
+        c->finish = ev->finish;
+        if (ev->error) snprintf(c->error, sizeof c->error, "%s", ev->error);
+        rp_metrics_count_finish(m, ev->finish);
+        if (!ended_badly) rp_metrics_observe_e2e(m, now - c->t_submit);
+        if (++r->n_done == r->num_choices) {
+            r->all_done = 1;
+            if (r->stream) stream_end(r);
+        }
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (final) session_unref(r); /* the engine's reference for this choice */
+}
+
+/* Waits one slice for r to change; r->mu held. Returns 1 when the client
+ * hung up (the caller gives up on it), else 0. A stopping server or a
+ * failed answer aborts the session; its final events still arrive and end
+ * it. */
+static int wait_slice(rp_session *r) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += WAIT_SLICE_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    /* by the clock, not on timeouts only: tokens may wake us more often */
+    double now = rp_now_s();
+    if (now - r->last_check < WAIT_SLICE_MS * 1e-3) return 0;
+    r->last_check = now;
+    int gone = client_gone(r->fd);
+    int stopping = !gone && !r->aborted && sessions_stopping(r->h);
+    if (gone || stopping || (r->failed && !r->aborted)) {
+        pthread_mutex_unlock(&r->mu);
+        session_abort(r, stopping);
+        pthread_mutex_lock(&r->mu);
+    }
+    return gone;
+}
+
+/* ---- the HTTP side ---------------------------------------------------------------- */
+
+rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_fd, rp_oai_error *err) {
+    if (rp_sessions_enter(h)) {
+        rp_oai_set_error(err, 503, "service_unavailable", NULL, NULL, "the server is shutting down");
+        return NULL;
+    }
+    rp_session *r = calloc(1, sizeof *r);
+    int nc = q->num_prompts * q->n;
+    if (r) r->ch = calloc((size_t)nc, sizeof *r->ch);
+    if (!r || !r->ch) {
+        free(r);
+        rp_sessions_leave(h);
+        rp_oai_set_out_of_memory(err);
+        return NULL;
+    }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->refs = 1; /* the HTTP side's */
+    r->h = h;
+    r->stream = q->stream;
+    r->include_usage = q->include_usage;
+    r->logprobs = q->logprobs;
+    r->num_choices = nc;
+    r->fd = client_fd;
+    rp_oai_response *resp = &r->resp;
+    resp->kind = q->kind;
+    resp->created = (long)time(NULL);
+    resp->tok = h->tok;
+    resp->top_logprobs = q->logprobs ? q->params.top_logprobs : 0;
+    snprintf(resp->model, sizeof resp->model, "%s", q->model);
+    pthread_mutex_lock(&h->mu);
+    uint64_t rid = ++h->next_id;
+    pthread_mutex_unlock(&h->mu);
+    snprintf(resp->id, sizeof resp->id, "%s-%016llx", q->kind == RP_OAI_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)rp_mix64(rid ^ ((uint64_t)resp->created << 20)));
+    int failed = 0;
+    for (int i = 0; i < nc; i++) {
+        r->ch[i].r = r;
+        r->ch[i].index = i;
+        if (q->logprobs && !q->stream && !(r->ch[i].logprobs = rp_oai_logprobs_new(resp))) failed = 1;
+    }
+    if (failed) {
+        session_unref(r);
+        rp_oai_set_out_of_memory(err);
+        return NULL;
+    }
+    return r;
+}
+
+int rp_session_streaming(const rp_session *s) { return s->stream; }
+
+static int engine_fail(rp_error *err, rp_error_code code, const char *param, const char *msg) {
+    err->code = code;
+    snprintf(err->param, sizeof err->param, "%s", param);
+    snprintf(err->message, sizeof err->message, "%s", msg);
+    return -1;
+}
+
+/* Prompt k as token ids: given, or the text encoded (completions add BOS as
+ * HF's tokenizer(text) does; a chat template writes its own). *own says
+ * whether *ids must be freed. */
+static int prompt_ids(const rp_session *r, const rp_oai_request *q, int k, int32_t **ids, size_t *n, int *own,
+                      rp_error *err) {
+    *own = 0;
+    if (!q->prompt_texts[k]) {
+        *ids = q->prompt_ids[k];
+        *n = (size_t)q->num_prompt_ids[k];
+        return 0;
+    }
+    const rp_tokenizer *tok = r->h->tok;
+    rp_err te;
+    if (rp_tokenizer_encode(tok, q->prompt_texts[k], strlen(q->prompt_texts[k]), ids, n, &te))
+        return engine_fail(err, RP_ERROR_INVALID_REQUEST, "prompt", te.msg);
+    *own = 1;
+    int bos = rp_tokenizer_bos_id(tok);
+    if (q->kind == RP_OAI_COMPLETION && bos >= 0 && (*n == 0 || (*ids)[0] != bos)) {
+        int32_t *w = malloc((*n + 1) * sizeof *w);
+        if (!w) {
+            free(*ids);
+            *own = 0;
+            return engine_fail(err, RP_ERROR_OUT_OF_MEMORY, "", "out of memory");
+        }
+        w[0] = bos;
+        memcpy(w + 1, *ids, *n * sizeof **ids);
+        free(*ids);
+        *ids = w;
+        (*n)++;
+    }
+    return 0;
+}
+
+/* echo: prompt k's text leads each of its choices (also for token ids,
+ * decoded; without a tokenizer there is no text). */
+static int add_echo(rp_session *r, const rp_oai_request *q, int k, const int32_t *ids, size_t n, rp_error *err) {
+    char *decoded = NULL;
+    const char *echo = q->prompt_texts[k];
+    if (!echo && r->h->tok) {
+        rp_err de;
+        if (rp_tokenizer_decode(r->h->tok, ids, n, 0, &decoded, NULL, &de))
+            return engine_fail(err, RP_ERROR_INVALID_REQUEST, "prompt", de.msg);
+        echo = decoded;
+    }
+    int rc = 0;
+    for (int i = 0; echo && !rc && i < q->n; i++) {
+        session_choice *c = &r->ch[k * q->n + i];
+        size_t len = strlen(echo);
+        if (r->stream) rc = rp_oai_sse_add(&r->out, rp_oai_chunk(&r->resp, c->index, echo, len, RP_FINISH_REASON_NONE, NULL));
+        else rc = rp_sbuf_add(&c->text, echo, len);
+        c->text_bytes += len;
+    }
+    free(decoded);
+    /* the server's own memory: mapped to a 500 like an internal failure */
+    return rc ? engine_fail(err, RP_ERROR_INTERNAL, "", "out of memory") : 0;
+}
+
+/* Submits every choice of prompt k (ids): choice k*n+i with seed seed+i. */
+static int submit_prompt(rp_session *r, const rp_oai_request *q, int k, const int32_t *ids, size_t n, rp_error *err) {
+    rp_request_params p = q->params;
+    p.prompt = NULL;
+    p.prompt_ids = ids;
+    p.num_prompt_ids = (int)n;
+    if (q->kind == RP_OAI_CHAT && !q->max_tokens_set) { /* what fits the context, as vLLM */
+        long room = (long)r->h->max_context - (long)n;
+        p.max_tokens = room > 0 ? (int)room : 1; /* the engine rejects a prompt that fills the context */
+    }
+    for (int i = 0; i < q->n; i++) {
+        session_choice *c = &r->ch[k * q->n + i];
+        if (q->n > 1 && q->params.has_seed) p.seed = q->params.seed + (uint64_t)i; /* distinct, reproducible */
+        pthread_mutex_lock(&r->mu);
+        r->refs++; /* the engine's, dropped at this choice's final event */
+        pthread_mutex_unlock(&r->mu);
+        c->t_submit = rp_now_s();
+        if (rp_engine_submit(r->h->eng, &p, on_event, c, &c->id, err)) {
+            pthread_mutex_lock(&r->mu);
+            r->refs--;
+            pthread_mutex_unlock(&r->mu);
+            return -1;
+        }
+        c->submitted = 1;
+    }
+    return 0;
+}
+
+int rp_session_submit(rp_session *r, const rp_oai_request *q, rp_oai_error *err) {
+    rp_error eerr = {0};
+    int rc = 0;
+    for (int i = 0; r->stream && q->kind == RP_OAI_CHAT && !rc && i < r->num_choices; i++)
+        rc = rp_oai_sse_add(&r->out, rp_oai_role_chunk(&r->resp, i)); /* each choice starts with the role */
+    if (rc) return rp_oai_set_out_of_memory(err);
+    for (int k = 0; k < q->num_prompts && !rc; k++) {
+        int32_t *ids;
+        size_t n;
+        int own;
+        if (prompt_ids(r, q, k, &ids, &n, &own, &eerr)) {
+            rc = -1;
+            break;
+        }
+        r->prompt_tokens += (int)n;
+        rc = q->echo ? add_echo(r, q, k, ids, n, &eerr) : 0;
+        if (!rc) rc = submit_prompt(r, q, k, ids, n, &eerr);
+        if (own) free(ids);
+    }
+    if (!rc) return 0;
+    session_abort(r, 0);
+    /* the choices already submitted end with ABORT; then r is the HTTP side's alone */
+    pthread_mutex_lock(&r->mu);
+    while (r->refs > 1) pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    rp_oai_engine_error(err, &eerr, q);
+    return -1;
+}
+
+/* The non-streaming answer, once every choice is done. */
+static json_t *final_json(const rp_session *r) {
+    json_t *choices = json_array();
+    for (int i = 0; i < r->num_choices; i++) {
+        const session_choice *c = &r->ch[i];
+        json_t *lp = c->logprobs ? json_incref(c->logprobs) : NULL;
+        json_t *choice = rp_oai_choice(&r->resp, i, c->text.p ? c->text.p : "", c->text.len, lp, c->finish);
+        if (json_array_append_new(choices, choice)) {
+            json_decref(choices);
+            return NULL;
+        }
+    }
+    return rp_oai_completion(&r->resp, choices, usage_json(r));
+}
+
+int rp_session_wait(rp_session *r, json_t **out, rp_oai_error *err) {
+    *out = NULL;
+    pthread_mutex_lock(&r->mu);
+    while (!r->all_done)
+        if (wait_slice(r)) { /* the client left: nobody to answer */
+            pthread_mutex_unlock(&r->mu);
+            return 1;
+        }
+    int rc = session_outcome(r, err);
+    if (!rc && !(*out = final_json(r))) rc = rp_oai_set_out_of_memory(err);
+    pthread_mutex_unlock(&r->mu);
+    return rc;
+}
+
+long rp_session_read(rp_session *r, char *buf, size_t max) {
+    long n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        size_t avail = r->out.len - r->out_off;
+        if (avail) {
+            size_t k = avail < max ? avail : max;
+            memcpy(buf, r->out.p + r->out_off, k);
+            r->out_off += k;
+            if (r->out_off == r->out.len) { /* all sent: reuse the buffer */
+                rp_sbuf_truncate(&r->out, 0);
+                r->out_off = 0;
+            }
+            n = (long)k;
+            break;
+        }
+        avail = r->all_done && r->tail ? strlen(r->tail + r->tail_off) : 0;
+        if (avail) {
+            size_t k = avail < max ? avail : max;
+            memcpy(buf, r->tail + r->tail_off, k);
+            r->tail_off += k;
+            n = (long)k;
+            break;
+        }
+        if (r->all_done) break;
+        if (wait_slice(r)) {
+            n = -1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
+void rp_session_release(rp_session *r) {
+    pthread_mutex_lock(&r->mu);
+    int running = !r->all_done;
+    pthread_mutex_unlock(&r->mu);
+    if (running) session_abort(r, 0);
+    session_unref(r);
+}
