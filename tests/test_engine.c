@@ -1,9 +1,14 @@
 /* The engine API on the CPU backend: continuous batching gives every request
  * the tokens it gets alone, whatever runs beside it, with chunked prefill on
- * and off, requests arriving mid-run, and preemption under a tiny KV pool;
- * bad requests are rejected at submit; aborts at any stage free their pages;
+ * and off, requests arriving mid-run, and preemption under a tiny KV pool
+ * (the newest request is the one preempted, its output unchanged); bad
+ * requests are rejected at submit; aborts at any stage free their pages;
  * stop strings cut the text; token events carry top logprobs on both
- * sampling paths; the pool is full again after every test. */
+ * sampling paths; the pool is full again after every test.
+ *
+ * Nothing here depends on timing: where requests must arrive together the
+ * engine thread is held in a callback (hold_engine), where they must arrive
+ * mid-run or be aborted mid-run a callback of a running request does it. */
 #include <math.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -20,10 +25,18 @@ typedef struct result {
     rp_finish finish;
     char text[4096];
     size_t text_len;
-    int events;
+    int events, finals; /* finals: events with a finish reason (exactly one) */
+    int preemptions;    /* as the final event says */
+    /* run on the engine thread (outside mu) when the request's act_at-th
+     * token arrives and it goes on: aborts, submits */
+    int act_at;
+    void (*act)(struct result *r, const rp_token_event *ev);
+    void *act_ctx;
+    int act_rc; /* what the action's engine call returned */
 } result;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER; /* with mu: hold and start signals */
 
 static void collect(void *user, const rp_token_event *ev) {
     result *r = user;
@@ -34,8 +47,71 @@ static void collect(void *user, const rp_token_event *ev) {
         r->text_len += ev->text_len;
     }
     r->events++;
-    if (ev->finish != RP_FINISH_REASON_NONE) r->finish = ev->finish;
+    if (ev->finish != RP_FINISH_REASON_NONE) {
+        r->finish = ev->finish;
+        r->finals++;
+        r->preemptions = ev->preemptions;
+    }
+    int act = r->act && ev->finish == RP_FINISH_REASON_NONE && r->n == r->act_at;
     pthread_mutex_unlock(&mu);
+    if (act) r->act(r, ev);
+}
+
+/* Holding the engine thread without timing: a one-token request whose final
+ * callback blocks until release_engine(). Requests submitted (or aborted)
+ * meanwhile reach the scheduler together when it is released. */
+typedef struct hold {
+    int held, released;
+} hold;
+
+static void hold_cb(void *user, const rp_token_event *ev) {
+    hold *h = user;
+    if (ev->finish == RP_FINISH_REASON_NONE) return;
+    pthread_mutex_lock(&mu);
+    h->held = 1;
+    pthread_cond_broadcast(&cv);
+    while (!h->released) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+static void hold_engine(rp_engine *e, hold *h) {
+    static const int32_t one_token[1] = {1};
+    rp_request_params p;
+    rp_request_params_default(&p);
+    p.prompt_ids = one_token;
+    p.num_prompt_ids = 1;
+    p.max_tokens = 1;
+    *h = (hold){0, 0};
+    rp_error err;
+    if (rp_engine_submit(e, &p, hold_cb, h, NULL, &err)) fail_msg("submit: %s", err.message);
+    pthread_mutex_lock(&mu);
+    while (!h->held) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+/* h must live until the engine is idle again (hold_cb still touches it). */
+static void release_engine(hold *h) {
+    pthread_mutex_lock(&mu);
+    h->released = 1;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+/* The action that aborts a request: *target, or the request itself. */
+typedef struct abort_ctx {
+    rp_engine *e;
+    const rp_request_id *target;
+} abort_ctx;
+
+static void act_abort(result *r, const rp_token_event *ev) {
+    const abort_ctx *a = r->act_ctx;
+    r->act_rc = rp_engine_abort(a->e, a->target ? *a->target : ev->id);
+}
+
+static void expect_final_once(const result *r, rp_finish finish, int tokens, const char *what, int i) {
+    if (r->finals != 1 || r->finish != finish || r->n != tokens)
+        fail_msg("%s %d: %d final events, finish %d, %d tokens; expected 1, %d, %d", what, i, r->finals, r->finish,
+                 r->n, finish, tokens);
 }
 
 static int g_no_overlap; /* set by a test to compare with the synchronous loop */
@@ -97,37 +173,72 @@ static void submit_or_fail(rp_engine *e, const rp_request_params *p, result *r) 
     if (rp_engine_submit(e, p, collect, r, NULL, &err)) fail_msg("submit: %s", err.message);
 }
 
-/* Each request alone, one at a time: the reference. */
-static void run_alone(result *ref, int sampled) {
+/* Requests which[k] (k when which is NULL), each alone, one at a time: the
+ * reference, in ref[k]. */
+static void run_alone(result *ref, const int *which, int n, int sampled) {
     g_no_overlap = 1; /* the reference: one request at a time, synchronous */
     rp_engine *e = make_engine("qwen3-tied", 0, 0, 4);
     g_no_overlap = 0;
-    int32_t prompt[NREQ][64];
-    for (int i = 0; i < NREQ; i++) {
+    int32_t prompt[64];
+    for (int k = 0; k < n; k++) {
         rp_request_params p;
-        params_for(i, &p, prompt[i], sampled);
-        submit_or_fail(e, &p, &ref[i]);
+        params_for(which ? which[k] : k, &p, prompt, sampled);
+        submit_or_fail(e, &p, &ref[k]);
         rp_engine_wait_idle(e);
     }
     expect_pool_full(e);
     rp_engine_destroy(e);
 }
 
-static void compare(const result *ref, const result *got, const char *what) {
-    for (int i = 0; i < NREQ; i++) {
-        if (got[i].n != ref[i].n) fail_msg("%s: request %d made %d tokens, alone %d", what, i, got[i].n, ref[i].n);
-        for (int k = 0; k < ref[i].n; k++)
-            if (got[i].tokens[k] != ref[i].tokens[k])
-                fail_msg("%s: request %d token %d is %d, alone %d", what, i, k, got[i].tokens[k], ref[i].tokens[k]);
-        assert_int_equal(got[i].finish, RP_FINISH_REASON_LENGTH);
+static void compare(const result *ref, const result *got, const int *which, int n, const char *what) {
+    for (int k = 0; k < n; k++) {
+        int i = which ? which[k] : k;
+        if (got[k].n != ref[k].n) fail_msg("%s: request %d made %d tokens, alone %d", what, i, got[k].n, ref[k].n);
+        for (int t = 0; t < ref[k].n; t++)
+            if (got[k].tokens[t] != ref[k].tokens[t])
+                fail_msg("%s: request %d token %d is %d, alone %d", what, i, t, got[k].tokens[t], ref[k].tokens[t]);
+        expect_final_once(&got[k], RP_FINISH_REASON_LENGTH, ref[k].n, what, i);
     }
+}
+
+/* The requests of one run_together setup. Staggered, the last of each group
+ * of 8 submits the next group from its callback when its first token
+ * arrives: those arrive while it (and others) run, whatever the timing. */
+typedef struct run_ctx {
+    rp_engine *e;
+    result *got;
+    int32_t (*prompt)[64];
+    int sampled, staggered, failed;
+} run_ctx;
+
+static void act_submit_next_group(result *r, const rp_token_event *ev);
+
+static void submit_group(run_ctx *c, int first) {
+    int end = c->staggered && first + 8 < NREQ ? first + 8 : NREQ;
+    for (int i = first; i < end; i++) {
+        rp_request_params p;
+        params_for(i, &p, c->prompt[i], c->sampled);
+        if (i == end - 1 && end < NREQ) {
+            c->got[i].act_at = 1;
+            c->got[i].act = act_submit_next_group;
+            c->got[i].act_ctx = c;
+        }
+        rp_error err;
+        if (rp_engine_submit(c->e, &p, collect, &c->got[i], NULL, &err)) c->failed = 1; /* maybe on the engine thread */
+    }
+}
+
+static void act_submit_next_group(result *r, const rp_token_event *ev) {
+    (void)ev;
+    run_ctx *c = r->act_ctx;
+    submit_group(c, (int)(r - c->got) + 1);
 }
 
 static void run_together(int sampled) {
     static result ref[NREQ], got[NREQ];
     memset(ref, 0, sizeof ref);
-    run_alone(ref, sampled);
-    int32_t prompt[NREQ][64];
+    run_alone(ref, NULL, NREQ, sampled);
+    static int32_t prompt[NREQ][64];
     struct {
         const char *name;
         int pages, chunk, running, staggered, no_overlap;
@@ -144,17 +255,25 @@ static void run_together(int sampled) {
         memset(got, 0, sizeof got);
         g_no_overlap = setups[s].no_overlap;
         rp_engine *e = make_engine("qwen3-tied", setups[s].pages, setups[s].chunk, setups[s].running);
-        for (int i = 0; i < NREQ; i++) {
-            rp_request_params p;
-            params_for(i, &p, prompt[i], sampled);
-            submit_or_fail(e, &p, &got[i]);
-            if (setups[s].staggered && i % 8 == 7) usleep(3000); /* let a few steps run */
-        }
+        run_ctx c = {.e = e, .got = got, .prompt = prompt, .sampled = sampled, .staggered = setups[s].staggered};
+        hold h;
+        if (!c.staggered) hold_engine(e, &h); /* all 64 reach the scheduler at once */
+        submit_group(&c, 0);
+        if (!c.staggered) release_engine(&h);
         rp_engine_wait_idle(e);
-        compare(ref, got, setups[s].name);
+        assert_int_equal(c.failed, 0);
+        compare(ref, got, NULL, NREQ, setups[s].name);
         rp_engine_stats st;
         rp_engine_get_stats(e, &st);
-        if (setups[s].pages) assert_true(st.preemptions > 0); /* the pool really was too small */
+        uint64_t preempted = 0;
+        for (int i = 0; i < NREQ; i++) preempted += (uint64_t)got[i].preemptions;
+        assert_int_equal(preempted, st.preemptions); /* each preemption is some request's */
+        if (setups[s].pages) {
+            assert_true(st.preemptions > 0); /* the pool really was too small */
+            assert_int_equal(got[0].preemptions, 0); /* the oldest is never the newest */
+        } else {
+            assert_int_equal(st.preemptions, 0);
+        }
         if (setups[s].running == 64 && !setups[s].staggered) assert_true(st.peak_running > 8);
         expect_pool_full(e);
         rp_engine_destroy(e);
@@ -170,6 +289,41 @@ static void test_batched_equals_alone_greedy(void **state) {
 static void test_batched_equals_alone_seeded(void **state) {
     (void)state;
     run_together(1);
+}
+
+/* Preemption pinned down: requests 11 and 2 (prompts of 20 and 17 tokens,
+ * 23 and 22 output tokens: 3 pages of 16 at the end) arrive together at a
+ * 4-page pool and take 2 pages each. When the older needs its third page
+ * the newer is preempted: once, since it comes back only after the older
+ * has finished, to a pool that holds it whole. Both make exactly the
+ * tokens they make alone, greedy and seeded. */
+static void test_preemption_takes_newest(void **state) {
+    (void)state;
+    static const int which[2] = {11, 2};
+    for (int sampled = 0; sampled < 2; sampled++) {
+        result ref[2] = {0}, got[2] = {0};
+        run_alone(ref, which, 2, sampled);
+        rp_engine *e = make_engine("qwen3-tied", 4, 0, 4);
+        hold h;
+        hold_engine(e, &h);
+        int32_t prompt[2][64];
+        for (int k = 0; k < 2; k++) {
+            rp_request_params p;
+            params_for(which[k], &p, prompt[k], sampled);
+            submit_or_fail(e, &p, &got[k]);
+        }
+        release_engine(&h);
+        rp_engine_wait_idle(e);
+        compare(ref, got, which, 2, sampled ? "preemption, seeded" : "preemption, greedy");
+        assert_int_equal(got[0].preemptions, 0);
+        assert_int_equal(got[1].preemptions, 1);
+        rp_engine_stats st;
+        rp_engine_get_stats(e, &st);
+        assert_int_equal(st.preemptions, 1);
+        assert_int_equal(st.kv_pages_peak_used, 4);
+        expect_pool_full(e);
+        rp_engine_destroy(e);
+    }
 }
 
 static void test_rejections(void **state) {
@@ -307,39 +461,78 @@ static void test_top_logprobs(void **state) {
     rp_engine_destroy(e);
 }
 
+/* The action that says a request is running: counts it, under mu. */
+static int g_started;
+static void act_started(result *r, const rp_token_event *ev) {
+    (void)r, (void)ev;
+    pthread_mutex_lock(&mu);
+    g_started++;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+}
+
+/* Aborts at every stage, none racing a request's end (max_tokens 200 with
+ * ignore_eos: none can end on its own first). With the engine held, a
+ * request with a 60-token prompt (prefilled in chunks of 8) and requests 0
+ * to 11 are submitted, and 2, 5, 8, 11 aborted while waiting: no token, one
+ * event. Request 0 aborts the long one at its own second token, mid-prefill:
+ * no token. Requests 1, 4, 7, 10 abort themselves at their 1st, 2nd, 3rd,
+ * 4th token: exactly that many. 0, 3, 6, 9 run to the end. */
 static void test_abort_everywhere(void **state) {
     (void)state;
+    enum { LONG = 12, LONG_PROMPT_OF = 51 }; /* params_for(51) has a 60-token prompt */
     rp_engine *e = make_engine("llama3-scaled", 40, 8, 4);
-    static result r[12];
+    static result r[13];
     memset(r, 0, sizeof r);
-    rp_request_id ids[12];
-    int32_t prompt[12][64];
+    rp_request_id ids[13];
+    int32_t prompt[13][64];
+    abort_ctx self = {e, NULL}, the_long_one = {e, &ids[LONG]};
+    hold h;
+    hold_engine(e, &h);
     rp_error err;
-    for (int i = 0; i < 12; i++) {
+    for (int k = 0; k < 13; k++) {
+        int i = k == 0 ? LONG : k - 1; /* the long one is the oldest */
         rp_request_params p;
-        params_for(i, &p, prompt[i], 0);
-        p.max_tokens = 200; /* long enough to be caught decoding */
+        params_for(i == LONG ? LONG_PROMPT_OF : i, &p, prompt[i], 0);
+        p.max_tokens = 200;
+        if (i == 0) r[i] = (result){.act_at = 2, .act = act_abort, .act_ctx = &the_long_one};
+        if (i % 3 == 1) r[i] = (result){.act_at = 1 + i / 3, .act = act_abort, .act_ctx = &self};
         if (rp_engine_submit(e, &p, collect, &r[i], &ids[i], &err)) fail_msg("%s", err.message);
     }
-    /* abort some at once (waiting or prefilling), some later (decoding) */
-    for (int i = 0; i < 12; i += 3) assert_int_equal(rp_engine_abort(e, ids[i]), 0);
-    usleep(20000);
-    for (int i = 1; i < 12; i += 3) rp_engine_abort(e, ids[i]); /* may have finished: either is fine */
+    for (int i = 2; i < 12; i += 3) assert_int_equal(rp_engine_abort(e, ids[i]), 0);
+    release_engine(&h);
     rp_engine_wait_idle(e);
-    for (int i = 0; i < 12; i += 3) assert_int_equal(r[i].finish, RP_FINISH_REASON_ABORT);
-    for (int i = 0; i < 12; i++) assert_int_not_equal(r[i].finish, RP_FINISH_REASON_NONE);
+    expect_final_once(&r[LONG], RP_FINISH_REASON_ABORT, 0, "the long prompt", LONG);
+    assert_int_equal(r[0].act_rc, 0);
+    for (int i = 0; i < 12; i++) {
+        if (i % 3 == 0) expect_final_once(&r[i], RP_FINISH_REASON_LENGTH, 200, "request", i);
+        if (i % 3 == 1) expect_final_once(&r[i], RP_FINISH_REASON_ABORT, 1 + i / 3, "request", i);
+        if (i % 3 == 1) assert_int_equal(r[i].act_rc, 0);
+        if (i % 3 == 2) expect_final_once(&r[i], RP_FINISH_REASON_ABORT, 0, "request", i);
+        if (i % 3 != 0) assert_int_equal(r[i].events, r[i].n + 1); /* tokens, then the final event */
+    }
     assert_int_equal(rp_engine_abort(e, ids[0]), -1); /* already finished */
+    assert_int_equal(rp_engine_abort(e, ids[2]), -1);
     expect_pool_full(e);
-    /* destroying an engine with requests in flight aborts them */
+    /* destroying an engine with requests in flight aborts them: destroy once
+     * all four are decoding (500 tokens each are far away) */
+    g_started = 0;
     for (int i = 0; i < 4; i++) {
         rp_request_params p;
         params_for(i, &p, prompt[i], 0);
         p.max_tokens = 500;
-        memset(&r[i], 0, sizeof r[i]);
+        r[i] = (result){.act_at = 1, .act = act_started};
         submit_or_fail(e, &p, &r[i]);
     }
+    pthread_mutex_lock(&mu);
+    while (g_started < 4) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
     rp_engine_destroy(e);
-    for (int i = 0; i < 4; i++) assert_int_equal(r[i].finish, RP_FINISH_REASON_ABORT);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(r[i].finish, RP_FINISH_REASON_ABORT);
+        assert_int_equal(r[i].finals, 1);
+        assert_true(r[i].n >= 1 && r[i].n < 500);
+    }
 }
 
 /* Text prompts, streamed text and stop strings, with the real Qwen3 tokenizer. */
@@ -412,6 +605,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone_greedy),
         cmocka_unit_test(test_batched_equals_alone_seeded),
+        cmocka_unit_test(test_preemption_takes_newest),
         cmocka_unit_test(test_rejections),
         cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_abort_everywhere),

@@ -61,10 +61,84 @@ static void test_table(void **state) {
     rp_page_pool_free(p);
 }
 
+/* A row's pages as an array of max_pages_per_row ids, for exact checks. */
+static void expect_row(const rp_page_table *t, int row, int num_pages, const int32_t *want) {
+    assert_int_equal(t->row_num_pages[row], num_pages);
+    assert_memory_equal(rp_page_table_row(t, row), want, (size_t)t->max_pages_per_row * sizeof *want);
+}
+
+/* Growing two rows in turns (pages not contiguous), reserving less than is
+ * held, failures that leave everything as it was, truncation to a page
+ * boundary and past the end, and released rows coming back empty. */
+static void test_table_rows(void **state) {
+    (void)state;
+    rp_page_pool *p = rp_page_pool_new(5, 4);
+    rp_page_table *t = rp_page_table_new(p, 2, 16); /* 4 pages per row */
+    const int32_t D = rp_page_pool_dummy_page(p);
+    int a = rp_page_table_acquire_row(t), b = rp_page_table_acquire_row(t);
+    assert_int_equal(a, 0);
+    assert_int_equal(b, 1);
+    expect_row(t, a, 0, (const int32_t[]){D, D, D, D});
+    assert_int_equal(rp_page_table_pages_needed(t, a, 0), 0);
+    assert_int_equal(rp_page_table_pages_needed(t, a, 1), 1);
+    assert_int_equal(rp_page_table_pages_needed(t, a, 16), 4);
+    assert_int_equal(rp_page_table_reserve(t, a, 0, NULL), 0); /* nothing to hold */
+    assert_int_equal(rp_page_pool_num_free(p), 5);
+    assert_int_equal(rp_page_table_reserve(t, a, 4, NULL), 0);
+    assert_int_equal(rp_page_table_reserve(t, b, 5, NULL), 0);
+    assert_int_equal(rp_page_table_reserve(t, a, 6, NULL), 0);
+    expect_row(t, a, 2, (const int32_t[]){0, 3, D, D});
+    expect_row(t, b, 2, (const int32_t[]){1, 2, D, D});
+    assert_int_equal(rp_page_table_reserve(t, a, 3, NULL), 0); /* less than held: no change */
+    expect_row(t, a, 2, (const int32_t[]){0, 3, D, D});
+    assert_int_equal(rp_page_pool_num_free(p), 1);
+    /* positions 3 and 4 sit in pages 0 and 3; position 5 in page 3 too */
+    assert_int_equal(rp_page_table_slot(t, a, 3), 3);
+    assert_int_equal(rp_page_table_slot(t, a, 4), 12);
+    assert_int_equal(rp_page_table_slot(t, a, 5), 13);
+    assert_int_equal(rp_page_table_slot(t, b, 4), 8);
+    /* failures take nothing: 2 pages wanted with 1 free, and 17 tokens in a
+     * row of 16 */
+    rp_err err;
+    assert_int_not_equal(rp_page_table_reserve(t, a, 13, &err), 0);
+    assert_non_null(strstr(err.msg, "KV cache full"));
+    assert_int_not_equal(rp_page_table_reserve(t, b, 17, &err), 0);
+    assert_non_null(strstr(err.msg, "limit"));
+    assert_int_equal(rp_page_pool_num_free(p), 1);
+    expect_row(t, a, 2, (const int32_t[]){0, 3, D, D});
+    expect_row(t, b, 2, (const int32_t[]){1, 2, D, D});
+    /* truncation: past the end changes nothing; to 4 tokens keeps one page;
+     * the freed page is the next one handed out */
+    rp_page_table_truncate(t, b, 9);
+    expect_row(t, b, 2, (const int32_t[]){1, 2, D, D});
+    rp_page_table_truncate(t, b, 4);
+    expect_row(t, b, 1, (const int32_t[]){1, D, D, D});
+    assert_int_equal(rp_page_pool_num_free(p), 2);
+    assert_int_equal(rp_page_table_reserve(t, a, 16, NULL), 0);
+    expect_row(t, a, 4, (const int32_t[]){0, 3, 2, 4});
+    assert_int_equal(rp_page_pool_num_free(p), 0);
+    rp_page_table_truncate(t, a, 0); /* the row stays taken, holding nothing */
+    expect_row(t, a, 0, (const int32_t[]){D, D, D, D});
+    assert_int_equal(rp_page_pool_num_free(p), 4);
+    assert_int_equal(rp_page_table_acquire_row(t), -1);
+    /* released: pages back, and the row comes back empty */
+    rp_page_table_release_row(t, b);
+    assert_int_equal(rp_page_pool_num_free(p), 5);
+    assert_int_equal(rp_page_table_acquire_row(t), b);
+    expect_row(t, b, 0, (const int32_t[]){D, D, D, D});
+    rp_page_table_release_row(t, a);
+    rp_page_table_release_row(t, b);
+    assert_int_equal(t->num_free_rows, 2);
+    assert_int_equal(rp_page_pool_num_free(p), 5);
+    rp_page_table_free(t);
+    rp_page_pool_free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool),
         cmocka_unit_test(test_table),
+        cmocka_unit_test(test_table_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

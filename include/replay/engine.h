@@ -103,6 +103,10 @@ typedef struct rp_token_event {
     rp_finish finish;
     const char *error; /* with RP_FINISH_REASON_ERROR */
     int prompt_tokens, completion_tokens;
+    /* times the request has been preempted so far: its KV cache dropped when
+     * the pool ran out and recomputed later, its tokens unchanged. The final
+     * event carries the total. */
+    int preemptions;
 } rp_token_event;
 
 typedef void (*rp_token_callback)(void *user, const rp_token_event *ev);

@@ -141,9 +141,12 @@ static int schedule_once(rp_scheduler *s) {
         plan_add(s, r, n);
         budget -= n;
     }
-    /* 3. admissions, in order, while a row, pages and budget remain */
+    /* 3. admissions, in order, while a row, pages and budget remain. A
+     * request preempted with its last output token still in flight may be
+     * at max_tokens: it cannot run, and ends when that token is read. */
     while (s->wait_head && s->num_running < s->cfg.max_running && budget > 0) {
         rp_request *r = s->wait_head;
+        if (!rp_request_can_run(r, s->cfg.max_context)) break;
         int pending = rp_request_pending(r);
         int n = pending < s->cfg.chunk ? pending : s->cfg.chunk;
         if (n > budget) n = budget;

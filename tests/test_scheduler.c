@@ -1,0 +1,516 @@
+/* The scheduler alone (src/sched/scheduler.c), on a real page pool and page
+ * table with hand-made requests: no model, no backend. The test plays the
+ * engine: it schedules, checks the exact plan (which request, how many
+ * tokens, whether it samples) and the free pages, commits, and appends a
+ * token to every request that sampled.
+ *
+ * Pinned down: admission in arrival order while rows, pages, budget and
+ * max_running allow (and a blocked head blocks the queue); chunked prefill
+ * with the sample flag only on the chunk that completes the prompt; one
+ * token budget shared by decode (first, oldest first) and prefill chunks;
+ * preemption of the NEWEST running request (pages freed, cached = 0, front
+ * of the waiting queue, counted), retiring requests never preempted, the
+ * stall path; resumption re-feeding prompt + output with its seniority
+ * kept; remove() from anywhere; pages_for(); requests that may not run
+ * (max_tokens, context, retiring) never get tokens. Every pool is full and
+ * every row free at the end. */
+#include "kv/page_pool.h"
+#include "kv/page_table.h"
+#include "sched/scheduler.h"
+#include "test_util.h"
+
+#define PS 4 /* tokens per page: small, so page counts stay readable */
+#define MAX_REQS 8
+
+typedef struct fixture {
+    rp_page_pool *pool;
+    rp_page_table *table;
+    rp_scheduler *s;
+    rp_request *reqs[MAX_REQS];
+    int num_reqs;
+} fixture;
+
+static rp_sched_config sched_config(int max_running, int max_batched_tokens, int chunk) {
+    return (rp_sched_config){.max_running = max_running, .max_batched_tokens = max_batched_tokens, .chunk = chunk,
+                             .max_context = 64};
+}
+
+static void setup(fixture *f, int num_pages, int rows, rp_sched_config cfg) {
+    memset(f, 0, sizeof *f);
+    f->pool = rp_page_pool_new(num_pages, PS);
+    f->table = rp_page_table_new(f->pool, rows, cfg.max_context);
+    assert_non_null(f->table);
+    f->s = rp_scheduler_new(&cfg, f->table);
+    assert_non_null(f->s);
+}
+
+/* A request as submit.c builds it (tokens sized prompt + max_tokens + 1),
+ * prompt token k of request number i being 100 * i + k. Not queued. */
+static rp_request *make_req(fixture *f, int prompt, int max_tokens) {
+    assert_true(f->num_reqs < MAX_REQS);
+    rp_request *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    r->tokens = calloc((size_t)(prompt + max_tokens + 1), sizeof *r->tokens);
+    assert_non_null(r->tokens);
+    r->id = (rp_request_id)f->num_reqs + 1;
+    for (int k = 0; k < prompt; k++) r->tokens[k] = 100 * f->num_reqs + k;
+    r->num_prompt = prompt;
+    r->max_tokens = max_tokens;
+    r->row = -1;
+    f->reqs[f->num_reqs++] = r;
+    return r;
+}
+
+static rp_request *add_req(fixture *f, int prompt, int max_tokens) {
+    rp_request *r = make_req(f, prompt, max_tokens);
+    rp_scheduler_enqueue(f->s, r);
+    return r;
+}
+
+/* Removes what is left; every page and every row must be back. */
+static void teardown(fixture *f) {
+    for (int i = 0; i < f->num_reqs; i++) rp_scheduler_remove(f->s, f->reqs[i]);
+    assert_int_equal(f->s->num_running, 0);
+    assert_int_equal(f->s->num_waiting, 0);
+    assert_null(f->s->wait_head);
+    assert_int_equal(rp_page_pool_num_free(f->pool), f->pool->num_pages);
+    assert_int_equal(f->table->num_free_rows, f->table->max_rows);
+    for (int i = 0; i < f->num_reqs; i++) {
+        free(f->reqs[i]->tokens);
+        free(f->reqs[i]);
+    }
+    rp_scheduler_free(f->s);
+    rp_page_table_free(f->table);
+    rp_page_pool_free(f->pool);
+}
+
+typedef struct want {
+    const rp_request *req;
+    int num_tokens, samples;
+} want;
+
+static void expect_plan(const rp_scheduler *s, const want *w, int n, int free_pages, int line) {
+    if (s->plan_len != n) fail_msg("line %d: plan of %d items, expected %d", line, s->plan_len, n);
+    for (int i = 0; i < n; i++) {
+        const rp_sched_item *it = &s->plan[i];
+        if (it->req != w[i].req || it->num_tokens != w[i].num_tokens || it->samples != w[i].samples)
+            fail_msg("line %d: plan item %d is (request %d, %d tokens, samples %d), expected (request %d, %d, %d)", line,
+                     i, (int)it->req->id, it->num_tokens, it->samples, (int)w[i].req->id, w[i].num_tokens,
+                     w[i].samples);
+    }
+    if (rp_page_pool_num_free(s->table->pool) != free_pages)
+        fail_msg("line %d: %d pages free, expected %d", line, rp_page_pool_num_free(s->table->pool), free_pages);
+}
+
+/* What the engine does after a step: the cache catches up, and every item
+ * that sampled gets its token (900 + its position, to tell it from prompts). */
+static void finish_step(rp_scheduler *s) {
+    rp_sched_item items[MAX_REQS];
+    int n = s->plan_len;
+    memcpy(items, s->plan, (size_t)n * sizeof *items);
+    rp_scheduler_commit(s);
+    assert_int_equal(s->plan_len, 0);
+    for (int i = 0; i < n; i++) {
+        rp_request *r = items[i].req;
+        if (!items[i].samples) continue;
+        assert_int_equal(r->cached, rp_request_len(r));
+        r->tokens[rp_request_len(r)] = 900 + rp_request_len(r);
+        r->num_output++;
+    }
+}
+
+/* STEP(s, free pages after scheduling, {req, tokens, samples}...): schedule,
+ * check the plan and the pool, finish the step. */
+#define STEP(s, free_pages, ...)                                                          \
+    do {                                                                                  \
+        const want w_[] = {__VA_ARGS__};                                                  \
+        const int n_ = (int)(sizeof w_ / sizeof w_[0]);                                   \
+        assert_int_equal(rp_scheduler_schedule(s), n_);                                   \
+        expect_plan(s, w_, n_, free_pages, __LINE__);                                     \
+        finish_step(s);                                                                   \
+    } while (0)
+
+/* A schedule with nothing to run. */
+static void expect_idle(rp_scheduler *s) {
+    assert_int_equal(rp_scheduler_schedule(s), 0);
+    assert_int_equal(s->plan_len, 0);
+}
+
+static void expect_waiting(const rp_request *r) {
+    assert_int_equal(r->state, RP_REQ_WAITING);
+    assert_int_equal(r->row, -1);
+    assert_int_equal(r->cached, 0);
+}
+
+static void test_pages_for(void **state) {
+    (void)state;
+    fixture f;
+    setup(&f, 4, 1, sched_config(1, 8, 8));
+    const int want_pages[] = {0, 1, 1, 1, 1, 2, 2, 2, 2, 3};
+    for (int len = 0; len < 10; len++) assert_int_equal(rp_scheduler_pages_for(f.s, len), want_pages[len]);
+    assert_int_equal(rp_scheduler_pages_for(f.s, 64), 16);
+    assert_int_equal(rp_scheduler_pages_for(f.s, 65), 17);
+    teardown(&f);
+    /* the chunk defaults to, and never exceeds, the token budget */
+    setup(&f, 4, 1, sched_config(1, 8, 0));
+    assert_int_equal(f.s->cfg.chunk, 8);
+    teardown(&f);
+    setup(&f, 4, 1, sched_config(1, 8, 100));
+    assert_int_equal(f.s->cfg.chunk, 8);
+    teardown(&f);
+}
+
+/* Four requests of 5, 9, 3 and 2 tokens (2, 3, 1 and 1 pages) meet one
+ * limit at a time. Admission goes in arrival order and stops at the first
+ * that does not fit: a later, smaller one does not jump the queue. */
+static void test_admission_in_order(void **state) {
+    (void)state;
+    static const int prompt[4] = {5, 9, 3, 2};
+    struct {
+        const char *limit;
+        int max_running, rows, pages, budget;
+        int tokens[4]; /* fed to each in the first step; 0: left waiting */
+        int free_pages;
+    } cases[] = {
+        {"none", 8, 8, 16, 64, {5, 9, 3, 2}, 9},
+        {"max_running", 2, 8, 16, 64, {5, 9, 0, 0}, 11},
+        {"rows", 8, 3, 16, 64, {5, 9, 3, 0}, 10},
+        {"pages (head of line)", 8, 8, 4, 64, {5, 0, 0, 0}, 2},
+        {"budget (a partial chunk)", 8, 8, 16, 16, {5, 9, 2, 0}, 10},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fixture f;
+        setup(&f, cases[c].pages, cases[c].rows, sched_config(cases[c].max_running, cases[c].budget, 0));
+        for (int i = 0; i < 4; i++) add_req(&f, prompt[i], 4);
+        int admitted = 0;
+        while (admitted < 4 && cases[c].tokens[admitted]) admitted++;
+        assert_int_equal(rp_scheduler_schedule(f.s), admitted);
+        for (int i = 0; i < 4; i++) {
+            rp_request *r = f.reqs[i];
+            assert_int_equal(r->arrival, (uint64_t)i);
+            if (i >= admitted) {
+                expect_waiting(r);
+                continue;
+            }
+            const rp_sched_item *it = &f.s->plan[i];
+            if (it->req != r || it->num_tokens != cases[c].tokens[i] || it->samples != (it->num_tokens == prompt[i]))
+                fail_msg("limit %s: item %d is (request %d, %d tokens, samples %d)", cases[c].limit, i,
+                         (int)it->req->id, it->num_tokens, it->samples);
+            assert_int_equal(r->state, RP_REQ_RUNNING);
+            assert_ptr_equal(f.s->running[i], r);
+        }
+        assert_int_equal(f.s->num_running, admitted);
+        assert_int_equal(f.s->num_waiting, 4 - admitted);
+        assert_ptr_equal(f.s->wait_head, admitted < 4 ? f.reqs[admitted] : NULL);
+        assert_int_equal(f.table->num_free_rows, cases[c].rows - admitted); /* a failed admission gives its row back */
+        if (rp_page_pool_num_free(f.pool) != cases[c].free_pages)
+            fail_msg("limit %s: %d pages free, expected %d", cases[c].limit, rp_page_pool_num_free(f.pool),
+                     cases[c].free_pages);
+        teardown(&f);
+    }
+}
+
+/* A 10-token prompt in chunks of 4: 4, 4, then 2 with the sample flag; a
+ * request arriving meanwhile is admitted after the running one's chunk. A
+ * request at max_tokens or at the context limit gets nothing more. */
+static void test_chunked_prefill(void **state) {
+    (void)state;
+    fixture f;
+    setup(&f, 16, 4, sched_config(4, 64, 4));
+    rp_request *a = add_req(&f, 10, 3);
+    STEP(f.s, 15, {a, 4, 0});
+    assert_int_equal(a->cached, 4);
+    assert_int_equal(a->num_output, 0);
+    rp_request *b = add_req(&f, 6, 2);
+    STEP(f.s, 13, {a, 4, 0}, {b, 4, 0});
+    STEP(f.s, 11, {a, 2, 1}, {b, 2, 1}); /* 10 and 6 tokens: 3 + 2 pages */
+    assert_int_equal(a->num_output, 1);
+    STEP(f.s, 11, {a, 1, 1}, {b, 1, 1}); /* 11 and 7 tokens fit the same pages */
+    assert_int_equal(b->num_output, 2); /* b is at max_tokens */
+    STEP(f.s, 11, {a, 1, 1});
+    assert_int_equal(a->num_output, 3);
+    expect_idle(f.s); /* both wait for the engine to finish them: no preemption */
+    assert_int_equal(f.s->num_running, 2);
+    assert_int_equal(f.s->preemptions, 0);
+    assert_int_equal(rp_page_pool_num_free(f.pool), 11);
+    teardown(&f);
+
+    /* the context limit: a request whose length reaches max_context stops */
+    rp_sched_config cfg = sched_config(4, 64, 4);
+    cfg.max_context = 7;
+    setup(&f, 16, 4, cfg);
+    rp_request *c = add_req(&f, 5, 10);
+    STEP(f.s, 15, {c, 4, 0});
+    STEP(f.s, 14, {c, 1, 1});
+    STEP(f.s, 14, {c, 1, 1}); /* 7 tokens now */
+    expect_idle(f.s);
+    teardown(&f);
+}
+
+/* One budget for decode tokens and prefill chunks: running requests are
+ * served oldest first, decodes before chunks, admissions last. */
+static void test_token_budget(void **state) {
+    (void)state;
+    fixture f;
+    setup(&f, 32, 8, sched_config(8, 6, 4));
+    rp_request *a = add_req(&f, 10, 8), *b = add_req(&f, 10, 8);
+    STEP(f.s, 30, {a, 4, 0}, {b, 2, 0});
+    STEP(f.s, 29, {a, 4, 0}, {b, 2, 0}); /* the older one gets the full chunk */
+    STEP(f.s, 27, {a, 2, 1}, {b, 4, 0});
+    STEP(f.s, 26, {a, 1, 1}, {b, 2, 1}); /* a decodes first, b's chunk takes what is left */
+    rp_request *c = add_req(&f, 5, 8);
+    STEP(f.s, 25, {a, 1, 1}, {b, 1, 1}, {c, 4, 0}); /* decodes, then the newcomer's chunk */
+    rp_request *d = add_req(&f, 1, 8);
+    STEP(f.s, 22, {a, 1, 1}, {b, 1, 1}, {c, 1, 1}, {d, 1, 1});
+    teardown(&f);
+
+    /* decodes take the whole budget: a waiting request is not admitted, and
+     * a running prefill gets only what the decodes leave */
+    setup(&f, 32, 8, sched_config(8, 3, 3));
+    a = add_req(&f, 1, 8);
+    b = add_req(&f, 1, 8);
+    c = add_req(&f, 1, 8);
+    STEP(f.s, 29, {a, 1, 1}, {b, 1, 1}, {c, 1, 1});
+    d = add_req(&f, 5, 8);
+    STEP(f.s, 29, {a, 1, 1}, {b, 1, 1}, {c, 1, 1});
+    assert_int_equal(d->state, RP_REQ_WAITING);
+    rp_scheduler_remove(f.s, c);
+    STEP(f.s, 29, {a, 1, 1}, {b, 1, 1}, {d, 1, 0});
+    STEP(f.s, 29, {a, 1, 1}, {b, 1, 1}, {d, 1, 0});
+    rp_scheduler_remove(f.s, a);
+    STEP(f.s, 29, {b, 1, 1}, {d, 2, 0});
+    STEP(f.s, 28, {b, 1, 1}, {d, 1, 1});
+    teardown(&f);
+}
+
+/* Three requests fill a 4-page pool; when the second cannot get a page for
+ * its decode token, the newest (the third) is preempted: its page freed,
+ * cached = 0, at the FRONT of the waiting queue (before a request that
+ * arrived later), counted. It comes back once pages are free, fed its whole
+ * prompt and output again, and keeps its place among the running. */
+static void test_preemption_takes_newest(void **state) {
+    (void)state;
+    fixture f;
+    setup(&f, 4, 4, sched_config(4, 64, 0));
+    rp_request *a = add_req(&f, 4, 10), *b = add_req(&f, 4, 10), *c = add_req(&f, 4, 10);
+    STEP(f.s, 1, {a, 4, 1}, {b, 4, 1}, {c, 4, 1});
+    rp_request *d = add_req(&f, 2, 10);
+    int32_t c_tokens[5];
+    memcpy(c_tokens, c->tokens, sizeof c_tokens);
+    /* a takes the last page; b needs one: c goes, and c does not fit again */
+    STEP(f.s, 0, {a, 1, 1}, {b, 1, 1});
+    expect_waiting(c);
+    assert_int_equal(c->preemptions, 1);
+    assert_int_equal(f.s->preemptions, 1);
+    assert_int_equal(a->preemptions + b->preemptions + d->preemptions, 0);
+    assert_ptr_equal(f.s->wait_head, c);
+    assert_ptr_equal(c->next, d);
+    assert_ptr_equal(f.s->wait_tail, d);
+    assert_int_equal(f.s->num_waiting, 2);
+    assert_int_equal(f.s->num_running, 2);
+    assert_int_equal(f.table->num_free_rows, 2);
+    assert_int_equal(rp_request_len(c), 5); /* its output is kept: only the cache is lost */
+    assert_memory_equal(c->tokens, c_tokens, sizeof c_tokens);
+    STEP(f.s, 0, {a, 1, 1}, {b, 1, 1}); /* 6 tokens fit the same 2 pages */
+    rp_scheduler_remove(f.s, a);
+    assert_int_equal(rp_page_pool_num_free(f.pool), 2);
+    /* resumption: c before d, re-fed all 5 of its tokens, sampling its second */
+    STEP(f.s, 0, {b, 1, 1}, {c, 5, 1});
+    assert_ptr_equal(f.s->running[0], b);
+    assert_ptr_equal(f.s->running[1], c);
+    assert_int_equal(c->arrival, 2); /* seniority kept: still older than d */
+    assert_int_equal(c->num_output, 2);
+    assert_int_equal(d->state, RP_REQ_WAITING);
+    STEP(f.s, 0, {b, 1, 1}, {c, 1, 1});
+    /* b needs its third page: c again, and b takes one of its two */
+    STEP(f.s, 1, {b, 1, 1});
+    expect_waiting(c);
+    assert_int_equal(c->preemptions, 2);
+    assert_int_equal(b->preemptions, 0);
+    assert_int_equal(f.s->preemptions, 2);
+    rp_scheduler_remove(f.s, b);
+    STEP(f.s, 1, {c, 7, 1}, {d, 2, 1});
+    teardown(&f);
+}
+
+/* The request that needs the page is itself the newest: it is the one
+ * preempted, and the older one runs on. */
+static void test_preemption_of_self(void **state) {
+    (void)state;
+    fixture f;
+    setup(&f, 2, 4, sched_config(4, 64, 0));
+    rp_request *a = add_req(&f, 3, 10), *b = add_req(&f, 4, 10);
+    STEP(f.s, 0, {a, 3, 1}, {b, 4, 1});
+    STEP(f.s, 1, {a, 1, 1}); /* a's 4 tokens fit its page; b's 5th does not */
+    expect_waiting(b);
+    assert_int_equal(b->preemptions, 1);
+    assert_int_equal(a->preemptions, 0);
+    assert_int_equal(f.s->preemptions, 1);
+    assert_ptr_equal(f.s->wait_head, b); /* the queue was empty: b is head and tail */
+    assert_ptr_equal(f.s->wait_tail, b);
+    rp_request *c = add_req(&f, 1, 10);
+    assert_ptr_equal(b->next, c);
+    STEP(f.s, 0, {a, 1, 1}); /* b needs 2 pages, 1 is free: it waits, and c behind it */
+    assert_int_equal(b->state, RP_REQ_WAITING);
+    assert_int_equal(f.s->num_waiting, 2);
+    rp_scheduler_remove(f.s, a);
+    STEP(f.s, 0, {b, 5, 1});
+    assert_int_equal(c->state, RP_REQ_WAITING);
+    teardown(&f);
+}
+
+/* Every running request is mid-prefill and none can get its next chunk:
+ * the newest is preempted so the oldest can go on. */
+static void test_stall_preempts_newest(void **state) {
+    (void)state;
+    fixture f;
+    setup(&f, 4, 4, sched_config(4, 8, 4));
+    rp_request *a = add_req(&f, 12, 2), *b = add_req(&f, 12, 2);
+    STEP(f.s, 2, {a, 4, 0}, {b, 4, 0});
+    STEP(f.s, 0, {a, 4, 0}, {b, 4, 0});
+    /* stuck: b goes; a takes a page for its last chunk; b comes straight
+     * back with the page left, starting over */
+    assert_int_equal(rp_scheduler_schedule(f.s), 2);
+    assert_int_equal(b->preemptions, 1);
+    assert_int_equal(b->cached, 0);
+    expect_plan(f.s, (const want[]){{a, 4, 1}, {b, 4, 0}}, 2, 0, __LINE__);
+    finish_step(f.s);
+    STEP(f.s, 0, {a, 1, 1}); /* a's 13th token needs b's page */
+    expect_waiting(b);
+    assert_int_equal(b->preemptions, 2);
+    assert_int_equal(f.s->preemptions, 2);
+    /* a is at max_tokens (the engine will finish it): nothing can run, and
+     * nothing is preempted for a request that may not run anyway */
+    expect_idle(f.s);
+    assert_int_equal(f.s->preemptions, 2);
+    assert_int_equal(a->state, RP_REQ_RUNNING);
+    rp_scheduler_remove(f.s, a);
+    STEP(f.s, 3, {b, 4, 0});
+    STEP(f.s, 2, {b, 4, 0});
+    STEP(f.s, 1, {b, 4, 1});
+    teardown(&f);
+}
+
+/* A retiring request (finished, pages held until its last step completes)
+ * is never scheduled nor preempted: the next newest goes instead. Running
+ * stays in arrival order when a preempted request comes back. */
+static void test_retiring_not_preempted(void **state) {
+    (void)state;
+    fixture f;
+    setup(&f, 4, 4, sched_config(4, 64, 0));
+    rp_request *a = add_req(&f, 4, 10), *c = add_req(&f, 4, 10), *d = add_req(&f, 8, 10);
+    STEP(f.s, 0, {a, 4, 1}, {c, 4, 1}, {d, 8, 1});
+    d->retiring = 1; /* what the engine does when d ends while a step still writes its pages */
+    STEP(f.s, 0, {a, 1, 1}); /* a needs a page: c goes, not d */
+    expect_waiting(c);
+    assert_int_equal(d->preemptions, 0);
+    assert_int_equal(d->state, RP_REQ_RUNNING);
+    assert_int_equal(f.table->row_num_pages[d->row], 2);
+    rp_scheduler_remove(f.s, a);
+    STEP(f.s, 0, {c, 5, 1}); /* c is back, before d in the running order */
+    assert_int_equal(f.s->num_running, 2);
+    assert_ptr_equal(f.s->running[0], c);
+    assert_ptr_equal(f.s->running[1], d);
+    teardown(&f);
+}
+
+/* With overlap the engine counts a token in flight: a request whose last
+ * output token is still being sampled can be at max_tokens while its cache
+ * lags by one. Preempted in that state it must not be admitted again and
+ * fed (it cannot run: the engine finishes it when the token arrives). */
+static void test_cannot_run_not_readmitted(void **state) {
+    (void)state;
+    fixture f;
+    setup(&f, 5, 4, sched_config(4, 32, 8));
+    rp_request *o = add_req(&f, 8, 1), *a = add_req(&f, 16, 4), *x = add_req(&f, 3, 1);
+    assert_int_equal(rp_scheduler_schedule(f.s), 3);
+    expect_plan(f.s, (const want[]){{o, 8, 1}, {a, 8, 0}, {x, 3, 1}}, 3, 0, __LINE__);
+    rp_scheduler_commit(f.s);
+    /* the engine launched the step: o's and x's output tokens are in flight
+     * (token references), and o ended in the step before (retiring) */
+    o->tokens[8] = -1, o->num_output = 1, o->retiring = 1;
+    x->tokens[3] = -3, x->num_output = 1;
+    /* a's next chunk needs 2 pages, none is free; x may not run: a stall.
+     * x, the newest that is not retiring, is preempted; its page is not
+     * enough for a. x must not come back; a goes next, and starts over */
+    int n = rp_scheduler_schedule(f.s);
+    for (int i = 0; i < n; i++)
+        if (f.s->plan[i].req == x) fail_msg("a request at max_tokens was scheduled (%d tokens)", f.s->plan[i].num_tokens);
+    assert_int_equal(n, 1);
+    expect_plan(f.s, (const want[]){{a, 8, 0}}, 1, 1, __LINE__);
+    expect_waiting(x);
+    assert_int_equal(x->preemptions, 1);
+    assert_int_equal(a->preemptions, 1);
+    assert_int_equal(o->preemptions, 0);
+    finish_step(f.s);
+    /* the engine reads the tokens in flight: o and x finish */
+    rp_scheduler_remove(f.s, o);
+    rp_scheduler_remove(f.s, x);
+    assert_int_equal(x->state, RP_REQ_FINISHED);
+    STEP(f.s, 1, {a, 8, 1});
+    teardown(&f);
+}
+
+/* remove() from the head, middle and tail of the waiting queue, from the
+ * running set (pages and row back), of a preempted request (no pages) and
+ * of a finished one (nothing). */
+static void test_remove(void **state) {
+    (void)state;
+    fixture f;
+    setup(&f, 8, 1, sched_config(4, 64, 0)); /* one row: one request runs */
+    rp_request *a = add_req(&f, 9, 4), *b = add_req(&f, 2, 4), *c = add_req(&f, 2, 4), *d = add_req(&f, 2, 4);
+    STEP(f.s, 5, {a, 9, 1});
+    assert_int_equal(f.s->num_waiting, 3);
+    rp_scheduler_remove(f.s, c); /* middle */
+    assert_int_equal(c->state, RP_REQ_FINISHED);
+    assert_ptr_equal(b->next, d);
+    rp_scheduler_remove(f.s, d); /* tail */
+    assert_ptr_equal(f.s->wait_tail, b);
+    assert_null(b->next);
+    rp_request *e = add_req(&f, 3, 4); /* the tail link is right */
+    assert_ptr_equal(b->next, e);
+    rp_scheduler_remove(f.s, b); /* head */
+    assert_ptr_equal(f.s->wait_head, e);
+    assert_ptr_equal(f.s->wait_tail, e);
+    assert_int_equal(f.s->num_waiting, 1);
+    rp_scheduler_remove(f.s, a); /* running: 3 pages and the row back */
+    assert_int_equal(a->state, RP_REQ_FINISHED);
+    assert_int_equal(a->row, -1);
+    assert_int_equal(f.s->num_running, 0);
+    assert_int_equal(rp_page_pool_num_free(f.pool), 8);
+    assert_int_equal(f.table->num_free_rows, 1);
+    rp_scheduler_remove(f.s, a); /* finished already: nothing happens */
+    assert_int_equal(rp_page_pool_num_free(f.pool), 8);
+    STEP(f.s, 7, {e, 3, 1});
+    teardown(&f);
+
+    /* a preempted request holds no pages: removing it frees nothing twice */
+    setup(&f, 2, 4, sched_config(4, 64, 0));
+    a = add_req(&f, 3, 10);
+    b = add_req(&f, 4, 10);
+    STEP(f.s, 0, {a, 3, 1}, {b, 4, 1});
+    STEP(f.s, 1, {a, 1, 1});
+    expect_waiting(b);
+    rp_scheduler_remove(f.s, b);
+    assert_int_equal(f.s->num_waiting, 0);
+    assert_null(f.s->wait_head);
+    assert_null(f.s->wait_tail);
+    assert_int_equal(rp_page_pool_num_free(f.pool), 1);
+    teardown(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pages_for),
+        cmocka_unit_test(test_admission_in_order),
+        cmocka_unit_test(test_chunked_prefill),
+        cmocka_unit_test(test_token_budget),
+        cmocka_unit_test(test_preemption_takes_newest),
+        cmocka_unit_test(test_preemption_of_self),
+        cmocka_unit_test(test_stall_preempts_newest),
+        cmocka_unit_test(test_retiring_not_preempted),
+        cmocka_unit_test(test_cannot_run_not_readmitted),
+        cmocka_unit_test(test_remove),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
