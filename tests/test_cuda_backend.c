@@ -16,6 +16,7 @@
 #include <math.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "engine/batch.h"
 #include "engine/generate.h"
 #include "kv/page_pool.h"
@@ -33,15 +34,29 @@ typedef struct setup {
     rp_backend *be;
 } setup;
 
-static void make(setup *s, const rp_model *m, int cuda, int seqs, int ctx, int graphs) {
+/* tuning: NULL for the defaults */
+static void make_tuned(setup *s, const rp_model *m, int cuda, int seqs, int ctx, int graphs, const rp_tuning *tuning) {
     int ps = 16, pages = seqs * ((ctx + ps - 1) / ps);
     s->pool = rp_page_pool_new(pages, ps);
     s->table = rp_page_table_new(s->pool, seqs, ctx);
     rp_backend_config bc = {.num_pages = pages, .page_size = ps, .max_batch_tokens = 512, .max_batch_seqs = seqs,
                             .max_logit_rows = 512, .num_threads = 2, .disable_cuda_graph = !graphs};
+    if (tuning) bc.tuning = *tuning;
     rp_err err;
     s->be = cuda ? rp_backend_cuda_new(m, &bc, &err) : rp_backend_cpu_new(m, &bc, &err);
     if (!s->be) fail_msg("%s backend: %s", cuda ? "cuda" : "cpu", err.msg);
+}
+
+static void make(setup *s, const rp_model *m, int cuda, int seqs, int ctx, int graphs) {
+    make_tuned(s, m, cuda, seqs, ctx, graphs, NULL);
+}
+
+/* The CUDA backend's own counters (the one-kernel step's runs and picks). */
+static rp_cuda_stats cuda_stats(rp_backend *be) {
+    rp_cuda_stats cs;
+    rp_err err;
+    if (rp_cuda_stats_get(be, &cs, &err)) fail_msg("%s", err.msg);
+    return cs;
 }
 
 static void unmake(setup *s) {
@@ -52,12 +67,11 @@ static void unmake(setup *s) {
 }
 
 /* A one-kernel-vs-chain comparison's two CUDA backends for up to max_seqs
- * sequences of 1024 tokens: the chain of kernels (REPLAY_DECODE_STEP=0
- * while it is made) and the default, which runs the one kernel. */
+ * sequences of 1024 tokens: the chain of kernels (tuning.disable_decode_step)
+ * and the default, which runs the one kernel. */
 static void begin_comparison(setup *chain, setup *one, rp_model *m, int max_seqs) {
-    setenv("REPLAY_DECODE_STEP", "0", 1);
-    make(chain, m, 1, max_seqs, 1024 + 16, 0);
-    unsetenv("REPLAY_DECODE_STEP");
+    const rp_tuning no_step = {.disable_decode_step = 1};
+    make_tuned(chain, m, 1, max_seqs, 1024 + 16, 0, &no_step);
     make(one, m, 1, max_seqs, 1024 + 16, 1);
 }
 
@@ -396,7 +410,7 @@ static void batch_decode_step(setup *s, const int *rows, const int *n, const int
 }
 
 /* Batch-1 decode as one persistent kernel against the chain of kernels
- * (REPLAY_DECODE_STEP=0) on the same weights and prompts: logits within
+ * (tuning.disable_decode_step) on the same weights and prompts: logits within
  * bf16 noise (the same rounding points, fp32 sums in another order), and
  * the one-kernel step replayed from its graph bit-identical to it run
  * eagerly. */
@@ -422,6 +436,7 @@ static void test_decode_step(void **state) {
         int32_t *prompt = malloc(1000 * 4);
         rp_backend_stats st0, st1;
         one.be->ops->stats(one.be, &st0);
+        const rp_cuda_stats cs0 = cuda_stats(one.be);
         for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
             const int n = lens[li];
             for (int i = 0; i < n; i++) prompt[i] = (int32_t)((i * 7919 + (int)k * 131 + n) % V);
@@ -473,7 +488,7 @@ static void test_decode_step(void **state) {
         /* every decode step of `one` (graph and eager) ran the one kernel */
         /* (the 1-token prompt is a decode-shaped step too) */
         /* (plus the five steps of the token-reference and top-logprobs checks) */
-        assert_int_equal(st1.decode_step_forwards - st0.decode_step_forwards, 2 * 4 + 1 + 5);
+        assert_int_equal(cuda_stats(one.be).decode_step_forwards - cs0.decode_step_forwards, 2 * 4 + 1 + 5);
         assert_true(st1.graph_replays - st0.graph_replays >= 4);
         if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
         end_comparison(&chain, &one, m, a, b, c, scratch, prompt);
@@ -520,12 +535,13 @@ static void test_decode_step_batch(void **state) {
             }
             batch_decode_step(&chain, rc, n, next, nb, a);
             one.be->ops->stats(one.be, &st0);
+            const rp_cuda_stats cs0 = cuda_stats(one.be);
             one.be->ops->set_graphs(one.be, 1);
             batch_decode_step(&one, ro, n, next, nb, b);
             one.be->ops->set_graphs(one.be, 0);
             batch_decode_step(&one, ro, n, next, nb, c);
             one.be->ops->stats(one.be, &st1);
-            runs += (int)(st1.decode_step_forwards - st0.decode_step_forwards);
+            runs += (int)(cuda_stats(one.be).decode_step_forwards - cs0.decode_step_forwards);
             if (memcmp(b, c, (size_t)nb * V * 4) != 0)
                 fail_msg("%s, %d sequences: graph replay differs from eager", shapes[k].name, nb);
             for (int s = 0; s < nb; s++) {
@@ -683,8 +699,8 @@ static void test_greedy_pick(void **state) {
             next[b] = (int32_t)((n[b] * 104729 + b) % V);
             rows[b] = prefill_row(&one, prompt, n[b], scratch);
         }
-        rp_backend_stats st0, st1;
-        one.be->ops->stats(one.be, &st0);
+        rp_backend_stats st1;
+        const rp_cuda_stats cs0 = cuda_stats(one.be);
         int picks = 0;
         for (int nb = 1; nb <= shapes[k].max_nb; nb += 2) {
             one.be->ops->set_graphs(one.be, 0);
@@ -721,7 +737,7 @@ static void test_greedy_pick(void **state) {
             }
         }
         one.be->ops->stats(one.be, &st1);
-        assert_int_equal(st1.decode_step_picks - st0.decode_step_picks, picks);
+        assert_int_equal(cuda_stats(one.be).decode_step_picks - cs0.decode_step_picks, picks);
         if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
         for (int b = 0; b < 3; b++) rp_page_table_release_row(one.table, rows[b]);
         free(logits);

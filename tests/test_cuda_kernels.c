@@ -1,8 +1,8 @@
 /* Tests for the CUDA kernels (the .cu files in src/backend/cuda/kernels/) against CPU
  * references written here in float64 (or the host sampler).
  *
- * Every run draws fresh random inputs (the seed is printed; REPLAY_TEST_SEED
- * repeats one), poisons every output with 0xFF bytes (bf16/fp32 NaN) before
+ * Inputs are random from a fixed seed (TEST_SEED, printed; REPLAY_TEST_SEED
+ * runs another), poisons every output with 0xFF bytes (bf16/fp32 NaN) before
  * the launch, and fails on any NaN, so an element the kernel forgot to write
  * is caught. bf16 outputs must match within relative L2 1e-2; argmax and
  * greedy tokens exactly; dummy weights bit for bit; sampling token by token
@@ -666,11 +666,14 @@ static void test_attn_prefill(void **state) {
     rp_k_attn_prefill_set_mode(-1);
 }
 
+/* Every run draws the same inputs unless REPLAY_TEST_SEED says otherwise. */
+#define TEST_SEED 20261127ULL
+
 int main(void) {
     const char *env = getenv("REPLAY_TEST_SEED");
-    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    g_seed = env ? strtoull(env, NULL, 10) : TEST_SEED;
     g_small = getenv("REPLAY_TEST_SMALL") != NULL;
-    printf("test_cuda_kernels: seed %llu%s (REPLAY_TEST_SEED repeats it)\n", (unsigned long long)g_seed,
+    printf("test_cuda_kernels: seed %llu%s (REPLAY_TEST_SEED=N runs another)\n", (unsigned long long)g_seed,
            g_small ? ", small shapes" : "");
     if (getenv("REPLAY_TEST_SKIP")) cmocka_set_skip_filter(getenv("REPLAY_TEST_SKIP"));
     const struct CMUnitTest tests[] = {
