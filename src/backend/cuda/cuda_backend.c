@@ -190,7 +190,7 @@ static void cuda_destroy(rp_backend *b) {
     rp_cuda_decode_step_trace_finish(cb);
     rp_cuda_graphs_destroy(cb);
     rp_gemm_destroy(&cb->gemm);
-    void *dev[] = {cb->weights_mem, cb->kv_mem, cb->act_mem, cb->d_meta, cb->d_layers};
+    void *dev[] = {cb->w.mem, cb->kv_mem, cb->act_mem, cb->meta.dev, cb->d_layers};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) rp_cuda_free(dev[i]);
     for (int k = 0; k < 2; k++) {
         rp_cuda_slot *sl = &cb->slots[k];
@@ -204,7 +204,7 @@ static void cuda_destroy(rp_backend *b) {
         if (cb->prof_events[i]) cudaEventDestroy(cb->prof_events[i]);
 
     if (cb->stream) cudaStreamDestroy(cb->stream);
-    free(cb->layers);
+    free(cb->w.layers);
     free(cb);
 }
 
@@ -330,9 +330,9 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     cb->max_logits = bc->max_logit_rows;
     cb->max_splits = 32;
     cb->ss_num_parts = rp_gemv_ss_parts(c->hidden_size);
-    cb->layers = calloc((size_t)c->num_layers, sizeof *cb->layers);
+    cb->w.layers = calloc((size_t)c->num_layers, sizeof *cb->w.layers);
     rp_err e2;
-    if (!cb->layers) {
+    if (!cb->w.layers) {
         rp_errf(err, "out of memory");
         goto fail;
     }
@@ -370,7 +370,7 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     double t0 = rp_now_s();
     if (rp_cuda_upload_weights(cb, err)) goto fail;
     rp_log_info("cuda: %s, %d SMs; weights %.2f GiB uploaded in %.2fs%s", prop.name, cb->num_sms,
-                (double)cb->weights_bytes / (1 << 30), rp_now_s() - t0,
+                (double)cb->w.bytes / (1 << 30), rp_now_s() - t0,
                 model->dummy ? " (dummy, made on the GPU)" : "");
     if (alloc_activations(cb, err) || rp_gemm_init(&cb->gemm, LT_WORKSPACE_BYTES, err)) goto fail;
     /* The KV pool takes memory_ratio of what is left after weights,

@@ -14,25 +14,25 @@ int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err) {
     const rp_backend_config *bc = &cb->base.cfg;
     size_t o = 0;
     const size_t T = (size_t)bc->max_batch_tokens, S = (size_t)cb->max_seqs, L = (size_t)cb->max_logits;
-    cb->off_tokens = o, o += T * 4;
-    cb->off_positions = o, o += T * 4;
-    cb->off_slots = o, o += T * 4;
-    cb->off_seq_start = o, o += (S + 1) * 4;
-    cb->off_kv_len = o, o += S * 4;
-    cb->off_page_row = o, o += S * 4;
-    cb->off_logit_token = o, o += L * 4;
-    cb->off_out_slot = o, o += 4; /* which host slot the step's results go to (rp_decode_step.pick_host) */
+    cb->meta.off_tokens = o, o += T * 4;
+    cb->meta.off_positions = o, o += T * 4;
+    cb->meta.off_slots = o, o += T * 4;
+    cb->meta.off_seq_start = o, o += (S + 1) * 4;
+    cb->meta.off_kv_len = o, o += S * 4;
+    cb->meta.off_page_row = o, o += S * 4;
+    cb->meta.off_logit_token = o, o += L * 4;
+    cb->meta.off_out_slot = o, o += 4; /* which host slot the step's results go to (rp_decode_step.pick_host) */
     o = rp_align_up(o, 16);
-    cb->off_params = o, o += L * sizeof(rp_sample_params);
+    cb->meta.off_params = o, o += L * sizeof(rp_sample_params);
     o = rp_align_up(o, 16);
     /* The pages of every sequence in the batch, packed one after another;
      * seq_page_row[s] is where sequence s's list starts and the stride is 1,
      * so only the pages in use cross PCIe each step. Sharing pages between
      * sequences (a prefix cache) can list a page twice: room for that. */
-    cb->page_capacity = (size_t)bc->num_pages + S * 2 + (size_t)cb->max_pages_per_seq;
-    cb->off_pages = o, o += cb->page_capacity * 4;
-    cb->meta_bytes = o;
-    if (rp_cuda_malloc((void **)&cb->d_meta, o, "step metadata", err)) return RP_ERR;
+    cb->meta.page_capacity = (size_t)bc->num_pages + S * 2 + (size_t)cb->max_pages_per_seq;
+    cb->meta.off_pages = o, o += cb->meta.page_capacity * 4;
+    cb->meta.bytes = o;
+    if (rp_cuda_malloc((void **)&cb->meta.dev, o, "step metadata", err)) return RP_ERR;
     for (int k = 0; k < 2; k++) {
         RP_CUDA_TRY(cudaMallocHost((void **)&cb->slots[k].h_meta, o), err);
         memset(cb->slots[k].h_meta, 0, o);
@@ -69,9 +69,9 @@ static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, s
     size_t np = 0;
     for (int s = 0; s < S; s++) {
         int n = (bt->seq_kv_len[s] + ps - 1) / ps;
-        if (np + (size_t)n > cb->page_capacity)
+        if (np + (size_t)n > cb->meta.page_capacity)
             return rp_errf(err, "batch lists %zu KV pages, more than the %zu the step block holds", np + (size_t)n,
-                           cb->page_capacity);
+                           cb->meta.page_capacity);
         page_row[s] = (int32_t)np;
         copy_bytes_n(pages + np, bt->page_table + (int64_t)bt->seq_page_row[s] * bt->page_table_stride, (size_t)n * 4);
         np += (size_t)n;
@@ -90,14 +90,14 @@ static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, s
         logit_token[bt->num_logits + (s - S)] = t;
         memset(&params[bt->num_logits + (s - S)], 0, sizeof *params);
     }
-    *copy_bytes = cb->off_pages + np * 4;
+    *copy_bytes = cb->meta.off_pages + np * 4;
     return 0;
 }
 
 /* Uploads an already packed metadata block. */
 static int upload_meta(rp_cuda_backend *cb, size_t bytes, rp_err *err) {
-    RP_CUDA_TRY(cudaMemcpyAsync(cb->d_meta, cb->slots[cb->cur_slot].h_meta, bytes, cudaMemcpyHostToDevice, cb->stream),
-                err);
+    const uint8_t *h = cb->slots[cb->cur_slot].h_meta;
+    RP_CUDA_TRY(cudaMemcpyAsync(cb->meta.dev, h, bytes, cudaMemcpyHostToDevice, cb->stream), err);
     return 0;
 }
 
@@ -109,7 +109,7 @@ int rp_cuda_pack_and_upload(rp_cuda_backend *cb, const rp_batch *bt, int padded_
 
 /* The paged-attention view of the device metadata block. */
 rp_attn_meta rp_cuda_device_attn_meta(const rp_cuda_backend *cb) {
-    uint8_t *d = cb->d_meta;
+    uint8_t *d = cb->meta.dev;
     return (rp_attn_meta){
         .seq_start = RP_META(cb, d, off_seq_start, int32_t),
         .seq_kv_len = RP_META(cb, d, off_kv_len, int32_t),

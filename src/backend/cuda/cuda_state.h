@@ -17,6 +17,24 @@ typedef struct rp_cuda_layer {
     rp_bf16 *attn_norm, *wqkv, *wo, *q_norm, *k_norm, *mlp_norm, *wgu, *wdown;
 } rp_cuda_layer;
 
+/* Every weight, in one device allocation (cuda_weights.c). */
+typedef struct rp_cuda_weights {
+    rp_bf16 *mem;
+    size_t bytes;
+    rp_bf16 *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
+    rp_cuda_layer *layers;                 /* [num_layers], host array of device pointers */
+} rp_cuda_weights;
+
+/* The step's metadata block on the device, at fixed addresses that every
+ * kernel and every captured graph reads (cuda_meta.c; each step slot has a
+ * pinned copy): byte offsets of its arrays. */
+typedef struct rp_cuda_meta {
+    uint8_t *dev;
+    size_t bytes, page_capacity; /* page_capacity: the page ids the block holds */
+    size_t off_tokens, off_positions, off_slots, off_seq_start, off_kv_len, off_page_row, off_logit_token,
+        off_out_slot, off_params, off_pages;
+} rp_cuda_meta;
+
 /* One captured decode step for a batch-size bucket. */
 typedef struct rp_cuda_graph {
     int batch_size;
@@ -57,11 +75,7 @@ typedef struct rp_cuda_backend {
     rp_gemm gemm;
     int nkv, q_dim, kv_dim, qkv_dim;
     int max_seqs, max_logits, max_splits, max_pages_per_seq;
-    /* weights */
-    rp_bf16 *weights_mem;
-    size_t weights_bytes;
-    rp_bf16 *embed, *final_norm, *lm_head;
-    rp_cuda_layer *layers;
+    rp_cuda_weights w;
     /* KV cache: [layer][slot][kv_dim] for k, then the same for v */
     rp_bf16 *kv_mem, *k_cache, *v_cache;
     int64_t kv_slots; /* (num_pages + 1) * page_size */
@@ -97,11 +111,7 @@ typedef struct rp_cuda_backend {
     int32_t *d_kept;
     rp_top_logprobs *d_top;
     void *attn_ws, *sample_ws;
-    /* the step's metadata block on the device (each slot has a pinned copy) */
-    uint8_t *d_meta;
-    size_t meta_bytes, page_capacity;
-    size_t off_tokens, off_positions, off_slots, off_seq_start, off_kv_len, off_page_row, off_logit_token,
-        off_out_slot, off_params, off_pages;
+    rp_cuda_meta meta;
     /* graphs */
     rp_cuda_graph graphs[RP_MAX_GRAPHS];
     int num_graphs, graphs_enabled;
@@ -129,7 +139,7 @@ static inline size_t rp_align_up(size_t x, size_t a) { return (x + a - 1) / a * 
 
 /* The step's metadata block at base (device or pinned host copy): the
  * array at offset field off of type. */
-#define RP_META(cb, base, off, type) ((type *)((base) + (cb)->off))
+#define RP_META(cb, base, off, type) ((type *)((base) + (cb)->meta.off))
 
 /* Profile mode: an event before each launch; segment i is the time from
  * mark i to mark i + 1. Never inside a capture (graphs hold no events). */
@@ -163,7 +173,7 @@ int rp_cuda_launch_decode_step(rp_cuda_backend *cb, int S, int num_logits, int s
  * (base.cfg.trace_timeline_path) and frees both */
 void rp_cuda_decode_step_trace_finish(rp_cuda_backend *cb);
 
-/* cuda_weights.c: every weight in one allocation (cb->weights_mem) */
+/* cuda_weights.c: every weight in one allocation (cb->w.mem) */
 int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err);
 
 /* cuda_meta.c */

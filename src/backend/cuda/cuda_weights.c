@@ -46,20 +46,20 @@ int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err) {
     }
     size_t embed_n = ALIGN_UP(weight_elems(m, RP_W_EMBED)), norm_n = ALIGN_UP((size_t)c->hidden_size);
     total += embed_n + norm_n + (tied ? 0 : embed_n);
-    cb->weights_bytes = total * 2;
-    if (rp_cuda_malloc((void **)&cb->weights_mem, cb->weights_bytes, "weights", err)) return RP_ERR;
-    rp_bf16 *p = cb->weights_mem;
-    cb->embed = p;
+    cb->w.bytes = total * 2;
+    if (rp_cuda_malloc((void **)&cb->w.mem, cb->w.bytes, "weights", err)) return RP_ERR;
+    rp_bf16 *p = cb->w.mem;
+    cb->w.embed = p;
     p += embed_n;
-    cb->final_norm = p;
+    cb->w.final_norm = p;
     p += norm_n;
-    cb->lm_head = tied ? cb->embed : p;
+    cb->w.lm_head = tied ? cb->w.embed : p;
     if (!tied) p += embed_n;
-    if (put_weight(cb, cb->embed, RP_W_EMBED, 0, err) || put_weight(cb, cb->final_norm, RP_W_FINAL_NORM, 0, err) ||
-        (!tied && put_weight(cb, cb->lm_head, RP_W_LM_HEAD, 0, err)))
+    if (put_weight(cb, cb->w.embed, RP_W_EMBED, 0, err) || put_weight(cb, cb->w.final_norm, RP_W_FINAL_NORM, 0, err) ||
+        (!tied && put_weight(cb, cb->w.lm_head, RP_W_LM_HEAD, 0, err)))
         return RP_ERR;
     for (int l = 0; l < c->num_layers; l++) {
-        rp_cuda_layer *ly = &cb->layers[l];
+        rp_cuda_layer *ly = &cb->w.layers[l];
         /* q, k, v are contiguous (in that order) so that they form one
          * [(nh + 2 nkv) hd][H] matrix: they were given adjacent slots. */
         ly->attn_norm = p;

@@ -27,9 +27,9 @@ int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs) {
  * store on the fused qkv, then decode or prefill attention into cb->attn. */
 static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, int decode, int max_q_len, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
-    const rp_cuda_layer *ly = &cb->layers[l];
+    const rp_cuda_layer *ly = &cb->w.layers[l];
     cudaStream_t st = cb->stream;
-    uint8_t *d = cb->d_meta;
+    uint8_t *d = cb->meta.dev;
     const int32_t *pos = RP_META(cb, d, off_positions, int32_t), *slots = RP_META(cb, d, off_slots, int32_t);
     const rp_attn_meta am = rp_cuda_device_attn_meta(cb);
     const float eps = (float)c->rms_norm_eps;
@@ -55,11 +55,11 @@ static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, int decode
  * others), all on fixed buffers. */
 int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
     const int V = cb->base.model->cfg.vocab_size;
-    const rp_sample_params *params = RP_META(cb, cb->d_meta, off_params, rp_sample_params);
+    const rp_sample_params *params = RP_META(cb, cb->meta.dev, off_params, rp_sample_params);
     rp_cuda_prof_mark(cb, "sample");
     /* the results also straight into the slot's pinned buffer (no copy) */
     const rp_sample_host host = {.rows = {cb->slots[0].d_tokens_host, cb->slots[1].d_tokens_host},
-                                 .slot = RP_META(cb, cb->d_meta, off_out_slot, int32_t),
+                                 .slot = RP_META(cb, cb->meta.dev, off_out_slot, int32_t),
                                  .stride = cb->max_logits};
     RP_LAUNCH(rp_k_sample_kept(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept,
                                cb->slots[0].d_tokens_host ? &host : NULL, cb->sample_ws, num_logits, V, cb->stream),
@@ -89,7 +89,7 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
                                 int sample, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     cudaStream_t st = cb->stream;
-    uint8_t *d = cb->d_meta;
+    uint8_t *d = cb->meta.dev;
     const int32_t *tokens = RP_META(cb, d, off_tokens, int32_t),
                   *logit_token = RP_META(cb, d, off_logit_token, int32_t);
     const int H = c->hidden_size, F = c->intermediate_size, P = cb->ss_num_parts;
@@ -98,9 +98,9 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
     rp_gemv_in normed = {.mode = RP_GEMV_IN_RMSNORM, .residual = cb->residual, .ss_parts = cb->ss_parts,
                          .num_parts = P, .eps = eps};
     rp_cuda_prof_mark(cb, "embed");
-    RP_LAUNCH(rp_k_embed(cb->embed, tokens, cb->d_tokens, cb->residual, cb->ss_parts, P, T, H, st), err);
+    RP_LAUNCH(rp_k_embed(cb->w.embed, tokens, cb->d_tokens, cb->residual, cb->ss_parts, P, T, H, st), err);
     for (int l = 0; l < c->num_layers; l++) {
-        const rp_cuda_layer *ly = &cb->layers[l];
+        const rp_cuda_layer *ly = &cb->w.layers[l];
         rp_cuda_prof_mark(cb, "gemv qkv (+rmsnorm)");
         normed.norm_w = ly->attn_norm;
         RP_LAUNCH(rp_k_gemv_fused(ly->wqkv, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_BF16, .y = cb->qkv}, T,
@@ -131,9 +131,9 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
         }
     }
     rp_cuda_prof_mark(cb, "gemv lm_head (+rmsnorm, gather)");
-    normed.norm_w = cb->final_norm;
+    normed.norm_w = cb->w.final_norm;
     normed.rows = logit_token;
-    RP_LAUNCH(rp_k_gemv_fused(cb->lm_head, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_F32, .y = cb->logits},
+    RP_LAUNCH(rp_k_gemv_fused(cb->w.lm_head, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_F32, .y = cb->logits},
                               num_logits, c->vocab_size, H, st),
               err);
     if (sample && rp_cuda_launch_sample(cb, num_logits, err)) return RP_ERR;
@@ -147,7 +147,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
                            int sample, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     cudaStream_t st = cb->stream;
-    uint8_t *d = cb->d_meta;
+    uint8_t *d = cb->meta.dev;
     const int32_t *tokens = RP_META(cb, d, off_tokens, int32_t),
                   *logit_token = RP_META(cb, d, off_logit_token, int32_t);
     const int H = c->hidden_size, F = c->intermediate_size;
@@ -165,9 +165,9 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     if (T <= FUSED_MAX_T && rp_gemv_stage_fits(T, H))
         return launch_forward_fused(cb, T, S, num_logits, decode, max_q_len, sample, err);
     rp_cuda_prof_mark(cb, "embed");
-    RP_LAUNCH(rp_k_embed(cb->embed, tokens, cb->d_tokens, cb->residual, NULL, 0, T, H, st), err);
+    RP_LAUNCH(rp_k_embed(cb->w.embed, tokens, cb->d_tokens, cb->residual, NULL, 0, T, H, st), err);
     for (int l = 0; l < c->num_layers; l++) {
-        const rp_cuda_layer *ly = &cb->layers[l];
+        const rp_cuda_layer *ly = &cb->w.layers[l];
         rp_cuda_prof_mark(cb, "add_rmsnorm");
         RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, l ? cb->tmp : NULL, ly->attn_norm, cb->xn, T, H, eps, st), err);
         rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, cb->qkv_dim, H) ? "gemv qkv" : "gemm qkv");
@@ -185,11 +185,11 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
         if (rp_gemm_run(&cb->gemm, ly->wdown, cb->act, cb->tmp, T, H, F, 1, st, err)) return RP_ERR;
     }
     rp_cuda_prof_mark(cb, "add_rmsnorm");
-    RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, cb->final_norm, cb->xn, T, H, eps, st), err);
+    RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, cb->w.final_norm, cb->xn, T, H, eps, st), err);
     rp_cuda_prof_mark(cb, "gather_rows");
     RP_LAUNCH(rp_k_gather_rows(cb->xn, logit_token, cb->logit_in, num_logits, H, st), err);
     rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, num_logits, c->vocab_size, H) ? "gemv lm_head" : "gemm lm_head");
-    if (rp_gemm_run(&cb->gemm, cb->lm_head, cb->logit_in, cb->logits, num_logits, c->vocab_size, H, 1, st, err))
+    if (rp_gemm_run(&cb->gemm, cb->w.lm_head, cb->logit_in, cb->logits, num_logits, c->vocab_size, H, 1, st, err))
         return RP_ERR;
     if (sample && rp_cuda_launch_sample(cb, num_logits, err)) return RP_ERR;
     rp_cuda_prof_mark(cb, NULL);

@@ -16,7 +16,7 @@
  * the kernel takes on this model and GPU (decode_step_ok). */
 int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
-    uint8_t *d = cb->d_meta;
+    uint8_t *d = cb->meta.dev;
     if (rp_cuda_tuning_resolve(&cb->base.cfg.tuning, c, cb->num_sms, &cb->ds_tuning, err)) return RP_ERR;
     if (cb->base.cfg.tuning.disable_decode_step) {
         rp_log_info("cuda: the one-kernel decode step is off (tuning.disable_decode_step): decode runs a chain of "
@@ -27,27 +27,28 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
     rp_decode_layer *h = calloc((size_t)c->num_layers, sizeof *h);
     if (!h) return rp_errf(err, "out of memory");
     for (int l = 0; l < c->num_layers; l++) {
-        const rp_cuda_layer *ly = &cb->layers[l];
+        const rp_cuda_layer *ly = &cb->w.layers[l];
         h[l] = (rp_decode_layer){ly->wqkv, ly->wo, ly->wgu, ly->wdown};
     }
     /* the table, then the norm weights side by side (rp_decode_step.norms;
      * copied on the stream the uploads were queued on) */
     const size_t bytes = ((size_t)c->num_layers * sizeof *h + 127) / 128 * 128,
                  nstride = 2 * (size_t)c->hidden_size + 2 * (size_t)c->head_dim;
-    const int qk = cb->layers[0].q_norm != NULL;
+    const int qk = cb->w.layers[0].q_norm != NULL;
     int rc = rp_cuda_malloc((void **)&cb->d_layers, bytes + (size_t)c->num_layers * nstride * 2, "layer table", err);
     rp_bf16 *norms = rc ? NULL : (rp_bf16 *)((uint8_t *)cb->d_layers + bytes);
     if (!rc && cudaMemcpy(cb->d_layers, h, (size_t)c->num_layers * sizeof *h, cudaMemcpyHostToDevice) != cudaSuccess)
         rc = rp_errf(err, "cudaMemcpy of the layer table failed");
     for (int l = 0; !rc && l < c->num_layers; l++) {
-        const rp_cuda_layer *ly = &cb->layers[l];
+        const rp_cuda_layer *ly = &cb->w.layers[l];
         rp_bf16 *n = norms + (size_t)l * nstride;
         const size_t hb = (size_t)c->hidden_size * 2, db = (size_t)c->head_dim * 2;
-        if (cudaMemcpyAsync(n, ly->attn_norm, hb, cudaMemcpyDeviceToDevice, cb->stream) != cudaSuccess ||
-            cudaMemcpyAsync(n + c->hidden_size, ly->mlp_norm, hb, cudaMemcpyDeviceToDevice, cb->stream) != cudaSuccess ||
-            (qk && (cudaMemcpyAsync(n + 2 * c->hidden_size, ly->q_norm, db, cudaMemcpyDeviceToDevice, cb->stream) != cudaSuccess ||
-                    cudaMemcpyAsync(n + 2 * c->hidden_size + c->head_dim, ly->k_norm, db, cudaMemcpyDeviceToDevice,
-                                    cb->stream) != cudaSuccess)))
+        const enum cudaMemcpyKind d2d = cudaMemcpyDeviceToDevice;
+        if (cudaMemcpyAsync(n, ly->attn_norm, hb, d2d, cb->stream) != cudaSuccess ||
+            cudaMemcpyAsync(n + c->hidden_size, ly->mlp_norm, hb, d2d, cb->stream) != cudaSuccess ||
+            (qk && (cudaMemcpyAsync(n + 2 * c->hidden_size, ly->q_norm, db, d2d, cb->stream) != cudaSuccess ||
+                    cudaMemcpyAsync(n + 2 * c->hidden_size + c->head_dim, ly->k_norm, db, d2d, cb->stream) !=
+                        cudaSuccess)))
             rc = rp_errf(err, "cudaMemcpy of the norm weights failed");
     }
     free(h);
@@ -56,9 +57,9 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
         .layers = cb->d_layers,
         .norms = norms,
         .qk_norm = qk,
-        .embed = cb->embed,
-        .final_norm = cb->final_norm,
-        .lm_head = cb->lm_head,
+        .embed = cb->w.embed,
+        .final_norm = cb->w.final_norm,
+        .lm_head = cb->w.lm_head,
         .inv_freq = cb->inv_freq,
         .tokens = RP_META(cb, d, off_tokens, int32_t),
         .positions = RP_META(cb, d, off_positions, int32_t),
