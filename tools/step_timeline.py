@@ -41,7 +41,7 @@ import sys
 import numpy as np
 
 KINDS = ["attention", "o", "gate_up", "down", "qkv"]  # window after barrier k % 5
-TR_PIECES = 11  # trace slot: ring pieces of the block (decode_step.cu)
+TR_PIECES = 11  # trace slot: ring pieces of the block (kernels/decode_step/trace.cuh)
 
 
 def load(path):

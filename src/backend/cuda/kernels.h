@@ -132,7 +132,7 @@ void rp_k_attn_decode_set_trans(int mode);
 
 /* The whole decode step (embedding to logits) of 1 to 4 sequences, one
  * token each, as one persistent kernel, one block per SM
- * (kernels/decode_step.cu says how and why). Same inputs as the chain of
+ * (kernels/decode_step/decode_step.cu says how and why). Same inputs as the chain of
  * kernels: tokens, positions, slots and the paged attention view from the
  * metadata block (token b belongs to sequence b, logit row b to token b);
  * the activation buffers hold a row per sequence; sampling runs after
