@@ -11,7 +11,8 @@
  *    at real layer widths and context lengths 1..1000;
  *  - the one-kernel step's own greedy pick: the host's argmax and
  *    log-softmax of the same logits, the sampling kernels' choice;
- *  - nothing is allocated on the device after startup. */
+ *  - nothing is allocated on the device after startup;
+ *  - the tuning table's defaults by shape (docs/tuning.md; no GPU needed). */
 #include <jansson.h>
 #include <math.h>
 
@@ -24,6 +25,10 @@
 #include "model/model.h"
 #include "replay/engine.h"
 #include "test_util.h"
+
+#ifdef REPLAY_HAVE_CUDA
+#include "backend/cuda/cuda_state.h"
+#endif
 
 static int have_gpu(void) { return rp_cuda_device_count() > 0; }
 
@@ -748,6 +753,48 @@ static void test_greedy_pick(void **state) {
     }
 }
 
+/* The tuning table (src/backend/cuda/tuning.c) on an H100's 132 SMs gives
+ * the values docs/tuning.md states for each measured shape, keeps explicit
+ * values, and rejects ones out of range. */
+static void test_tuning_defaults(void **state) {
+    (void)state;
+#ifdef REPLAY_HAVE_CUDA
+    static const struct {
+        const char *name;
+        rp_decode_step_tuning want; /* kc, prefetch, prefetch_now, dyn_eighths, pace_ns, tail_hold */
+    } shapes[] = {
+        {"qwen3-0.6b", {1024, 8, 4, 0, 0, 0}},    {"llama3.2-1b", {1024, 4, 0, 0, 0, 0}},
+        {"qwen3-1.7b", {1536, 4, 0, 0, 0, 0}},    {"qwen3-4b", {1536, 4, 1, 6, 500, 33}},
+        {"llama3-8b", {1536, 4, 0, 7, 500, 33}},
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        rp_model_config c;
+        rp_err err;
+        if (rp_config_preset(&c, shapes[k].name, &err)) fail_msg("%s", err.msg);
+        const rp_tuning dflt = {0};
+        rp_decode_step_tuning t;
+        assert_int_equal(rp_cuda_tuning_resolve(&dflt, &c, 132, &t, &err), 0);
+        if (memcmp(&t, &shapes[k].want, sizeof t) != 0)
+            fail_msg("%s: kc %d prefetch %d/%d dyn %d pace %d hold %d", shapes[k].name, t.kc, t.prefetch,
+                     t.prefetch_now, t.dyn_eighths, t.pace_ns, t.tail_hold);
+    }
+    rp_model_config c;
+    rp_err err;
+    assert_int_equal(rp_config_preset(&c, "qwen3-4b", &err), 0);
+    rp_decode_step_tuning t;
+    const rp_tuning set = {.decode_step_kc = 1024, .decode_step_prefetch_now = RP_TUNING_NONE,
+                           .decode_step_dyn_eighths = RP_TUNING_NONE};
+    assert_int_equal(rp_cuda_tuning_resolve(&set, &c, 132, &t, &err), 0);
+    /* without dynamic units, no pacing and no tail hold by default */
+    assert_true(t.kc == 1024 && t.prefetch_now == 0 && t.dyn_eighths == 0 && t.pace_ns == 0 && t.tail_hold == 0);
+    const rp_tuning bad_kc = {.decode_step_kc = 300}, bad_pf = {.decode_step_prefetch = 65};
+    assert_int_equal(rp_cuda_tuning_resolve(&bad_kc, &c, 132, &t, &err), RP_ERR);
+    assert_int_equal(rp_cuda_tuning_resolve(&bad_pf, &c, 132, &t, &err), RP_ERR);
+#else
+    skip();
+#endif
+}
+
 int main(void) {
     if (!have_gpu()) printf("no CUDA device: the GPU tests are skipped\n");
     const struct CMUnitTest tests[] = {
@@ -757,6 +804,7 @@ int main(void) {
         cmocka_unit_test(test_decode_step_batch),
         cmocka_unit_test(test_greedy_pick),
         cmocka_unit_test(test_engine_real_shape),
+        cmocka_unit_test(test_tuning_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

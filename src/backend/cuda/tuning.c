@@ -24,8 +24,9 @@ static int pick(int set, int lo, int hi, int dflt, const char *name, int *bad, r
         if (!*bad) rp_errf(err, "tuning: %s = %d is outside %d..%d%s", name, set, lo ? lo : 1, hi,
                            lo == 0 ? " (or -1 for none)" : "");
         *bad = 1;
+        return dflt;
     }
-    return dflt;
+    return set;
 }
 
 int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num_sms, rp_decode_step_tuning *out,
