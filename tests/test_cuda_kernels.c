@@ -278,8 +278,8 @@ static void check_gemv(int T, int N, int K) {
     }
     expect_close(rel_l2_bf16(y, ref, (size_t)T * N, "gemv"), 1e-2, "gemv T=%d N=%d K=%d bf16", T, N, K);
     expect_close(rel_l2_f32(yf, ref, (size_t)T * N, "gemv f32"), 1e-4, "gemv T=%d N=%d K=%d f32", T, N, K);
-    /* K split over a cluster is summed in a fixed order: a second run gives
-     * the same bits (what graph == eager relies on). */
+    /* The sums are taken in a fixed order: a second run gives the same bits
+     * (what graph == eager relies on). */
     float *yf2 = malloc((size_t)T * N * 4);
     cudaMemset(d_yf, 0xff, (size_t)T * N * 4);
     LAUNCH(rp_k_gemv_f32out(d_W, d_x, d_yf, T, N, K, 0));
@@ -300,8 +300,8 @@ static void test_gemv(void **state) {
     check_gemv(2, 33, 4104);
     check_gemv(7, 1024, 3072);
     check_gemv(4, 6144, 1024);
-    check_gemv(1, 1024, 2048); /* qwen3-0.6b o: K split 4 ways over a cluster */
-    check_gemv(1, 2560, 9728); /* qwen3-4b down: 160 tiles, K split 2 ways */
+    check_gemv(1, 1024, 2048); /* qwen3-0.6b o */
+    check_gemv(1, 2560, 9728); /* qwen3-4b down: 160 tiles (the one-wave warp rule) */
     if (!g_small) check_gemv(8, 2048, 14336);
     /* unsupported shapes are refused, not miscomputed */
     assert_int_equal(rp_k_gemv(NULL, NULL, NULL, 9, 16, 16, 0), (int)cudaErrorInvalidValue);
