@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # A/B of decode variants on the GPU machine, one line per (model, variant, round):
-#   bash bench/decode_ab.sh "MODELS" "ENV1;ENV2;..." [BATCHES]
-# Each ENV is a space-separated list of VAR=value switches read at backend
-# start (e.g. "REPLAY_GEMV_MAX_KS=1 REPLAY_GEMV_PF_KB=0"); "-" = defaults.
-# A variant that starts with "old:" runs $G/old/replay, the build of another
-# revision that `AB_BASE=REV bash scripts/gpu-bundle.sh` packed ("old:-" =
-# that build's defaults), so a change and its base are compared in one call
+#   bash bench/decode_ab.sh "MODELS" "VARIANT1;VARIANT2;..." [BATCHES]
+# A variant is a build and the extra `bench decode` options it runs with
+# (e.g. "--disable-decode-step"); "-" = none. A variant that starts with
+# "old:" runs $G/old/replay, the build of another revision that
+# `AB_BASE=REV bash scripts/gpu-bundle.sh` packed ("old:-" = that build with
+# no extra options), so a change and its base are compared in one call
 # (H100s differ by a few per cent on one binary); likewise "NAME:" runs
-# $G/NAME/replay (AB_BASE="NAME=REV ..."). ROUNDS=N (default 1) runs
+# $G/NAME/replay (AB_BASE="NAME=REV ..."; TRACE=1 packs the trace build as
+# "trace:"). Tuning values that are not options are compared as builds of
+# revisions that set them. ROUNDS=N (default 1) runs
 # the whole list N times, interleaved. Prints the graph ms/step of
 # `replay bench decode ... --no-eager --steps 32`; a run that takes over
 # RUN_TIMEOUT seconds (default 60: a hung variant) is stopped and says so.
@@ -25,8 +27,8 @@ for m in $models; do
       fi
       e=(); [ "$sw" != "-" ] && read -ra e <<<"$sw"
       t0=$SECONDS
-      timeout "${RUN_TIMEOUT:-60}" env "${e[@]}" "$bin" bench decode --dummy-weights "$m" --batch "$batches" \
-        --ctx 512 --no-eager --steps 32 \
+      timeout "${RUN_TIMEOUT:-60}" "$bin" bench decode --dummy-weights "$m" --batch "$batches" \
+        --ctx 512 --no-eager --steps 32 "${e[@]}" \
         2>&1 | awk -v m="$m" -v v="$v" '$2 == "graph" {printf "%-11s %-44s b=%-3s %s ms %s\n", m, v, $1, $3, $7}
                                          /rror/ {print m, v, $0}'
       rc=${PIPESTATUS[0]}

@@ -20,11 +20,11 @@ for m in $1; do
     "$G/bin/replay" bench decode --dummy-weights "$m" --batch 1 --ctx 512 --no-eager --steps 16 >"$O/run_$m.txt" 2>&1
   echo "ncu $m: rc $?"
   ncu -i "/tmp/ncu_$m.ncu-rep" --page details >"$O/details_$m.txt" 2>&1
-  # decode_step_kernel<G, HD, NB, TRACE, DYNK, PK> -> its mangled name
-  k=$(grep -m1 -o 'decode_step_kernel<[0-9]*, [0-9]*, [0-9]*, [a-z0-9]*, [a-z0-9]*, [a-z0-9]*>' "$O/details_$m.txt" |
+  # decode_step_kernel<G, HD, NB, DYNK, PK> -> its mangled name
+  k=$(grep -m1 -o 'decode_step_kernel<[0-9]*, [0-9]*, [0-9]*, [a-z0-9]*, [a-z0-9]*>' "$O/details_$m.txt" |
     sed 's/.*<//; s/>//; s/,//g; s/false/0/g; s/true/1/g')
-  read -r kg khd knb ktr kdy kpk <<<"$k"
-  f="_Z18decode_step_kernelILi${kg}ELi${khd}ELi${knb}ELb${ktr}ELb${kdy}ELb${kpk}EEv7ds_args"
+  read -r kg khd knb kdy kpk <<<"$k"
+  f="_Z18decode_step_kernelILi${kg}ELi${khd}ELi${knb}ELb${kdy}ELb${kpk}EEv7ds_args"
   for c in $D/*.cubin; do
     nvdisasm -gi "$c" 2>/dev/null | awk -v f=".text.$f:" '$1 == f {on = 1; next} /^[ \t]*\.text\./ {on = 0} on' \
       >"/tmp/ncu_dis_$m.txt"

@@ -8,6 +8,10 @@
 # GPU_DIR to gpu-check.sh / bench/decode_ab.sh there too).
 # AB_BASE=REV also builds revision REV (in a git worktree, build-ab/) and
 # packs its replay as $G/old/replay, for bench/decode_ab.sh's "old:" variants.
+# TRACE=1 also builds this tree with the one-kernel decode step's trace
+# (-DREPLAY_DECODE_STEP_TRACE=ON) and packs it as $G/trace/replay: `replay
+# profile` there prints the trace, and its --timeline FILE feeds
+# tools/step_timeline.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -44,6 +48,11 @@ for spec in ${AB_BASE:-}; do
   cmake --build build-ab/build -j "$(nproc)" --target replay >/dev/null
   mkdir -p "$G/$name" && cp build-ab/build/replay "$G/$name/"
 done
+if [ "${TRACE:-0}" = 1 ]; then
+  cmake -S . -B build-trace -DCMAKE_BUILD_TYPE=RelWithDebInfo -DREPLAY_CUDA=ON -DREPLAY_DECODE_STEP_TRACE=ON >/dev/null
+  cmake --build build-trace -j "$(nproc)" --target replay >/dev/null
+  mkdir -p "$G/trace" && cp build-trace/replay "$G/trace/"
+fi
 # ASAN=1 also builds the host code with AddressSanitizer + UBSan (CUDA on)
 # and packs it, with the sanitizer runtimes the GPU image lacks, as
 # $G/asan.tgz for scripts/gpu-asan.sh (compressed: the carry limit is 64 MiB).

@@ -11,11 +11,13 @@
  *    at real layer widths and context lengths 1..1000;
  *  - the one-kernel step's own greedy pick: the host's argmax and
  *    log-softmax of the same logits, the sampling kernels' choice;
- *  - nothing is allocated on the device after startup. */
+ *  - nothing is allocated on the device after startup;
+ *  - the tuning table's defaults by shape (docs/tuning.md; no GPU needed). */
 #include <jansson.h>
 #include <math.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "engine/batch.h"
 #include "engine/runner.h"
 #include "kv/page_pool.h"
@@ -23,6 +25,10 @@
 #include "model/model.h"
 #include "replay/engine.h"
 #include "test_util.h"
+
+#ifdef REPLAY_HAVE_CUDA
+#include "backend/cuda/cuda_state.h"
+#endif
 
 static int have_gpu(void) { return rp_cuda_device_count() > 0; }
 
@@ -35,11 +41,13 @@ typedef struct setup {
     rp_backend *be;
 } setup;
 
-static void make(setup *s, const rp_model *m, int cuda, int seqs, int ctx, int graphs) {
+/* tuning: NULL for the defaults */
+static void make_tuned(setup *s, const rp_model *m, int cuda, int seqs, int ctx, int graphs, const rp_tuning *tuning) {
     int ps = 16, pages = seqs * ((ctx + ps - 1) / ps);
     rp_runner_config rc = {.model = m, .device = cuda ? "cuda" : "cpu", .threads = 2, .page_size = ps,
                            .num_pages = pages, .max_seqs = seqs, .max_context = ctx, .max_batched_tokens = 512,
                            .max_logit_rows = 512, .disable_cuda_graph = !graphs};
+    if (tuning) rc.tuning = *tuning;
     rp_err err;
     s->run = rp_runner_new(&rc, &err);
     if (!s->run) fail_msg("%s runner: %s", cuda ? "cuda" : "cpu", err.msg);
@@ -48,18 +56,29 @@ static void make(setup *s, const rp_model *m, int cuda, int seqs, int ctx, int g
     s->be = s->run->backend;
 }
 
+static void make(setup *s, const rp_model *m, int cuda, int seqs, int ctx, int graphs) {
+    make_tuned(s, m, cuda, seqs, ctx, graphs, NULL);
+}
+
+/* The CUDA backend's own counters (the one-kernel step's runs and picks). */
+static rp_cuda_stats cuda_stats(rp_backend *be) {
+    rp_cuda_stats cs;
+    rp_err err;
+    if (rp_cuda_stats_get(be, &cs, &err)) fail_msg("%s", err.msg);
+    return cs;
+}
+
 static void unmake(setup *s) {
     assert_int_equal(rp_page_pool_num_free(s->pool), s->pool->num_pages);
     rp_runner_free(s->run);
 }
 
 /* A one-kernel-vs-chain comparison's two CUDA backends for up to max_seqs
- * sequences of 1024 tokens: the chain of kernels (REPLAY_DECODE_STEP=0
- * while it is made) and the default, which runs the one kernel. */
+ * sequences of 1024 tokens: the chain of kernels (tuning.disable_decode_step)
+ * and the default, which runs the one kernel. */
 static void begin_comparison(setup *chain, setup *one, rp_model *m, int max_seqs) {
-    setenv("REPLAY_DECODE_STEP", "0", 1);
-    make(chain, m, 1, max_seqs, 1024 + 16, 0);
-    unsetenv("REPLAY_DECODE_STEP");
+    const rp_tuning no_step = {.disable_decode_step = 1};
+    make_tuned(chain, m, 1, max_seqs, 1024 + 16, 0, &no_step);
     make(one, m, 1, max_seqs, 1024 + 16, 1);
 }
 
@@ -387,7 +406,7 @@ static void batch_decode_step(setup *s, const int *rows, const int *n, const int
 }
 
 /* Batch-1 decode as one persistent kernel against the chain of kernels
- * (REPLAY_DECODE_STEP=0) on the same weights and prompts: logits within
+ * (tuning.disable_decode_step) on the same weights and prompts: logits within
  * bf16 noise (the same rounding points, fp32 sums in another order), and
  * the one-kernel step replayed from its graph bit-identical to it run
  * eagerly. */
@@ -413,6 +432,7 @@ static void test_decode_step(void **state) {
         int32_t *prompt = malloc(1000 * 4);
         rp_backend_stats st0, st1;
         one.be->ops->stats(one.be, &st0);
+        const rp_cuda_stats cs0 = cuda_stats(one.be);
         for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
             const int n = lens[li];
             for (int i = 0; i < n; i++) prompt[i] = (int32_t)((i * 7919 + (int)k * 131 + n) % V);
@@ -464,7 +484,7 @@ static void test_decode_step(void **state) {
         /* every decode step of `one` (graph and eager) ran the one kernel */
         /* (the 1-token prompt is a decode-shaped step too) */
         /* (plus the five steps of the token-reference and top-logprobs checks) */
-        assert_int_equal(st1.decode_step_forwards - st0.decode_step_forwards, 2 * 4 + 1 + 5);
+        assert_int_equal(cuda_stats(one.be).decode_step_forwards - cs0.decode_step_forwards, 2 * 4 + 1 + 5);
         assert_true(st1.graph_replays - st0.graph_replays >= 4);
         if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
         end_comparison(&chain, &one, m, a, b, c, scratch, prompt);
@@ -511,12 +531,13 @@ static void test_decode_step_batch(void **state) {
             }
             batch_decode_step(&chain, rc, n, next, nb, a);
             one.be->ops->stats(one.be, &st0);
+            const rp_cuda_stats cs0 = cuda_stats(one.be);
             one.be->ops->set_graphs(one.be, 1);
             batch_decode_step(&one, ro, n, next, nb, b);
             one.be->ops->set_graphs(one.be, 0);
             batch_decode_step(&one, ro, n, next, nb, c);
             one.be->ops->stats(one.be, &st1);
-            runs += (int)(st1.decode_step_forwards - st0.decode_step_forwards);
+            runs += (int)(cuda_stats(one.be).decode_step_forwards - cs0.decode_step_forwards);
             if (memcmp(b, c, (size_t)nb * V * 4) != 0)
                 fail_msg("%s, %d sequences: graph replay differs from eager", shapes[k].name, nb);
             for (int s = 0; s < nb; s++) {
@@ -674,8 +695,8 @@ static void test_greedy_pick(void **state) {
             next[b] = (int32_t)((n[b] * 104729 + b) % V);
             rows[b] = prefill_row(&one, prompt, n[b], scratch);
         }
-        rp_backend_stats st0, st1;
-        one.be->ops->stats(one.be, &st0);
+        rp_backend_stats st1;
+        const rp_cuda_stats cs0 = cuda_stats(one.be);
         int picks = 0;
         for (int nb = 1; nb <= shapes[k].max_nb; nb += 2) {
             one.be->ops->set_graphs(one.be, 0);
@@ -712,7 +733,7 @@ static void test_greedy_pick(void **state) {
             }
         }
         one.be->ops->stats(one.be, &st1);
-        assert_int_equal(st1.decode_step_picks - st0.decode_step_picks, picks);
+        assert_int_equal(cuda_stats(one.be).decode_step_picks - cs0.decode_step_picks, picks);
         if (st1.device_allocs != 0) fail_msg("%llu device allocations after startup", (unsigned long long)st1.device_allocs);
         for (int b = 0; b < 3; b++) rp_page_table_release_row(one.table, rows[b]);
         free(logits);
@@ -721,6 +742,48 @@ static void test_greedy_pick(void **state) {
         unmake(&one);
         rp_model_free(m);
     }
+}
+
+/* The tuning table (src/backend/cuda/tuning.c) on an H100's 132 SMs gives
+ * the values docs/tuning.md states for each measured shape, keeps explicit
+ * values, and rejects ones out of range. */
+static void test_tuning_defaults(void **state) {
+    (void)state;
+#ifdef REPLAY_HAVE_CUDA
+    static const struct {
+        const char *name;
+        rp_decode_step_tuning want; /* kc, prefetch, prefetch_now, dyn_eighths, pace_ns, tail_hold */
+    } shapes[] = {
+        {"qwen3-0.6b", {1024, 8, 4, 0, 0, 0}},    {"llama3.2-1b", {1024, 4, 0, 0, 0, 0}},
+        {"qwen3-1.7b", {1536, 4, 0, 0, 0, 0}},    {"qwen3-4b", {1536, 4, 1, 6, 500, 33}},
+        {"llama3-8b", {1536, 4, 0, 7, 500, 33}},
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        rp_model_config c;
+        rp_err err;
+        if (rp_config_preset(&c, shapes[k].name, &err)) fail_msg("%s", err.msg);
+        const rp_tuning dflt = {0};
+        rp_decode_step_tuning t;
+        assert_int_equal(rp_cuda_tuning_resolve(&dflt, &c, 132, &t, &err), 0);
+        if (memcmp(&t, &shapes[k].want, sizeof t) != 0)
+            fail_msg("%s: kc %d prefetch %d/%d dyn %d pace %d hold %d", shapes[k].name, t.kc, t.prefetch,
+                     t.prefetch_now, t.dyn_eighths, t.pace_ns, t.tail_hold);
+    }
+    rp_model_config c;
+    rp_err err;
+    assert_int_equal(rp_config_preset(&c, "qwen3-4b", &err), 0);
+    rp_decode_step_tuning t;
+    const rp_tuning set = {.decode_step_kc = 1024, .decode_step_prefetch_now = RP_TUNING_NONE,
+                           .decode_step_dyn_eighths = RP_TUNING_NONE};
+    assert_int_equal(rp_cuda_tuning_resolve(&set, &c, 132, &t, &err), 0);
+    /* without dynamic units, no pacing and no tail hold by default */
+    assert_true(t.kc == 1024 && t.prefetch_now == 0 && t.dyn_eighths == 0 && t.pace_ns == 0 && t.tail_hold == 0);
+    const rp_tuning bad_kc = {.decode_step_kc = 300}, bad_pf = {.decode_step_prefetch = 65};
+    assert_int_equal(rp_cuda_tuning_resolve(&bad_kc, &c, 132, &t, &err), RP_ERR);
+    assert_int_equal(rp_cuda_tuning_resolve(&bad_pf, &c, 132, &t, &err), RP_ERR);
+#else
+    skip();
+#endif
 }
 
 int main(void) {
@@ -732,6 +795,7 @@ int main(void) {
         cmocka_unit_test(test_decode_step_batch),
         cmocka_unit_test(test_greedy_pick),
         cmocka_unit_test(test_engine_real_shape),
+        cmocka_unit_test(test_tuning_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

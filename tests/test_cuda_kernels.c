@@ -1,8 +1,8 @@
 /* Tests for the CUDA kernels (the .cu files in src/backend/cuda/kernels/) against CPU
  * references written here in float64 (or the host sampler).
  *
- * Every run draws fresh random inputs (the seed is printed; REPLAY_TEST_SEED
- * repeats one), poisons every output with 0xFF bytes (bf16/fp32 NaN) before
+ * Inputs are random from a fixed seed (TEST_SEED, printed; REPLAY_TEST_SEED
+ * runs another), poisons every output with 0xFF bytes (bf16/fp32 NaN) before
  * the launch, and fails on any NaN, so an element the kernel forgot to write
  * is caught. bf16 outputs must match within relative L2 1e-2; argmax and
  * greedy tokens exactly; dummy weights bit for bit; sampling token by token
@@ -278,8 +278,8 @@ static void check_gemv(int T, int N, int K) {
     }
     expect_close(rel_l2_bf16(y, ref, (size_t)T * N, "gemv"), 1e-2, "gemv T=%d N=%d K=%d bf16", T, N, K);
     expect_close(rel_l2_f32(yf, ref, (size_t)T * N, "gemv f32"), 1e-4, "gemv T=%d N=%d K=%d f32", T, N, K);
-    /* K split over a cluster is summed in a fixed order: a second run gives
-     * the same bits (what graph == eager relies on). */
+    /* The sums are taken in a fixed order: a second run gives the same bits
+     * (what graph == eager relies on). */
     float *yf2 = malloc((size_t)T * N * 4);
     cudaMemset(d_yf, 0xff, (size_t)T * N * 4);
     LAUNCH(rp_k_gemv_f32out(d_W, d_x, d_yf, T, N, K, 0));
@@ -300,8 +300,8 @@ static void test_gemv(void **state) {
     check_gemv(2, 33, 4104);
     check_gemv(7, 1024, 3072);
     check_gemv(4, 6144, 1024);
-    check_gemv(1, 1024, 2048); /* qwen3-0.6b o: K split 4 ways over a cluster */
-    check_gemv(1, 2560, 9728); /* qwen3-4b down: 160 tiles, K split 2 ways */
+    check_gemv(1, 1024, 2048); /* qwen3-0.6b o */
+    check_gemv(1, 2560, 9728); /* qwen3-4b down: 160 tiles (the one-wave warp rule) */
     if (!g_small) check_gemv(8, 2048, 14336);
     /* unsupported shapes are refused, not miscomputed */
     assert_int_equal(rp_k_gemv(NULL, NULL, NULL, 9, 16, 16, 0), (int)cudaErrorInvalidValue);
@@ -666,11 +666,14 @@ static void test_attn_prefill(void **state) {
     rp_k_attn_prefill_set_mode(-1);
 }
 
+/* Every run draws the same inputs unless REPLAY_TEST_SEED says otherwise. */
+#define TEST_SEED 20261127ULL
+
 int main(void) {
     const char *env = getenv("REPLAY_TEST_SEED");
-    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    g_seed = env ? strtoull(env, NULL, 10) : TEST_SEED;
     g_small = getenv("REPLAY_TEST_SMALL") != NULL;
-    printf("test_cuda_kernels: seed %llu%s (REPLAY_TEST_SEED repeats it)\n", (unsigned long long)g_seed,
+    printf("test_cuda_kernels: seed %llu%s (REPLAY_TEST_SEED=N runs another)\n", (unsigned long long)g_seed,
            g_small ? ", small shapes" : "");
     if (getenv("REPLAY_TEST_SKIP")) cmocka_set_skip_filter(getenv("REPLAY_TEST_SKIP"));
     const struct CMUnitTest tests[] = {

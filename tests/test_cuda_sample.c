@@ -11,8 +11,8 @@
  * bin), its fall back to the exact slow path (thousands of tied logits),
  * rows that are not 16-byte aligned, tiny vocabularies and batches of 256.
  *
- * Every run draws fresh random inputs (the seed is printed;
- * REPLAY_TEST_SEED repeats one); outputs are poisoned before each launch.
+ * Inputs are random from a fixed seed (TEST_SEED, printed;
+ * REPLAY_TEST_SEED runs another); outputs are poisoned before each launch.
  * REPLAY_TEST_SMALL=1 shrinks the shapes (for compute-sanitizer memcheck),
  * REPLAY_TEST_SMALL=2 further (racecheck: a few rows, vocabularies down
  * to 8000-10000, the same kernel paths: cluster fast path, tie slow path);
@@ -704,12 +704,15 @@ static void test_sample_bench(void **state) {
     bench_sample();
 }
 
+/* Every run draws the same inputs unless REPLAY_TEST_SEED says otherwise. */
+#define TEST_SEED 20261127ULL
+
 int main(void) {
     const char *env = getenv("REPLAY_TEST_SEED");
-    g_seed = env ? strtoull(env, NULL, 10) : (uint64_t)time(NULL);
+    g_seed = env ? strtoull(env, NULL, 10) : TEST_SEED;
     env = getenv("REPLAY_TEST_SMALL");
     g_small = !env ? 0 : atoi(env) >= 2 ? 2 : 1;
-    printf("test_cuda_sample: seed %llu%s (REPLAY_TEST_SEED repeats it)\n", (unsigned long long)g_seed,
+    printf("test_cuda_sample: seed %llu%s (REPLAY_TEST_SEED=N runs another)\n", (unsigned long long)g_seed,
            g_small ? ", small shapes" : "");
     if (getenv("REPLAY_TEST_SKIP")) cmocka_set_skip_filter(getenv("REPLAY_TEST_SKIP"));
     if (getenv("REPLAY_TEST_ONLY")) cmocka_set_test_filter(getenv("REPLAY_TEST_ONLY"));

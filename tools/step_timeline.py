@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Where the one-kernel decode step leaves HBM idle: a timeline of its ring pieces.
 
-    REPLAY_DECODE_STEP_TRACE=1 REPLAY_DECODE_STEP_TIMELINE=step.tl \\
-        replay bench decode --dummy-weights qwen3-4b --batch 1 --no-eager --steps 8
+    # a trace build: cmake -DREPLAY_DECODE_STEP_TRACE=ON (scripts/gpu-bundle.sh: TRACE=1)
+    replay profile --dummy-weights qwen3-4b --batch 1 --timeline step.tl
     python3 tools/step_timeline.py step.tl [--peak-gbs 3030] [--bins 1.0]
 
-The trace kernel stamps, for every ring piece of the last launch, when its
+The trace build's kernel stamps, for every ring piece of the last launch, when its
 producer issued the bulk copies, when its consumer warp found it complete,
 and when that warp released the stage (kernels.h, rp_decode_step.timeline);
 the grid barriers' arrival and release times come with it. This prints:
@@ -41,7 +41,7 @@ import sys
 import numpy as np
 
 KINDS = ["attention", "o", "gate_up", "down", "qkv"]  # window after barrier k % 5
-TR_PIECES = 11  # trace slot: ring pieces of the block (decode_step.cu)
+TR_PIECES = 11  # trace slot: ring pieces of the block (kernels/decode_step/trace.cuh)
 
 
 def load(path):

@@ -70,6 +70,7 @@ typedef struct rp_engine_config {
     /* CUDA graphs */
     int disable_cuda_graph;
     int cuda_graph_max_bs;
+    int disable_decode_step; /* decode 1-4 sequences with the chain of kernels, not the one-kernel step */
     int quiet_model_warning; /* 1: do not log that dummy weights are random */
     int disable_overlap;     /* 1: wait for each step's tokens before preparing the next */
 } rp_engine_config;

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "backend/sample_params.h"
+#include "backend/tuning.h"
 #include "model/model.h"
 #include "util/err.h"
 
@@ -53,6 +54,14 @@ typedef struct rp_backend_config {
     int num_cuda_graph_bs;   /* > 0: capture exactly these batch sizes */
     int cuda_graph_bs[64];
     int profile; /* time every kernel of eager forwards with events (replay profile) */
+    /* 0 in every field: each value chosen by model shape and GPU
+     * (backend/tuning.h, docs/tuning.md) */
+    rp_tuning tuning;
+    /* Where the last one-kernel decode step's trace and weight-piece
+     * timeline go when the backend is destroyed (tools/step_timeline.py);
+     * NULL: none. Only a trace build (-DREPLAY_DECODE_STEP_TRACE=ON) writes
+     * one; in any other build setting it makes backend creation fail. */
+    const char *trace_timeline_path;
 } rp_backend_config;
 
 /* One timed segment of the last eager forward (profile mode). */
@@ -65,8 +74,6 @@ typedef struct rp_profile_entry {
 typedef struct rp_backend_stats {
     uint64_t forwards;
     uint64_t graph_replays;      /* forwards that were one CUDA graph replay */
-    uint64_t decode_step_forwards; /* batch-1 decode steps run as one persistent kernel */
-    uint64_t decode_step_picks;    /* of those, sampled by the kernel's own greedy pick */
     uint64_t device_allocs;      /* device allocations since the backend finished starting */
     double last_gpu_ms;          /* device time of the last forward (CUDA events) */
     /* host time of the last forward: packing the metadata block, enqueueing
@@ -118,13 +125,6 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
 rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err);
 /* Number of CUDA devices usable (0 without CUDA support or without a GPU). */
 int rp_cuda_device_count(void);
-/* The CUDA backend's one-kernel batch-1 decode step alone, launched back
- * to back (inner launches per timing, the median of reps timings) on the
- * metadata of the last forward, which must have been such a step and read:
- * microseconds per launch in *us. Re-running a step rewrites the same KV
- * entries with the same values. RP_ERR (err says why) on another backend or
- * a model the kernel does not take. For `replay bench kernels`. */
-int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_err *err);
 /* Free and total device memory of a device in bytes; -1 without CUDA. */
 int rp_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 

@@ -1,5 +1,6 @@
 /* Without CUDA support compiled in, the CUDA entry points say so. */
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 
 #ifndef REPLAY_HAVE_CUDA
 rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err) {
@@ -13,6 +14,11 @@ int rp_cuda_device_count(void) { return 0; }
 
 int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_err *err) {
     (void)b, (void)reps, (void)inner, (void)us;
+    return rp_errf(err, "this replay was built without CUDA");
+}
+
+int rp_cuda_stats_get(rp_backend *b, rp_cuda_stats *out, rp_err *err) {
+    (void)b, (void)out;
     return rp_errf(err, "this replay was built without CUDA");
 }
 

@@ -130,6 +130,7 @@ int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *
         }
         o->threads = (int)v;
         return 1;
+    case 0x106: o->disable_decode_step = 1; return 1;
     }
     return 0;
 }
@@ -195,6 +196,7 @@ void rp_cli_runner_config(const rp_model_opts *o, rp_runner_config *rc) {
     rc->load_progress = 1;
     rc->device = rp_cli_device(o);
     rc->threads = o->threads;
+    rc->tuning.disable_decode_step = o->disable_decode_step;
 }
 
 rp_runner *rp_cli_runner_new(const rp_model_opts *o, const rp_runner_config *rc, const char *cmd) {
@@ -261,6 +263,7 @@ void rp_cli_engine_model(const rp_model_opts *o, rp_engine_config *ec) {
     ec->weight_seed = o->weight_seed;
     ec->device = rp_cli_device(o);
     ec->threads = o->threads;
+    ec->disable_decode_step = o->disable_decode_step;
 }
 
 void rp_cli_request_sampling(rp_request_params *rq, const rp_sampling_params *sp) {

@@ -19,13 +19,15 @@ typedef struct rp_model_opts {
     const char *device;      /* "auto", "cpu", "cuda" */
     uint64_t weight_seed;
     int threads;
+    int disable_decode_step; /* the chain of kernels for every decode step (docs/tuning.md) */
 } rp_model_opts;
 
 /* Long options for rp_model_opts; commands append their own. */
 #define RP_MODEL_LONG_OPTIONS                                                 \
     {"model", required_argument, 0, 0x100}, {"dummy-weights", required_argument, 0, 0x101}, \
         {"load-format", required_argument, 0, 0x102}, {"device", required_argument, 0, 0x103}, \
-        {"weight-seed", required_argument, 0, 0x104}, {"threads", required_argument, 0, 0x105}
+        {"weight-seed", required_argument, 0, 0x104}, {"threads", required_argument, 0, 0x105}, \
+        {"disable-decode-step", no_argument, 0, 0x106}
 
 #define RP_MODEL_OPTIONS_HELP                                                                   \
     "Model:\n"                                                                                  \
@@ -34,7 +36,8 @@ typedef struct rp_model_opts {
     "  --load-format FMT      auto (default) or dummy: DIR's config with random weights\n"     \
     "  --weight-seed N        seed for dummy weights (default 0)\n"                             \
     "  --device DEV           auto (default), cpu or cuda\n"                                    \
-    "  --threads N            CPU threads (default: all cores)\n"
+    "  --threads N            CPU threads (default: all cores)\n"                              \
+    "  --disable-decode-step  CUDA: decode 1-4 sequences with the chain of kernels, not one kernel\n"
 
 /* Sampling options shared by generate and chat (vLLM's meanings). */
 #define RP_SAMPLING_LONG_OPTIONS                                                                         \

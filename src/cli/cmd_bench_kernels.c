@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "cli/bench_common.h"
 #include "engine/runner.h"
 #include "cli/cli.h"
@@ -24,6 +25,8 @@
 #include "model/model.h"
 
 #define CMD "bench kernels"
+
+static int g_attn_sweep; /* --attn-sweep: every split count and block shape of attention */
 
 #ifdef REPLAY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -331,7 +334,7 @@ static void run_all(const rp_model_config cfg, const char *name) {
                 double gbs = bytes / (us * 1e3);
                 printf("%-24s %4d %5d %6d %9.1f %9.2f %8.0f %6.1f%%\n", "", B, L, splits, bytes / 1e6, us, gbs,
                        100.0 * gbs / copy_gbs);
-                if (getenv("REPLAY_BENCH_ATTN_SWEEP")) { /* the split count and the kernel, for tuning */
+                if (g_attn_sweep) { /* the split count and the kernel, for tuning */
                     const int sw[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
                     for (int mode = 0; mode < 2; mode++) {
                         rp_k_attn_decode_set_trans(mode == 1);
@@ -376,7 +379,7 @@ static void run_all(const rp_model_config cfg, const char *name) {
             double flops = 4.0 * nh * hd * S * ((double)L * (L + 1) / 2);
             printf("%-24s %4d %5d %9.1f %9.1f %6.1f%%\n", "", S, L, us, flops / (us * 1e6),
                    mma_tflops > 0 ? 100.0 * flops / (us * 1e6) / mma_tflops : 0.0);
-            if (getenv("REPLAY_BENCH_ATTN_SWEEP")) { /* every block shape, for tuning */
+            if (g_attn_sweep) { /* every block shape, for tuning */
                 static const char *const names[] = {"", "16 rows per warp", "32 rows per warp", "two heads per warp"};
                 for (int mode = RP_PREFILL_ROWS16; mode <= RP_PREFILL_HEADS2; mode++) {
                     rp_k_attn_prefill_set_mode(mode);
@@ -415,20 +418,20 @@ static void run_all(const rp_model_config cfg, const char *name) {
         int32_t *tok = dmalloc(max_rows * 4);
         float *lp = dmalloc(max_rows * 4);
         void *sws = dmalloc(rp_sample_workspace_bytes(max_rows, vocab));
-        struct { const char *name; float t, p, minp; int k; } cfg[] = {
+        struct { const char *name; float t, p, minp; int k; } cases[] = {
             {"greedy", 0.0f, 1.0f, 0.0f, 0},       {"T=1", 1.0f, 1.0f, 0.0f, 0},
             {"T=0.7 top_p=0.9", 0.7f, 0.9f, 0.0f, 0}, {"T=0.7 top_k=50", 0.7f, 1.0f, 0.0f, 50},
             {"top_k=50 top_p=0.9 min_p", 0.8f, 0.9f, 0.05f, 50}};
         printf("\n%-28s %4s %9s\n", "sample", "rows", "us");
-        for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
             for (int rows = 1; rows <= max_rows; rows *= 32) {
                 rp_sample_params hp[32];
                 for (int r = 0; r < rows; r++)
-                    hp[r] = (rp_sample_params){cfg[ci].t, cfg[ci].p, cfg[ci].k, cfg[ci].minp, 1234, (uint64_t)r, 0};
+                    hp[r] = (rp_sample_params){cases[ci].t, cases[ci].p, cases[ci].k, cases[ci].minp, 1234, (uint64_t)r, 0};
                 CHECK(cudaMemcpy(params, hp, rows * sizeof hp[0], cudaMemcpyHostToDevice));
                 smp_ctx s = {logits, params, tok, lp, sws, rows, vocab};
                 double us = time_us(smp_fn, &s);
-                printf("%-28s %4d %9.1f\n", cfg[ci].name, rows, us);
+                printf("%-28s %4d %9.1f\n", cases[ci].name, rows, us);
             }
         CHECK(cudaFree(logits));
         CHECK(cudaFree(params));
@@ -441,17 +444,24 @@ static void run_all(const rp_model_config cfg, const char *name) {
 #endif
 
 int rp_cmd_bench_kernels(int argc, char **argv) {
-    static const struct option longopts[] = {RP_MODEL_LONG_OPTIONS, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option longopts[] = {RP_MODEL_LONG_OPTIONS, {"attn-sweep", no_argument, 0, 'a'},
+                                             {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
+        if (opt == 'a') {
+            g_attn_sweep = 1;
+            continue;
+        }
         if (opt != 'h') return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
-        printf("Usage: replay bench kernels (--model DIR | --dummy-weights NAME)\n\n"
+        printf("Usage: replay bench kernels (--model DIR | --dummy-weights NAME) [--attn-sweep]\n\n"
                "Times each CUDA kernel alone at the model's shapes against the copy bandwidth\n"
                "measured in the same run (only the model's config is read; the one-kernel\n"
-               "decode step, timed last, runs on random weights of those shapes).\n");
+               "decode step, timed last, runs on random weights of those shapes).\n\n"
+               "  --attn-sweep   also time decode attention at every split count with both\n"
+               "                 kernels, and prefill attention with every block shape\n");
         return RP_EXIT_OK;
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);

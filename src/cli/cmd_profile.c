@@ -30,6 +30,8 @@ static void help(FILE *f) {
             "  --batch B      sequences decoded together (default 1)\n"
             "  --ctx N        tokens in each sequence's cache (default 512)\n"
             "  --steps N      steps measured per mode (default 32)\n"
+            "  --timeline F   a trace build (cmake -DREPLAY_DECODE_STEP_TRACE=ON): every weight piece's\n"
+            "                 timing of the one-kernel step into F, for tools/step_timeline.py\n"
             "  -h, --help     show this help\n");
 }
 
@@ -45,17 +47,25 @@ int rp_cmd_profile(int argc, char **argv) {
         {"batch", required_argument, 0, 'b'},
         {"ctx", required_argument, 0, 'c'},
         {"steps", required_argument, 0, 's'},
+        {"timeline", required_argument, 0, 't'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     long B = 1, ctx = 512, steps = 32;
+    const char *timeline = NULL;
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
+        case 't':
+#ifndef REPLAY_DECODE_STEP_TRACE
+            return rp_cli_usage_error(CMD, "--timeline needs a trace build (cmake -DREPLAY_DECODE_STEP_TRACE=ON)");
+#endif
+            timeline = optarg;
+            break;
         case 'b':
             if (rp_parse_int(optarg, 1, 1024, &B)) return rp_cli_usage_error(CMD, "--batch must be 1..1024");
             break;
@@ -81,6 +91,7 @@ int rp_cmd_profile(int argc, char **argv) {
     rcfg.max_context = total_len;
     rcfg.max_batched_tokens = 8192;
     rcfg.profile = 1;
+    rcfg.trace_timeline_path = timeline;
     rcfg.num_cuda_graph_bs = 1;
     rcfg.cuda_graph_bs[0] = (int)B;
     rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);

@@ -239,7 +239,8 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
                            .max_context = cfg->max_context, .max_batched_tokens = cfg->max_batched_tokens,
                            .max_logit_rows = cfg->max_running_requests,
                            .disable_cuda_graph = cfg->disable_cuda_graph,
-                           .cuda_graph_max_bs = cfg->cuda_graph_max_bs};
+                           .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
+                           .tuning = {.disable_decode_step = cfg->disable_decode_step}};
     if (!(e->run = rp_runner_new(&rc, &err))) goto fail;
     if (e->run->model->dummy && !cfg->quiet_model_warning)
         rp_log_warn("the weights are RANDOM (dummy): output is meaningless text, useful only for testing and timing");

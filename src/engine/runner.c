@@ -81,7 +81,8 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
                             .max_batch_tokens = max_batched, .max_batch_seqs = r->max_seqs,
                             .max_logit_rows = r->max_logit_rows, .num_threads = cfg->threads,
                             .disable_cuda_graph = cfg->disable_cuda_graph, .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
-                            .num_cuda_graph_bs = cfg->num_cuda_graph_bs, .profile = cfg->profile};
+                            .num_cuda_graph_bs = cfg->num_cuda_graph_bs, .profile = cfg->profile,
+                            .tuning = cfg->tuning, .trace_timeline_path = cfg->trace_timeline_path};
     if (cfg->num_cuda_graph_bs > 0) memcpy(bc.cuda_graph_bs, cfg->cuda_graph_bs, sizeof bc.cuda_graph_bs);
     r->backend = use_cuda ? rp_backend_cuda_new(r->model, &bc, err) : rp_backend_cpu_new(r->model, &bc, err);
     if (!r->backend) {

@@ -45,6 +45,8 @@ typedef struct rp_runner_config {
     int num_cuda_graph_bs; /* > 0: capture exactly these batch sizes */
     int cuda_graph_bs[64];
     int profile; /* time every kernel of eager forwards (replay profile) */
+    rp_tuning tuning;                /* zero: every value chosen by model shape and GPU (docs/tuning.md) */
+    const char *trace_timeline_path; /* a trace build's decode-step timeline, or NULL */
 } rp_runner_config;
 
 typedef struct rp_runner {

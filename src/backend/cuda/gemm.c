@@ -1,7 +1,6 @@
 /* GEMV/cuBLASLt dispatch and the cuBLASLt plan cache. */
 #include "backend/cuda/gemm.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_util.h"
@@ -15,11 +14,6 @@
 
 int rp_gemm_init(rp_gemm *g, size_t workspace_bytes, rp_err *err) {
     memset(g, 0, sizeof *g);
-    const char *env = getenv("REPLAY_GEMV_MAX_T");
-    g->gemv_max_t = env && *env ? atoi(env) : RP_GEMV_MAX_T;
-    if (g->gemv_max_t < 0 || g->gemv_max_t > RP_GEMV_MAX_T) g->gemv_max_t = RP_GEMV_MAX_T;
-    env = getenv("REPLAY_GEMV_LT_ELEMS");
-    g->lt_elems = env && *env ? atoll(env) : RP_GEMM_LT_ELEMS;
     LT_TRY(cublasLtCreate(&g->lt), err);
     g->workspace_bytes = workspace_bytes;
     return rp_cuda_malloc(&g->workspace, workspace_bytes, "cuBLASLt workspace", err);
@@ -94,7 +88,8 @@ static rp_gemm_plan *find_plan(rp_gemm *g, int T, int N, int K, int out_f32, rp_
 }
 
 int rp_gemm_uses_gemv(const rp_gemm *g, int T, int N, int K) {
-    return T <= g->gemv_max_t && (T <= 2 || (long long)N * K < g->lt_elems);
+    (void)g;
+    return T <= RP_GEMV_MAX_T && (T <= 2 || (long long)N * K < RP_GEMM_LT_ELEMS);
 }
 
 int rp_gemm_run(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,

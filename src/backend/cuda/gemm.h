@@ -20,8 +20,7 @@
  * 6.62 ms per step at batch 8, qwen3-4b 4.82 -> 4.43, llama3.2-1b 1.50 ->
  * 1.45), while the GEMV stays ahead on the small ones (qwen3-0.6b's 1024 x
  * 6144 gate_up: all of it through cuBLASLt took batch 8 1.36 -> 1.49 ms;
- * qwen3-4b's 2560 x 4096 o is faster through cuBLASLt). bench/RESULTS.md,
- * eleventh session. */
+ * qwen3-4b's 2560 x 4096 o is faster through cuBLASLt). bench/RESULTS.md. */
 #define RP_GEMM_LT_ELEMS (8LL << 20)
 
 typedef struct rp_gemm_plan {
@@ -37,8 +36,6 @@ typedef struct rp_gemm {
     size_t workspace_bytes;
     rp_gemm_plan plans[RP_GEMM_CACHE];
     int num_plans, next_evict;
-    int gemv_max_t; /* T up to this runs the GEMV (RP_GEMV_MAX_T; REPLAY_GEMV_MAX_T lowers it) */
-    long long lt_elems; /* RP_GEMM_LT_ELEMS; REPLAY_GEMV_LT_ELEMS overrides */
 } rp_gemm;
 
 int rp_gemm_init(rp_gemm *g, size_t workspace_bytes, rp_err *err);

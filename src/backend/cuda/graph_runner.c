@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_state.h"
 #include "backend/cuda/cuda_util.h"
 #include "util/log.h"
 #include "util/progress.h"
@@ -42,17 +42,27 @@ static int capture_step(rp_cuda_backend *cb, int bs, int sample, cudaGraphExec_t
     if (dummy_step(cb, bs, err)) return RP_ERR;
     if (rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, sample, err)) return RP_ERR;
     RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
-    cudaGraph_t graph;
+    cudaGraph_t graph = NULL;
     RP_CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), err);
     cb->capturing = 1;
     int rc = rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, sample, err);
     cb->capturing = 0;
+    /* The capture ends whatever happened inside it; a failed one leaves no
+     * graph behind (a launch error invalidates the capture: no graph, or a
+     * partial one to destroy). */
     cudaError_t ce = cudaStreamEndCapture(cb->stream, &graph);
-    if (rc) return rp_err_wrap(err, "capturing the decode graph for batch size %d", bs);
-    RP_CUDA_TRY(ce, err);
+    if (rc || ce != cudaSuccess) {
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+        if (rc) return rp_err_wrap(err, "capturing the decode graph for batch size %d", bs);
+        return rp_errf(err, "capturing the decode graph for batch size %d: %s", bs, cudaGetErrorString(ce));
+    }
     ce = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
-    RP_CUDA_TRY(ce, err);
+    if (ce != cudaSuccess) {
+        *exec = NULL;
+        return rp_errf(err, "instantiating the decode graph for batch size %d: %s", bs, cudaGetErrorString(ce));
+    }
     RP_CUDA_TRY(cudaGraphLaunch(*exec, cb->stream), err);
     RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
     return 0;
@@ -87,7 +97,6 @@ int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
         int bs = sizes[i];
         rp_cuda_graph *g = &cb->graphs[i];
         g->batch_size = bs;
-        g->splits = rp_cuda_decode_splits(cb, bs);
         if (capture_step(cb, bs, RP_SAMPLE_KERNELS, &g->exec, err)) return RP_ERR;
         /* the bucket's greedy variant, where its step is one kernel */
         if (rp_cuda_decode_step_nb(cb, bs, bs, bs, 1) && rp_cuda_decode_step_can_pick(cb, bs) &&

@@ -29,11 +29,6 @@ extern "C" {
 
 typedef uint16_t rp_bf16;
 
-/* Programmatic dependent launch (common.cuh says what it buys and the rules
- * the kernels follow): on by default; off gives plain stream-ordered
- * launches. Process-wide; set it before capturing graphs. */
-void rp_k_set_pdl(int enabled);
-
 /* residual[t][:] = float(embed[tokens[t]][:]), t < T; tokens[t] < 0 is a
  * token reference into prev_sampled (the previous step's sampled tokens;
  * may be NULL when no id is negative). If ss_parts is not
@@ -131,13 +126,13 @@ size_t rp_attn_decode_workspace_bytes(int num_seqs, int nh, int hd, int num_spli
 int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
                      rp_bf16 *out, void *workspace, int num_seqs, int nh, int nkv, int hd, int num_splits,
                      cudaStream_t stream);
-/* Tests and A/Bs: 1 runs the transposed tile products (keys as the mma's
- * M), 0 the heads-as-M ones, -1 the default (attn_decode.cu says when). */
+/* Tests: 1 runs the transposed tile products (keys as the mma's M), 0 the
+ * heads-as-M ones, -1 the default (attn_decode.cu says when). */
 void rp_k_attn_decode_set_trans(int mode);
 
 /* The whole decode step (embedding to logits) of 1 to 4 sequences, one
  * token each, as one persistent kernel, one block per SM
- * (kernels/decode_step.cu says how and why). Same inputs as the chain of
+ * (kernels/decode_step/decode_step.cu says how and why). Same inputs as the chain of
  * kernels: tokens, positions, slots and the paged attention view from the
  * metadata block (token b belongs to sequence b, logit row b to token b);
  * the activation buffers hold a row per sequence; sampling runs after
@@ -175,28 +170,44 @@ typedef struct rp_decode_step {
     void *workspace; /* rp_decode_step_workspace_bytes(), zeroed once */
     /* NULL, or [grid][RP_DECODE_STEP_TRACE_STRIDE] u64 per block of the
      * last launch: ns spent per kind of work, rp_decode_step_trace_names
-     * (REPLAY_DECODE_STEP_TRACE) */
+     * (written only by the trace build, -DREPLAY_DECODE_STEP_TRACE=ON) */
     uint64_t *trace;
     /* NULL, or (with trace) [grid][RP_DECODE_STEP_TL_PIECES][4] u64 per
      * block of the last launch: for each ring piece, the %globaltimer at
      * which the producer issued it, its consumer warp found it complete and
-     * released its stage, then (phase << 40) | bytes (REPLAY_DECODE_STEP_TIMELINE) */
+     * released its stage, then (phase << 40) | bytes (the trace build, with
+     * rp_backend_config.trace_timeline_path set) */
     uint64_t *timeline;
     int num_layers, H, F, nh, nkv, hd, V;
     float eps;
 } rp_decode_step;
 size_t rp_decode_step_workspace_bytes(int nh, int nkv);
+/* The step's plan values, concrete: rp_cuda_tuning_resolve (tuning.c) makes
+ * them from rp_tuning by model shape and GPU; docs/tuning.md says why each
+ * default is what it is. */
+typedef struct rp_decode_step_tuning {
+    int kc;           /* k per ring piece: a multiple of 256 in [256, 1536] */
+    int prefetch;     /* static pieces the producer may prefetch into L2 while it waits for a stage */
+    int prefetch_now; /* of those, issued at once when a wait starts */
+    int dyn_eighths;  /* eighths of a large phase's units taken dynamically (0-8) */
+    int pace_ns;      /* one sequence: the producer's pause between pieces while its consumers are at a grid
+                       * barrier or in attention (0: none) */
+    int tail_hold;    /* a block that took one of a phase's last tail_hold dynamic units queues no more
+                       * copies until it arrives at the phase's barrier */
+} rp_decode_step_tuning;
 /* NULL when the shapes are supported, else why not; _device also asks the
  * current device for nb sequences (shared memory, cooperative launch, a
  * block per SM). 3 sequences run the kernel for 4 (the same arithmetic
  * per sequence as 3 padded to 4). */
 const char *rp_decode_step_check(const rp_decode_step *s);
-const char *rp_decode_step_check_device(const rp_decode_step *s, int nb, int num_sms);
+const char *rp_decode_step_check_device(const rp_decode_step *s, const rp_decode_step_tuning *t, int nb,
+                                        int num_sms);
 /* greedy: every sequence's token is its logits' argmax (lowest id on
  * ties), picked inside the kernel with its logprob (pick_tokens,
  * pick_logprobs; as rp_k_sample_kept leaves them for greedy rows), so no
  * sampling kernel needs to follow. */
-int rp_k_decode_step(const rp_decode_step *s, int nb, int num_sms, int greedy, cudaStream_t stream);
+int rp_k_decode_step(const rp_decode_step *s, const rp_decode_step_tuning *t, int nb, int num_sms, int greedy,
+                     cudaStream_t stream);
 /* Whether rp_k_decode_step can pick greedily for nb sequences. */
 int rp_decode_step_pick_ok(const rp_decode_step *s, int nb, int num_sms);
 /* Per block: RP_DECODE_STEP_TRACE_SLOTS totals, then from slot 16 the
@@ -225,8 +236,8 @@ int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 
 /* Prefill attention's block shape (attn_prefill.cu says why): 16 query
  * rows per warp; 32 (two runs of 16 positions); two heads of one kv group
  * at the same 16 positions (the default where the group is even and that
- * grid covers the SMs; else the first). Tests and A/Bs:
- * rp_k_attn_prefill_set_mode(mode) or REPLAY_PREFILL_MODE, -1 the default. */
+ * grid covers the SMs; else the first). Tests:
+ * rp_k_attn_prefill_set_mode(mode), -1 the default. */
 enum { RP_PREFILL_ROWS16 = 1, RP_PREFILL_ROWS32 = 2, RP_PREFILL_HEADS2 = 3 };
 void rp_k_attn_prefill_set_mode(int mode);
 

@@ -19,8 +19,8 @@ extern "C" {
 /* Where the sampling kernel also puts each row's token and logprob: the
  * host's pinned result buffer of the step's slot, mapped (rows[*slot & 1]:
  * the tokens, then the logprobs stride entries further), so that no copy
- * follows the kernel (a copy node costs ~8 us a step: bench/RESULTS.md,
- * eighteenth session). The slot is read when the kernel runs, so a graph
+ * follows the kernel (a copy node costs ~8 us a step: bench/RESULTS.md).
+ * The slot is read when the kernel runs, so a graph
  * serves both. */
 typedef struct rp_sample_host {
     int32_t *rows[2];

@@ -13,11 +13,9 @@
  * Within a block, 4 warps take 16-key tiles in turn and keep their own
  * online-softmax state in registers; the warps meet once, at the end,
  * through shared memory (no communication between blocks: the merge is a
- * separate launch). Each warp loads its tile straight into registers.
- * (A 3-stage cp.async ring per warp won at 32 sequences and more while
- * every key cost the tile loader a page-table load and a division; with one
- * page lookup per tile the register path was ahead at every batch, and the
- * rings went: bench/RESULTS.md, eleventh and twelfth sessions.)
+ * separate launch). Each warp loads its tile straight into registers, with
+ * one page lookup per tile: at every batch size that is ahead of a cp.async
+ * ring per warp (bench/RESULTS.md).
  *
  * Where the grid has at least three blocks per SM, attn_decode_t_kernel
  * does the same with the tile's products transposed (keys as M, heads as
@@ -296,8 +294,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
  * accumulators of O^T take 32 registers instead of 64. P^T's B fragments
  * come from S^T's accumulators through movmatrix (an 8 x 8 transpose in
  * registers). Loads and the split range are those of the kernel above. */
-/* four blocks per SM: 128 registers (12 bytes of spills); 140 without
- * the bound, three per SM, were 1% slower at batch 128 */
+/* four blocks per SM: 128 registers (12 bytes of spills); without the
+ * bound (140 registers, three per SM) batch 128 is 1% slower */
 #define DEC_T_MIN_BLOCKS 4
 template <int HD, int NT>
 __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
@@ -444,19 +442,16 @@ extern "C" void rp_k_attn_decode_set_trans(int mode) { dec_trans_mode = mode < 0
  * blocks per SM: its longer chain per tile pays only with more blocks
  * resident (it fits four per SM, the other two). llama3-8b's shape alone,
  * 128 x 512 keys 108.8 -> 94.7 us, 128 x 4096 794 -> 704 (100% of the
- * read bandwidth); but 32 x 512 in 256 blocks 30.1 -> 31.4 (bench/RESULTS.md,
- * eleventh session). REPLAY_ATTN_TRANS=0/1 or the setter (tests) force it. */
+ * read bandwidth); but 32 x 512 in 256 blocks 30.1 -> 31.4 (bench/RESULTS.md).
+ * Tests force either with rp_k_attn_decode_set_trans. */
 static bool dec_trans(int blocks) {
-    static int env = -2, sms = 0;
-    if (env == -2) {
-        const char *e = getenv("REPLAY_ATTN_TRANS");
-        env = e && *e ? atoi(e) != 0 : -1;
+    static int sms = 0;
+    if (!sms) {
         int dev = 0;
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
             sms = 132;
     }
-    const int mode = dec_trans_mode >= 0 ? dec_trans_mode : env;
-    return mode >= 0 ? mode != 0 : blocks >= 3 * sms;
+    return dec_trans_mode >= 0 ? dec_trans_mode != 0 : blocks >= 3 * sms;
 }
 
 template <int HD>

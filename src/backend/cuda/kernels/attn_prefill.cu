@@ -18,7 +18,7 @@
  * take the two-head block (llama3-8b's shape, one sequence of 8192: 3154 ->
  * 2433 us, 174 -> 226 TFLOP/s; 2048: 261 -> 221 us); where it would leave
  * SMs idle the one-head 64-query block is faster (512 tokens: 29 against 36
- * us; bench/RESULTS.md, twelfth session). */
+ * us; bench/RESULTS.md). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -279,18 +279,13 @@ extern "C" int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, con
                                  int nkv, int hd, cudaStream_t stream) {
     if (T <= 0 || num_seqs <= 0 || max_q_len <= 0) return cudaSuccess;
     if (nkv <= 0 || nh % nkv != 0 || meta.page_size <= 0) return (int)cudaErrorInvalidValue;
-    static int env = -2;
-    if (env == -2) {
-        const char *e = getenv("REPLAY_PREFILL_MODE");
-        env = e && *e ? atoi(e) : -1;
-    }
     static int sms = 0;
     if (!sms) {
         int dev = 0;
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
             sms = 132;
     }
-    int mode = pf_mode_set >= 0 ? pf_mode_set : env;
+    int mode = pf_mode_set;
     if (mode < RP_PREFILL_ROWS16 || mode > RP_PREFILL_HEADS2) {
         /* the two-head block, unless its grid would not cover the SMs */
         const int64_t big = (int64_t)((max_q_len + 63) / 64) * (nh / 2) * num_seqs;

@@ -38,10 +38,6 @@ static inline int rp_launch_result(void) { return (int)cudaGetLastError(); }
 __device__ __forceinline__ void rp_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void rp_pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-/* Process-wide switch (rp_k_set_pdl), read by rp_launch: off gives plain
- * stream-ordered launches, for A/B timing and as a fallback. */
-extern int rp_pdl_enabled;
-
 /* cluster_x > 1 launches thread-block clusters of cluster_x blocks along x
  * (grid.x a multiple of it): blocks of a cluster share shared memory
  * (DSMEM) and a barrier, which lets a kernel split a reduction over several
@@ -56,11 +52,9 @@ static int rp_launch_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, si
     cfg.stream = stream;
     cudaLaunchAttribute attr[2];
     int n = 0;
-    if (rp_pdl_enabled) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n].val.programmaticStreamSerializationAllowed = 1;
-        n++;
-    }
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization; /* every launch under PDL */
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    n++;
     if (cluster_x > 1) {
         attr[n].id = cudaLaunchAttributeClusterDimension;
         attr[n].val.clusterDim.x = (unsigned)cluster_x;
@@ -168,12 +162,6 @@ __device__ __forceinline__ uint4 rp_silu_mul8(const float *g, const float *u) {
 __device__ __forceinline__ float rp_warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(RP_FULL_MASK, v, o);
-    return v;
-}
-
-__device__ __forceinline__ float rp_warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(RP_FULL_MASK, v, o));
     return v;
 }
 

@@ -17,12 +17,6 @@
  *    that small matrices still fill the GPU;
  *  - the warp count also keeps the launch to one wave, or a nearly full
  *    last one (gemv_launch_io; qwen3-4b's N = 2560 fell off this);
- *  - optionally (REPLAY_GEMV_MAX_KS > 1; off by default: measured slower
- *    on 4 of 5 models, bench/RESULTS.md) K is also split over a
- *    thread-block cluster of up to 8 blocks: each block streams its K range
- *    and stages only that part of x, and the cluster's rank 0 adds the
- *    blocks' partial sums in rank order through distributed shared memory
- *    (fixed order: graph == eager bit for bit; no workspace, no atomics);
  *  - before the PDL wait each block asks the bulk copy engine to prefetch
  *    the start of its rows into L2 (a budget per launch), so DRAM keeps
  *    streaming this GEMV's weights while the kernel before it (attention,
@@ -43,22 +37,17 @@
  *    the new residual for the next norm.
  * Requires K % 8 == 0 and 16-byte aligned W and inputs (true for every
  * model shape replay loads); N is arbitrary. */
-#include <cooperative_groups.h>
-#include <stdlib.h>
-
 #include "common.cuh"
 #include "mma.cuh"
 
 #define GEMV_ROWS 16
 #define GEMV_UNROLL 4 /* chunks of 32 k per warp per batch */
-#define GEMV_PF_KB_DEFAULT 4096 /* L2 prefetch budget per launch */
+#define GEMV_PF_BUDGET_BYTES (4096 << 10) /* L2 prefetch budget per launch */
 
 struct gemv_params {
     rp_gemv_in in;
     rp_gemv_out out;
     int T, N, K;
-    int ks;       /* blocks per 16-row tile (cluster size): K split ks ways */
-    int nch_b;    /* 32-wide k chunks per block */
     int pf_bytes; /* L2 prefetch per weight row before the PDL wait (multiple of 16) */
 };
 
@@ -152,19 +141,16 @@ __device__ __forceinline__ void stage_x(const rp_gemv_in &in, uint16_t *xs, floa
 template <int WARPS, int IN, int OUT>
 __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__restrict__ W, gemv_params p) {
     __shared__ float red[WARPS][GEMV_ROWS][8];
-    __shared__ float part[GEMV_ROWS * 8]; /* this block's sums, read by the cluster's rank 0 */
     __shared__ float s_inv[RP_GEMV_MAX_T];
-    extern __shared__ __align__(16) uint16_t xs[]; /* staged x: [T][stage_ld(nch_b * 32)] */
+    extern __shared__ __align__(16) uint16_t xs[]; /* staged x: [T][stage_ld(K rounded up to 32)] */
     constexpr bool STAGED = IN != RP_GEMV_IN_BF16;
     rp_pdl_trigger();
-    const int T = p.T, N = p.N, K = p.K, ks = p.ks;
+    const int T = p.T, N = p.N, K = p.K;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* mma groupID / thread-in-group */
-    const int tile = blockIdx.x / ks, rank = blockIdx.x % ks; /* rank: this block's place in its cluster */
-    const int row0 = tile * GEMV_ROWS;
-    const int nch = (K + 31) / 32;
-    const int c0 = rank * p.nch_b, c1 = min(nch, c0 + p.nch_b); /* this block's chunks */
-    const int kb = c0 * 32, kr = min(K, c1 * 32) - kb;            /* its k range */
+    const int tile = blockIdx.x, row0 = tile * GEMV_ROWS; /* the block's 16 rows */
+    const int c0 = 0, c1 = (K + 31) / 32; /* the block's 32-wide k chunks: all of them */
+    const int kb = 0, kr = K;
     const bool ra = row0 + g < N, rb = row0 + g + 8 < N, xt = g < T;
     const uint16_t *wa = W + (int64_t)(ra ? row0 + g : 0) * K + c * 8;
     const uint16_t *wb = W + (int64_t)(rb ? row0 + g + 8 : 0) * K + c * 8;
@@ -178,7 +164,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__rest
     uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
     load_w<WARPS>(va, vb, wa, wb, c0 + warp, c1, K, c, ra, rb);
     rp_pdl_wait();
-    const int ld = stage_ld(p.nch_b * 32);
+    const int ld = stage_ld(c1 * 32);
     if (STAGED) stage_x<IN>(p.in, xs, s_inv, T, K, kb, kr, ld);
     const uint16_t *xrow = xs + (xt ? g : 0) * ld;
 
@@ -215,23 +201,6 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__rest
     if (owner)
 #pragma unroll
         for (int w = 0; w < WARPS; w++) s += red[w][r][t];
-    if (ks > 1) {
-        /* Split K: rank 0 adds the cluster's partial sums in rank order. The
-         * cluster barrier orders the part[] writes before the remote reads
-         * (arrive has release, wait acquire semantics at cluster scope); the
-         * second keeps every block's shared memory alive until rank 0 has
-         * read it. Every thread of every block reaches both. */
-        namespace cg = cooperative_groups;
-        cg::cluster_group cluster = cg::this_cluster();
-        if (owner) part[threadIdx.x] = s;
-        cluster.sync();
-        if (rank == 0 && owner) {
-            s = 0.0f;
-            for (int q = 0; q < ks; q++) s += cluster.map_shared_rank(part, q)[threadIdx.x];
-        }
-        cluster.sync();
-        if (rank != 0) return;
-    }
     if (!owner) return;
     const bool valid = t < T && row0 + r < N;
     const int64_t o = (int64_t)t * N + row0 + r;
@@ -271,27 +240,9 @@ extern "C" int rp_gemv_stage_fits(int T, int K) {
     return (size_t)T * stage_ld(K) * 2 <= RP_GEMV_STAGE_BYTES;
 }
 
-/* Switches read once, at the first launch (before any capture), for A/B
- * timing: REPLAY_GEMV_MAX_KS caps the K split (1 = off), REPLAY_GEMV_PF_KB
- * sets the L2 prefetch budget per launch (0 = off). */
-static int env_int(const char *name, int dflt) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : dflt;
-}
-static int gemv_max_ks(void) {
-    static int v = -1;
-    if (v < 0) v = env_int("REPLAY_GEMV_MAX_KS", 1);
-    return v < 1 ? 1 : v > 8 ? 8 : v;
-}
-static int gemv_pf_budget_bytes(void) {
-    static int v = -1;
-    if (v < 0) v = env_int("REPLAY_GEMV_PF_KB", GEMV_PF_KB_DEFAULT);
-    return v < 0 ? 0 : v > (1 << 20) ? (1 << 30) : v * 1024;
-}
-
 template <int WARPS, int IN, int OUT>
 static int gemv_launch_w(const rp_bf16 *W, const gemv_params &p, int blocks, cudaStream_t stream) {
-    const size_t smem = IN == RP_GEMV_IN_BF16 ? 0 : (size_t)p.T * stage_ld(p.nch_b * 32) * 2;
+    const size_t smem = IN == RP_GEMV_IN_BF16 ? 0 : (size_t)p.T * stage_ld((p.K + 31) / 32 * 32) * 2;
     /* Above 48 KiB a kernel needs the opt-in; once per instantiation, at the
      * first (eager, warm-up) launch, never first inside a capture. */
     static bool opted_in = false;
@@ -301,15 +252,8 @@ static int gemv_launch_w(const rp_bf16 *W, const gemv_params &p, int blocks, cud
         if (e != cudaSuccess) return (int)e;
         opted_in = true;
     }
-    return rp_launch_cluster(gemv_kernel<WARPS, IN, OUT>, dim3(blocks), dim3(WARPS * 32), smem, stream, p.ks, W,
+    return rp_launch(gemv_kernel<WARPS, IN, OUT>, dim3(blocks), dim3(WARPS * 32), smem, stream, W,
                              p);
-}
-
-
-static bool gemv_wave_rule(void) {
-    static int v = -1;
-    if (v < 0) v = env_int("REPLAY_GEMV_WAVE", 1);
-    return v != 0;
 }
 
 /* Resident blocks per SM of the WARPS-wide kernel, from the CUDA occupancy
@@ -343,19 +287,13 @@ template <int IN, int OUT>
 static int gemv_launch_io(const rp_bf16 *W, gemv_params p, cudaStream_t stream) {
     const int tiles = (p.N + GEMV_ROWS - 1) / GEMV_ROWS;
     const int nch = (p.K + 31) / 32;
-    /* Split K over a cluster while there are fewer than two tiles per SM and
-     * every block still keeps 16 chunks (one unrolled batch for 4 warps). */
-    int ks = 1;
-    while (ks < gemv_max_ks() && tiles * ks < 2 * sm_count() && nch / (2 * ks) >= 16) ks *= 2;
-    p.ks = ks;
-    p.nch_b = (nch + ks - 1) / ks;
-    const int blocks = tiles * ks;
+    const int blocks = tiles;
     /* Enough warps in flight to cover HBM latency (~16 per SM), but each
      * warp keeps at least one full unrolled batch of chunks. */
     const int want = 16 * sm_count();
-    const size_t smem = IN == RP_GEMV_IN_BF16 ? 0 : (size_t)p.T * stage_ld(p.nch_b * 32) * 2;
+    const size_t smem = IN == RP_GEMV_IN_BF16 ? 0 : (size_t)p.T * stage_ld(nch * 32) * 2;
     int warps = 4;
-    while (warps < 16 && blocks * warps < want && p.nch_b >= 2 * warps * GEMV_UNROLL) {
+    while (warps < 16 && blocks * warps < want && nch >= 2 * warps * GEMV_UNROLL) {
         /* Wider blocks fit fewer per SM (at ~80 registers: 6 of 4 warps, 3 of
          * 8, 1 of 16). Take them only if the launch stays one wave or its
          * last wave is nearly full: qwen3-4b's N = 2560 (160 tiles) in
@@ -363,11 +301,11 @@ static int gemv_launch_io(const rp_bf16 *W, gemv_params p, cudaStream_t stream) 
          * GEMV at 1.5 TB/s). */
         const int per_sm = gemv_blocks_per_sm<IN, OUT>(2 * warps, smem);
         const int wave = per_sm * sm_count(), waves = (blocks + wave - 1) / wave;
-        if (gemv_wave_rule() && waves > 1 && 4 * blocks < 3 * waves * wave) break;
+        if (waves > 1 && 4 * blocks < 3 * waves * wave) break;
         warps *= 2;
     }
     /* The prefetch budget, spread over the launch's weight rows. */
-    p.pf_bytes = (int)((int64_t)gemv_pf_budget_bytes() / ((int64_t)blocks * GEMV_ROWS) / 16 * 16);
+    p.pf_bytes = (int)((int64_t)GEMV_PF_BUDGET_BYTES / ((int64_t)blocks * GEMV_ROWS) / 16 * 16);
     if (warps == 4) return gemv_launch_w<4, IN, OUT>(W, p, blocks, stream);
     if (warps == 8) return gemv_launch_w<8, IN, OUT>(W, p, blocks, stream);
     return gemv_launch_w<16, IN, OUT>(W, p, blocks, stream);
@@ -394,7 +332,7 @@ extern "C" int rp_k_gemv_fused(const rp_bf16 *W, rp_gemv_in in, rp_gemv_out out,
     if (out.mode == RP_GEMV_OUT_RESIDUAL && (!out.residual || !out.ss_parts)) return (int)cudaErrorInvalidValue;
     if (in.mode == RP_GEMV_IN_SILU && !in.gate_up) return (int)cudaErrorInvalidValue;
     if (in.mode != RP_GEMV_IN_BF16 && !rp_gemv_stage_fits(T, K)) return (int)cudaErrorInvalidValue;
-    gemv_params p = {in, out, T, N, K, 1, 0, 0};
+    gemv_params p = {in, out, T, N, K, 0};
     switch (in.mode) {
     case RP_GEMV_IN_BF16: return gemv_launch_in<RP_GEMV_IN_BF16>(W, p, stream);
     case RP_GEMV_IN_RMSNORM: return gemv_launch_in<RP_GEMV_IN_RMSNORM>(W, p, stream);

@@ -4,12 +4,8 @@
  * benchmarks and tests see the same model). */
 #include "common.cuh"
 
-int rp_pdl_enabled = 1;
-
-extern "C" void rp_k_set_pdl(int enabled) { rp_pdl_enabled = enabled != 0; }
-
 /* gate_up[t] = [gate (F) | up (F)], fp32 (the products' own sums: bf16
- * there was the largest rounding error of the chain after the GEMMs'
+ * there would be the largest rounding error of the chain after the GEMMs'
  * inputs); 8 elements per thread when aligned. */
 template <bool VEC>
 __global__ void silu_mul_kernel(const float *__restrict__ gate_up, uint16_t *__restrict__ out, int T, int F) {

@@ -1,0 +1,194 @@
+/* The CUDA backend's state and its internal functions, shared by the files
+ * of src/backend/cuda: cuda_backend.c (create, destroy, the ops),
+ * cuda_weights.c (weight upload), cuda_meta.c (the step's metadata block),
+ * forward_chain.c (the forward as a chain of kernels), forward_decode_step.c
+ * (the one-kernel decode step), graph_runner.c (decode graphs) and tuning.c.
+ * Nothing outside src/backend/cuda includes this. */
+#ifndef RP_BACKEND_CUDA_STATE_H
+#define RP_BACKEND_CUDA_STATE_H
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+
+typedef struct rp_cuda_layer {
+    rp_bf16 *attn_norm, *wqkv, *wo, *q_norm, *k_norm, *mlp_norm, *wgu, *wdown;
+} rp_cuda_layer;
+
+/* Every weight, in one device allocation (cuda_weights.c). */
+typedef struct rp_cuda_weights {
+    rp_bf16 *mem;
+    size_t bytes;
+    rp_bf16 *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
+    rp_cuda_layer *layers;                 /* [num_layers], host array of device pointers */
+} rp_cuda_weights;
+
+/* The step's metadata block on the device, at fixed addresses that every
+ * kernel and every captured graph reads (cuda_meta.c; each step slot has a
+ * pinned copy): byte offsets of its arrays. */
+typedef struct rp_cuda_meta {
+    uint8_t *dev;
+    size_t bytes, page_capacity; /* page_capacity: the page ids the block holds */
+    size_t off_tokens, off_positions, off_slots, off_seq_start, off_kv_len, off_page_row, off_logit_token,
+        off_out_slot, off_params, off_pages;
+} rp_cuda_meta;
+
+/* One captured decode step for a batch-size bucket. */
+typedef struct rp_cuda_graph {
+    int batch_size;
+    cudaGraphExec_t exec;
+    /* where the bucket runs the one-kernel step: the same step with the
+     * greedy pick inside the kernel and no sampling kernels, for batches
+     * that sample greedily and ask for no top logprobs (RP_SAMPLE_PICK) */
+    cudaGraphExec_t exec_pick;
+} rp_cuda_graph;
+
+#define RP_MAX_GRAPHS 64
+#define RP_PROF_MAX 2048
+
+/* A step slot: what one forward in flight owns on the host, so that the
+ * engine can pack and launch step N+1 while step N runs (two slots, used
+ * in turn). */
+typedef struct rp_cuda_slot {
+    uint8_t *h_meta; /* the pinned metadata block, copied to d_meta by the forward */
+    /* sampled tokens [max_logits], then their logprobs (h_logprobs) right
+     * after, pinned: one 2-D copy brings both back, as on the device */
+    int32_t *h_tokens;
+    float *h_logprobs;
+    /* h_tokens' device address (pinned memory is mapped under unified
+     * addressing), where the sampling kernels and the greedy pick write the
+     * results themselves; NULL in both slots: they are copied after the
+     * kernels */
+    int32_t *d_tokens_host;
+    rp_top_logprobs *h_top;
+    cudaEvent_t ev_start, ev_end; /* around the forward: its device time */
+    int num_logits, sampled;
+    int top; /* some row of the forward asked for top logprobs: h_top was copied */
+} rp_cuda_slot;
+
+typedef struct rp_cuda_backend {
+    rp_backend base;
+    int device, num_sms;
+    cudaStream_t stream;
+    rp_gemm gemm;
+    int nkv, q_dim, kv_dim, qkv_dim;
+    int max_seqs, max_logits, max_splits, max_pages_per_seq;
+    rp_cuda_weights w;
+    /* KV cache: [layer][slot][kv_dim] for k, then the same for v */
+    rp_bf16 *kv_mem, *k_cache, *v_cache;
+    int64_t kv_slots; /* (num_pages + 1) * page_size */
+    size_t kv_layer_elems;
+    /* activations and workspaces (one allocation) */
+    uint8_t *act_mem;
+    size_t act_bytes;
+    float *residual, *logits, *inv_freq, *d_logprobs;
+    /* partial sums of squares of the residual rows, [ss_num_parts][8]: the
+     * fused decode path's RMSNorm input (rp_k_gemv_fused) */
+    float *ss_parts;
+    int ss_num_parts;
+    /* decode of nb = 1 to 4 sequences as one persistent kernel
+     * (rp_k_decode_step) where bit nb (4 for 3) of decode_step_ok is set;
+     * rp_tuning.disable_decode_step leaves it 0 */
+    int decode_step_ok;
+    int decode_step_pick; /* the one-kernel step may pick greedily (the results' pinned buffers are mapped) */
+    rp_decode_step ds;
+    rp_decode_step_tuning ds_tuning; /* resolved from base.cfg.tuning (tuning.c) */
+    rp_decode_layer *d_layers;
+    void *ds_ws;
+    rp_bf16 *xn, *qkv, *attn, *act, *logit_in;
+    /* the o and down products (added to the residual by the next norm) and
+     * the gate_up product stay fp32: rounded to bf16 they would be the
+     * largest errors against transformers after the products' bf16 inputs
+     * (bench/RESULTS.md) */
+    float *tmp, *gate_up;
+    /* sampled tokens [max_logits], then their logprobs (d_logprobs) right
+     * after: one 2-D copy brings both back into the slot's pinned buffers */
+    int32_t *d_tokens;
+    /* top logprobs: how many tokens each row's draw was made from, and each
+     * row's most likely tokens ([max_logits] each; sample_top.h) */
+    int32_t *d_kept;
+    rp_top_logprobs *d_top;
+    void *attn_ws, *sample_ws;
+    rp_cuda_meta meta;
+    /* graphs */
+    rp_cuda_graph graphs[RP_MAX_GRAPHS];
+    int num_graphs, graphs_enabled;
+    /* the last forward's device time is still to be read (finish_step) */
+    int timing_pending;
+    rp_backend_stats stats;
+    uint64_t allocs_at_ready;
+    /* profile mode: an event before every launch of an eager forward */
+    int capturing;
+    int prof_n;
+    cudaEvent_t prof_events[RP_PROF_MAX];
+    const char *prof_names[RP_PROF_MAX];
+    /* the step slots; cur_slot is the last forward's, num_pending how many
+     * forwards' results are still to be read (at most 2) */
+    rp_cuda_slot slots[2];
+    int cur_slot, num_pending;
+    int last_decode_step; /* the last forward ran rp_k_decode_step for this many sequences, or 0 */
+    uint64_t decode_step_forwards, decode_step_picks; /* rp_cuda_stats */
+} rp_cuda_backend;
+
+/* NULL when b is not a CUDA backend (cuda_backend.c). */
+rp_cuda_backend *rp_cuda_backend_of(rp_backend *b);
+
+static inline size_t rp_align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* The step's metadata block at base (device or pinned host copy): the
+ * array at offset field off of type. */
+#define RP_META(cb, base, off, type) ((type *)((base) + (cb)->meta.off))
+
+/* Profile mode: an event before each launch; segment i is the time from
+ * mark i to mark i + 1. Never inside a capture (graphs hold no events). */
+static inline void rp_cuda_prof_mark(rp_cuda_backend *cb, const char *name) {
+    if (!cb->base.cfg.profile || cb->capturing || cb->prof_n >= RP_PROF_MAX) return;
+    cudaEventRecord(cb->prof_events[cb->prof_n], cb->stream);
+    cb->prof_names[cb->prof_n++] = name;
+}
+
+/* rp_cuda_launch_forward's sample: none, the sampling kernels, or (every
+ * row greedy, no top logprobs) the one-kernel step's own pick where it
+ * runs, else the sampling kernels */
+enum { RP_SAMPLE_NONE, RP_SAMPLE_KERNELS, RP_SAMPLE_PICK };
+
+/* forward_chain.c: one forward over the metadata block, T tokens of S
+ * sequences, logits for num_logits rows, sampled as sample says. Only
+ * device pointers and shapes: the same call is run eagerly and captured. */
+int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len, int sample,
+                           rp_err *err);
+/* the sampling kernels over the first num_logits rows of logits */
+int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err);
+int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs);
+
+/* forward_decode_step.c */
+int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err);
+int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logits, int decode);
+int rp_cuda_decode_step_can_pick(const rp_cuda_backend *cb, int nb);
+/* the step of S sequences as one kernel, then sampling unless it picked */
+int rp_cuda_launch_decode_step(rp_cuda_backend *cb, int S, int num_logits, int sample, rp_err *err);
+/* the trace build: prints the last step's trace, writes its timeline
+ * (base.cfg.trace_timeline_path) and frees both */
+void rp_cuda_decode_step_trace_finish(rp_cuda_backend *cb);
+
+/* cuda_weights.c: every weight in one allocation (cb->w.mem) */
+int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err);
+
+/* cuda_meta.c */
+int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err);
+int rp_cuda_pack_and_upload(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, rp_err *err);
+rp_attn_meta rp_cuda_device_attn_meta(const rp_cuda_backend *cb);
+
+/* tuning.c: the decode step's plan values from cfg.tuning (0: by model
+ * shape and SM count); RP_ERR for an explicit value out of range */
+int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num_sms, rp_decode_step_tuning *out,
+                           rp_err *err);
+
+/* graph_runner.c */
+int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err);
+const rp_cuda_graph *rp_cuda_graph_find(const rp_cuda_backend *cb, int num_seqs);
+void rp_cuda_graphs_destroy(rp_cuda_backend *cb);
+
+#endif

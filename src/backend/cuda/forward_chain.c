@@ -1,0 +1,197 @@
+/* The forward pass as a chain of kernels: embedding, per layer the norm, the
+ * qkv product, q/k norm with RoPE and the KV store, decode or prefill
+ * attention, the o, gate_up and down products, then the final norm, the
+ * lm_head over the rows that want logits, and sampling. Few tokens take the
+ * GEMV (fused with the norms, SwiGLU and the residual add at one token),
+ * more take cuBLASLt. rp_cuda_launch_forward is also the door to the
+ * one-kernel decode step (forward_decode_step.c), which replaces the whole
+ * chain for 1-4 sequences of one token where it runs. */
+#include "backend/cuda/cuda_state.h"
+#include "backend/cuda/cuda_util.h"
+#include "backend/cuda/sample_top.h"
+
+int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs) {
+    /* At most two (sequence, kv head, split) blocks per SM. Rounding up
+     * (at least two per SM) cost batches 8 and 16 3-8% per step at ctx 512
+     * and up to 16% at ctx 2048 (qwen3-0.6b; llama3-8b 1-6%): a third
+     * block per SM only adds a merge input and a short split's ramp-up
+     * (bench/RESULTS.md; `replay bench kernels --attn-sweep` times every
+     * split count). */
+    int want = 2 * cb->num_sms / (num_seqs * cb->nkv);
+    if (want < 1) want = 1;
+    if (want > cb->max_splits) want = cb->max_splits;
+    return want;
+}
+
+/* Layer l's attention, shared by both paths: q/k norm, RoPE and the KV
+ * store on the fused qkv, then decode or prefill attention into cb->attn. */
+static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, int decode, int max_q_len, rp_err *err) {
+    const rp_model_config *c = &cb->base.model->cfg;
+    const rp_cuda_layer *ly = &cb->w.layers[l];
+    cudaStream_t st = cb->stream;
+    uint8_t *d = cb->meta.dev;
+    const int32_t *pos = RP_META(cb, d, off_positions, int32_t), *slots = RP_META(cb, d, off_slots, int32_t);
+    const rp_attn_meta am = rp_cuda_device_attn_meta(cb);
+    const float eps = (float)c->rms_norm_eps;
+    rp_bf16 *kc = cb->k_cache + (size_t)l * cb->kv_layer_elems, *vc = cb->v_cache + (size_t)l * cb->kv_layer_elems;
+    rp_cuda_prof_mark(cb, "qk_norm_rope_store");
+    RP_LAUNCH(rp_k_qk_norm_rope_store(cb->qkv, ly->q_norm, ly->k_norm, cb->inv_freq, pos, slots, kc, vc, T,
+                      c->num_heads, c->num_kv_heads, c->head_dim, eps, st),
+          err);
+    rp_cuda_prof_mark(cb, decode ? "attn_decode" : "attn_prefill");
+    if (decode)
+        RP_LAUNCH(rp_k_attn_decode(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, S, c->num_heads,
+                       c->num_kv_heads, c->head_dim, rp_cuda_decode_splits(cb, S), st),
+              err);
+    else
+        RP_LAUNCH(rp_k_attn_prefill(cb->qkv, kc, vc, am, cb->attn, T, S, max_q_len, c->num_heads,
+                    c->num_kv_heads, c->head_dim, st),
+              err);
+    return 0;
+}
+
+/* Samples every logit row, then finds the most likely tokens of the rows
+ * that ask for top logprobs (a block per row that returns at once for the
+ * others), all on fixed buffers. */
+int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
+    const int V = cb->base.model->cfg.vocab_size;
+    const rp_sample_params *params = RP_META(cb, cb->meta.dev, off_params, rp_sample_params);
+    rp_cuda_prof_mark(cb, "sample");
+    /* the results also straight into the slot's pinned buffer (no copy) */
+    const rp_sample_host host = {.rows = {cb->slots[0].d_tokens_host, cb->slots[1].d_tokens_host},
+                                 .slot = RP_META(cb, cb->meta.dev, off_out_slot, int32_t),
+                                 .stride = cb->max_logits};
+    RP_LAUNCH(rp_k_sample_kept(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept,
+                               cb->slots[0].d_tokens_host ? &host : NULL, cb->sample_ws, num_logits, V, cb->stream),
+              err);
+    rp_cuda_prof_mark(cb, "top logprobs");
+    RP_LAUNCH(rp_k_top_logprobs(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept, cb->d_top, num_logits,
+                                V, cb->stream),
+              err);
+    return 0;
+}
+
+/* The fused path, for one token (T = 1: a decode step of one sequence
+ * where the one-kernel step does not run, because the model's shapes or the
+ * GPU do not allow it or rp_tuning.disable_decode_step is set, and prefill
+ * chunks of one token). The residual stream stays fp32 in cb->residual;
+ * each GEMV that adds into it also leaves per-block partial sums of squares
+ * in cb->ss_parts, from which the next GEMV normalises its input on the
+ * fly. Same math as the unfused path (the sum of squares is added in
+ * another order). At T = 1 it saves ~4% a step on qwen3-0.6b against the
+ * unfused chain and is even on llama3-8b; at T = 8 staging 8 normalised
+ * rows per block costs more than the launches it saves (llama3-8b 12.2
+ * against 7.0 ms; bench/RESULTS.md), so more tokens take the unfused
+ * chain. */
+#define FUSED_MAX_T 1
+
+static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len,
+                                int sample, rp_err *err) {
+    const rp_model_config *c = &cb->base.model->cfg;
+    cudaStream_t st = cb->stream;
+    uint8_t *d = cb->meta.dev;
+    const int32_t *tokens = RP_META(cb, d, off_tokens, int32_t),
+                  *logit_token = RP_META(cb, d, off_logit_token, int32_t);
+    const int H = c->hidden_size, F = c->intermediate_size, P = cb->ss_num_parts;
+    const float eps = (float)c->rms_norm_eps;
+    const rp_gemv_out to_residual = {.mode = RP_GEMV_OUT_RESIDUAL, .residual = cb->residual, .ss_parts = cb->ss_parts};
+    rp_gemv_in normed = {.mode = RP_GEMV_IN_RMSNORM, .residual = cb->residual, .ss_parts = cb->ss_parts,
+                         .num_parts = P, .eps = eps};
+    rp_cuda_prof_mark(cb, "embed");
+    RP_LAUNCH(rp_k_embed(cb->w.embed, tokens, cb->d_tokens, cb->residual, cb->ss_parts, P, T, H, st), err);
+    for (int l = 0; l < c->num_layers; l++) {
+        const rp_cuda_layer *ly = &cb->w.layers[l];
+        rp_cuda_prof_mark(cb, "gemv qkv (+rmsnorm)");
+        normed.norm_w = ly->attn_norm;
+        RP_LAUNCH(rp_k_gemv_fused(ly->wqkv, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_BF16, .y = cb->qkv}, T,
+                                  cb->qkv_dim, H, st),
+                  err);
+        if (launch_attention(cb, l, T, S, decode, max_q_len, err)) return RP_ERR;
+        rp_cuda_prof_mark(cb, "gemv o (+residual)");
+        RP_LAUNCH(rp_k_gemv_fused(ly->wo, (rp_gemv_in){.mode = RP_GEMV_IN_BF16, .x = cb->attn}, to_residual, T, H,
+                                  cb->q_dim, st),
+                  err);
+        rp_cuda_prof_mark(cb, "gemv gate_up (+rmsnorm)");
+        normed.norm_w = ly->mlp_norm;
+        RP_LAUNCH(rp_k_gemv_fused(ly->wgu, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_F32, .y = cb->gate_up}, T,
+                                  2 * F, H, st),
+                  err);
+        if (rp_gemv_stage_fits(T, F)) {
+            rp_cuda_prof_mark(cb, "gemv down (+silu, residual)");
+            RP_LAUNCH(rp_k_gemv_fused(ly->wdown, (rp_gemv_in){.mode = RP_GEMV_IN_SILU, .gate_up = cb->gate_up},
+                                      to_residual, T, H, F, st),
+                      err);
+        } else { /* the SwiGLU rows do not fit in a block's shared memory */
+            rp_cuda_prof_mark(cb, "silu_mul");
+            RP_LAUNCH(rp_k_silu_mul(cb->gate_up, cb->act, T, F, st), err);
+            rp_cuda_prof_mark(cb, "gemv down (+residual)");
+            RP_LAUNCH(rp_k_gemv_fused(ly->wdown, (rp_gemv_in){.mode = RP_GEMV_IN_BF16, .x = cb->act}, to_residual, T,
+                                      H, F, st),
+                      err);
+        }
+    }
+    rp_cuda_prof_mark(cb, "gemv lm_head (+rmsnorm, gather)");
+    normed.norm_w = cb->w.final_norm;
+    normed.rows = logit_token;
+    RP_LAUNCH(rp_k_gemv_fused(cb->w.lm_head, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_F32, .y = cb->logits},
+                              num_logits, c->vocab_size, H, st),
+              err);
+    if (sample && rp_cuda_launch_sample(cb, num_logits, err)) return RP_ERR;
+    rp_cuda_prof_mark(cb, NULL);
+    return 0;
+}
+
+/* sample: RP_SAMPLE_PICK is every row greedy with no top logprobs, which
+ * the one-kernel step picks itself. */
+int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len,
+                           int sample, rp_err *err) {
+    const rp_model_config *c = &cb->base.model->cfg;
+    cudaStream_t st = cb->stream;
+    uint8_t *d = cb->meta.dev;
+    const int32_t *tokens = RP_META(cb, d, off_tokens, int32_t),
+                  *logit_token = RP_META(cb, d, off_logit_token, int32_t);
+    const int H = c->hidden_size, F = c->intermediate_size;
+    const float eps = (float)c->rms_norm_eps;
+    cb->prof_n = 0;
+    /* 1 to 4 sequences of one token: the whole step is one persistent
+     * kernel where the shapes allow (forward_decode_step.c) */
+    if (rp_cuda_decode_step_nb(cb, T, S, num_logits, decode))
+        return rp_cuda_launch_decode_step(cb, S, num_logits, sample, err);
+    /* Few tokens (decode, tiny prefill chunks): every matrix product is a
+     * GEMV with its norm, SwiGLU or residual add fused in, so a layer is 4
+     * GEMVs + RoPE + attention. More tokens: cuBLASLt and separate kernels.
+     * The choice depends on T only, so a graph and an eager run of the same
+     * batch do the same arithmetic. */
+    if (T <= FUSED_MAX_T && rp_gemv_stage_fits(T, H))
+        return launch_forward_fused(cb, T, S, num_logits, decode, max_q_len, sample, err);
+    rp_cuda_prof_mark(cb, "embed");
+    RP_LAUNCH(rp_k_embed(cb->w.embed, tokens, cb->d_tokens, cb->residual, NULL, 0, T, H, st), err);
+    for (int l = 0; l < c->num_layers; l++) {
+        const rp_cuda_layer *ly = &cb->w.layers[l];
+        rp_cuda_prof_mark(cb, "add_rmsnorm");
+        RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, l ? cb->tmp : NULL, ly->attn_norm, cb->xn, T, H, eps, st), err);
+        rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, cb->qkv_dim, H) ? "gemv qkv" : "gemm qkv");
+        if (rp_gemm_run(&cb->gemm, ly->wqkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, st, err)) return RP_ERR;
+        if (launch_attention(cb, l, T, S, decode, max_q_len, err)) return RP_ERR;
+        rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, H, cb->q_dim) ? "gemv o" : "gemm o");
+        if (rp_gemm_run(&cb->gemm, ly->wo, cb->attn, cb->tmp, T, H, cb->q_dim, 1, st, err)) return RP_ERR;
+        rp_cuda_prof_mark(cb, "add_rmsnorm");
+        RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, ly->mlp_norm, cb->xn, T, H, eps, st), err);
+        rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, 2 * F, H) ? "gemv gate_up" : "gemm gate_up");
+        if (rp_gemm_run(&cb->gemm, ly->wgu, cb->xn, cb->gate_up, T, 2 * F, H, 1, st, err)) return RP_ERR;
+        rp_cuda_prof_mark(cb, "silu_mul");
+        RP_LAUNCH(rp_k_silu_mul(cb->gate_up, cb->act, T, F, st), err);
+        rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, H, F) ? "gemv down" : "gemm down");
+        if (rp_gemm_run(&cb->gemm, ly->wdown, cb->act, cb->tmp, T, H, F, 1, st, err)) return RP_ERR;
+    }
+    rp_cuda_prof_mark(cb, "add_rmsnorm");
+    RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, cb->w.final_norm, cb->xn, T, H, eps, st), err);
+    rp_cuda_prof_mark(cb, "gather_rows");
+    RP_LAUNCH(rp_k_gather_rows(cb->xn, logit_token, cb->logit_in, num_logits, H, st), err);
+    rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, num_logits, c->vocab_size, H) ? "gemv lm_head" : "gemm lm_head");
+    if (rp_gemm_run(&cb->gemm, cb->w.lm_head, cb->logit_in, cb->logits, num_logits, c->vocab_size, H, 1, st, err))
+        return RP_ERR;
+    if (sample && rp_cuda_launch_sample(cb, num_logits, err)) return RP_ERR;
+    rp_cuda_prof_mark(cb, NULL);
+    return 0;
+}
