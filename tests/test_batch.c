@@ -80,7 +80,7 @@ static void test_batch_layout(void **state) {
     assert_null(b->sample);
 
     /* begin starts over: the next batch's first token is index 0 again */
-    b->sample = (const rp_sample_params *)b; /* anything: begin must clear it */
+    b->sample = (const rp_sampling_params *)b; /* anything: begin must clear it */
     rp_batch_begin(bb);
     assert_int_equal(bb->batch.num_seqs, 0);
     assert_int_equal(bb->batch.num_tokens, 0);
@@ -159,7 +159,7 @@ static void make_backend(fake_backend *f) {
     f->model.cfg.vocab_size = 100;
     f->model.cfg.max_position_embeddings = 12;
     f->be.model = &f->model;
-    f->be.cfg = (rp_backend_config){.num_pages = 8, .page_size = PS, .max_batch_tokens = 16, .max_batch_seqs = 4,
+    f->be.cfg = (rp_backend_config){.num_pages = 8, .page_size = PS, .max_batched_tokens = 16, .max_batch_seqs = 4,
                                     .max_logit_rows = 8};
 }
 
@@ -227,7 +227,7 @@ static void test_batch_validate(void **state) {
         switch (c) {
         case NUM_SEQS_0: x.b.num_seqs = 0; break;
         case NUM_SEQS_BIG: fb.be.cfg.max_batch_seqs = 2; break;
-        case NUM_TOKENS_BIG: fb.be.cfg.max_batch_tokens = 10; break;
+        case NUM_TOKENS_BIG: fb.be.cfg.max_batched_tokens = 10; break;
         case START_0: x.seq_start[0] = 1; break;
         case START_END: x.b.num_tokens = 10; break;
         case EMPTY_SEQ: x.seq_start[1] = 0; break;

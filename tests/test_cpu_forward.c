@@ -85,9 +85,9 @@ static void collect(void *user, const rp_token_event *ev) {
 /* Runs the given prompts of a fixture together and checks each against the
  * reference: the logits at every prompt position through the runner, the
  * greedy continuation through the engine (continuous batching). page_size
- * and max_batch_tokens vary the paging and chunking. */
+ * and max_batched_tokens vary the paging and chunking. */
 static void run_and_check(fixture *fx, const char *name, const int *which, int n, int page_size,
-                          int max_batch_tokens) {
+                          int max_batched_tokens) {
     const int vocab = fx->model->cfg.vocab_size;
     int total = 0, max_len = 0;
     for (int i = 0; i < n; i++) {
@@ -98,7 +98,7 @@ static void run_and_check(fixture *fx, const char *name, const int *which, int n
     rp_err err;
     rp_runner_config rc = {.model = fx->model, .device = "cpu", .threads = 2, .page_size = page_size,
                            .num_pages = total, .max_seqs = n, .max_context = max_len,
-                           .max_batched_tokens = max_batch_tokens, .max_logit_rows = max_batch_tokens};
+                           .max_batched_tokens = max_batched_tokens, .max_logit_rows = max_batched_tokens};
     rp_runner *run = rp_runner_new(&rc, &err);
     if (!run) fail_msg("runner: %s", err.msg);
     const int32_t *prompts[MAX_PROMPTS];
@@ -118,7 +118,7 @@ static void run_and_check(fixture *fx, const char *name, const int *which, int n
             double e = test_rel_l2(logits[i] + (size_t)pos * vocab, fx->logits[p] + (size_t)pos * vocab, (size_t)vocab);
             if (!(e < 1e-3))
                 fail_msg("prompt %d position %d: relative L2 error %.3g (page %d, chunk %d)", p, pos, e, page_size,
-                         max_batch_tokens);
+                         max_batched_tokens);
         }
         free(logits[i]);
     }
@@ -135,8 +135,8 @@ static void run_and_check(fixture *fx, const char *name, const int *which, int n
     ec.page_size = page_size;
     ec.num_pages = total;
     ec.max_running_requests = n;
-    ec.max_batched_tokens = max_batch_tokens;
-    ec.chunked_prefill_size = max_batch_tokens;
+    ec.max_batched_tokens = max_batched_tokens;
+    ec.chunked_prefill_size = max_batched_tokens;
     ec.quiet_model_warning = 1;
     rp_error eerr;
     rp_engine *eng = rp_engine_create(&ec, &eerr);
@@ -164,7 +164,7 @@ static void run_and_check(fixture *fx, const char *name, const int *which, int n
         for (int k = 0; k < GREEDY; k++)
             if (outs[i].tokens[k] != fx->greedy[p][k])
                 fail_msg("prompt %d: greedy token %d is %d, transformers says %d (page %d, chunk %d)", p, k,
-                         outs[i].tokens[k], fx->greedy[p][k], page_size, max_batch_tokens);
+                         outs[i].tokens[k], fx->greedy[p][k], page_size, max_batched_tokens);
     }
 }
 

@@ -349,7 +349,7 @@ static int32_t sampled_step(setup *s, int row, int n, int32_t next, int top, rp_
     rp_batch_begin(bb);
     assert_true(rp_batch_add(bb, row, &next, 1, n, 1) >= 0);
     rp_batch *bt = rp_batch_finish(bb);
-    rp_sample_params sp;
+    rp_sampling_params sp;
     memset(&sp, 0, sizeof sp); /* temperature 0: greedy */
     sp.top_logprobs = top;
     bt->sample = &sp;
@@ -643,7 +643,7 @@ static void sampled_batch(setup *s, const int *rows, const int *n, const int32_t
     rp_err err;
     rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 4, 4);
     rp_batch *bt = decode_batch_of(bb, rows, n, next, nb);
-    rp_sample_params sp[4];
+    rp_sampling_params sp[4];
     memset(sp, 0, sizeof sp); /* temperature 0: greedy */
     for (int b = 0; b < nb; b++) sp[b].top_logprobs = top;
     bt->sample = sp;

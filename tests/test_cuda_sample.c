@@ -92,9 +92,9 @@ static void fill_model_like(float *x, int vocab) {
 
 /* One launch; a NULL workspace size check is part of the contract. The
  * logprob buffer is optional (with_lp). */
-static void run_sample_lp(const float *d_logits, const rp_sample_params *params, int rows, int vocab, int32_t *tok,
+static void run_sample_lp(const float *d_logits, const rp_sampling_params *params, int rows, int vocab, int32_t *tok,
                           float *lp, int with_lp) {
-    rp_sample_params *d_p = dup_to_dev(params, (size_t)rows * sizeof *params);
+    rp_sampling_params *d_p = dup_to_dev(params, (size_t)rows * sizeof *params);
     int32_t *d_tok = dalloc((size_t)rows * 4);
     float *d_lp = dalloc((size_t)rows * 4);
     void *d_ws = dalloc(rp_sample_workspace_bytes(rows, vocab));
@@ -103,13 +103,13 @@ static void run_sample_lp(const float *d_logits, const rp_sample_params *params,
     if (with_lp) to_host(lp, d_lp, (size_t)rows * 4);
     cudaFree(d_p), cudaFree(d_tok), cudaFree(d_lp), cudaFree(d_ws);
 }
-static void run_sample(const float *d_logits, const rp_sample_params *params, int rows, int vocab, int32_t *tok,
+static void run_sample(const float *d_logits, const rp_sampling_params *params, int rows, int vocab, int32_t *tok,
                        float *lp) {
     run_sample_lp(d_logits, params, rows, vocab, tok, lp, 1);
 }
 
 /* The host sampler on one row (it overwrites its input: work on a copy). */
-static int host_sample(rp_sampler *smp, const float *row, int vocab, const rp_sample_params *p, float *tmp,
+static int host_sample(rp_sampler *smp, const float *row, int vocab, const rp_sampling_params *p, float *tmp,
                        float *lp) {
     rp_sampling_params hp;
     rp_sampling_params_default(&hp);
@@ -121,7 +121,7 @@ static int host_sample(rp_sampler *smp, const float *row, int vocab, const rp_sa
 
 /* Device against host on rows (logits [rows][vocab]), twice for
  * determinism; fails past 1 disagreement in 50 or a logprob off by 1e-3. */
-static void check_vs_host(const char *what, const float *logits, const rp_sample_params *params, int rows,
+static void check_vs_host(const char *what, const float *logits, const rp_sampling_params *params, int rows,
                           int vocab) {
     float *d_logits = dup_to_dev(logits, (size_t)rows * vocab * 4);
     int32_t *tok = malloc((size_t)rows * 4), *tok2 = malloc((size_t)rows * 4);
@@ -167,7 +167,7 @@ static void test_sample_greedy(void **state) {
     logits[2 * vocab + 3] = NAN, logits[2 * vocab + 4] = INFINITY, logits[2 * vocab + 9] = INFINITY;
     for (int i = 0; i < vocab; i++) logits[3 * vocab + i] = -INFINITY;
     logits[4 * vocab + 0] = 40.0f;
-    rp_sample_params params[6];
+    rp_sampling_params params[6];
     memset(params, 0, sizeof params);
     for (int r = 0; r < rows; r++) params[r].top_p = 1.0f; /* greedy ignores it; the host validates it */
     float *d_logits = dup_to_dev(logits, (size_t)rows * vocab * 4);
@@ -208,10 +208,10 @@ static void test_sample_vs_host(void **state) {
     float *logits = malloc((size_t)rows * vocab * 4);
     fill_model_like(logits, vocab);
     for (int r = 1; r < rows; r++) memcpy(logits + (size_t)r * vocab, logits, (size_t)vocab * 4);
-    rp_sample_params *params = calloc((size_t)rows, sizeof *params);
+    rp_sampling_params *params = calloc((size_t)rows, sizeof *params);
     for (int c = 0; c < ncfg; c++) {
         for (int r = 0; r < rows; r++)
-            params[r] = (rp_sample_params){.temperature = cfg[c].t, .top_p = cfg[c].p, .top_k = cfg[c].k,
+            params[r] = (rp_sampling_params){.temperature = cfg[c].t, .top_p = cfg[c].p, .top_k = cfg[c].k,
                                            .min_p = cfg[c].minp, .seed = g_seed + 17, .step = (uint64_t)r * 7 + 3};
         char what[96];
         snprintf(what, sizeof what, "T=%.3g top_p=%.2g min_p=%.2g top_k=%d", cfg[c].t, cfg[c].p, cfg[c].minp,
@@ -246,7 +246,7 @@ static void test_sample_batch(void **state) {
     for (int vi = 0; vi < 2; vi++) {
         const int vocab = vocabs[vi];
         float *logits = malloc((size_t)rows * vocab * 4);
-        rp_sample_params *params = calloc((size_t)rows, sizeof *params);
+        rp_sampling_params *params = calloc((size_t)rows, sizeof *params);
         for (int r = 0; r < rows; r++) {
             float *x = logits + (size_t)r * vocab;
             fill_mixed_row(x, vocab);
@@ -274,11 +274,11 @@ static void test_sample_ties_and_edges(void **state) {
     NEED_GPU();
     const int vocab = size_at(151936, 20000, 10000), rows = 8;
     float *logits = malloc((size_t)rows * vocab * 4);
-    rp_sample_params params[8];
+    rp_sampling_params params[8];
     for (int r = 0; r < rows; r++) {
         float *x = logits + (size_t)r * vocab;
         fill_model_like(x, vocab);
-        params[r] = (rp_sample_params){.temperature = 1.0f, .top_p = 1.0f, .top_k = 0, .min_p = 0.0f,
+        params[r] = (rp_sampling_params){.temperature = 1.0f, .top_p = 1.0f, .top_k = 0, .min_p = 0.0f,
                                        .seed = g_seed + 99, .step = (uint64_t)r};
     }
     for (int i = 0; i < vocab; i += 7) logits[0 * (size_t)vocab + i] = 12.0f; /* ~21k tied at the top */
@@ -302,10 +302,10 @@ static void test_sample_ties_and_edges(void **state) {
     for (int vi = 0; vi < 4; vi++) {
         const int v = small_vocabs[vi], n = size_at(64, 64, 16);
         float *l = malloc((size_t)n * v * 4);
-        rp_sample_params *ps = calloc(n, sizeof *ps);
+        rp_sampling_params *ps = calloc(n, sizeof *ps);
         for (int r = 0; r < n; r++) {
             fill_normal(l + (size_t)r * v, v, 2.0f);
-            ps[r] = (rp_sample_params){.temperature = r % 4 ? 1.0f : 0.0f, .top_p = r % 3 ? 1.0f : 0.8f,
+            ps[r] = (rp_sampling_params){.temperature = r % 4 ? 1.0f : 0.0f, .top_p = r % 3 ? 1.0f : 0.8f,
                                        .top_k = r % 5 ? 0 : 3, .seed = g_seed, .step = (uint64_t)r};
         }
         char what[64];
@@ -337,9 +337,9 @@ static int ref_order_cmp(const void *a, const void *b) {
  * tokens and logprobs into host slot 1 of two mapped pinned buffers
  * (rp_sample_host), which must then hold exactly the device's, slot 0 left
  * as poisoned. */
-static void run_top(const float *d_logits, const rp_sample_params *params, int rows, int vocab, int with_graph,
+static void run_top(const float *d_logits, const rp_sampling_params *params, int rows, int vocab, int with_graph,
                     int32_t *tok, float *lp, rp_top_logprobs *top) {
-    rp_sample_params *d_p = dup_to_dev(params, (size_t)rows * sizeof *params);
+    rp_sampling_params *d_p = dup_to_dev(params, (size_t)rows * sizeof *params);
     int32_t *d_tok = dalloc((size_t)rows * 4), *d_kept = dalloc((size_t)rows * 4);
     float *d_lp = dalloc((size_t)rows * 4);
     rp_top_logprobs *d_top = dalloc((size_t)rows * sizeof *d_top);
@@ -399,7 +399,7 @@ static void run_top(const float *d_logits, const rp_sample_params *params, int r
  *    allowing 1 row in 50 to differ, as check_vs_host;
  *  - descending, the sampled token's entry equal to its logprob bit for bit,
  *    n = 0 for rows that did not ask; graph replay = eager, bit for bit. */
-static void check_top_vs_host(const char *what, const float *logits, const rp_sample_params *params, int rows,
+static void check_top_vs_host(const char *what, const float *logits, const rp_sampling_params *params, int rows,
                               int vocab) {
     float *d_logits = dup_to_dev(logits, (size_t)rows * vocab * 4);
     int32_t *tok = malloc((size_t)rows * 4), *tok_g = malloc((size_t)rows * 4);
@@ -414,7 +414,7 @@ static void check_top_vs_host(const char *what, const float *logits, const rp_sa
     double max_err = 0;
     for (int r = 0; r < rows; r++) {
         const float *row = logits + (size_t)r * vocab;
-        const rp_sample_params *p = &params[r];
+        const rp_sampling_params *p = &params[r];
         const int n = p->top_logprobs < vocab ? p->top_logprobs : vocab;
         const rp_top_logprobs *t = &top[r];
         if (t->n != n) fail_msg("%s row %d: n = %d, want %d", what, r, t->n, n);
@@ -482,7 +482,7 @@ static void test_top_logprobs(void **state) {
     for (int vi = 0; vi < 2; vi++) {
         const int vocab = vocabs[vi];
         float *logits = malloc((size_t)rows * vocab * 4);
-        rp_sample_params *params = calloc((size_t)rows, sizeof *params);
+        rp_sampling_params *params = calloc((size_t)rows, sizeof *params);
         for (int r = 0; r < rows; r++) {
             float *x = logits + (size_t)r * vocab;
             fill_mixed_row(x, vocab);
@@ -506,10 +506,10 @@ static void test_top_logprobs(void **state) {
      * finite token, an all -inf row */
     const int vocab = size_at(151936, 20000, 10000), n_edge = 7;
     float *logits = malloc((size_t)n_edge * vocab * 4);
-    rp_sample_params params[7];
+    rp_sampling_params params[7];
     for (int r = 0; r < n_edge; r++) {
         fill_model_like(logits + (size_t)r * vocab, vocab);
-        params[r] = (rp_sample_params){.temperature = 1.0f, .top_p = 1.0f, .seed = g_seed + 5, .step = (uint64_t)r,
+        params[r] = (rp_sampling_params){.temperature = 1.0f, .top_p = 1.0f, .seed = g_seed + 5, .step = (uint64_t)r,
                                        .top_logprobs = RP_MAX_TOP_LOGPROBS};
     }
     for (int i = 0; i < vocab; i += 7) logits[0 * (size_t)vocab + i] = 12.0f; /* ~21k tied at the top */
@@ -533,10 +533,10 @@ static void test_top_logprobs(void **state) {
     for (int vi = 0; vi < 3; vi++) {
         const int v = small_vocabs[vi], n = size_at(16, 16, 8);
         float *l = malloc((size_t)n * v * 4);
-        rp_sample_params *ps = calloc(n, sizeof *ps);
+        rp_sampling_params *ps = calloc(n, sizeof *ps);
         for (int r = 0; r < n; r++) {
             fill_normal(l + (size_t)r * v, v, 2.0f);
-            ps[r] = (rp_sample_params){.temperature = r % 4 ? 1.0f : 0.0f, .top_p = r % 3 ? 1.0f : 0.8f,
+            ps[r] = (rp_sampling_params){.temperature = r % 4 ? 1.0f : 0.0f, .top_p = r % 3 ? 1.0f : 0.8f,
                                        .top_k = r % 5 ? 0 : 3, .seed = g_seed, .step = (uint64_t)r,
                                        .top_logprobs = RP_MAX_TOP_LOGPROBS};
         }
@@ -561,9 +561,9 @@ static void test_sample_distribution(void **state) {
         float *all = malloc((size_t)rows * vocab * 4);
         for (int r = 0; r < rows; r++) memcpy(all + (size_t)r * vocab, logits, sizeof logits);
         float *d_logits = dup_to_dev(all, (size_t)rows * vocab * 4);
-        rp_sample_params *params = calloc((size_t)rows, sizeof *params);
+        rp_sampling_params *params = calloc((size_t)rows, sizeof *params);
         for (int r = 0; r < rows; r++)
-            params[r] = (rp_sample_params){.temperature = temp, .top_p = 1.0f, .top_k = top_k, .seed = g_seed + 5,
+            params[r] = (rp_sampling_params){.temperature = temp, .top_p = 1.0f, .top_k = top_k, .seed = g_seed + 5,
                                            .step = (uint64_t)r};
         int32_t *tok = malloc((size_t)rows * 4);
         float *lp = malloc((size_t)rows * 4);
@@ -607,7 +607,7 @@ static int cmp_float(const void *a, const void *b) {
 
 /* Median over 15 timings of 20 back-to-back launches, eager and as one
  * graph; microseconds per launch. */
-static void time_sample(const float *d_logits, const rp_sample_params *d_p, int32_t *d_tok, float *d_lp, void *d_ws,
+static void time_sample(const float *d_logits, const rp_sampling_params *d_p, int32_t *d_tok, float *d_lp, void *d_ws,
                         int rows, int vocab, cudaStream_t st, float *eager_us, float *graph_us) {
     enum { REPS = 20, TRIALS = 15 };
     cudaEvent_t e0, e1;
@@ -669,7 +669,7 @@ static void bench_sample(void) {
     int32_t *d_tok = dalloc(max_rows * 4);
     float *d_lp = dalloc(max_rows * 4);
     void *d_ws = dalloc(rp_sample_workspace_bytes(max_rows, vocab));
-    rp_sample_params *hp = calloc(max_rows, sizeof *hp);
+    rp_sampling_params *hp = calloc(max_rows, sizeof *hp);
     cudaStream_t st;
     CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     printf("\nrp_k_sample, vocab %d, us per launch (median; eager / graph)\n", vocab);
@@ -679,8 +679,8 @@ static void bench_sample(void) {
         for (int ri = 0; ri < 4; ri++) {
             const int rows = rows_list[ri];
             for (int r = 0; r < rows; r++)
-                hp[r] = (rp_sample_params){cfg[c].t, cfg[c].p, cfg[c].k, cfg[c].minp, 1234, (uint64_t)r, 0};
-            rp_sample_params *d_p = dup_to_dev(hp, (size_t)rows * sizeof *hp);
+                hp[r] = (rp_sampling_params){.temperature = cfg[c].t, .top_p = cfg[c].p, .top_k = cfg[c].k, .min_p = cfg[c].minp, .seed = 1234, .step = (uint64_t)r};
+            rp_sampling_params *d_p = dup_to_dev(hp, (size_t)rows * sizeof *hp);
             float eager, graph;
             time_sample(d_logits, d_p, d_tok, d_lp, d_ws, rows, vocab, st, &eager, &graph);
             printf(" %.1f / %.1f |", eager, graph);

@@ -5,8 +5,8 @@ int rp_batch_validate(const rp_batch *bt, const rp_backend *b, rp_err *err) {
     const rp_model_config *c = &b->model->cfg;
     if (bt->num_seqs <= 0 || bt->num_seqs > b->cfg.max_batch_seqs)
         return rp_errf(err, "batch has %d sequences (limit %d)", bt->num_seqs, b->cfg.max_batch_seqs);
-    if (bt->num_tokens <= 0 || bt->num_tokens > b->cfg.max_batch_tokens)
-        return rp_errf(err, "batch has %d tokens (limit %d)", bt->num_tokens, b->cfg.max_batch_tokens);
+    if (bt->num_tokens <= 0 || bt->num_tokens > b->cfg.max_batched_tokens)
+        return rp_errf(err, "batch has %d tokens (limit %d)", bt->num_tokens, b->cfg.max_batched_tokens);
     if (bt->seq_start[0] != 0 || bt->seq_start[bt->num_seqs] != bt->num_tokens)
         return rp_errf(err, "batch seq_start does not cover its tokens");
     int64_t slots = (int64_t)(b->cfg.num_pages + 1) * b->cfg.page_size;

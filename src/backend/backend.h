@@ -35,7 +35,7 @@ typedef struct rp_batch {
     const int32_t *logit_token;  /* [num_logits], index into tokens of each wanted row */
     /* [num_logits] or NULL. When set and the backend samples on the device
      * (ops->read_tokens != NULL), forward also samples each logit row. */
-    const rp_sample_params *sample;
+    const rp_sampling_params *sample;
 } rp_batch;
 
 typedef struct rp_backend_config {
@@ -43,7 +43,7 @@ typedef struct rp_backend_config {
                      * to memory_ratio of the device memory left after everything else */
     double memory_ratio;
     int page_size;  /* tokens per page */
-    int max_batch_tokens; /* largest num_tokens one forward takes */
+    int max_batched_tokens; /* largest num_tokens one forward takes */
     int max_batch_seqs;
     int max_logit_rows; /* rows of logits one forward can return; 0 = max_batch_seqs */
     int num_threads; /* CPU backend; 0 = all cores */

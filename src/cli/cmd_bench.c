@@ -157,7 +157,7 @@ static int bench_decode(int argc, char **argv) {
     if (read_gbs > 0)
         printf("measured bandwidth: read %.0f GB/s, device copy %.0f GB/s (read+write)\n", read_gbs, copy_gbs);
     const int overlap = !no_overlap && rp_runner_can_overlap(run);
-    rp_sample_params sp = {.temperature = (float)temperature, .top_p = (float)top_p};
+    rp_sampling_params sp = {.temperature = (float)temperature, .top_p = (float)top_p};
     if (temperature > 0)
         printf("sampling: temperature %g, top-p %g (seeded per sequence)\n", temperature, top_p);
     else

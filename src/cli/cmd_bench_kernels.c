@@ -145,7 +145,7 @@ static void pf_fn(int i, void *c) {
 
 typedef struct {
     const float *logits;
-    const rp_sample_params *params;
+    const rp_sampling_params *params;
     int32_t *tok;
     float *lp;
     void *ws;
@@ -414,7 +414,7 @@ static void run_all(const rp_model_config cfg, const char *name) {
         }
         CHECK(cudaMemcpy(logits, h, (size_t)max_rows * vocab * 4, cudaMemcpyHostToDevice));
         free(h);
-        rp_sample_params *params = dmalloc(max_rows * sizeof(rp_sample_params));
+        rp_sampling_params *params = dmalloc(max_rows * sizeof(rp_sampling_params));
         int32_t *tok = dmalloc(max_rows * 4);
         float *lp = dmalloc(max_rows * 4);
         void *sws = dmalloc(rp_sample_workspace_bytes(max_rows, vocab));
@@ -425,9 +425,9 @@ static void run_all(const rp_model_config cfg, const char *name) {
         printf("\n%-28s %4s %9s\n", "sample", "rows", "us");
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
             for (int rows = 1; rows <= max_rows; rows *= 32) {
-                rp_sample_params hp[32];
+                rp_sampling_params hp[32];
                 for (int r = 0; r < rows; r++)
-                    hp[r] = (rp_sample_params){cases[ci].t, cases[ci].p, cases[ci].k, cases[ci].minp, 1234, (uint64_t)r, 0};
+                    hp[r] = (rp_sampling_params){.temperature = cases[ci].t, .top_p = cases[ci].p, .top_k = cases[ci].k, .min_p = cases[ci].minp, .seed = 1234, .step = (uint64_t)r};
                 CHECK(cudaMemcpy(params, hp, rows * sizeof hp[0], cudaMemcpyHostToDevice));
                 smp_ctx s = {logits, params, tok, lp, sws, rows, vocab};
                 double us = time_us(smp_fn, &s);

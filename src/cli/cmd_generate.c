@@ -117,7 +117,7 @@ int rp_cmd_generate(int argc, char **argv) {
     rp_sampling_params sp;
     rp_sampling_params_default(&sp);
     const char *prompt = NULL, *prompt_ids = NULL;
-    long max_tokens = 64, page_size = 16, max_batch_tokens = 2048;
+    long max_tokens = 64, page_size = 16, max_batched_tokens = 2048;
     int ignore_eos = 0, chat = 0, no_thinking = 0, print_ids = 0;
     const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_name = NULL;
     rp_cli_opts_begin();
@@ -144,7 +144,7 @@ int rp_cmd_generate(int argc, char **argv) {
                 return rp_cli_usage_error(CMD, "--page-size must be an integer from 1 to 4096, got '%s'", optarg);
             break;
         case 'b':
-            if (rp_parse_int(optarg, 1, 1 << 20, &max_batch_tokens))
+            if (rp_parse_int(optarg, 1, 1 << 20, &max_batched_tokens))
                 return rp_cli_usage_error(CMD, "--max-batch-tokens must be a positive integer, got '%s'", optarg);
             break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
@@ -173,8 +173,8 @@ int rp_cmd_generate(int argc, char **argv) {
     ec.chat_template = template_name;
     ec.page_size = (int)page_size;
     ec.max_running_requests = 1;
-    ec.max_batched_tokens = (int)max_batch_tokens;
-    ec.chunked_prefill_size = (int)max_batch_tokens;
+    ec.max_batched_tokens = (int)max_batched_tokens;
+    ec.chunked_prefill_size = (int)max_batched_tokens;
     int rc = RP_EXIT_RUNTIME;
     char *rendered = NULL;
     int32_t stop_ids[8];

@@ -34,7 +34,7 @@ struct rp_engine {
     rp_tokenizer *tok;
     rp_scheduler *sched;
     rp_sampler *sampler;
-    rp_sample_params *dev_params; /* [max_logits]: each logit row's sampling on the device */
+    rp_sampling_params *dev_params; /* [max_logits]: each logit row's sampling on the device */
     int32_t *dev_tokens;          /* [max_logits]: what the device sampled */
     float *dev_logprobs;
     rp_top_logprobs *dev_top;

@@ -78,7 +78,7 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
                     : use_cuda         ? 0
                                        : cpu_auto_pages(c, r->max_seqs, r->max_context, page_size, memory_ratio);
     rp_backend_config bc = {.num_pages = num_pages, .memory_ratio = memory_ratio, .page_size = page_size,
-                            .max_batch_tokens = max_batched, .max_batch_seqs = r->max_seqs,
+                            .max_batched_tokens = max_batched, .max_batch_seqs = r->max_seqs,
                             .max_logit_rows = r->max_logit_rows, .num_threads = cfg->threads,
                             .disable_cuda_graph = cfg->disable_cuda_graph, .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
                             .num_cuda_graph_bs = cfg->num_cuda_graph_bs, .profile = cfg->profile,
@@ -208,7 +208,7 @@ static rp_batch *decode_batch(rp_runner *r, rp_runner_seq *seqs, int B, const in
 /* Each sequence's sampling parameters for its next token: *sp (NULL:
  * greedy), seeded by the sequence and counted by its length, as the engine
  * does. */
-static void step_params(rp_sample_params *out, const rp_sample_params *sp, const rp_runner_seq *seqs, int B) {
+static void step_params(rp_sampling_params *out, const rp_sampling_params *sp, const rp_runner_seq *seqs, int B) {
     for (int s = 0; s < B; s++) {
         if (sp) {
             out[s] = *sp;
@@ -227,7 +227,7 @@ static double last_gpu_ms(rp_backend *be) {
     return st.last_gpu_ms;
 }
 
-int rp_runner_decode_steps(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sample_params *sp,
+int rp_runner_decode_steps(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sampling_params *sp,
                            double *wall_ms, double *gpu_ms, rp_err *err) {
     rp_backend *be = r->backend;
     if (B > r->max_logit_rows) return rp_errf(err, "decode batch of %d does not fit", B);
@@ -258,7 +258,7 @@ int rp_runner_can_overlap(const rp_runner *r) {
     return r->backend->supports_token_refs && r->backend->ops->read_tokens;
 }
 
-int rp_runner_decode_overlapped(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sample_params *sp,
+int rp_runner_decode_overlapped(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sampling_params *sp,
                                 double *wall_ms, double *gpu_ms, rp_err *err) {
     rp_backend *be = r->backend;
     if (!rp_runner_can_overlap(r)) return rp_errf(err, "this backend cannot overlap steps");
@@ -309,7 +309,7 @@ static int greedy_tokens(rp_runner *r, rp_batch *bt, int rows, int32_t *tok, rp_
     rp_backend *be = r->backend;
     const int device = be->ops->read_tokens != NULL && rows > 0;
     if (device) {
-        for (int i = 0; i < rows; i++) r->sample[i] = (rp_sample_params){.top_p = 1.0f};
+        for (int i = 0; i < rows; i++) r->sample[i] = (rp_sampling_params){.top_p = 1.0f};
         bt->sample = r->sample;
     }
     if (rp_backend_forward(be, bt, err)) return RP_ERR;

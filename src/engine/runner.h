@@ -60,7 +60,7 @@ typedef struct rp_runner {
     int max_context;    /* tokens per sequence, after fitting the pool */
     int max_seqs, max_logit_rows;
     /* scratch for the fixed-batch drivers: [max_logit_rows] and [max_logit_rows][vocab] */
-    rp_sample_params *sample;
+    rp_sampling_params *sample;
     int32_t *tokens;
     float *logits;
 } rp_runner;
@@ -92,13 +92,13 @@ int rp_runner_prefill_random(rp_runner *r, rp_runner_seq *seqs, int B, int ctx, 
  * before the next is launched, sampling with *sp (NULL: greedy; sequence s
  * seeded s + 1, its RNG counter its length, as the engine does); per-step
  * wall and device milliseconds (device: 0 when the backend does not time). */
-int rp_runner_decode_steps(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sample_params *sp,
+int rp_runner_decode_steps(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sampling_params *sp,
                            double *wall_ms, double *gpu_ms, rp_err *err);
 /* The same as the engine overlaps them: step N + 1 (its tokens references
  * to step N's) is launched before step N's tokens are read. wall_ms[k]: the
  * time between the reads of steps k - 1 and k, the time per output token a
  * user sees. Needs token references and device sampling (rp_runner_can_overlap). */
-int rp_runner_decode_overlapped(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sample_params *sp,
+int rp_runner_decode_overlapped(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sampling_params *sp,
                                 double *wall_ms, double *gpu_ms, rp_err *err);
 int rp_runner_can_overlap(const rp_runner *r);
 /* Runs each prompt (n[p] tokens of ids[p]): prefilled together in chunks

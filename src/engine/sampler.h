@@ -22,21 +22,8 @@
  * nan or inf"); we do the same so a request means the same thing here. */
 #define RP_SAMPLING_MIN_TEMPERATURE 0.01f
 
-typedef struct rp_sampling_params {
-    float temperature;        /* 0 = greedy; default 1.0; must be >= 0 and finite */
-    float top_p;              /* (0, 1]; 1 = off */
-    int top_k;                /* -1 or 0 = off; else >= 1 (larger than the vocab = off) */
-    float min_p;              /* [0, 1]; 0 = off */
-    float repetition_penalty; /* > 0; 1 = off. Prompt AND generated tokens:
-                                 logit > 0 ? logit / p : logit * p */
-    float presence_penalty;   /* [-2, 2]; generated tokens only: logit -= p if count > 0 */
-    float frequency_penalty;  /* [-2, 2]; generated tokens only: logit -= p * count */
-    uint64_t seed;            /* always used: the engine draws one at submit for
-                                 requests that did not set one */
-    int has_seed;             /* whether the user set seed (informational here) */
-    int top_logprobs;         /* [0, RP_MAX_TOP_LOGPROBS]: most likely tokens to report with their
-                                 logprobs (rp_sampler_sample_top); 0 = none */
-} rp_sampling_params;
+/* rp_sampling_params (backend/sample_params.h): what each field means and
+ * its range are documented there and checked here. */
 
 /* vLLM's defaults: temperature 1, everything else off, seed 0 / unset. */
 void rp_sampling_params_default(rp_sampling_params *p);

@@ -61,11 +61,8 @@ static int launch_step(rp_engine *e) {
         st->out_index[i] = r->num_output;
         if (it->samples) {
             if (needs_host_sampler(r)) st->device_sampling = 0;
-            const rp_sampling_params *p = &r->sampling;
-            e->dev_params[st->logit_row[i]] = (rp_sample_params){.temperature = p->temperature, .top_p = p->top_p,
-                                                                 .top_k = p->top_k, .min_p = p->min_p,
-                                                                 .seed = p->seed, .step = (uint64_t)r->num_output,
-                                                                 .top_logprobs = p->top_logprobs};
+            e->dev_params[st->logit_row[i]] = r->sampling;
+            e->dev_params[st->logit_row[i]].step = (uint64_t)r->num_output;
         }
     }
     rp_batch *bt = rp_batch_finish(run->bb);

@@ -28,7 +28,7 @@ typedef struct cpu_backend {
     int64_t slots;        /* (num_pages + 1) * page_size, the +1 is the dummy page */
     float *k_cache, *v_cache; /* [layers][slots][kv_dim] */
     float *inv_freq;      /* [head_dim / 2] */
-    /* activations, [max_batch_tokens][...] */
+    /* activations, [max_batched_tokens][...] */
     float *x, *xn, *q, *k, *v, *attn, *gate, *up;
     float *logit_in;      /* [max_logit_rows][hidden] */
     float *logits;        /* [max_logit_rows][vocab] */
@@ -224,16 +224,13 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     if (bt->sample) {
         const int V = c->vocab_size;
         for (int i = 0; i < bt->num_logits; i++) {
-            const rp_sample_params *sp = &bt->sample[i];
-            rp_sampling_params p;
-            rp_sampling_params_default(&p);
-            p.temperature = sp->temperature;
+            const rp_sampling_params *sp = &bt->sample[i];
+            /* the row as the GPU reads it: no history here, so no penalties */
+            rp_sampling_params p = *sp;
             p.top_p = sp->top_p > 0 && sp->top_p <= 1 ? sp->top_p : 1.0f; /* 0: an unset row, as on the GPU */
-            p.top_k = sp->top_k;
-            p.min_p = sp->min_p;
-            p.seed = sp->seed;
-            p.has_seed = 1;
             p.top_logprobs = sp->top_logprobs > 0 && sp->top_logprobs <= RP_MAX_TOP_LOGPROBS ? sp->top_logprobs : 0;
+            p.repetition_penalty = 1.0f;
+            p.presence_penalty = p.frequency_penalty = 0.0f;
             memcpy(cb->sample_row, cb->logits + (size_t)i * V, (size_t)V * sizeof(float));
             cb->tok_slot[slot][i] = rp_sampler_sample_top(cb->sampler, &p, cb->sample_row, NULL, 0, NULL, 0, sp->step,
                                                           &cb->lp_slot[slot][i], &cb->top_slot[slot][i]);
@@ -290,7 +287,7 @@ static float *alloc_f32(int64_t n, int *failed) {
 
 rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err) {
     const rp_model_config *c = &model->cfg;
-    if (cfg->num_pages <= 0 || cfg->page_size <= 0 || cfg->max_batch_tokens <= 0 || cfg->max_batch_seqs <= 0) {
+    if (cfg->num_pages <= 0 || cfg->page_size <= 0 || cfg->max_batched_tokens <= 0 || cfg->max_batch_seqs <= 0) {
         rp_errf(err, "cpu backend: num_pages, page_size and batch limits must be positive");
         return NULL;
     }
@@ -306,7 +303,7 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
     if (cb->base.cfg.max_logit_rows <= 0) cb->base.cfg.max_logit_rows = cfg->max_batch_seqs;
     cb->num_threads = cfg->num_threads > 0 ? cfg->num_threads : omp_get_max_threads();
 
-    const int64_t T = cfg->max_batch_tokens, H = c->hidden_size, F = c->intermediate_size;
+    const int64_t T = cfg->max_batched_tokens, H = c->hidden_size, F = c->intermediate_size;
     const int64_t q_dim = (int64_t)c->num_heads * c->head_dim, kv_dim = (int64_t)c->num_kv_heads * c->head_dim;
     const int64_t L = cb->base.cfg.max_logit_rows;
     cb->slots = (int64_t)(cfg->num_pages + 1) * cfg->page_size;

@@ -222,7 +222,7 @@ rp_cuda_backend *rp_cuda_backend_of(rp_backend *b) { return b && b->ops == &cuda
 
 static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
-    const size_t T = (size_t)cb->base.cfg.max_batch_tokens, H = (size_t)c->hidden_size,
+    const size_t T = (size_t)cb->base.cfg.max_batched_tokens, H = (size_t)c->hidden_size,
                  F = (size_t)c->intermediate_size, Lg = (size_t)cb->max_logits, V = (size_t)c->vocab_size;
     size_t attn_ws = rp_attn_decode_workspace_bytes(cb->max_seqs, c->num_heads, c->head_dim, cb->max_splits);
     size_t sample_ws = rp_sample_workspace_bytes(cb->max_logits, c->vocab_size);
@@ -296,7 +296,7 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         rp_errf(err, "CUDA device %d does not exist (%d present)", cfg->device_id, ndev);
         return NULL;
     }
-    if (cfg->num_pages < 0 || cfg->page_size <= 0 || cfg->max_batch_tokens <= 0 || cfg->max_batch_seqs <= 0) {
+    if (cfg->num_pages < 0 || cfg->page_size <= 0 || cfg->max_batched_tokens <= 0 || cfg->max_batch_seqs <= 0) {
         rp_errf(err, "cuda backend: page_size and batch limits must be positive");
         return NULL;
     }
@@ -409,7 +409,7 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     if (rp_cuda_plan_meta(cb, err)) goto fail;
     rp_log_info("cuda: KV cache %d pages x %d tokens (%.2f GiB), activations %.2f GiB for %d tokens / %d sequences",
                 bc->num_pages, bc->page_size, (double)kv_bytes / (1 << 30), (double)cb->act_bytes / (1 << 30),
-                bc->max_batch_tokens, bc->max_batch_seqs);
+                bc->max_batched_tokens, bc->max_batch_seqs);
     if (rp_cuda_decode_step_setup(cb, err)) goto fail;
     if (!bc->disable_cuda_graph && rp_cuda_graphs_capture(cb, err)) goto fail;
     cb->graphs_enabled = cb->num_graphs > 0;

@@ -13,7 +13,7 @@
 int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err) {
     const rp_backend_config *bc = &cb->base.cfg;
     size_t o = 0;
-    const size_t T = (size_t)bc->max_batch_tokens, S = (size_t)cb->max_seqs, L = (size_t)cb->max_logits;
+    const size_t T = (size_t)bc->max_batched_tokens, S = (size_t)cb->max_seqs, L = (size_t)cb->max_logits;
     cb->meta.off_tokens = o, o += T * 4;
     cb->meta.off_positions = o, o += T * 4;
     cb->meta.off_slots = o, o += T * 4;
@@ -23,7 +23,7 @@ int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err) {
     cb->meta.off_logit_token = o, o += L * 4;
     cb->meta.off_out_slot = o, o += 4; /* which host slot the step's results go to (rp_decode_step.pick_host) */
     o = rp_align_up(o, 16);
-    cb->meta.off_params = o, o += L * sizeof(rp_sample_params);
+    cb->meta.off_params = o, o += L * sizeof(rp_sampling_params);
     o = rp_align_up(o, 16);
     /* The pages of every sequence in the batch, packed one after another;
      * seq_page_row[s] is where sequence s's list starts and the stride is 1,
@@ -54,7 +54,7 @@ static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, s
             *slots = RP_META(cb, h, off_slots, int32_t), *seq_start = RP_META(cb, h, off_seq_start, int32_t),
             *kv_len = RP_META(cb, h, off_kv_len, int32_t), *page_row = RP_META(cb, h, off_page_row, int32_t),
             *logit_token = RP_META(cb, h, off_logit_token, int32_t), *pages = RP_META(cb, h, off_pages, int32_t);
-    rp_sample_params *params = RP_META(cb, h, off_params, rp_sample_params);
+    rp_sampling_params *params = RP_META(cb, h, off_params, rp_sampling_params);
     const int ps = cb->base.cfg.page_size, S = bt->num_seqs, T = bt->num_tokens;
     const int32_t dummy_page = cb->base.cfg.num_pages;
     copy_bytes_n(tokens, bt->tokens, (size_t)T * 4);

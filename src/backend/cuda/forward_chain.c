@@ -55,7 +55,7 @@ static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, int decode
  * others), all on fixed buffers. */
 int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
     const int V = cb->base.model->cfg.vocab_size;
-    const rp_sample_params *params = RP_META(cb, cb->meta.dev, off_params, rp_sample_params);
+    const rp_sampling_params *params = RP_META(cb, cb->meta.dev, off_params, rp_sampling_params);
     rp_cuda_prof_mark(cb, "sample");
     /* the results also straight into the slot's pinned buffer (no copy) */
     const rp_sample_host host = {.rows = {cb->slots[0].d_tokens_host, cb->slots[1].d_tokens_host},

@@ -73,12 +73,12 @@ int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
     int sizes[RP_MAX_GRAPHS], n = 0;
     int max_bs = bc->cuda_graph_max_bs > 0 ? bc->cuda_graph_max_bs : 256;
     if (max_bs > bc->max_batch_seqs) max_bs = bc->max_batch_seqs;
-    if (max_bs > bc->max_batch_tokens) max_bs = bc->max_batch_tokens;
+    if (max_bs > bc->max_batched_tokens) max_bs = bc->max_batched_tokens;
     if (max_bs > bc->max_logit_rows) max_bs = bc->max_logit_rows;
     if (bc->num_cuda_graph_bs > 0) {
         for (int i = 0; i < bc->num_cuda_graph_bs && n < RP_MAX_GRAPHS; i++) {
             int b = bc->cuda_graph_bs[i];
-            if (b < 1 || b > bc->max_batch_seqs || b > bc->max_logit_rows || b > bc->max_batch_tokens)
+            if (b < 1 || b > bc->max_batch_seqs || b > bc->max_logit_rows || b > bc->max_batched_tokens)
                 return rp_errf(err, "CUDA graph batch size %d is outside 1..%d", b, max_bs);
             sizes[n++] = b;
         }

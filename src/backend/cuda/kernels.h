@@ -244,7 +244,7 @@ void rp_k_attn_prefill_set_mode(int mode);
 /* Gathers rows: out[i][:] = in[rows[i]][:], for the lm_head's input. */
 int rp_k_gather_rows(const rp_bf16 *in, const int32_t *rows, rp_bf16 *out, int n, int H, cudaStream_t stream);
 
-/* rp_sample_params (backend/sample_params.h): per-row, in device memory,
+/* rp_sampling_params (backend/sample_params.h): per-row, in device memory,
  * written by the engine each step. */
 
 /* tokens[r] = sample(logits[r][:vocab]) for r < rows; greedy rows take the
@@ -254,7 +254,7 @@ int rp_k_gather_rows(const rp_bf16 *in, const int32_t *rows, rp_bf16 *out, int n
  * same choice up to fp rounding. logprobs (nullable): the chosen token's
  * log-probability. workspace: rp_sample_workspace_bytes(). */
 size_t rp_sample_workspace_bytes(int rows, int vocab);
-int rp_k_sample(const float *logits, const rp_sample_params *params, int32_t *tokens, float *logprobs,
+int rp_k_sample(const float *logits, const rp_sampling_params *params, int32_t *tokens, float *logprobs,
                 void *workspace, int rows, int vocab, cudaStream_t stream);
 
 /* Fills bf16 weights with the same values as the CPU dummy-weight generator

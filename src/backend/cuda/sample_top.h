@@ -34,7 +34,7 @@ typedef struct rp_sample_host {
  * computed (at a cost only on the exact slow path) for rows with
  * params[r].top_logprobs > 0; other rows' entries may be left unwritten.
  * host (nullable): tokens and logprobs also go there. */
-int rp_k_sample_kept(const float *logits, const rp_sample_params *params, int32_t *tokens, float *logprobs,
+int rp_k_sample_kept(const float *logits, const rp_sampling_params *params, int32_t *tokens, float *logprobs,
                      int32_t *kept, const rp_sample_host *host, void *workspace, int rows, int vocab,
                      cudaStream_t stream);
 
@@ -45,7 +45,7 @@ int rp_k_sample_kept(const float *logits, const rp_sample_params *params, int32_
  * distribution the token was drawn from, -inf for tokens outside it. Rows
  * with top_logprobs == 0 get n = 0 and cost one block that returns at once.
  * logprobs and kept must be the sampling kernel's outputs (not NULL). */
-int rp_k_top_logprobs(const float *logits, const rp_sample_params *params, const int32_t *tokens,
+int rp_k_top_logprobs(const float *logits, const rp_sampling_params *params, const int32_t *tokens,
                       const float *logprobs, const int32_t *kept, rp_top_logprobs *top, int rows, int vocab,
                       cudaStream_t stream);
 

@@ -286,7 +286,7 @@ __device__ int select_prefix(const float *row, int vocab, smp_shared &sh, bool b
 /* kept (may be NULL): how many tokens of the sampling order the draw was
  * made from (the kept set is a prefix of the order; vocab for greedy rows),
  * for rp_k_top_logprobs. Counted only for rows that ask for top logprobs. */
-__device__ __forceinline__ void sample_row_exact(const float *row, const rp_sample_params p, int32_t *tok,
+__device__ __forceinline__ void sample_row_exact(const float *row, const rp_sampling_params p, int32_t *tok,
                                                  float *lp, int32_t *kept, int vocab, smp_shared &sh) {
     __shared__ float red_v[32];
     __shared__ int red_i[32];
@@ -415,7 +415,7 @@ __device__ __forceinline__ void smp_mirror(const rp_sample_host &h, int r, const
 }
 
 __global__ void __launch_bounds__(SMP_THREADS)
-    sample_kernel_slow(const float *logits, const rp_sample_params *__restrict__ params,
+    sample_kernel_slow(const float *logits, const rp_sampling_params *__restrict__ params,
                        int32_t *__restrict__ tokens, float *__restrict__ logprobs, int32_t *__restrict__ kept,
                        rp_sample_host host, int vocab) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -684,7 +684,7 @@ __device__ u64 fs_prefix_weight(int b, unsigned j, const fs_row &rw, fs_shared &
 }
 
 __global__ void __launch_bounds__(FS_THREADS, 2)
-    sample_kernel_cluster(const float *logits, const rp_sample_params *__restrict__ params,
+    sample_kernel_cluster(const float *logits, const rp_sampling_params *__restrict__ params,
                           int32_t *__restrict__ tokens, float *__restrict__ logprobs, int32_t *__restrict__ kept,
                           rp_sample_host host, int vocab, int chunk) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -699,7 +699,7 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
     const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const float *row = logits + (int64_t)r * vocab;
     const int id0 = rank * chunk, n = max(0, min(vocab - id0, chunk));
-    const rp_sample_params p = params[r];
+    const rp_sampling_params p = params[r];
     fs_shared *lead = cluster.map_shared_rank(&sh, 0);
 
     /* 1. load the slice (sanitized), max / argmax / min finite */
@@ -1039,12 +1039,12 @@ static int fs_cluster_size(int vocab, int *chunk_out, size_t *smem_out) {
     return cl;
 }
 
-extern "C" int rp_k_sample(const float *logits, const rp_sample_params *params, int32_t *tokens, float *logprobs,
+extern "C" int rp_k_sample(const float *logits, const rp_sampling_params *params, int32_t *tokens, float *logprobs,
                            void *workspace, int rows, int vocab, cudaStream_t stream) {
     return rp_k_sample_kept(logits, params, tokens, logprobs, NULL, NULL, workspace, rows, vocab, stream);
 }
 
-extern "C" int rp_k_sample_kept(const float *logits, const rp_sample_params *params, int32_t *tokens,
+extern "C" int rp_k_sample_kept(const float *logits, const rp_sampling_params *params, int32_t *tokens,
                                 float *logprobs, int32_t *kept, const rp_sample_host *host_in, void *workspace, int rows,
                                 int vocab, cudaStream_t stream) {
     (void)workspace;
@@ -1093,7 +1093,7 @@ __device__ __forceinline__ bool tlp_before(float x, int id, float ox, int oid) {
 }
 
 __global__ void __launch_bounds__(TLP_THREADS)
-    top_logprobs_kernel(const float *logits, const rp_sample_params *__restrict__ params,
+    top_logprobs_kernel(const float *logits, const rp_sampling_params *__restrict__ params,
                         const int32_t *tokens, const float *logprobs,
                         const int32_t *kept, rp_top_logprobs *__restrict__ top, int vocab) {
     __shared__ float red_x[TLP_THREADS / 32];
@@ -1102,7 +1102,7 @@ __global__ void __launch_bounds__(TLP_THREADS)
     rp_pdl_trigger();
     rp_pdl_wait(); /* then the sampled tokens are visible; most rows return at once */
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const rp_sample_params p = params[r];
+    const rp_sampling_params p = params[r];
     rp_top_logprobs *out = top + r;
     const int n = min(min(p.top_logprobs, RP_MAX_TOP_LOGPROBS), vocab);
     if (n <= 0) {
@@ -1164,7 +1164,7 @@ __global__ void __launch_bounds__(TLP_THREADS)
     if (threadIdx.x == 0) out->n = n;
 }
 
-extern "C" int rp_k_top_logprobs(const float *logits, const rp_sample_params *params, const int32_t *tokens,
+extern "C" int rp_k_top_logprobs(const float *logits, const rp_sampling_params *params, const int32_t *tokens,
                                  const float *logprobs, const int32_t *kept, rp_top_logprobs *top, int rows,
                                  int vocab, cudaStream_t stream) {
     if (rows <= 0) return cudaSuccess;
