@@ -2,7 +2,9 @@
 # Runs on the GPU machine, from the repository root, after scripts/gpu-bundle.sh
 # packed .gpu/ here and the device tool carried it there:
 #   bash scripts/gpu-check.sh [tests] [sanitize] [compare] [bench] [bench-quick]
-# (no argument: tests compare bench). Prints one table per stage; logs go to $OUT.
+# (no argument: tests compare bench). sanitize is sanitize-main (the kernel tests, the
+# sampler's memcheck, a decode and a prefill forward) then sanitize-race (the sampler's
+# tests under racecheck, ~8 minutes): apart, each fits one 10-minute device call. Prints one table per stage; logs go to $OUT.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
 export LD_LIBRARY_PATH="$PWD/$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -28,7 +30,7 @@ for stage in $stages; do
     tests)
       for t in "$B"/test_cuda_*; do run_test "$(basename "$t")"; done
       ;;
-    sanitize)
+    sanitize|sanitize-main|sanitize-race)
       # kernel tests at small shapes (REPLAY_TEST_SMALL) under memcheck and
       # racecheck; the whole forward (one-kernel step, fused GEMVs, cuBLASLt
       # chain, prefill) under memcheck. racecheck does not model the
@@ -49,8 +51,18 @@ for stage in $stages; do
              tail -20 "$OUT/sanitize-$name.log"; fi
       }
       sanitize() { local t0=$SECONDS; sanitize_run "$@"; sanitize_report "$1" $? $((SECONDS - t0)); }
+      if [ "$stage" != sanitize-race ]; then
       for tool in memcheck racecheck; do sanitize "$tool-test_cuda_kernels" $tool "$B/test_cuda_kernels"; done
       sanitize memcheck-test_cuda_sample memcheck "$B/test_cuda_sample"
+      sanitize memcheck-decode memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b --batch 1,2,6,16 --ctx 40 \
+        --steps 2 --warmup 1 --no-eager
+      # the one-kernel step's kernel for shapes with dynamic units (DYNK: polled phase ends, paced refill)
+      sanitize memcheck-decode-dyn memcheck "$B/replay" bench decode --dummy-weights qwen3-4b --batch 1 --ctx 40 \
+        --steps 2 --warmup 1 --no-eager
+      sanitize memcheck-prefill memcheck "$B/replay" logits --dummy-weights qwen3-0.6b \
+        --prompt-ids "@$OUT/sanitize-ids.txt" --last 2 --out "$OUT/sanitize-logits.bin"
+      fi
+      if [ "$stage" != sanitize-main ]; then
       # racecheck on the sampler (16-block clusters) took over 8 minutes at
       # the memcheck shapes: each test alone, with a few rows
       # (REPLAY_TEST_SMALL=2), all six at once: ~7.5 minutes on an H100 (the
@@ -67,13 +79,7 @@ for stage in $stages; do
         # shellcheck disable=SC2046
         SANITIZE_TIMEOUT=${RACECHECK_TIMEOUT:-540} sanitize_report "racecheck-test_cuda_sample-$t" $(cat "$OUT/sanitize-racecheck-test_cuda_sample-$t.rc")
       done
-      sanitize memcheck-decode memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b --batch 1,2,6,16 --ctx 40 \
-        --steps 2 --warmup 1 --no-eager
-      # the one-kernel step's kernel for shapes with dynamic units (DYNK: polled phase ends, paced refill)
-      sanitize memcheck-decode-dyn memcheck "$B/replay" bench decode --dummy-weights qwen3-4b --batch 1 --ctx 40 \
-        --steps 2 --warmup 1 --no-eager
-      sanitize memcheck-prefill memcheck "$B/replay" logits --dummy-weights qwen3-0.6b \
-        --prompt-ids "@$OUT/sanitize-ids.txt" --last 2 --out "$OUT/sanitize-logits.bin"
+      fi
       ;;
     compare)
       python3 tools/gpu_compare.py --replay "$B/replay" 2>&1 | tee "$OUT/compare.log" | tail -40
