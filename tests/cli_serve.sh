@@ -108,6 +108,20 @@ contains "bench serve: model found" "$out" "Total generated tokens:             
 out=$("$BIN" bench serve --base-url "$URL" --model nope --num-prompts 1 --input-len 4 --output-len 2 2>&1)
 check "bench serve: failures exit 1" 1 $?
 contains "bench serve: the error is shown" "$out" "HTTP 404"
+# clients that hang up mid-stream on purpose are counted apart, not as failures, and their pages come back
+out=$("$BIN" bench serve --base-url "$URL" --num-prompts 6 --input-len 8 --output-len 200 --abort-fraction 1)
+check "bench serve --abort-fraction: exit 0" 0 $?
+contains "bench serve: hang-ups counted" "$out" "Hung up by the client (on purpose):      6"
+contains "bench serve: none failed" "$out" "Failed:                                  0"
+used=
+for _ in $(seq 100); do
+  used=$(curl -s "$URL/metrics" | awk '$1 == "replay_kv_pages_used" {print $2}')
+  [ "$used" = 0 ] && break
+  sleep 0.1
+done
+check "hung-up streams give their KV pages back" 0 "$used"
+out=$("$BIN" bench serve --base-url "$URL" --num-prompts 1 --abort-fraction 2 2>&1)
+check "bench serve: bad --abort-fraction" 2 $?
 kill -TERM "$pid"; wait "$pid"; rc=$?; pid=
 check "SIGTERM exits 0" 0 "$rc"
 

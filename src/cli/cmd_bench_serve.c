@@ -8,7 +8,13 @@
  * chunked body, splits it into SSE events and parses each with jansson. A
  * chunk with a choice is a token (servers stream one per token, as replay's
  * and vLLM's do); the usage chunk (stream_options.include_usage) gives the
- * exact output token count. */
+ * exact output token count.
+ *
+ * --abort-fraction F makes a share of the requests hang up mid-stream (after
+ * a random number of tokens), as careless clients do; they, and requests
+ * the server turns away under load (503, 429), are counted apart from
+ * failures, so a soak run (scripts/soak-serve.sh) can demand "no error but
+ * those". */
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <math.h>
@@ -37,10 +43,13 @@ typedef struct bs_target {
 typedef struct bs_req {
     const bs_target *t;
     int input_len, output_len, vocab;
+    int hang_up_after; /* > 0: close the connection after this many token chunks */
     uint64_t seed, index;
     double arrival_s, t0;
     /* results */
     int ok, chunks, usage_tokens;
+    int status;    /* the response's HTTP status, -1 when none came */
+    int hung_up;   /* closed by this client on purpose (hang_up_after) */
     double ttft, latency;
     double *itl; /* gaps between successive token chunks */
     int n_itl, cap_itl;
@@ -76,7 +85,8 @@ static int send_all(int fd, const char *s, size_t n) {
 
 /* ---- an HTTP response read incrementally ------------------------------------------------ */
 
-typedef void (*body_fn)(void *user, const char *data, size_t n, double t);
+/* Takes the next piece of body; nonzero stops the reading (the client hangs up). */
+typedef int (*body_fn)(void *user, const char *data, size_t n, double t);
 
 typedef struct reader {
     int fd;
@@ -116,7 +126,8 @@ static int read_http(int fd, body_fn fn, void *user, char *err, size_t errlen) {
     consume(&r, (size_t)(end + 4 - r.buf));
     if (!chunked) { /* Content-Length or close-delimited: all of it is body */
         for (;;) {
-            if (r.len) fn(user, r.buf, r.len, rp_now_s()), r.len = 0;
+            if (r.len && fn(user, r.buf, r.len, rp_now_s())) return status;
+            r.len = 0;
             if (fill(&r) <= 0) return status;
         }
     }
@@ -133,7 +144,7 @@ static int read_http(int fd, body_fn fn, void *user, char *err, size_t errlen) {
         }
         while (r.len < head + size + 2)
             if (fill(&r) <= 0) return status;
-        fn(user, r.buf + head, size, rp_now_s());
+        if (fn(user, r.buf + head, size, rp_now_s())) return status;
         consume(&r, head + size + 2);
     }
 }
@@ -149,6 +160,7 @@ typedef struct sse {
 } sse;
 
 static void on_event_text(bs_req *q, char *data, double t) {
+    if (q->hung_up) return;
     if (!strcmp(data, "[DONE]")) {
         q->ok = 1;
         return;
@@ -175,16 +187,21 @@ static void on_event_text(bs_req *q, char *data, double t) {
         }
         q->chunks++;
         q->last = t;
+        if (q->hang_up_after > 0 && q->chunks >= q->hang_up_after) q->hung_up = 1;
     }
     json_decref(j);
 }
 
-static void on_body(void *user, const char *data, size_t n, double t) {
+static int on_body(void *user, const char *data, size_t n, double t) {
     sse *s = user;
     if (s->len + n + 1 > s->cap) {
         s->cap = (s->len + n + 1) * 2;
-        s->pending = realloc(s->pending, s->cap);
-        if (!s->pending) return;
+        char *grown = realloc(s->pending, s->cap);
+        if (!grown) {
+            snprintf(s->req->error, sizeof s->req->error, "out of memory reading the stream");
+            return 1;
+        }
+        s->pending = grown;
     }
     memcpy(s->pending + s->len, data, n);
     s->len += n;
@@ -197,6 +214,7 @@ static void on_body(void *user, const char *data, size_t n, double t) {
     }
     s->len -= (size_t)(p - s->pending);
     memmove(s->pending, p, s->len);
+    return s->req->hung_up;
 }
 
 static void *run_request(void *arg) {
@@ -224,6 +242,7 @@ static void *run_request(void *arg) {
                                  "%sContent-Length: %zu\r\nConnection: close\r\n\r\n",
                                  t->host, t->port, auth, n);
     int fd = connect_to(t->host, t->port);
+    q->status = -1;
     if (fd < 0) {
         snprintf(q->error, sizeof q->error, "cannot connect to %.100s:%s", t->host, t->port);
     } else if (send_all(fd, head, hn) || send_all(fd, body, n)) {
@@ -232,7 +251,10 @@ static void *run_request(void *arg) {
         sse s = {.req = q};
         char err[160] = "";
         int status = read_http(fd, on_body, &s, err, sizeof err);
-        if (status != 200) {
+        q->status = status;
+        if (q->hung_up) {
+            q->error[0] = 0; /* closed on purpose: neither a success nor a failure */
+        } else if (status != 200) {
             q->ok = 0;
             if (status < 0) snprintf(q->error, sizeof q->error, "%s", err);
             else snprintf(q->error, sizeof q->error, "HTTP %d: %.150s", status, s.pending ? s.pending : "");
@@ -257,15 +279,16 @@ typedef struct grab {
     size_t len;
 } grab;
 
-static void grab_body(void *user, const char *data, size_t n, double t) {
+static int grab_body(void *user, const char *data, size_t n, double t) {
     (void)t;
     grab *g = user;
     char *q = realloc(g->p, g->len + n + 1);
-    if (!q) return;
+    if (!q) return 1;
     g->p = q;
     memcpy(g->p + g->len, data, n);
     g->len += n;
     g->p[g->len] = 0;
+    return 0;
 }
 
 /* The first model's id (malloc'd) and, when the server says (replay
@@ -357,6 +380,8 @@ static void help(void) {
            "  --random-range-ratio F   lengths uniform in [F x len, len] (default 1.0: exactly len)\n"
            "  --vocab V                prompt ids below V (default: the server's vocab_size, else 1000)\n"
            "  --seed S                 prompts, lengths and arrivals (default 1)\n"
+           "  --abort-fraction F       this share of requests hang up mid-stream after a random number\n"
+           "                           of tokens (default 0); with 503/429 answers they are not failures\n"
            "  -h, --help\n");
 }
 
@@ -367,13 +392,14 @@ int rp_cmd_bench_serve(int argc, char **argv) {
         {"output-len", required_argument, 0, 'o'},   {"model", required_argument, 0, 'm'},
         {"vocab", required_argument, 0, 'v'},        {"seed", required_argument, 0, 's'},
         {"api-key", required_argument, 0, 'k'},      {"max-concurrency", required_argument, 0, 'c'},
-        {"random-range-ratio", required_argument, 0, 'R'}, {"help", no_argument, 0, 'h'},
+        {"random-range-ratio", required_argument, 0, 'R'}, {"abort-fraction", required_argument, 0, 'a'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     const char *url = "http://127.0.0.1:8000";
     char *model = NULL;
     long num = 1000, in_len = 1024, out_len = 1024, vocab = 0, max_conc = 0;
-    double rate = INFINITY, range = 1.0;
+    double rate = INFINITY, range = 1.0, abort_fraction = 0;
     uint64_t seed = 1;
     bs_target t = {0};
     rp_cli_opts_begin();
@@ -402,6 +428,10 @@ int rp_cmd_bench_serve(int argc, char **argv) {
             break;
         case 's':
             if (rp_parse_u64(optarg, &seed)) return rp_cli_usage_error(CMD, "--seed must be a non-negative integer");
+            break;
+        case 'a':
+            if (rp_parse_float(optarg, &abort_fraction) || abort_fraction < 0 || abort_fraction > 1)
+                return rp_cli_usage_error(CMD, "--abort-fraction must be in [0, 1], got '%s'", optarg);
             break;
         case 'R':
             if (rp_parse_float(optarg, &range) || range < 0 || range > 1)
@@ -450,6 +480,8 @@ int rp_cmd_bench_serve(int argc, char **argv) {
         }
         *r = (bs_req){.t = &t, .input_len = il, .output_len = ol, .vocab = (int)vocab, .seed = seed,
                       .index = (uint64_t)i, .t0 = t0};
+        if (rp_rand_uniform(seed, 996, (uint64_t)i) < abort_fraction) /* hang up after 1..ol tokens */
+            r->hang_up_after = 1 + (int)(rp_rand_u64(seed, 995, (uint64_t)i) % (uint64_t)ol);
         if (isfinite(rate)) { /* exponential gaps: a Poisson process */
             double u = rp_rand_uniform(seed, 999, (uint64_t)i);
             arrival += -log1p(-u) / rate;
@@ -478,9 +510,19 @@ int rp_cmd_bench_serve(int argc, char **argv) {
     n_itl = 0;
     double busy = 0;
     const char *first_error = NULL;
+    long hung_up = 0, rejected = 0, failed = 0;
     for (long i = 0; i < started; i++) {
         bs_req *r = &reqs[i];
+        if (r->hung_up) {
+            hung_up++;
+            continue;
+        }
+        if (!r->ok && (r->status == 503 || r->status == 429)) {
+            rejected++;
+            continue;
+        }
         if (!r->ok) {
+            failed++;
             if (!first_error) first_error = r->error;
             continue;
         }
@@ -506,6 +548,9 @@ int rp_cmd_bench_serve(int argc, char **argv) {
     else snprintf(buf, sizeof buf, "not set");
     row_s("Max request concurrency:", buf);
     row_i("Successful requests:", ok);
+    if (abort_fraction > 0) row_i("Hung up by the client (on purpose):", hung_up);
+    row_i("Turned away (503, 429):", rejected);
+    row_i("Failed:", failed + (num - started));
     row_d("Benchmark duration (s):", duration);
     row_i("Total input tokens:", in_tokens);
     row_i("Total generated tokens:", out_tokens);
@@ -537,7 +582,7 @@ int rp_cmd_bench_serve(int argc, char **argv) {
     row_d("P99 ITL (ms):", s.p99);
     row_d("Max ITL (ms):", s.max);
     printf("==================================================\n");
-    if (first_error) printf("%ld of %ld requests failed; the first: %s\n", num - ok, num, first_error);
+    if (first_error) printf("%ld of %ld requests failed; the first: %s\n", failed, num, first_error);
     for (long i = 0; i < num; i++) free(reqs[i].itl);
     free(reqs);
     free(th);
@@ -547,5 +592,6 @@ int rp_cmd_bench_serve(int argc, char **argv) {
     free(itl);
     free(model);
     if (t.slots) sem_destroy(&slots);
-    return ok == num ? RP_EXIT_OK : RP_EXIT_RUNTIME;
+    /* success: every request answered, hung up on purpose, or turned away under load */
+    return failed == 0 && started == num ? RP_EXIT_OK : RP_EXIT_RUNTIME;
 }
