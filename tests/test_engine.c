@@ -591,6 +591,19 @@ static void start_long_run(long_run *run, void (*act)(result *, const rp_token_e
     if (rp_engine_submit(run->e, &p, collect, &run->long_one, &run->long_id, &err)) fail_msg("%s", err.message);
 }
 
+/* Starts the run and waits for its end; the action's engine call must have
+ * worked. */
+static void run_long_run(long_run *run, void (*act)(result *, const rp_token_event *), int submit_long) {
+    start_long_run(run, act, submit_long);
+    rp_engine_wait_idle(run->e);
+    assert_int_equal(run->clock.act_rc, 0);
+}
+
+static void end_long_run(long_run *run) {
+    expect_pool_full(run->e);
+    rp_engine_destroy(run->e);
+}
+
 static void act_submit_newcomer(result *r, const rp_token_event *ev) {
     (void)ev;
     long_run *run = r->act_ctx;
@@ -613,16 +626,13 @@ static void act_submit_newcomer(result *r, const rp_token_event *ev) {
 static void test_newcomer_during_long_prefill(void **state) {
     (void)state;
     static long_run run;
-    start_long_run(&run, act_submit_newcomer, 1);
-    rp_engine_wait_idle(run.e);
-    assert_int_equal(run.clock.act_rc, 0);
+    run_long_run(&run, act_submit_newcomer, 1);
     expect_final_once(&run.newcomer, RP_FINISH_REASON_LENGTH, 1, "the newcomer", 0);
     expect_final_once(&run.long_one, RP_FINISH_REASON_LENGTH, 1, "the long prompt", 0);
     expect_final_once(&run.clock, RP_FINISH_REASON_LENGTH, 200, "the clock", 0);
     assert_in_range(run.newcomer.clock_at_first - run.clock_at_act, 1, 2);
     assert_true(run.long_one.clock_at_first > run.newcomer.clock_at_first + LONG_PROMPT / STEP_TOKENS / 2);
-    expect_pool_full(run.e);
-    rp_engine_destroy(run.e);
+    end_long_run(&run);
 }
 
 static void act_abort_long(result *r, const rp_token_event *ev) {
@@ -637,14 +647,11 @@ static void act_abort_long(result *r, const rp_token_event *ev) {
 static void test_abort_long_prefill(void **state) {
     (void)state;
     static long_run run;
-    start_long_run(&run, act_abort_long, 1);
-    rp_engine_wait_idle(run.e);
-    assert_int_equal(run.clock.act_rc, 0);
-    expect_final_once(&run.long_one, RP_FINISH_REASON_ABORT, 0, "the long prompt", 0);
+    run_long_run(&run, act_abort_long, 1);
     assert_in_range(run.long_one.clock_at_final - run.clock_at_act, 0, 2);
+    expect_final_once(&run.long_one, RP_FINISH_REASON_ABORT, 0, "the long prompt", 0);
     expect_final_once(&run.clock, RP_FINISH_REASON_LENGTH, 200, "the clock", 0);
-    expect_pool_full(run.e);
-    rp_engine_destroy(run.e);
+    end_long_run(&run);
 }
 
 static void act_stats(result *r, const rp_token_event *ev) {
@@ -671,15 +678,12 @@ static void act_submit_long(result *r, const rp_token_event *ev) {
 static void test_stats_during_long_prefill(void **state) {
     (void)state;
     static long_run run;
-    start_long_run(&run, act_submit_long, 0);
-    rp_engine_wait_idle(run.e);
-    assert_int_equal(run.clock.act_rc, 0);
+    run_long_run(&run, act_submit_long, 0);
     assert_int_equal(run.stats.running, 2);
     assert_int_equal(run.stats.waiting, 0);
     assert_true(run.stats.kv_pages_total - run.stats.kv_pages_free >= 2); /* the clock's page and the chunk's */
     expect_final_once(&run.long_one, RP_FINISH_REASON_LENGTH, 1, "the long prompt", 0);
-    expect_pool_full(run.e);
-    rp_engine_destroy(run.e);
+    end_long_run(&run);
 }
 
 static void act_hold(result *r, const rp_token_event *ev) {

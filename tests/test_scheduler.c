@@ -293,12 +293,12 @@ static void test_long_prefill_lets_newcomer_in(void **state) {
     (void)state;
     fixture f;
     setup(&f, 32, 8, sched_config(8, 4, 4));
-    rp_request *a = add_req(&f, 20, 4);
+    rp_request *a = add_req(&f, 20, 4), *b, *c;
     STEP(f.s, 31, {a, 4, 0});
-    rp_request *b = add_req(&f, 2, 8);
+    b = add_req(&f, 2, 8);
     STEP(f.s, 29, {a, 2, 0}, {b, 2, 1}); /* a: 6 tokens, b: 2 (+1 sampled) */
     STEP(f.s, 28, {b, 1, 1}, {a, 3, 0}); /* decode first, then a's chunk */
-    rp_request *c = add_req(&f, 9, 4);
+    c = add_req(&f, 9, 4);
     STEP(f.s, 27, {b, 1, 1}, {c, 3, 0}); /* c's share (its chunk) is the rest of the budget */
     STEP(f.s, 26, {b, 1, 1}, {a, 3, 0}); /* then the oldest prefill goes on */
     f.s->prefill_cap = 2;
