@@ -16,12 +16,13 @@
 
 /* The engine's defaults, the one place they are written: SGLang's on large
  * GPUs for the token budget and chunk (measured in bench/RESULTS.md). On the
- * CPU a step is also held to about DEFAULT_CPU_STEP_MS: a 0.6B model there
- * prefilled ~400 tokens a second on issue 34's host and ~4 on a 2-core one,
- * so no token count keeps a step short on both (a 500 ms step leaves
- * aborts, newcomers and SIGTERM well within docs/server.md's 10 s). A
- * step feeds at least STEP_MIN_PROMPT_TOKENS prompt tokens, the first one on
- * a fresh engine exactly that many, before any speed is measured. */
+ * CPU a step is also held to about DEFAULT_CPU_STEP_MS, since newcomers,
+ * aborts and destroy wait for the step in flight: prompt speed there differs
+ * a hundredfold between hosts (~4 to ~400 tokens a second for a 0.6B model,
+ * bench/RESULTS.md), so no token count keeps a step short everywhere, and
+ * 500 ms stays well inside docs/server.md's 10 s for shutdown. A step feeds
+ * at least STEP_MIN_PROMPT_TOKENS prompt tokens, and exactly that many
+ * before any speed is measured. */
 enum {
     DEFAULT_PAGE_SIZE = 16,
     DEFAULT_MAX_RUNNING = 256,
