@@ -4,11 +4,14 @@
  * (the newest request is the one preempted, its output unchanged); bad
  * requests are rejected at submit; aborts at any stage free their pages;
  * stop strings cut the text; token events carry top logprobs on both
- * sampling paths; the pool is full again after every test.
+ * sampling paths; a long prompt's chunked prefill lets a newcomer in, shows
+ * in the stats and stops at the next chunk on abort and destroy; the pool is
+ * full again after every test.
  *
  * Nothing here depends on timing: where requests must arrive together the
  * engine thread is held in a callback (hold_engine), where they must arrive
- * mid-run or be aborted mid-run a callback of a running request does it. */
+ * mid-run or be aborted mid-run a callback of a running request does it, and
+ * steps are counted by the tokens of a request decoding beside them. */
 #include <math.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -33,6 +36,10 @@ typedef struct result {
     void (*act)(struct result *r, const rp_token_event *ev);
     void *act_ctx;
     int act_rc; /* what the action's engine call returned */
+    /* a request decoding beside this one, one token a step: its token
+     * count when this one's first and final events arrived */
+    const struct result *clock;
+    int clock_at_first, clock_at_final;
 } result;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -47,10 +54,12 @@ static void collect(void *user, const rp_token_event *ev) {
         r->text_len += ev->text_len;
     }
     r->events++;
+    if (r->clock && r->events == 1) r->clock_at_first = r->clock->n;
     if (ev->finish != RP_FINISH_REASON_NONE) {
         r->finish = ev->finish;
         r->finals++;
         r->preemptions = ev->preemptions;
+        if (r->clock) r->clock_at_final = r->clock->n;
     }
     int act = r->act && ev->finish == RP_FINISH_REASON_NONE && r->n == r->act_at;
     pthread_mutex_unlock(&mu);
@@ -115,6 +124,7 @@ static void expect_final_once(const result *r, rp_finish finish, int tokens, con
 }
 
 static int g_no_overlap; /* set by a test to compare with the synchronous loop */
+static int g_step_tokens; /* set by a test: every step feeds at most this many tokens, not sized by time */
 
 static rp_engine *make_engine(const char *model, int num_pages, int chunk, int max_running) {
     rp_engine_config c;
@@ -127,7 +137,8 @@ static rp_engine *make_engine(const char *model, int num_pages, int chunk, int m
     c.num_pages = num_pages;
     c.page_size = 16;
     c.chunked_prefill_size = chunk;
-    c.max_batched_tokens = 512;
+    c.max_batched_tokens = g_step_tokens ? g_step_tokens : 512;
+    if (g_step_tokens) c.step_ms_target = -1;
     c.max_running_requests = max_running;
     c.disable_overlap = g_no_overlap;
     rp_error err;
@@ -535,6 +546,181 @@ static void test_abort_everywhere(void **state) {
     }
 }
 
+/* ---- one long prompt beside others (issue 34) ----------------------------
+
+ * Steps of STEP_TOKENS tokens (one long prompt's chunk could fill a step),
+ * counted by a decoding request, the clock; its act_at-th token runs the
+ * action under test while the long prompt is prefilled (~70 steps). */
+enum { STEP_TOKENS = 16, LONG_PROMPT = 1024, CLOCK_AT = 3 };
+
+typedef struct long_run {
+    rp_engine *e;
+    result clock, long_one, newcomer;
+    rp_request_id long_id;
+    int32_t clock_prompt[64], long_prompt[LONG_PROMPT], newcomer_prompt[4];
+    int clock_at_act;          /* the clock's tokens when the action ran */
+    rp_engine_stats stats;     /* act_submit_long's: one step later */
+    hold hold;                 /* act_hold's */
+} long_run;
+
+static void long_params(long_run *run, rp_request_params *p) {
+    rp_request_params_default(p);
+    for (int k = 0; k < LONG_PROMPT; k++) run->long_prompt[k] = (int32_t)((k * 37 + 11) % 500);
+    p->prompt_ids = run->long_prompt;
+    p->num_prompt_ids = LONG_PROMPT;
+    p->max_tokens = 1;
+    p->temperature = 0.0f;
+}
+
+/* The clock (200 tokens, far more than the long prefill's steps), then the
+ * long prompt unless the action submits it. */
+static void start_long_run(long_run *run, void (*act)(result *, const rp_token_event *), int submit_long) {
+    memset(run, 0, sizeof *run);
+    g_step_tokens = STEP_TOKENS;
+    run->e = make_engine("qwen3-tied", 0, STEP_TOKENS, 4);
+    g_step_tokens = 0;
+    rp_request_params p;
+    params_for(0, &p, run->clock_prompt, 0);
+    p.max_tokens = 200;
+    run->clock = (result){.act_at = CLOCK_AT, .act = act, .act_ctx = run};
+    run->long_one.clock = run->newcomer.clock = &run->clock;
+    submit_or_fail(run->e, &p, &run->clock);
+    if (!submit_long) return;
+    long_params(run, &p);
+    rp_error err;
+    if (rp_engine_submit(run->e, &p, collect, &run->long_one, &run->long_id, &err)) fail_msg("%s", err.message);
+}
+
+/* Starts the run and waits for its end; the action's engine call must have
+ * worked. */
+static void run_long_run(long_run *run, void (*act)(result *, const rp_token_event *), int submit_long) {
+    start_long_run(run, act, submit_long);
+    rp_engine_wait_idle(run->e);
+    assert_int_equal(run->clock.act_rc, 0);
+}
+
+static void end_long_run(long_run *run) {
+    expect_pool_full(run->e);
+    rp_engine_destroy(run->e);
+}
+
+static void act_submit_newcomer(result *r, const rp_token_event *ev) {
+    (void)ev;
+    long_run *run = r->act_ctx;
+    run->clock_at_act = r->n;
+    rp_request_params p;
+    rp_request_params_default(&p);
+    for (int k = 0; k < 4; k++) run->newcomer_prompt[k] = 100 + k;
+    p.prompt_ids = run->newcomer_prompt;
+    p.num_prompt_ids = 4;
+    p.max_tokens = 1;
+    p.ignore_eos = 1;
+    rp_error err;
+    r->act_rc = rp_engine_submit(run->e, &p, collect, &run->newcomer, NULL, &err);
+}
+
+/* A short request arriving during a long prefill gets its token one or two
+ * steps later (with overlap a step's tokens are read once the next step is
+ * launched), long before the long prompt's prefill ends: the long prompt's
+ * chunk leaves the newcomer its share of the step. */
+static void test_newcomer_during_long_prefill(void **state) {
+    (void)state;
+    static long_run run;
+    run_long_run(&run, act_submit_newcomer, 1);
+    expect_final_once(&run.newcomer, RP_FINISH_REASON_LENGTH, 1, "the newcomer", 0);
+    expect_final_once(&run.long_one, RP_FINISH_REASON_LENGTH, 1, "the long prompt", 0);
+    expect_final_once(&run.clock, RP_FINISH_REASON_LENGTH, 200, "the clock", 0);
+    assert_in_range(run.newcomer.clock_at_first - run.clock_at_act, 1, 2);
+    assert_true(run.long_one.clock_at_first > run.newcomer.clock_at_first + LONG_PROMPT / STEP_TOKENS / 2);
+    end_long_run(&run);
+}
+
+static void act_abort_long(result *r, const rp_token_event *ev) {
+    (void)ev;
+    long_run *run = r->act_ctx;
+    run->clock_at_act = r->n;
+    r->act_rc = rp_engine_abort(run->e, run->long_id);
+}
+
+/* Aborting a long prompt mid-prefill ends it at the next chunk boundary: its
+ * ABORT event comes within a step or two, and its pages are all back. */
+static void test_abort_long_prefill(void **state) {
+    (void)state;
+    static long_run run;
+    run_long_run(&run, act_abort_long, 1);
+    assert_in_range(run.long_one.clock_at_final - run.clock_at_act, 0, 2);
+    expect_final_once(&run.long_one, RP_FINISH_REASON_ABORT, 0, "the long prompt", 0);
+    expect_final_once(&run.clock, RP_FINISH_REASON_LENGTH, 200, "the clock", 0);
+    end_long_run(&run);
+}
+
+static void act_stats(result *r, const rp_token_event *ev) {
+    (void)ev;
+    long_run *run = r->act_ctx;
+    rp_engine_get_stats(run->e, &run->stats);
+}
+
+/* The long prompt submitted at the clock's token CLOCK_AT; at the next one
+ * its first chunk has been planned and run. */
+static void act_submit_long(result *r, const rp_token_event *ev) {
+    (void)ev;
+    long_run *run = r->act_ctx;
+    rp_request_params p;
+    long_params(run, &p);
+    rp_error err;
+    r->act_rc = rp_engine_submit(run->e, &p, collect, &run->long_one, &run->long_id, &err);
+    r->act = act_stats;
+    r->act_at = CLOCK_AT + 1;
+}
+
+/* A request whose prefill has begun counts as running, its pages as used,
+ * from the step that feeds its first chunk on (not only once a step ends). */
+static void test_stats_during_long_prefill(void **state) {
+    (void)state;
+    static long_run run;
+    run_long_run(&run, act_submit_long, 0);
+    assert_int_equal(run.stats.running, 2);
+    assert_int_equal(run.stats.waiting, 0);
+    assert_true(run.stats.kv_pages_total - run.stats.kv_pages_free >= 2); /* the clock's page and the chunk's */
+    expect_final_once(&run.long_one, RP_FINISH_REASON_LENGTH, 1, "the long prompt", 0);
+    end_long_run(&run);
+}
+
+static void act_hold(result *r, const rp_token_event *ev) {
+    (void)ev;
+    long_run *run = r->act_ctx;
+    pthread_mutex_lock(&mu);
+    run->hold.held = 1;
+    pthread_cond_broadcast(&cv);
+    while (!run->hold.released) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+}
+
+static void *destroy_engine(void *e) {
+    rp_engine_destroy(e);
+    return NULL;
+}
+
+/* Destroy during a long prefill returns after at most one more step: with
+ * the engine thread held at the clock's token CLOCK_AT, destroy is called
+ * (and given 200 ms to say so) before the thread goes on. */
+static void test_destroy_during_long_prefill(void **state) {
+    (void)state;
+    static long_run run;
+    start_long_run(&run, act_hold, 1);
+    pthread_mutex_lock(&mu);
+    while (!run.hold.held) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, destroy_engine, run.e), 0);
+    usleep(200 * 1000);
+    release_engine(&run.hold);
+    pthread_join(t, NULL);
+    expect_final_once(&run.long_one, RP_FINISH_REASON_ABORT, 0, "the long prompt", 0);
+    assert_int_equal(run.clock.finish, RP_FINISH_REASON_ABORT);
+    assert_in_range(run.clock.n, CLOCK_AT, CLOCK_AT + 1); /* the step in flight, read at shutdown */
+}
+
 /* Text prompts, streamed text and stop strings, with the real Qwen3 tokenizer. */
 static void test_text_and_stop_strings(void **state) {
     (void)state;
@@ -609,6 +795,10 @@ int main(void) {
         cmocka_unit_test(test_rejections),
         cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_abort_everywhere),
+        cmocka_unit_test(test_newcomer_during_long_prefill),
+        cmocka_unit_test(test_abort_long_prefill),
+        cmocka_unit_test(test_stats_during_long_prefill),
+        cmocka_unit_test(test_destroy_during_long_prefill),
         cmocka_unit_test(test_text_and_stop_strings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,6 +8,8 @@
  * max_running allow (and a blocked head blocks the queue); chunked prefill
  * with the sample flag only on the chunk that completes the prompt; one
  * token budget shared by decode (first, oldest first) and prefill chunks;
+ * a running prefill leaves the first waiting request its chunk (what that
+ * leaves unused goes back to it), prefill_cap holds prompt tokens only;
  * preemption of the NEWEST running request (pages freed, cached = 0, front
  * of the waiting queue, counted), retiring requests never preempted, the
  * stall path; resumption re-feeding prompt + output with its seniority
@@ -283,6 +285,38 @@ static void test_token_budget(void **state) {
     teardown(&f);
 }
 
+/* A long prompt whose chunk could take the whole step: a newcomer gets its
+ * chunk in the next step all the same, the long one what is left; budget
+ * kept for a newcomer that cannot be admitted (no row) goes back to it. The
+ * engine's prefill_cap holds a step's prompt tokens, never its decodes. */
+static void test_long_prefill_lets_newcomer_in(void **state) {
+    (void)state;
+    fixture f;
+    setup(&f, 32, 8, sched_config(8, 4, 4));
+    rp_request *a = add_req(&f, 20, 4), *b, *c;
+    STEP(f.s, 31, {a, 4, 0});
+    b = add_req(&f, 2, 8);
+    STEP(f.s, 29, {a, 2, 0}, {b, 2, 1}); /* a: 6 tokens, b: 2 (+1 sampled) */
+    STEP(f.s, 28, {b, 1, 1}, {a, 3, 0}); /* decode first, then a's chunk */
+    c = add_req(&f, 9, 4);
+    STEP(f.s, 27, {b, 1, 1}, {c, 3, 0}); /* c's share (its chunk) is the rest of the budget */
+    STEP(f.s, 26, {b, 1, 1}, {a, 3, 0}); /* then the oldest prefill goes on */
+    f.s->prefill_cap = 2;
+    STEP(f.s, 25, {b, 1, 1}, {a, 2, 0}); /* b: 6 tokens, a: 14 */
+    rp_scheduler_remove(f.s, b);
+    STEP(f.s, 27, {a, 2, 0});
+    teardown(&f);
+
+    /* one row: the newcomer cannot be admitted, the long prompt takes it all */
+    setup(&f, 32, 1, sched_config(8, 4, 4));
+    a = add_req(&f, 20, 4);
+    STEP(f.s, 31, {a, 4, 0});
+    b = add_req(&f, 2, 4);
+    STEP(f.s, 30, {a, 4, 0});
+    expect_waiting(b);
+    teardown(&f);
+}
+
 /* Three requests fill a 4-page pool; when the second cannot get a page for
  * its decode token, the newest (the third) is preempted: its page freed,
  * cached = 0, at the FRONT of the waiting queue (before a request that
@@ -505,6 +539,7 @@ int main(void) {
         cmocka_unit_test(test_admission_in_order),
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_token_budget),
+        cmocka_unit_test(test_long_prefill_lets_newcomer_in),
         cmocka_unit_test(test_preemption_takes_newest),
         cmocka_unit_test(test_preemption_of_self),
         cmocka_unit_test(test_stall_preempts_newest),

@@ -67,6 +67,12 @@ typedef struct rp_engine_config {
     int max_running_requests; /* default 256 */
     int max_batched_tokens;   /* tokens one step feeds, prompt chunks and decode tokens together */
     int chunked_prefill_size; /* a prompt is prefilled in chunks of at most this (0 = max_batched_tokens) */
+    /* Where the backend's forward runs on the calling thread (CPU), the
+     * prompt tokens of a step are also sized from the measured speed so that
+     * a step takes about this long: a newcomer, an abort or destroy waits at
+     * most about one such step. 0: the default, 500 ms; -1: off (chunks of
+     * chunked_prefill_size). The CUDA backend ignores it. */
+    int step_ms_target;
     /* CUDA graphs */
     int disable_cuda_graph;
     int cuda_graph_max_bs;
@@ -133,13 +139,15 @@ typedef struct rp_request_params {
 } rp_request_params;
 
 /* The defaults, defined once (src/engine/engine.c): 256 running requests,
- * 16,384 batched tokens, chunks of 8,192, pages of 16 tokens, 90% of free
- * device memory for the KV cache. Commands print these in their help. */
+ * 16,384 batched tokens, chunks of 8,192 (on the CPU, also steps of about
+ * 500 ms: step_ms_target), pages of 16 tokens, 90% of free device memory
+ * for the KV cache. Commands print these in their help. */
 void rp_engine_config_default(rp_engine_config *cfg);
 void rp_request_params_default(rp_request_params *p);
 
 rp_engine *rp_engine_create(const rp_engine_config *cfg, rp_error *err);
-/* Stops the engine thread; requests still running finish with ABORT. */
+/* Stops the engine thread at the end of the step in flight (one prompt chunk
+ * at most); requests still running finish with ABORT. */
 void rp_engine_destroy(rp_engine *e);
 
 /* Validates and queues a request. A prompt longer than the context, one that
@@ -147,11 +155,14 @@ void rp_engine_destroy(rp_engine *e);
  * rejected here, never queued. */
 int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback cb, void *user,
                      rp_request_id *id_out, rp_error *err);
-/* Ends a request wherever it is (waiting, prefilling, decoding); its pages are
- * freed at the next step and its callback gets a final ABORT event. Returns
+/* Ends a request wherever it is (waiting, prefilling, decoding) when the step
+ * in flight ends (a long prompt's prefill stops at its next chunk boundary);
+ * its pages are freed then and its callback gets a final ABORT event. Returns
  * -1 if the id is unknown or already finished. */
 int rp_engine_abort(rp_engine *e, rp_request_id id);
 
+/* A snapshot, taken when a step is planned and when it ends: a request in
+ * the middle of its prefill counts as running, its pages as used. */
 typedef struct rp_engine_stats {
     int running, waiting;
     int kv_pages_total, kv_pages_free;

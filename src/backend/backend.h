@@ -116,6 +116,9 @@ struct rp_backend {
      * be launched before read_tokens of the previous one (read_tokens then
      * returns the older forward's tokens first). */
     int supports_token_refs;
+    /* forward returns when the work is done (CPU), not once it is queued:
+     * its duration is the step's, and the engine sizes steps by it */
+    int forward_is_synchronous;
     const rp_model *model; /* not owned */
     rp_backend_config cfg;
 };

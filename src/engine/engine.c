@@ -15,12 +15,21 @@
 #include "util/log.h"
 
 /* The engine's defaults, the one place they are written: SGLang's on large
- * GPUs for the token budget and chunk (measured in bench/RESULTS.md). */
+ * GPUs for the token budget and chunk (measured in bench/RESULTS.md). On the
+ * CPU a step is also held to about DEFAULT_CPU_STEP_MS, since newcomers,
+ * aborts and destroy wait for the step in flight: prompt speed there differs
+ * a hundredfold between hosts (~4 to ~400 tokens a second for a 0.6B model,
+ * bench/RESULTS.md), so no token count keeps a step short everywhere, and
+ * 500 ms stays well inside docs/server.md's 10 s for shutdown. A step feeds
+ * at least STEP_MIN_PROMPT_TOKENS prompt tokens, and exactly that many
+ * before any speed is measured. */
 enum {
     DEFAULT_PAGE_SIZE = 16,
     DEFAULT_MAX_RUNNING = 256,
     DEFAULT_MAX_BATCHED_TOKENS = 16384,
     DEFAULT_CHUNKED_PREFILL = 8192,
+    DEFAULT_CPU_STEP_MS = 500,
+    STEP_MIN_PROMPT_TOKENS = 16,
 };
 #define DEFAULT_MEMORY_RATIO 0.9
 
@@ -116,14 +125,26 @@ static void shut_down(rp_engine *e) {
     while (e->sched->wait_head) rp_engine_finish(e, e->sched->wait_head, -1, 0, NULL, RP_FINISH_REASON_ABORT, NULL);
 }
 
-/* Copies the engine thread's counters where get_stats reads them (under mu). */
-static void publish_stats(rp_engine *e) {
+/* The scheduler's counts where get_stats reads them (under mu). */
+static void publish_counts(rp_engine *e) {
     rp_engine_stats *ss = &e->snapshot;
-    *ss = e->stats;
     ss->running = e->sched->num_running;
     ss->waiting = e->sched->num_waiting;
     ss->kv_pages_free = rp_page_pool_num_free(e->run->pool);
     ss->preemptions = e->sched->preemptions;
+}
+
+void rp_engine_publish_plan(rp_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    publish_counts(e);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Copies the engine thread's counters where get_stats reads them (under mu). */
+static void publish_stats(rp_engine *e) {
+    rp_engine_stats *ss = &e->snapshot;
+    *ss = e->stats;
+    publish_counts(e);
     ss->cpu_ms_per_step = e->stats.steps ? e->cpu_ms_total / (double)e->stats.steps : 0;
     rp_backend *be = e->run->backend;
     if (be->ops->stats) {
@@ -259,6 +280,11 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
         if (!e->steps[k].items || !e->steps[k].logit_row || !e->steps[k].out_index) goto oom;
     }
     e->overlap = e->run->backend->supports_token_refs && !cfg->disable_overlap;
+    if (e->run->backend->forward_is_synchronous && cfg->step_ms_target >= 0) {
+        e->step_ms = cfg->step_ms_target ? cfg->step_ms_target : DEFAULT_CPU_STEP_MS;
+        e->step_min_tokens = STEP_MIN_PROMPT_TOKENS;
+        e->sched->prefill_cap = STEP_MIN_PROMPT_TOKENS;
+    }
     e->sampler = rp_sampler_new(e->run->model->cfg.vocab_size);
     e->retiring = calloc((size_t)cfg->max_running_requests, sizeof *e->retiring);
     e->dev_params = calloc((size_t)e->max_logits, sizeof *e->dev_params);

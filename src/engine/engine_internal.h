@@ -61,6 +61,9 @@ struct rp_engine {
     int num_retiring, cap_retiring;
     rp_engine_stats stats; /* engine thread only */
     double cpu_ms_total;
+    /* a synchronous backend's steps are sized to take about step_ms (0: not
+     * sized), feeding at least step_min_tokens prompt tokens */
+    int step_ms, step_min_tokens;
 };
 
 /* step.c: one turn of the engine loop (launch, and collect with or without
@@ -80,6 +83,9 @@ void rp_engine_finish(rp_engine *e, rp_request *r, int32_t tok, float lp, const 
 void rp_engine_release_retired(rp_engine *e);
 
 /* engine.c */
+/* Publishes the planned step's counts (running, waiting, pages) before it
+ * runs, so a long step's requests show in the stats while it runs. */
+void rp_engine_publish_plan(rp_engine *e);
 /* Forgets a finished id (under mu): abort() no longer knows it. */
 void rp_engine_live_remove(rp_engine *e, rp_request_id id);
 /* Registers a validated request (its id in *id_out, set before the engine

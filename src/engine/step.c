@@ -37,6 +37,19 @@ static void fail_running(rp_engine *e, const char *msg) {
         rp_engine_finish(e, e->sched->running[0], -1, 0, NULL, RP_FINISH_REASON_ERROR, msg);
 }
 
+/* A synchronous backend's steps take about e->step_ms: the next step's
+ * prompt tokens are sized from this one's speed, fixed costs included (a
+ * step faster than the target grows the next one, a slower one shrinks it,
+ * so the size settles on the target as attention over a growing prompt gets
+ * dearer). */
+static void size_next_step(rp_engine *e, const rp_batch *bt, int prompt_tokens, double forward_ms) {
+    if (!e->step_ms || prompt_tokens <= 0) return;
+    int decodes = bt->num_tokens - prompt_tokens;
+    double fit = bt->num_tokens * (double)e->step_ms / (forward_ms > 1e-3 ? forward_ms : 1e-3) - decodes;
+    int cap = fit < e->cfg.max_batched_tokens ? (int)fit : e->cfg.max_batched_tokens;
+    e->sched->prefill_cap = cap > e->step_min_tokens ? cap : e->step_min_tokens;
+}
+
 /* Schedules and launches one step; returns its slot or -1 when there was
  * nothing to run (or the launch failed). */
 static int launch_step(rp_engine *e) {
@@ -45,6 +58,7 @@ static int launch_step(rp_engine *e) {
     rp_runner *run = e->run;
     int n = rp_scheduler_schedule(s);
     if (n == 0) return -1;
+    rp_engine_publish_plan(e);
     /* peaks as scheduled, before this step's finished requests leave */
     if (s->num_running > e->stats.peak_running) e->stats.peak_running = s->num_running;
     int used = run->pool->num_pages - rp_page_pool_num_free(run->pool);
@@ -53,9 +67,11 @@ static int launch_step(rp_engine *e) {
     rp_step *st = &e->steps[slot];
     rp_batch_begin(run->bb);
     st->device_sampling = run->backend->ops->read_tokens != NULL;
+    int prompt_tokens = 0;
     for (int i = 0; i < n; i++) {
         rp_sched_item *it = &s->plan[i];
         rp_request *r = it->req;
+        if (rp_request_pending(r) > 1) prompt_tokens += it->num_tokens;
         st->logit_row[i] = rp_batch_add(run->bb, r->row, r->tokens + r->cached, it->num_tokens, r->cached, it->samples);
         RP_ASSERT(st->logit_row[i] >= 0 || !it->samples);
         st->out_index[i] = r->num_output;
@@ -69,12 +85,14 @@ static int launch_step(rp_engine *e) {
     bt->sample = st->device_sampling ? e->dev_params : NULL;
     e->cpu_ms_total += (rp_now_s() - t0) * 1e3;
     rp_err err;
+    double t_forward = rp_now_s();
     if (rp_backend_forward(run->backend, bt, &err)) {
         rp_log_error("forward failed: %s", err.msg);
         rp_scheduler_commit(s);
         fail_running(e, err.msg);
         return -1;
     }
+    size_next_step(e, bt, prompt_tokens, (rp_now_s() - t_forward) * 1e3);
     e->launched++;
     st->active = 1;
     st->id = e->launched;

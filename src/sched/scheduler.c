@@ -106,10 +106,44 @@ static void plan_add(rp_scheduler *s, rp_request *r, int n) {
     s->plan[s->plan_len++] = (rp_sched_item){r, n, r->cached + n == rp_request_len(r)};
 }
 
-static int in_plan(const rp_scheduler *s, const rp_request *r) {
+/* Tokens of r already in the plan (0 when it is not). */
+static int planned_tokens(const rp_scheduler *s, const rp_request *r, int *index) {
     for (int i = 0; i < s->plan_len; i++)
-        if (s->plan[i].req == r) return 1;
+        if (s->plan[i].req == r) {
+            *index = i;
+            return s->plan[i].num_tokens;
+        }
+    *index = -1;
     return 0;
+}
+
+/* Gives running prefills their next chunk, oldest first, from *budget minus
+ * what is kept back for admissions; a request already planned is topped up
+ * to its chunk. */
+static void feed_prefills(rp_scheduler *s, int *budget, int keep) {
+    for (int i = 0; i < s->num_running && *budget > keep; i++) {
+        rp_request *r = s->running[i];
+        int pending = rp_request_pending(r), at;
+        if (pending <= 1 || !rp_request_can_run(r, s->cfg.max_context)) continue;
+        int have = planned_tokens(s, r, &at);
+        int n = (pending < s->cfg.chunk ? pending : s->cfg.chunk) - have;
+        if (n > *budget - keep) n = *budget - keep;
+        if (n <= 0 || rp_page_table_reserve(s->table, r->row, r->cached + have + n, NULL)) continue;
+        if (at < 0) plan_add(s, r, n);
+        else s->plan[at] = (rp_sched_item){r, have + n, r->cached + have + n == rp_request_len(r)};
+        *budget -= n;
+    }
+}
+
+/* The budget a waiting request's first chunk needs, kept back from the
+ * running prefills so a newcomer gets in at the next step even when one
+ * long prompt's chunk could take the whole step. */
+static int admission_share(const rp_scheduler *s) {
+    const rp_request *w = s->wait_head;
+    if (!w || s->num_running >= s->cfg.max_running || !rp_request_can_run(w, s->cfg.max_context)) return 0;
+    int pending = rp_request_pending(w);
+    int n = pending < s->cfg.chunk ? pending : s->cfg.chunk;
+    return rp_page_pool_num_free(s->table->pool) >= rp_scheduler_pages_for(s, w->cached + n) ? n : 0;
 }
 
 static int schedule_once(rp_scheduler *s) {
@@ -130,26 +164,20 @@ static int schedule_once(rp_scheduler *s) {
         plan_add(s, r, 1);
         budget--;
     }
-    /* 2. chunks of prompts already being prefilled */
-    for (int i = 0; i < s->num_running && budget > 0; i++) {
-        rp_request *r = s->running[i];
-        int pending = rp_request_pending(r);
-        if (pending <= 1 || in_plan(s, r) || !rp_request_can_run(r, s->cfg.max_context)) continue;
-        int n = pending < s->cfg.chunk ? pending : s->cfg.chunk;
-        if (n > budget) n = budget;
-        if (rp_page_table_reserve(s->table, r->row, r->cached + n, NULL)) continue;
-        plan_add(s, r, n);
-        budget -= n;
-    }
+    /* prompt tokens: the step's budget, within the cap set for a short step */
+    int prompt_budget = s->prefill_cap > 0 && s->prefill_cap < budget ? s->prefill_cap : budget;
+    /* 2. chunks of prompts already being prefilled, leaving the first waiting
+     * request its chunk */
+    feed_prefills(s, &prompt_budget, admission_share(s));
     /* 3. admissions, in order, while a row, pages and budget remain. A
      * request preempted with its last output token still in flight may be
      * at max_tokens: it cannot run, and ends when that token is read. */
-    while (s->wait_head && s->num_running < s->cfg.max_running && budget > 0) {
+    while (s->wait_head && s->num_running < s->cfg.max_running && prompt_budget > 0) {
         rp_request *r = s->wait_head;
         if (!rp_request_can_run(r, s->cfg.max_context)) break;
         int pending = rp_request_pending(r);
         int n = pending < s->cfg.chunk ? pending : s->cfg.chunk;
-        if (n > budget) n = budget;
+        if (n > prompt_budget) n = prompt_budget;
         int row = rp_page_table_acquire_row(s->table);
         if (row < 0) break;
         if (rp_page_table_reserve(s->table, row, r->cached + n, NULL)) {
@@ -160,8 +188,10 @@ static int schedule_once(rp_scheduler *s) {
         r->row = row;
         add_running(s, r);
         plan_add(s, r, n);
-        budget -= n;
+        prompt_budget -= n;
     }
+    /* 4. what admissions left goes back to the running prefills */
+    feed_prefills(s, &prompt_budget, 0);
     return s->plan_len;
 }
 

@@ -7,10 +7,14 @@
  *     preempted (their pages freed; they go back to the front of the
  *     waiting queue and are recomputed later), so no request is lost;
  *  2. running requests in the middle of a chunked prefill get their next
- *     chunk;
+ *     chunk, leaving the first waiting request the budget of its first
+ *     chunk (a long prompt never holds a newcomer back for more than a step);
  *  3. waiting requests are admitted in order while a page-table row, pages
  *     for their next chunk and token budget remain, and fewer than
- *     max_running requests run.
+ *     max_running requests run;
+ *  4. budget the admissions left goes back to the running prefills.
+ * Prompt tokens (2-4) are also held to prefill_cap, which the engine sets
+ * each step so that a step on a slow backend stays short.
  * The plan is a list of (request, tokens to feed); the runtime turns it into
  * a backend batch. The scheduler never sees a CUDA type. */
 #ifndef RP_SCHED_SCHEDULER_H
@@ -42,6 +46,7 @@ typedef struct rp_scheduler {
     rp_sched_item *plan; /* [max_running] */
     int plan_len;
     uint64_t next_arrival, preemptions;
+    int prefill_cap; /* prompt tokens one step may feed (0: the budget's); set by the engine */
 } rp_scheduler;
 
 rp_scheduler *rp_scheduler_new(const rp_sched_config *cfg, rp_page_table *table);

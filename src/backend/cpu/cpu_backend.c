@@ -337,6 +337,7 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
     cb->sampler = rp_sampler_new(c->vocab_size);
     if (!cb->sampler) failed = 1;
     cb->base.supports_token_refs = 1;
+    cb->base.forward_is_synchronous = 1;
     if (failed) {
         cpu_destroy(&cb->base);
         rp_errf(err, "cpu backend: out of memory for %d KV pages of %d tokens", cfg->num_pages, cfg->page_size);
