@@ -95,13 +95,19 @@ int rp_sessions_wait_idle(rp_sessions *h, double timeout_s) {
     return rc;
 }
 
-/* Whether the peer closed its side (or the socket failed). Data waiting to
- * be read (a pipelined request) is not a hang-up. */
-static int client_gone(int fd) {
+/* Whether the client is gone. A peer that only shut down its write side
+ * (POLLRDHUP) may still read: a stream keeps going to it, and if it closed
+ * altogether the first bytes written get a reset (POLLHUP / POLLERR). A
+ * non-streaming request writes nothing until its end, so there a FIN must
+ * count as a hang-up, or an abandoned request would run to its end. Data
+ * waiting to be read (a pipelined request) is not a hang-up. */
+static int client_gone(int fd, int streaming) {
     if (fd < 0) return 0;
     struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
     if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return 1;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return 1;
+    if (streaming) return 0;
+    if (p.revents & POLLRDHUP) return 1;
     char c;
     ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
@@ -300,7 +306,7 @@ static void on_event(void *user, const rp_token_event *ev) {
  * aborted. */
 static int needs_abort(rp_session *r, int stopping) {
     if (r->aborted || r->all_done) return 0;
-    if (r->fd >= 0 && client_gone(r->fd)) {
+    if (r->fd >= 0 && client_gone(r->fd, r->stream)) {
         r->gone = 1;
         wake(r); /* a parked HTTP side closes the connection */
         return 1;
