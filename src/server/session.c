@@ -291,7 +291,7 @@ static void on_event(void *user, const rp_token_event *ev) {
             if (r->stream) stream_end(r);
         }
     }
-    if (final || (r->stream && r->out.len > r->out_off)) wake(r);
+    if (r->all_done || (r->stream && r->out.len > r->out_off)) wake(r);
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     if (final) {
