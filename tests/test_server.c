@@ -777,10 +777,14 @@ static void test_connection_flood(void **state) {
         fail_msg("%d of %d connections from one address closed at once, expected about %d", refused,
                  PER_ADDR + EXTRA, EXTRA);
     /* another address is served at once, and generation runs */
+    double t_health = rp_now_s();
     response r = timed_request(p, "GET", "/health", NULL, 2.0);
+    t_health = rp_now_s() - t_health;
     assert_int_equal(r.status, 200);
     response_free(&r);
+    double t_completion = rp_now_s();
     r = timed_request(p, "POST", "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":4}", 5.0);
+    t_completion = rp_now_s() - t_completion;
     assert_int_equal(r.status, 200);
     response_free(&r);
     /* a body that stalls: closed at the body timeout (2 s) */
@@ -810,8 +814,9 @@ static void test_connection_flood(void **state) {
     if (open_left) fail_msg("%d connections still open %.1f s after the header timeout", open_left, swept);
     assert_true(closed_within(body_fd, 5000));
     close(body_fd);
-    print_message("flood: %d connections opened in %.2f s (%d held), all closed by the timeouts within %.1f s\n", N,
-                  opened, N - refused, swept);
+    print_message("flood: %d connections opened in %.2f s (%d held); /health in %.1f ms, a completion in %.1f ms; "
+                  "all closed by the timeouts within %.1f s\n",
+                  N, opened, N - refused, t_health * 1e3, t_completion * 1e3, swept);
     r = timed_request(p, "GET", "/health", NULL, 2.0);
     assert_int_equal(r.status, 200);
     response_free(&r);
