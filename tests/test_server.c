@@ -11,6 +11,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -928,6 +930,19 @@ static void test_pipelining_head_half_close(void **state) {
     got = read_all(fd);
     if (count(got, "\"text_completion\"") != 20 || !strstr(got, "data: [DONE]")) fail_msg("half-closed stream: %s", got);
     free(got);
+    /* non-streaming: corked, so the FIN rides with the request's last bytes
+     * (a client that shut down its write side after sending, as the server
+     * reads it) */
+    fd = dial(port());
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_CORK, &one, sizeof one);
+    static const char req[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 54\r\n\r\n"
+                              "{\"prompt\":\"Once\",\"max_tokens\":200,\"ignore_eos\":true}  ";
+    send_all(fd, req, sizeof req - 1);
+    shutdown(fd, SHUT_WR);
+    r = read_response(fd);
+    if (r.status != 200 || !strstr(r.body, "\"completion_tokens\":200")) fail_msg("half-closed: %d %s", r.status, r.body);
+    response_free(&r);
 }
 
 /* The overload policy: past max_queued_requests waiting choices a request

@@ -95,22 +95,21 @@ int rp_sessions_wait_idle(rp_sessions *h, double timeout_s) {
     return rc;
 }
 
-/* Whether the client is gone. A peer that only shut down its write side
- * (POLLRDHUP) may still read: a stream keeps going to it, and if it closed
- * altogether the first bytes written get a reset (POLLHUP / POLLERR). A
- * non-streaming request writes nothing until its end, so there a FIN must
- * count as a hang-up, or an abandoned request would run to its end. Data
- * waiting to be read (a pipelined request) is not a hang-up. */
-static int client_gone(int fd, int streaming) {
-    if (fd < 0) return 0;
+/* What the client's socket says: still there; done sending (a FIN: it
+ * shut down its write side, or closed); or gone (reset, error). Data
+ * waiting to be read (a pipelined request) is still there. */
+enum client_state { CLIENT_HERE, CLIENT_DONE_SENDING, CLIENT_GONE };
+
+static enum client_state client_state(int fd) {
+    if (fd < 0) return CLIENT_HERE;
     struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return 1;
-    if (streaming) return 0;
-    if (p.revents & POLLRDHUP) return 1;
+    if (poll(&p, 1, 0) <= 0) return CLIENT_HERE;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return CLIENT_GONE;
+    if (p.revents & POLLRDHUP) return CLIENT_DONE_SENDING;
     char c;
     ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (n == 0) return CLIENT_DONE_SENDING;
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR ? CLIENT_GONE : CLIENT_HERE;
 }
 
 /* ---- one request's shared state ---------------------------------------------------- */
@@ -148,6 +147,7 @@ struct rp_session {
     int aborted;  /* rp_engine_abort was called for every choice */
     int shutdown; /* ... because the server is stopping */
     int gone;     /* the client hung up: nobody to answer */
+    int half_closed; /* the client's FIN came with its request: it waits for the answer */
     int fd;       /* the client's socket, to notice a hang-up; -1 once the HTTP side let go */
     rp_session_waker waker;
     int parked;   /* the HTTP side sleeps until waker.wake */
@@ -303,10 +303,19 @@ static void on_event(void *user, const rp_token_event *ev) {
 }
 
 /* What the watcher does with one session (r->mu held): 1 when it must be
- * aborted. */
+ * aborted.
+ *
+ * A FIN is a hang-up only for a non-streaming request whose client was
+ * still sending when the request was read. A half-close cannot be told from
+ * a close by the socket alone: a stream keeps going (a client that closed
+ * altogether answers its next bytes with a reset, CLIENT_GONE), and a
+ * client whose FIN came with its request (it shut down its write side
+ * after sending) waits for its answer; a later FIN on a non-streaming
+ * request, which writes nothing before its end, is a client that left. */
 static int needs_abort(rp_session *r, int stopping) {
     if (r->aborted || r->all_done) return 0;
-    if (r->fd >= 0 && client_gone(r->fd, r->stream)) {
+    enum client_state st = client_state(r->fd);
+    if (st == CLIENT_GONE || (st == CLIENT_DONE_SENDING && !r->stream && !r->half_closed)) {
         r->gone = 1;
         wake(r); /* a parked HTTP side closes the connection */
         return 1;
@@ -381,6 +390,7 @@ rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_f
     r->logprobs = q->logprobs;
     r->num_choices = nc;
     r->fd = client_fd;
+    r->half_closed = client_state(client_fd) == CLIENT_DONE_SENDING;
     r->waker = *waker;
     rp_oai_response *resp = &r->resp;
     resp->kind = q->kind;
