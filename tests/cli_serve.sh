@@ -125,15 +125,19 @@ check "bench serve: bad --abort-fraction" 2 $?
 kill -TERM "$pid"; wait "$pid"; rc=$?; pid=
 check "SIGTERM exits 0" 0 "$rc"
 
-# an API key
-start --api-key sekrit || { echo "$pass passed, $((fail + 1)) failed"; exit 1; }
+# an API key, and every limit given as an option
+start --api-key sekrit --max-body-bytes 4096 --max-connections 100 --max-connections-per-address 50 \
+  --header-timeout 5 --body-timeout 5 --send-timeout 30 --max-queued-requests 8 --http-threads 2 || { echo "$pass passed, $((fail + 1)) failed"; exit 1; }
 check "no key" 401 "$(post /v1/completions -d '{"prompt":"x","max_tokens":1}')"
 check "wrong key" 401 "$(post /v1/completions -H 'Authorization: Bearer nope' -d '{"prompt":"x","max_tokens":1}')"
 check "right key" 200 "$(post /v1/completions -H 'Authorization: Bearer sekrit' -d '{"prompt":"x","max_tokens":1}')"
 check "health needs no key" 200 "$(code "$URL/health")"
+check "HEAD health" 200 "$(code -I "$URL/health")"
+check "--max-body-bytes" 413 "$(head -c 5000 /dev/zero | tr '\0' ' ' | curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sekrit' "$URL/v1/completions" --data-binary @-)"
 kill -INT "$pid"; wait "$pid"; rc=$?; pid=
 check "SIGINT exits 0" 0 "$rc"
 out=$("$BIN" serve --dummy-weights tiny-qwen3 --port 0 2>&1); check "bad port" 2 $?
 out=$("$BIN" serve 2>&1); check "no model" 2 $?
+out=$("$BIN" serve --dummy-weights tiny-qwen3 --max-queued-requests 0 2>&1); check "--max-queued-requests 0" 2 $?
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -439,9 +439,40 @@ static void test_out_of_memory(void **state) {
     rp_tokenizer_free(tok);
 }
 
+/* Integral numbers are integers wherever one is expected (4.0 as OpenAI's
+ * and vLLM's servers take it); 4.5 is refused, naming the field. */
+static void test_integral_floats(void **state) {
+    (void)state;
+    rp_oai_context ctx = {.served_model = "m", .tok = NULL, .max_context = 4096, .vocab_size = 1000};
+    rp_oai_request q;
+    rp_oai_error e;
+    static const char ok[] = "{\"prompt\":[1.0,2,3e0],\"max_tokens\":4.0,\"n\":2.0,\"seed\":7.0,\"top_k\":5.0,"
+                             "\"logprobs\":1.0,\"stop_token_ids\":[9.0]}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, ok, strlen(ok), &q, &e), 0);
+    assert_int_equal(q.params.max_tokens, 4);
+    assert_int_equal(q.n, 2);
+    assert_int_equal((int)q.params.seed, 7);
+    assert_int_equal(q.params.top_k, 5);
+    assert_int_equal(q.num_prompt_ids[0], 3);
+    assert_int_equal(q.prompt_ids[0][2], 3);
+    assert_int_equal(q.params.stop_ids[0], 9);
+    rp_oai_request_free(&q);
+    static const char *bad[][2] = {{"{\"prompt\":[1],\"max_tokens\":4.5}", "max_tokens"},
+                                   {"{\"prompt\":[1],\"n\":1.5}", "n"},
+                                   {"{\"prompt\":[1],\"seed\":0.5}", "seed"},
+                                   {"{\"prompt\":[1, 2.5]}", "prompt"},
+                                   {"{\"prompt\":[1],\"stop_token_ids\":[1.25]}", "stop_token_ids"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        if (!rp_oai_parse(&ctx, RP_OAI_COMPLETION, bad[i][0], strlen(bad[i][0]), &q, &e)) fail_msg("accepted %s", bad[i][0]);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, bad[i][1]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid),
+        cmocka_unit_test(test_integral_floats),
         cmocka_unit_test(test_fuzz),
         cmocka_unit_test(test_fuzz_fields),
         cmocka_unit_test(test_engine_errors),

@@ -14,6 +14,8 @@
 #define CMD "serve"
 
 static void help(FILE *f) {
+    rp_server_config d;
+    rp_server_config_default(&d);
     fprintf(f,
             "Usage: replay serve (--model DIR | --dummy-weights NAME) [OPTIONS]\n"
             "\n"
@@ -31,7 +33,19 @@ static void help(FILE *f) {
             "  --chat-template NAME       qwen3 or llama3\n"
             "  -q, --quiet                no log lines\n"
             "  -h, --help\n"
-            "\n");
+            "\n"
+            "Limits (docs/server.md#limits; the defaults suit a public deployment):\n"
+            "  --max-connections N              open connections in all (default %d)\n"
+            "  --max-connections-per-address N  from one client address (default %d; behind a proxy, raise it)\n"
+            "  --header-timeout S               seconds to send a request's headers (default %d)\n"
+            "  --body-timeout S                 seconds to send a request's body (default %d)\n"
+            "  --send-timeout S                 seconds a client may read nothing of its answer (default %d)\n"
+            "  --max-body-bytes N               larger request bodies get 413 (default %zu)\n"
+            "  --max-queued-requests N          waiting requests beyond which new ones get 503 (default %d)\n"
+            "  --http-threads N                 HTTP threads (default %d)\n"
+            "\n",
+            d.max_connections, d.max_connections_per_address, d.header_timeout_s, d.body_timeout_s, d.send_timeout_s,
+            d.max_body_bytes, d.max_queued_requests, d.http_threads);
     rp_engine_opts_help(f);
 }
 
@@ -44,6 +58,14 @@ int rp_cmd_serve(int argc, char **argv) {
         {"api-key", required_argument, 0, 'k'},
         {"tokenizer", required_argument, 0, 'T'},
         {"chat-template", required_argument, 0, 'M'},
+        {"max-connections", required_argument, 0, 0x180},
+        {"max-connections-per-address", required_argument, 0, 0x181},
+        {"header-timeout", required_argument, 0, 0x182},
+        {"body-timeout", required_argument, 0, 0x183},
+        {"send-timeout", required_argument, 0, 0x184},
+        {"max-body-bytes", required_argument, 0, 0x185},
+        {"max-queued-requests", required_argument, 0, 0x186},
+        {"http-threads", required_argument, 0, 0x187},
         RP_ENGINE_LONG_OPTIONS,
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -51,7 +73,12 @@ int rp_cmd_serve(int argc, char **argv) {
     };
     rp_model_opts mo;
     rp_model_opts_init(&mo);
-    rp_server_config sc = {.host = "127.0.0.1", .port = 8000};
+    rp_server_config sc;
+    rp_server_config_default(&sc);
+    sc.port = 8000;
+    long limits[8] = {sc.max_connections, sc.max_connections_per_address, sc.header_timeout_s, sc.body_timeout_s,
+                      sc.send_timeout_s, (long)sc.max_body_bytes, sc.max_queued_requests, sc.http_threads};
+    static const long limit_max[8] = {1 << 20, 1 << 20, 3600, 3600, 3600, 1L << 30, 1 << 24, 256};
     const char *tokenizer_dir = NULL, *template_name = NULL;
     long port = 8000;
     rp_engine_config ec;
@@ -69,6 +96,9 @@ int rp_cmd_serve(int argc, char **argv) {
         case 'T': tokenizer_dir = optarg; break;
         case 'M': template_name = optarg; break;
         case 'p': dst = &port, lo = 1, hi = 65535; break;
+        case 0x180: case 0x181: case 0x182: case 0x183: case 0x184: case 0x185: case 0x186: case 0x187:
+            dst = &limits[opt - 0x180], hi = limit_max[opt - 0x180];
+            break;
         default:
             if (rp_engine_opts_parse(&ec, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
         }
@@ -79,6 +109,14 @@ int rp_cmd_serve(int argc, char **argv) {
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
     sc.port = (int)port;
+    sc.max_connections = (int)limits[0];
+    sc.max_connections_per_address = (int)limits[1];
+    sc.header_timeout_s = (int)limits[2];
+    sc.body_timeout_s = (int)limits[3];
+    sc.send_timeout_s = (int)limits[4];
+    sc.max_body_bytes = (size_t)limits[5];
+    sc.max_queued_requests = (int)limits[6];
+    sc.http_threads = (int)limits[7];
     if (!sc.served_model) {
         const char *name = mo.dummy_name ? mo.dummy_name : mo.model_dir;
         const char *slash = strrchr(name, '/');

@@ -3,21 +3,33 @@
  * its body and its answer is session.c's; what the answers look like is
  * openai_json.c's; parsing is openai.c's.
  *
- * libmicrohttpd runs a thread per connection, so a handler may block until
- * its session is done (non-streaming), and a streaming response's reader
- * may block until the session has bytes.
+ * libmicrohttpd polls with epoll on a small thread pool, so nothing here may
+ * block: a non-streaming request's connection is suspended until its
+ * session is done, a stream's until the session has bytes (session.c wakes
+ * them from the engine thread). Method, route, API key and an announced
+ * body size are checked when the headers arrive, so a refused request is
+ * answered and closed without its body being read.
+ *
+ * The guard thread does what no connection asks for: every WATCH_MS it lets
+ * the sessions notice hung-up clients and shutdown (rp_sessions_watch), and
+ * it closes connections that take longer than the header or body timeout
+ * (libmicrohttpd's own timeout restarts with every byte, so it cannot stop
+ * a client sending one byte a second).
  *
  * Shutdown (rp_server_stop): stop accepting, refuse new requests with 503,
- * let running sessions abort themselves (streams end with an error event
- * and [DONE]), wait until no HTTP thread uses the engine, then stop the
- * daemon. The caller destroys the engine afterwards. */
+ * abort running sessions (streams end with an error event and [DONE]),
+ * wait until no HTTP thread uses the engine, then stop the daemon. The
+ * caller destroys the engine afterwards. */
 #include "server/http.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,6 +40,36 @@
 #include "server/sbuf.h"
 #include "server/session.h"
 #include "tokenizer/tokenizer.h"
+#include "util/log.h"
+
+#define WATCH_MS 20           /* how soon a hang-up or shutdown aborts a session */
+#define SWEEP_EVERY 10        /* the timeouts are checked every SWEEP_EVERY watches */
+#define RETRY_AFTER_S "1"     /* what a 503 asks a client to wait */
+
+void rp_server_config_default(rp_server_config *c) {
+    *c = (rp_server_config){
+        .host = "127.0.0.1",
+        .max_body_bytes = 8u << 20,          /* a full-context prompt as text, with room to spare */
+        .max_connections = 8192,             /* epoll: idle connections cost a socket and 32 KiB each */
+        .max_connections_per_address = 256,  /* one client cannot take them all; raise behind a proxy */
+        .header_timeout_s = 10,              /* uvicorn keeps idle connections 5 s, nginx 60 s for headers */
+        .body_timeout_s = 30,                /* 8 MiB at 300 KB/s */
+        .send_timeout_s = 60,                /* a client that reads nothing for a minute is gone */
+        .max_queued_requests = 1024,         /* a few batches' worth: past that a 503 beats waiting minutes */
+        .http_threads = 4,                   /* parsing and tokenizing only; the engine has its own thread */
+    };
+}
+
+/* Where a connection is in its request, for the header and body timeouts. */
+enum conn_phase { PH_HEADERS, PH_BODY, PH_BUSY };
+
+typedef struct conn_track {
+    int fd;
+    enum conn_phase phase;
+    double since;
+    int closed; /* shut down by the guard */
+    struct conn_track *prev, *next;
+} conn_track;
 
 struct rp_server {
     rp_server_config cfg;
@@ -38,6 +80,10 @@ struct rp_server {
     rp_oai_context oai;
     rp_metrics *metrics;
     rp_sessions sessions; /* the engine, and the gate shutdown waits on */
+    pthread_mutex_t conn_mu;
+    conn_track *conns; /* open connections, under conn_mu */
+    pthread_t guard;
+    int guard_stop; /* atomic */
 };
 
 /* What a client gets when even its error cannot be allocated. */
@@ -46,14 +92,16 @@ static const char oom_body[] =
 
 /* ---- responses ------------------------------------------------------------------ */
 
-/* Queues resp (released here) with its headers; MHD_NO closes the
- * connection when even that fails. */
+/* Queues resp (released here) with its headers (an Allow header when
+ * allow is set, Retry-After on a 503); MHD_NO closes the connection when
+ * even that fails. */
 static enum MHD_Result queue(rp_server *s, struct MHD_Connection *conn, int status, struct MHD_Response *resp,
                              const char *type, const char *allow) {
     if (!resp) return MHD_NO;
     enum MHD_Result rc = MHD_NO;
     if (MHD_add_response_header(resp, "Content-Type", type) == MHD_YES &&
-        (!allow || MHD_add_response_header(resp, "Allow", allow) == MHD_YES)) {
+        (!allow || MHD_add_response_header(resp, "Allow", allow) == MHD_YES) &&
+        (status != 503 || MHD_add_response_header(resp, "Retry-After", RETRY_AFTER_S) == MHD_YES)) {
         rp_metrics_count_http(s->metrics, status);
         rc = MHD_queue_response(conn, (unsigned)status, resp);
     }
@@ -95,6 +143,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     long n = rp_session_read(cls, buf, max);
     if (n > 0) return (ssize_t)n;
+    if (n == RP_SESSION_PARKED) return 0; /* suspended until the engine has more */
     /* an error closes the connection: the client left */
     return n == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
 }
@@ -123,12 +172,37 @@ static int connection_fd(struct MHD_Connection *conn) {
     return ci ? (int)ci->connect_fd : -1;
 }
 
-static enum MHD_Result handle_generate(rp_server *s, struct MHD_Connection *conn, rp_oai_kind kind, const char *body,
-                                       size_t len) {
+/* The session's connection sleeps while the engine works (session.c). */
+static void conn_sleep(void *conn) { MHD_suspend_connection(conn); }
+static void conn_wake(void *conn) { MHD_resume_connection(conn); }
+
+typedef struct conn_state {
+    int rt; /* the route, known from the headers */
+    rp_sbuf body;
+    int out_of_memory; /* the body could not be held */
+    rp_session *sess;  /* a non-streaming request whose connection waits for it */
+} conn_state;
+
+/* Non-streaming: the answer once the session is done; until then the
+ * connection stays suspended and the handler is called again on wake. */
+static enum MHD_Result answer_generate(rp_server *s, struct MHD_Connection *conn, conn_state *cs) {
+    json_t *out;
+    rp_oai_error e;
+    int rc = rp_session_wait(cs->sess, &out, &e);
+    if (rc == RP_SESSION_PARKED) return MHD_YES;
+    rp_session_release(cs->sess);
+    cs->sess = NULL;
+    if (rc > 0) return MHD_NO; /* the client left: nobody to answer */
+    return rc ? send_error(s, conn, &e) : send_json(s, conn, 200, out);
+}
+
+static enum MHD_Result handle_generate(rp_server *s, struct MHD_Connection *conn, conn_state *cs, rp_oai_kind kind,
+                                       const char *body, size_t len) {
     rp_oai_request q;
     rp_oai_error e;
     if (rp_oai_parse(&s->oai, kind, body, len, &q, &e)) return send_error(s, conn, &e);
-    rp_session *sess = rp_session_new(&s->sessions, &q, connection_fd(conn), &e);
+    rp_session_waker waker = {conn_sleep, conn_wake, conn};
+    rp_session *sess = rp_session_new(&s->sessions, &q, connection_fd(conn), &waker, &e);
     int rc = sess ? rp_session_submit(sess, &q, &e) : -1;
     rp_oai_request_free(&q);
     if (rc) {
@@ -136,11 +210,8 @@ static enum MHD_Result handle_generate(rp_server *s, struct MHD_Connection *conn
         return send_error(s, conn, &e);
     }
     if (rp_session_streaming(sess)) return send_stream(s, conn, sess);
-    json_t *out;
-    rc = rp_session_wait(sess, &out, &e);
-    rp_session_release(sess);
-    if (rc > 0) return MHD_NO; /* the client left: nobody to answer */
-    return rc ? send_error(s, conn, &e) : send_json(s, conn, 200, out);
+    cs->sess = sess;
+    return answer_generate(s, conn, cs);
 }
 
 static enum MHD_Result handle_tokenize(rp_server *s, struct MHD_Connection *conn, const char *body, size_t len) {
@@ -196,20 +267,91 @@ static enum MHD_Result handle_models(rp_server *s, struct MHD_Connection *conn) 
 
 /* ---- the MHD handler -------------------------------------------------------------- */
 
-typedef struct conn_state {
-    rp_sbuf body;
-    int too_big;
-    int out_of_memory; /* the body could not be held */
-} conn_state;
+/* ---- connections: tracked for the header and body timeouts ---------------------------- */
+
+static void set_phase(rp_server *s, struct MHD_Connection *conn, enum conn_phase ph) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_track *t = ci ? ci->socket_context : NULL;
+    if (!t) return;
+    pthread_mutex_lock(&s->conn_mu);
+    t->phase = ph;
+    t->since = rp_now_s();
+    pthread_mutex_unlock(&s->conn_mu);
+}
+
+static void connection_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe) {
+    rp_server *s = cls;
+    conn_track *t = *socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        if (!(t = calloc(1, sizeof *t))) return; /* untracked: only libmicrohttpd's timeout applies */
+        t->fd = connection_fd(conn);
+        t->phase = PH_HEADERS;
+        t->since = rp_now_s();
+        pthread_mutex_lock(&s->conn_mu);
+        t->next = s->conns;
+        if (s->conns) s->conns->prev = t;
+        s->conns = t;
+        pthread_mutex_unlock(&s->conn_mu);
+        *socket_context = t;
+        return;
+    }
+    if (!t) return;
+    /* closed: unlinked before libmicrohttpd closes the socket, so the guard
+     * never shuts down a number reused by another connection */
+    pthread_mutex_lock(&s->conn_mu);
+    if (t->prev) t->prev->next = t->next;
+    else s->conns = t->next;
+    if (t->next) t->next->prev = t->prev;
+    pthread_mutex_unlock(&s->conn_mu);
+    free(t);
+    *socket_context = NULL;
+}
+
+/* Closes connections past their header or body deadline: shutdown() makes
+ * libmicrohttpd see the end of the stream and close them itself. */
+static void sweep_connections(rp_server *s) {
+    double now = rp_now_s();
+    pthread_mutex_lock(&s->conn_mu);
+    for (conn_track *t = s->conns; t; t = t->next) {
+        int limit = t->phase == PH_HEADERS ? s->cfg.header_timeout_s : t->phase == PH_BODY ? s->cfg.body_timeout_s : 0;
+        if (limit && !t->closed && now - t->since > limit) {
+            shutdown(t->fd, SHUT_RDWR);
+            t->closed = 1;
+        }
+    }
+    pthread_mutex_unlock(&s->conn_mu);
+}
+
+static void *guard_main(void *arg) {
+    rp_server *s = arg;
+    for (unsigned n = 0; !__atomic_load_n(&s->guard_stop, __ATOMIC_ACQUIRE); n++) {
+        struct timespec ts = {0, WATCH_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        rp_sessions_watch(&s->sessions);
+        if (n % SWEEP_EVERY == 0) sweep_connections(s);
+    }
+    return NULL;
+}
 
 static void request_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                               enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)conn, (void)toe;
+    (void)toe;
+    rp_server *s = cls;
+    set_phase(s, conn, PH_HEADERS); /* the next request's headers, on a kept-alive connection */
     conn_state *cs = *con_cls;
     if (!cs) return;
+    if (cs->sess) rp_session_release(cs->sess);
     rp_sbuf_free(&cs->body);
     free(cs);
     *con_cls = NULL;
+}
+
+/* Keeps "%00" as it is: decoded, the NUL would end the path early and
+ * "/health%00" would match "/health". */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *val) {
+    (void)cls, (void)conn;
+    return strstr(val, "%00") ? strlen(val) : MHD_http_unescape(val);
 }
 
 /* Compares the whole key whatever the input, so response time says nothing
@@ -225,11 +367,46 @@ static int authorized(rp_server *s, struct MHD_Connection *conn) {
     return diff == 0;
 }
 
-static enum MHD_Result too_large(rp_server *s, struct MHD_Connection *conn) {
-    rp_oai_error e;
-    rp_oai_set_error(&e, 413, "invalid_request_error", NULL, "request_too_large",
+static void set_too_large(rp_server *s, rp_oai_error *e) {
+    rp_oai_set_error(e, 413, "invalid_request_error", NULL, "request_too_large",
                      "the request body is larger than %zu bytes", s->cfg.max_body_bytes);
-    return send_error(s, conn, &e);
+}
+
+/* A chunked body that grew past the limit. libmicrohttpd cannot queue an
+ * answer once the body is being read, so the 413 is written to the socket
+ * as it is (best effort) and the connection closed: nothing more is read. */
+static enum MHD_Result refuse_growing_body(rp_server *s, struct MHD_Connection *conn) {
+    rp_oai_error e;
+    set_too_large(s, &e);
+    char *body = rp_oai_error_json(&e);
+    char head[256];
+    int hl = snprintf(head, sizeof head,
+                      "HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                      "Connection: close\r\n\r\n",
+                      body ? strlen(body) : 0);
+    int fd = connection_fd(conn);
+    if (fd >= 0 && send(fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl && body)
+        (void)!send(fd, body, strlen(body), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (fd >= 0) shutdown(fd, SHUT_WR); /* the answer is whole: a FIN follows it */
+    free(body);
+    rp_metrics_count_http(s->metrics, 413);
+    return MHD_NO;
+}
+
+/* Whether two Content-Length headers disagree (which one a proxy in front
+ * believed is unknowable: a request smuggling vector). */
+typedef struct cl_scan {
+    const char *first;
+    int conflict;
+} cl_scan;
+
+static enum MHD_Result scan_content_length(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    cl_scan *c = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) != 0 || !value) return MHD_YES;
+    if (!c->first) c->first = value;
+    else if (strcmp(c->first, value) != 0) c->conflict = 1;
+    return MHD_YES;
 }
 
 enum route { R_COMPLETIONS, R_CHAT, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_HEALTH_GENERATE, R_HEALTH, R_METRICS };
@@ -243,20 +420,60 @@ static const struct {
     [R_HEALTH] = {"/health", 0, 0},              [R_METRICS] = {"/metrics", 0, 0},
 };
 
-static enum MHD_Result route(rp_server *s, struct MHD_Connection *conn, int rt, const char *body, size_t len) {
-    switch (rt) {
-    case R_COMPLETIONS: return handle_generate(s, conn, RP_OAI_COMPLETION, body, len);
-    case R_CHAT: return handle_generate(s, conn, RP_OAI_CHAT, body, len);
+static enum MHD_Result route(rp_server *s, struct MHD_Connection *conn, conn_state *cs, const char *body,
+                             size_t len) {
+    switch (cs->rt) {
+    case R_COMPLETIONS: return handle_generate(s, conn, cs, RP_OAI_COMPLETION, body, len);
+    case R_CHAT: return handle_generate(s, conn, cs, RP_OAI_CHAT, body, len);
     case R_MODELS: return handle_models(s, conn);
     case R_TOKENIZE: return handle_tokenize(s, conn, body, len);
     case R_DETOKENIZE: return handle_detokenize(s, conn, body, len);
     case R_HEALTH_GENERATE: { /* one greedy token through the whole engine */
         static const char req[] = "{\"prompt\": [0], \"max_tokens\": 1, \"temperature\": 0, \"ignore_eos\": true}";
-        return handle_generate(s, conn, RP_OAI_COMPLETION, req, sizeof req - 1);
+        return handle_generate(s, conn, cs, RP_OAI_COMPLETION, req, sizeof req - 1);
     }
     case R_METRICS: return handle_metrics(s, conn);
     default: return send_static(s, conn, 200, "application/json", "{}");
     }
+}
+
+/* The headers are in: method, route, key and announced size are checked
+ * before any of the body is read. A refusal queued now is sent at once and
+ * the connection closed (libmicrohttpd reads no body after an early
+ * answer). MHD_YES with cs->rt set: read the body. */
+static enum MHD_Result check_headers(rp_server *s, struct MHD_Connection *conn, conn_state *cs, const char *url,
+                                     const char *method) {
+    rp_oai_error e;
+    cl_scan cl = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, scan_content_length, &cl);
+    if (cl.conflict) {
+        rp_oai_set_error(&e, 400, "invalid_request_error", NULL, NULL, "conflicting Content-Length headers");
+        return send_error(s, conn, &e);
+    }
+    cs->rt = -1;
+    for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++)
+        if (!strcmp(url, routes[i].path)) cs->rt = i;
+    if (cs->rt < 0) {
+        rp_oai_set_error(&e, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s", method, url);
+        return send_error(s, conn, &e);
+    }
+    const char *want = routes[cs->rt].post ? "POST" : "GET";
+    if (strcmp(method, want) != 0 && (routes[cs->rt].post || strcmp(method, "HEAD") != 0)) {
+        rp_oai_set_error(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s takes %s, not %s", url, want,
+                         method);
+        return send_text(s, conn, 405, "application/json", rp_oai_error_json(&e),
+                         routes[cs->rt].post ? "POST" : "GET, HEAD");
+    }
+    if (routes[cs->rt].auth && !authorized(s, conn)) {
+        rp_oai_set_error(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                         "missing or incorrect API key: send 'Authorization: Bearer KEY'");
+        return send_error(s, conn, &e);
+    }
+    if (cl.first && strtoull(cl.first, NULL, 10) > s->cfg.max_body_bytes) {
+        set_too_large(s, &e);
+        return send_error(s, conn, &e);
+    }
+    return MHD_YES;
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
@@ -264,49 +481,66 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     (void)version;
     rp_server *s = cls;
     conn_state *cs = *con_cls;
-    if (!cs) { /* headers only: refuse an announced oversized body before reading it */
-        cs = calloc(1, sizeof *cs);
-        if (!cs) return MHD_NO;
+    if (!cs) {
+        set_phase(s, conn, PH_BODY);
+        if (!(cs = calloc(1, sizeof *cs))) return MHD_NO;
         *con_cls = cs;
-        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) return too_large(s, conn);
-        return MHD_YES;
+        return check_headers(s, conn, cs, url, method);
     }
+    if (cs->sess) return answer_generate(s, conn, cs); /* woken: the session is done */
     if (*upload_size) {
-        if (cs->body.len + *upload_size > s->cfg.max_body_bytes) cs->too_big = 1;
-        if (!cs->too_big && !cs->out_of_memory && rp_sbuf_add(&cs->body, upload_data, *upload_size))
+        if (cs->body.len + *upload_size > s->cfg.max_body_bytes) return refuse_growing_body(s, conn);
+        if (!cs->out_of_memory && rp_sbuf_add(&cs->body, upload_data, *upload_size))
             cs->out_of_memory = 1; /* answered with a 500 once the body is in */
         *upload_size = 0;
         return MHD_YES;
     }
+    set_phase(s, conn, PH_BUSY);
     rp_oai_error e;
-    int rt = -1;
-    for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++)
-        if (!strcmp(url, routes[i].path)) rt = i;
-    if (rt < 0) {
-        rp_oai_set_error(&e, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s", method, url);
-        return send_error(s, conn, &e);
-    }
-    if (strcmp(method, routes[rt].post ? "POST" : "GET") != 0) {
-        rp_oai_set_error(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s takes %s, not %s", url,
-                         routes[rt].post ? "POST" : "GET", method);
-        return send_text(s, conn, 405, "application/json", rp_oai_error_json(&e), routes[rt].post ? "POST" : "GET");
-    }
-    if (routes[rt].auth && !authorized(s, conn)) {
-        rp_oai_set_error(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
-                         "missing or incorrect API key: send 'Authorization: Bearer KEY'");
-        return send_error(s, conn, &e);
-    }
-    if (cs->too_big) return too_large(s, conn);
     if (cs->out_of_memory) {
         rp_oai_set_out_of_memory(&e);
         return send_error(s, conn, &e);
     }
-    if (rt == R_HEALTH) return route(s, conn, rt, NULL, 0);
+    if (cs->rt == R_HEALTH) return route(s, conn, cs, NULL, 0);
     if (rp_sessions_enter(&s->sessions)) return send_unavailable(s, conn);
-    enum MHD_Result rc = route(s, conn, rt, cs->body.p ? cs->body.p : "", cs->body.len);
+    enum MHD_Result rc = route(s, conn, cs, cs->body.p ? cs->body.p : "", cs->body.len);
     rp_sessions_leave(&s->sessions);
     return rc;
+}
+
+/* Room for max connections' sockets: the soft limit raised as far as the
+ * hard one allows, the connection limit lowered to what fits. */
+static void fit_open_files(rp_server *s) {
+    enum { SPARE = 64 }; /* model files, the listening socket, ITC pipes */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    rlim_t want = (rlim_t)s->cfg.max_connections + SPARE;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+        int fit = rl.rlim_cur > 2 * SPARE ? (int)(rl.rlim_cur - SPARE) : SPARE;
+        rp_log_warn("max connections lowered from %d to %d: the open files limit is %llu", s->cfg.max_connections, fit,
+                    (unsigned long long)rl.rlim_cur);
+        s->cfg.max_connections = fit;
+    }
+}
+
+/* Zero limits take their defaults. */
+static void fill_defaults(rp_server_config *c) {
+    rp_server_config d;
+    rp_server_config_default(&d);
+    if (!c->host) c->host = d.host;
+    if (!c->max_body_bytes) c->max_body_bytes = d.max_body_bytes;
+    if (c->max_connections <= 0) c->max_connections = d.max_connections;
+    if (c->max_connections_per_address <= 0) c->max_connections_per_address = d.max_connections_per_address;
+    if (c->header_timeout_s <= 0) c->header_timeout_s = d.header_timeout_s;
+    if (c->body_timeout_s <= 0) c->body_timeout_s = d.body_timeout_s;
+    if (c->send_timeout_s <= 0) c->send_timeout_s = d.send_timeout_s;
+    if (c->max_queued_requests <= 0) c->max_queued_requests = d.max_queued_requests;
+    if (c->http_threads <= 0) c->http_threads = d.http_threads;
 }
 
 rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, char *err, size_t err_len) {
@@ -316,12 +550,14 @@ rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, char 
         return NULL;
     }
     s->cfg = *cfg;
-    if (!s->cfg.host) s->cfg.host = "127.0.0.1";
-    if (!s->cfg.max_body_bytes) s->cfg.max_body_bytes = 8u << 20;
+    fill_defaults(&s->cfg);
+    fit_open_files(s);
+    pthread_mutex_init(&s->conn_mu, NULL);
     snprintf(s->served_model, sizeof s->served_model, "%s", cfg->served_model ? cfg->served_model : "replay");
     if (cfg->api_key) snprintf(s->api_key, sizeof s->api_key, "%s", cfg->api_key);
     s->metrics = rp_metrics_new();
     rp_sessions_init(&s->sessions, engine, s->metrics);
+    s->sessions.max_queued_requests = s->cfg.max_queued_requests;
     s->oai = (rp_oai_context){.served_model = s->served_model, .tok = rp_engine_tokenizer(engine),
                               .max_context = rp_engine_max_context(engine), .vocab_size = rp_engine_vocab_size(engine)};
     struct sockaddr_in addr;
@@ -333,23 +569,31 @@ rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, char 
                  s->metrics ? s->cfg.host : "");
         goto fail;
     }
-    /* A thread per connection: handlers block on their request. ITC lets
-     * rp_server_stop quiesce (stop accepting) before closing connections. */
-    s->daemon = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC,
-                                 (uint16_t)s->cfg.port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR,
-                                 (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, request_completed, s,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)4096, MHD_OPTION_END);
+    /* epoll on a thread pool; connections waiting for the engine are
+     * suspended (which needs ITC, as does quiescing in rp_server_stop). */
+    s->daemon = MHD_start_daemon(
+        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC, (uint16_t)s->cfg.port, NULL, NULL,
+        handler, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, request_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, connection_notify, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape, s,
+        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)s->cfg.send_timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections_per_address, MHD_OPTION_END);
     if (!s->daemon) {
         snprintf(err, err_len, "cannot listen on %s:%d (in use, or not allowed)", s->cfg.host, s->cfg.port);
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? (int)di->port : s->cfg.port;
+    if (pthread_create(&s->guard, NULL, guard_main, s) != 0) {
+        snprintf(err, err_len, "cannot start the server's guard thread");
+        MHD_stop_daemon(s->daemon);
+        goto fail;
+    }
     return s;
 fail:
     rp_sessions_destroy(&s->sessions);
     rp_metrics_free(s->metrics);
+    pthread_mutex_destroy(&s->conn_mu);
     free(s);
     return NULL;
 }
@@ -360,14 +604,17 @@ void rp_server_stop(rp_server *s) {
     if (!s) return;
     MHD_socket lfd = MHD_quiesce_daemon(s->daemon); /* no new connections */
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
-    rp_sessions_stop(&s->sessions); /* running sessions abort themselves within a wait slice */
+    rp_sessions_stop(&s->sessions); /* the guard aborts running sessions within a watch */
     /* a client that stops reading cannot hold the exit up for longer */
     rp_sessions_wait_idle(&s->sessions, 10.0);
     MHD_stop_daemon(s->daemon); /* closes what is left; their streams are released */
     /* Sessions whose clients are gone hold on until the engine's final
      * events arrive (their aborts are in): then nothing refers to s. */
     rp_sessions_wait_idle(&s->sessions, -1);
+    __atomic_store_n(&s->guard_stop, 1, __ATOMIC_RELEASE);
+    pthread_join(s->guard, NULL);
     rp_sessions_destroy(&s->sessions);
     rp_metrics_free(s->metrics);
+    pthread_mutex_destroy(&s->conn_mu);
     free(s);
 }

@@ -1,6 +1,9 @@
 /* The HTTP server (libmicrohttpd): OpenAI-compatible endpoints over the
- * engine API. HTTP threads only parse, submit to the engine and wait for
- * its events; the engine runs on its own thread. */
+ * engine API. A few HTTP threads (epoll, a thread pool) parse, submit to the
+ * engine and park the connection until its events arrive; the engine runs
+ * on its own thread. The limits that keep one client from locking the
+ * others out are in rp_server_config, their defaults in
+ * rp_server_config_default (docs/server.md#limits). */
 #ifndef RP_SERVER_HTTP_H
 #define RP_SERVER_HTTP_H
 
@@ -10,13 +13,24 @@
 
 typedef struct rp_server rp_server;
 
+/* 0 in a limit means its default. */
 typedef struct rp_server_config {
     const char *host;          /* default 127.0.0.1 */
     int port;                  /* 0: any free port (rp_server_port says which) */
     const char *served_model;  /* the name clients use */
     const char *api_key;       /* NULL: no authentication */
-    size_t max_body_bytes;     /* default 8 MiB */
+    size_t max_body_bytes;     /* a request body larger is refused with 413 */
+    int max_connections;       /* open connections in all */
+    int max_connections_per_address; /* open connections from one client address */
+    int header_timeout_s;      /* to send a request's headers, from the connection's start or the last answer */
+    int body_timeout_s;        /* to send a request's body, from its headers */
+    int send_timeout_s;        /* a client that reads nothing of its answer for this long is closed */
+    int max_queued_requests;   /* choices waiting for the engine beyond which requests get 503 */
+    int http_threads;          /* libmicrohttpd's thread pool */
 } rp_server_config;
+
+/* The defaults (what a public deployment can keep), in one place. */
+void rp_server_config_default(rp_server_config *c);
 
 rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, char *err, size_t err_len);
 /* The port it listens on. */

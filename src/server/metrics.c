@@ -33,6 +33,7 @@ struct rp_metrics {
     hist ttft, itl, e2e;
     unsigned long long finished[5]; /* by rp_finish */
     unsigned long long http[6];     /* 1xx..5xx by status / 100 */
+    unsigned long long rejected_queue_full; /* 503s: --max-queued-requests reached */
 };
 
 rp_metrics *rp_metrics_new(void) {
@@ -69,6 +70,12 @@ void rp_metrics_count_finish(rp_metrics *m, rp_finish reason) {
     if ((int)reason < 0 || reason > RP_FINISH_REASON_ERROR) return;
     pthread_mutex_lock(&m->mu);
     m->finished[reason]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void rp_metrics_count_rejected(rp_metrics *m) {
+    pthread_mutex_lock(&m->mu);
+    m->rejected_queue_full++;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -147,6 +154,8 @@ char *rp_metrics_render(rp_metrics *m, const rp_engine_stats *st) {
         put(&o, "replay_requests_finished_total{reason=\"%s\"} %llu\n", reasons[r], m->finished[r]);
     metric(&o, "replay_http_requests_total", "counter", "HTTP requests answered, by status class.");
     for (int c = 2; c <= 5; c++) put(&o, "replay_http_requests_total{status=\"%dxx\"} %llu\n", c, m->http[c]);
+    metric(&o, "replay_requests_rejected_total", "counter", "Requests refused with 503 before they ran, by reason.");
+    put(&o, "replay_requests_rejected_total{reason=\"queue_full\"} %llu\n", m->rejected_queue_full);
     put_hist(&o, "replay_time_to_first_token_seconds", "Time from submission to the first generated token.", &m->ttft);
     put_hist(&o, "replay_inter_token_latency_seconds", "Time between successive tokens of a request.", &m->itl);
     put_hist(&o, "replay_e2e_request_latency_seconds", "Time from submission to the last token.", &m->e2e);

@@ -22,6 +22,9 @@ void rp_metrics_count_finish(rp_metrics *m, rp_finish reason);
 /* One HTTP request answered with this status. */
 void rp_metrics_count_http(rp_metrics *m, int status);
 
+/* One request refused with 503 because the queue was full. */
+void rp_metrics_count_rejected(rp_metrics *m);
+
 /* The exposition text (malloc'd), engine stats included; NULL when memory
  * runs out (never a text cut short). */
 char *rp_metrics_render(rp_metrics *m, const rp_engine_stats *st);

@@ -79,11 +79,30 @@ static int get_number(json_t *root, const char *key, double lo, double hi, float
     return 0;
 }
 
+/* Whether v is an integer: 4 or 4.0 (an integral number, as OpenAI's and
+ * vLLM's servers take; 4.5 is not), exact up to 2^53. */
+static int as_integer(const json_t *v, json_int_t *out) {
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return 1;
+    }
+    if (!json_is_real(v)) return 0;
+    double d = json_real_value(v);
+    if (!isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0) return 0;
+    *out = (json_int_t)d;
+    return 1;
+}
+
+/* Whether v is an integer in [lo, hi]. */
+static int integer_in(const json_t *v, json_int_t lo, json_int_t hi, json_int_t *out) {
+    return as_integer(v, out) && *out >= lo && *out <= hi;
+}
+
 static int get_int(json_t *root, const char *key, long lo, long hi, int *out, int *set, rp_oai_error *err) {
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v)) return 0;
-    if (!json_is_integer(v)) return BAD(key, "'%s' must be an integer", key);
-    json_int_t x = json_integer_value(v);
+    json_int_t x;
+    if (!as_integer(v, &x)) return BAD(key, "'%s' must be an integer", key);
     if (x < lo || x > hi) return BAD(key, "'%s' must be in [%ld, %ld], got %lld", key, lo, hi, (long long)x);
     *out = (int)x;
     if (set) *set = 1;
@@ -214,9 +233,9 @@ static int ids_prompt(json_t *arr, rp_oai_request *out, int k, rp_oai_error *err
     if (!out->prompt_ids[k]) return rp_oai_set_out_of_memory(err);
     json_t *v;
     json_array_foreach(arr, i, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff)
-            return BAD("prompt", "token ids in 'prompt' must be non-negative integers");
-        out->prompt_ids[k][i] = (int32_t)json_integer_value(v);
+        json_int_t id;
+        if (!integer_in(v, 0, 0x7fffffff, &id)) return BAD("prompt", "token ids in 'prompt' must be non-negative integers");
+        out->prompt_ids[k][i] = (int32_t)id;
     }
     out->num_prompt_ids[k] = (int)n;
     return 0;
@@ -236,7 +255,8 @@ static int parse_prompt(json_t *root, rp_oai_request *out, rp_oai_error *err) {
     size_t n = json_array_size(p), i;
     if (n == 0) return BAD("prompt", "'prompt' must not be empty");
     json_t *first = json_array_get(p, 0), *v;
-    if (json_is_integer(first)) {
+    json_int_t first_id;
+    if (as_integer(first, &first_id)) {
         if (alloc_prompts(out, 1, err)) return -1;
         return ids_prompt(p, out, 0, err);
     }
@@ -301,11 +321,12 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
     out->max_tokens_set |= out->max_completion_tokens;
     json_t *seed = json_object_get(root, "seed"); /* any 64-bit integer, as vLLM takes */
     if (seed && !json_is_null(seed)) {
-        if (!json_is_integer(seed)) {
+        json_int_t sv;
+        if (!as_integer(seed, &sv)) {
             BAD("seed", "'seed' must be an integer");
             goto out;
         }
-        p->seed = (uint64_t)json_integer_value(seed);
+        p->seed = (uint64_t)sv;
         p->has_seed = 1;
     }
     json_t *so = json_object_get(root, "stream_options");
@@ -375,11 +396,12 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
             goto out;
         }
         json_array_foreach(sti, i, v) {
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= ctx->vocab_size) {
+            json_int_t id;
+            if (!integer_in(v, 0, ctx->vocab_size - 1, &id)) {
                 BAD("stop_token_ids", "'stop_token_ids' must hold token ids in [0, %d)", ctx->vocab_size);
                 goto out;
             }
-            out->stop_ids[p->num_stop_ids++] = (int32_t)json_integer_value(v);
+            out->stop_ids[p->num_stop_ids++] = (int32_t)id;
         }
     }
     p->stop_ids = out->stop_ids;
@@ -504,12 +526,13 @@ int rp_oai_parse_detokenize(const rp_oai_context *ctx, const char *body, size_t 
         goto out;
     }
     json_array_foreach(t, i, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= ctx->vocab_size) {
+        json_int_t id;
+        if (!integer_in(v, 0, ctx->vocab_size - 1, &id)) {
             free(ids);
             BAD("tokens", "'tokens' must hold token ids in [0, %d)", ctx->vocab_size);
             goto out;
         }
-        ids[i] = (int32_t)json_integer_value(v);
+        ids[i] = (int32_t)id;
     }
     *ids_out = ids;
     *n_out = (int)json_array_size(t);

@@ -1,16 +1,20 @@
 /* A generation request's life (session.h).
  *
  * A session's state is shared by the engine callbacks (engine thread) and
- * the HTTP side (a libmicrohttpd thread) under the session's own mutex, and
- * freed by whichever lets go last: the HTTP side holds one reference, every
- * submitted engine request one more until its final event. The callback
- * only appends to buffers and signals; it never blocks on the network.
+ * the HTTP side (a libmicrohttpd pool thread) under the session's own mutex,
+ * and freed by whichever lets go last: the HTTP side holds one reference,
+ * every submitted engine request one more until its final event. The
+ * callback only appends to buffers and wakes the HTTP side; it never blocks
+ * on the network.
  *
- * Waiting is done in short slices: between slices the HTTP side checks
- * whether the client hung up (poll for POLLRDHUP on its socket), whether the
- * server is stopping, and whether building the answer ran out of memory; any
- * of these aborts every choice at once, whether they wait, prefill or
- * decode, and the engine frees their KV pages at its next step.
+ * The HTTP side never blocks either: when it finds nothing to send it parks
+ * (the waker's sleep, under the session's mutex: libmicrohttpd suspends the
+ * connection) and the engine callback wakes it (resumes the connection) as
+ * soon as there is something. A watcher (rp_sessions_watch, called every
+ * few tens of milliseconds by the server) checks every session: a client
+ * that hung up (POLLRDHUP on its socket), a stopping server or an answer
+ * that ran out of memory aborts every choice at once, whether they wait,
+ * prefill or decode, and the engine frees their KV pages at its next step.
  *
  * Out of memory: every append is checked. A choice whose text or chunk
  * cannot be added marks the session failed; the HTTP side aborts it and the
@@ -31,8 +35,6 @@
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 #include "util/rng.h"
-
-#define WAIT_SLICE_MS 20
 
 /* What a stream ends with when there is no memory left to say it otherwise
  * (the JSON rp_oai_error_json writes for a 500 "out of memory"). */
@@ -69,13 +71,6 @@ void rp_sessions_leave(rp_sessions *h) {
     pthread_mutex_unlock(&h->mu);
 }
 
-static int sessions_stopping(rp_sessions *h) {
-    pthread_mutex_lock(&h->mu);
-    int v = h->stopping;
-    pthread_mutex_unlock(&h->mu);
-    return v;
-}
-
 void rp_sessions_stop(rp_sessions *h) {
     pthread_mutex_lock(&h->mu);
     h->stopping = 1;
@@ -100,16 +95,21 @@ int rp_sessions_wait_idle(rp_sessions *h, double timeout_s) {
     return rc;
 }
 
-/* Whether the peer closed its side (or the socket failed). Data waiting to
- * be read (a pipelined request) is not a hang-up. */
-static int client_gone(int fd) {
-    if (fd < 0) return 0;
+/* What the client's socket says: still there; done sending (a FIN: it
+ * shut down its write side, or closed); or gone (reset, error). Data
+ * waiting to be read (a pipelined request) is still there. */
+enum client_state { CLIENT_HERE, CLIENT_DONE_SENDING, CLIENT_GONE };
+
+static enum client_state client_state(int fd) {
+    if (fd < 0) return CLIENT_HERE;
     struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return 0;
-    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return 1;
+    if (poll(&p, 1, 0) <= 0) return CLIENT_HERE;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return CLIENT_GONE;
+    if (p.revents & POLLRDHUP) return CLIENT_DONE_SENDING;
     char c;
     ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (n == 0) return CLIENT_DONE_SENDING;
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR ? CLIENT_GONE : CLIENT_HERE;
 }
 
 /* ---- one request's shared state ---------------------------------------------------- */
@@ -146,8 +146,12 @@ struct rp_session {
     int failed;   /* memory ran out for the answer: abort, answer 500 */
     int aborted;  /* rp_engine_abort was called for every choice */
     int shutdown; /* ... because the server is stopping */
-    int fd;       /* the client's socket, to notice a hang-up */
-    double last_check;
+    int gone;     /* the client hung up: nobody to answer */
+    int half_closed; /* the client's FIN came with its request: it waits for the answer */
+    int fd;       /* the client's socket, to notice a hang-up; -1 once the HTTP side let go */
+    rp_session_waker waker;
+    int parked;   /* the HTTP side sleeps until waker.wake */
+    rp_session *prev, *next; /* rp_sessions' list, under its mu */
 };
 
 static void session_unref(rp_session *r) {
@@ -157,6 +161,12 @@ static void session_unref(rp_session *r) {
     pthread_mutex_unlock(&r->mu);
     if (left) return;
     rp_sessions *h = r->h;
+    pthread_mutex_lock(&h->mu);
+    if (r->prev) r->prev->next = r->next;
+    else h->head = r->next;
+    if (r->next) r->next->prev = r->prev;
+    h->pending_choices -= r->num_choices - r->n_done; /* those never submitted */
+    pthread_mutex_unlock(&h->mu);
     for (int i = 0; i < r->num_choices; i++) {
         rp_sbuf_free(&r->ch[i].text);
         json_decref(r->ch[i].logprobs);
@@ -241,6 +251,13 @@ static int add_event(rp_session *r, session_choice *c, const rp_token_event *ev)
     return rp_sbuf_add(&c->text, ev->text, ev->text_len);
 }
 
+/* r->mu held: the HTTP side, parked, has something to do. */
+static void wake(rp_session *r) {
+    if (!r->parked) return;
+    r->parked = 0;
+    r->waker.wake(r->waker.arg);
+}
+
 /* Engine thread: one event of one choice. Kept short: it runs between
  * engine steps. */
 static void on_event(void *user, const rp_token_event *ev) {
@@ -274,38 +291,83 @@ static void on_event(void *user, const rp_token_event *ev) {
             if (r->stream) stream_end(r);
         }
     }
+    if (r->all_done || (r->stream && r->out.len > r->out_off)) wake(r);
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    if (final) {
+        pthread_mutex_lock(&r->h->mu);
+        r->h->pending_choices--;
+        pthread_mutex_unlock(&r->h->mu);
+    }
     if (final) session_unref(r); /* the engine's reference for this choice */
 }
 
-/* Waits one slice for r to change; r->mu held. Returns 1 when the client
- * hung up (the caller gives up on it), else 0. A stopping server or a
- * failed answer aborts the session; its final events still arrive and end
- * it. */
-static int wait_slice(rp_session *r) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += WAIT_SLICE_MS * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
-    /* by the clock, not on timeouts only: tokens may wake us more often */
-    double now = rp_now_s();
-    if (now - r->last_check < WAIT_SLICE_MS * 1e-3) return 0;
-    r->last_check = now;
-    int gone = client_gone(r->fd);
-    int stopping = !gone && !r->aborted && sessions_stopping(r->h);
-    if (gone || stopping || (r->failed && !r->aborted)) {
-        pthread_mutex_unlock(&r->mu);
-        session_abort(r, stopping);
-        pthread_mutex_lock(&r->mu);
+/* What the watcher does with one session (r->mu held): 1 when it must be
+ * aborted.
+ *
+ * A FIN is a hang-up only for a non-streaming request whose client was
+ * still sending when the request was read. A half-close cannot be told from
+ * a close by the socket alone: a stream keeps going (a client that closed
+ * altogether answers its next bytes with a reset, CLIENT_GONE), and a
+ * client whose FIN came with its request (it shut down its write side
+ * after sending) waits for its answer; a later FIN on a non-streaming
+ * request, which writes nothing before its end, is a client that left. */
+static int needs_abort(rp_session *r, int stopping) {
+    if (r->aborted || r->all_done) return 0;
+    enum client_state st = client_state(r->fd);
+    if (st == CLIENT_GONE || (st == CLIENT_DONE_SENDING && !r->stream && !r->half_closed)) {
+        r->gone = 1;
+        wake(r); /* a parked HTTP side closes the connection */
+        return 1;
     }
-    return gone;
+    if (stopping) r->shutdown = 1;
+    return stopping || r->failed;
+}
+
+void rp_sessions_watch(rp_sessions *h) {
+    enum { BATCH = 64 }; /* the rest at the next call */
+    rp_session *todo[BATCH];
+    int n = 0;
+    pthread_mutex_lock(&h->mu);
+    for (rp_session *r = h->head; r && n < BATCH; r = r->next) {
+        pthread_mutex_lock(&r->mu);
+        if (needs_abort(r, h->stopping)) {
+            r->refs++; /* held past h->mu, dropped below */
+            todo[n++] = r;
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&h->mu);
+    for (int i = 0; i < n; i++) {
+        session_abort(todo[i], 0);
+        session_unref(todo[i]);
+    }
 }
 
 /* ---- the HTTP side ---------------------------------------------------------------- */
 
-rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_fd, rp_oai_error *err) {
+/* Whether the engine's queue is full: choices admitted and not finished,
+ * less those running. Counted here, not from the engine's waiting count
+ * alone, so a burst is refused before the engine thread has seen it. */
+static int queue_full(rp_sessions *h) {
+    if (h->max_queued_requests <= 0) return 0;
+    rp_engine_stats st;
+    rp_engine_get_stats(h->eng, &st);
+    pthread_mutex_lock(&h->mu);
+    int full = h->pending_choices - st.running >= h->max_queued_requests;
+    pthread_mutex_unlock(&h->mu);
+    return full;
+}
+
+rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_fd, const rp_session_waker *waker,
+                           rp_oai_error *err) {
+    if (queue_full(h)) {
+        rp_metrics_count_rejected(h->metrics);
+        rp_oai_set_error(err, 503, "service_unavailable", NULL, "queue_full",
+                         "too many requests are waiting (--max-queued-requests %d): retry later",
+                         h->max_queued_requests);
+        return NULL;
+    }
     if (rp_sessions_enter(h)) {
         rp_oai_set_error(err, 503, "service_unavailable", NULL, NULL, "the server is shutting down");
         return NULL;
@@ -328,6 +390,8 @@ rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_f
     r->logprobs = q->logprobs;
     r->num_choices = nc;
     r->fd = client_fd;
+    r->half_closed = client_state(client_fd) == CLIENT_DONE_SENDING;
+    r->waker = *waker;
     rp_oai_response *resp = &r->resp;
     resp->kind = q->kind;
     resp->created = (long)time(NULL);
@@ -336,6 +400,10 @@ rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_f
     snprintf(resp->model, sizeof resp->model, "%s", q->model);
     pthread_mutex_lock(&h->mu);
     uint64_t rid = ++h->next_id;
+    h->pending_choices += nc;
+    r->next = h->head;
+    if (h->head) h->head->prev = r;
+    h->head = r;
     pthread_mutex_unlock(&h->mu);
     snprintf(resp->id, sizeof resp->id, "%s-%016llx", q->kind == RP_OAI_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)rp_mix64(rid ^ ((uint64_t)resp->created << 20)));
@@ -494,13 +562,14 @@ static json_t *final_json(const rp_session *r) {
 int rp_session_wait(rp_session *r, json_t **out, rp_oai_error *err) {
     *out = NULL;
     pthread_mutex_lock(&r->mu);
-    while (!r->all_done)
-        if (wait_slice(r)) { /* the client left: nobody to answer */
-            pthread_mutex_unlock(&r->mu);
-            return 1;
-        }
-    int rc = session_outcome(r, err);
-    if (!rc && !(*out = final_json(r))) rc = rp_oai_set_out_of_memory(err);
+    int rc;
+    if (r->gone) rc = 1; /* nobody to answer */
+    else if (!r->all_done) {
+        r->parked = 1;
+        r->waker.sleep(r->waker.arg);
+        rc = RP_SESSION_PARKED;
+    } else if (!(rc = session_outcome(r, err)) && !(*out = final_json(r)))
+        rc = rp_oai_set_out_of_memory(err);
     pthread_mutex_unlock(&r->mu);
     return rc;
 }
@@ -508,32 +577,27 @@ int rp_session_wait(rp_session *r, json_t **out, rp_oai_error *err) {
 long rp_session_read(rp_session *r, char *buf, size_t max) {
     long n = 0;
     pthread_mutex_lock(&r->mu);
-    for (;;) {
-        size_t avail = r->out.len - r->out_off;
-        if (avail) {
-            size_t k = avail < max ? avail : max;
-            memcpy(buf, r->out.p + r->out_off, k);
-            r->out_off += k;
-            if (r->out_off == r->out.len) { /* all sent: reuse the buffer */
-                rp_sbuf_truncate(&r->out, 0);
-                r->out_off = 0;
-            }
-            n = (long)k;
-            break;
+    size_t avail = r->out.len - r->out_off;
+    size_t tail = r->all_done && r->tail ? strlen(r->tail + r->tail_off) : 0;
+    if (r->gone) n = -1;
+    else if (avail) {
+        size_t k = avail < max ? avail : max;
+        memcpy(buf, r->out.p + r->out_off, k);
+        r->out_off += k;
+        if (r->out_off == r->out.len) { /* all sent: reuse the buffer */
+            rp_sbuf_truncate(&r->out, 0);
+            r->out_off = 0;
         }
-        avail = r->all_done && r->tail ? strlen(r->tail + r->tail_off) : 0;
-        if (avail) {
-            size_t k = avail < max ? avail : max;
-            memcpy(buf, r->tail + r->tail_off, k);
-            r->tail_off += k;
-            n = (long)k;
-            break;
-        }
-        if (r->all_done) break;
-        if (wait_slice(r)) {
-            n = -1;
-            break;
-        }
+        n = (long)k;
+    } else if (tail) {
+        size_t k = tail < max ? tail : max;
+        memcpy(buf, r->tail + r->tail_off, k);
+        r->tail_off += k;
+        n = (long)k;
+    } else if (!r->all_done) {
+        r->parked = 1;
+        r->waker.sleep(r->waker.arg);
+        n = RP_SESSION_PARKED;
     }
     pthread_mutex_unlock(&r->mu);
     return n;
@@ -542,6 +606,8 @@ long rp_session_read(rp_session *r, char *buf, size_t max) {
 void rp_session_release(rp_session *r) {
     pthread_mutex_lock(&r->mu);
     int running = !r->all_done;
+    r->fd = -1; /* the socket may close and its number be reused */
+    r->parked = 0;
     pthread_mutex_unlock(&r->mu);
     if (running) session_abort(r, 0);
     session_unref(r);
