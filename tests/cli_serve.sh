@@ -136,6 +136,14 @@ check "HEAD health" 200 "$(code -I "$URL/health")"
 check "--max-body-bytes" 413 "$(head -c 5000 /dev/zero | tr '\0' ' ' | curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sekrit' "$URL/v1/completions" --data-binary @-)"
 kill -INT "$pid"; wait "$pid"; rc=$?; pid=
 check "SIGINT exits 0" 0 "$rc"
+# vLLM's names for the engine options: bad values are usage errors naming the flag
+out=$("$BIN" serve --dummy-weights tiny-qwen3 --gpu-memory-utilization 1.5 2>&1); check "bad --gpu-memory-utilization" 2 $?
+contains "--gpu-memory-utilization named" "$out" "--gpu-memory-utilization must be in (0, 1]"
+out=$("$BIN" serve --dummy-weights tiny-qwen3 --max-num-seqs 0 2>&1); check "bad --max-num-seqs" 2 $?
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --device cpu --num-prompts 3 --input-len 4 --output-len 2 \
+      --max-num-seqs 2 --gpu-memory-utilization 0.5 --max-num-batched-tokens 64 2>&1)
+check "bench offline takes vLLM's names" 0 $?
+contains "bench offline: every request" "$out" "output tokens/s"
 out=$("$BIN" serve --dummy-weights tiny-qwen3 --port 0 2>&1); check "bad port" 2 $?
 out=$("$BIN" serve 2>&1); check "no model" 2 $?
 out=$("$BIN" serve --dummy-weights tiny-qwen3 --max-queued-requests 0 2>&1); check "--max-queued-requests 0" 2 $?

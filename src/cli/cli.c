@@ -217,15 +217,18 @@ void rp_engine_opts_help(FILE *f) {
     rp_engine_config_default(&d);
     fprintf(f,
             "Engine:\n"
-            "  --max-running-requests N     requests decoded together (default %d)\n"
+            "  --max-running-requests N     requests decoded together (default %d; --max-num-seqs is the same)\n"
             "  --max-num-batched-tokens N   tokens one step feeds, prompt chunks and decode tokens together\n"
             "                               (default %d; --max-prefill-tokens is the same)\n"
             "  --chunked-prefill-size N     a prompt is fed in chunks of at most N tokens (default %d; 0 = the step's)\n"
-            "  --num-pages N                KV pages (default: %.0f%% of the GPU memory left, or what the CPU needs)\n"
+            "  --num-pages N                KV pages (default: --gpu-memory-utilization of the GPU memory left,\n"
+            "                               or what the CPU needs)\n"
+            "  --gpu-memory-utilization F   share of the GPU memory left after weights and activations that\n"
+            "                               the KV cache takes, in (0, 1] (default %.2f)\n"
             "  --page-size N                tokens per KV page (default %d)\n"
             "  --max-model-len N            context per request (default: the model's)\n"
             "  --disable-cuda-graph         run every step eagerly\n",
-            d.max_running_requests, d.max_batched_tokens, d.chunked_prefill_size, d.memory_ratio * 100, d.page_size);
+            d.max_running_requests, d.max_batched_tokens, d.chunked_prefill_size, d.memory_ratio, d.page_size);
 }
 
 int rp_engine_opts_parse(rp_engine_config *ec, int opt, const char *arg, const char *cmd) {
@@ -238,6 +241,15 @@ int rp_engine_opts_parse(rp_engine_config *ec, int opt, const char *arg, const c
                 {0x144, "--page-size", 1, 4096},               {0x145, "--max-model-len", 1, 1 << 24}};
     if (opt == 0x146) {
         ec->disable_cuda_graph = 1;
+        return 1;
+    }
+    if (opt == 0x147) {
+        double v;
+        if (rp_parse_float(arg, &v) || !(v > 0 && v <= 1)) {
+            rp_cli_usage_error(cmd, "--gpu-memory-utilization must be in (0, 1], got '%s'", arg);
+            return -1;
+        }
+        ec->memory_ratio = v;
         return 1;
     }
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {

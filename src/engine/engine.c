@@ -298,9 +298,9 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     e->stats.max_total_tokens = num_pages * cfg->page_size;
     e->snapshot = e->stats;
     e->snapshot.kv_pages_free = num_pages;
-    rp_log_info("engine: %d KV pages of %d tokens (%d tokens in all), up to %d running requests, %d tokens per step",
+    rp_log_info("engine: %d KV pages of %d tokens (%d tokens in all), up to %d running request%s, %d tokens per step",
                 num_pages, cfg->page_size, num_pages * cfg->page_size, cfg->max_running_requests,
-                cfg->max_batched_tokens);
+                cfg->max_running_requests == 1 ? "" : "s", cfg->max_batched_tokens);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         set_error(errout, RP_ERROR_INTERNAL, "cannot start the engine thread");
         rp_engine_destroy(e);
