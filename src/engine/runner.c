@@ -304,7 +304,7 @@ static int32_t argmax(const float *v, int n) {
 
 /* The greedy token of each of the batch's `rows` logit rows, into tok:
  * sampled on the device where the backend can, else the argmax of the
- * logits read back (into r->logits, which logits_out then points at). */
+ * logits read back into r->logits. */
 static int greedy_tokens(rp_runner *r, rp_batch *bt, int rows, int32_t *tok, rp_err *err) {
     rp_backend *be = r->backend;
     const int device = be->ops->read_tokens != NULL && rows > 0;
