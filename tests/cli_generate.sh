@@ -29,11 +29,18 @@ contains "temperature message" "$out" "temperature"
 out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1 --top-p 0 2>&1); check "top-p 0" 2 $?
 out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1 --max-tokens x 2>&1); check "max-tokens x" 2 $?
 out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1,99999 2>&1); check "id out of range" 2 $?
-out=$("$BIN" generate --dummy-weights nope --prompt-ids 1 2>&1); check "unknown preset" 1 $?
+out=$("$BIN" generate --dummy-weights nope --prompt-ids 1 2>&1); check "unknown preset" 2 $?
 contains "unknown preset lists presets" "$out" "qwen3-0.6b"
-out=$("$BIN" generate --model /nonexistent --prompt-ids 1 2>&1); check "missing dir" 1 $?
-contains "missing dir message" "$out" "config.json"
+out=$("$BIN" generate --model /nonexistent --prompt-ids 1 2>&1); check "missing dir" 2 $?
+contains "missing dir message" "$out" "No such file or directory"
+out=$("$BIN" generate --model Qwen/Qwen3-0.6B --prompt-ids 1 2>&1); check "hub id" 2 $?
+contains "hub id hint" "$out" "huggingface-cli download Qwen/Qwen3-0.6B"
+out=$("$BIN" generate --model "$SRC/tests" --prompt-ids 1 2>&1); check "not a model dir" 2 $?
+contains "not a model dir message" "$out" "config.json"
+bad=$(mktemp -d); echo '{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}' > "$bad/config.json"
+out=$("$BIN" generate --model "$bad" --prompt-ids 1 2>&1); check "unsupported arch" 1 $?
 [ "$(echo "$out" | wc -l)" -eq 1 ]; check "runtime error is one line" 0 $?
+rm -rf "$bad"
 out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1 --max-tokens 100000 2>&1); check "over context" 2 $?
 contains "over context message" "$out" "context"
 

@@ -1,12 +1,15 @@
 /* Model options, loading and error printing shared by CLI commands. */
 #include "cli/cli.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -73,23 +76,142 @@ int rp_cli_runtime_error(const char *cmd, const char *fmt, ...) {
     return RP_EXIT_RUNTIME;
 }
 
+/* Options of other engines that mean something in replay: an unknown one
+ * gets a hint instead of a bare "unknown option". equiv is replay's option
+ * when there is one (shown only if the command takes it), else note says
+ * what replay does instead. */
+static const struct {
+    const char *name, *from, *equiv, *note;
+} foreign_options[] = {
+    {"--enforce-eager", "vLLM", "disable-cuda-graph", NULL},
+    {"--block-size", "vLLM", "page-size", NULL},
+    {"--num-gpu-blocks-override", "vLLM", "num-pages", NULL},
+    {"--max-num-batched-tokens", "vLLM", "max-num-batched-tokens", NULL},
+    {"--max-batch-tokens", "an older replay", "max-num-batched-tokens", NULL},
+    {"--max-context", "an older replay", "max-model-len", NULL},
+    {"--chunk", "an older replay", "max-num-batched-tokens", NULL},
+    {"--trust-remote-code", "vLLM", NULL, "replay runs no model code, so it needs no --trust-remote-code"},
+    {"--tensor-parallel-size", "vLLM", NULL, "replay runs a model on one GPU"},
+    {"-tp", "vLLM", NULL, "replay runs a model on one GPU"},
+    {"--quantization", "vLLM", NULL, "replay runs bfloat16 weights only"},
+    {"--kv-cache-dtype", "vLLM", NULL, "replay's KV cache is bfloat16"},
+    {"--download-dir", "vLLM", NULL, "replay loads a local directory: download it first (README, 'Models')"},
+    {"--revision", "vLLM", NULL, "replay loads a local directory: download the revision first (README, 'Models')"},
+    {"--disable-log-requests", "vLLM", "disable-access-log", NULL},
+    {"--uvicorn-log-level", "vLLM", "log-level", NULL},
+    {"--enable-prefix-caching", "vLLM", NULL, "prefix caching is not implemented yet"},
+    {"--n-predict", "llama.cpp", "max-tokens", NULL},
+    {"-n", "llama.cpp", "max-tokens", NULL},
+    {"--ctx-size", "llama.cpp", "max-model-len", NULL},
+    {"-c", "llama.cpp", "max-model-len", NULL},
+    {"--temp", "llama.cpp", "temperature", NULL},
+    {"--repeat-penalty", "llama.cpp", "repetition-penalty", NULL},
+    {"--batch-size", "llama.cpp", "max-num-batched-tokens", NULL},
+    {"-b", "llama.cpp", "max-num-batched-tokens", NULL},
+    {"--parallel", "llama.cpp", "max-num-seqs", NULL},
+    {"-np", "llama.cpp", "max-num-seqs", NULL},
+    {"--file", "llama.cpp", "prompt-file", NULL},
+    {"-f", "llama.cpp", "prompt-file", NULL},
+    {"-p", "llama.cpp", "prompt", NULL},
+    {"-m", "llama.cpp", "model", NULL},
+    {"-s", "llama.cpp", "seed", NULL},
+    {"-t", "llama.cpp", "threads", NULL},
+    {"--reverse-prompt", "llama.cpp", "stop", NULL},
+    {"-r", "llama.cpp", "stop", NULL},
+    {"--system-prompt", "llama.cpp", "system", NULL},
+    {"-sys", "llama.cpp", "system", NULL},
+    {"--n-gpu-layers", "llama.cpp", NULL, "replay keeps the whole model on the GPU (--device cuda)"},
+    {"-ngl", "llama.cpp", NULL, "replay keeps the whole model on the GPU (--device cuda)"},
+    {"--flash-attn", "llama.cpp", NULL, "replay's attention kernels are always fused"},
+    {"-fa", "llama.cpp", NULL, "replay's attention kernels are always fused"},
+    {"--conversation", "llama.cpp", NULL, "use 'replay chat'"},
+    {"-cnv", "llama.cpp", NULL, "use 'replay chat'"},
+    {"--mlock", "llama.cpp", NULL, "replay reads its weights into memory; there is nothing to lock"},
+    {"--jinja", "llama.cpp", NULL, "replay always renders tokenizer_config.json's chat template"},
+};
+
+static int takes_option(const struct option *longopts, const char *name) {
+    for (const struct option *o = longopts; o->name; o++)
+        if (!strcmp(o->name, name)) return 1;
+    return 0;
+}
+
+/* "unknown option '--temp'", with a hint when another engine knows it. */
+static void unknown_option(const char *arg, const struct option *longopts, const char *cmd) {
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(arg, "="), arg);
+    for (size_t i = 0; i < sizeof foreign_options / sizeof foreign_options[0]; i++) {
+        if (strcmp(foreign_options[i].name, name)) continue;
+        if (foreign_options[i].note) {
+            rp_cli_usage_error(cmd, "unknown option '%s' (%s's): %s", name, foreign_options[i].from,
+                               foreign_options[i].note);
+            return;
+        }
+        if (takes_option(longopts, foreign_options[i].equiv)) {
+            rp_cli_usage_error(cmd, "unknown option '%s': %s's %s is replay's --%s", name, foreign_options[i].from,
+                               name, foreign_options[i].equiv);
+            return;
+        }
+    }
+    rp_cli_usage_error(cmd, "unknown option '%s'", name);
+}
+
 void rp_cli_opts_begin(void) {
     optind = 1;
     opterr = 0; /* the messages are ours (rp_cli_next_opt) */
 }
 
+/* The options every command takes (RP_COMMON_LONG_OPTIONS); 1 if opt was one. */
+static int common_opt(int opt, const char *arg, const char *cmd, int *bad) {
+    *bad = 0;
+    if (opt == 'q') {
+        rp_log_set_level(RP_LOG_ERROR);
+        return 1;
+    }
+    if (opt == 0x1a0) {
+        enum rp_log_level level;
+        if (rp_log_parse_level(arg, &level)) {
+            rp_cli_usage_error(cmd, "--log-level must be error, warn, info or debug, got '%s'", arg);
+            *bad = 1;
+        } else {
+            rp_log_set_level(level);
+        }
+        return 1;
+    }
+    if (opt == 0x1a1) {
+        enum rp_log_format format;
+        if (rp_log_parse_format(arg, &format)) {
+            rp_cli_usage_error(cmd, "--log-format must be text or json, got '%s'", arg);
+            *bad = 1;
+        } else {
+            rp_log_set_format(format);
+        }
+        return 1;
+    }
+    return 0;
+}
+
 int rp_cli_next_opt(int argc, char **argv, const char *shortopts, const struct option *longopts, rp_model_opts *mo,
                     struct rp_sampling_params *sp, const char *cmd) {
     for (;;) {
+        const int before = optind;
         const int opt = getopt_long(argc, argv, shortopts, longopts, NULL);
         if (opt == -1) return RP_OPT_END;
+        /* getopt stays on an element while it reads a cluster of short options
+         * ("-ngl"): the element it is on is the one to name */
+        const char *elem = argv[optind > before ? optind - 1 : optind];
         if (opt == ':') {
-            rp_cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
+            rp_cli_usage_error(cmd, "option '%s' needs a value", elem);
             return RP_OPT_ERROR;
         }
         if (opt == '?') {
-            rp_cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+            unknown_option(elem, longopts, cmd);
             return RP_OPT_ERROR;
+        }
+        int bad;
+        if (common_opt(opt, optarg, cmd, &bad)) {
+            if (bad) return RP_OPT_ERROR;
+            continue;
         }
         int r = mo ? rp_model_opts_parse(mo, opt, optarg, cmd) : 0;
         if (r == 0 && sp) r = rp_sampling_opts_parse(sp, opt, optarg, cmd);
@@ -131,6 +253,14 @@ int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *
         o->threads = (int)v;
         return 1;
     case 0x106: o->disable_decode_step = 1; return 1;
+    case 0x107:
+        /* vLLM's --dtype: replay's weights and activations are bfloat16, and
+         * a float16 or float32 checkpoint is converted as it loads */
+        if (strcmp(arg, "auto") && strcmp(arg, "bfloat16") && strcmp(arg, "bf16")) {
+            rp_cli_usage_error(cmd, "--dtype must be auto or bfloat16 (replay computes in bfloat16), got '%s'", arg);
+            return -1;
+        }
+        return 1;
     }
     return 0;
 }
@@ -174,7 +304,28 @@ void rp_sampling_seed_if_unset(rp_sampling_params *sp) {
     sp->has_seed = 1;
 }
 
-int rp_model_opts_check(const rp_model_opts *o, const char *cmd) {
+/* "Qwen/Qwen3-0.6B": an owner and a name, as the Hub spells them. */
+static int looks_like_hub_id(const char *s) {
+    const char *slash = strchr(s, '/');
+    if (!slash || slash == s || !slash[1] || strchr(slash + 1, '/') || s[0] == '.' || s[0] == '~') return 0;
+    for (const char *p = s; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr("/-_.", *p)) return 0;
+    return 1;
+}
+
+static int has_safetensors(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int found = 0;
+    for (struct dirent *de; !found && (de = readdir(d));) {
+        const size_t n = strlen(de->d_name);
+        found = n > 12 && !strcmp(de->d_name + n - 12, ".safetensors");
+    }
+    closedir(d);
+    return found;
+}
+
+int rp_model_opts_check(rp_model_opts *o, const char *cmd) {
     if (o->model_dir && o->dummy_name)
         return rp_cli_usage_error(cmd, "give either --model or --dummy-weights, not both");
     if (!o->model_dir && !o->dummy_name)
@@ -182,6 +333,73 @@ int rp_model_opts_check(const rp_model_opts *o, const char *cmd) {
                                   rp_config_preset_names());
     if (o->dummy_name && strcmp(o->load_format, "auto") && strcmp(o->load_format, "dummy"))
         return rp_cli_usage_error(cmd, "--load-format %s needs --model", o->load_format);
+    rp_err err;
+    if (o->dummy_name) {
+        if (rp_config_preset(&o->cfg, o->dummy_name, &err)) return rp_cli_usage_error(cmd, "--dummy-weights: %s", err.msg);
+        o->have_cfg = 1;
+        return 0;
+    }
+    const char *dir = o->model_dir;
+    struct stat st;
+    if (stat(dir, &st)) {
+        if (errno == ENOENT && looks_like_hub_id(dir))
+            return rp_cli_usage_error(cmd,
+                                      "--model %s: no such directory. replay loads a local Hugging Face directory; "
+                                      "download it first, e.g. 'huggingface-cli download %s --local-dir ~/models/%s' "
+                                      "(README.md, 'Models')",
+                                      dir, dir, strchr(dir, '/') + 1);
+        return rp_cli_usage_error(cmd, "--model %s: %s", dir, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        const size_t n = strlen(dir);
+        return rp_cli_usage_error(cmd, "--model %s is a file: replay loads a Hugging Face model directory "
+                                       "(config.json and *.safetensors)%s",
+                                  dir, n > 5 && !strcmp(dir + n - 5, ".gguf") ? ", not GGUF files (llama.cpp's)" : "");
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (access(path, R_OK))
+        return rp_cli_usage_error(cmd, "--model %s has no config.json: it is not a Hugging Face model directory", dir);
+    /* the config decides whether replay can run the model: read it now, not after minutes of loading */
+    if (rp_config_load_dir(&o->cfg, dir, &err)) return rp_cli_runtime_error(cmd, "%s", err.msg);
+    o->have_cfg = 1;
+    if (strcmp(o->load_format, "dummy") && !has_safetensors(dir))
+        return rp_cli_runtime_error(cmd, "%s has no *.safetensors weights (--load-format dummy runs its config with "
+                                         "random weights)",
+                                    dir);
+    return 0;
+}
+
+int rp_cli_check_dir_file(const char *flag, const char *dir, const char *file, const char *cmd) {
+    char path[4096];
+    struct stat st;
+    if (stat(dir, &st)) return rp_cli_usage_error(cmd, "%s %s: %s", flag, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return rp_cli_usage_error(cmd, "%s %s is not a directory", flag, dir);
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    if (access(path, R_OK)) return rp_cli_usage_error(cmd, "%s %s has no %s", flag, dir, file);
+    return 0;
+}
+
+const char *rp_cli_tokenizer_dir(const rp_model_opts *o, const char *tokenizer_dir) {
+    if (tokenizer_dir) return tokenizer_dir;
+    if (!o->model_dir) return NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    return access(path, R_OK) == 0 ? o->model_dir : NULL;
+}
+
+int rp_cli_check_output(const char *flag, const char *path, const char *cmd) {
+    struct stat st;
+    if (!stat(path, &st) && S_ISDIR(st.st_mode)) return rp_cli_usage_error(cmd, "%s %s is a directory", flag, path);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = 0;
+    else *slash = 0;
+    if (stat(dir, &st) || !S_ISDIR(st.st_mode))
+        return rp_cli_usage_error(cmd, "%s %s: the directory %s does not exist", flag, path, dir);
+    if (access(dir, W_OK)) return rp_cli_usage_error(cmd, "%s %s: %s: %s", flag, path, dir, strerror(EACCES));
     return 0;
 }
 

@@ -10,7 +10,40 @@
 
 #include "model/model.h"
 
-enum { RP_EXIT_OK = 0, RP_EXIT_RUNTIME = 1, RP_EXIT_USAGE = 2 };
+/* Every command's exit codes (docs/cli.md#exit-codes): 0 done, 1 it could not
+ * be done (a model that fails to load, a port in use, a runtime failure), 2
+ * the command line is wrong (checked before anything loads), 130 / 143
+ * stopped by SIGINT / SIGTERM before it finished. */
+enum { RP_EXIT_OK = 0, RP_EXIT_RUNTIME = 1, RP_EXIT_USAGE = 2, RP_EXIT_SIGINT = 130, RP_EXIT_SIGTERM = 143 };
+
+/* A command as `replay --help` lists it and as the help-text test checks it:
+ * its option table is the one its parser uses, so the test can compare what
+ * --help prints with what is accepted. */
+typedef struct rp_cli_command {
+    const char *name;    /* as typed after "replay": "generate", "bench decode" */
+    const char *summary; /* one line for replay --help */
+    const struct option *options;
+    void (*help)(FILE *f);
+    int (*run)(int argc, char **argv); /* argv[0] is the command's last word */
+} rp_cli_command;
+
+/* Every command, NULL-terminated, in the order replay --help lists them (commands.c). */
+extern const rp_cli_command *const rp_cli_commands[];
+/* The command whose name is argv[0] (and argv[1] for a two-word one such as
+ * "bench decode"); *words says how many words it took. NULL if none. */
+const rp_cli_command *rp_cli_find_command(int argc, char **argv, int *words);
+
+/* Options every command takes, handled by rp_cli_next_opt (help is the command's). */
+#define RP_COMMON_LONG_OPTIONS                                                                    \
+    {"log-level", required_argument, 0, 0x1a0}, {"log-format", required_argument, 0, 0x1a1},      \
+        {"quiet", no_argument, 0, 'q'}, {"help", no_argument, 0, 'h'}
+
+#define RP_COMMON_OPTIONS_HELP                                                                       \
+    "Output:\n"                                                                                      \
+    "  --log-level LEVEL      error, warn, info or debug (default info, or $REPLAY_LOG)\n"           \
+    "  --log-format FMT       text or json: one JSON object per log line (default text)\n"          \
+    "  -q, --quiet            log errors only (--log-level error)\n"                                \
+    "  -h, --help             show this help and exit\n"
 
 typedef struct rp_model_opts {
     const char *model_dir;
@@ -20,23 +53,29 @@ typedef struct rp_model_opts {
     uint64_t weight_seed;
     int threads;
     int disable_decode_step; /* the chain of kernels for every decode step (docs/tuning.md) */
+    rp_model_config cfg;     /* read by rp_model_opts_check, before anything loads */
+    int have_cfg;
 } rp_model_opts;
 
 /* Long options for rp_model_opts; commands append their own. */
-#define RP_MODEL_LONG_OPTIONS                                                 \
-    {"model", required_argument, 0, 0x100}, {"dummy-weights", required_argument, 0, 0x101}, \
+#define RP_MODEL_LONG_OPTIONS                                                                   \
+    {"model", required_argument, 0, 0x100}, {"dummy-weights", required_argument, 0, 0x101},   \
         {"load-format", required_argument, 0, 0x102}, {"device", required_argument, 0, 0x103}, \
         {"weight-seed", required_argument, 0, 0x104}, {"threads", required_argument, 0, 0x105}, \
-        {"disable-decode-step", no_argument, 0, 0x106}
+        {"disable-decode-step", no_argument, 0, 0x106}, {"dtype", required_argument, 0, 0x107}
 
-#define RP_MODEL_OPTIONS_HELP                                                                   \
-    "Model:\n"                                                                                  \
-    "  --model DIR            Hugging Face model directory (config.json, *.safetensors)\n"       \
-    "  --dummy-weights NAME   random weights of a named shape, no files needed\n"               \
-    "  --load-format FMT      auto (default) or dummy: DIR's config with random weights\n"     \
-    "  --weight-seed N        seed for dummy weights (default 0)\n"                             \
-    "  --device DEV           auto (default), cpu or cuda\n"                                    \
-    "  --threads N            CPU threads (default: all cores)\n"                              \
+#define RP_MODEL_OPTIONS_HELP                                                                          \
+    "Model:\n"                                                                                        \
+    "  --model DIR            a Hugging Face model directory (config.json, *.safetensors);\n"          \
+    "                         required unless --dummy-weights\n"                                      \
+    "  --dummy-weights NAME   instead of --model: random weights of a named shape, no files needed\n"   \
+    "                         (required unless --model; an unknown NAME lists the known ones)\n"      \
+    "  --load-format FMT      auto, safetensors, or dummy: DIR's config with random weights\n"          \
+    "                         (default auto)\n"                                                        \
+    "  --dtype TYPE           auto or bfloat16: replay computes in bfloat16 (default auto)\n"          \
+    "  --weight-seed N        seed for random weights (default 0)\n"                                   \
+    "  --device DEV           auto, cpu or cuda (default auto: cuda when a GPU is present)\n"           \
+    "  --threads N            CPU threads (default: all cores)\n"                                     \
     "  --disable-decode-step  CUDA: decode 1-4 sequences with the chain of kernels, not one kernel\n"
 
 /* Sampling options shared by generate and chat (vLLM's meanings). */
@@ -52,7 +91,7 @@ typedef struct rp_model_opts {
     "  --top-p P              nucleus sampling, (0, 1] (default 1)\n"                              \
     "  --top-k K              keep the K most likely tokens; -1 or 0 = off (default)\n"            \
     "  --min-p P              drop tokens below P x the top probability, [0, 1] (default 0)\n"     \
-    "  --repetition-penalty R >1 discourages tokens seen in prompt or output (default 1)\n"        \
+    "  --repetition-penalty R  >1 discourages tokens seen in prompt or output (default 1)\n"        \
     "  --presence-penalty P   [-2, 2], per generated token present (default 0)\n"                  \
     "  --frequency-penalty F  [-2, 2], per occurrence in the output (default 0)\n"                 \
     "  --seed N               sampling seed: same seed, same output (default: random)\n"
@@ -98,8 +137,20 @@ enum { RP_OPT_END = -1, RP_OPT_ERROR = -2 };
 void rp_cli_opts_begin(void);
 int rp_cli_next_opt(int argc, char **argv, const char *shortopts, const struct option *longopts, rp_model_opts *mo,
                     struct rp_sampling_params *sp, const char *cmd);
-/* Checks that exactly one model source is given; prints a usage error. */
-int rp_model_opts_check(const rp_model_opts *o, const char *cmd);
+/* Before anything loads: exactly one model source; a --dummy-weights name
+ * that exists; a --model that is a directory with a config.json replay can
+ * run (its config is read into o->cfg) and weights, unless --load-format
+ * dummy; a Hub id that is not a directory gets the download hint. Prints the
+ * error; returns 0, RP_EXIT_USAGE or RP_EXIT_RUNTIME (a config replay cannot run). */
+int rp_model_opts_check(rp_model_opts *o, const char *cmd);
+/* A directory option (flag) that must exist and hold file; 0 or RP_EXIT_USAGE. */
+int rp_cli_check_dir_file(const char *flag, const char *dir, const char *file, const char *cmd);
+/* The directory a command's tokenizer comes from: --tokenizer, else the
+ * model directory when it has tokenizer.json, else NULL. */
+const char *rp_cli_tokenizer_dir(const rp_model_opts *o, const char *tokenizer_dir);
+/* An output file option: its directory exists and is writable, and it is not
+ * a directory; 0 or RP_EXIT_USAGE. */
+int rp_cli_check_output(const char *flag, const char *path, const char *cmd);
 /* "cpu" or "cuda": --device auto picks cuda when a GPU is present. */
 const char *rp_cli_device(const rp_model_opts *o);
 struct rp_runner;
@@ -124,14 +175,7 @@ int rp_parse_int(const char *s, long min, long max, long *out);
 int rp_parse_float(const char *s, double *out);
 int rp_parse_u64(const char *s, uint64_t *out);
 
-int rp_cmd_generate(int argc, char **argv);
-int rp_cmd_bench(int argc, char **argv);
-int rp_cmd_bench_kernels(int argc, char **argv);
-int rp_cmd_bench_serve(int argc, char **argv);
-int rp_cmd_logits(int argc, char **argv);
-int rp_cmd_profile(int argc, char **argv);
-int rp_cmd_chat(int argc, char **argv);
-int rp_cmd_serve(int argc, char **argv);
-int rp_cmd_tokenize(int argc, char **argv);
+extern const rp_cli_command rp_cli_generate, rp_cli_chat, rp_cli_serve, rp_cli_bench_decode, rp_cli_bench_offline,
+    rp_cli_bench_kernels, rp_cli_bench_serve, rp_cli_profile, rp_cli_tokenize, rp_cli_logits;
 
 #endif

@@ -45,24 +45,25 @@ static void help(FILE *f) {
             "                     steps overlap as in the engine, where the backend can)\n"
             "  --temperature T    sample at temperature T (default 0: greedy)\n"
             "  --top-p P          and keep the smallest set of tokens with probability >= P (default 1)\n"
-            "  -h, --help         show this help\n");
+            "\n" RP_COMMON_OPTIONS_HELP);
 }
 
+static const struct option options[] = {
+    RP_MODEL_LONG_OPTIONS,
+    {"batch", required_argument, 0, 'b'},
+    {"ctx", required_argument, 0, 'c'},
+    {"steps", required_argument, 0, 's'},
+    {"warmup", required_argument, 0, 'w'},
+    {"page-size", required_argument, 0, 'g'},
+    {"no-eager", no_argument, 0, 'E'},
+    {"no-overlap", no_argument, 0, 'O'},
+    {"temperature", required_argument, 0, 'T'},
+    {"top-p", required_argument, 0, 'P'},
+    RP_COMMON_LONG_OPTIONS,
+    {0, 0, 0, 0},
+};
+
 static int bench_decode(int argc, char **argv) {
-    static const struct option longopts[] = {
-        RP_MODEL_LONG_OPTIONS,
-        {"batch", required_argument, 0, 'b'},
-        {"ctx", required_argument, 0, 'c'},
-        {"steps", required_argument, 0, 's'},
-        {"warmup", required_argument, 0, 'w'},
-        {"page-size", required_argument, 0, 'g'},
-        {"no-eager", no_argument, 0, 'E'},
-        {"no-overlap", no_argument, 0, 'O'},
-        {"temperature", required_argument, 0, 'T'},
-        {"top-p", required_argument, 0, 'P'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     int batches[MAX_BATCHES] = {1, 8, 32, 128}, nb = 4, no_eager = 0, no_overlap = 0;
@@ -70,7 +71,7 @@ static int bench_decode(int argc, char **argv) {
     double temperature = 0, top_p = 1;
     rp_cli_opts_begin();
     int opt;
-    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
         case 'b':
@@ -103,7 +104,8 @@ static int bench_decode(int argc, char **argv) {
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    int bad_model = rp_model_opts_check(&mo, CMD);
+    if (bad_model) return bad_model;
 
     const char *dev = rp_cli_device(&mo);
     double read_gbs = 0, copy_gbs = 0;
@@ -244,23 +246,24 @@ static void offline_help(FILE *f) {
             "  --output-len M           output tokens (default 512)\n"
             "  --random-range R         lengths uniform in [x(1-R), x(1+R)] (default 0)\n"
             "  --seed N                 workload seed (default 0)\n"
-            "  -h, --help\n"
             "\n");
     rp_engine_opts_help(f);
+    fprintf(f, "\n" RP_COMMON_OPTIONS_HELP);
 }
 
+static const struct option offline_options[] = {
+    RP_MODEL_LONG_OPTIONS,
+    {"num-prompts", required_argument, 0, 'n'},
+    {"input-len", required_argument, 0, 'i'},
+    {"output-len", required_argument, 0, 'o'},
+    {"random-range", required_argument, 0, 'r'},
+    {"seed", required_argument, 0, 's'},
+    RP_ENGINE_LONG_OPTIONS,
+    RP_COMMON_LONG_OPTIONS,
+    {0, 0, 0, 0},
+};
+
 static int bench_offline(int argc, char **argv) {
-    static const struct option longopts[] = {
-        RP_MODEL_LONG_OPTIONS,
-        {"num-prompts", required_argument, 0, 'n'},
-        {"input-len", required_argument, 0, 'i'},
-        {"output-len", required_argument, 0, 'o'},
-        {"random-range", required_argument, 0, 'r'},
-        {"seed", required_argument, 0, 's'},
-        RP_ENGINE_LONG_OPTIONS,
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
     const char *cmd = "bench offline";
     rp_model_opts mo;
     rp_model_opts_init(&mo);
@@ -271,7 +274,7 @@ static int bench_offline(int argc, char **argv) {
     rp_engine_config_default(&ec);
     rp_cli_opts_begin();
     int opt;
-    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, cmd)) != RP_OPT_END) {
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", offline_options, &mo, NULL, cmd)) != RP_OPT_END) {
         long *dst = NULL;
         long lo = 1, hi = 1 << 24;
         switch (opt) {
@@ -294,7 +297,8 @@ static int bench_offline(int argc, char **argv) {
                                       optarg);
     }
     if (optind < argc) return rp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
-    if (rp_model_opts_check(&mo, cmd)) return RP_EXIT_USAGE;
+    int bad_model = rp_model_opts_check(&mo, cmd);
+    if (bad_model) return bad_model;
     const char *dev = rp_cli_device(&mo);
     double read_gbs = 0, tflops = 0;
 #ifdef REPLAY_HAVE_CUDA
@@ -408,19 +412,8 @@ out:
     return rc;
 }
 
-int rp_cmd_bench(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        FILE *f = argc < 2 ? stderr : stdout;
-        fprintf(f, "Usage: replay bench SUBCOMMAND [OPTIONS]\n\nSubcommands:\n"
-                   "  decode     decode step time, tokens/s and bandwidth per batch size\n"
-                   "  offline    throughput of many requests through the engine, against its lower bound\n"
-                   "  kernels    each CUDA kernel alone at the model's shapes, against the copy bandwidth\n"
-                   "  serve      a Poisson-arrival streaming client for an OpenAI-compatible server\n");
-        return argc < 2 ? RP_EXIT_USAGE : RP_EXIT_OK;
-    }
-    if (!strcmp(argv[1], "decode")) return bench_decode(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "offline")) return bench_offline(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "kernels")) return rp_cmd_bench_kernels(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "serve")) return rp_cmd_bench_serve(argc - 1, argv + 1);
-    return rp_cli_usage_error("bench", "unknown subcommand '%s'", argv[1]);
-}
+const rp_cli_command rp_cli_bench_decode = {
+    "bench decode", "decode step time, tokens/s and bandwidth per batch size", options, help, bench_decode};
+const rp_cli_command rp_cli_bench_offline = {"bench offline",
+                                             "throughput of many requests through the engine, against its lower bound",
+                                             offline_options, offline_help, bench_offline};

@@ -443,29 +443,39 @@ static void run_all(const rp_model_config cfg, const char *name) {
 }
 #endif
 
-int rp_cmd_bench_kernels(int argc, char **argv) {
-    static const struct option longopts[] = {RP_MODEL_LONG_OPTIONS, {"attn-sweep", no_argument, 0, 'a'},
-                                             {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+static void help(FILE *f) {
+    fprintf(f, "Usage: replay bench kernels (--model DIR | --dummy-weights NAME) [OPTIONS]\n\n"
+               "Times each CUDA kernel alone at the model's shapes against the copy bandwidth\n"
+               "measured in the same run (only the model's config is read; the one-kernel\n"
+               "decode step, timed last, runs on random weights of those shapes).\n"
+               "\n" RP_MODEL_OPTIONS_HELP
+               "\n"
+               "Benchmark:\n"
+               "  --attn-sweep           also time decode attention at every split count with both\n"
+               "                         kernels, and prefill attention with every block shape\n"
+               "\n" RP_COMMON_OPTIONS_HELP);
+}
+
+static const struct option options[] = {RP_MODEL_LONG_OPTIONS, {"attn-sweep", no_argument, 0, 'a'},
+                                         RP_COMMON_LONG_OPTIONS, {0, 0, 0, 0}};
+
+static int run(int argc, char **argv) {
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     rp_cli_opts_begin();
     int opt;
-    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, NULL, CMD)) != RP_OPT_END) {
         if (opt == 'a') {
             g_attn_sweep = 1;
             continue;
         }
         if (opt != 'h') return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
-        printf("Usage: replay bench kernels (--model DIR | --dummy-weights NAME) [--attn-sweep]\n\n"
-               "Times each CUDA kernel alone at the model's shapes against the copy bandwidth\n"
-               "measured in the same run (only the model's config is read; the one-kernel\n"
-               "decode step, timed last, runs on random weights of those shapes).\n\n"
-               "  --attn-sweep   also time decode attention at every split count with both\n"
-               "                 kernels, and prefill attention with every block shape\n");
+        help(stdout);
         return RP_EXIT_OK;
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    int bad_model = rp_model_opts_check(&mo, CMD);
+    if (bad_model) return bad_model;
     rp_model_config cfg;
     rp_err err;
     if (mo.model_dir ? rp_config_load_dir(&cfg, mo.model_dir, &err) : rp_config_preset(&cfg, mo.dummy_name, &err))
@@ -479,3 +489,5 @@ int rp_cmd_bench_kernels(int argc, char **argv) {
     return rp_cli_runtime_error(CMD, "this replay was built without CUDA");
 #endif
 }
+
+const rp_cli_command rp_cli_bench_kernels = {"bench kernels", "each CUDA kernel alone at the model's shapes, against the copy bandwidth", options, help, run};

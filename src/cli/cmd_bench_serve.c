@@ -361,8 +361,9 @@ static void rule(const char *title) {
            "--------------------------------------------------");
 }
 
-static void help(void) {
-    printf("Usage: replay bench serve [--base-url URL] [OPTIONS]\n"
+static void help(FILE *f) {
+    fprintf(f,
+           "Usage: replay bench serve [--base-url URL] [OPTIONS]\n"
            "\n"
            "A load generator for an OpenAI-compatible server, as sglang.bench_serving with its random dataset:\n"
            "N streaming completions of random token ids arrive as a Poisson process of R requests/s, and\n"
@@ -371,7 +372,7 @@ static void help(void) {
            "\n"
            "  --base-url URL           the server (default http://127.0.0.1:8000)\n"
            "  --model NAME             the model name to send (default: the first of GET /v1/models)\n"
-           "  --api-key KEY            sent as 'Authorization: Bearer KEY'\n"
+           "  --api-key KEY            sent as 'Authorization: Bearer KEY' (default: none)\n"
            "  --num-prompts N          requests (default 1000)\n"
            "  --request-rate R         mean arrivals per second, Poisson (default inf: all at once)\n"
            "  --max-concurrency C      at most C requests in flight (default: no limit)\n"
@@ -382,20 +383,21 @@ static void help(void) {
            "  --seed S                 prompts, lengths and arrivals (default 1)\n"
            "  --abort-fraction F       this share of requests hang up mid-stream after a random number\n"
            "                           of tokens (default 0); with 503/429 answers they are not failures\n"
-           "  -h, --help\n");
+           "\n" RP_COMMON_OPTIONS_HELP);
 }
 
-int rp_cmd_bench_serve(int argc, char **argv) {
-    static const struct option longopts[] = {
-        {"base-url", required_argument, 0, 'u'},     {"num-prompts", required_argument, 0, 'n'},
-        {"request-rate", required_argument, 0, 'r'}, {"input-len", required_argument, 0, 'i'},
-        {"output-len", required_argument, 0, 'o'},   {"model", required_argument, 0, 'm'},
-        {"vocab", required_argument, 0, 'v'},        {"seed", required_argument, 0, 's'},
-        {"api-key", required_argument, 0, 'k'},      {"max-concurrency", required_argument, 0, 'c'},
-        {"random-range-ratio", required_argument, 0, 'R'}, {"abort-fraction", required_argument, 0, 'a'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
+static const struct option options[] = {
+    {"base-url", required_argument, 0, 'u'},     {"num-prompts", required_argument, 0, 'n'},
+    {"request-rate", required_argument, 0, 'r'}, {"input-len", required_argument, 0, 'i'},
+    {"output-len", required_argument, 0, 'o'},   {"model", required_argument, 0, 'm'},
+    {"vocab", required_argument, 0, 'v'},        {"seed", required_argument, 0, 's'},
+    {"api-key", required_argument, 0, 'k'},      {"max-concurrency", required_argument, 0, 'c'},
+    {"random-range-ratio", required_argument, 0, 'R'}, {"abort-fraction", required_argument, 0, 'a'},
+    RP_COMMON_LONG_OPTIONS,
+    {0, 0, 0, 0},
+};
+
+static int run(int argc, char **argv) {
     const char *url = "http://127.0.0.1:8000";
     char *model = NULL;
     long num = 1000, in_len = 1024, out_len = 1024, vocab = 0, max_conc = 0;
@@ -404,9 +406,9 @@ int rp_cmd_bench_serve(int argc, char **argv) {
     bs_target t = {0};
     rp_cli_opts_begin();
     int opt;
-    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, NULL, NULL, CMD)) != RP_OPT_END) {
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, NULL, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
-        case 'h': help(); free(model); return RP_EXIT_OK;
+        case 'h': help(stdout); free(model); return RP_EXIT_OK;
         case 'u': url = optarg; break;
         case 'm': free(model), model = strdup(optarg); break;
         case 'k': t.api_key = optarg; break;
@@ -595,3 +597,5 @@ int rp_cmd_bench_serve(int argc, char **argv) {
     /* success: every request answered, hung up on purpose, or turned away under load */
     return failed == 0 && started == num ? RP_EXIT_OK : RP_EXIT_RUNTIME;
 }
+
+const rp_cli_command rp_cli_bench_serve = {"bench serve", "a Poisson-arrival streaming client for an OpenAI-compatible server", options, help, run};

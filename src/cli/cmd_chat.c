@@ -26,15 +26,14 @@ static void help(FILE *f) {
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
             "Conversation:\n"
-            "  --tokenizer DIR        tokenizer.json and tokenizer_config.json from DIR\n"
-            "  --system TEXT          a system message at the start\n"
-            "  --chat-template NAME   qwen3 or llama3, when tokenizer_config.json's is not recognised\n"
+            "  --tokenizer DIR        tokenizer.json and tokenizer_config.json from DIR (default: the model's)\n"
+            "  --system TEXT          a system message at the start (default: none)\n"
+            "  --chat-template NAME   qwen3 or llama3 (default: tokenizer_config.json's)\n"
             "  --no-thinking          Qwen3: enable_thinking=false\n"
             "  --max-tokens N         tokens per reply at most (default 1024)\n"
             "  --max-context N        tokens of conversation kept in the KV cache (default 8192)\n"
             "\n" RP_SAMPLING_OPTIONS_HELP
-            "  -q, --quiet            no log lines\n"
-            "  -h, --help             show this help\n");
+            "\n" RP_COMMON_OPTIONS_HELP);
 }
 
 typedef struct chat_stream {
@@ -75,20 +74,20 @@ static void on_event(void *user, const rp_token_event *ev) {
     }
 }
 
-int rp_cmd_chat(int argc, char **argv) {
-    static const struct option longopts[] = {
-        RP_MODEL_LONG_OPTIONS,
-        RP_SAMPLING_LONG_OPTIONS,
-        {"tokenizer", required_argument, 0, 'T'},
-        {"system", required_argument, 0, 'S'},
-        {"chat-template", required_argument, 0, 'M'},
-        {"no-thinking", no_argument, 0, 'N'},
-        {"max-tokens", required_argument, 0, 'n'},
-        {"max-context", required_argument, 0, 'c'},
-        {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
+static const struct option options[] = {
+    RP_MODEL_LONG_OPTIONS,
+    RP_SAMPLING_LONG_OPTIONS,
+    {"tokenizer", required_argument, 0, 'T'},
+    {"system", required_argument, 0, 'S'},
+    {"chat-template", required_argument, 0, 'M'},
+    {"no-thinking", no_argument, 0, 'N'},
+    {"max-tokens", required_argument, 0, 'n'},
+    {"max-context", required_argument, 0, 'c'},
+    RP_COMMON_LONG_OPTIONS,
+    {0, 0, 0, 0},
+};
+
+static int run(int argc, char **argv) {
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     rp_sampling_params sp;
@@ -98,10 +97,9 @@ int rp_cmd_chat(int argc, char **argv) {
     long max_tokens = 1024, max_context = 8192;
     rp_cli_opts_begin();
     int opt;
-    while ((opt = rp_cli_next_opt(argc, argv, ":hq", longopts, &mo, &sp, CMD)) != RP_OPT_END) {
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, &sp, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
-        case 'q': rp_log_set_level(RP_LOG_ERROR); break;
         case 'T': tokenizer_dir = optarg; break;
         case 'S': system_prompt = optarg; break;
         case 'M': template_name = optarg; break;
@@ -117,7 +115,8 @@ int rp_cmd_chat(int argc, char **argv) {
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    int bad_model = rp_model_opts_check(&mo, CMD);
+    if (bad_model) return bad_model;
     rp_chat_template_kind forced = RP_CHAT_TEMPLATE_UNKNOWN;
     rp_err err;
     if (template_name && rp_chat_template_from_name(template_name, &forced, &err))
@@ -246,3 +245,5 @@ out:
     rp_engine_destroy(eng);
     return rc;
 }
+
+const rp_cli_command rp_cli_chat = {"chat", "an interactive chat with the model's chat template", options, help, run};

@@ -22,12 +22,13 @@ static void help(FILE *f) {
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
             "Prompt and length:\n"
-            "  --prompt TEXT          the prompt text (needs a tokenizer: the model directory's, or --tokenizer)\n"
-            "  --prompt-ids IDS       the prompt as comma-separated token ids\n"
-            "  --tokenizer DIR        tokenizer.json (+ tokenizer_config.json) from DIR instead of the model's\n"
+            "  --prompt TEXT          the prompt text; one of --prompt and --prompt-ids is required\n"
+            "                         (it needs a tokenizer: the model directory's, or --tokenizer)\n"
+            "  --prompt-ids IDS       the prompt as comma-separated token ids (required without --prompt)\n"
+            "  --tokenizer DIR        tokenizer.json (+ tokenizer_config.json) from DIR (default: the model's)\n"
             "  --chat                 wrap the prompt as a user turn in the model's chat template\n"
-            "  --system TEXT          with --chat: a system message first\n"
-            "  --chat-template NAME   with --chat: qwen3 or llama3, when tokenizer_config.json's is not recognised\n"
+            "  --system TEXT          with --chat: a system message first (default: none)\n"
+            "  --chat-template NAME   with --chat: qwen3 or llama3 (default: tokenizer_config.json's)\n"
             "  --no-thinking          with --chat on Qwen3: enable_thinking=false\n"
             "  --print-ids            print token ids instead of text\n"
             "  --max-tokens N         tokens to generate at most (default 64)\n"
@@ -38,8 +39,7 @@ static void help(FILE *f) {
             "Engine:\n"
             "  --page-size N          KV cache page size in tokens (default 16)\n"
             "  --max-batch-tokens N   tokens per forward step; longer prompts are chunked (default 2048)\n"
-            "  -q, --quiet            no log lines, only the generated text and stats\n"
-            "  -h, --help             show this help\n");
+            "\n" RP_COMMON_OPTIONS_HELP);
 }
 
 static int parse_ids(const char *s, int32_t **out, int *n_out) {
@@ -92,26 +92,26 @@ static void on_event(void *user, const rp_token_event *ev) {
     }
 }
 
-int rp_cmd_generate(int argc, char **argv) {
-    static const struct option longopts[] = {
-        RP_MODEL_LONG_OPTIONS,
-        {"prompt", required_argument, 0, 'p'},
-        {"prompt-ids", required_argument, 0, 'I'},
-        {"max-tokens", required_argument, 0, 'n'},
-        {"ignore-eos", no_argument, 0, 'E'},
-        RP_SAMPLING_LONG_OPTIONS,
-        {"page-size", required_argument, 0, 'g'},
-        {"max-batch-tokens", required_argument, 0, 'b'},
-        {"tokenizer", required_argument, 0, 'T'},
-        {"chat", no_argument, 0, 'C'},
-        {"system", required_argument, 0, 'S'},
-        {"chat-template", required_argument, 0, 'M'},
-        {"no-thinking", no_argument, 0, 'N'},
-        {"print-ids", no_argument, 0, 'D'},
-        {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
+static const struct option options[] = {
+    RP_MODEL_LONG_OPTIONS,
+    {"prompt", required_argument, 0, 'p'},
+    {"prompt-ids", required_argument, 0, 'I'},
+    {"max-tokens", required_argument, 0, 'n'},
+    {"ignore-eos", no_argument, 0, 'E'},
+    RP_SAMPLING_LONG_OPTIONS,
+    {"page-size", required_argument, 0, 'g'},
+    {"max-batch-tokens", required_argument, 0, 'b'},
+    {"tokenizer", required_argument, 0, 'T'},
+    {"chat", no_argument, 0, 'C'},
+    {"system", required_argument, 0, 'S'},
+    {"chat-template", required_argument, 0, 'M'},
+    {"no-thinking", no_argument, 0, 'N'},
+    {"print-ids", no_argument, 0, 'D'},
+    RP_COMMON_LONG_OPTIONS,
+    {0, 0, 0, 0},
+};
+
+static int run(int argc, char **argv) {
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     rp_sampling_params sp;
@@ -122,10 +122,9 @@ int rp_cmd_generate(int argc, char **argv) {
     const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_name = NULL;
     rp_cli_opts_begin();
     int opt;
-    while ((opt = rp_cli_next_opt(argc, argv, ":hq", longopts, &mo, &sp, CMD)) != RP_OPT_END) {
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, &sp, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
-        case 'q': rp_log_set_level(RP_LOG_ERROR); break;
         case 'p': prompt = optarg; break;
         case 'I': prompt_ids = optarg; break;
         case 'E': ignore_eos = 1; break;
@@ -151,7 +150,8 @@ int rp_cmd_generate(int argc, char **argv) {
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    int bad_model = rp_model_opts_check(&mo, CMD);
+    if (bad_model) return bad_model;
     if (!prompt == !prompt_ids) return rp_cli_usage_error(CMD, "give exactly one of --prompt or --prompt-ids");
     if (chat && !prompt) return rp_cli_usage_error(CMD, "--chat needs --prompt TEXT");
     rp_err err;
@@ -251,3 +251,5 @@ out:
     free(ids);
     return rc;
 }
+
+const rp_cli_command rp_cli_generate = {"generate", "generate text from a prompt, streaming tokens", options, help, run};

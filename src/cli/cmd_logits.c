@@ -19,11 +19,12 @@ static void help(FILE *f) {
             "[positions][vocab] (little-endian) for the last --last positions to FILE.\n"
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
-            "  --prompt-ids IDS   comma-separated token ids, or @FILE with ids separated by commas/whitespace\n"
+            "  --prompt-ids IDS   comma-separated token ids, or @FILE with ids separated by commas or\n"
+            "                     whitespace; required\n"
             "  --last N           positions to write, counted from the end (default: all)\n"
             "  --chunk N          prefill tokens per step (default 2048)\n"
-            "  --out FILE         where to write\n"
-            "  -h, --help         show this help\n");
+            "  --out FILE         where to write; required\n"
+            "\n" RP_COMMON_OPTIONS_HELP);
 }
 
 static int read_ids(const char *arg, int32_t **ids, int *n) {
@@ -72,23 +73,24 @@ static int read_ids(const char *arg, int32_t **ids, int *n) {
     return 0;
 }
 
-int rp_cmd_logits(int argc, char **argv) {
-    static const struct option longopts[] = {
-        RP_MODEL_LONG_OPTIONS,
-        {"prompt-ids", required_argument, 0, 'I'},
-        {"last", required_argument, 0, 'l'},
-        {"chunk", required_argument, 0, 'c'},
-        {"out", required_argument, 0, 'o'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
+static const struct option options[] = {
+    RP_MODEL_LONG_OPTIONS,
+    {"prompt-ids", required_argument, 0, 'I'},
+    {"last", required_argument, 0, 'l'},
+    {"chunk", required_argument, 0, 'c'},
+    {"out", required_argument, 0, 'o'},
+    RP_COMMON_LONG_OPTIONS,
+    {0, 0, 0, 0},
+};
+
+static int run(int argc, char **argv) {
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     const char *ids_arg = NULL, *out_path = NULL;
     long last = 0, chunk = 2048;
     rp_cli_opts_begin();
     int opt;
-    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
         case 'I': ids_arg = optarg; break;
@@ -103,7 +105,8 @@ int rp_cmd_logits(int argc, char **argv) {
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    int bad_model = rp_model_opts_check(&mo, CMD);
+    if (bad_model) return bad_model;
     if (!ids_arg || !out_path) return rp_cli_usage_error(CMD, "--prompt-ids and --out are required");
     int32_t *ids;
     int n;
@@ -156,3 +159,5 @@ out:
     free(ids);
     return rc;
 }
+
+const rp_cli_command rp_cli_logits = {"logits", "write a prompt's logits to a file, for comparisons", options, help, run};

@@ -31,8 +31,8 @@ static void help(FILE *f) {
             "  --ctx N        tokens in each sequence's cache (default 512)\n"
             "  --steps N      steps measured per mode (default 32)\n"
             "  --timeline F   a trace build (cmake -DREPLAY_DECODE_STEP_TRACE=ON): every weight piece's\n"
-            "                 timing of the one-kernel step into F, for tools/step_timeline.py\n"
-            "  -h, --help     show this help\n");
+            "                 timing of the one-kernel step into F, for tools/step_timeline.py (default: none)\n"
+            "\n" RP_COMMON_OPTIONS_HELP);
 }
 
 typedef struct kind_acc {
@@ -41,23 +41,24 @@ typedef struct kind_acc {
     int count;
 } kind_acc;
 
-int rp_cmd_profile(int argc, char **argv) {
-    static const struct option longopts[] = {
-        RP_MODEL_LONG_OPTIONS,
-        {"batch", required_argument, 0, 'b'},
-        {"ctx", required_argument, 0, 'c'},
-        {"steps", required_argument, 0, 's'},
-        {"timeline", required_argument, 0, 't'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
+static const struct option options[] = {
+    RP_MODEL_LONG_OPTIONS,
+    {"batch", required_argument, 0, 'b'},
+    {"ctx", required_argument, 0, 'c'},
+    {"steps", required_argument, 0, 's'},
+    {"timeline", required_argument, 0, 't'},
+    RP_COMMON_LONG_OPTIONS,
+    {0, 0, 0, 0},
+};
+
+static int run(int argc, char **argv) {
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     long B = 1, ctx = 512, steps = 32;
     const char *timeline = NULL;
     rp_cli_opts_begin();
     int opt;
-    while ((opt = rp_cli_next_opt(argc, argv, ":h", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
         case 't':
@@ -79,7 +80,8 @@ int rp_cmd_profile(int argc, char **argv) {
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    int bad_model = rp_model_opts_check(&mo, CMD);
+    if (bad_model) return bad_model;
     if (strcmp(rp_cli_device(&mo), "cuda") != 0)
         return rp_cli_runtime_error(CMD, "profiling needs the CUDA backend (no GPU found, or --device cpu)");
     int total_len = (int)(ctx + PROFILE_WARMUP + 2 * steps + 1), ps = 16;
@@ -190,3 +192,5 @@ out:
     rp_runner_free(run);
     return rc;
 }
+
+const rp_cli_command rp_cli_profile = {"profile", "per-kernel times and host overheads of a decode step (CUDA)", options, help, run};

@@ -28,11 +28,9 @@ static void help(FILE *f) {
             "  --host ADDR                IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N                   (default 8000)\n"
             "  --served-model-name NAME   the model name clients send (default: the directory or preset name)\n"
-            "  --api-key KEY              require 'Authorization: Bearer KEY'\n"
-            "  --tokenizer DIR            tokenizer.json from DIR instead of the model's\n"
-            "  --chat-template NAME       qwen3 or llama3\n"
-            "  -q, --quiet                no log lines\n"
-            "  -h, --help\n"
+            "  --api-key KEY              require 'Authorization: Bearer KEY' (default: none)\n"
+            "  --tokenizer DIR            tokenizer.json from DIR (default: the model's)\n"
+            "  --chat-template NAME       qwen3 or llama3 (default: tokenizer_config.json's)\n"
             "\n"
             "Limits (docs/server.md#limits; the defaults suit a public deployment):\n"
             "  --max-connections N              open connections in all (default %d)\n"
@@ -47,30 +45,31 @@ static void help(FILE *f) {
             d.max_connections, d.max_connections_per_address, d.header_timeout_s, d.body_timeout_s, d.send_timeout_s,
             d.max_body_bytes, d.max_queued_requests, d.http_threads);
     rp_engine_opts_help(f);
+    fprintf(f, "\n" RP_COMMON_OPTIONS_HELP);
 }
 
-int rp_cmd_serve(int argc, char **argv) {
-    static const struct option longopts[] = {
-        RP_MODEL_LONG_OPTIONS,
-        {"host", required_argument, 0, 'H'},
-        {"port", required_argument, 0, 'p'},
-        {"served-model-name", required_argument, 0, 'n'},
-        {"api-key", required_argument, 0, 'k'},
-        {"tokenizer", required_argument, 0, 'T'},
-        {"chat-template", required_argument, 0, 'M'},
-        {"max-connections", required_argument, 0, 0x180},
-        {"max-connections-per-address", required_argument, 0, 0x181},
-        {"header-timeout", required_argument, 0, 0x182},
-        {"body-timeout", required_argument, 0, 0x183},
-        {"send-timeout", required_argument, 0, 0x184},
-        {"max-body-bytes", required_argument, 0, 0x185},
-        {"max-queued-requests", required_argument, 0, 0x186},
-        {"http-threads", required_argument, 0, 0x187},
-        RP_ENGINE_LONG_OPTIONS,
-        {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
+static const struct option options[] = {
+    RP_MODEL_LONG_OPTIONS,
+    {"host", required_argument, 0, 'H'},
+    {"port", required_argument, 0, 'p'},
+    {"served-model-name", required_argument, 0, 'n'},
+    {"api-key", required_argument, 0, 'k'},
+    {"tokenizer", required_argument, 0, 'T'},
+    {"chat-template", required_argument, 0, 'M'},
+    {"max-connections", required_argument, 0, 0x180},
+    {"max-connections-per-address", required_argument, 0, 0x181},
+    {"header-timeout", required_argument, 0, 0x182},
+    {"body-timeout", required_argument, 0, 0x183},
+    {"send-timeout", required_argument, 0, 0x184},
+    {"max-body-bytes", required_argument, 0, 0x185},
+    {"max-queued-requests", required_argument, 0, 0x186},
+    {"http-threads", required_argument, 0, 0x187},
+    RP_ENGINE_LONG_OPTIONS,
+    RP_COMMON_LONG_OPTIONS,
+    {0, 0, 0, 0},
+};
+
+static int run(int argc, char **argv) {
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     rp_server_config sc;
@@ -85,11 +84,10 @@ int rp_cmd_serve(int argc, char **argv) {
     rp_engine_config_default(&ec);
     rp_cli_opts_begin();
     int opt;
-    while ((opt = rp_cli_next_opt(argc, argv, ":hq", longopts, &mo, NULL, CMD)) != RP_OPT_END) {
+    while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, NULL, CMD)) != RP_OPT_END) {
         long *dst = NULL, lo = 1, hi = 1 << 24;
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
-        case 'q': rp_log_set_level(RP_LOG_ERROR); break;
         case 'H': sc.host = optarg; break;
         case 'n': sc.served_model = optarg; break;
         case 'k': sc.api_key = optarg; break;
@@ -107,7 +105,8 @@ int rp_cmd_serve(int argc, char **argv) {
                                       optarg);
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (rp_model_opts_check(&mo, CMD)) return RP_EXIT_USAGE;
+    int bad_model = rp_model_opts_check(&mo, CMD);
+    if (bad_model) return bad_model;
     sc.port = (int)port;
     sc.max_connections = (int)limits[0];
     sc.max_connections_per_address = (int)limits[1];
@@ -159,3 +158,5 @@ int rp_cmd_serve(int argc, char **argv) {
     rp_log_info("stopped");
     return RP_EXIT_OK;
 }
+
+const rp_cli_command rp_cli_serve = {"serve", "an OpenAI-compatible HTTP server (completions, chat, streaming)", options, help, run};

@@ -11,8 +11,6 @@
 
 #define CMD "tokenize"
 
-int rp_cmd_tokenize(int argc, char **argv);
-
 static void help(FILE *f) {
     fprintf(f,
             "Usage: replay tokenize --model DIR [OPTIONS] [TEXT]\n"
@@ -22,10 +20,10 @@ static void help(FILE *f) {
             "Special tokens written in the text (e.g. <|im_end|>) are recognised.\n"
             "\n"
             "Options:\n"
-            "  --model DIR        directory with tokenizer.json (and tokenizer_config.json)\n"
+            "  --model DIR        directory with tokenizer.json (and tokenizer_config.json); required\n"
             "  -v, --verbose      one token per line: id, vocabulary entry, decoded bytes\n"
             "  --split-special    treat special tokens in the text as plain text\n"
-            "  -h, --help         show this help\n");
+            "\n" RP_COMMON_OPTIONS_HELP);
 }
 
 static char *read_stdin(size_t *len) {
@@ -63,18 +61,19 @@ static void print_escaped(const char *s, size_t n) {
     putchar('"');
 }
 
-int rp_cmd_tokenize(int argc, char **argv) {
-    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
-                                             {"verbose", no_argument, 0, 'v'},
-                                             {"split-special", no_argument, 0, 's'},
-                                             {"help", no_argument, 0, 'h'},
-                                             {0, 0, 0, 0}};
+static const struct option options[] = {{"model", required_argument, 0, 'm'},
+                                         {"verbose", no_argument, 0, 'v'},
+                                         {"split-special", no_argument, 0, 's'},
+                                         RP_COMMON_LONG_OPTIONS,
+                                         {0, 0, 0, 0}};
+
+static int run(int argc, char **argv) {
     const char *model_dir = NULL;
     int verbose = 0;
     unsigned flags = 0;
     int opt;
     rp_cli_opts_begin();
-    while ((opt = rp_cli_next_opt(argc, argv, "+:vh", longopts, NULL, NULL, CMD)) != RP_OPT_END) {
+    while ((opt = rp_cli_next_opt(argc, argv, "+:vhq", options, NULL, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
         case 'm': model_dir = optarg; break;
         case 'v': verbose = 1; break;
@@ -130,3 +129,5 @@ int rp_cmd_tokenize(int argc, char **argv) {
     rp_tokenizer_free(tok);
     return RP_EXIT_OK;
 }
+
+const rp_cli_command rp_cli_tokenize = {"tokenize", "print the token ids (and pieces) of a text", options, help, run};

@@ -228,6 +228,23 @@ static int load_tokenizer(rp_engine *e, rp_err *err) {
     return RP_OK;
 }
 
+/* A tokenizer with ids beyond the model's vocabulary belongs to another
+ * model: its prompts would index past the embedding table. The config is
+ * read again by the runner; it is small. */
+static int check_tokenizer_vocab(rp_engine *e, rp_err *err) {
+    if (!e->tok) return RP_OK;
+    rp_model_config mc;
+    const rp_engine_config *cfg = &e->cfg;
+    if (cfg->model_dir ? rp_config_load_dir(&mc, cfg->model_dir, err) : rp_config_preset(&mc, cfg->dummy_name, err))
+        return RP_ERR;
+    const int n = rp_tokenizer_vocab_size(e->tok);
+    if (n > mc.vocab_size)
+        return rp_errf(err, "the tokenizer of %s has %d ids, more than the model's vocabulary of %d: it belongs to "
+                            "another model",
+                       cfg->tokenizer_dir ? cfg->tokenizer_dir : cfg->model_dir, n, mc.vocab_size);
+    return RP_OK;
+}
+
 /* Fills in what a caller left at 0 with the defaults. */
 static void config_complete(rp_engine_config *cfg) {
     if (!cfg->device) cfg->device = "auto";
@@ -262,10 +279,11 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
                            .disable_cuda_graph = cfg->disable_cuda_graph,
                            .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
                            .tuning = {.disable_decode_step = cfg->disable_decode_step}};
+    /* the tokenizer first: a wrong one is reported before the weights load */
+    if (load_tokenizer(e, &err) || check_tokenizer_vocab(e, &err)) goto fail;
     if (!(e->run = rp_runner_new(&rc, &err))) goto fail;
     if (e->run->model->dummy && !cfg->quiet_model_warning)
         rp_log_warn("the weights are RANDOM (dummy): output is meaningless text, useful only for testing and timing");
-    if (load_tokenizer(e, &err)) goto fail;
     e->max_context = e->run->max_context;
     e->max_logits = e->run->max_logit_rows;
     const int num_pages = e->run->pool->num_pages;

@@ -20,6 +20,27 @@ static int level_from_env(void) {
 
 void rp_log_set_level(enum rp_log_level level) { g_level = (int)level; }
 
+int rp_log_parse_level(const char *s, enum rp_log_level *out) {
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(s, names[i])) {
+            *out = (enum rp_log_level)i;
+            return 0;
+        }
+    return -1;
+}
+
+static enum rp_log_format g_format = RP_LOG_TEXT;
+
+int rp_log_parse_format(const char *s, enum rp_log_format *out) {
+    if (!strcmp(s, "text")) *out = RP_LOG_TEXT;
+    else if (!strcmp(s, "json")) *out = RP_LOG_JSON;
+    else return -1;
+    return 0;
+}
+
+void rp_log_set_format(enum rp_log_format format) { g_format = format; }
+
 enum rp_log_level rp_log_get_level(void) {
     if (g_level < 0) g_level = level_from_env();
     return (enum rp_log_level)g_level;

@@ -5,7 +5,13 @@
 
 enum rp_log_level { RP_LOG_ERROR = 0, RP_LOG_WARN, RP_LOG_INFO, RP_LOG_DEBUG };
 
+enum rp_log_format { RP_LOG_TEXT, RP_LOG_JSON };
+
 void rp_log_set_level(enum rp_log_level level);
+/* error, warn, info, debug: 0, or -1 for anything else. */
+int rp_log_parse_level(const char *s, enum rp_log_level *out);
+int rp_log_parse_format(const char *s, enum rp_log_format *out);
+void rp_log_set_format(enum rp_log_format format);
 enum rp_log_level rp_log_get_level(void);
 void rp_log(enum rp_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
