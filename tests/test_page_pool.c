@@ -1,5 +1,6 @@
 /* The KV page pool and page table: all-or-nothing allocation, slots,
- * truncation, rows, and every page back in the pool at the end. */
+ * truncation, rows, the pool's self-check, and every page back in the pool
+ * at the end. */
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "test_util.h"
@@ -134,11 +135,46 @@ static void test_table_rows(void **state) {
     rp_page_pool_free(p);
 }
 
+/* The pool's self-check: clean after any sequence of allocs and releases;
+ * a page on the free list twice, or free and flagged in use, is reported. */
+static void test_pool_check(void **state) {
+    (void)state;
+    rp_page_pool *p = rp_page_pool_new(6, 4);
+    rp_err err;
+    assert_int_equal(rp_page_pool_check(p, &err), 0);
+    int32_t a[6];
+    assert_int_equal(rp_page_pool_alloc(p, 4, a), 0);
+    rp_page_pool_release(p, 2, a + 1);
+    assert_int_equal(rp_page_pool_check(p, &err), 0);
+    assert_true(rp_page_pool_in_use(p, a[0]) && !rp_page_pool_in_use(p, a[1]));
+    /* a double free slipped past release's assertion */
+    p->free_list[p->num_free++] = a[1];
+    assert_int_not_equal(rp_page_pool_check(p, &err), 0);
+    assert_non_null(strstr(err.msg, "listed twice"));
+    p->num_free--;
+    /* a page on the free list that is also flagged in use */
+    p->in_use[a[2]] = 1;
+    assert_int_not_equal(rp_page_pool_check(p, &err), 0);
+    assert_non_null(strstr(err.msg, "in use"));
+    p->in_use[a[2]] = 0;
+    assert_int_equal(rp_page_pool_check(p, &err), 0); /* and the check left the flags as they were */
+    /* a page neither free nor in use */
+    p->in_use[a[0]] = 0;
+    assert_int_not_equal(rp_page_pool_check(p, &err), 0);
+    p->in_use[a[0]] = 1;
+    rp_page_pool_release(p, 1, a);
+    rp_page_pool_release(p, 1, a + 3);
+    assert_int_equal(rp_page_pool_num_free(p), 6);
+    assert_int_equal(rp_page_pool_check(p, &err), 0);
+    rp_page_pool_free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pool),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_table_rows),
+        cmocka_unit_test(test_pool_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

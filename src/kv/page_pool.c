@@ -49,3 +49,32 @@ void rp_page_pool_release(rp_page_pool *p, int n, const int32_t *pages) {
         p->free_list[p->num_free++] = page;
     }
 }
+
+int rp_page_pool_check(const rp_page_pool *p, rp_err *err) {
+    if (p->num_free < 0 || p->num_free > p->num_pages)
+        return rp_errf(err, "page pool: %d free of %d", p->num_free, p->num_pages);
+    /* Duplicates on the free list are found without a scratch array: in_use
+     * (0 for a free page) is marked 2 for each free id seen, then put back. */
+    uint8_t *seen = p->in_use;
+    int rc = 0;
+    int i = 0;
+    for (; i < p->num_free; i++) {
+        int32_t page = p->free_list[i];
+        if (page < 0 || page >= p->num_pages) {
+            rc = rp_errf(err, "page pool: free list holds %d, not a page", page);
+            break;
+        }
+        if (seen[page]) {
+            rc = rp_errf(err, "page pool: page %d is free but %s", page, seen[page] == 2 ? "listed twice" : "in use");
+            break;
+        }
+        seen[page] = 2;
+    }
+    for (int j = 0; j < i; j++) seen[p->free_list[j]] = 0;
+    if (rc) return rc;
+    int in_use = 0;
+    for (int32_t page = 0; page < p->num_pages; page++) in_use += p->in_use[page];
+    if (in_use != p->num_pages - p->num_free)
+        return rp_errf(err, "page pool: %d pages in use, %d free, of %d", in_use, p->num_free, p->num_pages);
+    return 0;
+}
