@@ -32,7 +32,7 @@ check "profile" "$A/replay" profile --dummy-weights qwen3-0.6b --batch 2 --steps
 check "generate" "$A/replay" generate --dummy-weights qwen3-0.6b --device cuda --prompt-ids 1,2,3,4,5 --print-ids \
   --max-tokens 8
 check "bench offline" "$A/replay" bench offline --dummy-weights qwen3-0.6b --device cuda --num-prompts 24 \
-  --input-len 40 --output-len 16 --random-range 0.5 --max-running-requests 8
+  --input-len 40 --output-len 16 --random-range-ratio 0.5 --max-running-requests 8
 check "test_cuda_backend" "$A/test_cuda_backend"
 check "test_cuda_sample" "$A/test_cuda_sample"
 echo "$fail failed"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `replay bench decode` and `replay bench offline` on the CPU with a tiny
-# model: they run, print their tables, and reject bad options.
+# `replay bench decode`, `bench offline`, `bench serve`, `logits` and
+# `profile` on the CPU with a tiny model: they run, print their tables and
+# progress, and reject bad options before anything loads.
 set -u
 BIN=$1
 pass=0
@@ -29,15 +30,109 @@ out=$("$BIN" bench decode --dummy-weights tiny-llama3 --top-p 1.5 2>&1); check "
 out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 1 --ctx 20 --steps 2 --warmup 9 --device cpu 2>/dev/null)
 check "bench decode --warmup above --steps" 0 $?
 out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 40 --input-len 30 --output-len 12 \
-      --random-range 0.3 --max-running-requests 16 --num-pages 40 --device cpu 2>/dev/null)
+      --random-range-ratio 0.3 --max-running-requests 16 --num-pages 40 --device cpu 2>/dev/null)
 check "bench offline" 0 $?
 contains "offline throughput" "$out" "output tokens/s"
 contains "offline peak running" "$out" "peak running requests"
 peak=$(echo "$out" | awk '/peak running requests/ {print $4}')
 [ "${peak:-0}" -gt 1 ] && [ "${peak:-0}" -le 16 ]; check "continuous batching ran several at once, within the limit" 0 $?
-out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --random-range 2 2>&1); check "bad range" 2 $?
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --random-range-ratio 2 2>&1); check "bad range" 2 $?
 out=$("$BIN" bench decode --dummy-weights tiny-qwen3 --batch 0 2>&1); check "bad batch" 2 $?
 out=$("$BIN" bench nope 2>&1); check "unknown bench" 2 $?
-out=$("$BIN" profile --dummy-weights tiny-qwen3 --device cpu 2>&1); check "profile needs CUDA" 1 $?
+
+# --random-range-ratio as vLLM's bench means it: lengths in [len x (1-R), len x (1+R)], so some above len
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 40 --input-len 20 --output-len 12 \
+      --random-range-ratio 0.5 --num-pages 40 --device cpu 2>/dev/null)
+check "bench offline --random-range-ratio" 0 $?
+read -r lo mean hi <<<"$(echo "$out" | awk '/input length min/ {print $8, $10, $12}')"
+[ "${lo:-0}" -ge 10 ] && [ "${lo:-0}" -lt 20 ] && [ "${hi:-0}" -gt 20 ] && [ "${hi:-0}" -le 30 ]
+check "input lengths within [10, 30], on both sides of 20 ($lo / $mean / $hi)" 0 $?
+
+# progress: when stderr is not a terminal, a plain line every --progress-interval seconds
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 40 --input-len 20 --output-len 12 \
+      --num-pages 40 --device cpu --progress-interval 0.01 2>&1 >/dev/null)
+echo "$out" | grep -qE '^\[replay info\] bench offline: [0-9]+/40 requests, [0-9.]+ tok/s, [0-9]+s elapsed'
+check "bench offline: progress lines" 0 $?
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 4 --ctx 40 --steps 30 --warmup 1 --device cpu \
+      --progress-interval 0.01 2>&1 >/dev/null)
+echo "$out" | grep -qE '^\[replay info\] bench decode: [0-9]+/31 steps, [0-9.]+ tok/s, .*\(batch 4'
+check "bench decode: progress lines" 0 $?
+# nothing listens on port 1: every request fails at once, and the line still counts them
+out=$("$BIN" bench serve --base-url http://127.0.0.1:1 --model m --vocab 100 --num-prompts 3 --request-rate 20 \
+      --input-len 4 --output-len 2 --progress-interval 0.01 2>&1 >/dev/null)
+check "bench serve: refused connections fail" 1 $?
+echo "$out" | grep -qE '^\[replay info\] bench serve: [0-9]/3 requests'
+check "bench serve: progress lines" 0 $?
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 8 --input-len 8 --output-len 4 --device cpu \
+      --progress-interval 0.01 -q 2>&1 >/dev/null)
+check "--quiet: no progress" "" "$out"
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --progress-interval -1 2>&1); check "bad --progress-interval" 2 $?
+
+# Every value is checked before anything loads. qwen3-8b's random weights take minutes to make on
+# the CPU: an answer within seconds, exit 2, naming the flag, shows nothing loaded first.
+early() { # name, flag expected in the message, command...
+  local name=$1 flag=$2; shift 2
+  out=$(timeout 10 "$BIN" "$@" 2>&1)
+  local rc=$?
+  check "$name: exit 2 before loading" 2 "$rc"
+  contains "$name: names $flag" "$out" "$flag"
+}
+Q8="--dummy-weights qwen3-8b"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# shellcheck disable=SC2086
+{
+early "bench decode context" --ctx bench decode $Q8 --ctx 40900 --steps 64
+early "bench offline context" --input-len bench offline $Q8 --input-len 30000 --output-len 20000
+early "bench offline stretched" --random-range-ratio bench offline $Q8 --input-len 20000 --output-len 4000 \
+      --random-range-ratio 0.9
+early "bench offline --max-model-len" --max-model-len bench offline $Q8 --max-model-len 50000
+early "bench offline --max-model-len fits" --max-model-len bench offline $Q8 --max-model-len 1000
+early "bench offline --num-pages" --num-pages bench offline $Q8 --num-pages 10 --input-len 100 --output-len 100
+early "logits 1,,2" --prompt-ids logits $Q8 --prompt-ids 1,,2 --out "$tmp/l.bin"
+early "logits trailing comma" --prompt-ids logits $Q8 --prompt-ids 1,2, --out "$tmp/l.bin"
+early "logits id past the vocabulary" 151935 logits $Q8 --prompt-ids 1,151936 --out "$tmp/l.bin"
+early "logits missing @FILE" "No such file" logits $Q8 --prompt-ids "@$tmp/none" --out "$tmp/l.bin"
+early "logits --out in a missing directory" --out logits $Q8 --prompt-ids 1,2 --out "$tmp/no/l.bin"
+early "logits --chunk's new name" --max-num-batched-tokens logits $Q8 --prompt-ids 1 --chunk 4 --out "$tmp/l.bin"
+}
+early "bench serve https" https bench serve --base-url https://127.0.0.1:8000
+early "bench serve port" port bench serve --base-url http://127.0.0.1:99999
+early "bench serve path" /v1 bench serve --base-url http://127.0.0.1:8000/v1
+early "bench serve no host" host bench serve --base-url http://:8000
+early "bench serve ratio" --random-range-ratio bench serve --random-range-ratio 1
+
+# logits: ids from a file, separated by commas and whitespace; --last rows of the vocabulary
+printf '1 2\n3,4\n' >"$tmp/ids"
+"$BIN" logits --dummy-weights tiny-qwen3 --device cpu --prompt-ids "@$tmp/ids" --last 3 --out "$tmp/l.bin" -q
+check "logits @FILE" 0 $?
+check "logits: 3 rows of 1031 floats" $((3 * 1031 * 4)) "$(stat -c %s "$tmp/l.bin" 2>/dev/null)"
+"$BIN" logits --dummy-weights tiny-qwen3 --device cpu --prompt-ids 1,2,3,4 --last 3 --max-num-batched-tokens 1 \
+  --out "$tmp/l1.bin" -q
+cmp -s "$tmp/l.bin" "$tmp/l1.bin"; check "logits: a token a step, the same logits" 0 $?
+# a write that fails (past the file size limit: EFBIG, the signal ignored) says why and leaves no partial file
+out=$(trap '' XFSZ; ulimit -f 4; "$BIN" logits --dummy-weights tiny-qwen3 --device cpu --prompt-ids 1,2 \
+      --out "$tmp/big.bin" -q 2>&1)
+check "logits: a failed write" 1 $?
+contains "logits: the write error" "$out" "File too large"
+[ ! -e "$tmp/big.bin" ]; check "logits: no partial file" 0 $?
+
+# profile and bench kernels need a GPU: said at once, before the model loads
+for c in "profile" "bench kernels"; do
+  # shellcheck disable=SC2086
+  out=$(timeout 10 "$BIN" $c $Q8 2>&1); rc=$?
+  case "$out" in
+  *"built without CUDA"* | *"finds none"*)
+    check "$c without a GPU: exit 1 at once" 1 "$rc"
+    contains "$c says it needs a GPU" "$out" "needs a GPU" ;;
+  *) echo "SKIP: $c: a GPU is present" ;;
+  esac
+  # shellcheck disable=SC2086
+  out=$(timeout 10 "$BIN" $c $Q8 --device cpu 2>&1); rc=$?
+  [ "$rc" = 1 ] || [ "$rc" = 2 ]; check "$c --device cpu refused at once ($rc)" 0 $?
+  contains "$c --device cpu: why" "$out" "GPU"
+  # shellcheck disable=SC2086
+  out=$("$BIN" $c $Q8 --threads 2 2>&1); check "$c takes no --threads" 2 $?
+done
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

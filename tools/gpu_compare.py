@@ -160,7 +160,7 @@ def main():
     ap.add_argument("--last", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--decode", action="store_true",
-                    help="feed replay the prompt one token per step (--chunk 1): every position is a batch-1 "
+                    help="feed replay the prompt one token per step (--max-num-batched-tokens 1): every position is a batch-1 "
                          "decode step, the one-kernel path where the shape allows it")
     args = ap.parse_args()
     dev = "cuda"
@@ -191,7 +191,7 @@ def main():
             cmd = [args.replay, "logits", "--dummy-weights", name, "--weight-seed", str(args.seed),
                    "--device", device, "--prompt-ids", "@" + idfile, "--last", str(args.last), "--out", out]
             if args.decode:
-                cmd += ["--chunk", "1"]
+                cmd += ["--max-num-batched-tokens", "1"]
             r = subprocess.run(cmd, capture_output=True, text=True)
             hf_err = max(rel_l2(hb[i], ref[i]) for i in range(ref.shape[0]))
             if r.returncode != 0:

@@ -7,6 +7,7 @@
  * the CPU gap (wall time per step minus device time). Steps overlap as in
  * the engine (step N + 1 launched before step N's tokens are read) where the
  * backend can; --no-overlap waits for each step's tokens first. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "cli/cli.h"
 #include "engine/runner.h"
 #include "util/log.h"
+#include "util/progress.h"
 #include "util/rng.h"
 #include "replay/engine.h"
 #include "model/config.h"
@@ -32,20 +34,22 @@ static void help(FILE *f) {
             "Usage: replay bench decode (--model DIR | --dummy-weights NAME) [OPTIONS]\n"
             "\n"
             "Times decode steps at several batch sizes with every sequence at --ctx tokens.\n"
+            "--ctx plus --warmup plus twice --steps must fit the model's context.\n"
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
             "Benchmark:\n"
-            "  --batch LIST       batch sizes (default 1,8,32,128)\n"
-            "  --ctx N            tokens in each sequence's KV cache (default 512)\n"
-            "  --steps N          timed decode steps per batch size and mode (default 64)\n"
-            "  --warmup N         untimed steps first (default 8)\n"
-            "  --page-size N      KV page size (default 16)\n"
-            "  --no-eager         time graph replay only\n"
-            "  --no-overlap       wait for each step's tokens before launching the next (by default\n"
-            "                     steps overlap as in the engine, where the backend can)\n"
-            "  --temperature T    sample at temperature T (default 0: greedy)\n"
-            "  --top-p P          and keep the smallest set of tokens with probability >= P (default 1)\n"
-            "\n" RP_COMMON_OPTIONS_HELP);
+            "  --batch LIST           batch sizes (default 1,8,32,128)\n"
+            "  --ctx N                tokens in each sequence's KV cache (default 512)\n"
+            "  --steps N              timed decode steps per batch size and mode (default 64)\n"
+            "  --warmup N             untimed steps first (default 8)\n"
+            "  --page-size N          KV page size (default 16)\n"
+            "  --no-eager             time graph replay only\n"
+            "  --no-overlap           wait for each step's tokens before launching the next (by default\n"
+            "                         steps overlap as in the engine, where the backend can)\n"
+            "  --temperature T        sample at temperature T (default 0: greedy)\n"
+            "  --top-p P              and keep the smallest set of tokens with probability >= P (default 1)\n"
+            "\n");
+    rp_bench_output_help(f, RP_BENCH_PROGRESS_HELP);
 }
 
 static const struct option options[] = {
@@ -59,6 +63,7 @@ static const struct option options[] = {
     {"no-overlap", no_argument, 0, 'O'},
     {"temperature", required_argument, 0, 'T'},
     {"top-p", required_argument, 0, 'P'},
+    {"progress-interval", required_argument, 0, 'i'},
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
@@ -68,7 +73,7 @@ static int bench_decode(int argc, char **argv) {
     rp_model_opts_init(&mo);
     int batches[MAX_BATCHES] = {1, 8, 32, 128}, nb = 4, no_eager = 0, no_overlap = 0;
     long ctx = 512, steps = 64, warmup = 8, page_size = 16;
-    double temperature = 0, top_p = 1;
+    double temperature = 0, top_p = 1, interval = RP_BENCH_PROGRESS_INTERVAL;
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, NULL, CMD)) != RP_OPT_END) {
@@ -79,16 +84,20 @@ static int bench_decode(int argc, char **argv) {
                 return rp_cli_usage_error(CMD, "--batch takes comma-separated sizes from 1 to 1024, got '%s'", optarg);
             break;
         case 'c':
-            if (rp_parse_int(optarg, 1, 1 << 20, &ctx)) return rp_cli_usage_error(CMD, "--ctx must be >= 1");
+            if (rp_parse_int(optarg, 1, 1 << 20, &ctx))
+                return rp_cli_usage_error(CMD, "--ctx must be an integer from 1 to %d, got '%s'", 1 << 20, optarg);
             break;
         case 's':
-            if (rp_parse_int(optarg, 1, 100000, &steps)) return rp_cli_usage_error(CMD, "--steps must be >= 1");
+            if (rp_parse_int(optarg, 1, 100000, &steps))
+                return rp_cli_usage_error(CMD, "--steps must be an integer from 1 to 100000, got '%s'", optarg);
             break;
         case 'w':
-            if (rp_parse_int(optarg, 0, 100000, &warmup)) return rp_cli_usage_error(CMD, "--warmup must be >= 0");
+            if (rp_parse_int(optarg, 0, 100000, &warmup))
+                return rp_cli_usage_error(CMD, "--warmup must be an integer from 0 to 100000, got '%s'", optarg);
             break;
         case 'g':
-            if (rp_parse_int(optarg, 1, 4096, &page_size)) return rp_cli_usage_error(CMD, "bad --page-size");
+            if (rp_parse_int(optarg, 1, 4096, &page_size))
+                return rp_cli_usage_error(CMD, "--page-size must be an integer from 1 to 4096, got '%s'", optarg);
             break;
         case 'E': no_eager = 1; break;
         case 'O': no_overlap = 1; break;
@@ -100,22 +109,38 @@ static int bench_decode(int argc, char **argv) {
             if (rp_parse_float(optarg, &top_p) || top_p <= 0 || top_p > 1)
                 return rp_cli_usage_error(CMD, "--top-p must be in (0, 1], got '%s'", optarg);
             break;
+        case 'i':
+            if (rp_bench_parse_interval(optarg, &interval, CMD)) return RP_EXIT_USAGE;
+            break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     int bad_model = rp_model_opts_check(&mo, CMD);
     if (bad_model) return bad_model;
+    /* every sequence grows by the warm-up steps and twice the timed ones
+     * (graph, then eager from the same start) past --ctx */
+    const int total_len = (int)(ctx + warmup + 2 * steps + 1);
+    if (total_len > mo.cfg.max_position_embeddings)
+        return rp_cli_usage_error(CMD, "--ctx %ld plus %ld steps (--warmup %ld, twice --steps %ld) is %d tokens, more "
+                                       "than the model's context of %d",
+                                  ctx, warmup + 2 * steps, warmup, steps, total_len,
+                                  mo.cfg.max_position_embeddings);
 
     const char *dev = rp_cli_device(&mo);
+    int maxB = 0;
+    long prefill_tokens = 0;
+    for (int i = 0; i < nb; i++) {
+        maxB = batches[i] > maxB ? batches[i] : maxB;
+        prefill_tokens += batches[i] * ctx;
+    }
+    /* the CPU backend has no graphs: one mode per batch size */
+    if (!strcmp(dev, "cpu")) rp_bench_warn_cpu(&mo.cfg, mo.threads, (double)nb * (warmup + steps), (double)prefill_tokens, CMD);
     double read_gbs = 0, copy_gbs = 0;
 #ifdef REPLAY_HAVE_CUDA
     if (!strcmp(dev, "cuda") && rp_cuda_read_bandwidth(0, &read_gbs, &copy_gbs) != 0)
         rp_log_warn("could not measure the read bandwidth");
 #endif
-    int maxB = 0;
-    for (int i = 0; i < nb; i++) maxB = batches[i] > maxB ? batches[i] : maxB;
-    int total_len = (int)(ctx + warmup + 2 * steps + 1);
     int pages_per_seq = (total_len + (int)page_size - 1) / (int)page_size;
     rp_runner_config rcfg;
     rp_cli_runner_config(&mo, &rcfg);
@@ -133,10 +158,11 @@ static int bench_decode(int argc, char **argv) {
     rp_backend *be = run->backend;
     int rc = RP_EXIT_RUNTIME;
     rp_err err;
-    if (total_len > run->max_context) {
+    rp_progress_status prog = {0};
+    if (total_len > run->max_context) { /* checked above against the config; a safety net */
         rp_runner_free(run);
         return rp_cli_runtime_error(CMD, "--ctx %ld plus %ld steps exceeds the model's context of %d", ctx,
-                                    warmup + 2 * steps, c->max_position_embeddings);
+                                    warmup + 2 * steps, run->max_context);
     }
     rp_runner_seq *seqs = calloc((size_t)maxB, sizeof *seqs);
     /* per-step times of the warm-up steps, then of the timed ones */
@@ -168,32 +194,43 @@ static int bench_decode(int argc, char **argv) {
                                   : "one at a time (each step's tokens read before the next is launched)");
     printf("\n%5s  %-6s %9s %10s %11s %9s %7s %9s %9s %11s\n", "batch", "mode", "ms/step", "tok/s", "MB/step",
            "GB/s", "%read", "gpu ms", "gap ms", "prefill t/s");
+    fflush(stdout);
+    /* the progress line counts decode steps, warm-up included, over every batch size and mode */
+    const int modes = be->ops->set_graphs && !no_eager ? 2 : 1;
+    rp_progress_status_start(&prog, CMD, "steps", (uint64_t)(nb * modes * (warmup + steps)), interval);
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
         if (rp_runner_seqs_begin(run, seqs, B, &err)) goto fail;
         double prefill_s = 0;
+        rp_progress_status_phase(&prog, "batch %d: prefill of %d x %ld tokens", B, B, ctx);
         if (rp_runner_prefill_random(run, seqs, B, (int)ctx, &prefill_s, &err)) goto fail;
         for (int mode = 0; mode < 2; mode++) {
             int graphs = mode == 0;
             if (!graphs && no_eager) break;
             if (be->ops->set_graphs) be->ops->set_graphs(be, graphs);
             else if (graphs) continue; /* no graphs on this backend: eager only */
+            rp_progress_status_phase(&prog, "batch %d, %s", B, graphs ? "graph" : "eager");
             for (int s = 0; s < B; s++) seqs[s].len = (int)ctx; /* rewind: KV past ctx is rewritten */
             if (warmup && rp_runner_decode_steps(run, seqs, B, (int)warmup, &sp, wall, gpu, &err)) goto fail;
+            rp_progress_status_add(&prog, (uint64_t)warmup, (uint64_t)(B * warmup));
             if (overlap ? rp_runner_decode_overlapped(run, seqs, B, (int)steps, &sp, wall, gpu, &err)
                         : rp_runner_decode_steps(run, seqs, B, (int)steps, &sp, wall, gpu, &err))
                 goto fail;
+            rp_progress_status_add(&prog, (uint64_t)steps, (uint64_t)(B * steps));
             double w = rp_bench_median(wall, (int)steps), g = rp_bench_median(gpu, (int)steps);
             double avg_ctx = (double)ctx + warmup + steps / 2.0;
             double bytes = (double)weight_read + (double)B * avg_ctx * (double)kv_per_token;
             double gbs = bytes / (w * 1e-3) / 1e9;
+            rp_progress_status_lock(&prog);
             printf("%5d  %-6s %9.3f %10.1f %11.1f %9.0f %6.1f%% %9.3f %9.3f %11.0f\n", B, graphs ? "graph" : "eager",
                    w, B / (w * 1e-3), bytes / 1e6, gbs, read_gbs > 0 ? 100.0 * gbs / read_gbs : 0.0, g,
                    g > 0 ? w - g : 0.0, (double)B * ctx / prefill_s);
             fflush(stdout);
+            rp_progress_status_unlock(&prog);
         }
         rp_runner_seqs_end(run, seqs, B);
     }
+    rp_progress_status_stop(&prog);
     if (be->ops->stats) {
         rp_backend_stats st;
         be->ops->stats(be, &st);
@@ -203,6 +240,7 @@ static int bench_decode(int argc, char **argv) {
     rc = RP_EXIT_OK;
     goto out;
 fail:
+    rp_progress_status_stop(&prog);
     rc = rp_cli_runtime_error(CMD, "%s", err.msg);
 out:
     free(seqs);
@@ -219,8 +257,10 @@ typedef struct offline_req {
     int prompt_len, generated;
     double t_submit, t_first, t_last;
     rp_finish finish;
+    rp_progress_status *prog;
 } offline_req;
 
+/* On the engine thread, one per token. */
 static void offline_event(void *user, const rp_token_event *ev) {
     offline_req *r = user;
     if (ev->token >= 0) {
@@ -229,6 +269,7 @@ static void offline_event(void *user, const rp_token_event *ev) {
         r->t_last = now;
     }
     if (ev->finish != RP_FINISH_REASON_NONE) r->finish = ev->finish;
+    rp_progress_status_add(r->prog, ev->finish != RP_FINISH_REASON_NONE, ev->token >= 0);
 }
 
 static void offline_help(FILE *f) {
@@ -238,17 +279,20 @@ static void offline_help(FILE *f) {
             "Offline throughput: all prompts submitted at once to the engine (continuous batching),\n"
             "random token prompts, EOS ignored. Prints throughput, latency and KV use, and the\n"
             "workload's lower bound on time from the matrix rate and read bandwidth measured here.\n"
+            "The longest request (--input-len and --output-len, stretched by --random-range-ratio)\n"
+            "must fit the context: --max-model-len, the model's, or the KV cache of --num-pages.\n"
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
             "Workload:\n"
             "  --num-prompts N          requests (default 200)\n"
             "  --input-len L            prompt tokens (default 512)\n"
             "  --output-len M           output tokens (default 512)\n"
-            "  --random-range R         lengths uniform in [x(1-R), x(1+R)] (default 0)\n"
+            RP_BENCH_RANGE_RATIO_HELP
             "  --seed N                 workload seed (default 0)\n"
             "\n");
     rp_engine_opts_help(f);
-    fprintf(f, "\n" RP_COMMON_OPTIONS_HELP);
+    fprintf(f, "\n");
+    rp_bench_output_help(f, RP_BENCH_PROGRESS_HELP);
 }
 
 static const struct option offline_options[] = {
@@ -256,19 +300,46 @@ static const struct option offline_options[] = {
     {"num-prompts", required_argument, 0, 'n'},
     {"input-len", required_argument, 0, 'i'},
     {"output-len", required_argument, 0, 'o'},
-    {"random-range", required_argument, 0, 'r'},
+    {"random-range-ratio", required_argument, 0, 'r'},
     {"seed", required_argument, 0, 's'},
+    {"progress-interval", required_argument, 0, 'p'},
     RP_ENGINE_LONG_OPTIONS,
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
+
+/* The longest request must fit the context the engine will have, or the
+ * engine turns it away mid-run: --max-model-len (at most the model's), the
+ * model's, and no more than the KV cache when --num-pages sizes it. */
+static int offline_check_context(const rp_model_opts *mo, const rp_engine_config *ec, long in_len, long out_len,
+                                 double range, const char *cmd) {
+    const int model_ctx = mo->cfg.max_position_embeddings;
+    if (ec->max_context > model_ctx)
+        return rp_cli_usage_error(cmd, "--max-model-len %d is more than the model's context of %d", ec->max_context,
+                                  model_ctx);
+    long limit = ec->max_context > 0 ? ec->max_context : model_ctx;
+    const char *what = ec->max_context > 0 ? "--max-model-len" : "the model's context";
+    const long kv = (long)ec->num_pages * ec->page_size;
+    if (ec->num_pages > 0 && kv < limit) {
+        limit = kv;
+        what = "the KV cache (--num-pages x --page-size)";
+    }
+    const long L = rp_bench_len_max(in_len, range), M = rp_bench_len_max(out_len, range);
+    if (L + M > limit) {
+        char stretched[96] = "";
+        if (range > 0) snprintf(stretched, sizeof stretched, " (%ld + %ld with --random-range-ratio %g)", L, M, range);
+        return rp_cli_usage_error(cmd, "--input-len %ld plus --output-len %ld%s is more than %s: %ld tokens", in_len,
+                                  out_len, stretched, what, limit);
+    }
+    return 0;
+}
 
 static int bench_offline(int argc, char **argv) {
     const char *cmd = "bench offline";
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     long num = 200, in_len = 512, out_len = 512;
-    double range = 0;
+    double range = 0, interval = RP_BENCH_PROGRESS_INTERVAL;
     uint64_t seed = 0;
     rp_engine_config ec;
     rp_engine_config_default(&ec);
@@ -283,8 +354,10 @@ static int bench_offline(int argc, char **argv) {
         case 'i': dst = &in_len; break;
         case 'o': dst = &out_len; break;
         case 'r':
-            if (rp_parse_float(optarg, &range) || range < 0 || range >= 1)
-                return rp_cli_usage_error(cmd, "--random-range must be in [0, 1), got '%s'", optarg);
+            if (rp_bench_parse_range_ratio(optarg, &range, cmd)) return RP_EXIT_USAGE;
+            break;
+        case 'p':
+            if (rp_bench_parse_interval(optarg, &interval, cmd)) return RP_EXIT_USAGE;
             break;
         case 's':
             if (rp_parse_u64(optarg, &seed)) return rp_cli_usage_error(cmd, "--seed must be a non-negative integer");
@@ -299,7 +372,12 @@ static int bench_offline(int argc, char **argv) {
     if (optind < argc) return rp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
     int bad_model = rp_model_opts_check(&mo, cmd);
     if (bad_model) return bad_model;
+    if (offline_check_context(&mo, &ec, in_len, out_len, range, cmd)) return RP_EXIT_USAGE;
     const char *dev = rp_cli_device(&mo);
+    if (!strcmp(dev, "cpu")) { /* about num x out_len / (requests at once) decode steps */
+        const long at_once = num < ec.max_running_requests ? num : ec.max_running_requests;
+        rp_bench_warn_cpu(&mo.cfg, mo.threads, (double)num * out_len / at_once, (double)num * in_len, cmd);
+    }
     double read_gbs = 0, tflops = 0;
 #ifdef REPLAY_HAVE_CUDA
     double copy_gbs = 0;
@@ -314,16 +392,18 @@ static int bench_offline(int argc, char **argv) {
     if (!eng) return rp_cli_runtime_error(cmd, "%s", eerr.message);
     int vocab = rp_engine_vocab_size(eng), rc = RP_EXIT_RUNTIME;
     offline_req *reqs = calloc((size_t)num, sizeof *reqs);
-    int32_t *prompt = malloc((size_t)(in_len * (1 + range) + 2) * sizeof *prompt);
-    long total_in = 0, total_out_planned = 0;
-    if (!reqs || !prompt) goto out;
+    int32_t *prompt = malloc((size_t)rp_bench_len_max(in_len, range) * sizeof *prompt);
+    long total_in = 0, total_out_planned = 0, min_in = LONG_MAX, max_in = 0, min_out = LONG_MAX, max_out = 0;
+    rp_progress_status prog = {0};
+    if (!reqs || !prompt) {
+        rc = rp_cli_runtime_error(cmd, "out of memory");
+        goto out;
+    }
+    rp_progress_status_start(&prog, cmd, "requests", (uint64_t)num, interval);
     double t0 = rp_now_s();
     for (long i = 0; i < num; i++) {
-        double u1 = rp_rand_uniform(seed, 1, (uint64_t)i), u2 = rp_rand_uniform(seed, 2, (uint64_t)i);
-        int L = (int)(in_len * (1 - range + 2 * range * u1));
-        int M = (int)(out_len * (1 - range + 2 * range * u2));
-        if (L < 1) L = 1;
-        if (M < 1) M = 1;
+        const int L = rp_bench_random_len(in_len, range, seed, 1, (uint64_t)i);
+        const int M = rp_bench_random_len(out_len, range, seed, 2, (uint64_t)i);
         for (int k = 0; k < L; k++) prompt[k] = (int32_t)(rp_rand_u64(seed, 3 + (uint64_t)i, (uint64_t)k) % (uint64_t)vocab);
         rp_request_params p;
         rp_request_params_default(&p);
@@ -333,6 +413,7 @@ static int bench_offline(int argc, char **argv) {
         p.ignore_eos = 1;
         p.temperature = 0;
         reqs[i].prompt_len = L;
+        reqs[i].prog = &prog;
         reqs[i].t_submit = rp_now_s();
         if (rp_engine_submit(eng, &p, offline_event, &reqs[i], NULL, &eerr)) {
             rc = rp_cli_runtime_error(cmd, "request %ld: %s", i, eerr.message);
@@ -340,9 +421,14 @@ static int bench_offline(int argc, char **argv) {
         }
         total_in += L;
         total_out_planned += M;
+        min_in = L < min_in ? L : min_in;
+        max_in = L > max_in ? L : max_in;
+        min_out = M < min_out ? M : min_out;
+        max_out = M > max_out ? M : max_out;
     }
     rp_engine_wait_idle(eng);
     double elapsed = rp_now_s() - t0;
+    rp_progress_status_stop(&prog);
     rp_engine_stats st;
     rp_engine_get_stats(eng, &st);
     long total_out = 0;
@@ -356,8 +442,13 @@ static int bench_offline(int argc, char **argv) {
             tpot_n++;
         }
     }
-    printf("replay bench offline: %s on %s, %ld prompts, input %ld, output %ld, range %.2f\n",
+    printf("replay bench offline: %s on %s, %ld prompts, input %ld, output %ld, range ratio %.2f\n",
            mo.dummy_name ? mo.dummy_name : mo.model_dir, dev, num, in_len, out_len, range);
+    char lens[64];
+    snprintf(lens, sizeof lens, "%ld / %.1f / %ld", min_in, (double)total_in / num, max_in);
+    printf("  %-30s %16s\n", "input length min / mean / max", lens);
+    snprintf(lens, sizeof lens, "%ld / %.1f / %ld", min_out, (double)total_out_planned / num, max_out);
+    printf("  %-30s %16s\n", "output length min / mean / max", lens);
     printf("  %-34s %12.2f s\n", "time", elapsed);
     printf("  %-34s %12.2f\n", "requests/s", num / elapsed);
     printf("  %-34s %12.1f\n", "input tokens/s", total_in / elapsed);
@@ -379,12 +470,7 @@ static int bench_offline(int argc, char **argv) {
          * steps that each read every weight once and every running sequence's
          * KV (or, if more, their FLOPs at the matrix rate), with the batch as
          * large as the engine ran it. */
-        rp_model_config mc;
-        rp_err e2;
-        if (mo.model_dir ? rp_config_load_dir(&mc, mo.model_dir, &e2) : rp_config_preset(&mc, mo.dummy_name, &e2)) {
-            rc = RP_EXIT_OK;
-            goto out;
-        }
+        const rp_model_config mc = mo.cfg; /* read by rp_model_opts_check */
         double params = (double)rp_config_num_params(&mc) - (double)mc.vocab_size * mc.hidden_size *
                                                                    (mc.tie_word_embeddings ? 0 : 1);
         double q_dim = (double)mc.num_heads * mc.head_dim;
@@ -406,9 +492,10 @@ static int bench_offline(int argc, char **argv) {
     }
     rc = RP_EXIT_OK;
 out:
+    rp_engine_destroy(eng); /* first: after a failed submit, earlier requests still report into reqs */
+    rp_progress_status_stop(&prog);
     free(reqs);
     free(prompt);
-    rp_engine_destroy(eng);
     return rc;
 }
 

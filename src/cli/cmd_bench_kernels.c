@@ -444,11 +444,18 @@ static void run_all(const rp_model_config cfg, const char *name) {
 #endif
 
 static void help(FILE *f) {
-    fprintf(f, "Usage: replay bench kernels (--model DIR | --dummy-weights NAME) [OPTIONS]\n\n"
+    fprintf(f, "Usage: replay bench kernels (--model DIR | --dummy-weights NAME) [OPTIONS]\n"
+               "\n"
                "Times each CUDA kernel alone at the model's shapes against the copy bandwidth\n"
                "measured in the same run (only the model's config is read; the one-kernel\n"
-               "decode step, timed last, runs on random weights of those shapes).\n"
-               "\n" RP_MODEL_OPTIONS_HELP
+               "decode step, timed last, runs on random weights of those shapes). It needs a GPU.\n"
+               "\n"
+               "Model (only its shapes: no weights are read):\n"
+               "  --model DIR            a Hugging Face model directory (its config.json); required\n"
+               "                         unless --dummy-weights\n"
+               "  --dummy-weights NAME   instead of --model: a named shape (required unless --model;\n"
+               "                         an unknown NAME lists the known ones)\n"
+               "  --device DEV           auto or cuda: the kernels run on the GPU (default auto)\n"
                "\n"
                "Benchmark:\n"
                "  --attn-sweep           also time decode attention at every split count with both\n"
@@ -456,8 +463,15 @@ static void help(FILE *f) {
                "\n" RP_COMMON_OPTIONS_HELP);
 }
 
-static const struct option options[] = {RP_MODEL_LONG_OPTIONS, {"attn-sweep", no_argument, 0, 'a'},
-                                         RP_COMMON_LONG_OPTIONS, {0, 0, 0, 0}};
+/* The model options that mean something here (their codes are
+ * rp_model_opts_parse's, cli.h): no weights load, so none of the loading
+ * options, and no CPU threads. */
+static const struct option options[] = {{"model", required_argument, 0, 0x100},
+                                         {"dummy-weights", required_argument, 0, 0x101},
+                                         {"device", required_argument, 0, 0x103},
+                                         {"attn-sweep", no_argument, 0, 'a'},
+                                         RP_COMMON_LONG_OPTIONS,
+                                         {0, 0, 0, 0}};
 
 static int run(int argc, char **argv) {
     rp_model_opts mo;
@@ -474,19 +488,17 @@ static int run(int argc, char **argv) {
         return RP_EXIT_OK;
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    int no_gpu = rp_bench_need_gpu(&mo, CMD);
+    if (no_gpu) return no_gpu;
+    mo.load_format = "dummy"; /* the config alone: a directory without weights will do */
     int bad_model = rp_model_opts_check(&mo, CMD);
     if (bad_model) return bad_model;
-    rp_model_config cfg;
-    rp_err err;
-    if (mo.model_dir ? rp_config_load_dir(&cfg, mo.model_dir, &err) : rp_config_preset(&cfg, mo.dummy_name, &err))
-        return rp_cli_runtime_error(CMD, "%s", err.msg);
 #ifdef REPLAY_HAVE_CUDA
-    if (strcmp(rp_cli_device(&mo), "cuda") != 0) return rp_cli_runtime_error(CMD, "no CUDA device found");
     if (setjmp(g_fail)) return rp_cli_runtime_error(CMD, "%s", g_fail_msg);
-    run_all(cfg, mo.dummy_name ? mo.dummy_name : mo.model_dir);
+    run_all(mo.cfg, mo.dummy_name ? mo.dummy_name : mo.model_dir);
     return RP_EXIT_OK;
 #else
-    return rp_cli_runtime_error(CMD, "this replay was built without CUDA");
+    return RP_EXIT_RUNTIME; /* rp_bench_need_gpu said why */
 #endif
 }
 

@@ -16,6 +16,7 @@
  * failures, so a soak run (scripts/soak-serve.sh) can demand "no error but
  * those". */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <jansson.h>
 #include <math.h>
 #include <netdb.h>
@@ -28,17 +29,24 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli/bench_common.h"
 #include "cli/cli.h"
 #include "util/log.h"
+#include "util/progress.h"
 #include "util/rng.h"
 
 #define CMD "bench serve"
 
 typedef struct bs_target {
-    char host[256], port[16];
+    char host[256], port[16]; /* host without the brackets of an IPv6 address */
     const char *model, *api_key;
     sem_t *slots; /* --max-concurrency, or NULL */
+    rp_progress_status *prog;
 } bs_target;
+
+/* The Host header's form of the host: an IPv6 address in brackets. */
+static const char *host_open(const bs_target *t) { return strchr(t->host, ':') ? "[" : ""; }
+static const char *host_close(const bs_target *t) { return strchr(t->host, ':') ? "]" : ""; }
 
 typedef struct bs_req {
     const bs_target *t;
@@ -187,6 +195,7 @@ static void on_event_text(bs_req *q, char *data, double t) {
         }
         q->chunks++;
         q->last = t;
+        if (q->t->prog) rp_progress_status_add(q->t->prog, 0, 1);
         if (q->hang_up_after > 0 && q->chunks >= q->hang_up_after) q->hung_up = 1;
     }
     json_decref(j);
@@ -238,9 +247,9 @@ static void *run_request(void *arg) {
     char auth[300] = "";
     if (t->api_key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", t->api_key);
     size_t hn = (size_t)snprintf(head, 1024,
-                                 "POST /v1/completions HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+                                 "POST /v1/completions HTTP/1.1\r\nHost: %s%s%s:%s\r\nContent-Type: application/json\r\n"
                                  "%sContent-Length: %zu\r\nConnection: close\r\n\r\n",
-                                 t->host, t->port, auth, n);
+                                 host_open(t), t->host, host_close(t), t->port, auth, n);
     int fd = connect_to(t->host, t->port);
     q->status = -1;
     if (fd < 0) {
@@ -267,6 +276,7 @@ static void *run_request(void *arg) {
     if (fd >= 0) close(fd);
     q->latency = rp_now_s() - start;
     if (t->slots) sem_post(t->slots);
+    if (t->prog) rp_progress_status_add(t->prog, 1, 0);
     free(body);
     free(head);
     return NULL;
@@ -299,8 +309,8 @@ static int query_model(const bs_target *t, char **model, long *vocab, char *err,
     char head[512];
     char auth[300] = "";
     if (t->api_key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", t->api_key);
-    int hn = snprintf(head, sizeof head, "GET /v1/models HTTP/1.1\r\nHost: %s:%s\r\n%sConnection: close\r\n\r\n",
-                      t->host, t->port, auth);
+    int hn = snprintf(head, sizeof head, "GET /v1/models HTTP/1.1\r\nHost: %s%s%s:%s\r\n%sConnection: close\r\n\r\n",
+                      host_open(t), t->host, host_close(t), t->port, auth);
     grab g = {0};
     int status = send_all(fd, head, (size_t)hn) ? -1 : read_http(fd, grab_body, &g, err, errlen);
     close(fd);
@@ -363,27 +373,79 @@ static void rule(const char *title) {
 
 static void help(FILE *f) {
     fprintf(f,
-           "Usage: replay bench serve [--base-url URL] [OPTIONS]\n"
-           "\n"
-           "A load generator for an OpenAI-compatible server, as sglang.bench_serving with its random dataset:\n"
-           "N streaming completions of random token ids arrive as a Poisson process of R requests/s, and\n"
-           "sglang's table is printed: request and token throughput, concurrency, end-to-end latency, TTFT,\n"
-           "TPOT and ITL (mean, median, p99).\n"
-           "\n"
-           "  --base-url URL           the server (default http://127.0.0.1:8000)\n"
-           "  --model NAME             the model name to send (default: the first of GET /v1/models)\n"
-           "  --api-key KEY            sent as 'Authorization: Bearer KEY' (default: none)\n"
-           "  --num-prompts N          requests (default 1000)\n"
-           "  --request-rate R         mean arrivals per second, Poisson (default inf: all at once)\n"
-           "  --max-concurrency C      at most C requests in flight (default: no limit)\n"
-           "  --input-len L            prompt tokens (default 1024)\n"
-           "  --output-len M           output tokens, ignore_eos on (default 1024)\n"
-           "  --random-range-ratio F   lengths uniform in [F x len, len] (default 1.0: exactly len)\n"
-           "  --vocab V                prompt ids below V (default: the server's vocab_size, else 1000)\n"
-           "  --seed S                 prompts, lengths and arrivals (default 1)\n"
-           "  --abort-fraction F       this share of requests hang up mid-stream after a random number\n"
-           "                           of tokens (default 0); with 503/429 answers they are not failures\n"
-           "\n" RP_COMMON_OPTIONS_HELP);
+            "Usage: replay bench serve [--base-url URL] [OPTIONS]\n"
+            "\n"
+            "A load generator for an OpenAI-compatible server, as sglang.bench_serving with its random dataset:\n"
+            "N streaming completions of random token ids arrive as a Poisson process of R requests/s, and\n"
+            "sglang's table is printed: request and token throughput, concurrency, end-to-end latency, TTFT,\n"
+            "TPOT and ITL (mean, median, p99).\n"
+            "\n"
+            "Server:\n"
+            "  --base-url URL           http://HOST[:PORT] of the server; plain HTTP, no path (the client\n"
+            "                           sends /v1/models and /v1/completions) (default http://127.0.0.1:8000)\n"
+            "  --model NAME             the model name to send (default: the first of GET /v1/models)\n"
+            "  --api-key KEY            sent as 'Authorization: Bearer KEY' (default: none)\n"
+            "\n"
+            "Workload:\n"
+            "  --num-prompts N          requests (default 1000)\n"
+            "  --request-rate R         mean arrivals per second, Poisson (default inf: all at once)\n"
+            "  --max-concurrency C      at most C requests in flight (default: no limit)\n"
+            "  --input-len L            prompt tokens (default 1024)\n"
+            "  --output-len M           output tokens, ignore_eos on (default 1024)\n"
+            RP_BENCH_RANGE_RATIO_HELP
+            "  --vocab V                prompt ids below V (default: the server's vocab_size, else 1000)\n"
+            "  --seed S                 prompts, lengths and arrivals (default 1)\n"
+            "  --abort-fraction F       this share of requests hang up mid-stream after a random number\n"
+            "                           of tokens (default 0); with 503/429 answers they are not failures\n"
+            "\n");
+    rp_bench_output_help(f, RP_BENCH_PROGRESS_HELP);
+}
+
+/* --base-url: http://HOST[:PORT][/], HOST a name, an IPv4 address or an
+ * [IPv6] one; the port 80 when absent. 0, or RP_EXIT_USAGE with the message
+ * naming what is wrong. */
+static int parse_base_url(const char *url, bs_target *t) {
+    if (!strncmp(url, "https://", 8))
+        return rp_cli_usage_error(CMD, "--base-url %s: bench serve speaks plain HTTP, not https", url);
+    if (strncmp(url, "http://", 7))
+        return rp_cli_usage_error(CMD, "--base-url must be http://HOST[:PORT], got '%s'", url);
+    const char *h = url + 7, *p;
+    size_t n;
+    if (*h == '[') { /* [IPv6] */
+        const char *close = strchr(h, ']');
+        if (!close) return rp_cli_usage_error(CMD, "--base-url %s: an IPv6 host needs its closing ']'", url);
+        h++;
+        n = (size_t)(close - h);
+        p = close + 1;
+    } else {
+        n = strcspn(h, ":/");
+        p = h + n;
+    }
+    if (n == 0) return rp_cli_usage_error(CMD, "--base-url %s has no host", url);
+    if (n >= sizeof t->host) return rp_cli_usage_error(CMD, "--base-url %s: the host is too long", url);
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)h[i]) && !strchr(".-_:", h[i]))
+            return rp_cli_usage_error(CMD, "--base-url %s: '%.*s' is not a host name or address", url, (int)n, h);
+    memcpy(t->host, h, n);
+    t->host[n] = 0;
+    snprintf(t->port, sizeof t->port, "80");
+    if (*p == ':') {
+        const size_t digits = strcspn(p + 1, "/");
+        char port[16];
+        long v;
+        snprintf(port, sizeof port, "%.*s", (int)(digits < 15 ? digits : 15), p + 1);
+        if (digits == 0 || digits > 5 || rp_parse_int(port, 1, 65535, &v))
+            return rp_cli_usage_error(CMD, "--base-url %s: the port must be from 1 to 65535, got '%.*s'", url,
+                                      (int)digits, p + 1);
+        snprintf(t->port, sizeof t->port, "%ld", v);
+        p += 1 + digits;
+    }
+    if (*p == '/' && p[1])
+        return rp_cli_usage_error(CMD, "--base-url %s: give no path ('%s'); the client sends /v1/models and "
+                                       "/v1/completions itself",
+                                  url, p);
+    if (*p && strcmp(p, "/")) return rp_cli_usage_error(CMD, "--base-url must be http://HOST[:PORT], got '%s'", url);
+    return 0;
 }
 
 static const struct option options[] = {
@@ -393,7 +455,7 @@ static const struct option options[] = {
     {"vocab", required_argument, 0, 'v'},        {"seed", required_argument, 0, 's'},
     {"api-key", required_argument, 0, 'k'},      {"max-concurrency", required_argument, 0, 'c'},
     {"random-range-ratio", required_argument, 0, 'R'}, {"abort-fraction", required_argument, 0, 'a'},
-    RP_COMMON_LONG_OPTIONS,
+    {"progress-interval", required_argument, 0, 'p'},  RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
 
@@ -401,58 +463,63 @@ static int run(int argc, char **argv) {
     const char *url = "http://127.0.0.1:8000";
     char *model = NULL;
     long num = 1000, in_len = 1024, out_len = 1024, vocab = 0, max_conc = 0;
-    double rate = INFINITY, range = 1.0, abort_fraction = 0;
+    double rate = INFINITY, range = 0, abort_fraction = 0, interval = RP_BENCH_PROGRESS_INTERVAL;
     uint64_t seed = 1;
     bs_target t = {0};
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, NULL, NULL, CMD)) != RP_OPT_END) {
         switch (opt) {
-        case 'h': help(stdout); free(model); return RP_EXIT_OK;
+        case 'h': help(stdout); return RP_EXIT_OK;
         case 'u': url = optarg; break;
-        case 'm': free(model), model = strdup(optarg); break;
+        case 'm': model = optarg; break;
         case 'k': t.api_key = optarg; break;
         case 'n':
-            if (rp_parse_int(optarg, 1, 1000000, &num)) return rp_cli_usage_error(CMD, "--num-prompts must be >= 1");
+            if (rp_parse_int(optarg, 1, 1000000, &num))
+                return rp_cli_usage_error(CMD, "--num-prompts must be an integer from 1 to 1000000, got '%s'", optarg);
             break;
         case 'i':
-            if (rp_parse_int(optarg, 1, 1 << 20, &in_len)) return rp_cli_usage_error(CMD, "--input-len must be >= 1");
+            if (rp_parse_int(optarg, 1, 1 << 20, &in_len))
+                return rp_cli_usage_error(CMD, "--input-len must be an integer from 1 to %d, got '%s'", 1 << 20, optarg);
             break;
         case 'o':
-            if (rp_parse_int(optarg, 1, 1 << 20, &out_len)) return rp_cli_usage_error(CMD, "--output-len must be >= 1");
+            if (rp_parse_int(optarg, 1, 1 << 20, &out_len))
+                return rp_cli_usage_error(CMD, "--output-len must be an integer from 1 to %d, got '%s'", 1 << 20, optarg);
             break;
         case 'v':
-            if (rp_parse_int(optarg, 1, 1 << 30, &vocab)) return rp_cli_usage_error(CMD, "--vocab must be >= 1");
+            if (rp_parse_int(optarg, 1, 1 << 30, &vocab))
+                return rp_cli_usage_error(CMD, "--vocab must be an integer from 1 to %d, got '%s'", 1 << 30, optarg);
             break;
         case 'c':
             if (rp_parse_int(optarg, 1, 1 << 20, &max_conc))
-                return rp_cli_usage_error(CMD, "--max-concurrency must be >= 1");
+                return rp_cli_usage_error(CMD, "--max-concurrency must be an integer from 1 to %d, got '%s'", 1 << 20,
+                                          optarg);
             break;
         case 's':
-            if (rp_parse_u64(optarg, &seed)) return rp_cli_usage_error(CMD, "--seed must be a non-negative integer");
+            if (rp_parse_u64(optarg, &seed))
+                return rp_cli_usage_error(CMD, "--seed must be a non-negative integer, got '%s'", optarg);
+            break;
+        case 'p':
+            if (rp_bench_parse_interval(optarg, &interval, CMD)) return RP_EXIT_USAGE;
             break;
         case 'a':
             if (rp_parse_float(optarg, &abort_fraction) || abort_fraction < 0 || abort_fraction > 1)
                 return rp_cli_usage_error(CMD, "--abort-fraction must be in [0, 1], got '%s'", optarg);
             break;
         case 'R':
-            if (rp_parse_float(optarg, &range) || range < 0 || range > 1)
-                return rp_cli_usage_error(CMD, "--random-range-ratio must be in [0, 1]");
+            if (rp_bench_parse_range_ratio(optarg, &range, CMD)) return RP_EXIT_USAGE;
             break;
         case 'r':
             if (!strcmp(optarg, "inf")) rate = INFINITY;
             else if (rp_parse_float(optarg, &rate) || rate <= 0)
-                return rp_cli_usage_error(CMD, "--request-rate must be a positive number or inf");
+                return rp_cli_usage_error(CMD, "--request-rate must be a positive number or inf, got '%s'", optarg);
             break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    if (sscanf(url, "http://%255[^:/]:%15[0-9]", t.host, t.port) < 1) {
-        free(model);
-        return rp_cli_usage_error(CMD, "--base-url must look like http://HOST:PORT, got '%s'", url);
-    }
-    if (!t.port[0]) snprintf(t.port, sizeof t.port, "80");
+    if (parse_base_url(url, &t)) return RP_EXIT_USAGE;
+    if (model && !(model = strdup(model))) return rp_cli_runtime_error(CMD, "out of memory");
     char err[256];
     if ((!model || vocab <= 0) && query_model(&t, &model, &vocab, err, sizeof err) && !model)
         return rp_cli_runtime_error(CMD, "%s (give --model NAME)", err);
@@ -469,17 +536,15 @@ static int run(int argc, char **argv) {
         free(reqs), free(th), free(model);
         return rp_cli_runtime_error(CMD, "out of memory");
     }
+    rp_progress_status prog = {0};
+    rp_progress_status_start(&prog, CMD, "requests", (uint64_t)num, interval);
+    t.prog = &prog;
     double t0 = rp_now_s() + 0.05, arrival = 0;
     long started = 0;
     for (long i = 0; i < num; i++, started++) {
         bs_req *r = &reqs[i];
-        int il = (int)in_len, ol = (int)out_len;
-        if (range < 1) { /* sglang's random dataset: uniform in [ratio x len, len] */
-            il = (int)(in_len * range) + (int)(rp_rand_u64(seed, 998, (uint64_t)i) % (uint64_t)(in_len - (long)(in_len * range) + 1));
-            ol = (int)(out_len * range) + (int)(rp_rand_u64(seed, 997, (uint64_t)i) % (uint64_t)(out_len - (long)(out_len * range) + 1));
-            if (il < 1) il = 1;
-            if (ol < 1) ol = 1;
-        }
+        const int il = rp_bench_random_len(in_len, range, seed, 998, (uint64_t)i);
+        const int ol = rp_bench_random_len(out_len, range, seed, 997, (uint64_t)i);
         *r = (bs_req){.t = &t, .input_len = il, .output_len = ol, .vocab = (int)vocab, .seed = seed,
                       .index = (uint64_t)i, .t0 = t0};
         if (rp_rand_uniform(seed, 996, (uint64_t)i) < abort_fraction) /* hang up after 1..ol tokens */
@@ -500,6 +565,7 @@ static int run(int argc, char **argv) {
         }
     }
     for (long i = 0; i < started; i++) pthread_join(th[i], NULL);
+    rp_progress_status_stop(&prog);
     double end = t0;
     for (long i = 0; i < started; i++)
         if (t0 + reqs[i].arrival_s + reqs[i].latency > end) end = t0 + reqs[i].arrival_s + reqs[i].latency;

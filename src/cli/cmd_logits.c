@@ -1,15 +1,25 @@
 /* `replay logits`: writes the model's logits at the last positions of a
  * prompt to a float32 file, for comparisons against other implementations
- * (tools/gpu_compare.py runs it against transformers on the GPU machine). */
+ * (tools/gpu_compare.py runs it against transformers on the GPU machine).
+ *
+ * Everything the command line says is checked before the model loads (the
+ * ids against the vocabulary and the context, the output's directory): a
+ * mistake costs no prefill. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
+#include "cli/bench_common.h"
 #include "cli/cli.h"
+#include "cli/token_ids.h"
 #include "engine/runner.h"
 
 #define CMD "logits"
+#define DEFAULT_BATCHED_TOKENS 2048
 
 static void help(FILE *f) {
     fprintf(f,
@@ -19,75 +29,52 @@ static void help(FILE *f) {
             "[positions][vocab] (little-endian) for the last --last positions to FILE.\n"
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
-            "  --prompt-ids IDS   comma-separated token ids, or @FILE with ids separated by commas or\n"
-            "                     whitespace; required\n"
-            "  --last N           positions to write, counted from the end (default: all)\n"
-            "  --chunk N          prefill tokens per step (default 2048)\n"
-            "  --out FILE         where to write; required\n"
-            "\n" RP_COMMON_OPTIONS_HELP);
-}
-
-static int read_ids(const char *arg, int32_t **ids, int *n) {
-    char *text = NULL;
-    if (arg[0] == '@') {
-        FILE *f = fopen(arg + 1, "rb");
-        if (!f) return -1;
-        fseek(f, 0, SEEK_END);
-        long len = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        text = malloc((size_t)len + 1);
-        if (!text || fread(text, 1, (size_t)len, f) != (size_t)len) {
-            fclose(f);
-            free(text);
-            return -1;
-        }
-        text[len] = 0;
-        fclose(f);
-    } else {
-        text = strdup(arg);
-    }
-    int cap = 64, count = 0;
-    int32_t *v = malloc((size_t)cap * sizeof *v);
-    char *p = text;
-    for (;;) {
-        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
-        if (!*p) break;
-        char *end;
-        long x = strtol(p, &end, 10);
-        if (end == p || x < 0 || x > 0x7fffffff) {
-            free(v);
-            free(text);
-            return -1;
-        }
-        if (count == cap) v = realloc(v, (size_t)(cap *= 2) * sizeof *v);
-        v[count++] = (int32_t)x;
-        p = end;
-    }
-    free(text);
-    if (count == 0) {
-        free(v);
-        return -1;
-    }
-    *ids = v;
-    *n = count;
-    return 0;
+            "Input:\n"
+            "  --prompt-ids IDS|@FILE  comma-separated token ids, or @FILE with ids separated by commas or\n"
+            "                          whitespace, each below the vocabulary size; required\n"
+            "\n"
+            "Engine:\n"
+            "  --max-num-batched-tokens N  prompt tokens one prefill step feeds; 1 feeds a token a step\n"
+            "                              (default %d)\n"
+            "\n",
+            DEFAULT_BATCHED_TOKENS);
+    rp_bench_output_help(f, "  --out FILE             where to write (its directory must exist); required\n"
+                            "  --last N               positions to write, counted from the end (default: all)\n");
 }
 
 static const struct option options[] = {
     RP_MODEL_LONG_OPTIONS,
     {"prompt-ids", required_argument, 0, 'I'},
     {"last", required_argument, 0, 'l'},
-    {"chunk", required_argument, 0, 'c'},
+    {"max-num-batched-tokens", required_argument, 0, 'c'},
     {"out", required_argument, 0, 'o'},
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
 
+/* Writes k rows of vocab floats to path; 0, or the message printed with the
+ * reason and a partial regular file removed (a short file must not pass for
+ * logits; a device such as /dev/full, or a link, is left alone). */
+static int write_logits(const char *path, const float *rows, int k, int vocab) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return rp_cli_runtime_error(CMD, "cannot write %s: %s", path, strerror(errno));
+    const size_t count = (size_t)k * vocab;
+    int err = fwrite(rows, sizeof(float), count, f) != count ? errno : 0;
+    /* buffered bytes reach the file (or fail to: a full disk) only at fclose */
+    if (fclose(f) != 0 && !err) err = errno;
+    if (err) {
+        struct stat st;
+        if (!lstat(path, &st) && S_ISREG(st.st_mode)) unlink(path);
+        return rp_cli_runtime_error(CMD, "cannot write %s: %s", path, strerror(err));
+    }
+    return 0;
+}
+
 static int run(int argc, char **argv) {
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     const char *ids_arg = NULL, *out_path = NULL;
-    long last = 0, chunk = 2048;
+    long last = 0, chunk = DEFAULT_BATCHED_TOKENS;
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, NULL, CMD)) != RP_OPT_END) {
@@ -96,21 +83,32 @@ static int run(int argc, char **argv) {
         case 'I': ids_arg = optarg; break;
         case 'o': out_path = optarg; break;
         case 'l':
-            if (rp_parse_int(optarg, 1, 1 << 24, &last)) return rp_cli_usage_error(CMD, "--last must be >= 1");
+            if (rp_parse_int(optarg, 1, 1 << 24, &last))
+                return rp_cli_usage_error(CMD, "--last must be an integer from 1 to %d, got '%s'", 1 << 24, optarg);
             break;
         case 'c':
-            if (rp_parse_int(optarg, 1, 1 << 20, &chunk)) return rp_cli_usage_error(CMD, "--chunk must be >= 1");
+            if (rp_parse_int(optarg, 1, 1 << 20, &chunk))
+                return rp_cli_usage_error(CMD, "--max-num-batched-tokens must be an integer from 1 to %d, got '%s'",
+                                          1 << 20, optarg);
             break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (!ids_arg) return rp_cli_usage_error(CMD, "--prompt-ids is required");
+    if (!out_path) return rp_cli_usage_error(CMD, "--out is required");
+    if (rp_cli_check_output("--out", out_path, CMD)) return RP_EXIT_USAGE;
     int bad_model = rp_model_opts_check(&mo, CMD);
     if (bad_model) return bad_model;
-    if (!ids_arg || !out_path) return rp_cli_usage_error(CMD, "--prompt-ids and --out are required");
     int32_t *ids;
     int n;
-    if (read_ids(ids_arg, &ids, &n)) return rp_cli_usage_error(CMD, "cannot read token ids from '%s'", ids_arg);
+    if (rp_cli_read_ids("--prompt-ids", ids_arg, mo.cfg.vocab_size, &ids, &n, CMD)) return RP_EXIT_USAGE;
+    /* the runner's context is the prompt and one more position */
+    if (n >= mo.cfg.max_position_embeddings) {
+        free(ids);
+        return rp_cli_usage_error(CMD, "--prompt-ids has %d tokens; the model's context of %d takes at most %d", n,
+                                  mo.cfg.max_position_embeddings, mo.cfg.max_position_embeddings - 1);
+    }
     rp_runner_config rcfg;
     rp_cli_runner_config(&mo, &rcfg);
     int rows = (int)(chunk < n ? chunk : n);
@@ -130,29 +128,18 @@ static int run(int argc, char **argv) {
     rp_err err;
     float *logits = malloc((size_t)n * vocab * sizeof(float));
     if (!logits) {
-        rc = rp_cli_runtime_error(CMD, "out of memory");
+        rc = rp_cli_runtime_error(CMD, "out of memory for %d x %d logits", n, vocab);
         goto out;
     }
-    for (int i = 0; i < n; i++)
-        if (ids[i] >= vocab) {
-            rc = rp_cli_usage_error(CMD, "token id %d is outside the vocabulary (%d)", ids[i], vocab);
-            goto out;
-        }
     const int32_t *prompts[1] = {ids};
     float *outs[1] = {logits};
     if (rp_runner_run_prompts(run, 1, prompts, &n, outs, 0, NULL, &err)) {
         rc = rp_cli_runtime_error(CMD, "%s", err.msg);
         goto out;
     }
-    int k = last > 0 && last < n ? (int)last : n;
-    FILE *f = fopen(out_path, "wb");
-    if (!f || fwrite(logits + (size_t)(n - k) * vocab, sizeof(float), (size_t)k * vocab, f) != (size_t)k * vocab) {
-        if (f) fclose(f);
-        rc = rp_cli_runtime_error(CMD, "cannot write %s", out_path);
-        goto out;
-    }
-    fclose(f);
-    rc = RP_EXIT_OK;
+    /* --last beyond the prompt writes all of it (tools/gpu_compare.py asks for 8 of any prompt) */
+    const int k = last > 0 && last < n ? (int)last : n;
+    rc = write_logits(out_path, logits + (size_t)(n - k) * vocab, k, vocab) ? RP_EXIT_RUNTIME : RP_EXIT_OK;
 out:
     free(logits);
     rp_runner_free(run);

@@ -25,14 +25,17 @@ static void help(FILE *f) {
             "Usage: replay profile (--model DIR | --dummy-weights NAME) [--batch B] [OPTIONS]\n"
             "\n"
             "Per-kernel times of a decode step and the step's host overheads, eager and graph.\n"
-            "\n" RP_MODEL_OPTIONS_HELP
+            "It needs a GPU (CUDA); --ctx plus the steps must fit the model's context.\n"
+            "\n" RP_GPU_MODEL_OPTIONS_HELP
             "\n"
-            "  --batch B      sequences decoded together (default 1)\n"
-            "  --ctx N        tokens in each sequence's cache (default 512)\n"
-            "  --steps N      steps measured per mode (default 32)\n"
-            "  --timeline F   a trace build (cmake -DREPLAY_DECODE_STEP_TRACE=ON): every weight piece's\n"
-            "                 timing of the one-kernel step into F, for tools/step_timeline.py (default: none)\n"
-            "\n" RP_COMMON_OPTIONS_HELP);
+            "Benchmark:\n"
+            "  --batch B              sequences decoded together, 1 to 1024 (default 1)\n"
+            "  --ctx N                tokens in each sequence's cache (default 512)\n"
+            "  --steps N              steps measured per mode (default 32)\n"
+            "\n");
+    rp_bench_output_help(f, "  --timeline F           a trace build (cmake -DREPLAY_DECODE_STEP_TRACE=ON): every weight\n"
+                            "                         piece's timing of the one-kernel step into F, for\n"
+                            "                         tools/step_timeline.py (default: none)\n");
 }
 
 typedef struct kind_acc {
@@ -42,7 +45,7 @@ typedef struct kind_acc {
 } kind_acc;
 
 static const struct option options[] = {
-    RP_MODEL_LONG_OPTIONS,
+    RP_GPU_MODEL_LONG_OPTIONS,
     {"batch", required_argument, 0, 'b'},
     {"ctx", required_argument, 0, 'c'},
     {"steps", required_argument, 0, 's'},
@@ -68,23 +71,33 @@ static int run(int argc, char **argv) {
             timeline = optarg;
             break;
         case 'b':
-            if (rp_parse_int(optarg, 1, 1024, &B)) return rp_cli_usage_error(CMD, "--batch must be 1..1024");
+            if (rp_parse_int(optarg, 1, 1024, &B))
+                return rp_cli_usage_error(CMD, "--batch must be an integer from 1 to 1024, got '%s'", optarg);
             break;
         case 'c':
-            if (rp_parse_int(optarg, 1, 1 << 20, &ctx)) return rp_cli_usage_error(CMD, "--ctx must be >= 1");
+            if (rp_parse_int(optarg, 1, 1 << 20, &ctx))
+                return rp_cli_usage_error(CMD, "--ctx must be an integer from 1 to %d, got '%s'", 1 << 20, optarg);
             break;
         case 's':
-            if (rp_parse_int(optarg, 1, 10000, &steps)) return rp_cli_usage_error(CMD, "--steps must be >= 1");
+            if (rp_parse_int(optarg, 1, 10000, &steps))
+                return rp_cli_usage_error(CMD, "--steps must be an integer from 1 to 10000, got '%s'", optarg);
             break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    int no_gpu = rp_bench_need_gpu(&mo, CMD);
+    if (no_gpu) return no_gpu;
+    if (timeline && rp_cli_check_output("--timeline", timeline, CMD)) return RP_EXIT_USAGE;
     int bad_model = rp_model_opts_check(&mo, CMD);
     if (bad_model) return bad_model;
-    if (strcmp(rp_cli_device(&mo), "cuda") != 0)
-        return rp_cli_runtime_error(CMD, "profiling needs the CUDA backend (no GPU found, or --device cpu)");
+    /* the warm-up steps and both modes' steps grow every sequence past --ctx */
     int total_len = (int)(ctx + PROFILE_WARMUP + 2 * steps + 1), ps = 16;
+    if (total_len > mo.cfg.max_position_embeddings)
+        return rp_cli_usage_error(CMD, "--ctx %ld plus %ld steps (%d warm-up, twice --steps %ld) is %d tokens, more "
+                                       "than the model's context of %d",
+                                  ctx, PROFILE_WARMUP + 2 * steps, PROFILE_WARMUP, steps, total_len,
+                                  mo.cfg.max_position_embeddings);
     rp_runner_config rcfg;
     rp_cli_runner_config(&mo, &rcfg);
     rcfg.page_size = ps;

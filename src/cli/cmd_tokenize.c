@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench_common.h"
 #include "cli/cli.h"
 #include "tokenizer/tokenizer.h"
 
@@ -19,11 +20,13 @@ static void help(FILE *f) {
             "as Hugging Face tokenizers would: tokenizer(TEXT, add_special_tokens=False).\n"
             "Special tokens written in the text (e.g. <|im_end|>) are recognised.\n"
             "\n"
-            "Options:\n"
-            "  --model DIR        directory with tokenizer.json (and tokenizer_config.json); required\n"
-            "  -v, --verbose      one token per line: id, vocabulary entry, decoded bytes\n"
-            "  --split-special    treat special tokens in the text as plain text\n"
-            "\n" RP_COMMON_OPTIONS_HELP);
+            "Model:\n"
+            "  --model DIR            directory with tokenizer.json (and tokenizer_config.json); required\n"
+            "\n"
+            "Tokenizing:\n"
+            "  --split-special        treat special tokens in the text as plain text\n"
+            "\n");
+    rp_bench_output_help(f, "  -v, --verbose          one token per line: id, vocabulary entry, decoded bytes\n");
 }
 
 static char *read_stdin(size_t *len) {
@@ -84,6 +87,8 @@ static int run(int argc, char **argv) {
     }
     if (!model_dir) return rp_cli_usage_error(CMD, "--model DIR is required");
     if (argc - optind > 1) return rp_cli_usage_error(CMD, "expected one TEXT argument (quote it), got %d", argc - optind);
+    /* before waiting on standard input: a wrong directory is said at once */
+    if (rp_cli_check_dir_file("--model", model_dir, "tokenizer.json", CMD)) return RP_EXIT_USAGE;
 
     char *owned = NULL;
     const char *text;
