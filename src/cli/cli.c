@@ -90,6 +90,7 @@ static const struct {
     {"--max-batch-tokens", "an older replay", "max-num-batched-tokens", NULL},
     {"--max-context", "an older replay", "max-model-len", NULL},
     {"--chunk", "an older replay", "max-num-batched-tokens", NULL},
+    {"--random-range", "an older replay", "random-range-ratio", NULL},
     {"--trust-remote-code", "vLLM", NULL, "replay runs no model code, so it needs no --trust-remote-code"},
     {"--tensor-parallel-size", "vLLM", NULL, "replay runs a model on one GPU"},
     {"-tp", "vLLM", NULL, "replay runs a model on one GPU"},
