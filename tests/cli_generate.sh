@@ -103,6 +103,16 @@ cp "$SRC/tests/fixtures/models/qwen3-tied/config.json" "$tmp/"
 out=$("$BIN" generate --model "$tmp" --prompt-ids 1,2 2>&1); check "no weights" 1 $?
 contains "no weights hints dummy" "$out" "--load-format dummy"
 out=$("$BIN" generate --model "$tmp" --load-format dummy --prompt-ids 1,2 --max-tokens 4 -q 2>&1); check "load-format dummy" 0 $?
+out=$("$BIN" generate --model "$tmp" --load-format dummy --prompt hi 2>&1); check "text prompt, no tokenizer.json" 2 $?
+contains "text prompt, no tokenizer.json" "$out" "the model directory has no tokenizer.json"
+# Weights that cannot load: the command line's errors still come first (2), before the load fails (1).
+g="$tmp/garbage"
+mkdir -p "$g"
+cp "$SRC/tests/fixtures/models/qwen3-tied/config.json" "$g/"
+head -c 4096 /dev/urandom > "$g/model.safetensors"
+out=$("$BIN" generate --model "$g" --prompt-ids 1 --top-p 0 2>&1); check "garbage weights, bad --top-p" 2 $?
+out=$("$BIN" generate --model "$g" --prompt hi 2>&1); check "garbage weights, no tokenizer" 2 $?
+out=$("$BIN" generate --model "$g" --prompt-ids 1,2,3 2>&1); check "garbage weights fail to load" 1 $?
 
 # Seeded sampling is reproducible; the stats line is printed.
 a=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 24 --temperature 1.5 --seed 42 --ignore-eos -q 2>/dev/null)
