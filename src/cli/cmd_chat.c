@@ -463,7 +463,10 @@ static int run(int argc, char **argv) {
             rc = rp_interrupt_exit_code(sig);
             break;
         }
-        if (st == RP_LINE_EOF) break;
+        if (st == RP_LINE_EOF) { /* Ctrl-D: the shell's prompt on a line of its own */
+            if (tty) printf("\n");
+            break;
+        }
         if (st == RP_LINE_ERROR) {
             rc = rp_cli_runtime_error(CMD, "reading standard input: %s", strerror(errno));
             break;
