@@ -4,7 +4,7 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libjansson-dev libcmocka-dev
-      libpcre2-dev libutf8proc-dev libmicrohttpd-dev nodejs npm)
+      libpcre2-dev libutf8proc-dev libmicrohttpd-dev libedit-dev nodejs npm)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -34,7 +34,7 @@ copy_libs() {
   return 0
 }
 # Libraries the GPU image lacks (it has libgomp, libjansson, libpcre2-8, CUDA 13).
-copy_libs "$G/lib" libutf8proc.so.2 libcmocka.so.0 libmicrohttpd.so.12 libcjson.so.1
+copy_libs "$G/lib" libutf8proc.so.2 libcmocka.so.0 libmicrohttpd.so.12 libcjson.so.1 libedit.so.2 libbsd.so.0 libmd.so.0
 cp scripts/gpu-check.sh "$G/" 2>/dev/null || true
 # AB_BASE="NAME=REV ..." packs several, each as $G/NAME/replay.
 for spec in ${AB_BASE:-}; do

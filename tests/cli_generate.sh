@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `replay generate` and `replay --help` as a user runs them: exit codes (0 ok,
 # 2 usage error, 1 runtime error), one-line errors, streaming output, the
-# stats line, seeded reproducibility, and greedy output equal to
-# transformers' on a fixture model.
+# stats line, seeded reproducibility, greedy output equal to transformers' on
+# a fixture model; every check that needs no weights made before loading
+# them; prompts from a file or stdin, stop strings, the seed in the stats
+# line; SIGINT / SIGTERM while generating and while loading.
 set -u
 BIN=$1
 SRC=$2
@@ -10,6 +12,13 @@ pass=0
 fail=0
 check() { # name, expected rc, actual rc
   if [ "$2" = "$3" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $1 (rc $3, expected $2)"; fi
+}
+# The exit status of background process $1, killed (137) if it is still
+# running after 60 s: a test that fails must not hang.
+reap() {
+  for _ in $(seq 600); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$1" 2>/dev/null
+  wait "$1"
 }
 contains() { # name, haystack, needle
   case "$2" in *"$3"*) pass=$((pass + 1)) ;; *) fail=$((fail + 1)); echo "FAIL: $1: output lacks '$3'"; echo "$2" | head -5 ;; esac
@@ -27,6 +36,7 @@ contains "unknown option" "$out" "--bogus"
 out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1 --temperature -1 2>&1); check "temperature<0" 2 $?
 contains "temperature message" "$out" "temperature"
 out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1 --top-p 0 2>&1); check "top-p 0" 2 $?
+contains "top-p names the flag" "$out" "--top-p must be in (0, 1], got 0"
 out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1 --max-tokens x 2>&1); check "max-tokens x" 2 $?
 out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1,99999 2>&1); check "id out of range" 2 $?
 out=$("$BIN" generate --dummy-weights nope --prompt-ids 1 2>&1); check "unknown preset" 2 $?
@@ -44,6 +54,48 @@ rm -rf "$bad"
 out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt-ids 1 --max-tokens 100000 2>&1); check "over context" 2 $?
 contains "over context message" "$out" "context"
 
+# Checks that need no weights come before loading them: qwen3-8b's dummy
+# weights take minutes to make on a CPU, so an answer within 10 s (exit 2,
+# not timeout's 124) proves the check ran first.
+early() { # name, expected message, args...
+  local name=$1 msg=$2; shift 2
+  local o; o=$(timeout 10 "$BIN" generate --dummy-weights qwen3-8b "$@" 2>&1); check "before loading: $name" 2 $?
+  contains "before loading: $name" "$o" "$msg"
+}
+early "top-p" "--top-p must be in (0, 1], got 0" --prompt-ids 1 --top-p 0
+early "min-p" "--min-p must be in [0, 1], got 2" --prompt-ids 1 --min-p 2
+early "temperature" "--temperature must be" --prompt-ids 1 --temperature -0.5
+early "presence-penalty" "--presence-penalty must be in [-2, 2]" --prompt-ids 1 --presence-penalty 3
+early "max-tokens 0" "--max-tokens must be an integer from 1" --prompt-ids 1 --max-tokens 0
+early "max-tokens -1" "--max-tokens must be an integer from 1" --prompt-ids 1 --max-tokens -1
+early "empty id" "--prompt-ids: id 2 is empty" --prompt-ids 1,,2
+early "trailing comma" "--prompt-ids: id 3 is empty" --prompt-ids 1,2,
+early "not an id" "'x' is not a token id" --prompt-ids 1,x
+early "id past the vocabulary" "outside the model's vocabulary (0..151935)" --prompt-ids 1,151936
+early "max-model-len past the model's" "more than the model's context of 40960" --prompt-ids 1 --max-model-len 50000
+early "max-tokens past max-model-len" "do not fit the context of 100 tokens (--max-model-len)" --prompt-ids 1,2 \
+  --max-tokens 99 --max-model-len 100
+early "text prompt without a tokenizer" "a text prompt needs a tokenizer" --prompt hi
+early "prompt file without a tokenizer" "a text prompt needs a tokenizer" --prompt-file /dev/null
+early "stop without a tokenizer" "--stop needs a tokenizer" --prompt-ids 1 --stop x
+early "missing tokenizer dir" "--tokenizer /nonexistent" --prompt hi --tokenizer /nonexistent
+early "tokenizer dir without tokenizer.json" "has no tokenizer.json" --prompt hi --tokenizer "$SRC/tests"
+early "two prompts" "exactly one of --prompt, --prompt-file or --prompt-ids" --prompt-ids 1 --prompt hi
+early "chat with ids" "--chat needs a text prompt" --prompt-ids 1 --chat
+early "empty stop" "--stop needs a non-empty string" --prompt-ids 1 --stop ""
+early "old --max-batch-tokens" "--max-num-batched-tokens" --prompt-ids 1 --max-batch-tokens 64
+early "bad max-num-batched-tokens" "--max-num-batched-tokens must be" --prompt-ids 1 --max-num-batched-tokens 0
+
+# SIGTERM while the weights load ends the process at once (143), as Ctrl-C does.
+"$BIN" generate --dummy-weights qwen3-8b --prompt-ids 1 -q >/dev/null 2>&1 &
+pid=$!
+sleep 1
+kill -TERM $pid
+t0=$(date +%s)
+reap $pid; rc=$?
+check "SIGTERM while loading" 143 $rc
+[ $(($(date +%s) - t0)) -le 5 ]; check "SIGTERM while loading is prompt" 0 $?
+
 # A directory without weights works with --load-format dummy and fails clearly without it.
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -51,6 +103,16 @@ cp "$SRC/tests/fixtures/models/qwen3-tied/config.json" "$tmp/"
 out=$("$BIN" generate --model "$tmp" --prompt-ids 1,2 2>&1); check "no weights" 1 $?
 contains "no weights hints dummy" "$out" "--load-format dummy"
 out=$("$BIN" generate --model "$tmp" --load-format dummy --prompt-ids 1,2 --max-tokens 4 -q 2>&1); check "load-format dummy" 0 $?
+out=$("$BIN" generate --model "$tmp" --load-format dummy --prompt hi 2>&1); check "text prompt, no tokenizer.json" 2 $?
+contains "text prompt, no tokenizer.json" "$out" "the model directory has no tokenizer.json"
+# Weights that cannot load: the command line's errors still come first (2), before the load fails (1).
+g="$tmp/garbage"
+mkdir -p "$g"
+cp "$SRC/tests/fixtures/models/qwen3-tied/config.json" "$g/"
+head -c 4096 /dev/urandom > "$g/model.safetensors"
+out=$("$BIN" generate --model "$g" --prompt-ids 1 --top-p 0 2>&1); check "garbage weights, bad --top-p" 2 $?
+out=$("$BIN" generate --model "$g" --prompt hi 2>&1); check "garbage weights, no tokenizer" 2 $?
+out=$("$BIN" generate --model "$g" --prompt-ids 1,2,3 2>&1); check "garbage weights fail to load" 1 $?
 
 # Seeded sampling is reproducible; the stats line is printed.
 a=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 24 --temperature 1.5 --seed 42 --ignore-eos -q 2>/dev/null)
@@ -63,6 +125,26 @@ err=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-token
 contains "stats line" "$err" "prefill"
 contains "stats line decode" "$err" "decode"
 contains "random weights warning" "$err" "RANDOM"
+contains "stats line says the seed when sampling" "$err" "; seed "
+err=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 8 --seed 42 --temperature 0.7 2>&1 >/dev/null)
+contains "stats line repeats --seed" "$err" "; seed 42"
+err=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 8 --temperature 0 2>&1 >/dev/null)
+case "$err" in *"seed "*) check "greedy prints no seed" 0 1 ;; *) check "greedy prints no seed" 0 0 ;; esac
+
+# Ctrl-C (SIGINT) or SIGTERM while generating: the output so far, a final
+# newline, the stats line, and 130 / 143.
+for sig in INT TERM; do
+  "$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 1,2,3 --max-tokens 8000 --ignore-eos -q \
+    >"$tmp/sig.out" 2>"$tmp/sig.err" &
+  pid=$!
+  for _ in $(seq 200); do [ -s "$tmp/sig.out" ] && break; sleep 0.1; done
+  kill -$sig $pid
+  reap $pid; rc=$?
+  check "SIG$sig while generating" $([ $sig = INT ] && echo 130 || echo 143) $rc
+  [ "$(tail -c 1 "$tmp/sig.out" | od -An -c | tr -d ' ')" = '\n' ]; check "SIG$sig: final newline" 0 $?
+  contains "SIG$sig: stats line" "$(cat "$tmp/sig.err")" "generated"
+  contains "SIG$sig: stats line says interrupted" "$(cat "$tmp/sig.err")" "(interrupted)"
+done
 
 # Greedy output of the CLI equals transformers' on a fixture model.
 ref="$SRC/tests/fixtures/models/llama3-scaled/reference.json"
@@ -81,6 +163,7 @@ if [ -f "$tok/tokenizer.json" ]; then
   [ "$out" = "9707 1879" ]; check "tokenize ids equal Hugging Face's" 0 $?
   out=$("$BIN" generate --dummy-weights tiny-qwen3 --tokenizer "$tok" --prompt hi 2>&1); check "tokenizer larger than vocab" 1 $?
   contains "vocab mismatch message" "$out" "vocabulary"
+  [ "$(printf '%s\n' "$out" | grep -c vocabulary)" -eq 1 ]; check "vocab mismatch said once" 0 $?
   out=$("$BIN" generate --dummy-weights tiny-qwen3 --prompt hi 2>&1); check "text prompt without tokenizer" 2 $?
   contains "no tokenizer message" "$out" "tokenizer"
   m="$tmp/qwen3-text"
@@ -97,13 +180,35 @@ JSON
   out=$("$BIN" generate --model "$m" --load-format dummy --chat --chat-template nope --prompt x 2>&1)
   check "unknown chat template name" 2 $?
   out=$("$BIN" generate --model "$m" --load-format dummy --prompt "Hi" --system x 2>&1); check "--system without --chat" 2 $?
-  # chat REPL fed from a pipe: two turns, a reset, a third turn, EOF ends it
-  out=$(printf 'Hello\nAnd then?\n/reset\nAgain\n' | "$BIN" chat --model "$m" --load-format dummy --max-tokens 4 \
-        --seed 2 --temperature 0 -q 2>/dev/null)
-  check "chat REPL" 0 $?
-  [ "$(printf '%s\n' "$out" | wc -l)" -ge 3 ]; check "chat REPL answers each turn" 0 $?
-  out=$(printf 'x\n' | "$BIN" chat --dummy-weights tiny-qwen3 2>&1); check "chat without tokenizer" 2 $?
-  out=$(printf 'x\n' | "$BIN" chat --model "$m" --load-format dummy --temperature -3 2>&1); check "chat bad temperature" 2 $?
+  # The prompt from a file (one final newline dropped) or standard input equals --prompt.
+  want=$("$BIN" generate --model "$m" --load-format dummy --prompt "Hi there" --max-tokens 6 --temperature 0 -q 2>/dev/null)
+  printf 'Hi there\n' > "$tmp/prompt.txt"
+  got=$("$BIN" generate --model "$m" --load-format dummy --prompt-file "$tmp/prompt.txt" --max-tokens 6 \
+        --temperature 0 -q 2>/dev/null)
+  check "prompt file" 0 $?
+  [ -n "$want" ] && [ "$got" = "$want" ]; check "prompt file equals --prompt" 0 $?
+  got=$(printf 'Hi there' | "$BIN" generate --model "$m" --load-format dummy --prompt-file - --max-tokens 6 \
+        --temperature 0 -q 2>/dev/null)
+  [ "$got" = "$want" ]; check "prompt from stdin equals --prompt" 0 $?
+  : > "$tmp/empty.txt"
+  out=$("$BIN" generate --model "$m" --load-format dummy --prompt-file "$tmp/empty.txt" 2>&1)
+  check "empty prompt file" 2 $?; contains "empty prompt file" "$out" "is empty"
+  out=$("$BIN" generate --model "$m" --load-format dummy --prompt-file "$tmp" 2>&1)
+  check "prompt file is a directory" 2 $?; contains "prompt file is a directory" "$out" "is a directory"
+  out=$("$BIN" generate --model "$m" --load-format dummy --prompt-file "$tmp/nope.txt" 2>&1)
+  check "missing prompt file" 2 $?; contains "missing prompt file" "$out" "No such file"
+  # --stop: the output ends where the stop string would begin (taken from the output itself)
+  full=$("$BIN" generate --model "$m" --load-format dummy --prompt "Hi there" --max-tokens 24 --temperature 0 \
+         --ignore-eos -q 2>/dev/null)
+  stop=$(FULL="$full" python3 -c 'import os; t = os.environ["FULL"]; n = len(t); print(t[n // 2:n // 2 + 2], end="")')
+  if [ -n "$stop" ]; then
+    want=$(FULL="$full" STOP="$stop" python3 -c 'import os; t = os.environ["FULL"]; print(t[:t.index(os.environ["STOP"])])')
+    got=$("$BIN" generate --model "$m" --load-format dummy --prompt "Hi there" --max-tokens 24 --temperature 0 \
+          --ignore-eos --stop "$stop" --stop "never-in-the-output" 2>"$tmp/stop.err")
+    check "--stop" 0 $?
+    [ "$got" = "$want" ]; check "--stop cuts the output before the stop string" 0 $?
+    contains "--stop finish reason" "$(cat "$tmp/stop.err")" "(stop)"
+  fi
 fi
 
 echo "$pass passed, $fail failed"

@@ -1,69 +1,174 @@
-/* `replay generate`: one prompt in, tokens streamed out, then a stats line. */
+/* `replay generate`: one prompt in, tokens streamed out, then a stats line.
+ *
+ * Everything the command line can get wrong is checked before the model
+ * loads (a bad value names its flag and exits 2 at once, not after minutes
+ * of loading). SIGINT and SIGTERM end loading by their default action; once
+ * the model is loaded they abort the request, and the output still gets its
+ * final newline and the stats line before the exit (130 / 143). */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
 #include "cli/cli.h"
-#include "replay/engine.h"
+#include "cli/interrupt.h"
+#include "cli/sampling_opts.h"
 #include "engine/sampler.h"
+#include "replay/engine.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
 #define CMD "generate"
+#define DEFAULT_MAX_TOKENS 64
+#define DEFAULT_BATCHED_TOKENS 2048
+#define MAX_STOP_STRINGS 64
+/* a prompt file is text for one context: anything larger is a mistake (a
+ * wrong file, /dev/zero), refused before it fills the memory */
+#define MAX_PROMPT_FILE_BYTES (16u << 20)
 
 static void help(FILE *f) {
     fprintf(f,
-            "Usage: replay generate (--model DIR | --dummy-weights NAME) (--prompt TEXT | --prompt-ids IDS) [OPTIONS]\n"
+            "Usage: replay generate (--model DIR | --dummy-weights NAME) (--prompt TEXT | --prompt-file FILE |\n"
+            "                       --prompt-ids IDS) [OPTIONS]\n"
             "\n"
             "Generates a continuation of the prompt, printing tokens as they are produced,\n"
-            "then a stats line (prompt and generated tokens, prefill and decode tok/s) on stderr.\n"
+            "then a stats line on stderr: prompt and generated tokens, why it stopped, prefill\n"
+            "and decode tok/s, and the seed when sampling (--seed N repeats the run).\n"
+            "Ctrl-C or SIGTERM stops it: the output so far, a newline and the stats line are\n"
+            "printed, and the exit status is 130 or 143.\n"
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
             "Prompt and length:\n"
-            "  --prompt TEXT          the prompt text; one of --prompt and --prompt-ids is required\n"
-            "                         (it needs a tokenizer: the model directory's, or --tokenizer)\n"
-            "  --prompt-ids IDS       the prompt as comma-separated token ids (required without --prompt)\n"
+            "  --prompt TEXT          the prompt text, tokenized by the model directory's tokenizer or\n"
+            "                         --tokenizer's (required: this, --prompt-file or --prompt-ids)\n"
+            "  --prompt-file FILE     the prompt text from FILE, '-' for standard input; one final newline\n"
+            "                         is dropped, as llama.cpp's --file does (required without --prompt)\n"
+            "  --prompt-ids IDS       the prompt as comma-separated token ids, e.g. 1,2,3 (required\n"
+            "                         without --prompt)\n"
             "  --tokenizer DIR        tokenizer.json (+ tokenizer_config.json) from DIR (default: the model's)\n"
             "  --chat                 wrap the prompt as a user turn in the model's chat template\n"
             "  --system TEXT          with --chat: a system message first (default: none)\n"
             "  --chat-template NAME   with --chat: qwen3 or llama3 (default: tokenizer_config.json's)\n"
             "  --no-thinking          with --chat on Qwen3: enable_thinking=false\n"
             "  --print-ids            print token ids instead of text\n"
-            "  --max-tokens N         tokens to generate at most (default 64)\n"
+            "  --max-tokens N         tokens to generate at most, 1 or more (default %d)\n"
+            "  --stop STR             stop before the text STR; repeat for several, as the OpenAI API's\n"
+            "                         \"stop\" (default: none; needs a tokenizer)\n"
             "  --ignore-eos           keep going past end-of-sequence tokens\n"
-            "\n"
-            RP_SAMPLING_OPTIONS_HELP
+            "\n" RP_SAMPLING_OPTIONS_HELP
             "\n"
             "Engine:\n"
+            "  --max-model-len N      context in tokens, prompt and output together, at most the model's\n"
+            "                         max_position_embeddings (default: the model's)\n"
+            "  --max-num-batched-tokens N  tokens per forward step; longer prompts are chunked (default %d)\n"
             "  --page-size N          KV cache page size in tokens (default 16)\n"
-            "  --max-batch-tokens N   tokens per forward step; longer prompts are chunked (default 2048)\n"
-            "\n" RP_COMMON_OPTIONS_HELP);
+            "\n" RP_COMMON_OPTIONS_HELP,
+            DEFAULT_MAX_TOKENS, DEFAULT_BATCHED_TOKENS);
 }
 
-static int parse_ids(const char *s, int32_t **out, int *n_out) {
+/* --prompt-ids: decimal ids separated by commas, blanks around them allowed.
+ * An empty element ("1,,2", "1,") is an error, not a skipped one, and every
+ * id must be in the model's vocabulary. 0 or RP_EXIT_USAGE (printed). */
+static int parse_ids(const char *s, int vocab_size, int32_t **out, int *n_out) {
     int cap = 16, n = 0;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    if (!ids) return rp_cli_runtime_error(CMD, "out of memory");
     const char *p = s;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > 0x7fffffff) {
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        const char *start = p;
+        long v = 0;
+        int digits = 0;
+        while (*p >= '0' && *p <= '9' && digits < 12) v = v * 10 + (*p++ - '0'), digits++;
+        while (*p == ' ' || *p == '\t') p++;
+        if (digits == 0 || (*p && *p != ',')) {
             free(ids);
-            return -1;
+            if (digits == 0 && (*p == ',' || !*p))
+                return rp_cli_usage_error(CMD, "--prompt-ids: id %d is empty: give ids separated by single commas, "
+                                               "e.g. 1,2,3",
+                                          n + 1);
+            const size_t len = strcspn(start, ",");
+            return rp_cli_usage_error(CMD, "--prompt-ids: '%.*s' is not a token id (a non-negative integer)",
+                                      (int)len, start);
         }
-        if (n == cap) ids = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+        if (v >= vocab_size) {
+            free(ids);
+            return rp_cli_usage_error(CMD, "--prompt-ids: token id %ld is outside the model's vocabulary (0..%d)", v,
+                                      vocab_size - 1);
+        }
+        if (n == cap) {
+            int32_t *grown = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
+            if (!grown) {
+                free(ids);
+                return rp_cli_runtime_error(CMD, "out of memory");
+            }
+            ids = grown;
+        }
         ids[n++] = (int32_t)v;
-        p = end;
-        while (*p == ',' || *p == ' ') p++;
-    }
-    if (n == 0) {
-        free(ids);
-        return -1;
+        if (!*p) break;
+        p++; /* the comma */
     }
     *out = ids;
     *n_out = n;
+    return 0;
+}
+
+/* --prompt-file: the whole file (or standard input for "-"), read before the
+ * model loads. One final newline is dropped: editors end files with one,
+ * and it is not part of the prompt. 0 or RP_EXIT_USAGE (printed). */
+static int read_prompt_file(const char *path, char **out) {
+    const int use_stdin = !strcmp(path, "-");
+    FILE *f = use_stdin ? stdin : fopen(path, "rb");
+    if (!f) return rp_cli_usage_error(CMD, "--prompt-file %s: %s", path, strerror(errno));
+    struct stat st;
+    if (!fstat(fileno(f), &st) && S_ISDIR(st.st_mode)) {
+        if (!use_stdin) fclose(f);
+        return rp_cli_usage_error(CMD, "--prompt-file %s is a directory", path);
+    }
+    size_t cap = 4096, len = 0;
+    char *text = malloc(cap);
+    int rc = 0;
+    while (text) {
+        if (len + 1 == cap) {
+            char *grown = cap >= MAX_PROMPT_FILE_BYTES ? NULL : realloc(text, cap * 2);
+            if (!grown) {
+                rc = cap >= MAX_PROMPT_FILE_BYTES
+                         ? rp_cli_usage_error(CMD, "--prompt-file %s is larger than %u MiB: not a prompt", path,
+                                              MAX_PROMPT_FILE_BYTES >> 20)
+                         : rp_cli_runtime_error(CMD, "out of memory");
+                break;
+            }
+            text = grown;
+            cap *= 2;
+        }
+        const size_t n = fread(text + len, 1, cap - 1 - len, f);
+        len += n;
+        if (n == 0) {
+            if (ferror(f)) rc = rp_cli_usage_error(CMD, "--prompt-file %s: %s", path, strerror(errno));
+            break;
+        }
+    }
+    if (!use_stdin) fclose(f);
+    if (!text) return rp_cli_runtime_error(CMD, "out of memory");
+    if (!rc && memchr(text, 0, len)) rc = rp_cli_usage_error(CMD, "--prompt-file %s holds NUL bytes: not text", path);
+    if (rc) {
+        free(text);
+        return rc;
+    }
+    if (len > 0 && text[len - 1] == '\n') len--;
+    if (len > 0 && text[len - 1] == '\r') len--;
+    text[len] = 0;
+    if (len == 0) {
+        free(text);
+        return rp_cli_usage_error(CMD, "--prompt-file %s is empty", use_stdin ? "- (standard input)" : path);
+    }
+    *out = text;
     return 0;
 }
 
@@ -72,6 +177,7 @@ typedef struct stream_ctx {
     double t_submit, t_first, t_last;
     rp_finish finish;
     char error[256];
+    atomic_int done; /* set last, after the fields above: the main thread reads them then */
 } stream_ctx;
 
 /* Engine events arrive on the engine thread, one per token. */
@@ -89,18 +195,47 @@ static void on_event(void *user, const rp_token_event *ev) {
     if (ev->finish != RP_FINISH_REASON_NONE) {
         sc->finish = ev->finish;
         if (ev->error) snprintf(sc->error, sizeof sc->error, "%s", ev->error);
+        atomic_store(&sc->done, 1);
+        rp_interrupt_wake();
+    }
+}
+
+/* Waits for the request to finish; a SIGINT or SIGTERM meanwhile aborts it
+ * (it then finishes at the end of the step in flight). Returns the signal
+ * that came, SIGTERM over SIGINT, or 0. */
+static int wait_finish(rp_engine *eng, rp_request_id id, stream_ctx *sc) {
+    int sig = rp_interrupt_wait(&sc->done);
+    if (sig) {
+        rp_engine_abort(eng, id);
+        for (int s; (s = rp_interrupt_wait(&sc->done));)
+            if (s == SIGTERM) sig = s;
+    }
+    rp_engine_wait_idle(eng);
+    return sig;
+}
+
+static const char *finish_name(rp_finish f) {
+    switch (f) {
+    case RP_FINISH_REASON_STOP: return "stop";
+    case RP_FINISH_REASON_LENGTH: return "length";
+    case RP_FINISH_REASON_ABORT: return "interrupted";
+    default: return "error";
     }
 }
 
 static const struct option options[] = {
     RP_MODEL_LONG_OPTIONS,
     {"prompt", required_argument, 0, 'p'},
+    {"prompt-file", required_argument, 0, 'F'},
     {"prompt-ids", required_argument, 0, 'I'},
     {"max-tokens", required_argument, 0, 'n'},
+    {"stop", required_argument, 0, 's'},
     {"ignore-eos", no_argument, 0, 'E'},
     RP_SAMPLING_LONG_OPTIONS,
-    {"page-size", required_argument, 0, 'g'},
-    {"max-batch-tokens", required_argument, 0, 'b'},
+    /* the engine options' codes: rp_engine_opts_parse reads them */
+    {"max-model-len", required_argument, 0, 0x145},
+    {"max-num-batched-tokens", required_argument, 0, 0x141},
+    {"page-size", required_argument, 0, 0x144},
     {"tokenizer", required_argument, 0, 'T'},
     {"chat", no_argument, 0, 'C'},
     {"system", required_argument, 0, 'S'},
@@ -116,8 +251,14 @@ static int run(int argc, char **argv) {
     rp_model_opts_init(&mo);
     rp_sampling_params sp;
     rp_sampling_params_default(&sp);
-    const char *prompt = NULL, *prompt_ids = NULL;
-    long max_tokens = 64, page_size = 16, max_batched_tokens = 2048;
+    rp_engine_config ec;
+    rp_engine_config_default(&ec);
+    ec.max_batched_tokens = DEFAULT_BATCHED_TOKENS;
+    ec.max_context = 0; /* the model's */
+    const char *prompt = NULL, *prompt_ids = NULL, *prompt_file = NULL;
+    const char *stops[MAX_STOP_STRINGS];
+    int num_stops = 0;
+    long max_tokens = DEFAULT_MAX_TOKENS;
     int ignore_eos = 0, chat = 0, no_thinking = 0, print_ids = 0;
     const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_name = NULL;
     rp_cli_opts_begin();
@@ -126,6 +267,7 @@ static int run(int argc, char **argv) {
         switch (opt) {
         case 'h': help(stdout); return RP_EXIT_OK;
         case 'p': prompt = optarg; break;
+        case 'F': prompt_file = optarg; break;
         case 'I': prompt_ids = optarg; break;
         case 'E': ignore_eos = 1; break;
         case 'T': tokenizer_dir = optarg; break;
@@ -135,65 +277,94 @@ static int run(int argc, char **argv) {
         case 'N': no_thinking = 1; break;
         case 'D': print_ids = 1; break;
         case 'n':
-            if (rp_parse_int(optarg, 0, 1 << 24, &max_tokens))
-                return rp_cli_usage_error(CMD, "--max-tokens must be a non-negative integer, got '%s'", optarg);
+            if (rp_parse_int(optarg, 1, 1 << 24, &max_tokens))
+                return rp_cli_usage_error(CMD, "--max-tokens must be an integer from 1 to %d, got '%s'", 1 << 24,
+                                          optarg);
             break;
-        case 'g':
-            if (rp_parse_int(optarg, 1, 4096, &page_size))
-                return rp_cli_usage_error(CMD, "--page-size must be an integer from 1 to 4096, got '%s'", optarg);
+        case 's':
+            if (!*optarg) return rp_cli_usage_error(CMD, "--stop needs a non-empty string");
+            if (num_stops == MAX_STOP_STRINGS)
+                return rp_cli_usage_error(CMD, "--stop: at most %d stop strings", MAX_STOP_STRINGS);
+            stops[num_stops++] = optarg;
             break;
-        case 'b':
-            if (rp_parse_int(optarg, 1, 1 << 20, &max_batched_tokens))
-                return rp_cli_usage_error(CMD, "--max-batch-tokens must be a positive integer, got '%s'", optarg);
+        case 0x141: case 0x144: case 0x145:
+            if (rp_engine_opts_parse(&ec, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
             break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
+    /* Every check that needs no model runs here, before the weights load. */
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    int bad_model = rp_model_opts_check(&mo, CMD);
-    if (bad_model) return bad_model;
-    if (!prompt == !prompt_ids) return rp_cli_usage_error(CMD, "give exactly one of --prompt or --prompt-ids");
-    if (chat && !prompt) return rp_cli_usage_error(CMD, "--chat needs --prompt TEXT");
+    int bad = rp_model_opts_check(&mo, CMD);
+    if (bad) return bad;
+    if (!!prompt + !!prompt_ids + !!prompt_file != 1)
+        return rp_cli_usage_error(CMD, "give exactly one of --prompt, --prompt-file or --prompt-ids");
+    if (chat && prompt_ids) return rp_cli_usage_error(CMD, "--chat needs a text prompt: --prompt or --prompt-file");
+    if ((system_prompt || template_name || no_thinking) && !chat)
+        return rp_cli_usage_error(CMD, "--system, --chat-template and --no-thinking go with --chat");
     rp_err err;
     rp_chat_template_kind kind;
     if (template_name && rp_chat_template_from_name(template_name, &kind, &err))
-        return rp_cli_usage_error(CMD, "%s", err.msg);
-    if ((system_prompt || template_name || no_thinking) && !chat)
-        return rp_cli_usage_error(CMD, "--system, --chat-template and --no-thinking go with --chat");
+        return rp_cli_usage_error(CMD, "--chat-template: %s", err.msg);
+    if ((bad = rp_sampling_opts_check(&sp, CMD))) return bad;
+    const int model_context = mo.cfg.max_position_embeddings;
+    if (ec.max_context > model_context)
+        return rp_cli_usage_error(CMD, "--max-model-len %d is more than the model's context of %d tokens "
+                                       "(max_position_embeddings)",
+                                  ec.max_context, model_context);
+    const int context = ec.max_context > 0 ? ec.max_context : model_context;
+    if (tokenizer_dir && (bad = rp_cli_check_dir_file("--tokenizer", tokenizer_dir, "tokenizer.json", CMD)))
+        return bad;
+    if ((prompt || prompt_file || num_stops) && !rp_cli_tokenizer_dir(&mo, tokenizer_dir))
+        return rp_cli_usage_error(CMD, "%s needs a tokenizer, and %s: use --tokenizer DIR%s",
+                                  num_stops && !prompt && !prompt_file ? "--stop" : "a text prompt",
+                                  mo.model_dir ? "the model directory has no tokenizer.json"
+                                               : "--dummy-weights come without one",
+                                  num_stops ? "" : ", or --prompt-ids");
     int32_t *ids = NULL;
     int n_ids = 0;
-    if (prompt_ids && parse_ids(prompt_ids, &ids, &n_ids))
-        return rp_cli_usage_error(CMD, "--prompt-ids must be comma-separated non-negative integers");
+    if (prompt_ids && (bad = parse_ids(prompt_ids, mo.cfg.vocab_size, &ids, &n_ids))) return bad;
+    /* a text prompt has at least one token */
+    const long prompt_min = prompt_ids ? n_ids : 1;
+    if (prompt_min + max_tokens > context) {
+        free(ids);
+        return rp_cli_usage_error(CMD, "--max-tokens %ld and a prompt of %s%ld token%s do not fit the context of %d "
+                                       "tokens (%s)",
+                                  max_tokens, prompt_ids ? "" : "at least ", prompt_min, prompt_min == 1 ? "" : "s",
+                                  context, ec.max_context ? "--max-model-len" : "the model's max_position_embeddings");
+    }
+    char *file_text = NULL;
+    if (prompt_file) {
+        if ((bad = read_prompt_file(prompt_file, &file_text))) return bad;
+        prompt = file_text;
+    }
     rp_sampling_seed_if_unset(&sp);
 
-    rp_engine_config ec;
-    rp_engine_config_default(&ec);
     rp_cli_engine_model(&mo, &ec);
     ec.tokenizer_dir = tokenizer_dir;
     ec.chat_template = template_name;
-    ec.page_size = (int)page_size;
     ec.max_running_requests = 1;
-    ec.max_batched_tokens = (int)max_batched_tokens;
-    ec.chunked_prefill_size = (int)max_batched_tokens;
+    ec.chunked_prefill_size = ec.max_batched_tokens;
     int rc = RP_EXIT_RUNTIME;
     char *rendered = NULL;
     int32_t stop_ids[8];
-    int num_stop = 0;
+    int num_stop_ids = 0;
     rp_error eerr;
+    /* Loading: SIGINT and SIGTERM still have their default action here. */
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) {
         free(ids);
+        free(file_text);
         return rp_cli_runtime_error(CMD, "%s", eerr.message);
+    }
+    if (rp_interrupt_install()) {
+        rc = rp_cli_runtime_error(CMD, "cannot watch for Ctrl-C: %s", strerror(errno));
+        goto out;
     }
     const rp_tokenizer *tok = rp_engine_tokenizer(eng);
     rp_request_params rq;
     rp_request_params_default(&rq);
     if (prompt) {
-        if (!tok) {
-            rc = rp_cli_usage_error(CMD, "--prompt needs a tokenizer: the model directory has no tokenizer.json "
-                                         "(use --tokenizer DIR, or --prompt-ids)");
-            goto out;
-        }
         if (chat) {
             rp_chat_message msgs[2];
             int nm = 0;
@@ -210,7 +381,7 @@ static int run(int argc, char **argv) {
                 goto out;
             }
             n_ids = (int)n;
-            num_stop = rp_chat_stop_ids(tok, stop_ids, 8);
+            num_stop_ids = rp_chat_stop_ids(tok, stop_ids, 8);
         } else {
             rq.prompt = prompt; /* the engine adds BOS as HF's tokenizer(text) does */
         }
@@ -223,32 +394,42 @@ static int run(int argc, char **argv) {
     rq.ignore_eos = ignore_eos;
     rp_cli_request_sampling(&rq, &sp);
     rq.stop_ids = stop_ids;
-    rq.num_stop_ids = num_stop;
+    rq.num_stop_ids = num_stop_ids;
+    rq.stop = stops;
+    rq.num_stop = num_stops;
     stream_ctx sc = {.print_ids = print_ids || !tok, .t_submit = rp_now_s()};
-    if (rp_engine_submit(eng, &rq, on_event, &sc, NULL, &eerr)) {
-        rc = rp_cli_usage_error(CMD, "%s", eerr.message);
+    rp_request_id id = 0;
+    if (rp_engine_submit(eng, &rq, on_event, &sc, &id, &eerr)) {
+        /* what only the loaded model can tell: a prompt too long for it or for the KV cache */
+        rc = eerr.code == RP_ERROR_INVALID_REQUEST || eerr.code == RP_ERROR_CONTEXT_LENGTH ||
+                     eerr.code == RP_ERROR_UNSUPPORTED
+                 ? rp_cli_usage_error(CMD, "%s", eerr.message)
+                 : rp_cli_runtime_error(CMD, "%s", eerr.message);
         goto out;
     }
-    rp_engine_wait_idle(eng);
+    const int sig = wait_finish(eng, id, &sc);
     printf("\n");
     fflush(stdout);
     if (sc.finish == RP_FINISH_REASON_ERROR) {
         rc = rp_cli_runtime_error(CMD, "%s", sc.error);
         goto out;
     }
-    double prefill_s = sc.t_first - sc.t_submit, decode_s = sc.t_last - sc.t_first;
-    int decode_tokens = sc.generated > 0 ? sc.generated - 1 : 0;
+    const double prefill_s = sc.generated ? sc.t_first - sc.t_submit : 0.0, decode_s = sc.t_last - sc.t_first;
+    const int decode_tokens = sc.generated > 0 ? sc.generated - 1 : 0;
+    char seed[48] = "";
+    if (!rp_sampling_is_greedy(&sp)) snprintf(seed, sizeof seed, "; seed %llu", (unsigned long long)sp.seed);
     fprintf(stderr,
             "[stats] prompt %d tokens, generated %d tokens (%s); prefill %.1f tok/s (%.3f s), "
-            "decode %.1f tok/s (%.3f s)\n",
-            sc.prompt_tokens, sc.generated, sc.finish == RP_FINISH_REASON_STOP ? "stop" : "length",
-            prefill_s > 0 ? sc.prompt_tokens / prefill_s : 0.0, prefill_s,
-            decode_s > 0 ? decode_tokens / decode_s : 0.0, decode_s);
-    rc = RP_EXIT_OK;
+            "decode %.1f tok/s (%.3f s)%s\n",
+            sc.prompt_tokens, sc.generated, finish_name(sc.finish), prefill_s > 0 ? sc.prompt_tokens / prefill_s : 0.0,
+            prefill_s, decode_s > 0 ? decode_tokens / decode_s : 0.0, decode_s, seed);
+    rc = sig ? rp_interrupt_exit_code(sig) : RP_EXIT_OK;
 out:
     rp_engine_destroy(eng);
+    rp_interrupt_uninstall();
     free(rendered);
     free(ids);
+    free(file_text);
     return rc;
 }
 
