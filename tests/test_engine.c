@@ -787,6 +787,67 @@ static void test_text_and_stop_strings(void **state) {
     rmdir(dir);
 }
 
+/* Dummy weights look like a freshly initialised model (transformers' normal
+ * init): at temperature 1 the output depends on the seed and is not one
+ * token over and over, as it was with the old uniform weights ("3 3 3 ...",
+ * which looked like a broken sampler). Greedy output is checked on
+ * tiny-llama3: with tied embeddings (tiny-qwen3), a random model's greedy
+ * decode settles on repeating one token, as transformers' would, because the
+ * chosen token's own embedding then dominates its next logits. */
+static void run_dummy(const char *name, float temperature, uint64_t seed, result *r) {
+    rp_engine_config c;
+    rp_engine_config_default(&c);
+    c.dummy_name = name;
+    c.device = "cpu";
+    c.threads = 2;
+    c.num_pages = 16;
+    c.quiet_model_warning = 1;
+    rp_error err;
+    rp_engine *e = rp_engine_create(&c, &err);
+    if (!e) fail_msg("engine: %s", err.message);
+    static const int32_t prompt[3] = {1, 2, 3};
+    rp_request_params p;
+    rp_request_params_default(&p);
+    p.prompt_ids = prompt;
+    p.num_prompt_ids = 3;
+    p.max_tokens = 16;
+    p.ignore_eos = 1;
+    p.temperature = temperature;
+    p.seed = seed;
+    p.has_seed = 1;
+    submit_or_fail(e, &p, r);
+    rp_engine_wait_idle(e);
+    assert_int_equal(r->n, 16);
+    rp_engine_destroy(e);
+}
+
+static int distinct_tokens(const result *r) {
+    int d = 0;
+    for (int i = 0; i < r->n; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++) seen |= r->tokens[j] == r->tokens[i];
+        d += !seen;
+    }
+    return d;
+}
+
+static void test_dummy_weights_not_degenerate(void **state) {
+    (void)state;
+    result r[4] = {0};
+    int distinct_runs = 0;
+    for (int s = 0; s < 4; s++) {
+        run_dummy("tiny-qwen3", 1.0f, (uint64_t)s + 1, &r[s]);
+        if (distinct_tokens(&r[s]) < 4) fail_msg("seed %d: only %d distinct tokens in 16", s + 1, distinct_tokens(&r[s]));
+        int same = 0;
+        for (int t = 0; t < s; t++) same |= !memcmp(r[s].tokens, r[t].tokens, sizeof r[s].tokens[0] * 16);
+        distinct_runs += !same;
+    }
+    assert_true(distinct_runs >= 2);
+    result g = {0};
+    run_dummy("tiny-llama3", 0.0f, 0, &g);
+    if (distinct_tokens(&g) < 2) fail_msg("greedy: one token repeated");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone_greedy),
@@ -800,6 +861,7 @@ int main(void) {
         cmocka_unit_test(test_stats_during_long_prefill),
         cmocka_unit_test(test_destroy_during_long_prefill),
         cmocka_unit_test(test_text_and_stop_strings),
+        cmocka_unit_test(test_dummy_weights_not_degenerate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

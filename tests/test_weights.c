@@ -1,7 +1,9 @@
 /* Weight loading beyond the bf16 single-file case: f32 and f16 checkpoints
  * (converted to bf16 at load), and clear errors for a missing tensor, a
  * wrong shape and a missing weights file. The files are written by the test
- * from a committed bf16 fixture. */
+ * from a committed bf16 fixture. Dummy weights: transformers' distribution
+ * (normal, std initializer_range; norms 1), deterministic, and bit for bit
+ * the values tools/gpu_compare.py computes (the golden table below). */
 #include <math.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +11,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "util/dtype.h"
+#include "util/rng.h"
 #include "test_util.h"
 
 static const char *fixture = "tests/fixtures/models/qwen3-tied";
@@ -195,11 +198,153 @@ static void test_dummy(void **state) {
     rp_model_free(c);
 }
 
+/* Norms exactly 1; every other weight normal(0, 0.02): mean ~0, std within
+ * 2% (the sample std's own error is ~0.1% at this size), kurtosis ~3 and
+ * 68.3% within one std (the old uniform init had 1.8 and 57.7%). */
+static void test_dummy_distribution(void **state) {
+    (void)state;
+    rp_err err;
+    rp_load_options lo = {.seed = 3};
+    rp_model *m = rp_model_dummy("tiny-qwen3", &lo, &err);
+    assert_non_null(m);
+    assert_true(m->cfg.initializer_range == 0.02);
+    double s1 = 0, s2 = 0, s4 = 0, n = 0, within = 0;
+    for (int k = 0; k < RP_W_COUNT; k++) {
+        for (int l = 0; l < (k < RP_W_FIRST_LAYER_KIND ? 1 : m->cfg.num_layers); l++) {
+            const rp_weight *w = rp_model_weight(m, (rp_weight_kind)k, l);
+            if (!w->data) continue;
+            int64_t cnt = w->rows * w->cols;
+            if (w->cols == 1) { /* a norm */
+                for (int64_t i = 0; i < cnt; i++)
+                    if (rp_bf16_to_f32(w->data[i]) != 1.0f) fail_msg("norm %d/%d[%lld] is not 1", k, l, (long long)i);
+                continue;
+            }
+            if (k == RP_W_LM_HEAD) continue; /* tied: the embedding again */
+            double t1 = 0, t2 = 0;
+            for (int64_t i = 0; i < cnt; i++) {
+                double x = rp_bf16_to_f32(w->data[i]);
+                t1 += x, t2 += x * x, s4 += x * x * x * x, within += fabs(x) < 0.02;
+            }
+            /* each matrix on its own too: no weight keeps the old scale */
+            double sd = sqrt(t2 / cnt - (t1 / cnt) * (t1 / cnt));
+            if (cnt > 10000 && fabs(sd / 0.02 - 1) > 0.05) fail_msg("weight %d/%d: std %g", k, l, sd);
+            s1 += t1, s2 += t2, n += (double)cnt;
+        }
+    }
+    double mean = s1 / n, var = s2 / n - mean * mean, kurt = s4 / n / (var * var);
+    printf("  dummy tiny-qwen3: %.0f values, mean %.2e, std %.5f, kurtosis %.3f, within 1 std %.4f\n", n, mean,
+           sqrt(var), kurt, within / n);
+    assert_true(fabs(mean) < 5 * 0.02 / sqrt(n));
+    assert_true(fabs(sqrt(var) / 0.02 - 1) < 0.02);
+    assert_true(fabs(kurt - 3) < 0.1);
+    assert_true(fabs(within / n - 0.6827) < 0.01);
+    /* another seed, another model; another layer, other values */
+    lo.seed = 4;
+    rp_model *o = rp_model_dummy("tiny-qwen3", &lo, &err);
+    const rp_weight *a = rp_model_weight(m, RP_W_Q, 0), *b = rp_model_weight(o, RP_W_Q, 0),
+                    *c = rp_model_weight(m, RP_W_Q, 1);
+    int64_t same_seed = 0, same_layer = 0, cnt = a->rows * a->cols;
+    for (int64_t i = 0; i < cnt; i++) same_seed += a->data[i] == b->data[i], same_layer += a->data[i] == c->data[i];
+    assert_true(same_seed < cnt / 20); /* bf16 of two normals coincide ~1% of the time */
+    assert_true(same_layer < cnt / 20);
+    /* a config's initializer_range is the std */
+    rp_model_config cfg = m->cfg;
+    cfg.initializer_range = 0.5;
+    rp_model *big = rp_model_dummy_from_config(&cfg, &lo, &err);
+    const rp_weight *e = rp_model_weight(big, RP_W_EMBED, 0);
+    double e2 = 0;
+    for (int64_t i = 0; i < e->rows * e->cols; i++) e2 += (double)rp_bf16_to_f32(e->data[i]) * rp_bf16_to_f32(e->data[i]);
+    assert_true(fabs(sqrt(e2 / (double)(e->rows * e->cols)) / 0.5 - 1) < 0.02);
+    rp_model_free(big);
+    rp_model_free(o);
+    rp_model_free(m);
+}
+
+/* Values computed by tools/gpu_compare.py's pure-Python copy of the generator
+ * (python3 tools/gpu_compare.py --self-check reads this table): the C
+ * generator must give the same double z and bf16(z * 0.02), bit for bit. If
+ * this fails after a change to util/rng.h, the C, CUDA and Python copies have
+ * parted; if it fails on a new compiler or platform, something fused or
+ * reordered the double arithmetic (see rng.h).
+ * {seed, stream, element, bits of z, bf16 bits} */
+static const uint64_t golden[][5] = {
+    /* GOLDEN BEGIN */
+    {0x0, 0x0, 0x0, 0x3fffc26ef695a435, 0x3d23},
+    {0x0, 0x0, 0x1, 0xbfba69edb676a673, 0xbb07},
+    {0x0, 0x61a8d, 0x2, 0xbfe4fef3bd4847fe, 0xbc57},
+    {0x0, 0x61a8d, 0x3039, 0x3ff434eb64313c5a, 0x3ccf},
+    {0x0, 0x13d66a, 0x200000007, 0x400330b2d4a7bf1a, 0x3d45},
+    {0x0, 0x30d46, 0x63, 0xbff0d2c0f1a4b198, 0xbcac},
+    {0x7, 0x61a8d, 0x2, 0x3fe1261a935ee409, 0x3c30},
+    {0x7, 0x61a8d, 0x3039, 0xbfd28b78ce616a26, 0xbbbe},
+    {0x7, 0x13d66a, 0x200000007, 0xbff93568c2c5755f, 0xbd01},
+    {0x7, 0x30d46, 0x63, 0xbfdae8f9e947dbad, 0xbc0a},
+    {0xdeadbeefcafef00d, 0x0, 0x0, 0xbfd635c811f162b9, 0xbbe3},
+    {0xdeadbeefcafef00d, 0x0, 0x1, 0xbff2e1203565bfcd, 0xbcc1},
+    {0xdeadbeefcafef00d, 0x61a8d, 0x2, 0xbfdd78746e73ac2c, 0xbc17},
+    {0xdeadbeefcafef00d, 0x61a8d, 0x3039, 0xbfd355ef9dbcdcc8, 0xbbc6},
+    {0xdeadbeefcafef00d, 0x13d66a, 0x200000007, 0xc00025846964c9d2, 0xbd25},
+    {0xdeadbeefcafef00d, 0x30d46, 0x63, 0x3fde6bee4b0870d4, 0x3c1c},
+    {0x5, 0xf4272, 0xe, 0xbff2c36ac5e0d365, 0xbcc0},
+    {0x5, 0xf4272, 0x26, 0xbfeed0f64d003b84, 0xbc9e},
+    /* GOLDEN END */
+};
+
+static void test_dummy_golden(void **state) {
+    (void)state;
+    for (size_t r = 0; r < sizeof golden / sizeof golden[0]; r++) {
+        const uint64_t *g = golden[r];
+        double z = rp_rand_normal(g[0], g[1], g[2]);
+        uint64_t zb;
+        memcpy(&zb, &z, 8);
+        if (zb != g[3] || rp_dummy_bf16(z, 0.02) != g[4])
+            fail_msg("row %zu: z %016llx bf16 %04x, want %016llx %04x", r, (unsigned long long)zb,
+                     rp_dummy_bf16(z, 0.02), (unsigned long long)g[3], (unsigned)g[4]);
+    }
+    /* the generator's model weights are these values */
+    rp_err err;
+    rp_load_options lo = {.seed = 7};
+    rp_model *m = rp_model_dummy("tiny-llama3", &lo, &err);
+    const rp_weight *q = rp_model_weight(m, RP_W_Q, 1);
+    for (int64_t i = 0; i < q->rows * q->cols; i += 37)
+        assert_int_equal(q->data[i], rp_dummy_bf16(rp_rand_normal(7, RP_W_Q * 100003u + 1, (uint64_t)i), 0.02));
+    rp_model_free(m);
+}
+
+/* The series stand in for libm's log, sin and cos: check they are as
+ * accurate as rng.h says (~1e-12), so the distribution is the normal. */
+static void test_normal_series(void **state) {
+    (void)state;
+    double worst_log = 0, worst_trig = 0;
+    for (uint64_t k = 0; k < 200000; k++) {
+        double u = (double)(int64_t)((rp_rand_u64(1, 2, k) >> 11) + 1) * 0x1p-53;
+        if (k < 54) u = ldexp(1.0, -(int)k); /* every binade's edge */
+        double want = log(u);
+        if (want != 0) worst_log = fmax(worst_log, fabs(rp_normal_log(u) - want) / fabs(want));
+        double phi = RP_NORMAL_PI_4 * (double)k / 200000.0, x = phi * phi;
+        worst_trig = fmax(worst_trig, fabs(rp_normal_horner(rp_normal_cos_c, RP_NORMAL_COS_TERMS, x) - cos(phi)));
+        worst_trig = fmax(worst_trig, fabs(phi * rp_normal_horner(rp_normal_sin_c, RP_NORMAL_SIN_TERMS, x) - sin(phi)));
+    }
+    printf("  series vs libm: log %.2e relative, sin/cos %.2e absolute\n", worst_log, worst_trig);
+    assert_true(worst_log < 1e-11);
+    assert_true(worst_trig < 1e-12);
+    assert_true(rp_normal_log(1.0) == 0.0);
+    /* pair and element agree */
+    for (uint64_t p = 0; p < 1000; p++) {
+        double z[2];
+        rp_rand_normal_pair(9, 10, p, z);
+        assert_true(z[0] == rp_rand_normal(9, 10, 2 * p) && z[1] == rp_rand_normal(9, 10, 2 * p + 1));
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_and_f16),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_dummy),
+        cmocka_unit_test(test_dummy_distribution),
+        cmocka_unit_test(test_dummy_golden),
+        cmocka_unit_test(test_normal_series),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

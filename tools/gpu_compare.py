@@ -3,59 +3,70 @@
 shapes, on the GPU machine (torch + transformers + a GPU; no downloads).
 
 For each shape, the weights are replay's own dummy weights (--dummy-weights
-NAME), reproduced here bit for bit: element i of weight (kind, layer) is
-bf16((u * 2 - 1) * sqrt(3) * scale (+1 for norms)) with u from replay's
-counter-based hash (src/util/rng.h, src/model/weights.c). transformers runs the
-same weights in float32; replay runs them in bf16 and must stay within a
-relative L2 error of 1e-2 at every compared position.
+NAME), reproduced here bit for bit: norms are exactly 1 and element i of any
+other weight (kind, layer) is bf16(float(z * 0.02)), z the standard normal of
+rp_rand_normal (src/util/rng.h: Box-Muller from replay's counter-based hash,
+with log, sin and cos as fixed series of IEEE double +, -, *, /, sqrt, so torch
+reproduces it exactly). transformers runs the same weights in float32; replay
+runs them in bf16 and must stay within a relative L2 error of 1e-2 at every
+compared position.
 
     python3 tools/gpu_compare.py --replay .gpu/bin/replay [--shapes qwen3-0.6b,...] [--decode]
+    python3 tools/gpu_compare.py --self-check
 
 --decode compares the batch-1 decode path instead of prefill: replay gets the
-prompt one token per step.
+prompt one token per step. --self-check needs no GPU and not even torch: a
+pure-Python copy of the generator must give the golden values that
+tests/test_weights.c checks the C generator against; with torch present, the
+torch generator (on CPU, and on CUDA when there is one) must give the
+pure-Python values too.
 """
 import argparse
 import math
 import os
+import re
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+try:
+    import torch
+except ImportError:  # --self-check runs its pure-Python part without torch
+    torch = None
 
-# replay's presets (src/model/config.c): name -> (class, kwargs)
+# replay's presets (src/model/config.c): name -> (transformers config class, kwargs)
 PRESETS = {
-    "qwen3-0.6b": (Qwen3Config, dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+    "qwen3-0.6b": ("Qwen3Config", dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                    num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                    tie_word_embeddings=True, max_position_embeddings=40960, rms_norm_eps=1e-6,
                    rope_theta=1e6)),
-    "qwen3-4b": (Qwen3Config, dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728,
+    "qwen3-4b": ("Qwen3Config", dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728,
                  num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                  tie_word_embeddings=True, max_position_embeddings=40960, rms_norm_eps=1e-6,
                  rope_theta=1e6)),
-    "qwen3-8b": (Qwen3Config, dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+    "qwen3-8b": ("Qwen3Config", dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                  num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                  tie_word_embeddings=False, max_position_embeddings=40960, rms_norm_eps=1e-6,
                  rope_theta=1e6)),
-    "llama3.2-1b": (LlamaConfig, dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+    "llama3.2-1b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                     num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
                     tie_word_embeddings=True, max_position_embeddings=131072, rms_norm_eps=1e-5,
                     rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=32.0,
                     low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192))),
-    "llama3-8b": (LlamaConfig, dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+    "llama3-8b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                   tie_word_embeddings=False, max_position_embeddings=131072, rms_norm_eps=1e-5,
                   rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0,
                   low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192))),
     # Test shapes: replay runs them on its CPU backend, which checks that this
     # script reproduces the dummy weights exactly (errors ~1e-6, not 1e-2).
-    "tiny-qwen3": (Qwen3Config, dict(vocab_size=1031, hidden_size=96, intermediate_size=200,
+    "tiny-qwen3": ("Qwen3Config", dict(vocab_size=1031, hidden_size=96, intermediate_size=200,
                    num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=24,
                    tie_word_embeddings=True, max_position_embeddings=4096, rms_norm_eps=1e-6,
                    rope_theta=1e6)),
-    "tiny-llama3": (LlamaConfig, dict(vocab_size=997, hidden_size=80, intermediate_size=216,
+    "tiny-llama3": ("LlamaConfig", dict(vocab_size=997, hidden_size=80, intermediate_size=216,
                     num_hidden_layers=2, num_attention_heads=10, num_key_value_heads=2, head_dim=8,
                     tie_word_embeddings=False, max_position_embeddings=8192, rms_norm_eps=1e-5,
                     rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0,
@@ -93,37 +104,162 @@ def mix_t(z):  # int64 tensors wrap on overflow, like uint64 in C
     return z ^ srl(z, 31)
 
 
-def dummy_tensor(shape, seed, kind, layer, dev):
+# ---- rp_rand_normal (src/util/rng.h), op for op --------------------------
+# Every step is one IEEE-754 double operation (+, -, *, /, sqrt: correctly
+# rounded on CPU and GPU alike; torch runs one op per kernel, so nothing is
+# fused) or a bit operation, in the order rng.h does them.
+LOG_C = [1.0, 0.3333333333333333, 0.2, 0.14285714285714285, 0.1111111111111111, 0.09090909090909091,
+         0.07692307692307693]
+COS_C = [1.0, -0.5, 0.041666666666666664, -0.001388888888888889, 2.48015873015873e-05, -2.755731922398589e-07,
+         2.08767569878681e-09, -1.1470745597729725e-11]
+SIN_C = [1.0, -0.16666666666666666, 0.008333333333333333, -0.0001984126984126984, 2.7557319223985893e-06,
+         -2.505210838544172e-08, 1.6059043836821613e-10]
+LN2, SQRT2, PI_4 = 0.6931471805599453, 1.4142135623730951, 0.7853981633974483
+M53 = (1 << 53) - 1
+TWO_M53 = 2.0 ** -53
+
+
+def horner(c, x):  # works on Python floats and on float64 tensors alike
+    p = c[-1] + 0.0 * x  # c[-1] exactly (x >= 0), shaped like x
+    for ck in reversed(c[:-1]):
+        p = p * x
+        p = p + ck
+    return p
+
+
+def f64_bits(d):
+    return struct.unpack("<Q", struct.pack("<d", d))[0]
+
+
+def bits_f64(b):
+    return struct.unpack("<d", struct.pack("<Q", b))[0]
+
+
+def normal_pair_py(seed, stream, pair):
+    """rp_rand_normal_pair in pure Python: (z[0], z[1]) of pair `pair`."""
+    base = mix_py(seed ^ mix_py(stream))
+    a, b = mix_py(base + 2 * pair), mix_py(base + 2 * pair + 1)
+    u1 = float((a >> 11) + 1) * TWO_M53
+    e = (f64_bits(u1 * SQRT2) >> 52) - 1023
+    m = u1 * bits_f64((1023 - e) << 52)
+    s = (m - 1.0) / (m + 1.0)
+    w = s * s
+    ln = float(e) * LN2 + 2.0 * (s * horner(LOG_C, w))
+    r = math.sqrt(-2.0 * ln)
+    t = float((b >> 8) & M53) * TWO_M53
+    phi = t * PI_4
+    x = phi * phi
+    sn, cs = phi * horner(SIN_C, x), horner(COS_C, x)
+    c, sv = (sn, cs) if (b >> 61) & 1 else (cs, sn)
+    if b >> 63:
+        c = -c
+    if (b >> 62) & 1:
+        sv = -sv
+    return r * c, r * sv
+
+
+def dummy_bf16_py(z, std):
+    """rp_dummy_bf16: z * std to float (nearest even), then to bf16 (nearest even); the bits."""
+    f = struct.unpack("<I", struct.pack("<f", z * std))[0]
+    return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def normal_pairs_t(seed, stream, pair):
+    """rp_rand_normal_pair for an int64 tensor of pair indices: (z0, z1) float64 tensors."""
+    base = s64(mix_py(seed ^ mix_py(stream)))
+    a, b = mix_t(2 * pair + base), mix_t(2 * pair + 1 + base)
+    u1 = (srl(a, 11) + 1).to(torch.float64) * TWO_M53
+    e = srl((u1 * SQRT2).view(torch.int64), 52) - 1023
+    m = u1 * torch.bitwise_left_shift(1023 - e, 52).view(torch.float64)
+    s = (m - 1.0) / (m + 1.0)
+    w = s * s
+    ln = e.to(torch.float64) * LN2 + 2.0 * (s * horner(LOG_C, w))
+    r = torch.sqrt(-2.0 * ln)
+    t = (srl(b, 8) & M53).to(torch.float64) * TWO_M53
+    phi = t * PI_4
+    x = phi * phi
+    sn, cs = phi * horner(SIN_C, x), horner(COS_C, x)
+    swap = (srl(b, 61) & 1) == 1
+    c, sv = torch.where(swap, sn, cs), torch.where(swap, cs, sn)
+    c = torch.where(b < 0, -c, c)
+    sv = torch.where((srl(b, 62) & 1) == 1, -sv, sv)
+    return r * c, r * sv
+
+
+def dummy_bf16_t(z, std):
+    # through float32 on purpose: rp_dummy_bf16 rounds twice, and so does this
+    return (z * std).to(torch.float32).to(torch.bfloat16)
+
+
+def dummy_tensor(shape, seed, kind, layer, dev, std=0.02):
     """replay's rp_model_dummy values for one weight, as bf16."""
     rows, cols = shape[0], (shape[1] if len(shape) > 1 else 1)
     n = rows * cols
+    if cols == 1:  # norms: exactly 1
+        return torch.ones(shape, dtype=torch.bfloat16, device=dev)
     stream = kind * 100003 + layer
-    base = s64(mix_py(seed ^ mix_py(stream)))
-    c = torch.tensor(float(cols), dtype=torch.float32)
-    if kind == EMBED:
-        scale = torch.tensor(1.0, dtype=torch.float32)
-    elif cols == 1:
-        scale = torch.tensor(0.1, dtype=torch.float32)
-    else:
-        scale = torch.tensor(1.0, dtype=torch.float32) / torch.sqrt(c)
-    scale = scale.to(dev)
-    out = torch.empty(n, dtype=torch.bfloat16, device=dev)
-    chunk = 1 << 26
-    for s in range(0, n, chunk):
-        cnt = torch.arange(s, min(n, s + chunk), dtype=torch.int64, device=dev)
-        x = mix_t(cnt + base)
-        u = srl(x, 40).to(torch.float32) * (1.0 / 16777216.0)
-        u = u * 2.0 - 1.0
-        v = u * 1.7320508 * scale
-        if cols == 1:
-            v = 1.0 + v
-        out[s:s + cnt.numel()] = v.to(torch.bfloat16)
-    return out.view(shape)
+    out = torch.empty(n + 1, dtype=torch.bfloat16, device=dev)  # + 1: an odd n's last pair
+    chunk = 1 << 24  # pairs; ~20 float64 temporaries of this size live at once
+    pairs = (n + 1) // 2
+    for p0 in range(0, pairs, chunk):
+        p = torch.arange(p0, min(pairs, p0 + chunk), dtype=torch.int64, device=dev)
+        z0, z1 = normal_pairs_t(seed, stream, p)
+        out[2 * p0:2 * p0 + 2 * p.numel()] = torch.stack([dummy_bf16_t(z0, std), dummy_bf16_t(z1, std)], 1).view(-1)
+    return out[:n].view(shape)
+
+
+def golden_table():
+    """The (seed, stream, i, z bits, bf16 bits) rows of tests/test_weights.c."""
+    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "test_weights.c")).read()
+    body = src[src.index("GOLDEN BEGIN"):src.index("GOLDEN END")]
+    h = "(0x[0-9a-f]+)"
+    return [tuple(int(v, 16) for v in m) for m in re.findall(r"\{" + ", ".join([h] * 5) + r"\}", body)]
+
+
+def self_check():
+    rows = golden_table()
+    assert len(rows) >= 8, "no golden rows found in tests/test_weights.c"
+    bad = 0
+    for seed, stream, i, zbits, bf in rows:
+        z = normal_pair_py(seed, stream, i >> 1)[i & 1]
+        got = (f64_bits(z), dummy_bf16_py(z, 0.02))
+        if got != (zbits, bf):
+            print(f"pure Python: seed {seed} stream {stream} i {i}: z {got[0]:#x} bf16 {got[1]:#06x}, "
+                  f"want {zbits:#x} {bf:#06x}")
+            bad += 1
+    print(f"pure Python vs tests/test_weights.c golden values: {len(rows) - bad}/{len(rows)} exact")
+    if torch is None:
+        print("torch not installed: the torch generator was not checked")
+        return bad
+    devs = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for dev in devs:
+        idx = torch.tensor([r[2] for r in rows], dtype=torch.int64, device=dev)
+        for k, (seed, stream, i, zbits, bf) in enumerate(rows):
+            z0, z1 = normal_pairs_t(seed, stream, idx[k:k + 1] >> 1)
+            z = (z1 if i & 1 else z0).cpu()
+            got = (f64_bits(z.item()), int(dummy_bf16_t(z, 0.02).view(torch.int16).item()) & 0xFFFF)
+            if got != (zbits, bf):
+                print(f"torch {dev}: seed {seed} stream {stream} i {i}: z {got[0]:#x} bf16 {got[1]:#06x}, "
+                      f"want {zbits:#x} {bf:#06x}")
+                bad += 1
+        # a whole small tensor (odd length, both halves of pairs) against pure Python
+        seed, kind, layer = 3, 4, 1
+        t = dummy_tensor((241, 17), seed, kind, layer, dev).view(-1).cpu()
+        want = []
+        for i in range(t.numel()):
+            want.append(dummy_bf16_py(normal_pair_py(seed, kind * 100003 + layer, i >> 1)[i & 1], 0.02))
+        got = (t.view(torch.int16).to(torch.int32) & 0xFFFF).tolist()
+        mism = sum(g != w for g, w in zip(got, want))
+        print(f"torch {dev}: golden rows and a {t.numel()}-element tensor: {mism} mismatches")
+        bad += mism
+    return bad
 
 
 def build_model(name, seed, dev):
+    import transformers
+    from transformers import AutoModelForCausalLM
     cls, kw = PRESETS[name]
-    cfg = cls(**kw)
+    cfg = getattr(transformers, cls)(**kw)
     with torch.device(dev):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
     layer_kinds = {"input_layernorm": ATTN_NORM, "self_attn.q_proj": Q, "self_attn.k_proj": K,
@@ -142,7 +278,8 @@ def build_model(name, seed, dev):
                 parts = pname.split(".")
                 layer = int(parts[2])
                 kind = layer_kinds[".".join(parts[3:-1])]
-            p.copy_(dummy_tensor(tuple(p.shape), seed, kind, layer, dev))
+            # replay's presets all have initializer_range 0.02, transformers' default
+            p.copy_(dummy_tensor(tuple(p.shape), seed, kind, layer, dev, cfg.initializer_range))
     if cfg.tie_word_embeddings:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model
@@ -162,7 +299,12 @@ def main():
     ap.add_argument("--decode", action="store_true",
                     help="feed replay the prompt one token per step (--max-num-batched-tokens 1): every position is a batch-1 "
                          "decode step, the one-kernel path where the shape allows it")
+    ap.add_argument("--self-check", action="store_true",
+                    help="check this script's copies of the dummy-weight generator against the golden values in "
+                         "tests/test_weights.c (pure Python; the torch one too when torch is installed) and exit")
     args = ap.parse_args()
+    if args.self_check:
+        sys.exit(1 if self_check() else 0)
     dev = "cuda"
     lens = [int(x) for x in args.lens.split(",")]
     rows = []

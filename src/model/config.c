@@ -106,6 +106,8 @@ static int parse_common(rp_model_config *cfg, json_t *root, rp_err *err) {
     if (cfg->head_dim == 0 && cfg->num_heads > 0) cfg->head_dim = cfg->hidden_size / cfg->num_heads;
     cfg->rms_norm_eps = 1e-6;
     if (get_num(root, "rms_norm_eps", &cfg->rms_norm_eps, 0, err)) return RP_ERR;
+    cfg->initializer_range = 0.02; /* transformers' default */
+    if (get_num(root, "initializer_range", &cfg->initializer_range, 0, err)) return RP_ERR;
     if (parse_rope(cfg, root, err)) return RP_ERR;
     cfg->max_position_embeddings = 2048;
     if (get_int(root, "max_position_embeddings", &cfg->max_position_embeddings, 0, err)) return RP_ERR;
@@ -218,6 +220,7 @@ int rp_config_validate(const rp_model_config *c, rp_err *err) {
                        c->num_heads, c->num_kv_heads);
     if (c->head_dim % 2 != 0) return rp_errf(err, "config: head_dim (%d) must be even for RoPE", c->head_dim);
     if (c->rms_norm_eps <= 0) return rp_errf(err, "config: rms_norm_eps must be positive");
+    if (!(c->initializer_range > 0)) return rp_errf(err, "config: initializer_range must be positive");
     if (c->rope.theta <= 0) return rp_errf(err, "config: rope_theta must be positive");
     if (c->max_position_embeddings <= 0) return rp_errf(err, "config: max_position_embeddings must be positive");
     for (int i = 0; i < c->num_eos_token_ids; i++)
@@ -286,6 +289,7 @@ int rp_config_preset(rp_model_config *cfg, const char *name, rp_err *err) {
         cfg->tie_word_embeddings = p->tie;
         cfg->max_position_embeddings = p->max_pos;
         cfg->rms_norm_eps = p->eps;
+        cfg->initializer_range = 0.02; /* every preset's published config says 0.02 */
         cfg->rope.theta = p->theta;
         if (p->llama3_rope) {
             cfg->rope.type = RP_ROPE_LLAMA3;

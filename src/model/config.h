@@ -39,6 +39,7 @@ typedef struct rp_model_config {
     int num_kv_heads;
     int head_dim;
     double rms_norm_eps;
+    double initializer_range; /* std of random weights (dummy weights use it, as transformers' init does) */
     rp_rope_config rope;
     int tie_word_embeddings;
     int max_position_embeddings;

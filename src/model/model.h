@@ -13,6 +13,7 @@
 #include "model/arch.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "util/dtype.h"
 
 typedef struct rp_weight {
     const uint16_t *data; /* bf16, row-major [rows, cols]; NULL when absent */
@@ -54,11 +55,20 @@ rp_model *rp_model_dummy(const char *preset, const rp_load_options *opts, rp_err
 rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_options *opts, rp_err *err);
 void rp_model_free(rp_model *m);
 
-/* How dummy weight (kind, layer) is generated, so another backend can make
- * the identical values: element i = bf16((u * 2 - 1) * sqrt(3) * scale
- * (+ 1 for norms)) with u = rp_rand_uniform(seed, stream, i). */
+/* How dummy weight (kind, layer) is generated, so another backend (and
+ * tools/gpu_compare.py) can make the identical values: norms (is_norm) are
+ * exactly 1; element i of any other weight is
+ * rp_dummy_bf16(rp_rand_normal(seed, stream, i), std) (util/rng.h), std being
+ * the config's initializer_range, as transformers initialises a model. */
 void rp_dummy_weight_params(const rp_model_config *cfg, rp_weight_kind kind, int layer, uint64_t *stream,
-                            float *scale, int *is_norm);
+                            double *std, int *is_norm);
+
+/* One dummy value: z * std rounded to float, then float to bf16, both to
+ * nearest even. Through float on purpose: torch's double -> bf16 goes through
+ * float too, so gpu_compare.py, the CUDA kernel and this round alike. */
+static inline uint16_t rp_dummy_bf16(double z, double std) {
+    return rp_f32_to_bf16((float)(z * std));
+}
 
 /* layer is ignored for embed/final_norm/lm_head. */
 static inline const rp_weight *rp_model_weight(const rp_model *m, rp_weight_kind kind, int layer) {

@@ -70,31 +70,19 @@ static rp_weight *slot(rp_model *m, rp_weight_kind kind, int layer) {
 
 /* ---- dummy weights ---------------------------------------------------- */
 
-/* Scales chosen so activations stay O(1) through the stack: projections
- * ~U with std 1/sqrt(fan_in), norms near 1, embeddings std 1. What matters
- * for benchmarks is only the shape; for tests, that outputs are not
- * degenerate (no overflow, not all equal). */
-static float dummy_scale(const rp_model_config *cfg, rp_weight_kind k, int64_t cols) {
-    (void)cfg;
-    switch (k) {
-    case RP_W_EMBED: return 1.0f;
-    case RP_W_LM_HEAD: return 1.0f / sqrtf((float)cols);
-    case RP_W_FINAL_NORM:
-    case RP_W_ATTN_NORM:
-    case RP_W_MLP_NORM:
-    case RP_W_Q_NORM:
-    case RP_W_K_NORM: return 0.1f;
-    default: return 1.0f / sqrtf((float)cols);
-    }
-}
-
+/* transformers' initialisation (PreTrainedModel._init_weights): every
+ * matrix, embeddings and lm_head included, normal with mean 0 and std
+ * initializer_range; every norm weight exactly 1. Activations then look like
+ * a freshly initialised model's: logits spread over the vocabulary, so
+ * sampling and benchmarks see realistic distributions rather than one token
+ * (the uniform init this replaced gave "3 3 3 ..."). */
 void rp_dummy_weight_params(const rp_model_config *cfg, rp_weight_kind kind, int layer, uint64_t *stream,
-                            float *scale, int *is_norm) {
+                            double *std, int *is_norm) {
     int64_t shape[2];
     rp_weight_shape(cfg, kind, shape);
     *stream = (uint64_t)kind * 100003u + (uint64_t)layer;
-    *scale = dummy_scale(cfg, kind, shape[1]);
     *is_norm = shape[1] == 1;
+    *std = *is_norm ? 0.0 : cfg->initializer_range;
 }
 
 rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_options *opts, rp_err *err) {
@@ -138,16 +126,23 @@ rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_o
         rp_weight_shape(cfg, (rp_weight_kind)kind, shape);
         int64_t n = shape[0] * shape[1];
         uint16_t *dst = buf + off;
-        float scale;
+        double std;
         int is_norm;
         uint64_t stream;
-        rp_dummy_weight_params(cfg, (rp_weight_kind)kind, layer, &stream, &scale, &is_norm);
-        /* uniform(-1,1) * sqrt(3) has unit variance */
+        rp_dummy_weight_params(cfg, (rp_weight_kind)kind, layer, &stream, &std, &is_norm);
+        if (is_norm) {
+            const uint16_t one = rp_f32_to_bf16(1.0f);
+            for (int64_t i = 0; i < n; i++) dst[i] = one;
+        } else {
+            /* by pairs: Box-Muller makes elements 2p and 2p + 1 together */
+            const int64_t pairs = (n + 1) / 2;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float u = rp_rand_uniform(seed, stream, (uint64_t)i) * 2.0f - 1.0f;
-            float v = u * 1.7320508f * scale;
-            dst[i] = rp_f32_to_bf16(is_norm ? 1.0f + v : v);
+            for (int64_t p = 0; p < pairs; p++) {
+                double z[2];
+                rp_rand_normal_pair(seed, stream, (uint64_t)p, z);
+                dst[2 * p] = rp_dummy_bf16(z[0], std);
+                if (2 * p + 1 < n) dst[2 * p + 1] = rp_dummy_bf16(z[1], std);
+            }
         }
         rp_weight *w = slot(m, (rp_weight_kind)kind, layer);
         w->data = dst;

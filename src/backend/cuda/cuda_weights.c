@@ -18,12 +18,12 @@ static int put_weight(rp_cuda_backend *cb, rp_bf16 *dst, rp_weight_kind kind, in
     }
     if (!m->dummy) return rp_errf(err, "weight %s of layer %d has no data", rp_weight_kind_name(kind), layer);
     uint64_t stream_id;
-    float scale;
+    double std;
     int is_norm;
     rp_weight_kind gen_kind = kind;
     if (kind == RP_W_LM_HEAD && m->cfg.tie_word_embeddings) gen_kind = RP_W_EMBED;
-    rp_dummy_weight_params(&m->cfg, gen_kind, layer, &stream_id, &scale, &is_norm);
-    RP_LAUNCH(rp_k_fill_dummy(dst, (int64_t)n, m->dummy_seed, stream_id, scale, is_norm, cb->stream), err);
+    rp_dummy_weight_params(&m->cfg, gen_kind, layer, &stream_id, &std, &is_norm);
+    RP_LAUNCH(rp_k_fill_dummy(dst, (int64_t)n, m->dummy_seed, stream_id, std, is_norm, cb->stream), err);
     return 0;
 }
 

@@ -257,10 +257,11 @@ size_t rp_sample_workspace_bytes(int rows, int vocab);
 int rp_k_sample(const float *logits, const rp_sampling_params *params, int32_t *tokens, float *logprobs,
                 void *workspace, int rows, int vocab, cudaStream_t stream);
 
-/* Fills bf16 weights with the same values as the CPU dummy-weight generator
- * (src/model/weights.c): v = (u * 2 - 1) * sqrt(3) * scale (+1 for norms)
- * with u = rp_rand_uniform(seed, stream_id, i). */
-int rp_k_fill_dummy(rp_bf16 *dst, int64_t n, uint64_t seed, uint64_t stream_id, float scale, int is_norm,
+/* Fills bf16 weights with the same bits as the CPU dummy-weight generator
+ * (src/model/weights.c): 1.0 when is_norm, else element i is
+ * rp_dummy_bf16(rp_rand_normal(seed, stream_id, i), std) (model/model.h,
+ * util/rng.h), a normal with mean 0 and standard deviation std. */
+int rp_k_fill_dummy(rp_bf16 *dst, int64_t n, uint64_t seed, uint64_t stream_id, double std, int is_norm,
                     cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -3,6 +3,7 @@
  * weight generator (bit-identical to src/model/weights.c so CPU and GPU
  * benchmarks and tests see the same model). */
 #include "common.cuh"
+#include "util/rng.h"
 
 /* gate_up[t] = [gate (F) | up (F)], fp32 (the products' own sums: bf16
  * there would be the largest rounding error of the chain after the GEMMs'
@@ -61,22 +62,77 @@ extern "C" int rp_k_gather_rows(const rp_bf16 *in, const int32_t *rows, rp_bf16 
     return rp_launch(gather_rows_kernel<false>, dim3(n), dim3(256), 0, stream, in, rows, out, H);
 }
 
-/* The _rn intrinsics forbid fused multiply-adds, which would round once
- * where the host rounds twice and break bit-identity with weights.c. */
+/* ---- dummy weights: the device twin of rp_rand_normal_pair (util/rng.h) ----
+ * Same operations in the same order, each an IEEE-754 double op with an
+ * explicit rounding (_rn): nvcc would otherwise fuse a*b+c into one FMA,
+ * which rounds once where the host rounds twice and breaks bit-identity. The
+ * coefficients are rng.h's literal lists, copied to constant memory (device
+ * code cannot read the host's static const tables). The fill_dummy test
+ * checks the kernel against the host generator bit for bit. */
+
+__constant__ double d_normal_log_c[RP_NORMAL_LOG_TERMS] = {RP_NORMAL_LOG_C};
+__constant__ double d_normal_cos_c[RP_NORMAL_COS_TERMS] = {RP_NORMAL_COS_C};
+__constant__ double d_normal_sin_c[RP_NORMAL_SIN_TERMS] = {RP_NORMAL_SIN_C};
+
+__device__ __forceinline__ double d_normal_horner(const double *c, int n, double x) {
+    double p = c[n - 1];
+    for (int k = n - 2; k >= 0; k--) p = __dadd_rn(__dmul_rn(p, x), c[k]);
+    return p;
+}
+
+__device__ __forceinline__ double d_normal_log(double u) {
+    const int e = (int)((uint64_t)__double_as_longlong(__dmul_rn(u, RP_NORMAL_SQRT2)) >> 52) - 1023;
+    const double m = __dmul_rn(u, __longlong_as_double((long long)((uint64_t)(1023 - e) << 52)));
+    const double s = __ddiv_rn(__dsub_rn(m, 1.0), __dadd_rn(m, 1.0)), w = __dmul_rn(s, s);
+    const double lnm = __dmul_rn(2.0, __dmul_rn(s, d_normal_horner(d_normal_log_c, RP_NORMAL_LOG_TERMS, w)));
+    return __dadd_rn(__dmul_rn((double)e, RP_NORMAL_LN2), lnm);
+}
+
+__device__ __forceinline__ void d_rand_normal_pair(uint64_t seed, uint64_t stream, uint64_t pair, double z[2]) {
+    const uint64_t base = rp_d_mix64(seed ^ rp_d_mix64(stream));
+    const uint64_t a = rp_d_mix64(base + 2 * pair), b = rp_d_mix64(base + 2 * pair + 1);
+    const double u1 = __dmul_rn((double)(int64_t)((a >> 11) + 1), 0x1p-53);
+    const double r = __dsqrt_rn(__dmul_rn(-2.0, d_normal_log(u1)));
+    const double t = __dmul_rn((double)(int64_t)((b >> 8) & ((1ull << 53) - 1)), 0x1p-53);
+    const double phi = __dmul_rn(t, RP_NORMAL_PI_4), x = __dmul_rn(phi, phi);
+    const uint64_t sinb =
+        (uint64_t)__double_as_longlong(__dmul_rn(phi, d_normal_horner(d_normal_sin_c, RP_NORMAL_SIN_TERMS, x)));
+    const uint64_t cosb = (uint64_t)__double_as_longlong(d_normal_horner(d_normal_cos_c, RP_NORMAL_COS_TERMS, x));
+    const uint64_t swap = 0 - ((b >> 61) & 1);
+    const uint64_t c = ((cosb & ~swap) | (sinb & swap)) ^ (b >> 63 << 63);
+    const uint64_t s = ((sinb & ~swap) | (cosb & swap)) ^ ((b >> 62) & 1) << 63;
+    z[0] = __dmul_rn(r, __longlong_as_double((long long)c));
+    z[1] = __dmul_rn(r, __longlong_as_double((long long)s));
+}
+
+/* z * std, rounded to float then to bf16 (rp_dummy_bf16). */
+__device__ __forceinline__ uint16_t d_dummy_bf16(double z, double std) {
+    return rp_f32_bf16(__double2float_rn(__dmul_rn(z, std)));
+}
+
+/* One thread per pair of elements (Box-Muller makes two at once). */
 __global__ void fill_dummy_kernel(uint16_t *__restrict__ dst, int64_t n, uint64_t seed, uint64_t stream_id,
-                                  float scale, int is_norm) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float u = __fsub_rn(__fmul_rn(rp_d_rand_uniform(seed, stream_id, (uint64_t)i), 2.0f), 1.0f);
-        float v = __fmul_rn(__fmul_rn(u, 1.7320508f), scale);
-        dst[i] = rp_f32_bf16(is_norm ? __fadd_rn(1.0f, v) : v);
+                                  double std, int is_norm) {
+    const int64_t pairs = (n + 1) / 2;
+    for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < pairs;
+         p += (int64_t)gridDim.x * blockDim.x) {
+        uint16_t lo = 0x3f80, hi = 0x3f80; /* bf16 1.0 */
+        if (!is_norm) {
+            double z[2];
+            d_rand_normal_pair(seed, stream_id, (uint64_t)p, z);
+            lo = d_dummy_bf16(z[0], std);
+            hi = d_dummy_bf16(z[1], std);
+        }
+        dst[2 * p] = lo;
+        if (2 * p + 1 < n) dst[2 * p + 1] = hi;
     }
 }
 
-extern "C" int rp_k_fill_dummy(rp_bf16 *dst, int64_t n, uint64_t seed, uint64_t stream_id, float scale,
+extern "C" int rp_k_fill_dummy(rp_bf16 *dst, int64_t n, uint64_t seed, uint64_t stream_id, double std,
                                int is_norm, cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;
-    int64_t blocks = (n + 255) / 256;
-    fill_dummy_kernel<<<(int)(blocks > 16384 ? 16384 : blocks), 256, 0, stream>>>(dst, n, seed, stream_id, scale,
+    const int64_t blocks = ((n + 1) / 2 + 255) / 256;
+    fill_dummy_kernel<<<(int)(blocks > 16384 ? 16384 : blocks), 256, 0, stream>>>(dst, n, seed, stream_id, std,
                                                                                   is_norm);
     return rp_launch_result();
 }
