@@ -226,13 +226,13 @@ static int setup(void **state) {
         return -1;
     }
     rp_server_config sc = {.host = "127.0.0.1", .port = 0, .served_model = "tiny", .max_body_bytes = 1 << 20};
-    srv = rp_server_start(eng, &sc, err, sizeof err);
+    srv = rp_server_start(eng, &sc, NULL, err, sizeof err);
     sc.api_key = "sekrit";
-    srv_key = srv ? rp_server_start(eng, &sc, err, sizeof err) : NULL;
+    srv_key = srv ? rp_server_start(eng, &sc, NULL, err, sizeof err) : NULL;
     rp_server_config lc = {.host = "127.0.0.1", .served_model = "tiny", .max_body_bytes = 1 << 20,
                            .max_connections = 8 * FLOOD_PER_ADDRESS, .max_connections_per_address = FLOOD_PER_ADDRESS,
                            .header_timeout_s = 2, .body_timeout_s = 2, .max_queued_requests = 2};
-    srv_lim = srv_key ? rp_server_start(eng, &lc, err, sizeof err) : NULL;
+    srv_lim = srv_key ? rp_server_start(eng, &lc, NULL, err, sizeof err) : NULL;
     if (!srv || !srv_key || !srv_lim) {
         fprintf(stderr, "server: %s\n", err);
         return -1;
