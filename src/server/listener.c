@@ -64,6 +64,12 @@ static int bind_one(const struct addrinfo *ai) {
 
 rp_listener *rp_listener_open(const char *host, int port, char *err, size_t err_len) {
     if (!host) host = "127.0.0.1";
+    char bare[256]; /* "[::1]", as in a URL, is "::1" */
+    size_t hl = strlen(host);
+    if (hl >= 2 && hl < sizeof bare && host[0] == '[' && host[hl - 1] == ']') {
+        snprintf(bare, sizeof bare, "%.*s", (int)(hl - 2), host + 1);
+        host = bare;
+    }
     char where[320];
     host_port(host, port, where, sizeof where);
     if (!*host) {
