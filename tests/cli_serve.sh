@@ -192,12 +192,7 @@ n1=$(grep -c " engine " "$tmp/serve.log"); sleep 1; n2=$(grep -c " engine " "$tm
 check "no engine line while idle" "$n1" "$n2"
 stop; check "SIGTERM after serving exits 0" 0 "$rc"
 contains "shutdown logged" "$(cat "$tmp/serve.log")" "INFO  stopped"
-# --disable-access-log, --disable-log-stats
 MODEL_ARGS=(--model "$tmp")
-LOG="$tmp/serve.log" start --disable-access-log --disable-log-stats || exit 1
-post /v1/completions -d '{"prompt":[1],"max_tokens":2}' >/dev/null; sleep 0.3
-check "--disable-access-log" 0 "$(grep -c ' request ' "$tmp/serve.log")"
-stop
 # JSON lines: every line parses, with typed fields
 LOG="$tmp/serve.log" start --log-format json --log-stats-interval 0.2 || exit 1
 post /v1/completions -d '{"prompt":[1,2],"max_tokens":2,"ignore_eos":true}' >/dev/null
@@ -219,18 +214,14 @@ out=$(node -e '
   console.log(lines.length > 3 && req === 1 && eng >= 1 ? "ok" : "missing: " + lines.join("\n"));
 ' "$tmp/serve.log" 2>&1)
 check "--log-format json: every line parses" ok "$out"
-# REPLAY_LOG: an unknown value is warned about
-REPLAY_LOG=xyz LOG="$tmp/serve.log" start || exit 1
-stop
-contains "REPLAY_LOG=xyz warned" "$(cat "$tmp/serve.log")" "WARN  REPLAY_LOG=xyz is not a level (error, warn, info, debug); using info"
-REPLAY_LOG=warning LOG="$tmp/serve.log" start || exit 1
-stop
-check "REPLAY_LOG=warning: no info lines" 0 "$(grep -c ' INFO ' "$tmp/serve.log")"
-# the API key from the environment; --api-key wins
-REPLAY_API_KEY=envkey start || exit 1
+# the API key from the environment (--api-key wins, below); --disable-access-log, --disable-log-stats
+REPLAY_API_KEY=envkey LOG="$tmp/serve.log" start --disable-access-log --disable-log-stats || exit 1
 check "REPLAY_API_KEY: none" 401 "$(post /v1/completions -d '{"prompt":"x","max_tokens":1}')"
 check "REPLAY_API_KEY: right" 200 "$(post /v1/completions -H 'Authorization: Bearer envkey' -d '{"prompt":"x","max_tokens":1}')"
+sleep 0.3
 stop
+check "--disable-access-log" 0 "$(grep -c ' request ' "$tmp/serve.log")"
+check "--disable-log-stats" 0 "$(grep -c ' engine ' "$tmp/serve.log")"
 REPLAY_API_KEY=envkey start --api-key flagkey || exit 1
 check "--api-key wins: env key" 401 "$(post /v1/completions -H 'Authorization: Bearer envkey' -d '{"prompt":"x","max_tokens":1}')"
 check "--api-key wins: flag key" 200 "$(post /v1/completions -H 'Authorization: Bearer flagkey' -d '{"prompt":"x","max_tokens":1}')"
@@ -247,9 +238,10 @@ stop
 out=$(timeout 20 "$BIN" serve --dummy-weights qwen3-8b --device cpu --host nosuch.invalid 2>&1); rc=$?
 check "unresolvable host: exit 1" 1 "$rc"
 contains "unresolvable host: said so" "$out" "replay serve: cannot listen on nosuch.invalid:8000: "
-# SIGTERM while loading: out at once (128 + 15), with a line saying so
+# SIGTERM while loading: out at once (128 + 15), with a line saying so; and an
+# unknown REPLAY_LOG is one warning
 port=$((20000 + RANDOM % 40000))
-"$BIN" serve --dummy-weights qwen3-8b --device cpu --threads 1 --port "$port" 2>"$tmp/load.log" &
+REPLAY_LOG=xyz "$BIN" serve --dummy-weights qwen3-8b --device cpu --threads 1 --port "$port" 2>"$tmp/load.log" &
 pid=$!
 for _ in $(seq 50); do grep -q "loading the model" "$tmp/load.log" && break; sleep 0.1; done
 sleep 0.3
@@ -257,6 +249,7 @@ t0=$(date +%s%N); stop; el=$(ms_since "$t0")
 check "SIGTERM while loading: exit 143" 143 "$rc"
 [ "$el" -lt 3000 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: SIGTERM while loading took ${el} ms"; }
 contains "SIGTERM while loading: logged" "$(cat "$tmp/load.log")" "WARN  SIGTERM: interrupted while loading; exiting"
+contains "REPLAY_LOG=xyz warned" "$(cat "$tmp/load.log")" "WARN  REPLAY_LOG=xyz is not a level (error, warn, info, debug); using info"
 # host names and IPv6
 URLHOST=localhost LOG="$tmp/serve.log" start --host localhost || exit 1
 check "--host localhost" 200 "$(code "$URL/version")"
