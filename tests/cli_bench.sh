@@ -51,17 +51,17 @@ check "input lengths within [10, 30], on both sides of 20 ($lo / $mean / $hi)" 0
 # progress: when stderr is not a terminal, a plain line every --progress-interval seconds
 out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 40 --input-len 20 --output-len 12 \
       --num-pages 40 --device cpu --progress-interval 0.01 2>&1 >/dev/null)
-echo "$out" | grep -qE '^\[replay info\] bench offline: [0-9]+/40 requests, [0-9.]+ tok/s, [0-9]+s elapsed'
+echo "$out" | grep -qE 'INFO +bench offline: [0-9]+/40 requests, [0-9.]+ tok/s, [0-9]+s elapsed'
 check "bench offline: progress lines" 0 $?
 out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 4 --ctx 40 --steps 30 --warmup 1 --device cpu \
       --progress-interval 0.01 2>&1 >/dev/null)
-echo "$out" | grep -qE '^\[replay info\] bench decode: [0-9]+/31 steps, [0-9.]+ tok/s, .*\(batch 4'
+echo "$out" | grep -qE 'INFO +bench decode: [0-9]+/31 steps, [0-9.]+ tok/s, .*\(batch 4'
 check "bench decode: progress lines" 0 $?
 # nothing listens on port 1: every request fails at once, and the line still counts them
 out=$("$BIN" bench serve --base-url http://127.0.0.1:1 --model m --vocab 100 --num-prompts 3 --request-rate 20 \
       --input-len 4 --output-len 2 --progress-interval 0.01 2>&1 >/dev/null)
 check "bench serve: refused connections fail" 1 $?
-echo "$out" | grep -qE '^\[replay info\] bench serve: [0-9]/3 requests'
+echo "$out" | grep -qE 'INFO +bench serve: [0-9]/3 requests'
 check "bench serve: progress lines" 0 $?
 out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 8 --input-len 8 --output-len 4 --device cpu \
       --progress-interval 0.01 -q 2>&1 >/dev/null)

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # `replay serve` as a client sees it, with curl on a free loopback port: the
 # endpoints, streaming, every error case with its status and OpenAI-shaped
-# body, the API key, a client that disconnects mid-stream (its KV pages come
-# back), and a clean exit on SIGTERM.
+# body, the API key (flag and REPLAY_API_KEY), a client that disconnects
+# mid-stream (its KV pages come back), a clean exit on SIGTERM; the logs (the
+# access line, the engine line, JSON lines, REPLAY_LOG), listening before
+# loading (a port in use, SIGTERM while loading), host names and IPv6, and
+# usage errors.
 set -u
 BIN=$1
 SRC=$2
@@ -22,13 +25,23 @@ cat > "$tmp/config.json" <<'JSON'
  "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
  "tie_word_embeddings": false, "eos_token_id": 151645, "max_position_embeddings": 512}
 JSON
-start() { # extra args; sets pid and URL
+# start [ARGS]: a server on a free port; sets pid, port and URL. With LOG set, it
+# logs at info into that file (else -q); URLHOST is the host in URL; MODEL_ARGS
+# how the model is given.
+URLHOST=127.0.0.1
+MODEL_ARGS=(--model "$tmp")
+LOG=
+start() {
   for try in 1 2 3 4 5; do
     port=$((20000 + RANDOM % 40000))
-    "$BIN" serve --model "$tmp" --load-format dummy --port "$port" --num-pages 64 --device cpu -q "$@" &
+    if [ -n "$LOG" ]; then
+      "$BIN" serve "${MODEL_ARGS[@]}" --load-format dummy --port "$port" --num-pages 64 --device cpu "$@" 2>"$LOG" &
+    else
+      "$BIN" serve "${MODEL_ARGS[@]}" --load-format dummy --port "$port" --num-pages 64 --device cpu -q "$@" &
+    fi
     pid=$!
     for _ in $(seq 50); do
-      curl -s -o /dev/null "http://127.0.0.1:$port/health" && { URL="http://127.0.0.1:$port"; return 0; }
+      curl -s -o /dev/null "http://$URLHOST:$port/health" && { URL="http://$URLHOST:$port"; return 0; }
       kill -0 "$pid" 2>/dev/null || break
       sleep 0.1
     done
@@ -147,5 +160,127 @@ contains "bench offline: every request" "$out" "output tokens/s"
 out=$("$BIN" serve --dummy-weights tiny-qwen3 --port 0 2>&1); check "bad port" 2 $?
 out=$("$BIN" serve 2>&1); check "no model" 2 $?
 out=$("$BIN" serve --dummy-weights tiny-qwen3 --max-queued-requests 0 2>&1); check "--max-queued-requests 0" 2 $?
+
+# ---- logs, listening, signals (docs/server.md#logs) ----
+stop() { kill -TERM "$pid"; wait "$pid"; rc=$?; pid=; }
+ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+# the model as an argument (vllm serve MODEL); the access line; the periodic line
+MODEL_ARGS=("$tmp")
+LOG="$tmp/serve.log" start --log-stats-interval 0.3 || { echo "$pass passed, $((fail + 1)) failed"; exit 1; }
+check "serve MODEL: /version" 200 "$(code "$URL/version")"
+check "/version body" '{"version":"0.1.0"}' "$(cat "$tmp/body")"
+check "completion (logged)" 200 "$(post /v1/completions -d '{"prompt":[9707,1879,0],"max_tokens":5,"ignore_eos":true}')"
+id=$(sed -n 's/.*"id":"\(cmpl-[0-9a-f]*\)".*/\1/p' "$tmp/body")
+check "stream (logged)" 200 "$(post /v1/completions -d '{"prompt":[9707],"max_tokens":3,"ignore_eos":true,"stream":true}')"
+check "404 (logged)" 404 "$(code "$URL/nothing")"
+sleep 0.8
+log=$(cat "$tmp/serve.log")
+contains "startup line has the URL" "$log" "INFO  serving '$(basename "$tmp")' on http://127.0.0.1:$port"
+contains "listening before loading" "$log" "INFO  listening on http://127.0.0.1:$port; loading the model"
+line=$(grep " id=$id " "$tmp/serve.log")
+contains "access line: fields" "$line" "INFO  request id=$id client=127.0.0.1:"
+contains "access line: route and status" "$line" " method=POST route=/v1/completions status=200 prompt_tokens=3 output_tokens=5 ttft_ms="
+contains "access line: total" "$line" " total_ms="
+check "access line: timestamp" 1 "$(echo "$line" | grep -cE '^[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3} INFO  ')"
+contains "access line: a stream" "$log" "route=/v1/completions status=200 prompt_tokens=1 output_tokens=3 ttft_ms="
+contains "access line: a 404" "$log" "id=- client=127.0.0.1:"
+contains "access line: the 404's route" "$log" "method=GET route=/nothing status=404"
+case "$log" in *"route=/health "*) fail=$((fail + 1)); echo "FAIL: /health logged at info" ;; *) pass=$((pass + 1)) ;; esac
+contains "engine line" "$log" "INFO  engine prompt_tokens_per_s="
+contains "engine line: fields" "$log" " running=0 waiting=0 kv_cache_used_pct="
+n1=$(grep -c " engine " "$tmp/serve.log"); sleep 1; n2=$(grep -c " engine " "$tmp/serve.log")
+check "no engine line while idle" "$n1" "$n2"
+stop; check "SIGTERM after serving exits 0" 0 "$rc"
+contains "shutdown logged" "$(cat "$tmp/serve.log")" "INFO  stopped"
+MODEL_ARGS=(--model "$tmp")
+# JSON lines: every line parses, with typed fields
+LOG="$tmp/serve.log" start --log-format json --log-stats-interval 0.2 || exit 1
+post /v1/completions -d '{"prompt":[1,2],"max_tokens":2,"ignore_eos":true}' >/dev/null
+code "$URL/v1/models?x=%22%0a" >/dev/null
+sleep 0.5; stop
+out=$(node -e '
+  const lines = require("fs").readFileSync(process.argv[1], "utf8").split("\n").filter(Boolean);
+  let req = 0, eng = 0;
+  for (const l of lines) {
+    const j = JSON.parse(l);
+    if (!/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/.test(j.ts) || !j.level || typeof j.msg !== "string") throw l;
+    if (j.msg === "request" && j.route === "/v1/completions") {
+      if (j.status !== 200 || j.prompt_tokens !== 2 || j.output_tokens !== 2 || typeof j.ttft_ms !== "number" ||
+          !/^cmpl-/.test(j.id) || !/^127\.0\.0\.1:\d+$/.test(j.client)) throw l;
+      req++;
+    }
+    if (j.msg === "engine" && typeof j.generation_tokens_per_s === "number" && j.running === 0) eng++;
+  }
+  console.log(lines.length > 3 && req === 1 && eng >= 1 ? "ok" : "missing: " + lines.join("\n"));
+' "$tmp/serve.log" 2>&1)
+check "--log-format json: every line parses" ok "$out"
+# the API key from the environment (--api-key wins, below); --disable-access-log, --disable-log-stats
+REPLAY_API_KEY=envkey LOG="$tmp/serve.log" start --disable-access-log --disable-log-stats || exit 1
+check "REPLAY_API_KEY: none" 401 "$(post /v1/completions -d '{"prompt":"x","max_tokens":1}')"
+check "REPLAY_API_KEY: right" 200 "$(post /v1/completions -H 'Authorization: Bearer envkey' -d '{"prompt":"x","max_tokens":1}')"
+sleep 0.3
+stop
+check "--disable-access-log" 0 "$(grep -c ' request ' "$tmp/serve.log")"
+check "--disable-log-stats" 0 "$(grep -c ' engine ' "$tmp/serve.log")"
+REPLAY_API_KEY=envkey start --api-key flagkey || exit 1
+check "--api-key wins: env key" 401 "$(post /v1/completions -H 'Authorization: Bearer envkey' -d '{"prompt":"x","max_tokens":1}')"
+check "--api-key wins: flag key" 200 "$(post /v1/completions -H 'Authorization: Bearer flagkey' -d '{"prompt":"x","max_tokens":1}')"
+stop
+# a port in use is reported before the model loads: qwen3-8b's random weights take minutes on the CPU
+start || exit 1
+t0=$(date +%s%N)
+out=$(timeout 20 "$BIN" serve --dummy-weights qwen3-8b --device cpu --port "$port" 2>&1); rc=$?
+el=$(ms_since "$t0")
+check "port in use: exit 1" 1 "$rc"
+check "port in use: the system's reason" "replay serve: cannot listen on 127.0.0.1:$port: Address already in use" "$out"
+[ "$el" -lt 3000 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: port in use reported after ${el} ms"; }
+stop
+out=$(timeout 20 "$BIN" serve --dummy-weights qwen3-8b --device cpu --host nosuch.invalid 2>&1); rc=$?
+check "unresolvable host: exit 1" 1 "$rc"
+contains "unresolvable host: said so" "$out" "replay serve: cannot listen on nosuch.invalid:8000: "
+# SIGTERM while loading: out at once (128 + 15), with a line saying so; and an
+# unknown REPLAY_LOG is one warning
+port=$((20000 + RANDOM % 40000))
+REPLAY_LOG=xyz "$BIN" serve --dummy-weights qwen3-8b --device cpu --threads 1 --port "$port" 2>"$tmp/load.log" &
+pid=$!
+for _ in $(seq 50); do grep -q "loading the model" "$tmp/load.log" && break; sleep 0.1; done
+sleep 0.3
+t0=$(date +%s%N); stop; el=$(ms_since "$t0")
+check "SIGTERM while loading: exit 143" 143 "$rc"
+[ "$el" -lt 3000 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: SIGTERM while loading took ${el} ms"; }
+contains "SIGTERM while loading: logged" "$(cat "$tmp/load.log")" "WARN  SIGTERM: interrupted while loading; exiting"
+contains "REPLAY_LOG=xyz warned" "$(cat "$tmp/load.log")" "WARN  REPLAY_LOG=xyz is not a level (error, warn, info, debug); using info"
+# host names and IPv6
+URLHOST=localhost LOG="$tmp/serve.log" start --host localhost || exit 1
+check "--host localhost" 200 "$(code "$URL/version")"
+stop
+if python3 -c 'import socket; s = socket.socket(socket.AF_INET6); s.bind(("::1", 0))' 2>/dev/null; then
+  URLHOST="[::1]" LOG="$tmp/serve.log" start --host ::1 || exit 1
+  check "--host ::1" 200 "$(code "$URL/version")"
+  stop
+  contains "--host ::1: the URL" "$(cat "$tmp/serve.log")" "serving '$(basename "$tmp")' on http://[::1]:$port"
+  contains "--host ::1: the client in brackets" "$(cat "$tmp/serve.log")" "client=[::1]:"
+  URLHOST="[::1]" LOG="$tmp/serve.log" start --host :: || exit 1
+  check "--host :: takes IPv6" 200 "$(code "$URL/version")"
+  check "--host :: takes IPv4" 200 "$(code "http://127.0.0.1:$port/version")"
+  stop
+  contains "--host ::: an IPv4 client as IPv4" "$(cat "$tmp/serve.log")" "client=127.0.0.1:"
+else
+  echo "SKIP: --host ::1 and --host :: (this machine has no IPv6 loopback address)"
+fi
+URLHOST=127.0.0.1
+# usage errors name the flag and exit 2, before anything loads
+usage() { local want=$1; shift; out=$("$BIN" serve "$@" 2>&1); check "usage: $*" 2 $?; contains "usage: $* (message)" "$out" "$want"; }
+usage "--port must be an integer from 1 to 65535, got '70000'" --dummy-weights tiny-qwen3 --port 70000
+usage "--log-level must be error, warn, info or debug, got 'loud'" --dummy-weights tiny-qwen3 --log-level loud
+usage "--log-format must be text or json, got 'xml'" --dummy-weights tiny-qwen3 --log-format xml
+usage "--log-stats-interval must be" --dummy-weights tiny-qwen3 --log-stats-interval -1
+usage "--tokenizer must be a directory with tokenizer.json, got '/nonexistent'" --dummy-weights tiny-qwen3 --tokenizer /nonexistent
+usage "--chat-template must be qwen3 or llama3, got 'chatml'" --dummy-weights tiny-qwen3 --chat-template chatml
+usage "--served-model-name must not be empty" --dummy-weights tiny-qwen3 --served-model-name ""
+usage "--api-key must not be empty" --dummy-weights tiny-qwen3 --api-key ""
+usage "the model is given twice" "$tmp" --model "$tmp"
+usage "unexpected argument 'b'" a b
+usage "give either --model or --dummy-weights" "$tmp" --dummy-weights tiny-qwen3
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -4,7 +4,8 @@
  * prompt lists, streaming framing, a client that hangs up mid-stream or
  * mid-request (aborted at once, the KV pool back to full), /metrics, memory
  * running out while the answer is built (a 500 or an error event), and a
- * shutdown with a stream open (it ends with an error event and [DONE]).
+ * shutdown with a stream open (it ends with an error event and [DONE]);
+ * the listener made before the server (a port in use, IPv6).
  * The model: a one-layer Qwen3 shape with random weights and the real
  * Qwen3 tokenizer (scripts/fetch-tokenizers.sh). */
 #include <arpa/inet.h>
@@ -226,13 +227,13 @@ static int setup(void **state) {
         return -1;
     }
     rp_server_config sc = {.host = "127.0.0.1", .port = 0, .served_model = "tiny", .max_body_bytes = 1 << 20};
-    srv = rp_server_start(eng, &sc, err, sizeof err);
+    srv = rp_server_start(eng, &sc, NULL, err, sizeof err);
     sc.api_key = "sekrit";
-    srv_key = srv ? rp_server_start(eng, &sc, err, sizeof err) : NULL;
+    srv_key = srv ? rp_server_start(eng, &sc, NULL, err, sizeof err) : NULL;
     rp_server_config lc = {.host = "127.0.0.1", .served_model = "tiny", .max_body_bytes = 1 << 20,
                            .max_connections = 8 * FLOOD_PER_ADDRESS, .max_connections_per_address = FLOOD_PER_ADDRESS,
                            .header_timeout_s = 2, .body_timeout_s = 2, .max_queued_requests = 2};
-    srv_lim = srv_key ? rp_server_start(eng, &lc, err, sizeof err) : NULL;
+    srv_lim = srv_key ? rp_server_start(eng, &lc, NULL, err, sizeof err) : NULL;
     if (!srv || !srv_key || !srv_lim) {
         fprintf(stderr, "server: %s\n", err);
         return -1;
@@ -1043,8 +1044,63 @@ static void test_shutdown(void **state) {
     wait_pool_full();
 }
 
+/* The listener made before the server (serve makes it before the model
+ * loads): its port and URL are known at once, a second listener on that port
+ * is refused with the system's reason, a connection made before the server
+ * starts waits in the backlog and is answered, a host that does not resolve
+ * is reported, and ::1 serves IPv6 clients. */
+static void test_listener(void **state) {
+    (void)state;
+    char err[512], want[128];
+    rp_server_config c = {.host = "127.0.0.1", .served_model = "tiny"};
+    rp_listener *l = rp_server_listen(&c, err, sizeof err);
+    if (!l) fail_msg("listen: %s", err);
+    int p = rp_listener_port(l);
+    assert_true(p > 0);
+    snprintf(want, sizeof want, "http://127.0.0.1:%d", p);
+    assert_string_equal(rp_listener_url(l), want);
+    c.port = p;
+    assert_null(rp_server_listen(&c, err, sizeof err));
+    snprintf(want, sizeof want, "cannot listen on 127.0.0.1:%d: Address already in use", p);
+    assert_string_equal(err, want);
+    int early = send_request(p, "GET", "/version", NULL, NULL);
+    rp_server *s = rp_server_start(eng, &c, l, err, sizeof err);
+    if (!s) fail_msg("start: %s", err);
+    assert_int_equal(rp_server_port(s), p);
+    response r = read_response(early);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "{\"version\":\"0.1.0\"}");
+    response_free(&r);
+    rp_server_stop(s);
+
+    c.host = "nosuch.invalid";
+    c.port = 0;
+    assert_null(rp_server_listen(&c, err, sizeof err));
+    if (strncmp(err, "cannot listen on nosuch.invalid:0: ", 35) != 0) fail_msg("unresolvable host: %s", err);
+
+    c.host = "::1";
+    if (!(l = rp_server_listen(&c, err, sizeof err))) {
+        printf("SKIP: IPv6 (%s): this machine has no IPv6 loopback address\n", err);
+        return;
+    }
+    p = rp_listener_port(l);
+    snprintf(want, sizeof want, "http://[::1]:%d", p);
+    assert_string_equal(rp_listener_url(l), want);
+    if (!(s = rp_server_start(eng, &c, l, err, sizeof err))) fail_msg("start on ::1: %s", err);
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)p), .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) fail_msg("connect to [::1]:%d: %s", p, strerror(errno));
+    static const char req[] = "GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    send_all(fd, req, sizeof req - 1);
+    r = read_response(fd);
+    assert_int_equal(r.status, 200);
+    response_free(&r);
+    rp_server_stop(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_listener),
         cmocka_unit_test(test_errors),     cmocka_unit_test(test_completions), cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_connection_flood), cmocka_unit_test(test_refused_before_body),

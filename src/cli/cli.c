@@ -487,6 +487,13 @@ int rp_engine_opts_parse(rp_engine_config *ec, int opt, const char *arg, const c
     return 0;
 }
 
+int rp_engine_opts_check(const rp_engine_config *ec, const rp_model_opts *mo, const char *cmd) {
+    if (mo->have_cfg && ec->max_context > mo->cfg.max_position_embeddings)
+        return rp_cli_usage_error(cmd, "--max-model-len %d is more than the model's context (%d tokens)",
+                                  ec->max_context, mo->cfg.max_position_embeddings);
+    return 0;
+}
+
 void rp_cli_engine_model(const rp_model_opts *o, rp_engine_config *ec) {
     ec->model_dir = o->model_dir;
     ec->dummy_name = o->dummy_name;

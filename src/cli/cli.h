@@ -114,6 +114,11 @@ void rp_engine_opts_help(FILE *f);
  * -1 on a bad value (message printed). */
 int rp_engine_opts_parse(struct rp_engine_config *ec, int opt, const char *arg, const char *cmd);
 
+/* The engine options against the model (rp_model_opts_check read its
+ * config): --max-model-len beyond the model's context is refused, as vLLM
+ * does. 0 or RP_EXIT_USAGE (printed). */
+int rp_engine_opts_check(const struct rp_engine_config *ec, const rp_model_opts *mo, const char *cmd);
+
 struct rp_sampling_params;
 /* Handles one of RP_SAMPLING_LONG_OPTIONS: 1 if it was one, 0 if not, -1 on
  * a bad value (message printed). Ranges are checked later, by the sampler. */

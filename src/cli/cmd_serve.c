@@ -1,36 +1,64 @@
-/* `replay serve`: the engine behind an OpenAI-compatible HTTP server. The
- * main thread only waits for SIGINT/SIGTERM; the engine and the HTTP
- * threads do the work. */
+/* `replay serve`: the engine behind an OpenAI-compatible HTTP server.
+ *
+ * Order: options checked (all that can be without the model), the
+ * listening socket made (a port in use or a host that does not resolve is
+ * reported at once, not after minutes of loading), the signal thread
+ * started, the model loaded, the server started on the socket. The main
+ * thread then waits for the signal thread to say stop.
+ *
+ * Signals: SIGINT and SIGTERM are blocked in every thread (the mask is set
+ * before any thread exists, and threads inherit it) and taken by one
+ * thread with sigwait. While the model loads there is nothing to lose: it
+ * exits at once with 128 + the signal's number (130, 143), as a shell
+ * reports a process that a signal ended. Once serving it tells the main
+ * thread, which stops the server (aborting what runs) and destroys the
+ * engine, exiting 0; a second signal during that shutdown exits at once. */
+#include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "replay/engine.h"
 #include "server/http.h"
+#include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
 #define CMD "serve"
+#define DEFAULT_PORT 8000
 
 static void help(FILE *f) {
     rp_server_config d;
     rp_server_config_default(&d);
     fprintf(f,
-            "Usage: replay serve (--model DIR | --dummy-weights NAME) [OPTIONS]\n"
+            "Usage: replay serve [MODEL_DIR] [--model DIR | --dummy-weights NAME] [OPTIONS]\n"
             "\n"
             "Serves the model over HTTP with OpenAI's API: POST /v1/completions, /v1/chat/completions\n"
             "(\"stream\": true for Server-Sent Events), GET /v1/models, /health, /health_generate,\n"
-            "/metrics (Prometheus), POST /tokenize, /detokenize. SIGINT/SIGTERM stop it cleanly.\n"
+            "/metrics (Prometheus), /version, POST /tokenize, /detokenize. MODEL_DIR is the same as\n"
+            "--model. SIGINT/SIGTERM stop it cleanly (exit 0); during loading they exit at once with\n"
+            "130/143. Usage errors exit 2, failures (a port in use, a model that does not load) 1.\n"
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
             "Server:\n"
-            "  --host ADDR                IPv4 address to listen on (default 127.0.0.1)\n"
-            "  --port N                   (default 8000)\n"
+            "  --host HOST                address or name to listen on (default %s); :: = every address,\n"
+            "                             IPv6 and IPv4; 0.0.0.0 = every IPv4 address\n"
+            "  --port N                   1 to 65535 (default %d)\n"
             "  --served-model-name NAME   the model name clients send (default: the directory or preset name)\n"
-            "  --api-key KEY              require 'Authorization: Bearer KEY' (default: none)\n"
-            "  --tokenizer DIR            tokenizer.json from DIR (default: the model's)\n"
-            "  --chat-template NAME       qwen3 or llama3 (default: tokenizer_config.json's)\n"
+            "  --api-key KEY              require 'Authorization: Bearer KEY' (default: the environment's\n"
+            "                             REPLAY_API_KEY, which keeps the key out of `ps`; else none)\n"
+            "  --tokenizer DIR            tokenizer.json from DIR instead of the model's (default: the model's)\n"
+            "  --chat-template NAME       qwen3 or llama3 (default: from tokenizer_config.json)\n"
+            "\n"
+            "Logs (docs/server.md#logs; lines go to stderr; --log-level and --log-format under Output):\n"
+            "  --disable-access-log       no line per request (default: one at info; vLLM's\n"
+            "                             --disable-uvicorn-access-log is the same)\n"
+            "  --log-stats-interval S     the engine line (throughput, requests, KV cache) every S seconds\n"
+            "                             while something runs; 0 = off (default %g)\n"
+            "  --disable-log-stats        the same as --log-stats-interval 0 (vLLM's name)\n"
             "\n"
             "Limits (docs/server.md#limits; the defaults suit a public deployment):\n"
             "  --max-connections N              open connections in all (default %d)\n"
@@ -42,28 +70,109 @@ static void help(FILE *f) {
             "  --max-queued-requests N          waiting requests beyond which new ones get 503 (default %d)\n"
             "  --http-threads N                 HTTP threads (default %d)\n"
             "\n",
-            d.max_connections, d.max_connections_per_address, d.header_timeout_s, d.body_timeout_s, d.send_timeout_s,
-            d.max_body_bytes, d.max_queued_requests, d.http_threads);
+            d.host, DEFAULT_PORT, d.log_stats_interval_s, d.max_connections, d.max_connections_per_address,
+            d.header_timeout_s, d.body_timeout_s, d.send_timeout_s, d.max_body_bytes, d.max_queued_requests,
+            d.http_threads);
     rp_engine_opts_help(f);
     fprintf(f, "\n" RP_COMMON_OPTIONS_HELP);
 }
 
+/* ---- signals ------------------------------------------------------------------- */
+
+static sigset_t g_sigs;     /* SIGINT, SIGTERM */
+static sem_t g_stop;        /* posted at the first signal once serving */
+static int g_serving;       /* atomic: 0 while loading */
+static int g_signal;        /* atomic: the first signal once serving */
+
+static const char *signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+
+static void *signal_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&g_sigs, &sig) != 0) continue;
+        if (!__atomic_load_n(&g_serving, __ATOMIC_ACQUIRE)) {
+            /* nothing is served yet: nothing to finish or lose */
+            rp_log_warn("%s: interrupted while loading; exiting", signal_name(sig));
+            _exit(128 + sig);
+        }
+        if (__atomic_exchange_n(&g_signal, sig, __ATOMIC_ACQ_REL)) {
+            rp_log_warn("%s again: exiting now, without waiting for running requests", signal_name(sig));
+            _exit(128 + sig);
+        }
+        sem_post(&g_stop);
+    }
+    return NULL;
+}
+
+/* ---- options ------------------------------------------------------------------- */
+
+/* The name clients use: the last part of the model directory or the preset. */
+static const char *default_served_name(const rp_model_opts *mo) {
+    const char *name = mo->dummy_name ? mo->dummy_name : mo->model_dir;
+    const char *slash = strrchr(name, '/');
+    while (slash && slash[1] == 0 && slash > name) { /* trailing slash: take the part before it */
+        const char *q = slash - 1;
+        while (q > name && *q != '/') q--;
+        slash = *q == '/' ? q : NULL;
+        break;
+    }
+    return slash && slash[1] ? slash + 1 : name;
+}
+
+/* What can be checked before the model loads; a usage error (printed) or 0. */
+static int check_options(const rp_server_config *sc, const char *tokenizer_dir, const char *template_name) {
+    if (!sc->served_model[0]) return rp_cli_usage_error(CMD, "--served-model-name must not be empty");
+    if (sc->api_key && !sc->api_key[0])
+        return rp_cli_usage_error(CMD, "--api-key must not be empty (leave it out to serve without a key)");
+    if (!sc->host[0]) return rp_cli_usage_error(CMD, "--host must not be empty");
+    if (tokenizer_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tokenizer.json", tokenizer_dir);
+        if (access(path, R_OK) != 0)
+            return rp_cli_usage_error(CMD, "--tokenizer must be a directory with tokenizer.json, got '%s'",
+                                      tokenizer_dir);
+    }
+    rp_chat_template_kind kind;
+    rp_err err;
+    if (template_name && rp_chat_template_from_name(template_name, &kind, &err))
+        return rp_cli_usage_error(CMD, "--chat-template must be qwen3 or llama3, got '%s'", template_name);
+    return 0;
+}
+
+/* An option's long name (the first of its aliases). */
+static const char *flag_name(const struct option *longopts, int opt) {
+    for (; longopts->name; longopts++)
+        if (longopts->val == opt) return longopts->name;
+    return "?";
+}
+
+enum {
+    OPT_HOST = 0x1c0, /* past the common options (cli.h) */
+    OPT_PORT, OPT_NAME, OPT_KEY, OPT_TOKENIZER, OPT_TEMPLATE, OPT_NO_ACCESS_LOG, OPT_STATS_INTERVAL, OPT_NO_STATS,
+    OPT_LIMIT = 0x180 /* the limits, in the order of limits[] below */
+};
+
 static const struct option options[] = {
     RP_MODEL_LONG_OPTIONS,
-    {"host", required_argument, 0, 'H'},
-    {"port", required_argument, 0, 'p'},
-    {"served-model-name", required_argument, 0, 'n'},
-    {"api-key", required_argument, 0, 'k'},
-    {"tokenizer", required_argument, 0, 'T'},
-    {"chat-template", required_argument, 0, 'M'},
-    {"max-connections", required_argument, 0, 0x180},
-    {"max-connections-per-address", required_argument, 0, 0x181},
-    {"header-timeout", required_argument, 0, 0x182},
-    {"body-timeout", required_argument, 0, 0x183},
-    {"send-timeout", required_argument, 0, 0x184},
-    {"max-body-bytes", required_argument, 0, 0x185},
-    {"max-queued-requests", required_argument, 0, 0x186},
-    {"http-threads", required_argument, 0, 0x187},
+    {"host", required_argument, 0, OPT_HOST},
+    {"port", required_argument, 0, OPT_PORT},
+    {"served-model-name", required_argument, 0, OPT_NAME},
+    {"api-key", required_argument, 0, OPT_KEY},
+    {"tokenizer", required_argument, 0, OPT_TOKENIZER},
+    {"chat-template", required_argument, 0, OPT_TEMPLATE},
+    {"disable-access-log", no_argument, 0, OPT_NO_ACCESS_LOG},
+    {"disable-uvicorn-access-log", no_argument, 0, OPT_NO_ACCESS_LOG},
+    {"log-stats-interval", required_argument, 0, OPT_STATS_INTERVAL},
+    {"disable-log-stats", no_argument, 0, OPT_NO_STATS},
+    {"max-connections", required_argument, 0, OPT_LIMIT + 0},
+    {"max-connections-per-address", required_argument, 0, OPT_LIMIT + 1},
+    {"header-timeout", required_argument, 0, OPT_LIMIT + 2},
+    {"body-timeout", required_argument, 0, OPT_LIMIT + 3},
+    {"send-timeout", required_argument, 0, OPT_LIMIT + 4},
+    {"max-body-bytes", required_argument, 0, OPT_LIMIT + 5},
+    {"max-queued-requests", required_argument, 0, OPT_LIMIT + 6},
+    {"http-threads", required_argument, 0, OPT_LIMIT + 7},
     RP_ENGINE_LONG_OPTIONS,
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
@@ -74,12 +183,11 @@ static int run(int argc, char **argv) {
     rp_model_opts_init(&mo);
     rp_server_config sc;
     rp_server_config_default(&sc);
-    sc.port = 8000;
     long limits[8] = {sc.max_connections, sc.max_connections_per_address, sc.header_timeout_s, sc.body_timeout_s,
                       sc.send_timeout_s, (long)sc.max_body_bytes, sc.max_queued_requests, sc.http_threads};
     static const long limit_max[8] = {1 << 20, 1 << 20, 3600, 3600, 3600, 1L << 30, 1 << 24, 256};
     const char *tokenizer_dir = NULL, *template_name = NULL;
-    long port = 8000;
+    long port = DEFAULT_PORT;
     rp_engine_config ec;
     rp_engine_config_default(&ec);
     rp_cli_opts_begin();
@@ -87,26 +195,43 @@ static int run(int argc, char **argv) {
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, NULL, CMD)) != RP_OPT_END) {
         long *dst = NULL, lo = 1, hi = 1 << 24;
         switch (opt) {
+        case RP_OPT_ERROR: return RP_EXIT_USAGE; /* reported */
         case 'h': help(stdout); return RP_EXIT_OK;
-        case 'H': sc.host = optarg; break;
-        case 'n': sc.served_model = optarg; break;
-        case 'k': sc.api_key = optarg; break;
-        case 'T': tokenizer_dir = optarg; break;
-        case 'M': template_name = optarg; break;
-        case 'p': dst = &port, lo = 1, hi = 65535; break;
-        case 0x180: case 0x181: case 0x182: case 0x183: case 0x184: case 0x185: case 0x186: case 0x187:
-            dst = &limits[opt - 0x180], hi = limit_max[opt - 0x180];
+        case OPT_HOST: sc.host = optarg; break;
+        case OPT_NAME: sc.served_model = optarg; break;
+        case OPT_KEY: sc.api_key = optarg; break;
+        case OPT_TOKENIZER: tokenizer_dir = optarg; break;
+        case OPT_TEMPLATE: template_name = optarg; break;
+        case OPT_PORT: dst = &port, lo = 1, hi = 65535; break;
+        case OPT_NO_ACCESS_LOG: sc.access_log = 0; break;
+        case OPT_NO_STATS: sc.log_stats_interval_s = 0; break;
+        case OPT_STATS_INTERVAL:
+            if (rp_parse_float(optarg, &sc.log_stats_interval_s) || sc.log_stats_interval_s < 0 ||
+                sc.log_stats_interval_s > 86400)
+                return rp_cli_usage_error(CMD, "--log-stats-interval must be a number of seconds from 0 to 86400, "
+                                               "got '%s'", optarg);
+            break;
+        case OPT_LIMIT + 0: case OPT_LIMIT + 1: case OPT_LIMIT + 2: case OPT_LIMIT + 3:
+        case OPT_LIMIT + 4: case OPT_LIMIT + 5: case OPT_LIMIT + 6: case OPT_LIMIT + 7:
+            dst = &limits[opt - OPT_LIMIT], hi = limit_max[opt - OPT_LIMIT];
             break;
         default:
             if (rp_engine_opts_parse(&ec, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
         }
         if (dst && rp_parse_int(optarg, lo, hi, dst))
-            return rp_cli_usage_error(CMD, "%s must be an integer from %ld to %ld, got '%s'", argv[optind - 1], lo, hi,
-                                      optarg);
+            return rp_cli_usage_error(CMD, "--%s must be an integer from %ld to %ld, got '%s'", flag_name(options, opt),
+                                      lo, hi, optarg);
     }
-    if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
-    int bad_model = rp_model_opts_check(&mo, CMD);
-    if (bad_model) return bad_model;
+    /* the model as an argument, as `vllm serve MODEL` */
+    if (optind < argc) {
+        if (argc - optind > 1) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind + 1]);
+        if (mo.model_dir)
+            return rp_cli_usage_error(CMD, "the model is given twice: '%s' and --model %s", argv[optind],
+                                      mo.model_dir);
+        mo.model_dir = argv[optind];
+    }
+    int bad = rp_model_opts_check(&mo, CMD);
+    if (bad || (bad = rp_engine_opts_check(&ec, &mo, CMD))) return bad;
     sc.port = (int)port;
     sc.max_connections = (int)limits[0];
     sc.max_connections_per_address = (int)limits[1];
@@ -116,41 +241,51 @@ static int run(int argc, char **argv) {
     sc.max_body_bytes = (size_t)limits[5];
     sc.max_queued_requests = (int)limits[6];
     sc.http_threads = (int)limits[7];
-    if (!sc.served_model) {
-        const char *name = mo.dummy_name ? mo.dummy_name : mo.model_dir;
-        const char *slash = strrchr(name, '/');
-        while (slash && slash[1] == 0 && slash > name) { /* trailing slash: take the part before it */
-            const char *q = slash - 1;
-            while (q > name && *q != '/') q--;
-            slash = *q == '/' ? q : NULL;
-            break;
-        }
-        sc.served_model = slash && slash[1] ? slash + 1 : name;
+    if (!sc.served_model) sc.served_model = default_served_name(&mo);
+    if (!sc.api_key) {
+        const char *k = getenv("REPLAY_API_KEY"); /* empty counts as unset */
+        if (k && *k) sc.api_key = k;
     }
-    /* SIGINT/SIGTERM go to this thread only: block them before any thread starts */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    if (check_options(&sc, tokenizer_dir, template_name)) return RP_EXIT_USAGE;
+
+    /* SIGINT/SIGTERM go to the signal thread only: blocked before any thread starts */
+    sigemptyset(&g_sigs);
+    sigaddset(&g_sigs, SIGINT);
+    sigaddset(&g_sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &g_sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+
+    char err[512];
+    rp_listener *listener = rp_server_listen(&sc, err, sizeof err);
+    if (!listener) return rp_cli_runtime_error(CMD, "%s", err);
+    pthread_t sig_thread;
+    if (sem_init(&g_stop, 0, 0) != 0 || pthread_create(&sig_thread, NULL, signal_main, NULL) != 0) {
+        rp_listener_free(listener);
+        return rp_cli_runtime_error(CMD, "cannot start the signal thread");
+    }
+    pthread_detach(sig_thread);
+    rp_log_info("listening on %s; loading the model (connections wait until it is loaded)",
+                rp_listener_url(listener));
 
     rp_cli_engine_model(&mo, &ec);
     ec.tokenizer_dir = tokenizer_dir;
     ec.chat_template = template_name;
     rp_error eerr;
     rp_engine *eng = rp_engine_create(&ec, &eerr);
-    if (!eng) return rp_cli_runtime_error(CMD, "%s", eerr.message);
-    char err[512];
-    rp_server *srv = rp_server_start(eng, &sc, err, sizeof err);
+    if (!eng) {
+        rp_listener_free(listener);
+        return rp_cli_runtime_error(CMD, "%s", eerr.message);
+    }
+    rp_server *srv = rp_server_start(eng, &sc, listener, err, sizeof err);
     if (!srv) {
         rp_engine_destroy(eng);
         return rp_cli_runtime_error(CMD, "%s", err);
     }
-    rp_log_info("serving '%s' on http://%s:%d (OpenAI API under /v1)", sc.served_model, sc.host, sc.port);
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    rp_log_info("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    __atomic_store_n(&g_serving, 1, __ATOMIC_RELEASE);
+    rp_log_info("serving '%s' on %s (OpenAI API under /v1)", sc.served_model, rp_server_url(srv));
+    while (sem_wait(&g_stop) != 0) {
+    }
+    rp_log_info("%s: shutting down", signal_name(__atomic_load_n(&g_signal, __ATOMIC_ACQUIRE)));
     /* the server first: it stops accepting, aborts what runs (open streams
      * end) and waits until no HTTP thread uses the engine */
     rp_server_stop(srv);
@@ -159,4 +294,5 @@ static int run(int argc, char **argv) {
     return RP_EXIT_OK;
 }
 
-const rp_cli_command rp_cli_serve = {"serve", "an OpenAI-compatible HTTP server (completions, chat, streaming)", options, help, run};
+const rp_cli_command rp_cli_serve = {"serve", "an OpenAI-compatible HTTP server (completions, chat, streaming)",
+                                     options, help, run};

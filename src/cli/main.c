@@ -4,8 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-
-#define REPLAY_VERSION "0.1.0"
+#include "replay/version.h"
 
 static void list_commands(FILE *f, const char *prefix) {
     for (const rp_cli_command *const *c = rp_cli_commands; *c; c++)

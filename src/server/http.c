@@ -16,13 +16,19 @@
  * (libmicrohttpd's own timeout restarts with every byte, so it cannot stop
  * a client sending one byte a second).
  *
+ * The guard thread also writes the periodic engine line (serve_log.h):
+ * it already wakes every WATCH_MS, and so every embedding of the server
+ * (serve, the tests) gets it without a thread of its own. A request's
+ * access line is written when libmicrohttpd reports it finished
+ * (request_completed), after its last byte or its failure.
+ *
  * Shutdown (rp_server_stop): stop accepting, refuse new requests with 503,
  * abort running sessions (streams end with an error event and [DONE]),
  * wait until no HTTP thread uses the engine, then stop the daemon. The
  * caller destroys the engine afterwards. */
 #include "server/http.h"
 
-#include <arpa/inet.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -34,10 +40,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "replay/version.h"
+#include "server/listener.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/openai_json.h"
 #include "server/sbuf.h"
+#include "server/serve_log.h"
 #include "server/session.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
@@ -57,6 +66,8 @@ void rp_server_config_default(rp_server_config *c) {
         .send_timeout_s = 60,                /* a client that reads nothing for a minute is gone */
         .max_queued_requests = 1024,         /* a few batches' worth: past that a 503 beats waiting minutes */
         .http_threads = 4,                   /* parsing and tokenizing only; the engine has its own thread */
+        .access_log = 1,                     /* as vLLM (uvicorn) logs every request */
+        .log_stats_interval_s = 5,           /* vLLM's periodic line */
     };
 }
 
@@ -73,9 +84,10 @@ typedef struct conn_track {
 
 struct rp_server {
     rp_server_config cfg;
-    char served_model[256];
-    char api_key[256];
+    char *served_model; /* copies: as long as the user's, never cut */
+    char *api_key;      /* NULL: no authentication */
     int port;
+    char url[128];
     struct MHD_Daemon *daemon;
     rp_oai_context oai;
     rp_metrics *metrics;
@@ -84,59 +96,79 @@ struct rp_server {
     conn_track *conns; /* open connections, under conn_mu */
     pthread_t guard;
     int guard_stop; /* atomic */
+    rp_stats_log stats; /* the guard thread's */
 };
 
 /* What a client gets when even its error cannot be allocated. */
 static const char oom_body[] =
     "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}";
 
+/* One request on a connection: its route, its body, and what its access
+ * line will say. */
+typedef struct conn_state {
+    rp_server *s;
+    struct MHD_Connection *conn;
+    int rt; /* the route, known from the headers; -1: none */
+    rp_sbuf body;
+    int out_of_memory; /* the body could not be held */
+    rp_session *sess;  /* a non-streaming request whose connection waits for it */
+    /* the access line */
+    double t_start;          /* the headers arrived */
+    int status;              /* the answer's; 0 until one is queued */
+    char method[16];
+    char path[160];          /* the URL as sent, cut */
+    rp_session *logged;      /* a stream's session, held until the request is over */
+    rp_session_summary sum;  /* a non-streaming request's, taken when it is answered */
+    int have_sum;
+} conn_state;
+
 /* ---- responses ------------------------------------------------------------------ */
 
 /* Queues resp (released here) with its headers (an Allow header when
  * allow is set, Retry-After on a 503); MHD_NO closes the connection when
  * even that fails. */
-static enum MHD_Result queue(rp_server *s, struct MHD_Connection *conn, int status, struct MHD_Response *resp,
-                             const char *type, const char *allow) {
+static enum MHD_Result queue(conn_state *cs, int status, struct MHD_Response *resp, const char *type,
+                             const char *allow) {
     if (!resp) return MHD_NO;
+    rp_server *s = cs->s;
     enum MHD_Result rc = MHD_NO;
     if (MHD_add_response_header(resp, "Content-Type", type) == MHD_YES &&
         (!allow || MHD_add_response_header(resp, "Allow", allow) == MHD_YES) &&
         (status != 503 || MHD_add_response_header(resp, "Retry-After", RETRY_AFTER_S) == MHD_YES)) {
         rp_metrics_count_http(s->metrics, status);
-        rc = MHD_queue_response(conn, (unsigned)status, resp);
+        rc = MHD_queue_response(cs->conn, (unsigned)status, resp);
+        if (rc == MHD_YES) cs->status = status;
     }
     MHD_destroy_response(resp);
     return rc;
 }
 
-static enum MHD_Result send_static(rp_server *s, struct MHD_Connection *conn, int status, const char *type,
-                                   const char *body) {
-    return queue(s, conn, status,
-                 MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_PERSISTENT), type, NULL);
+static enum MHD_Result send_static(conn_state *cs, int status, const char *type, const char *body) {
+    return queue(cs, status, MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_PERSISTENT), type,
+                 NULL);
 }
 
 /* body: malloc'd, taken; NULL (out of memory) answers 500. */
-static enum MHD_Result send_text(rp_server *s, struct MHD_Connection *conn, int status, const char *type,
-                                 char *body, const char *allow) {
-    if (!body) return send_static(s, conn, 500, "application/json", oom_body);
+static enum MHD_Result send_text(conn_state *cs, int status, const char *type, char *body, const char *allow) {
+    if (!body) return send_static(cs, 500, "application/json", oom_body);
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!resp) free(body);
-    return queue(s, conn, status, resp, type, allow);
+    return queue(cs, status, resp, type, allow);
 }
 
 /* obj: taken; NULL (out of memory) answers 500. */
-static enum MHD_Result send_json(rp_server *s, struct MHD_Connection *conn, int status, json_t *obj) {
-    return send_text(s, conn, status, "application/json", rp_oai_json_dumps(obj), NULL);
+static enum MHD_Result send_json(conn_state *cs, int status, json_t *obj) {
+    return send_text(cs, status, "application/json", rp_oai_json_dumps(obj), NULL);
 }
 
-static enum MHD_Result send_error(rp_server *s, struct MHD_Connection *conn, const rp_oai_error *e) {
-    return send_text(s, conn, e->status, "application/json", rp_oai_error_json(e), NULL);
+static enum MHD_Result send_error(conn_state *cs, const rp_oai_error *e) {
+    return send_text(cs, e->status, "application/json", rp_oai_error_json(e), NULL);
 }
 
-static enum MHD_Result send_unavailable(rp_server *s, struct MHD_Connection *conn) {
+static enum MHD_Result send_unavailable(conn_state *cs) {
     rp_oai_error e;
     rp_oai_set_error(&e, 503, "service_unavailable", NULL, NULL, "the server is shutting down");
-    return send_error(s, conn, &e);
+    return send_error(cs, &e);
 }
 
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -151,7 +183,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 /* MHD is done with the stream: it ended, or the connection failed. */
 static void stream_free(void *cls) { rp_session_release(cls); }
 
-static enum MHD_Result send_stream(rp_server *s, struct MHD_Connection *conn, rp_session *sess) {
+static enum MHD_Result send_stream(conn_state *cs, rp_session *sess) {
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, sess, stream_free);
     if (!resp) {
@@ -162,7 +194,7 @@ static enum MHD_Result send_stream(rp_server *s, struct MHD_Connection *conn, rp
         MHD_destroy_response(resp); /* stream_free releases the session */
         return MHD_NO;
     }
-    return queue(s, conn, 200, resp, "text/event-stream", NULL);
+    return queue(cs, 200, resp, "text/event-stream", NULL);
 }
 
 /* ---- endpoints ------------------------------------------------------------------- */
@@ -176,48 +208,54 @@ static int connection_fd(struct MHD_Connection *conn) {
 static void conn_sleep(void *conn) { MHD_suspend_connection(conn); }
 static void conn_wake(void *conn) { MHD_resume_connection(conn); }
 
-typedef struct conn_state {
-    int rt; /* the route, known from the headers */
-    rp_sbuf body;
-    int out_of_memory; /* the body could not be held */
-    rp_session *sess;  /* a non-streaming request whose connection waits for it */
-} conn_state;
-
 /* Non-streaming: the answer once the session is done; until then the
  * connection stays suspended and the handler is called again on wake. */
-static enum MHD_Result answer_generate(rp_server *s, struct MHD_Connection *conn, conn_state *cs) {
+/* The session's numbers for the access line; the session is let go. */
+static void release_noted(conn_state *cs, rp_session *sess) {
+    rp_session_summary_get(sess, &cs->sum);
+    cs->have_sum = 1;
+    rp_session_release(sess);
+}
+
+static enum MHD_Result answer_generate(conn_state *cs) {
     json_t *out;
     rp_oai_error e;
     int rc = rp_session_wait(cs->sess, &out, &e);
     if (rc == RP_SESSION_PARKED) return MHD_YES;
-    rp_session_release(cs->sess);
+    release_noted(cs, cs->sess);
     cs->sess = NULL;
     if (rc > 0) return MHD_NO; /* the client left: nobody to answer */
-    return rc ? send_error(s, conn, &e) : send_json(s, conn, 200, out);
+    return rc ? send_error(cs, &e) : send_json(cs, 200, out);
 }
 
-static enum MHD_Result handle_generate(rp_server *s, struct MHD_Connection *conn, conn_state *cs, rp_oai_kind kind,
-                                       const char *body, size_t len) {
+static enum MHD_Result handle_generate(conn_state *cs, rp_oai_kind kind, const char *body, size_t len) {
+    rp_server *s = cs->s;
     rp_oai_request q;
     rp_oai_error e;
-    if (rp_oai_parse(&s->oai, kind, body, len, &q, &e)) return send_error(s, conn, &e);
-    rp_session_waker waker = {conn_sleep, conn_wake, conn};
-    rp_session *sess = rp_session_new(&s->sessions, &q, connection_fd(conn), &waker, &e);
+    if (rp_oai_parse(&s->oai, kind, body, len, &q, &e)) return send_error(cs, &e);
+    rp_session_waker waker = {conn_sleep, conn_wake, cs->conn};
+    rp_session *sess = rp_session_new(&s->sessions, &q, connection_fd(cs->conn), &waker, &e);
     int rc = sess ? rp_session_submit(sess, &q, &e) : -1;
     rp_oai_request_free(&q);
     if (rc) {
-        if (sess) rp_session_release(sess);
-        return send_error(s, conn, &e);
+        if (sess) release_noted(cs, sess);
+        return send_error(cs, &e);
     }
-    if (rp_session_streaming(sess)) return send_stream(s, conn, sess);
+    if (rp_session_streaming(sess)) {
+        /* the stream ends after the handler: its numbers are read when the request is over */
+        rp_session_hold(sess);
+        cs->logged = sess;
+        return send_stream(cs, sess);
+    }
     cs->sess = sess;
-    return answer_generate(s, conn, cs);
+    return answer_generate(cs);
 }
 
-static enum MHD_Result handle_tokenize(rp_server *s, struct MHD_Connection *conn, const char *body, size_t len) {
+static enum MHD_Result handle_tokenize(conn_state *cs, const char *body, size_t len) {
+    rp_server *s = cs->s;
     rp_oai_tokenize t;
     rp_oai_error e;
-    if (rp_oai_parse_tokenize(&s->oai, body, len, &t, &e)) return send_error(s, conn, &e);
+    if (rp_oai_parse_tokenize(&s->oai, body, len, &t, &e)) return send_error(cs, &e);
     const rp_tokenizer *tok = s->oai.tok;
     int32_t *ids;
     size_t n;
@@ -225,21 +263,22 @@ static enum MHD_Result handle_tokenize(rp_server *s, struct MHD_Connection *conn
     if (rp_tokenizer_encode(tok, t.text, strlen(t.text), &ids, &n, &te)) {
         rp_oai_tokenize_free(&t);
         rp_oai_set_error(&e, 400, "invalid_request_error", "prompt", NULL, "%s", te.msg);
-        return send_error(s, conn, &e);
+        return send_error(cs, &e);
     }
     int bos = rp_tokenizer_bos_id(tok);
     if (!t.add_bos || (n > 0 && ids[0] == bos)) bos = -1;
     json_t *out = rp_oai_tokenize_json(tok, bos, ids, n, t.return_token_strs, s->oai.max_context);
     free(ids);
     rp_oai_tokenize_free(&t);
-    return send_json(s, conn, 200, out);
+    return send_json(cs, 200, out);
 }
 
-static enum MHD_Result handle_detokenize(rp_server *s, struct MHD_Connection *conn, const char *body, size_t len) {
+static enum MHD_Result handle_detokenize(conn_state *cs, const char *body, size_t len) {
+    rp_server *s = cs->s;
     int32_t *ids;
     int n;
     rp_oai_error e;
-    if (rp_oai_parse_detokenize(&s->oai, body, len, &ids, &n, &e)) return send_error(s, conn, &e);
+    if (rp_oai_parse_detokenize(&s->oai, body, len, &ids, &n, &e)) return send_error(cs, &e);
     char *text;
     size_t tl;
     rp_err te;
@@ -247,25 +286,24 @@ static enum MHD_Result handle_detokenize(rp_server *s, struct MHD_Connection *co
     free(ids);
     if (rc) {
         rp_oai_set_error(&e, 400, "invalid_request_error", "tokens", NULL, "%s", te.msg);
-        return send_error(s, conn, &e);
+        return send_error(cs, &e);
     }
     json_t *out = json_pack("{s:o}", "prompt", rp_oai_json_text(text, tl));
     free(text);
-    return send_json(s, conn, 200, out);
+    return send_json(cs, 200, out);
 }
 
-static enum MHD_Result handle_metrics(rp_server *s, struct MHD_Connection *conn) {
+static enum MHD_Result handle_metrics(conn_state *cs) {
     rp_engine_stats st;
-    rp_engine_get_stats(s->sessions.eng, &st);
-    return send_text(s, conn, 200, "text/plain; version=0.0.4", rp_metrics_render(s->metrics, &st), NULL);
+    rp_engine_get_stats(cs->s->sessions.eng, &st);
+    return send_text(cs, 200, "text/plain; version=0.0.4", rp_metrics_render(cs->s->metrics, &st), NULL);
 }
 
-static enum MHD_Result handle_models(rp_server *s, struct MHD_Connection *conn) {
-    return send_json(s, conn, 200,
+static enum MHD_Result handle_models(conn_state *cs) {
+    rp_server *s = cs->s;
+    return send_json(cs, 200,
                      rp_oai_models_json(s->served_model, (long)time(NULL), s->oai.max_context, s->oai.vocab_size));
 }
-
-/* ---- the MHD handler -------------------------------------------------------------- */
 
 /* ---- connections: tracked for the header and body timeouts ---------------------------- */
 
@@ -330,18 +368,69 @@ static void *guard_main(void *arg) {
         nanosleep(&ts, NULL);
         rp_sessions_watch(&s->sessions);
         if (n % SWEEP_EVERY == 0) sweep_connections(s);
+        rp_stats_log_tick(&s->stats, s->sessions.eng, rp_now_s());
     }
     return NULL;
 }
 
+enum route {
+    R_COMPLETIONS, R_CHAT, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_HEALTH_GENERATE, R_HEALTH, R_METRICS, R_VERSION
+};
+static const struct {
+    const char *path;
+    int post, auth;
+} routes[] = {
+    [R_COMPLETIONS] = {"/v1/completions", 1, 1}, [R_CHAT] = {"/v1/chat/completions", 1, 1},
+    [R_MODELS] = {"/v1/models", 0, 1},           [R_TOKENIZE] = {"/tokenize", 1, 1},
+    [R_DETOKENIZE] = {"/detokenize", 1, 1},      [R_HEALTH_GENERATE] = {"/health_generate", 0, 1},
+    [R_HEALTH] = {"/health", 0, 0},              [R_METRICS] = {"/metrics", 0, 0},
+    [R_VERSION] = {"/version", 0, 0},
+};
+
+/* How a request ended, when not with its whole answer sent. */
+static const char *ending(enum MHD_RequestTerminationCode toe) {
+    switch (toe) {
+    case MHD_REQUEST_TERMINATED_COMPLETED_OK: return NULL;
+    case MHD_REQUEST_TERMINATED_TIMEOUT_REACHED: return "timeout";
+    case MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN: return "shutdown";
+    case MHD_REQUEST_TERMINATED_READ_ERROR: return "read_error";
+    case MHD_REQUEST_TERMINATED_CLIENT_ABORT: return "client_abort";
+    default: return "connection_error"; /* refused mid-body, a client gone mid-answer, ... */
+    }
+}
+
+static void access_line(struct MHD_Connection *conn, conn_state *cs, enum MHD_RequestTerminationCode toe) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    char client[96];
+    rp_sockaddr_text(ci ? ci->client_addr : NULL, client, sizeof client);
+    double now = rp_now_s();
+    const rp_session_summary *sum = cs->have_sum ? &cs->sum : NULL;
+    rp_access a = {
+        .id = sum ? sum->id : NULL,
+        .client = client,
+        .method = cs->method,
+        .route = cs->rt >= 0 ? routes[cs->rt].path : cs->path,
+        .status = cs->status,
+        .prompt_tokens = sum ? sum->prompt_tokens : 0,
+        .output_tokens = sum ? sum->completion_tokens : 0,
+        .ttft_ms = sum && sum->first_token_s > 0 ? (sum->first_token_s - cs->t_start) * 1e3 : NAN,
+        .total_ms = (now - cs->t_start) * 1e3,
+        .end = ending(toe),
+    };
+    /* probes and scrapes come every few seconds: only their failures are news */
+    int routine = (cs->rt == R_HEALTH || cs->rt == R_METRICS) && cs->status == 200 && !a.end;
+    rp_access_log(routine ? RP_LOG_DEBUG : RP_LOG_INFO, &a);
+}
+
 static void request_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                               enum MHD_RequestTerminationCode toe) {
-    (void)toe;
     rp_server *s = cls;
     set_phase(s, conn, PH_HEADERS); /* the next request's headers, on a kept-alive connection */
     conn_state *cs = *con_cls;
     if (!cs) return;
-    if (cs->sess) rp_session_release(cs->sess);
+    if (cs->sess) release_noted(cs, cs->sess);
+    if (cs->logged) release_noted(cs, cs->logged);
+    if (s->cfg.access_log) access_line(conn, cs, toe);
     rp_sbuf_free(&cs->body);
     free(cs);
     *con_cls = NULL;
@@ -357,7 +446,7 @@ static size_t unescape(void *cls, struct MHD_Connection *conn, char *val) {
 /* Compares the whole key whatever the input, so response time says nothing
  * about how much of a guess was right. */
 static int authorized(rp_server *s, struct MHD_Connection *conn) {
-    if (!s->api_key[0]) return 1;
+    if (!s->api_key) return 1;
     const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
     if (!h || strncmp(h, "Bearer ", 7) != 0) return 0;
     const char *got = h + 7;
@@ -375,7 +464,8 @@ static void set_too_large(rp_server *s, rp_oai_error *e) {
 /* A chunked body that grew past the limit. libmicrohttpd cannot queue an
  * answer once the body is being read, so the 413 is written to the socket
  * as it is (best effort) and the connection closed: nothing more is read. */
-static enum MHD_Result refuse_growing_body(rp_server *s, struct MHD_Connection *conn) {
+static enum MHD_Result refuse_growing_body(conn_state *cs) {
+    rp_server *s = cs->s;
     rp_oai_error e;
     set_too_large(s, &e);
     char *body = rp_oai_error_json(&e);
@@ -384,12 +474,13 @@ static enum MHD_Result refuse_growing_body(rp_server *s, struct MHD_Connection *
                       "HTTP/1.1 413 Content Too Large\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
                       "Connection: close\r\n\r\n",
                       body ? strlen(body) : 0);
-    int fd = connection_fd(conn);
+    int fd = connection_fd(cs->conn);
     if (fd >= 0 && send(fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl && body)
         (void)!send(fd, body, strlen(body), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (fd >= 0) shutdown(fd, SHUT_WR); /* the answer is whole: a FIN follows it */
     free(body);
     rp_metrics_count_http(s->metrics, 413);
+    cs->status = 413;
     return MHD_NO;
 }
 
@@ -409,31 +500,20 @@ static enum MHD_Result scan_content_length(void *cls, enum MHD_ValueKind kind, c
     return MHD_YES;
 }
 
-enum route { R_COMPLETIONS, R_CHAT, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_HEALTH_GENERATE, R_HEALTH, R_METRICS };
-static const struct {
-    const char *path;
-    int post, auth;
-} routes[] = {
-    [R_COMPLETIONS] = {"/v1/completions", 1, 1}, [R_CHAT] = {"/v1/chat/completions", 1, 1},
-    [R_MODELS] = {"/v1/models", 0, 1},           [R_TOKENIZE] = {"/tokenize", 1, 1},
-    [R_DETOKENIZE] = {"/detokenize", 1, 1},      [R_HEALTH_GENERATE] = {"/health_generate", 0, 1},
-    [R_HEALTH] = {"/health", 0, 0},              [R_METRICS] = {"/metrics", 0, 0},
-};
-
-static enum MHD_Result route(rp_server *s, struct MHD_Connection *conn, conn_state *cs, const char *body,
-                             size_t len) {
+static enum MHD_Result route(conn_state *cs, const char *body, size_t len) {
     switch (cs->rt) {
-    case R_COMPLETIONS: return handle_generate(s, conn, cs, RP_OAI_COMPLETION, body, len);
-    case R_CHAT: return handle_generate(s, conn, cs, RP_OAI_CHAT, body, len);
-    case R_MODELS: return handle_models(s, conn);
-    case R_TOKENIZE: return handle_tokenize(s, conn, body, len);
-    case R_DETOKENIZE: return handle_detokenize(s, conn, body, len);
+    case R_COMPLETIONS: return handle_generate(cs, RP_OAI_COMPLETION, body, len);
+    case R_CHAT: return handle_generate(cs, RP_OAI_CHAT, body, len);
+    case R_MODELS: return handle_models(cs);
+    case R_TOKENIZE: return handle_tokenize(cs, body, len);
+    case R_DETOKENIZE: return handle_detokenize(cs, body, len);
     case R_HEALTH_GENERATE: { /* one greedy token through the whole engine */
         static const char req[] = "{\"prompt\": [0], \"max_tokens\": 1, \"temperature\": 0, \"ignore_eos\": true}";
-        return handle_generate(s, conn, cs, RP_OAI_COMPLETION, req, sizeof req - 1);
+        return handle_generate(cs, RP_OAI_COMPLETION, req, sizeof req - 1);
     }
-    case R_METRICS: return handle_metrics(s, conn);
-    default: return send_static(s, conn, 200, "application/json", "{}");
+    case R_METRICS: return handle_metrics(cs);
+    case R_VERSION: return send_static(cs, 200, "application/json", "{\"version\":\"" REPLAY_VERSION "\"}");
+    default: return send_static(cs, 200, "application/json", "{}");
     }
 }
 
@@ -441,37 +521,37 @@ static enum MHD_Result route(rp_server *s, struct MHD_Connection *conn, conn_sta
  * before any of the body is read. A refusal queued now is sent at once and
  * the connection closed (libmicrohttpd reads no body after an early
  * answer). MHD_YES with cs->rt set: read the body. */
-static enum MHD_Result check_headers(rp_server *s, struct MHD_Connection *conn, conn_state *cs, const char *url,
-                                     const char *method) {
+static enum MHD_Result check_headers(conn_state *cs, const char *url, const char *method) {
+    rp_server *s = cs->s;
+    struct MHD_Connection *conn = cs->conn;
     rp_oai_error e;
     cl_scan cl = {0};
     MHD_get_connection_values(conn, MHD_HEADER_KIND, scan_content_length, &cl);
     if (cl.conflict) {
         rp_oai_set_error(&e, 400, "invalid_request_error", NULL, NULL, "conflicting Content-Length headers");
-        return send_error(s, conn, &e);
+        return send_error(cs, &e);
     }
-    cs->rt = -1;
     for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++)
         if (!strcmp(url, routes[i].path)) cs->rt = i;
     if (cs->rt < 0) {
         rp_oai_set_error(&e, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s", method, url);
-        return send_error(s, conn, &e);
+        return send_error(cs, &e);
     }
     const char *want = routes[cs->rt].post ? "POST" : "GET";
     if (strcmp(method, want) != 0 && (routes[cs->rt].post || strcmp(method, "HEAD") != 0)) {
         rp_oai_set_error(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s takes %s, not %s", url, want,
                          method);
-        return send_text(s, conn, 405, "application/json", rp_oai_error_json(&e),
+        return send_text(cs, 405, "application/json", rp_oai_error_json(&e),
                          routes[cs->rt].post ? "POST" : "GET, HEAD");
     }
     if (routes[cs->rt].auth && !authorized(s, conn)) {
         rp_oai_set_error(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
                          "missing or incorrect API key: send 'Authorization: Bearer KEY'");
-        return send_error(s, conn, &e);
+        return send_error(cs, &e);
     }
     if (cl.first && strtoull(cl.first, NULL, 10) > s->cfg.max_body_bytes) {
         set_too_large(s, &e);
-        return send_error(s, conn, &e);
+        return send_error(cs, &e);
     }
     return MHD_YES;
 }
@@ -485,11 +565,17 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
         set_phase(s, conn, PH_BODY);
         if (!(cs = calloc(1, sizeof *cs))) return MHD_NO;
         *con_cls = cs;
-        return check_headers(s, conn, cs, url, method);
+        cs->s = s;
+        cs->conn = conn;
+        cs->rt = -1;
+        cs->t_start = rp_now_s();
+        snprintf(cs->method, sizeof cs->method, "%s", method);
+        snprintf(cs->path, sizeof cs->path, "%s", url);
+        return check_headers(cs, url, method);
     }
-    if (cs->sess) return answer_generate(s, conn, cs); /* woken: the session is done */
+    if (cs->sess) return answer_generate(cs); /* woken: the session is done */
     if (*upload_size) {
-        if (cs->body.len + *upload_size > s->cfg.max_body_bytes) return refuse_growing_body(s, conn);
+        if (cs->body.len + *upload_size > s->cfg.max_body_bytes) return refuse_growing_body(cs);
         if (!cs->out_of_memory && rp_sbuf_add(&cs->body, upload_data, *upload_size))
             cs->out_of_memory = 1; /* answered with a 500 once the body is in */
         *upload_size = 0;
@@ -499,11 +585,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
     rp_oai_error e;
     if (cs->out_of_memory) {
         rp_oai_set_out_of_memory(&e);
-        return send_error(s, conn, &e);
+        return send_error(cs, &e);
     }
-    if (cs->rt == R_HEALTH) return route(s, conn, cs, NULL, 0);
-    if (rp_sessions_enter(&s->sessions)) return send_unavailable(s, conn);
-    enum MHD_Result rc = route(s, conn, cs, cs->body.p ? cs->body.p : "", cs->body.len);
+    if (cs->rt == R_HEALTH || cs->rt == R_VERSION) return route(cs, NULL, 0);
+    if (rp_sessions_enter(&s->sessions)) return send_unavailable(cs);
+    enum MHD_Result rc = route(cs, cs->body.p ? cs->body.p : "", cs->body.len);
     rp_sessions_leave(&s->sessions);
     return rc;
 }
@@ -543,62 +629,79 @@ static void fill_defaults(rp_server_config *c) {
     if (c->http_threads <= 0) c->http_threads = d.http_threads;
 }
 
-rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, char *err, size_t err_len) {
+rp_listener *rp_server_listen(const rp_server_config *cfg, char *err, size_t err_len) {
+    return rp_listener_open(cfg->host, cfg->port, err, err_len);
+}
+
+static void server_free(rp_server *s) {
+    rp_sessions_destroy(&s->sessions);
+    rp_metrics_free(s->metrics);
+    pthread_mutex_destroy(&s->conn_mu);
+    free(s->served_model);
+    free(s->api_key);
+    free(s);
+}
+
+rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, rp_listener *listener, char *err,
+                           size_t err_len) {
+    if (!listener && !(listener = rp_server_listen(cfg, err, err_len))) return NULL;
     rp_server *s = calloc(1, sizeof *s);
     if (!s) {
         snprintf(err, err_len, "out of memory");
+        rp_listener_free(listener);
         return NULL;
     }
     s->cfg = *cfg;
     fill_defaults(&s->cfg);
     fit_open_files(s);
     pthread_mutex_init(&s->conn_mu, NULL);
-    snprintf(s->served_model, sizeof s->served_model, "%s", cfg->served_model ? cfg->served_model : "replay");
-    if (cfg->api_key) snprintf(s->api_key, sizeof s->api_key, "%s", cfg->api_key);
+    s->served_model = strdup(cfg->served_model ? cfg->served_model : "replay");
+    s->api_key = cfg->api_key && cfg->api_key[0] ? strdup(cfg->api_key) : NULL;
+    s->cfg.served_model = s->cfg.api_key = NULL; /* the caller's strings may go */
     s->metrics = rp_metrics_new();
     rp_sessions_init(&s->sessions, engine, s->metrics);
     s->sessions.max_queued_requests = s->cfg.max_queued_requests;
     s->oai = (rp_oai_context){.served_model = s->served_model, .tok = rp_engine_tokenizer(engine),
                               .max_context = rp_engine_max_context(engine), .vocab_size = rp_engine_vocab_size(engine)};
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)s->cfg.port);
-    if (!s->metrics || inet_pton(AF_INET, s->cfg.host, &addr.sin_addr) != 1) {
-        snprintf(err, err_len, s->metrics ? "--host must be an IPv4 address, got '%s'" : "out of memory%s",
-                 s->metrics ? s->cfg.host : "");
-        goto fail;
+    rp_stats_log_init(&s->stats, s->cfg.log_stats_interval_s);
+    s->port = rp_listener_port(listener);
+    snprintf(s->url, sizeof s->url, "%s", rp_listener_url(listener));
+    if (!s->metrics || !s->served_model || (cfg->api_key && cfg->api_key[0] && !s->api_key)) {
+        snprintf(err, err_len, "out of memory");
+        rp_listener_free(listener);
+        server_free(s);
+        return NULL;
     }
-    /* epoll on a thread pool; connections waiting for the engine are
-     * suspended (which needs ITC, as does quiescing in rp_server_stop). */
+    /* epoll on a thread pool, on the socket made before the engine loaded;
+     * connections waiting for the engine are suspended (which needs ITC, as
+     * does quiescing in rp_server_stop). From here the daemon owns the
+     * socket: it closes it when it stops (and, in libmicrohttpd's failure
+     * path, when it cannot start: the socket is not closed here again). */
+    int fd = rp_listener_take_fd(listener);
+    rp_listener_free(listener);
     s->daemon = MHD_start_daemon(
-        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC, (uint16_t)s->cfg.port, NULL, NULL,
-        handler, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, request_completed, s,
+        MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC, 0, NULL, NULL, handler, s,
+        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd, MHD_OPTION_NOTIFY_COMPLETED, request_completed, s,
         MHD_OPTION_NOTIFY_CONNECTION, connection_notify, s, MHD_OPTION_UNESCAPE_CALLBACK, unescape, s,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)s->cfg.send_timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections_per_address, MHD_OPTION_END);
     if (!s->daemon) {
-        snprintf(err, err_len, "cannot listen on %s:%d (in use, or not allowed)", s->cfg.host, s->cfg.port);
-        goto fail;
+        snprintf(err, err_len, "cannot start the HTTP server on %s", s->url);
+        server_free(s);
+        return NULL;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? (int)di->port : s->cfg.port;
     if (pthread_create(&s->guard, NULL, guard_main, s) != 0) {
         snprintf(err, err_len, "cannot start the server's guard thread");
         MHD_stop_daemon(s->daemon);
-        goto fail;
+        server_free(s);
+        return NULL;
     }
     return s;
-fail:
-    rp_sessions_destroy(&s->sessions);
-    rp_metrics_free(s->metrics);
-    pthread_mutex_destroy(&s->conn_mu);
-    free(s);
-    return NULL;
 }
 
 int rp_server_port(const rp_server *s) { return s->port; }
+const char *rp_server_url(const rp_server *s) { return s->url; }
 
 void rp_server_stop(rp_server *s) {
     if (!s) return;
@@ -613,8 +716,5 @@ void rp_server_stop(rp_server *s) {
     rp_sessions_wait_idle(&s->sessions, -1);
     __atomic_store_n(&s->guard_stop, 1, __ATOMIC_RELEASE);
     pthread_join(s->guard, NULL);
-    rp_sessions_destroy(&s->sessions);
-    rp_metrics_free(s->metrics);
-    pthread_mutex_destroy(&s->conn_mu);
-    free(s);
+    server_free(s);
 }

@@ -10,10 +10,12 @@
 #include <stdint.h>
 
 #include "replay/engine.h"
+#include "server/listener.h"
 
 typedef struct rp_server rp_server;
 
-/* 0 in a limit means its default. */
+/* 0 in a limit means its default. host: an IPv4 or IPv6 address or a
+ * name; "::" listens on every address, IPv4 ones too (listener.h). */
 typedef struct rp_server_config {
     const char *host;          /* default 127.0.0.1 */
     int port;                  /* 0: any free port (rp_server_port says which) */
@@ -27,14 +29,27 @@ typedef struct rp_server_config {
     int send_timeout_s;        /* a client that reads nothing of its answer for this long is closed */
     int max_queued_requests;   /* choices waiting for the engine beyond which requests get 503 */
     int http_threads;          /* libmicrohttpd's thread pool */
+    /* Logs (docs/server.md#logs); here 0 is off, not the default. */
+    int access_log;               /* one info line per finished request */
+    double log_stats_interval_s;  /* the engine line every S seconds while something runs */
 } rp_server_config;
 
 /* The defaults (what a public deployment can keep), in one place. */
 void rp_server_config_default(rp_server_config *c);
 
-rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, char *err, size_t err_len);
-/* The port it listens on. */
+/* The listening socket for cfg's host and port, made before the engine
+ * exists so that a port in use or a host that does not resolve is
+ * reported before a model loads: NULL with err ("cannot listen on
+ * 127.0.0.1:8000: Address already in use"). Connections that arrive before
+ * rp_server_start wait in the socket's backlog. */
+rp_listener *rp_server_listen(const rp_server_config *cfg, char *err, size_t err_len);
+/* Serves engine on listener, which it takes (and frees when it fails);
+ * NULL listens on cfg's host and port now. */
+rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, rp_listener *listener, char *err,
+                           size_t err_len);
+/* The port it listens on, and its URL (http://127.0.0.1:8000, http://[::1]:8000). */
 int rp_server_port(const rp_server *s);
+const char *rp_server_url(const rp_server *s);
 /* Stops accepting, answers new requests on open connections with 503,
  * aborts running requests (streams end with an error event and [DONE]),
  * joins the HTTP threads and frees s. Destroy the engine after this. */

@@ -149,6 +149,7 @@ struct rp_session {
     int gone;     /* the client hung up: nobody to answer */
     int half_closed; /* the client's FIN came with its request: it waits for the answer */
     int fd;       /* the client's socket, to notice a hang-up; -1 once the HTTP side let go */
+    double first_token_s; /* the first token of any choice (the access line's TTFT); 0: none */
     rp_session_waker waker;
     int parked;   /* the HTTP side sleeps until waker.wake */
     rp_session *prev, *next; /* rp_sessions' list, under its mu */
@@ -268,6 +269,7 @@ static void on_event(void *user, const rp_token_event *ev) {
     pthread_mutex_lock(&r->mu);
     c->completion_tokens = ev->completion_tokens;
     if (ev->token >= 0) {
+        if (!r->first_token_s) r->first_token_s = now;
         if (c->tokens++ == 0) rp_metrics_observe_ttft(m, now - c->t_submit);
         else rp_metrics_observe_itl(m, now - c->t_last);
         c->t_last = now;
@@ -611,4 +613,20 @@ void rp_session_release(rp_session *r) {
     pthread_mutex_unlock(&r->mu);
     if (running) session_abort(r, 0);
     session_unref(r);
+}
+
+void rp_session_hold(rp_session *r) {
+    pthread_mutex_lock(&r->mu);
+    r->refs++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void rp_session_summary_get(rp_session *r, rp_session_summary *out) {
+    pthread_mutex_lock(&r->mu);
+    snprintf(out->id, sizeof out->id, "%s", r->resp.id);
+    out->prompt_tokens = r->prompt_tokens;
+    out->completion_tokens = 0;
+    for (int i = 0; i < r->num_choices; i++) out->completion_tokens += r->ch[i].completion_tokens;
+    out->first_token_s = r->first_token_s;
+    pthread_mutex_unlock(&r->mu);
 }

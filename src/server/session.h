@@ -88,5 +88,17 @@ long rp_session_read(rp_session *s, char *buf, size_t max);
 /* The HTTP side lets go, aborting choices still running; the session is
  * freed when the engine has let go too. */
 void rp_session_release(rp_session *s);
+/* One more holder on the HTTP side (the access line reads the summary when
+ * the request is over); each holder calls rp_session_release. */
+void rp_session_hold(rp_session *s);
+
+/* What the access line says about a generation request. */
+typedef struct rp_session_summary {
+    char id[48];            /* the completion id */
+    int prompt_tokens;      /* over all prompts, counted once each */
+    int completion_tokens;  /* over all choices */
+    double first_token_s;   /* rp_now_s() at the first token of any choice; 0: none yet */
+} rp_session_summary;
+void rp_session_summary_get(rp_session *s, rp_session_summary *out);
 
 #endif
