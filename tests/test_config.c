@@ -91,6 +91,8 @@ static void test_errors(void **state) {
     expect_error("[]", "object");
     expect_error("{\"architectures\": [\"GPT2LMHeadModel\"], " BASE "}", "unsupported architecture");
     expect_error("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64}", "missing");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE
+                 ", \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4}}", "gptq");
     expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE ", \"num_key_value_heads\": 3}", "multiple");
     expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE ", \"hidden_size\": \"64\"}", "integer");
     expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE ", \"attention_bias\": true}", "attention_bias");

@@ -150,6 +150,15 @@ int rp_config_parse(rp_model_config *cfg, const char *config_json, const char *g
         goto out;
     }
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", cfg->arch->hf_class);
+    /* a quantized checkpoint's tensors (qweight, scales) are not bf16 matrices:
+     * say so now rather than fail on a missing tensor after the download */
+    json_t *quant = json_object_get(root, "quantization_config");
+    if (quant) {
+        json_t *method = json_is_object(quant) ? json_object_get(quant, "quant_method") : NULL;
+        rp_errf(err, "config.json: a quantized checkpoint (%s) is not supported: replay runs bf16, fp16 or fp32 weights",
+                json_is_string(method) ? json_string_value(method) : "quantization_config");
+        goto out;
+    }
     if (parse_common(cfg, root, err) || cfg->arch->parse_config(cfg, root, err)) goto out;
     if (generation_config_json) {
         json_t *gen = json_loads(generation_config_json, 0, &jerr);
