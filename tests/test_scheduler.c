@@ -42,7 +42,7 @@ static void setup(fixture *f, int num_pages, int rows, rp_sched_config cfg) {
     f->pool = rp_page_pool_new(num_pages, PS);
     f->table = rp_page_table_new(f->pool, rows, cfg.max_context);
     assert_non_null(f->table);
-    f->s = rp_scheduler_new(&cfg, f->table);
+    f->s = rp_scheduler_new(&cfg, f->table, NULL);
     assert_non_null(f->s);
 }
 
