@@ -11,6 +11,9 @@
  *    at real layer widths and context lengths 1..1000;
  *  - the one-kernel step's own greedy pick: the host's argmax and
  *    log-softmax of the same logits, the sampling kernels' choice;
+ *  - the engine with the prefix cache on gives what it gives with it off
+ *    (within bf16 noise) for prompts sharing prefixes around page
+ *    boundaries and long cached prefixes with short new parts;
  *  - nothing is allocated on the device after startup;
  *  - the tuning table's defaults by shape (docs/tuning.md; no GPU needed). */
 #include <jansson.h>
@@ -636,6 +639,93 @@ static void test_engine_real_shape(void **state) {
     rp_engine_destroy(e);
 }
 
+
+/* The prefix cache on the GPU at a real shape (issue 36): prompts sharing
+ * prefixes of 15 to 2,000 tokens (around page boundaries, and long cached
+ * prefixes with short new parts: the prefill kernel reading a long cached
+ * prefix) with 1 to 64 tokens of their own, run with the cache off and on,
+ * all together and then again one by one (every prompt then found cached).
+ * Cached K/V were computed in other batches, so bf16 may flip near-ties:
+ * the same bounds as test_engine_real_shape. The page accounting is checked
+ * after every step. */
+static void prefix_run(rp_engine *e, eng_out *out, int32_t (*prompts)[2100], const int *len, int n, int one_by_one) {
+    rp_error err;
+    memset(out, 0, sizeof(eng_out) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        rp_request_params p;
+        rp_request_params_default(&p);
+        p.prompt_ids = prompts[i];
+        p.num_prompt_ids = len[i];
+        p.max_tokens = 16;
+        p.ignore_eos = 1;
+        p.temperature = 0;
+        p.logprobs = 1;
+        if (rp_engine_submit(e, &p, eng_collect, &out[i], NULL, &err)) fail_msg("%s", err.message);
+        if (one_by_one) rp_engine_wait_idle(e);
+    }
+    rp_engine_wait_idle(e);
+}
+
+static void test_engine_prefix_cache(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    static const int prefix_len[] = {15, 16, 17, 31, 32, 33, 255, 256, 257, 1000, 2000};
+    enum { NP = sizeof prefix_len / sizeof *prefix_len, PER = 3, N = NP * PER };
+    static int32_t prompts[N][2100];
+    static int len[N];
+    static eng_out off[N], on[N];
+    for (int g = 0; g < NP; g++)
+        for (int j = 0; j < PER; j++) {
+            int i = g * PER + j, own = j == 2 ? 64 : 1 + (g * 7 + j * 5) % 20;
+            len[i] = prefix_len[g] + own;
+            for (int k = 0; k < len[i]; k++)
+                prompts[i][k] = (int32_t)(k < prefix_len[g] ? (g * 7919 + k * 104729) % 151000
+                                                            : (i * 31337 + k * 7177) % 151000);
+        }
+    for (int cache = 0; cache < 2; cache++) {
+        rp_engine_config c;
+        rp_engine_config_default(&c);
+        c.dummy_name = "qwen3-0.6b";
+        c.device = "cuda";
+        c.max_running_requests = 64;
+        c.num_pages = 4096;
+        c.enable_prefix_caching = cache;
+        c.debug_check_every_step = 1;
+        rp_error err;
+        rp_engine *e = rp_engine_create(&c, &err);
+        if (!e) fail_msg("%s", err.message);
+        for (int one_by_one = 0; one_by_one < 2; one_by_one++) {
+            prefix_run(e, cache ? on : off, prompts, len, N, one_by_one);
+            if (!cache) continue;
+            int identical = 0;
+            double worst = 0;
+            for (int i = 0; i < N; i++) {
+                assert_int_equal(on[i].n, 16);
+                int k = 0;
+                for (; k < 16 && on[i].tok[k] == off[i].tok[k]; k++) {
+                    double d = fabs((double)on[i].lp[k] - off[i].lp[k]);
+                    if (d > worst) worst = d;
+                }
+                identical += k == 16;
+            }
+            printf("prefix cache at qwen3-0.6b, %s: %d of %d requests identical to the cache off; worst logprob gap "
+                   "%.3g\n", one_by_one ? "one by one" : "together", identical, N, worst);
+            if (worst > 0.05) fail_msg("logprob of the same token differs by %.3g with the cache", worst);
+            if (identical < N * 9 / 10) fail_msg("only %d of %d requests identical", identical, N);
+        }
+        rp_engine_stats st;
+        rp_engine_get_stats(e, &st);
+        assert_int_equal(st.kv_pages_free, st.kv_pages_total);
+        if (cache) {
+            printf("prefix cache: %llu of %llu prompt tokens found cached, %d pages cached\n",
+                   (unsigned long long)st.prefix_cache_hit_tokens, (unsigned long long)st.prefix_cache_queried_tokens,
+                   st.kv_pages_cached);
+            assert_true(st.prefix_cache_hit_tokens > 0);
+        }
+        rp_engine_destroy(e);
+    }
+}
+
 /* One decode step of nb sequences, sampled on the device with every row
  * greedy and top logprobs each: tokens and logprobs. */
 static void sampled_batch(setup *s, const int *rows, const int *n, const int32_t *next, int nb, int top, int32_t *tok,
@@ -795,6 +885,7 @@ int main(void) {
         cmocka_unit_test(test_decode_step_batch),
         cmocka_unit_test(test_greedy_pick),
         cmocka_unit_test(test_engine_real_shape),
+        cmocka_unit_test(test_engine_prefix_cache),
         cmocka_unit_test(test_tuning_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

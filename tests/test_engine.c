@@ -141,6 +141,7 @@ static rp_engine *make_engine(const char *model, int num_pages, int chunk, int m
     if (g_step_tokens) c.step_ms_target = -1;
     c.max_running_requests = max_running;
     c.disable_overlap = g_no_overlap;
+    c.debug_check_every_step = 1; /* the page accounting, prefix cache included, after every step */
     rp_error err;
     rp_engine *e = rp_engine_create(&c, &err);
     if (!e) fail_msg("engine: %s", err.message);

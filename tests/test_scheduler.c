@@ -14,8 +14,14 @@
  * of the waiting queue, counted), retiring requests never preempted, the
  * stall path; resumption re-feeding prompt + output with its seniority
  * kept; remove() from anywhere; pages_for(); requests that may not run
- * (max_tokens, context, retiring) never get tokens. Every pool is full and
- * every row free at the end. */
+ * (max_tokens, context, retiring) never get tokens. With a prefix cache:
+ * admission from the longest cached prefix (whole pages, the last token
+ * always computed), prompts cached at the commit that completes them and
+ * duplicates freed, a request passed over while a running prefill computes
+ * its prefix, eviction before preemption, a preempted request coming back
+ * from its cached pages. The page accounting (rp_scheduler_check) holds
+ * after every step; every pool is full (or cached, unlocked) and every row
+ * free at the end. */
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
 #include "sched/scheduler.h"
@@ -28,6 +34,7 @@ typedef struct fixture {
     rp_page_pool *pool;
     rp_page_table *table;
     rp_scheduler *s;
+    rp_prefix_cache *cache; /* NULL unless setup_cached */
     rp_request *reqs[MAX_REQS];
     int num_reqs;
 } fixture;
@@ -42,8 +49,22 @@ static void setup(fixture *f, int num_pages, int rows, rp_sched_config cfg) {
     f->pool = rp_page_pool_new(num_pages, PS);
     f->table = rp_page_table_new(f->pool, rows, cfg.max_context);
     assert_non_null(f->table);
-    f->s = rp_scheduler_new(&cfg, f->table);
+    f->s = rp_scheduler_new(&cfg, f->table, NULL);
     assert_non_null(f->s);
+}
+
+/* The same with a prefix cache over the pool. */
+static void setup_cached(fixture *f, int num_pages, int rows, rp_sched_config cfg) {
+    setup(f, num_pages, rows, cfg);
+    rp_scheduler_free(f->s);
+    f->cache = rp_prefix_cache_new(f->pool);
+    f->s = rp_scheduler_new(&cfg, f->table, f->cache);
+    assert_non_null(f->s);
+}
+
+static void expect_consistent(const rp_scheduler *s) {
+    rp_err err;
+    if (rp_scheduler_check(s, &err)) fail_msg("%s", err.msg);
 }
 
 /* A request as submit.c builds it (tokens sized prompt + max_tokens + 1),
@@ -72,6 +93,14 @@ static rp_request *add_req(fixture *f, int prompt, int max_tokens) {
 /* Removes what is left; every page and every row must be back. */
 static void teardown(fixture *f) {
     for (int i = 0; i < f->num_reqs; i++) rp_scheduler_remove(f->s, f->reqs[i]);
+    expect_consistent(f->s);
+    if (f->cache) { /* at rest: nothing locked, every page free or cached */
+        rp_prefix_cache_stats st;
+        rp_prefix_cache_get_stats(f->cache, &st);
+        assert_int_equal(st.handles, 0);
+        assert_int_equal(rp_page_pool_num_free(f->pool) + st.cached_pages, f->pool->num_pages);
+        rp_prefix_cache_free(f->cache);
+    }
     assert_int_equal(f->s->num_running, 0);
     assert_int_equal(f->s->num_waiting, 0);
     assert_null(f->s->wait_head);
@@ -112,6 +141,7 @@ static void finish_step(rp_scheduler *s) {
     memcpy(items, s->plan, (size_t)n * sizeof *items);
     rp_scheduler_commit(s);
     assert_int_equal(s->plan_len, 0);
+    expect_consistent(s);
     for (int i = 0; i < n; i++) {
         rp_request *r = items[i].req;
         if (!items[i].samples) continue;
@@ -533,6 +563,163 @@ static void test_remove(void **state) {
     teardown(&f);
 }
 
+
+/* ---- with a prefix cache (PS = 4 tokens a page) ---- */
+
+/* r's first n prompt tokens made the same as src's. */
+static void share_prompt(rp_request *r, const rp_request *src, int n) {
+    memcpy(r->tokens, src->tokens, (size_t)n * sizeof *r->tokens);
+}
+
+static rp_prefix_cache_stats cache_stats(const fixture *f) {
+    rp_prefix_cache_stats st;
+    rp_prefix_cache_get_stats(f->cache, &st);
+    return st;
+}
+
+/* A request starts at its longest cached prefix in whole pages, always
+ * leaving its last prompt token to compute: its row begins with the
+ * cache's pages (locked) and only the rest is fed and allocated. A prompt
+ * goes to the cache at the commit of the step that completes it; a request
+ * that ends gives its computed full pages (and only those) to the cache. */
+static void test_cache_admission_from_match(void **state) {
+    (void)state;
+    fixture f;
+    setup_cached(&f, 8, 4, sched_config(4, 64, 0));
+    rp_request *a = add_req(&f, 10, 4);
+    STEP(f.s, 5, {a, 10, 1});
+    assert_int_equal(a->cached_prompt_tokens, 0);
+    assert_int_equal(f.table->row_shared[a->row], 2); /* 2 full pages cached, the third its own */
+    assert_int_equal(a->prefix.num_pages, 2);
+    rp_request *b = make_req(&f, 10, 4), *c = make_req(&f, 9, 4), *d = make_req(&f, 10, 4);
+    share_prompt(b, a, 8); /* differs in its last 2 */
+    share_prompt(c, a, 9);
+    share_prompt(d, a, 10); /* the same prompt */
+    rp_scheduler_enqueue(f.s, b);
+    rp_scheduler_enqueue(f.s, c);
+    rp_scheduler_enqueue(f.s, d);
+    /* b, c and d each find 8 tokens: b and d feed 2, c 1 (a third page needs 12) */
+    STEP(f.s, 2, {a, 1, 1}, {b, 2, 1}, {c, 1, 1}, {d, 2, 1});
+    assert_int_equal(b->cached_prompt_tokens, 8);
+    assert_int_equal(c->cached_prompt_tokens, 8);
+    assert_int_equal(d->cached_prompt_tokens, 8);
+    assert_int_equal(rp_page_table_row(f.table, b->row)[0], rp_page_table_row(f.table, a->row)[0]);
+    assert_int_equal(rp_page_table_row(f.table, d->row)[1], rp_page_table_row(f.table, a->row)[1]);
+    rp_prefix_cache_stats st = cache_stats(&f);
+    assert_int_equal(st.hit_tokens, 24);
+    assert_int_equal(st.queried_tokens, 10 + 10 + 9 + 10);
+    assert_int_equal(st.cached_pages, 2);
+    assert_int_equal(st.handles, 4);
+    /* a has 11 tokens computed: its 2 shared pages stay cached, its third
+     * page (3 of 4 tokens) goes back to the pool */
+    rp_scheduler_remove(f.s, a);
+    assert_int_equal(rp_page_pool_num_free(f.pool), 3);
+    assert_int_equal(cache_stats(&f).cached_pages, 2);
+    expect_consistent(f.s);
+    /* d computes 12 tokens: at its end its third page is full and cached */
+    STEP(f.s, 3, {b, 1, 1}, {c, 1, 1}, {d, 1, 1});
+    STEP(f.s, 3, {b, 1, 1}, {c, 1, 1}, {d, 1, 1});
+    assert_int_equal(d->cached, 12);
+    rp_scheduler_remove(f.s, d);
+    assert_int_equal(cache_stats(&f).cached_pages, 3);
+    assert_int_equal(rp_page_pool_num_free(f.pool), 3);
+    teardown(&f);
+}
+
+/* A waiting request whose prompt a running prefill is computing waits for
+ * it (passed over, not blocking the queue), then finds it cached: the n
+ * choices of one prompt prefill it once. */
+static void test_cache_waits_for_prefill(void **state) {
+    (void)state;
+    fixture f;
+    setup_cached(&f, 16, 4, sched_config(4, 64, 4));
+    rp_request *a = add_req(&f, 12, 4), *b = make_req(&f, 12, 4);
+    share_prompt(b, a, 12);
+    rp_scheduler_enqueue(f.s, b);
+    rp_request *c = add_req(&f, 5, 4);
+    STEP(f.s, 14, {a, 4, 0}, {c, 4, 0}); /* b is passed over, c behind it comes in */
+    assert_int_equal(b->state, RP_REQ_WAITING);
+    STEP(f.s, 12, {c, 1, 1}, {a, 4, 0});
+    STEP(f.s, 11, {c, 1, 1}, {a, 4, 1}); /* a completes its prompt in this step */
+    assert_int_equal(b->state, RP_REQ_WAITING);
+    /* b finds a's first 2 pages (its last token must be computed, and with
+     * it the rest of its third page) */
+    STEP(f.s, 9, {a, 1, 1}, {c, 1, 1}, {b, 4, 1});
+    assert_int_equal(b->cached_prompt_tokens, 8);
+    assert_int_equal(cache_stats(&f).hit_tokens, 8);
+    /* d differs from a within its first page: it does not wait; e, the same
+     * prompt as d, waits for d */
+    rp_request *d = make_req(&f, 12, 4);
+    share_prompt(d, a, 3);
+    rp_scheduler_enqueue(f.s, d);
+    rp_request *e = make_req(&f, 12, 4);
+    share_prompt(e, d, 12);
+    rp_scheduler_enqueue(f.s, e);
+    /* b's third page, computed again, went back to the pool at its commit:
+     * its row now shares a's 3 pages */
+    STEP(f.s, 8, {a, 1, 1}, {b, 1, 1}, {c, 1, 1}, {d, 4, 0});
+    assert_int_equal(f.table->row_shared[b->row], 3);
+    assert_int_equal(e->state, RP_REQ_WAITING);
+    teardown(&f);
+}
+
+/* Pages come from the pool, then from evicting unlocked cached pages (the
+ * least recently used leaf first), and only then from preempting. */
+static void test_cache_evicts_before_preempting(void **state) {
+    (void)state;
+    fixture f;
+    setup_cached(&f, 4, 4, sched_config(4, 64, 0));
+    rp_request *a = add_req(&f, 8, 4);
+    STEP(f.s, 2, {a, 8, 1});
+    rp_scheduler_remove(f.s, a); /* its 2 pages stay cached, unlocked */
+    assert_int_equal(rp_page_pool_num_free(f.pool), 2);
+    assert_int_equal(rp_scheduler_pages_available(f.s), 4);
+    /* b (2 pages) and c (1 page) are admitted on the free and evictable pages */
+    rp_request *b = add_req(&f, 6, 10), *c = add_req(&f, 2, 1);
+    STEP(f.s, 0, {b, 6, 1}, {c, 2, 1});
+    assert_int_equal(cache_stats(&f).evicted_pages, 1);
+    assert_int_equal(cache_stats(&f).cached_pages, 2); /* a's first page, b's first */
+    rp_scheduler_remove(f.s, c); /* no full page: its page goes back to the pool */
+    rp_request *d = add_req(&f, 1, 10);
+    STEP(f.s, 0, {b, 1, 1}, {d, 1, 1});
+    STEP(f.s, 0, {b, 1, 1}, {d, 1, 1});
+    /* b's 9th token needs a page: a's last cached page is evicted, d stays */
+    STEP(f.s, 0, {b, 1, 1}, {d, 1, 1});
+    assert_int_equal(cache_stats(&f).evicted_pages, 2);
+    assert_int_equal(f.s->preemptions, 0);
+    STEP(f.s, 0, {b, 1, 1}, {d, 1, 1});
+    /* d's 5th token: nothing free, nothing evictable (b's page is locked):
+     * d, the newest, is preempted, and its full page goes to the cache */
+    STEP(f.s, 0, {b, 1, 1});
+    assert_int_equal(f.s->preemptions, 1);
+    assert_int_equal(d->state, RP_REQ_WAITING);
+    assert_int_equal(cache_stats(&f).evictable_pages, 1);
+    teardown(&f);
+}
+
+/* A preempted request's computed full pages go to the cache; when it comes
+ * back it starts from what is still there. */
+static void test_cache_preempted_comes_back(void **state) {
+    (void)state;
+    fixture f;
+    setup_cached(&f, 4, 4, sched_config(4, 64, 0));
+    rp_request *a = add_req(&f, 8, 10), *b = add_req(&f, 8, 10);
+    STEP(f.s, 0, {a, 8, 1}, {b, 8, 1});
+    /* a's 9th token needs a page and every cached page is locked: b goes,
+     * its pages become evictable, and one of them makes a's page */
+    STEP(f.s, 0, {a, 1, 1});
+    assert_int_equal(b->state, RP_REQ_WAITING);
+    assert_int_equal(cache_stats(&f).evicted_pages, 1);
+    assert_int_equal(cache_stats(&f).cached_pages, 3);
+    rp_scheduler_remove(f.s, a);
+    /* b (9 tokens) finds its first page still cached: 5 tokens to feed */
+    STEP(f.s, 0, {b, 5, 1});
+    assert_int_equal(b->cached, 9);
+    assert_int_equal(b->cached_prompt_tokens, 0); /* what its first admission found */
+    assert_int_equal(cache_stats(&f).hit_tokens, 4);
+    teardown(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pages_for),
@@ -546,6 +733,10 @@ int main(void) {
         cmocka_unit_test(test_retiring_not_preempted),
         cmocka_unit_test(test_cannot_run_not_readmitted),
         cmocka_unit_test(test_remove),
+        cmocka_unit_test(test_cache_admission_from_match),
+        cmocka_unit_test(test_cache_waits_for_prefill),
+        cmocka_unit_test(test_cache_evicts_before_preempting),
+        cmocka_unit_test(test_cache_preempted_comes_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

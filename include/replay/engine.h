@@ -79,6 +79,14 @@ typedef struct rp_engine_config {
     int disable_decode_step; /* decode 1-4 sequences with the chain of kernels, not the one-kernel step */
     int quiet_model_warning; /* 1: do not log that dummy weights are random */
     int disable_overlap;     /* 1: wait for each step's tokens before preparing the next */
+    /* Keep the KV pages of prompts (and outputs) after their requests end,
+     * and start a request whose prompt begins with cached pages from there
+     * (vLLM's automatic prefix caching; on by default, 0 turns it off). */
+    int enable_prefix_caching;
+    /* 1: after every step, check the page accounting (pool, page table,
+     * prefix cache: O(pages)) and stop the process on a broken invariant.
+     * For tests. */
+    int debug_check_every_step;
 } rp_engine_config;
 
 typedef enum rp_finish {
@@ -110,6 +118,10 @@ typedef struct rp_token_event {
     rp_finish finish;
     const char *error; /* with RP_FINISH_REASON_ERROR */
     int prompt_tokens, completion_tokens;
+    /* of prompt_tokens, those whose K/V the prefix cache held when the
+     * request was admitted (OpenAI's usage.prompt_tokens_details.
+     * cached_tokens): whole pages, never the last prompt token */
+    int cached_tokens;
     /* times the request has been preempted so far: its KV cache dropped when
      * the pool ran out and recomputed later, its tokens unchanged. The final
      * event carries the total. */
@@ -141,7 +153,7 @@ typedef struct rp_request_params {
 /* The defaults, defined once (src/engine/engine.c): 256 running requests,
  * 16,384 batched tokens, chunks of 8,192 (on the CPU, also steps of about
  * 500 ms: step_ms_target), pages of 16 tokens, 90% of free device memory
- * for the KV cache. Commands print these in their help. */
+ * for the KV cache, prefix caching on. Commands print these in their help. */
 void rp_engine_config_default(rp_engine_config *cfg);
 void rp_request_params_default(rp_request_params *p);
 
@@ -165,11 +177,18 @@ int rp_engine_abort(rp_engine *e, rp_request_id id);
  * the middle of its prefill counts as running, its pages as used. */
 typedef struct rp_engine_stats {
     int running, waiting;
-    int kv_pages_total, kv_pages_free;
+    /* free: pages a request could take now, those of the pool and the
+     * prefix cache's unlocked ones (evicted when needed); cached: pages the
+     * prefix cache holds, locked by running requests or not */
+    int kv_pages_total, kv_pages_free, kv_pages_cached;
     int max_total_tokens;
     uint64_t steps, prompt_tokens, generated_tokens, preemptions;
     int peak_running;
-    int kv_pages_peak_used;
+    int kv_pages_peak_used; /* most pages held by running requests (not cached and unlocked) */
+    /* prefix cache (vLLM's prefix_cache_queries / prefix_cache_hits): the
+     * tokens of every admission's prompt (with its output so far, for a
+     * preempted request coming back), and those found cached */
+    uint64_t prefix_cache_queried_tokens, prefix_cache_hit_tokens;
     uint64_t graph_replays, forwards;
     double cpu_ms_per_step; /* host time spent scheduling and preparing, mean */
 } rp_engine_stats;

@@ -41,6 +41,7 @@ void rp_engine_config_default(rp_engine_config *c) {
     c->max_running_requests = DEFAULT_MAX_RUNNING;
     c->max_batched_tokens = DEFAULT_MAX_BATCHED_TOKENS;
     c->chunked_prefill_size = DEFAULT_CHUNKED_PREFILL;
+    c->enable_prefix_caching = 1;
 }
 
 void rp_request_params_default(rp_request_params *p) {
@@ -130,8 +131,24 @@ static void publish_counts(rp_engine *e) {
     rp_engine_stats *ss = &e->snapshot;
     ss->running = e->sched->num_running;
     ss->waiting = e->sched->num_waiting;
-    ss->kv_pages_free = rp_page_pool_num_free(e->run->pool);
+    ss->kv_pages_free = rp_scheduler_pages_available(e->sched);
     ss->preemptions = e->sched->preemptions;
+    if (e->cache) {
+        rp_prefix_cache_stats cs;
+        rp_prefix_cache_get_stats(e->cache, &cs);
+        ss->kv_pages_cached = cs.cached_pages;
+        ss->prefix_cache_queried_tokens = cs.queried_tokens;
+        ss->prefix_cache_hit_tokens = cs.hit_tokens;
+    }
+}
+
+void rp_engine_debug_check(rp_engine *e) {
+    if (!e->cfg.debug_check_every_step) return;
+    rp_err err;
+    if (rp_scheduler_check(e->sched, &err)) {
+        rp_log_error("%s", err.msg);
+        RP_ASSERT(!"the KV page accounting is broken");
+    }
 }
 
 void rp_engine_publish_plan(rp_engine *e) {
@@ -189,6 +206,7 @@ static void *engine_main(void *arg) {
             break;
         }
         rp_engine_step(e);
+        rp_engine_debug_check(e);
         pthread_mutex_lock(&e->mu);
         publish_stats(e);
         pthread_mutex_unlock(&e->mu);
@@ -290,7 +308,8 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     rp_sched_config sc = {.max_running = cfg->max_running_requests, .max_batched_tokens = cfg->max_batched_tokens,
                           .max_context = e->max_context,
                           .chunk = cfg->chunked_prefill_size > 0 ? cfg->chunked_prefill_size : cfg->max_batched_tokens};
-    e->sched = rp_scheduler_new(&sc, e->run->table);
+    if (cfg->enable_prefix_caching && !(e->cache = rp_prefix_cache_new(e->run->pool))) goto oom;
+    e->sched = rp_scheduler_new(&sc, e->run->table, e->cache);
     for (int k = 0; k < 2; k++) {
         e->steps[k].items = calloc((size_t)cfg->max_running_requests, sizeof *e->steps[k].items);
         e->steps[k].logit_row = calloc((size_t)cfg->max_running_requests, sizeof(int));
@@ -319,6 +338,7 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     rp_log_info("engine: %d KV pages of %d tokens (%d tokens in all), up to %d running request%s, %d tokens per step",
                 num_pages, cfg->page_size, num_pages * cfg->page_size, cfg->max_running_requests,
                 cfg->max_running_requests == 1 ? "" : "s", cfg->max_batched_tokens);
+    rp_log_info("engine: prefix caching %s", e->cache ? "on" : "off");
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         set_error(errout, RP_ERROR_INTERNAL, "cannot start the engine thread");
         rp_engine_destroy(e);
@@ -365,6 +385,7 @@ void rp_engine_destroy(rp_engine *e) {
     free(e->dev_top);
     rp_sampler_free(e->sampler);
     rp_scheduler_free(e->sched);
+    rp_prefix_cache_free(e->cache); /* its pages go back to the runner's pool */
     rp_runner_free(e->run);
     rp_tokenizer_free(e->tok);
     pthread_mutex_destroy(&e->mu);

@@ -32,6 +32,7 @@ struct rp_engine {
     rp_engine_config cfg;
     rp_runner *run; /* model, backend, KV pool, page table, batch builder */
     rp_tokenizer *tok;
+    rp_prefix_cache *cache; /* NULL: prefix caching off */
     rp_scheduler *sched;
     rp_sampler *sampler;
     rp_sampling_params *dev_params; /* [max_logits]: each logit row's sampling on the device */
@@ -88,6 +89,9 @@ void rp_engine_release_retired(rp_engine *e);
 void rp_engine_publish_plan(rp_engine *e);
 /* Forgets a finished id (under mu): abort() no longer knows it. */
 void rp_engine_live_remove(rp_engine *e, rp_request_id id);
+/* With cfg.debug_check_every_step: checks the page accounting
+ * (rp_scheduler_check) and stops on a broken invariant. */
+void rp_engine_debug_check(rp_engine *e);
 /* Registers a validated request (its id in *id_out, set before the engine
  * thread can see it) and wakes the engine thread; -1 when memory for the
  * bookkeeping ran out (nothing queued). */

@@ -45,7 +45,7 @@ static void deliver(rp_request *r, int32_t tok, float lp, const rp_top_logprobs 
     if (!r->cb) return;
     rp_token_event ev = {.id = r->id, .token = tok, .logprob = lp, .text = text ? text : "", .text_len = len,
                          .finish = fin, .error = error, .prompt_tokens = r->num_prompt,
-                         .completion_tokens = r->num_output, .preemptions = r->preemptions};
+                         .cached_tokens = r->cached_prompt_tokens, .completion_tokens = r->num_output, .preemptions = r->preemptions};
     if (top && tok >= 0 && top->n > 0) {
         ev.num_top_logprobs = top->n < RP_MAX_TOP_LOGPROBS ? top->n : RP_MAX_TOP_LOGPROBS;
         memcpy(ev.top_ids, top->ids, (size_t)ev.num_top_logprobs * sizeof *ev.top_ids);

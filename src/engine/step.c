@@ -29,12 +29,18 @@ static int any_needs_host_sampler(const rp_scheduler *s) {
     return 0;
 }
 
+/* A failed step leaves the K/V of the steps in flight unknown: the running
+ * requests end without handing their pages to the prefix cache (cached =
+ * 0), and the cache drops everything, since pages inserted at the launch of
+ * a step that never ran hold nothing. */
 static void fail_running(rp_engine *e, const char *msg) {
     e->completed = e->launched; /* nothing is in flight after a failure */
     e->steps[0].active = e->steps[1].active = 0;
+    for (int i = 0; i < e->sched->num_running; i++) e->sched->running[i]->cached = 0;
     rp_engine_release_retired(e);
     while (e->sched->num_running > 0)
         rp_engine_finish(e, e->sched->running[0], -1, 0, NULL, RP_FINISH_REASON_ERROR, msg);
+    if (e->cache) rp_prefix_cache_evict(e->cache, e->run->pool->num_pages);
 }
 
 /* A synchronous backend's steps take about e->step_ms: the next step's
@@ -61,7 +67,7 @@ static int launch_step(rp_engine *e) {
     rp_engine_publish_plan(e);
     /* peaks as scheduled, before this step's finished requests leave */
     if (s->num_running > e->stats.peak_running) e->stats.peak_running = s->num_running;
-    int used = run->pool->num_pages - rp_page_pool_num_free(run->pool);
+    int used = run->pool->num_pages - rp_scheduler_pages_available(s);
     if (used > e->stats.kv_pages_peak_used) e->stats.kv_pages_peak_used = used;
     int slot = e->overlap ? e->cur_step ^ 1 : 0;
     rp_step *st = &e->steps[slot];

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "engine/sampler.h"
+#include "kv/prefix_cache.h"
 #include "replay/engine.h"
 #include "tokenizer/tokenizer.h"
 
@@ -25,6 +26,13 @@ typedef struct rp_request {
     int num_prompt, num_output, max_tokens;
     int cached;       /* tokens whose K/V are in the cache */
     int row;          /* page-table row, -1 when it holds no pages */
+    /* The prefix cache (scheduler.h): the lock on the cached pages its row
+     * starts with, whether its prompt's pages have been handed to the cache
+     * since admission, and the prompt tokens its first admission found
+     * cached (OpenAI's usage.prompt_tokens_details.cached_tokens). */
+    rp_prefix_handle prefix;
+    int prompt_inserted;
+    int cached_prompt_tokens;
     rp_sampling_params sampling;
     int ignore_eos, want_logprobs;
     int32_t *stop_ids;

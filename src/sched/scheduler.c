@@ -1,19 +1,22 @@
 /* Continuous-batching policy: decode first, then prefill chunks, then
- * admissions; preemption by recomputation when the KV pool runs out. */
+ * admissions; eviction of cached pages, then preemption by recomputation,
+ * when the KV pool runs out. */
 #include "sched/scheduler.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-rp_scheduler *rp_scheduler_new(const rp_sched_config *cfg, rp_page_table *table) {
+rp_scheduler *rp_scheduler_new(const rp_sched_config *cfg, rp_page_table *table, rp_prefix_cache *cache) {
     rp_scheduler *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->cfg = *cfg;
     if (s->cfg.chunk <= 0 || s->cfg.chunk > s->cfg.max_batched_tokens) s->cfg.chunk = s->cfg.max_batched_tokens;
     s->table = table;
+    s->cache = cache;
     s->running = calloc((size_t)cfg->max_running, sizeof *s->running);
     s->plan = calloc((size_t)cfg->max_running, sizeof *s->plan);
-    if (!s->running || !s->plan) {
+    s->cache_pages = calloc((size_t)table->max_pages_per_row, sizeof *s->cache_pages);
+    if (!s->running || !s->plan || !s->cache_pages) {
         rp_scheduler_free(s);
         return NULL;
     }
@@ -24,6 +27,7 @@ void rp_scheduler_free(rp_scheduler *s) {
     if (!s) return;
     free(s->running);
     free(s->plan);
+    free(s->cache_pages);
     free(s);
 }
 
@@ -35,6 +39,7 @@ void rp_scheduler_enqueue(rp_scheduler *s, rp_request *r) {
     r->arrival = s->next_arrival++;
     r->state = RP_REQ_WAITING;
     r->row = -1;
+    r->prefix = RP_PREFIX_HANDLE_NONE;
     r->next = NULL;
     if (s->wait_tail) s->wait_tail->next = r;
     else s->wait_head = r;
@@ -62,6 +67,54 @@ static void unlink_waiting(rp_scheduler *s, rp_request *r) {
     s->num_waiting--;
 }
 
+int rp_scheduler_pages_available(const rp_scheduler *s) {
+    return rp_page_pool_num_free(s->table->pool) + (s->cache ? rp_prefix_cache_evictable_pages(s->cache) : 0);
+}
+
+/* Makes r's row hold pages for num_tokens, evicting unlocked cached pages
+ * where the pool is short; 0, or -1 with nothing taken and nothing evicted
+ * (so a failed try costs the cache nothing). */
+static int reserve(rp_scheduler *s, int row, int num_tokens) {
+    int need = rp_page_table_pages_needed(s->table, row, num_tokens);
+    if (need > rp_scheduler_pages_available(s)) return -1;
+    if (s->cache && rp_prefix_cache_ensure_free(s->cache, need)) return -1;
+    return rp_page_table_reserve(s->table, row, num_tokens, NULL);
+}
+
+/* The first n tokens of r trimmed to those known on the host: with overlap
+ * the newest output token may still be a reference to a logit row (step.c)
+ * and is never a cache key. */
+static int known_tokens(const rp_request *r, int n) {
+    while (n > 0 && r->tokens[n - 1] < 0) n--;
+    return n;
+}
+
+/* Hands the full pages of r's first n tokens (K/V computed) to the cache;
+ * the row then shares them, its duplicates of pages the cache already held
+ * going back to the pool. handle: a lock on them, or NULL. */
+static void cache_pages(rp_scheduler *s, rp_request *r, int n, rp_prefix_handle *handle) {
+    int full = known_tokens(r, n) / s->table->pool->page_size;
+    if (full < s->table->row_shared[r->row]) full = s->table->row_shared[r->row];
+    rp_prefix_cache_insert(s->cache, r->tokens, full * s->table->pool->page_size, rp_page_table_row(s->table, r->row),
+                           s->cache_pages, handle);
+    rp_page_table_share(s->table, r->row, full, s->cache_pages);
+}
+
+/* Gives r's row up: its computed full pages to the cache, the rest to the
+ * pool, and its lock back. */
+static void release_kv(rp_scheduler *s, rp_request *r) {
+    if (r->row < 0) {
+        RP_ASSERT(r->prefix.node < 0);
+        return;
+    }
+    if (s->cache) {
+        cache_pages(s, r, r->cached, NULL);
+        rp_prefix_cache_unlock(s->cache, &r->prefix);
+    }
+    rp_page_table_release_row(s->table, r->row);
+    r->row = -1;
+}
+
 static void drop_running(rp_scheduler *s, rp_request *r) {
     for (int i = 0; i < s->num_running; i++) {
         if (s->running[i] != r) continue;
@@ -69,8 +122,7 @@ static void drop_running(rp_scheduler *s, rp_request *r) {
         s->num_running--;
         break;
     }
-    if (r->row >= 0) rp_page_table_release_row(s->table, r->row);
-    r->row = -1;
+    release_kv(s, r);
 }
 
 /* Running stays sorted by arrival, so a preempted request readmitted later
@@ -86,8 +138,9 @@ static void add_running(rp_scheduler *s, rp_request *r) {
     r->state = RP_REQ_RUNNING;
 }
 
-/* Frees the newest running request's pages and requeues it at the front:
- * it will be recomputed from its tokens, losing nothing. */
+/* Frees the newest running request's pages (its computed full pages going
+ * to the cache) and requeues it at the front: it will be recomputed from
+ * its tokens, or from what the cache still holds of them, losing nothing. */
 static rp_request *preempt_newest(rp_scheduler *s) {
     int i = s->num_running - 1;
     while (i >= 0 && s->running[i]->retiring) i--; /* leaving anyway: its pages come back soon */
@@ -128,7 +181,7 @@ static void feed_prefills(rp_scheduler *s, int *budget, int keep) {
         int have = planned_tokens(s, r, &at);
         int n = (pending < s->cfg.chunk ? pending : s->cfg.chunk) - have;
         if (n > *budget - keep) n = *budget - keep;
-        if (n <= 0 || rp_page_table_reserve(s->table, r->row, r->cached + have + n, NULL)) continue;
+        if (n <= 0 || reserve(s, r->row, r->cached + have + n)) continue;
         if (at < 0) plan_add(s, r, n);
         else s->plan[at] = (rp_sched_item){r, have + n, r->cached + have + n == rp_request_len(r)};
         *budget -= n;
@@ -143,7 +196,65 @@ static int admission_share(const rp_scheduler *s) {
     if (!w || s->num_running >= s->cfg.max_running || !rp_request_can_run(w, s->cfg.max_context)) return 0;
     int pending = rp_request_pending(w);
     int n = pending < s->cfg.chunk ? pending : s->cfg.chunk;
-    return rp_page_pool_num_free(s->table->pool) >= rp_scheduler_pages_for(s, w->cached + n) ? n : 0;
+    return rp_scheduler_pages_available(s) >= rp_scheduler_pages_for(s, w->cached + n) ? n : 0;
+}
+
+/* Whether a running prefill is about to put more of r's prefix in the cache
+ * than the `matched` tokens it holds now: at least the next page, which r
+ * would otherwise compute a second time in the same steps. r then waits
+ * until that prompt completes (a step or a few chunks: a prefill in the
+ * running set is always fed or preempted) and matches it all. */
+static int waits_for_prefill(const rp_scheduler *s, const rp_request *r, int matched) {
+    const int ps = s->table->pool->page_size;
+    const int next = matched / ps + 1; /* pages r shares with p must reach this one */
+    if (next * ps > rp_request_len(r) - 1) return 0; /* r could not match it anyway */
+    for (int i = 0; i < s->num_running; i++) {
+        const rp_request *p = s->running[i];
+        if (p->prompt_inserted || !rp_request_can_run(p, s->cfg.max_context) || rp_request_len(p) < next * ps)
+            continue;
+        if (!memcmp(p->tokens, r->tokens, (size_t)next * ps * sizeof *r->tokens)) return 1;
+    }
+    return 0;
+}
+
+/* Admits r into a free row, from its longest cached prefix, with its first
+ * chunk (at most budget tokens); returns the tokens planned, or 0 with
+ * nothing taken (no row, or no pages even with the cache evicted). A peek
+ * decides before the match that locks and counts, so a request that waits
+ * for a prefill, or for pages, costs the cache nothing. */
+static int admit(rp_scheduler *s, rp_request *r, int budget, int *waits) {
+    const int ps = s->table->pool->page_size, len = rp_request_len(r);
+    int matched = 0;
+    *waits = 0;
+    if (s->cache) {
+        matched = rp_prefix_cache_match(s->cache, r->tokens, len, len - 1, s->cache_pages, NULL);
+        if ((*waits = waits_for_prefill(s, r, matched))) return 0;
+    }
+    int n = len - matched < s->cfg.chunk ? len - matched : s->cfg.chunk;
+    if (n > budget) n = budget;
+    if (rp_scheduler_pages_for(s, matched + n) - matched / ps > rp_scheduler_pages_available(s)) return 0;
+    int row = rp_page_table_acquire_row(s->table);
+    if (row < 0) return 0;
+    if (s->cache) {
+        /* the same match: nothing was evicted since the peek */
+        int locked = rp_prefix_cache_match(s->cache, r->tokens, len, len - 1, s->cache_pages, &r->prefix);
+        RP_ASSERT(locked == matched);
+        rp_page_table_share(s->table, row, matched / ps, s->cache_pages);
+    }
+    /* locking the matched pages may have taken the evictable ones counted above */
+    if (reserve(s, row, matched + n)) {
+        if (s->cache) rp_prefix_cache_unlock(s->cache, &r->prefix);
+        rp_page_table_release_row(s->table, row);
+        return 0;
+    }
+    if (r->preemptions == 0) r->cached_prompt_tokens = matched;
+    r->cached = matched;
+    r->prompt_inserted = 0;
+    r->row = row;
+    unlink_waiting(s, r);
+    add_running(s, r);
+    plan_add(s, r, n);
+    return n;
 }
 
 static int schedule_once(rp_scheduler *s) {
@@ -155,7 +266,7 @@ static int schedule_once(rp_scheduler *s) {
         if (rp_request_pending(r) != 1 || !rp_request_can_run(r, s->cfg.max_context)) continue;
         int ok = 0;
         while (!ok) {
-            ok = rp_page_table_reserve(s->table, r->row, r->cached + 1, NULL) == 0;
+            ok = reserve(s, r->row, r->cached + 1) == 0;
             if (ok) break;
             rp_request *v = preempt_newest(s);
             if (v == r || !v) break;
@@ -169,25 +280,17 @@ static int schedule_once(rp_scheduler *s) {
     /* 2. chunks of prompts already being prefilled, leaving the first waiting
      * request its chunk */
     feed_prefills(s, &prompt_budget, admission_share(s));
-    /* 3. admissions, in order, while a row, pages and budget remain. A
-     * request preempted with its last output token still in flight may be
-     * at max_tokens: it cannot run, and ends when that token is read. */
-    while (s->wait_head && s->num_running < s->cfg.max_running && prompt_budget > 0) {
-        rp_request *r = s->wait_head;
+    /* 3. admissions, in order, while a row, pages and budget remain (a
+     * request waiting for a running prefill of its prefix is passed over).
+     * A request preempted with its last output token still in flight may
+     * be at max_tokens: it cannot run, and ends when that token is read. */
+    rp_request *next;
+    for (rp_request *r = s->wait_head; r && s->num_running < s->cfg.max_running && prompt_budget > 0; r = next) {
+        next = r->next;
         if (!rp_request_can_run(r, s->cfg.max_context)) break;
-        int pending = rp_request_pending(r);
-        int n = pending < s->cfg.chunk ? pending : s->cfg.chunk;
-        if (n > prompt_budget) n = prompt_budget;
-        int row = rp_page_table_acquire_row(s->table);
-        if (row < 0) break;
-        if (rp_page_table_reserve(s->table, row, r->cached + n, NULL)) {
-            rp_page_table_release_row(s->table, row);
-            break;
-        }
-        unlink_waiting(s, r);
-        r->row = row;
-        add_running(s, r);
-        plan_add(s, r, n);
+        int waits, n = admit(s, r, prompt_budget, &waits);
+        if (waits) continue;
+        if (n == 0) break;
         prompt_budget -= n;
     }
     /* 4. what admissions left goes back to the running prefills */
@@ -210,7 +313,17 @@ int rp_scheduler_schedule(rp_scheduler *s) {
 }
 
 void rp_scheduler_commit(rp_scheduler *s) {
-    for (int i = 0; i < s->plan_len; i++) s->plan[i].req->cached += s->plan[i].num_tokens;
+    for (int i = 0; i < s->plan_len; i++) {
+        rp_request *r = s->plan[i].req;
+        r->cached += s->plan[i].num_tokens;
+        if (!s->cache || !s->plan[i].samples || r->prompt_inserted) continue;
+        /* the prompt is complete: its pages are shared from the next step on */
+        rp_prefix_handle h;
+        cache_pages(s, r, r->cached, &h);
+        rp_prefix_cache_unlock(s->cache, &r->prefix);
+        r->prefix = h;
+        r->prompt_inserted = 1;
+    }
     s->plan_len = 0;
 }
 
@@ -218,4 +331,50 @@ void rp_scheduler_remove(rp_scheduler *s, rp_request *r) {
     if (r->state == RP_REQ_RUNNING) drop_running(s, r);
     else if (r->state == RP_REQ_WAITING) unlink_waiting(s, r);
     r->state = RP_REQ_FINISHED;
+}
+
+int rp_scheduler_check(const rp_scheduler *s, rp_err *err) {
+    const rp_page_table *t = s->table;
+    const rp_page_pool *pool = t->pool;
+    if (rp_page_pool_check(pool, err)) return RP_ERR;
+    if (s->cache && rp_prefix_cache_check(s->cache, err)) return RP_ERR;
+    int own = 0;
+    for (int row = 0; row < t->max_rows; row++) {
+        if (!t->row_used[row]) continue;
+        own += rp_page_table_own_pages(t, row);
+        const int32_t *pages = rp_page_table_row(t, row);
+        for (int i = 0; i < t->row_num_pages[row]; i++)
+            if (pages[i] < 0 || pages[i] >= pool->num_pages || !rp_page_pool_in_use(pool, pages[i]))
+                return rp_errf(err, "scheduler: row %d's page %d (%d) is not a page in use", row, i, pages[i]);
+    }
+    int handles = 0;
+    for (int i = 0; i < s->num_running; i++) {
+        const rp_request *r = s->running[i];
+        if (r->row < 0 || !t->row_used[r->row])
+            return rp_errf(err, "scheduler: running request %llu holds no row", (unsigned long long)r->id);
+        if (r->prefix.num_pages != t->row_shared[r->row])
+            return rp_errf(err, "scheduler: request %llu locks %d cached pages, its row shares %d",
+                           (unsigned long long)r->id, r->prefix.num_pages, t->row_shared[r->row]);
+        if (r->cached > t->row_num_pages[r->row] * pool->page_size)
+            return rp_errf(err, "scheduler: request %llu has %d tokens cached in %d pages", (unsigned long long)r->id,
+                           r->cached, t->row_num_pages[r->row]);
+        handles += r->prefix.node >= 0;
+    }
+    for (const rp_request *w = s->wait_head; w; w = w->next)
+        if (w->row >= 0 || w->prefix.node >= 0)
+            return rp_errf(err, "scheduler: waiting request %llu holds a row or a lock", (unsigned long long)w->id);
+    int cached = 0;
+    if (s->cache) {
+        rp_prefix_cache_stats st;
+        rp_prefix_cache_get_stats(s->cache, &st);
+        cached = st.cached_pages;
+        if (st.handles != handles)
+            return rp_errf(err, "scheduler: the cache has %d handles out, running requests hold %d", st.handles,
+                           handles);
+    }
+    int in_use = pool->num_pages - rp_page_pool_num_free(pool);
+    if (in_use != own + cached)
+        return rp_errf(err, "scheduler: %d pages in use, %d rows' own and %d cached (%s)", in_use, own, cached,
+                       in_use > own + cached ? "leaked" : "counted twice");
+    return RP_OK;
 }

@@ -15,12 +15,34 @@
  *  4. budget the admissions left goes back to the running prefills.
  * Prompt tokens (2-4) are also held to prefill_cap, which the engine sets
  * each step so that a step on a slow backend stays short.
+ *
+ * With a prefix cache (kv/prefix_cache.h; NULL: none):
+ *  - admission starts a request at its longest cached prefix in whole pages
+ *    (leaving at least its last token to compute, for its logits): its row
+ *    starts with the cache's pages, locked until it leaves, and it is fed
+ *    from there. A preempted request comes back the same way, with what the
+ *    cache still holds of its prompt and output;
+ *  - a waiting request whose prompt a running prefill is about to put in
+ *    the cache (one more page than the cache holds for it now) is passed
+ *    over until that prefill completes, so the n choices of one prompt, or
+ *    requests sharing a system prompt that arrive together, prefill it once;
+ *  - every page a step needs is taken first from the pool, then by evicting
+ *    unlocked cached pages, and only then by preempting: the cache never
+ *    turns away or preempts a request that would have run without it, and
+ *    counts as free wherever pages are counted;
+ *  - a request's full pages go to the cache when its prompt is complete
+ *    (at the commit of the step that feeds its last prompt token: every
+ *    later step runs after that one on the device, so readers always find
+ *    the K/V written) and when it leaves (finish, abort, preemption: the
+ *    pages of the tokens whose K/V are computed); where the cache already
+ *    held the same tokens the request's copy goes back to the pool.
  * The plan is a list of (request, tokens to feed); the runtime turns it into
  * a backend batch. The scheduler never sees a CUDA type. */
 #ifndef RP_SCHED_SCHEDULER_H
 #define RP_SCHED_SCHEDULER_H
 
 #include "kv/page_table.h"
+#include "kv/prefix_cache.h"
 #include "sched/request.h"
 
 typedef struct rp_sched_config {
@@ -39,6 +61,8 @@ typedef struct rp_sched_item {
 typedef struct rp_scheduler {
     rp_sched_config cfg;
     rp_page_table *table; /* not owned */
+    rp_prefix_cache *cache; /* not owned; NULL: no prefix caching */
+    int32_t *cache_pages; /* [max_pages_per_row]: pages a match or insert reports */
     rp_request **running; /* [max_running], admission order */
     int num_running;
     rp_request *wait_head, *wait_tail;
@@ -49,16 +73,28 @@ typedef struct rp_scheduler {
     int prefill_cap; /* prompt tokens one step may feed (0: the budget's); set by the engine */
 } rp_scheduler;
 
-rp_scheduler *rp_scheduler_new(const rp_sched_config *cfg, rp_page_table *table);
+/* cache: over table's pool, or NULL. */
+rp_scheduler *rp_scheduler_new(const rp_sched_config *cfg, rp_page_table *table, rp_prefix_cache *cache);
 void rp_scheduler_free(rp_scheduler *s);
 
 void rp_scheduler_enqueue(rp_scheduler *s, rp_request *r);
 /* Builds s->plan for the next step; returns its length (0: nothing to do). */
 int rp_scheduler_schedule(rp_scheduler *s);
-/* After the step ran: advance every planned request's cache by what it fed. */
+/* After the step was launched: advance every planned request's cache by
+ * what it fed; a prompt completed goes to the prefix cache. */
 void rp_scheduler_commit(rp_scheduler *s);
-/* Removes a request from wherever it is and frees its pages (finish, abort). */
+/* Removes a request from wherever it is and frees its pages (finish, abort);
+ * the full pages of its first r->cached tokens go to the prefix cache, so a
+ * caller whose K/V cannot be trusted (a failed step) sets cached to 0 first. */
 void rp_scheduler_remove(rp_scheduler *s, rp_request *r);
+/* Pages a step could take: free in the pool, or cached and unlocked. */
+int rp_scheduler_pages_available(const rp_scheduler *s);
+/* Checks the page accounting (O(pages)): the pool's and the cache's
+ * invariants, every running request's row starting with exactly the cached
+ * pages it locks, and every page in use either cached or one row's own; at
+ * rest (nothing running) no lock remains. 0, or -1 with the first broken
+ * one in err. For tests (rp_engine_config.debug_check_every_step). */
+int rp_scheduler_check(const rp_scheduler *s, rp_err *err);
 
 /* Pages a request needs for len tokens. */
 int rp_scheduler_pages_for(const rp_scheduler *s, int len);
