@@ -27,9 +27,11 @@ int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err) {
     o = rp_align_up(o, 16);
     /* The pages of every sequence in the batch, packed one after another;
      * seq_page_row[s] is where sequence s's list starts and the stride is 1,
-     * so only the pages in use cross PCIe each step. Sharing pages between
-     * sequences (a prefix cache) can list a page twice: room for that. */
-    cb->meta.page_capacity = (size_t)bc->num_pages + S * 2 + (size_t)cb->max_pages_per_seq;
+     * so only the pages in use cross PCIe each step. With the prefix cache
+     * sequences share pages, so the lists can name far more ids than the
+     * pool has pages: room for every sequence at its longest (a few MB at
+     * most, of which a step copies only what it uses). */
+    cb->meta.page_capacity = S * (size_t)cb->max_pages_per_seq;
     cb->meta.off_pages = o, o += cb->meta.page_capacity * 4;
     cb->meta.bytes = o;
     if (rp_cuda_malloc((void **)&cb->meta.dev, o, "step metadata", err)) return RP_ERR;
