@@ -11,6 +11,7 @@
 /* The stream of group g's prefix tokens: far above any request's
  * token_stream + i (requests are fewer than 2^40). */
 #define PREFIX_STREAM (1ull << 40)
+#define ANSWER_STREAM (1ull << 41)
 
 int rp_bench_workload_parse(rp_bench_workload *w, int opt, const char *arg, const char *cmd) {
     static const struct {
@@ -75,6 +76,11 @@ int rp_bench_workload_new_tokens(const rp_bench_workload *w, long c, long t, int
 
 int rp_bench_workload_output(const rp_bench_workload *w, long c, long t) {
     return rp_bench_random_len(w->output_len, w->range, w->seed, w->out_stream, (uint64_t)(t * w->num_prompts + c));
+}
+
+void rp_bench_workload_answer_stand_in(const rp_bench_workload *w, long c, long t, int n, int vocab, int32_t *out) {
+    const uint64_t i = (uint64_t)(t * w->num_prompts + c);
+    for (int k = 0; k < n; k++) out[k] = (int32_t)(rp_rand_u64(w->seed, ANSWER_STREAM + i, (uint64_t)k) % (uint64_t)vocab);
 }
 
 void rp_bench_workload_describe(const rp_bench_workload *w, char *buf, size_t n) {

@@ -69,6 +69,11 @@ double rp_bench_workload_prompt_tokens(const rp_bench_workload *w);
 int rp_bench_workload_new_tokens(const rp_bench_workload *w, long c, long t, int vocab, int32_t *out);
 /* Its max_tokens. */
 int rp_bench_workload_output(const rp_bench_workload *w, long c, long t);
+/* A stand-in for the answer of request (c, t), n tokens, for a client that
+ * does not see the ids the server generated (bench serve: the OpenAI API
+ * returns text): the next turn resends these instead, so the server finds
+ * the earlier prompt cached but not the answer. */
+void rp_bench_workload_answer_stand_in(const rp_bench_workload *w, long c, long t, int n, int vocab, int32_t *out);
 
 /* "random", "shared prefix 2048 x 64 groups", "4-turn chat": for the
  * commands' first line. */
