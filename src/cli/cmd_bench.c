@@ -600,7 +600,8 @@ static int bench_offline(int argc, char **argv) {
                                                                    (mc.tie_word_embeddings ? 0 : 1);
         double q_dim = (double)mc.num_heads * mc.head_dim;
         double avg_in = (double)total_in / submitted, avg_out = (double)total_out / submitted;
-        double hits = (double)st.prefix_cache_hit_tokens < (double)total_in ? (double)st.prefix_cache_hit_tokens : 0;
+        double hits = (double)st.prefix_cache_hit_tokens; /* a resumed preemption's hits count again */
+        if (hits > (double)total_in) hits = (double)total_in;
         double computed = (double)total_in - hits, share = total_in ? computed / (double)total_in : 1;
         double prefill_flops = 2.0 * params * computed + 2.0 * mc.num_layers * q_dim * avg_in * avg_in * submitted *
                                                              share;

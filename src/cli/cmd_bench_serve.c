@@ -323,7 +323,7 @@ static void *run_conversation(void *arg) {
         if (!q->ok) break;
         /* the answer as the next turn resends it: the client sees text, not the ids */
         int answer = q->usage_tokens > 0 ? q->usage_tokens : q->chunks;
-        if (answer > room - len) answer = (int)(room - len);
+        if (answer > q->output_len) answer = q->output_len; /* what max_tokens allows: history has room for it */
         rp_bench_workload_answer_stand_in(w, cv->index, t, answer, cv->vocab, history + len);
         len += answer;
     }
