@@ -40,6 +40,32 @@ out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --random-range-ratio 2 2>&
 out=$("$BIN" bench decode --dummy-weights tiny-qwen3 --batch 0 2>&1); check "bad batch" 2 $?
 out=$("$BIN" bench nope 2>&1); check "unknown bench" 2 $?
 
+# the prefix cache's workloads: groups sharing a prefix, then the same with --disable-prefix-caching
+hit() { echo "$1" | awk '/prefix cache hit rate/ {sub("%", "", $5); print $5}'; }
+SP="--dummy-weights tiny-qwen3 --num-prompts 16 --input-len 8 --output-len 4 --shared-prefix-len 48 --num-groups 4 --device cpu"
+# shellcheck disable=SC2086
+out=$("$BIN" bench offline $SP 2>/dev/null)
+check "bench offline --shared-prefix-len" 0 $?
+contains "shared-prefix workload named" "$out" "shared prefix 48 x 4 groups, prefix caching on"
+awk -v h="$(hit "$out")" 'BEGIN {exit !(h > 0)}'; check "shared prefix: a hit rate above 0 ($(hit "$out")%)" 0 $?
+# shellcheck disable=SC2086
+out=$("$BIN" bench offline $SP --disable-prefix-caching 2>/dev/null)
+check "bench offline --disable-prefix-caching" 0 $?
+contains "cache off named" "$out" "prefix caching off"
+check "cache off: hit rate 0" "0.0" "$(hit "$out")"
+# multi-turn: 3 conversations of 3 turns; turn k+1 resends turn k's prompt and answer, found cached
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 3 --input-len 20 --output-len 10 --multi-turn 3 \
+      --device cpu 2>/dev/null)
+check "bench offline --multi-turn" 0 $?
+contains "multi-turn named" "$out" "3 conversations, input 20, output 10, range ratio 0.00, 3-turn chat"
+contains "later turns' TTFT" "$out" "mean TTFT, turns after the first"
+read -r lo mean hi <<<"$(echo "$out" | awk '/input length min/ {print $8, $10, $12}')"
+check "turn prompts grow: 20, 50, 80 tokens" "20 50.0 80" "$lo $mean $hi"
+awk -v h="$(hit "$out")" 'BEGIN {exit !(h > 0)}'; check "multi-turn: a hit rate above 0 ($(hit "$out")%)" 0 $?
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-groups 2 2>&1); check "--num-groups without a prefix" 2 $?
+contains "--num-groups needs --shared-prefix-len" "$out" "--shared-prefix-len"
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --multi-turn 0 2>&1); check "bad --multi-turn" 2 $?
+
 # --random-range-ratio as vLLM's bench means it: lengths in [len x (1-R), len x (1+R)], so some above len
 out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 40 --input-len 20 --output-len 12 \
       --random-range-ratio 0.5 --num-pages 40 --device cpu 2>/dev/null)
@@ -53,9 +79,10 @@ out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 40 --input-l
       --num-pages 40 --device cpu --progress-interval 0.01 2>&1 >/dev/null)
 echo "$out" | grep -qE 'INFO +bench offline: [0-9]+/40 requests, [0-9.]+ tok/s, [0-9]+s elapsed'
 check "bench offline: progress lines" 0 $?
-out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 4 --ctx 40 --steps 30 --warmup 1 --device cpu \
+# (enough steps to outlast an interval: 30 of them took under 10 ms on an idle machine)
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 4 --ctx 40 --steps 400 --warmup 1 --device cpu \
       --progress-interval 0.01 2>&1 >/dev/null)
-echo "$out" | grep -qE 'INFO +bench decode: [0-9]+/31 steps, [0-9.]+ tok/s, .*\(batch 4'
+echo "$out" | grep -qE 'INFO +bench decode: [0-9]+/401 steps, [0-9.]+ tok/s, .*\(batch 4'
 check "bench decode: progress lines" 0 $?
 # nothing listens on port 1: every request fails at once, and the line still counts them
 out=$("$BIN" bench serve --base-url http://127.0.0.1:1 --model m --vocab 100 --num-prompts 3 --request-rate 20 \
@@ -89,6 +116,8 @@ early "bench offline stretched" --random-range-ratio bench offline $Q8 --input-l
 early "bench offline --max-model-len" --max-model-len bench offline $Q8 --max-model-len 50000
 early "bench offline --max-model-len fits" --max-model-len bench offline $Q8 --max-model-len 1000
 early "bench offline --num-pages" --num-pages bench offline $Q8 --num-pages 10 --input-len 100 --output-len 100
+early "bench offline multi-turn context" --multi-turn bench offline $Q8 --input-len 10000 --output-len 1000 \
+      --multi-turn 4
 early "logits 1,,2" --prompt-ids logits $Q8 --prompt-ids 1,,2 --out "$tmp/l.bin"
 early "logits trailing comma" --prompt-ids logits $Q8 --prompt-ids 1,2, --out "$tmp/l.bin"
 early "logits id past the vocabulary" 151935 logits $Q8 --prompt-ids 1,151936 --out "$tmp/l.bin"

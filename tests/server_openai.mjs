@@ -1,8 +1,9 @@
 // The official `openai` npm client against `replay serve` (started by
 // tests/cli_server_openai.sh): completions and chat, streamed and not,
-// logprobs and top logprobs, n, stop, usage, and the client's error classes for a bad
-// request, an unknown model and a wrong API key.
-// Usage: node server_openai.mjs BASE_URL MODEL API_KEY
+// logprobs and top logprobs, n, stop, usage (with prompt_tokens_details.cached_tokens), and
+// the client's error classes for a bad request, an unknown model and a wrong API key.
+// Usage: [CACHE=off] node server_openai.mjs BASE_URL MODEL API_KEY (CACHE=off: a server with
+// --disable-prefix-caching; the test stops after the prefix cache's checks)
 import OpenAI from 'openai';
 
 const [baseURL, model, apiKey] = process.argv.slice(2);
@@ -124,6 +125,31 @@ await expectError('top_logprobs 21', () => client.chat.completions.create({ mode
                   top_logprobs: 21 }), 400, OpenAI.BadRequestError);
 await expectError('top_logprobs without logprobs', () => client.chat.completions.create({ model, messages,
                   top_logprobs: 2 }), 400, OpenAI.BadRequestError);
+
+// the prefix cache: a prompt of 40 ids (two full pages of 16) sent twice finds its whole pages cached the
+// second time (never its last token), streamed and not; with CACHE=off (--disable-prefix-caching) nothing is
+const cacheOn = process.env.CACHE !== 'off';
+const longPrompt = Array.from({ length: 40 }, (_, i) => 7000 + i);
+c = await client.completions.create({ model, prompt: longPrompt, max_tokens: 2, ignore_eos: true });
+check('cached_tokens on a first prompt', c.usage.prompt_tokens_details?.cached_tokens === 0, c.usage);
+c = await client.completions.create({ model, prompt: longPrompt, max_tokens: 2, ignore_eos: true });
+check('cached_tokens on a repeated prompt', c.usage.prompt_tokens_details?.cached_tokens === (cacheOn ? 32 : 0),
+      c.usage);
+usage = null;
+for await (const ch of await client.completions.create({ model, prompt: longPrompt, max_tokens: 2, ignore_eos: true,
+    stream: true, stream_options: { include_usage: true } })) if (ch.usage) usage = ch.usage;
+check('streamed cached_tokens', usage?.prompt_tokens_details?.cached_tokens === (cacheOn ? 32 : 0), usage);
+const longChat = [{ role: 'system', content: 'You answer in one short line, politely, and never mention the ' +
+                   'weather, the time of day or anything else that changes.' }, { role: 'user', content: 'Hi!' }];
+await client.chat.completions.create({ model, messages: longChat, max_tokens: 2 });
+r = await client.chat.completions.create({ model, messages: longChat, max_tokens: 2 });
+const chatCached = r.usage.prompt_tokens_details?.cached_tokens;
+check('chat cached_tokens', cacheOn ? chatCached >= 16 && chatCached < r.usage.prompt_tokens : chatCached === 0,
+      r.usage);
+if (process.env.CACHE === 'off') {
+  console.log(`${passes} passed, ${failures} failed`);
+  process.exit(failures ? 1 : 0);
+}
 
 // errors through the client's classes
 await expectError('bad request', () => client.completions.create({ model, prompt: 'x', temperature: -1 }), 400,

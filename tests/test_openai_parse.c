@@ -386,7 +386,7 @@ static int build_responses(const rp_tokenizer *tok, rp_sbuf *out) {
             json_decref(choices);
             return -1;
         }
-        if (rp_oai_sse_add(out, rp_oai_completion(&r, choices, rp_oai_usage(3, 2)))) return -1;
+        if (rp_oai_sse_add(out, rp_oai_completion(&r, choices, rp_oai_usage(3, 0, 2)))) return -1;
         /* the stream: role, a token with logprobs, the end, usage */
         if (kind == RP_OAI_CHAT && rp_oai_sse_add(out, rp_oai_role_chunk(&r, 0))) return -1;
         lp = rp_oai_logprobs_new(&r);
@@ -396,7 +396,7 @@ static int build_responses(const rp_tokenizer *tok, rp_sbuf *out) {
         }
         if (rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "Hello", 5, RP_FINISH_REASON_NONE, lp)) ||
             rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "", 0, RP_FINISH_REASON_LENGTH, NULL)) ||
-            rp_oai_sse_add(out, rp_oai_usage_chunk(&r, rp_oai_usage(3, 2))))
+            rp_oai_sse_add(out, rp_oai_usage_chunk(&r, rp_oai_usage(3, 0, 2))))
             return -1;
     }
     int32_t ids[] = {9707, 11};

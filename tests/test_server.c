@@ -2,7 +2,8 @@
  * error case with its status and OpenAI-shaped body, the API key, logprobs
  * and top logprobs,
  * prompt lists, streaming framing, a client that hangs up mid-stream or
- * mid-request (aborted at once, the KV pool back to full), /metrics, memory
+ * mid-request (aborted at once, the KV pool back to full), /metrics, the
+ * prefix cache in usage and /metrics, memory
  * running out while the answer is built (a 500 or an error event), and a
  * shutdown with a stream open (it ends with an error event and [DONE]);
  * the listener made before the server (a port in use, IPv6).
@@ -1044,6 +1045,74 @@ static void test_shutdown(void **state) {
     wait_pool_full();
 }
 
+/* usage.prompt_tokens_details.cached_tokens in a body (the last one: a
+ * stream's usage chunk); -1 when there is none. */
+static int cached_in(const char *body) {
+    const char *key = "\"prompt_tokens_details\":{\"cached_tokens\":", *p = NULL;
+    for (const char *q = strstr(body, key); q; q = strstr(q + 1, key)) p = q;
+    return p ? atoi(p + strlen(key)) : -1;
+}
+
+/* A request of 40 prompt ids (two full pages of 16 and 8 tokens more)
+ * prefix: the prompt, n, whether streamed with usage. */
+static response ids_request(int first_id, int n, int stream) {
+    char body[1024];
+    int k = snprintf(body, sizeof body, "{\"prompt\":[");
+    for (int i = 0; i < 40; i++) k += snprintf(body + k, sizeof body - (size_t)k, "%s%d", i ? "," : "", first_id + i);
+    snprintf(body + k, sizeof body - (size_t)k,
+             "],\"max_tokens\":2,\"ignore_eos\":true,\"n\":%d%s}", n,
+             stream ? ",\"stream\":true,\"stream_options\":{\"include_usage\":true}" : "");
+    response r = request(port(), "POST", "/v1/completions", NULL, body);
+    if (r.status != 200) fail_msg("status %d: %s", r.status, r.body);
+    return r;
+}
+
+/* The prefix cache as a client sees it: usage.prompt_tokens_details.
+ * cached_tokens (0 the first time, the prompt's whole pages the next:
+ * never its last token), streamed and not, chat too; with n > 1 the
+ * prompt's tokens count once and so do its cached ones (the first
+ * choice's); /metrics counts the tokens queried and found. */
+static void test_prefix_cache(void **state) {
+    (void)state;
+    wait_pool_full();
+    double queried = metric("replay_prefix_cache_queries_total"), hits = metric("replay_prefix_cache_hits_total");
+    response r = ids_request(5000, 1, 0);
+    assert_int_equal(cached_in(r.body), 0);
+    response_free(&r);
+    r = ids_request(5000, 1, 0);
+    assert_int_equal(cached_in(r.body), 32);
+    response_free(&r);
+    r = ids_request(5000, 1, 1);
+    assert_int_equal(cached_in(r.body), 32);
+    assert_non_null(strstr(r.body, "\"choices\":[],\"usage\":{\"prompt_tokens\":40,"));
+    response_free(&r);
+    wait_pool_full();
+    assert_true(metric("replay_prefix_cache_queries_total") >= queried + 120);
+    assert_true(metric("replay_prefix_cache_hits_total") >= hits + 64);
+    assert_true(metric("replay_kv_pages_cached") >= 2);
+    /* n = 3 of a new prompt: its first choice found nothing cached */
+    r = ids_request(6000, 3, 0);
+    assert_int_equal(cached_in(r.body), 0);
+    assert_non_null(strstr(r.body, "\"prompt_tokens\":40,"));
+    response_free(&r);
+    r = ids_request(6000, 3, 1);
+    assert_int_equal(cached_in(r.body), 32); /* not 3 x 32 */
+    response_free(&r);
+    /* chat: the same conversation again */
+    static const char chat[] = "{\"messages\":[{\"role\":\"system\",\"content\":\"You answer in one short line, "
+                               "politely, and never mention the weather or the time of day.\"},{\"role\":\"user\","
+                               "\"content\":\"Hello there\"}],\"max_tokens\":2}";
+    r = request(port(), "POST", "/v1/chat/completions", NULL, chat);
+    assert_int_equal(r.status, 200);
+    assert_true(cached_in(r.body) >= 0);
+    response_free(&r);
+    r = request(port(), "POST", "/v1/chat/completions", NULL, chat);
+    assert_int_equal(r.status, 200);
+    assert_true(cached_in(r.body) >= 16);
+    response_free(&r);
+    wait_pool_full();
+}
+
 /* The listener made before the server (serve makes it before the model
  * loads): its port and URL are known at once, a second listener on that port
  * is refused with the system's reason, a connection made before the server
@@ -1102,7 +1171,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_listener),
         cmocka_unit_test(test_errors),     cmocka_unit_test(test_completions), cmocka_unit_test(test_top_logprobs),
-        cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_streaming),  cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_connection_flood), cmocka_unit_test(test_refused_before_body),
         cmocka_unit_test(test_pipelining_head_half_close), cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_disconnect), cmocka_unit_test(test_out_of_memory), cmocka_unit_test(test_shutdown),

@@ -100,7 +100,6 @@ static const struct {
     {"--revision", "vLLM", NULL, "replay loads a local directory: download the revision first (README, 'Models')"},
     {"--disable-log-requests", "vLLM", "disable-access-log", NULL},
     {"--uvicorn-log-level", "vLLM", "log-level", NULL},
-    {"--enable-prefix-caching", "vLLM", NULL, "prefix caching is not implemented yet"},
     {"--n-predict", "llama.cpp", "max-tokens", NULL},
     {"-n", "llama.cpp", "max-tokens", NULL},
     {"--ctx-size", "llama.cpp", "max-model-len", NULL},
@@ -446,8 +445,12 @@ void rp_engine_opts_help(FILE *f) {
             "                               the KV cache takes, in (0, 1] (default %.2f)\n"
             "  --page-size N                tokens per KV page (default %d)\n"
             "  --max-model-len N            context per request (default: the model's)\n"
-            "  --disable-cuda-graph         run every step eagerly\n",
-            d.max_running_requests, d.max_batched_tokens, d.chunked_prefill_size, d.memory_ratio, d.page_size);
+            "  --disable-cuda-graph         run every step eagerly\n"
+            "  --disable-prefix-caching     compute every prompt whole: keep no KV pages for later requests\n"
+            "                               (default: prefix caching %s)\n"
+            "  --enable-prefix-caching      reuse the KV pages of prompt prefixes computed before (the default)\n",
+            d.max_running_requests, d.max_batched_tokens, d.chunked_prefill_size, d.memory_ratio, d.page_size,
+            d.enable_prefix_caching ? "on" : "off");
 }
 
 int rp_engine_opts_parse(rp_engine_config *ec, int opt, const char *arg, const char *cmd) {
@@ -460,6 +463,10 @@ int rp_engine_opts_parse(rp_engine_config *ec, int opt, const char *arg, const c
                 {0x144, "--page-size", 1, 4096},               {0x145, "--max-model-len", 1, 1 << 24}};
     if (opt == 0x146) {
         ec->disable_cuda_graph = 1;
+        return 1;
+    }
+    if (opt == 0x148 || opt == 0x149) {
+        ec->enable_prefix_caching = opt == 0x149;
         return 1;
     }
     if (opt == 0x147) {

@@ -99,13 +99,16 @@ typedef struct rp_model_opts {
 /* Engine options of the commands that run the engine on many requests
  * (serve, bench offline), with vLLM's names as aliases: --max-num-seqs for
  * --max-running-requests; --max-prefill-tokens is SGLang's name for vLLM's
- * --max-num-batched-tokens. */
+ * --max-num-batched-tokens. --enable-prefix-caching and
+ * --disable-prefix-caching are vLLM's pair (on by default, as there): the
+ * later one wins. */
 #define RP_ENGINE_LONG_OPTIONS                                                                                   \
     {"max-running-requests", required_argument, 0, 0x140}, {"max-num-batched-tokens", required_argument, 0, 0x141}, \
         {"max-prefill-tokens", required_argument, 0, 0x141}, {"chunked-prefill-size", required_argument, 0, 0x142},  \
         {"num-pages", required_argument, 0, 0x143}, {"page-size", required_argument, 0, 0x144},                    \
         {"max-model-len", required_argument, 0, 0x145}, {"disable-cuda-graph", no_argument, 0, 0x146},      \
-        {"max-num-seqs", required_argument, 0, 0x140}, {"gpu-memory-utilization", required_argument, 0, 0x147}
+        {"max-num-seqs", required_argument, 0, 0x140}, {"gpu-memory-utilization", required_argument, 0, 0x147}, \
+        {"disable-prefix-caching", no_argument, 0, 0x148}, {"enable-prefix-caching", no_argument, 0, 0x149}
 
 struct rp_engine_config;
 /* Prints the engine options' help, with the defaults rp_engine_config_default sets. */

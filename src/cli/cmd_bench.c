@@ -6,15 +6,23 @@
  * the achieved GB/s against the read bandwidth measured in the same run, and
  * the CPU gap (wall time per step minus device time). Steps overlap as in
  * the engine (step N + 1 launched before step N's tokens are read) where the
- * backend can; --no-overlap waits for each step's tokens first. */
+ * backend can; --no-overlap waits for each step's tokens first.
+ *
+ * bench offline: a workload (bench_workload.h: random prompts, prompts
+ * sharing a prefix by group, multi-turn chats) through the engine, every
+ * first turn submitted at once, a later turn when the one before finished;
+ * it prints throughput, latency, the prefix cache's hit rate and KV use,
+ * against the workload's lower bound on time. */
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend.h"
 #include "cli/bench_common.h"
+#include "cli/bench_workload.h"
 #include "cli/cli.h"
 #include "engine/runner.h"
 #include "util/log.h"
@@ -253,23 +261,67 @@ out:
 
 /* ---- bench offline ------------------------------------------------------ */
 
+/* One conversation (a single request when the workload has one turn). Its
+ * history, kept for a multi-turn workload only, is the last prompt and the
+ * answer the engine thread appends to it; the next turn's prompt is that
+ * and its new tokens. */
+typedef struct offline_conv {
+    long index;
+    int turn;   /* the turn in flight */
+    int32_t *history;
+    int len;    /* tokens in history: the prompt of the turn in flight, then its answer so far */
+    int failed; /* a turn ended with an error or an abort: no more turns */
+} offline_conv;
+
+/* What the engine thread hands the submitting thread: conversations whose
+ * turn has finished, in order. */
+typedef struct offline_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    long *done; /* a ring of num_prompts */
+    long head, count, cap;
+} offline_queue;
+
 typedef struct offline_req {
-    int prompt_len, generated;
+    offline_conv *conv;
+    offline_queue *queue;
+    int prompt_len, generated, cached_tokens, turn;
     double t_submit, t_first, t_last;
     rp_finish finish;
     rp_progress_status *prog;
 } offline_req;
 
-/* On the engine thread, one per token. */
+/* On the engine thread, one per token. It never blocks on the submitting
+ * thread: the queue's lock is held only to push. */
 static void offline_event(void *user, const rp_token_event *ev) {
     offline_req *r = user;
+    offline_conv *c = r->conv;
     if (ev->token >= 0) {
         double now = rp_now_s();
         if (r->generated++ == 0) r->t_first = now;
         r->t_last = now;
+        if (c->history) c->history[c->len++] = ev->token; /* room: sized for the longest request */
     }
-    if (ev->finish != RP_FINISH_REASON_NONE) r->finish = ev->finish;
     rp_progress_status_add(r->prog, ev->finish != RP_FINISH_REASON_NONE, ev->token >= 0);
+    if (ev->finish == RP_FINISH_REASON_NONE) return;
+    r->finish = ev->finish;
+    r->cached_tokens = ev->cached_tokens;
+    c->failed = ev->finish == RP_FINISH_REASON_ERROR || ev->finish == RP_FINISH_REASON_ABORT;
+    offline_queue *q = r->queue;
+    pthread_mutex_lock(&q->mu);
+    q->done[(q->head + q->count++) % q->cap] = c->index;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static long offline_next_done(offline_queue *q) {
+    pthread_mutex_lock(&q->mu);
+    while (q->count == 0) pthread_cond_wait(&q->cv, &q->mu);
+    long c = q->done[q->head];
+    q->head = (q->head + 1) % q->cap;
+    q->count--;
+    pthread_mutex_unlock(&q->mu);
+    return c;
 }
 
 static void offline_help(FILE *f) {
@@ -277,17 +329,20 @@ static void offline_help(FILE *f) {
             "Usage: replay bench offline (--model DIR | --dummy-weights NAME) [OPTIONS]\n"
             "\n"
             "Offline throughput: all prompts submitted at once to the engine (continuous batching),\n"
-            "random token prompts, EOS ignored. Prints throughput, latency and KV use, and the\n"
-            "workload's lower bound on time from the matrix rate and read bandwidth measured here.\n"
-            "The longest request (--input-len and --output-len, stretched by --random-range-ratio)\n"
-            "must fit the context: --max-model-len, the model's, or the KV cache of --num-pages.\n"
+            "random token prompts, EOS ignored. Prints throughput, latency, KV use and the prefix cache's\n"
+            "hit rate, and the workload's lower bound on time from the matrix rate and read bandwidth\n"
+            "measured here. The longest request (--input-len and --output-len, stretched by\n"
+            "--random-range-ratio, after --shared-prefix-len and earlier turns) must fit the context:\n"
+            "--max-model-len, the model's, or the KV cache of --num-pages. --disable-prefix-caching runs\n"
+            "the same workload without the cache.\n"
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
             "Workload:\n"
-            "  --num-prompts N          requests (default 200)\n"
+            "  --num-prompts N          requests, or conversations with --multi-turn (default 200)\n"
             "  --input-len L            prompt tokens (default 512)\n"
             "  --output-len M           output tokens (default 512)\n"
             RP_BENCH_RANGE_RATIO_HELP
+            RP_BENCH_WORKLOAD_HELP
             "  --seed N                 workload seed (default 0)\n"
             "\n");
     rp_engine_opts_help(f);
@@ -303,6 +358,7 @@ static const struct option offline_options[] = {
     {"random-range-ratio", required_argument, 0, 'r'},
     {"seed", required_argument, 0, 's'},
     {"progress-interval", required_argument, 0, 'p'},
+    RP_BENCH_WORKLOAD_LONG_OPTIONS,
     RP_ENGINE_LONG_OPTIONS,
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
@@ -311,8 +367,8 @@ static const struct option offline_options[] = {
 /* The longest request must fit the context the engine will have, or the
  * engine turns it away mid-run: --max-model-len (at most the model's), the
  * model's, and no more than the KV cache when --num-pages sizes it. */
-static int offline_check_context(const rp_model_opts *mo, const rp_engine_config *ec, long in_len, long out_len,
-                                 double range, const char *cmd) {
+static int offline_check_context(const rp_model_opts *mo, const rp_engine_config *ec, const rp_bench_workload *w,
+                                 const char *cmd) {
     const int model_ctx = mo->cfg.max_position_embeddings;
     if (ec->max_context > model_ctx)
         return rp_cli_usage_error(cmd, "--max-model-len %d is more than the model's context of %d", ec->max_context,
@@ -324,23 +380,50 @@ static int offline_check_context(const rp_model_opts *mo, const rp_engine_config
         limit = kv;
         what = "the KV cache (--num-pages x --page-size)";
     }
-    const long L = rp_bench_len_max(in_len, range), M = rp_bench_len_max(out_len, range);
+    const long L = rp_bench_workload_max_prompt(w), M = rp_bench_workload_max_output(w);
     if (L + M > limit) {
-        char stretched[96] = "";
-        if (range > 0) snprintf(stretched, sizeof stretched, " (%ld + %ld with --random-range-ratio %g)", L, M, range);
-        return rp_cli_usage_error(cmd, "--input-len %ld plus --output-len %ld%s is more than %s: %ld tokens", in_len,
-                                  out_len, stretched, what, limit);
+        char stretched[160] = "";
+        if (w->shared_prefix_len > 0 || w->turns > 1)
+            snprintf(stretched, sizeof stretched, " (a prompt of up to %ld tokens with --shared-prefix-len %ld, "
+                                                  "--multi-turn %ld%s)",
+                     L, w->shared_prefix_len, w->turns, w->range > 0 ? " and --random-range-ratio" : "");
+        else if (w->range > 0)
+            snprintf(stretched, sizeof stretched, " (%ld + %ld with --random-range-ratio %g)", L, M, w->range);
+        return rp_cli_usage_error(cmd, "--input-len %ld plus --output-len %ld%s is more than %s: %ld tokens",
+                                  w->input_len, w->output_len, stretched, what, limit);
     }
     return 0;
+}
+
+/* Submits the next turn of conversation c: its history (the last prompt
+ * and its answer) and the turn's new tokens. */
+static int offline_submit(rp_engine *eng, const rp_bench_workload *w, offline_conv *c, offline_req *r,
+                          int32_t *scratch, int vocab, rp_error *err) {
+    int32_t *prompt = c->history ? c->history : scratch;
+    if (!c->history) c->len = 0;
+    c->len += rp_bench_workload_new_tokens(w, c->index, c->turn, vocab, prompt + c->len);
+    rp_request_params p;
+    rp_request_params_default(&p);
+    p.prompt_ids = prompt;
+    p.num_prompt_ids = c->len;
+    p.max_tokens = rp_bench_workload_output(w, c->index, c->turn);
+    p.ignore_eos = 1;
+    p.temperature = 0;
+    r->conv = c;
+    r->turn = c->turn;
+    r->prompt_len = c->len;
+    r->t_submit = rp_now_s();
+    return rp_engine_submit(eng, &p, offline_event, r, NULL, err);
 }
 
 static int bench_offline(int argc, char **argv) {
     const char *cmd = "bench offline";
     rp_model_opts mo;
     rp_model_opts_init(&mo);
-    long num = 200, in_len = 512, out_len = 512;
-    double range = 0, interval = RP_BENCH_PROGRESS_INTERVAL;
-    uint64_t seed = 0;
+    double interval = RP_BENCH_PROGRESS_INTERVAL;
+    /* the random workload's streams as they have always been: results stay comparable */
+    rp_bench_workload w = {.num_prompts = 200, .input_len = 512, .output_len = 512, .num_groups = 1, .turns = 1,
+                           .in_stream = 1, .out_stream = 2, .token_stream = 3};
     rp_engine_config ec;
     rp_engine_config_default(&ec);
     rp_cli_opts_begin();
@@ -350,33 +433,39 @@ static int bench_offline(int argc, char **argv) {
         long lo = 1, hi = 1 << 24;
         switch (opt) {
         case 'h': offline_help(stdout); return RP_EXIT_OK;
-        case 'n': dst = &num; break;
-        case 'i': dst = &in_len; break;
-        case 'o': dst = &out_len; break;
+        case 'n': dst = &w.num_prompts; break;
+        case 'i': dst = &w.input_len; break;
+        case 'o': dst = &w.output_len; break;
         case 'r':
-            if (rp_bench_parse_range_ratio(optarg, &range, cmd)) return RP_EXIT_USAGE;
+            if (rp_bench_parse_range_ratio(optarg, &w.range, cmd)) return RP_EXIT_USAGE;
             break;
         case 'p':
             if (rp_bench_parse_interval(optarg, &interval, cmd)) return RP_EXIT_USAGE;
             break;
         case 's':
-            if (rp_parse_u64(optarg, &seed)) return rp_cli_usage_error(cmd, "--seed must be a non-negative integer");
+            if (rp_parse_u64(optarg, &w.seed)) return rp_cli_usage_error(cmd, "--seed must be a non-negative integer");
             break;
-        default:
-            if (rp_engine_opts_parse(&ec, opt, optarg, cmd) != 1) return RP_EXIT_USAGE; /* reported */
+        default: {
+            int r = rp_bench_workload_parse(&w, opt, optarg, cmd);
+            if (r == 0) r = rp_engine_opts_parse(&ec, opt, optarg, cmd);
+            if (r != 1) return RP_EXIT_USAGE; /* reported */
+        }
         }
         if (dst && rp_parse_int(optarg, lo, hi, dst))
             return rp_cli_usage_error(cmd, "%s must be an integer from %ld to %ld, got '%s'", argv[optind - 1], lo, hi,
                                       optarg);
     }
     if (optind < argc) return rp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (rp_bench_workload_check(&w, cmd)) return RP_EXIT_USAGE;
     int bad_model = rp_model_opts_check(&mo, cmd);
     if (bad_model) return bad_model;
-    if (offline_check_context(&mo, &ec, in_len, out_len, range, cmd)) return RP_EXIT_USAGE;
+    if (offline_check_context(&mo, &ec, &w, cmd)) return RP_EXIT_USAGE;
+    const long num = w.num_prompts, total_reqs = rp_bench_workload_requests(&w);
     const char *dev = rp_cli_device(&mo);
-    if (!strcmp(dev, "cpu")) { /* about num x out_len / (requests at once) decode steps */
+    if (!strcmp(dev, "cpu")) { /* about requests x output / (requests at once) decode steps */
         const long at_once = num < ec.max_running_requests ? num : ec.max_running_requests;
-        rp_bench_warn_cpu(&mo.cfg, mo.threads, (double)num * out_len / at_once, (double)num * in_len, cmd);
+        rp_bench_warn_cpu(&mo.cfg, mo.threads, (double)total_reqs * w.output_len / at_once,
+                          rp_bench_workload_prompt_tokens(&w), cmd);
     }
     double read_gbs = 0, tflops = 0;
 #ifdef REPLAY_HAVE_CUDA
@@ -391,34 +480,52 @@ static int bench_offline(int argc, char **argv) {
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) return rp_cli_runtime_error(cmd, "%s", eerr.message);
     int vocab = rp_engine_vocab_size(eng), rc = RP_EXIT_RUNTIME;
-    offline_req *reqs = calloc((size_t)num, sizeof *reqs);
-    int32_t *prompt = malloc((size_t)rp_bench_len_max(in_len, range) * sizeof *prompt);
+    const long room = rp_bench_workload_max_prompt(&w) + rp_bench_workload_max_output(&w);
+    offline_req *reqs = calloc((size_t)total_reqs, sizeof *reqs);
+    offline_conv *convs = calloc((size_t)num, sizeof *convs);
+    int32_t *scratch = malloc((size_t)room * sizeof *scratch);
+    offline_queue queue = {.done = malloc((size_t)num * sizeof(long)), .cap = num};
+    pthread_mutex_init(&queue.mu, NULL);
+    pthread_cond_init(&queue.cv, NULL);
     long total_in = 0, total_out_planned = 0, min_in = LONG_MAX, max_in = 0, min_out = LONG_MAX, max_out = 0;
+    long submitted = 0;
     rp_progress_status prog = {0};
-    if (!reqs || !prompt) {
+    if (!reqs || !convs || !scratch || !queue.done) {
         rc = rp_cli_runtime_error(cmd, "out of memory");
         goto out;
     }
-    rp_progress_status_start(&prog, cmd, "requests", (uint64_t)num, interval);
+    rp_progress_status_start(&prog, cmd, "requests", (uint64_t)total_reqs, interval);
     double t0 = rp_now_s();
-    for (long i = 0; i < num; i++) {
-        const int L = rp_bench_random_len(in_len, range, seed, 1, (uint64_t)i);
-        const int M = rp_bench_random_len(out_len, range, seed, 2, (uint64_t)i);
-        for (int k = 0; k < L; k++) prompt[k] = (int32_t)(rp_rand_u64(seed, 3 + (uint64_t)i, (uint64_t)k) % (uint64_t)vocab);
-        rp_request_params p;
-        rp_request_params_default(&p);
-        p.prompt_ids = prompt;
-        p.num_prompt_ids = L;
-        p.max_tokens = M;
-        p.ignore_eos = 1;
-        p.temperature = 0;
-        reqs[i].prompt_len = L;
-        reqs[i].prog = &prog;
-        reqs[i].t_submit = rp_now_s();
-        if (rp_engine_submit(eng, &p, offline_event, &reqs[i], NULL, &eerr)) {
-            rc = rp_cli_runtime_error(cmd, "request %ld: %s", i, eerr.message);
+    /* every conversation's first turn at once; a later turn as soon as the one before has finished */
+    for (long i = 0, left = num; left > 0; i++) {
+        offline_conv *c;
+        if (i < num) {
+            c = &convs[i];
+            c->index = i;
+            /* the history of a multi-turn conversation: up to the longest prompt and its answer */
+            if (w.turns > 1 && !(c->history = malloc((size_t)room * sizeof *c->history))) {
+                rc = rp_cli_runtime_error(cmd, "out of memory");
+                goto out;
+            }
+        } else {
+            c = &convs[offline_next_done(&queue)];
+            if (c->failed || c->turn + 1 == w.turns) {
+                free(c->history);
+                c->history = NULL;
+                left--;
+                continue;
+            }
+            c->turn++;
+        }
+        offline_req *r = &reqs[c->turn * num + c->index];
+        r->queue = &queue;
+        r->prog = &prog;
+        if (offline_submit(eng, &w, c, r, scratch, vocab, &eerr)) {
+            rc = rp_cli_runtime_error(cmd, "request %ld: %s", c->turn * num + c->index, eerr.message);
             goto out;
         }
+        submitted++;
+        const long L = r->prompt_len, M = rp_bench_workload_output(&w, c->index, c->turn);
         total_in += L;
         total_out_planned += M;
         min_in = L < min_in ? L : min_in;
@@ -431,51 +538,73 @@ static int bench_offline(int argc, char **argv) {
     rp_progress_status_stop(&prog);
     rp_engine_stats st;
     rp_engine_get_stats(eng, &st);
-    long total_out = 0;
-    double tpot_sum = 0, ttft_sum = 0;
+    long total_out = 0, later_n = 0;
+    double tpot_sum = 0, ttft_sum = 0, ttft_later_sum = 0;
     int tpot_n = 0;
-    for (long i = 0; i < num; i++) {
-        total_out += reqs[i].generated;
-        ttft_sum += reqs[i].t_first - reqs[i].t_submit;
-        if (reqs[i].generated > 1) {
-            tpot_sum += (reqs[i].t_last - reqs[i].t_first) / (reqs[i].generated - 1);
+    for (long i = 0; i < total_reqs; i++) {
+        const offline_req *r = &reqs[i];
+        if (!r->conv) continue; /* a turn never sent: its conversation failed */
+        total_out += r->generated;
+        ttft_sum += r->t_first - r->t_submit;
+        if (r->turn > 0) ttft_later_sum += r->t_first - r->t_submit, later_n++;
+        if (r->generated > 1) {
+            tpot_sum += (r->t_last - r->t_first) / (r->generated - 1);
             tpot_n++;
         }
     }
-    printf("replay bench offline: %s on %s, %ld prompts, input %ld, output %ld, range ratio %.2f\n",
-           mo.dummy_name ? mo.dummy_name : mo.model_dir, dev, num, in_len, out_len, range);
+    char wl[128];
+    rp_bench_workload_describe(&w, wl, sizeof wl);
+    printf("replay bench offline: %s on %s, %ld %s, input %ld, output %ld, range ratio %.2f, %s, prefix caching %s\n",
+           mo.dummy_name ? mo.dummy_name : mo.model_dir, dev, num, w.turns > 1 ? "conversations" : "prompts",
+           w.input_len, w.output_len, w.range, wl, ec.enable_prefix_caching ? "on" : "off");
     char lens[64];
-    snprintf(lens, sizeof lens, "%ld / %.1f / %ld", min_in, (double)total_in / num, max_in);
+    snprintf(lens, sizeof lens, "%ld / %.1f / %ld", min_in, (double)total_in / submitted, max_in);
     printf("  %-30s %16s\n", "input length min / mean / max", lens);
-    snprintf(lens, sizeof lens, "%ld / %.1f / %ld", min_out, (double)total_out_planned / num, max_out);
+    snprintf(lens, sizeof lens, "%ld / %.1f / %ld", min_out, (double)total_out_planned / submitted, max_out);
     printf("  %-30s %16s\n", "output length min / mean / max", lens);
     printf("  %-34s %12.2f s\n", "time", elapsed);
-    printf("  %-34s %12.2f\n", "requests/s", num / elapsed);
+    printf("  %-34s %12.2f\n", "requests/s", submitted / elapsed);
     printf("  %-34s %12.1f\n", "input tokens/s", total_in / elapsed);
     printf("  %-34s %12.1f\n", "output tokens/s", total_out / elapsed);
     printf("  %-34s %12.1f\n", "total tokens/s", (total_in + total_out) / elapsed);
-    printf("  %-34s %12.2f ms\n", "mean time to first token", 1e3 * ttft_sum / num);
+    printf("  %-34s %12.2f ms\n", "mean time to first token", 1e3 * ttft_sum / submitted);
+    if (later_n) printf("  %-34s %12.2f ms\n", "mean TTFT, turns after the first", 1e3 * ttft_later_sum / later_n);
     printf("  %-34s %12.2f ms\n", "mean time per output token", tpot_n ? 1e3 * tpot_sum / tpot_n : 0.0);
+    /* the engine's counters: every admission's lookup, a preempted request's again when it resumes */
+    if (ec.enable_prefix_caching)
+        printf("  %-34s %11.1f%% (%llu of %llu prompt tokens)\n", "prefix cache hit rate",
+               st.prefix_cache_queried_tokens ? 100.0 * st.prefix_cache_hit_tokens / st.prefix_cache_queried_tokens
+                                              : 0.0,
+               (unsigned long long)st.prefix_cache_hit_tokens, (unsigned long long)st.prefix_cache_queried_tokens);
+    else
+        printf("  %-34s %11.1f%% (--disable-prefix-caching)\n", "prefix cache hit rate", 0.0);
     printf("  %-34s %12d\n", "peak running requests", st.peak_running);
     printf("  %-34s %12d / %d (%.0f%%)\n", "peak KV pages used", st.kv_pages_peak_used, st.kv_pages_total,
            100.0 * st.kv_pages_peak_used / (st.kv_pages_total ? st.kv_pages_total : 1));
+    printf("  %-34s %12d\n", "KV pages cached at the end", st.kv_pages_cached);
     printf("  %-34s %12llu\n", "preemptions", (unsigned long long)st.preemptions);
     printf("  %-34s %12llu (%llu graph replays)\n", "steps", (unsigned long long)st.steps,
            (unsigned long long)st.graph_replays);
     printf("  %-34s %12.3f ms\n", "engine CPU time per step", st.cpu_ms_per_step);
+    if (submitted != total_reqs) printf("  WARNING: %ld requests planned, %ld sent\n", total_reqs, submitted);
     if (total_out != total_out_planned)
         printf("  WARNING: %ld output tokens planned, %ld made\n", total_out_planned, total_out);
     if (read_gbs > 0 && tflops > 0) {
         /* The workload's floor: prefill FLOPs at the matrix rate, plus decode
          * steps that each read every weight once and every running sequence's
          * KV (or, if more, their FLOPs at the matrix rate), with the batch as
-         * large as the engine ran it. */
+         * large as the engine ran it. Prompt tokens found in the prefix cache
+         * are not computed: the prefill is the rest's. */
         const rp_model_config mc = mo.cfg; /* read by rp_model_opts_check */
         double params = (double)rp_config_num_params(&mc) - (double)mc.vocab_size * mc.hidden_size *
                                                                    (mc.tie_word_embeddings ? 0 : 1);
         double q_dim = (double)mc.num_heads * mc.head_dim;
-        double avg_in = (double)total_in / num, avg_out = (double)total_out / num;
-        double prefill_flops = 2.0 * params * total_in + 2.0 * mc.num_layers * q_dim * avg_in * avg_in * num;
+        double avg_in = (double)total_in / submitted, avg_out = (double)total_out / submitted;
+        double hits = (double)st.prefix_cache_hit_tokens; /* a resumed preemption's hits count again */
+        if (hits > (double)total_in) hits = (double)total_in;
+        double computed = (double)total_in - hits, share = total_in ? computed / (double)total_in : 1;
+        double prefill_flops = 2.0 * params * computed + 2.0 * mc.num_layers * q_dim * avg_in * avg_in * submitted *
+                                                             share;
         double weight_bytes = params * 2;
         double kv_token = (double)mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2;
         double B = st.peak_running > 0 ? st.peak_running : 1;
@@ -494,8 +623,13 @@ static int bench_offline(int argc, char **argv) {
 out:
     rp_engine_destroy(eng); /* first: after a failed submit, earlier requests still report into reqs */
     rp_progress_status_stop(&prog);
+    for (long i = 0; convs && i < num; i++) free(convs[i].history);
+    pthread_mutex_destroy(&queue.mu);
+    pthread_cond_destroy(&queue.cv);
+    free(queue.done);
     free(reqs);
-    free(prompt);
+    free(convs);
+    free(scratch);
     return rc;
 }
 

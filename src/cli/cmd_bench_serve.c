@@ -10,6 +10,12 @@
  * and vLLM's do); the usage chunk (stream_options.include_usage) gives the
  * exact output token count.
  *
+ * The workloads are bench_workload.h's, as bench offline runs them: random
+ * prompts, prompts sharing a prefix by group, and multi-turn chats (a
+ * thread per conversation sends turn k+1 when turn k has finished). The
+ * server's usage.prompt_tokens_details.cached_tokens, summed, gives the
+ * prefix cache's hit rate.
+ *
  * --abort-fraction F makes a share of the requests hang up mid-stream (after
  * a random number of tokens), as careless clients do; they, and requests
  * the server turns away under load (503, 429), are counted apart from
@@ -30,6 +36,7 @@
 #include <unistd.h>
 
 #include "cli/bench_common.h"
+#include "cli/bench_workload.h"
 #include "cli/cli.h"
 #include "util/log.h"
 #include "util/progress.h"
@@ -50,12 +57,13 @@ static const char *host_close(const bs_target *t) { return strchr(t->host, ':') 
 
 typedef struct bs_req {
     const bs_target *t;
-    int input_len, output_len, vocab;
+    const int32_t *ids; /* the prompt (its conversation's history) */
+    int input_len, output_len, turn;
     int hang_up_after; /* > 0: close the connection after this many token chunks */
-    uint64_t seed, index;
     double arrival_s, t0;
     /* results */
-    int ok, chunks, usage_tokens;
+    int sent, ok, chunks, usage_tokens;
+    int cached_tokens; /* usage.prompt_tokens_details.cached_tokens; -1: the server did not say */
     int status;    /* the response's HTTP status, -1 when none came */
     int hung_up;   /* closed by this client on purpose (hang_up_after) */
     double ttft, latency;
@@ -182,7 +190,11 @@ static void on_event_text(bs_req *q, char *data, double t) {
         return;
     }
     json_t *usage = json_object_get(j, "usage");
-    if (json_is_object(usage)) q->usage_tokens = (int)json_integer_value(json_object_get(usage, "completion_tokens"));
+    if (json_is_object(usage)) {
+        q->usage_tokens = (int)json_integer_value(json_object_get(usage, "completion_tokens"));
+        json_t *cached = json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens");
+        if (json_is_integer(cached)) q->cached_tokens = (int)json_integer_value(cached);
+    }
     if (json_array_size(json_object_get(j, "choices")) > 0) {
         if (q->chunks == 0) {
             q->ttft = t - (q->t0 + q->arrival_s);
@@ -226,9 +238,11 @@ static int on_body(void *user, const char *data, size_t n, double t) {
     return s->req->hung_up;
 }
 
-static void *run_request(void *arg) {
-    bs_req *q = arg;
+/* Sends one request and reads its stream to the end (or hangs up). */
+static void run_request(bs_req *q) {
     const bs_target *t = q->t;
+    q->sent = 1;
+    q->cached_tokens = -1;
     double wait = q->t0 + q->arrival_s - rp_now_s();
     if (wait > 0) usleep((useconds_t)(wait * 1e6));
     if (t->slots) sem_wait(t->slots);
@@ -237,9 +251,7 @@ static void *run_request(void *arg) {
     size_t cap = (size_t)q->input_len * 12 + 1024;
     char *body = malloc(cap), *head = malloc(1024);
     size_t n = (size_t)snprintf(body, cap, "{\"model\":\"%s\",\"prompt\":[", t->model);
-    for (int i = 0; i < q->input_len; i++)
-        n += (size_t)snprintf(body + n, cap - n, "%s%llu", i ? "," : "",
-                              (unsigned long long)(rp_rand_u64(q->seed, q->index, (uint64_t)i) % (uint64_t)q->vocab));
+    for (int i = 0; i < q->input_len; i++) n += (size_t)snprintf(body + n, cap - n, "%s%d", i ? "," : "", q->ids[i]);
     n += (size_t)snprintf(body + n, cap - n,
                           "],\"max_tokens\":%d,\"ignore_eos\":true,\"temperature\":0,\"stream\":true,"
                           "\"stream_options\":{\"include_usage\":true}}",
@@ -279,6 +291,43 @@ static void *run_request(void *arg) {
     if (t->prog) rp_progress_status_add(t->prog, 1, 0);
     free(body);
     free(head);
+}
+
+/* One conversation: its requests in turn, each sent when the one before
+ * has ended; a turn that fails or hangs up ends it. */
+typedef struct bs_conv {
+    const rp_bench_workload *w;
+    bs_req *reqs; /* all of them: turn t is reqs[t x N + index] */
+    long index;
+    int vocab;
+} bs_conv;
+
+static void *run_conversation(void *arg) {
+    bs_conv *cv = arg;
+    const rp_bench_workload *w = cv->w;
+    const long room = rp_bench_workload_max_prompt(w) + rp_bench_workload_max_output(w);
+    int32_t *history = malloc((size_t)room * sizeof *history);
+    int len = 0;
+    for (long t = 0; t < w->turns; t++) {
+        bs_req *q = &cv->reqs[t * w->num_prompts + cv->index];
+        if (!history) {
+            snprintf(q->error, sizeof q->error, "out of memory for the prompt");
+            q->sent = 1;
+            break;
+        }
+        len += rp_bench_workload_new_tokens(w, cv->index, t, cv->vocab, history + len);
+        q->ids = history;
+        q->input_len = len;
+        if (t > 0) q->arrival_s = rp_now_s() - q->t0; /* now: the turn before has ended */
+        run_request(q);
+        if (!q->ok) break;
+        /* the answer as the next turn resends it: the client sees text, not the ids */
+        int answer = q->usage_tokens > 0 ? q->usage_tokens : q->chunks;
+        if (answer > q->output_len) answer = q->output_len; /* what max_tokens allows: history has room for it */
+        rp_bench_workload_answer_stand_in(w, cv->index, t, answer, cv->vocab, history + len);
+        len += answer;
+    }
+    free(history);
     return NULL;
 }
 
@@ -377,8 +426,11 @@ static void help(FILE *f) {
             "\n"
             "A load generator for an OpenAI-compatible server, as sglang.bench_serving with its random dataset:\n"
             "N streaming completions of random token ids arrive as a Poisson process of R requests/s, and\n"
-            "sglang's table is printed: request and token throughput, concurrency, end-to-end latency, TTFT,\n"
-            "TPOT and ITL (mean, median, p99).\n"
+            "sglang's table is printed: request and token throughput, concurrency, the prefix cache's hit rate\n"
+            "(from usage.prompt_tokens_details.cached_tokens), end-to-end latency, TTFT, TPOT and ITL (mean,\n"
+            "median, p99). With --multi-turn, conversations arrive so, and each sends its next turn when the\n"
+            "last has ended; the client sees text, not the answer's ids, so a turn resends its own random\n"
+            "tokens in the answer's place: the server finds the earlier prompt cached, not the answer.\n"
             "\n"
             "Server:\n"
             "  --base-url URL           http://HOST[:PORT] of the server; plain HTTP, no path (the client\n"
@@ -387,12 +439,13 @@ static void help(FILE *f) {
             "  --api-key KEY            sent as 'Authorization: Bearer KEY' (default: none)\n"
             "\n"
             "Workload:\n"
-            "  --num-prompts N          requests (default 1000)\n"
+            "  --num-prompts N          requests, or conversations with --multi-turn (default 1000)\n"
             "  --request-rate R         mean arrivals per second, Poisson (default inf: all at once)\n"
             "  --max-concurrency C      at most C requests in flight (default: no limit)\n"
             "  --input-len L            prompt tokens (default 1024)\n"
             "  --output-len M           output tokens, ignore_eos on (default 1024)\n"
             RP_BENCH_RANGE_RATIO_HELP
+            RP_BENCH_WORKLOAD_HELP
             "  --vocab V                prompt ids below V (default: the server's vocab_size, else 1000)\n"
             "  --seed S                 prompts, lengths and arrivals (default 1)\n"
             "  --abort-fraction F       this share of requests hang up mid-stream after a random number\n"
@@ -455,7 +508,7 @@ static const struct option options[] = {
     {"vocab", required_argument, 0, 'v'},        {"seed", required_argument, 0, 's'},
     {"api-key", required_argument, 0, 'k'},      {"max-concurrency", required_argument, 0, 'c'},
     {"random-range-ratio", required_argument, 0, 'R'}, {"abort-fraction", required_argument, 0, 'a'},
-    {"progress-interval", required_argument, 0, 'p'},  RP_COMMON_LONG_OPTIONS,
+    {"progress-interval", required_argument, 0, 'p'},  RP_BENCH_WORKLOAD_LONG_OPTIONS, RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
 
@@ -466,6 +519,7 @@ static int run(int argc, char **argv) {
     double rate = INFINITY, range = 0, abort_fraction = 0, interval = RP_BENCH_PROGRESS_INTERVAL;
     uint64_t seed = 1;
     bs_target t = {0};
+    rp_bench_workload w = {.num_groups = 1, .turns = 1};
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, NULL, NULL, CMD)) != RP_OPT_END) {
@@ -514,10 +568,21 @@ static int run(int argc, char **argv) {
             else if (rp_parse_float(optarg, &rate) || rate <= 0)
                 return rp_cli_usage_error(CMD, "--request-rate must be a positive number or inf, got '%s'", optarg);
             break;
-        default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
+        default:
+            if (rp_bench_workload_parse(&w, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    /* the random workload's streams as they have always been: lengths 998 and 997, ids the request's index */
+    w.num_prompts = num;
+    w.input_len = in_len;
+    w.output_len = out_len;
+    w.range = range;
+    w.seed = seed;
+    w.in_stream = 998;
+    w.out_stream = 997;
+    w.token_stream = 0;
+    if (rp_bench_workload_check(&w, CMD)) return RP_EXIT_USAGE;
     if (parse_base_url(url, &t)) return RP_EXIT_USAGE;
     if (model && !(model = strdup(model))) return rp_cli_runtime_error(CMD, "out of memory");
     char err[256];
@@ -530,34 +595,37 @@ static int run(int argc, char **argv) {
         sem_init(&slots, 0, (unsigned)max_conc);
         t.slots = &slots;
     }
-    bs_req *reqs = calloc((size_t)num, sizeof *reqs);
+    const long total = rp_bench_workload_requests(&w);
+    bs_req *reqs = calloc((size_t)total, sizeof *reqs);
+    bs_conv *convs = calloc((size_t)num, sizeof *convs);
     pthread_t *th = calloc((size_t)num, sizeof *th);
-    if (!reqs || !th) {
-        free(reqs), free(th), free(model);
+    if (!reqs || !convs || !th) {
+        free(reqs), free(convs), free(th), free(model);
         return rp_cli_runtime_error(CMD, "out of memory");
     }
     rp_progress_status prog = {0};
-    rp_progress_status_start(&prog, CMD, "requests", (uint64_t)num, interval);
+    rp_progress_status_start(&prog, CMD, "requests", (uint64_t)total, interval);
     t.prog = &prog;
     double t0 = rp_now_s() + 0.05, arrival = 0;
-    long started = 0;
-    for (long i = 0; i < num; i++, started++) {
+    for (long i = 0; i < total; i++) { /* request i: turn i / N of conversation i mod N */
         bs_req *r = &reqs[i];
-        const int il = rp_bench_random_len(in_len, range, seed, 998, (uint64_t)i);
-        const int ol = rp_bench_random_len(out_len, range, seed, 997, (uint64_t)i);
-        *r = (bs_req){.t = &t, .input_len = il, .output_len = ol, .vocab = (int)vocab, .seed = seed,
-                      .index = (uint64_t)i, .t0 = t0};
+        const int ol = rp_bench_workload_output(&w, i % num, i / num);
+        *r = (bs_req){.t = &t, .output_len = ol, .turn = (int)(i / num), .t0 = t0};
         if (rp_rand_uniform(seed, 996, (uint64_t)i) < abort_fraction) /* hang up after 1..ol tokens */
             r->hang_up_after = 1 + (int)(rp_rand_u64(seed, 995, (uint64_t)i) % (uint64_t)ol);
+    }
+    long started = 0; /* conversations */
+    for (long i = 0; i < num; i++, started++) {
         if (isfinite(rate)) { /* exponential gaps: a Poisson process */
             double u = rp_rand_uniform(seed, 999, (uint64_t)i);
             arrival += -log1p(-u) / rate;
         }
-        r->arrival_s = arrival;
+        reqs[i].arrival_s = arrival; /* its first turn's */
+        convs[i] = (bs_conv){.w = &w, .reqs = reqs, .index = i, .vocab = (int)vocab};
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setstacksize(&attr, 256 << 10);
-        int rc = pthread_create(&th[i], &attr, run_request, r);
+        int rc = pthread_create(&th[i], &attr, run_conversation, &convs[i]);
         pthread_attr_destroy(&attr);
         if (rc != 0) {
             fprintf(stderr, "replay bench serve: cannot start request thread %ld; stopping there\n", i);
@@ -567,20 +635,23 @@ static int run(int argc, char **argv) {
     for (long i = 0; i < started; i++) pthread_join(th[i], NULL);
     rp_progress_status_stop(&prog);
     double end = t0;
-    for (long i = 0; i < started; i++)
-        if (t0 + reqs[i].arrival_s + reqs[i].latency > end) end = t0 + reqs[i].arrival_s + reqs[i].latency;
+    for (long i = 0; i < total; i++)
+        if (reqs[i].sent && t0 + reqs[i].arrival_s + reqs[i].latency > end)
+            end = t0 + reqs[i].arrival_s + reqs[i].latency;
     double duration = end - t0;
-    long ok = 0, in_tokens = 0, out_tokens = 0, n_itl = 0;
-    for (long i = 0; i < started; i++) n_itl += reqs[i].n_itl;
-    double *ttft = malloc((size_t)(num + 1) * sizeof *ttft), *tpot = malloc((size_t)(num + 1) * sizeof *tpot);
-    double *e2e = malloc((size_t)(num + 1) * sizeof *e2e), *itl = malloc((size_t)(n_itl + 1) * sizeof *itl);
+    long ok = 0, in_tokens = 0, out_tokens = 0, n_itl = 0, sent = 0;
+    for (long i = 0; i < total; i++) n_itl += reqs[i].n_itl, sent += reqs[i].sent;
+    double *ttft = malloc((size_t)(total + 1) * sizeof *ttft), *tpot = malloc((size_t)(total + 1) * sizeof *tpot);
+    double *e2e = malloc((size_t)(total + 1) * sizeof *e2e), *itl = malloc((size_t)(n_itl + 1) * sizeof *itl);
     int n_ttft = 0, n_tpot = 0, n_e2e = 0;
     n_itl = 0;
-    double busy = 0;
+    double busy = 0, ttft_later = 0;
     const char *first_error = NULL;
-    long hung_up = 0, rejected = 0, failed = 0;
-    for (long i = 0; i < started; i++) {
+    long hung_up = 0, rejected = 0, failed = 0, n_later = 0;
+    long cached = 0, cached_in = 0, cached_told = 0; /* usage's cached_tokens, the prompts it was told for */
+    for (long i = 0; i < total; i++) {
         bs_req *r = &reqs[i];
+        if (!r->sent) continue;
         if (r->hung_up) {
             hung_up++;
             continue;
@@ -599,6 +670,8 @@ static int run(int argc, char **argv) {
         in_tokens += r->input_len;
         out_tokens += toks;
         ttft[n_ttft++] = r->ttft * 1e3;
+        if (r->turn > 0) ttft_later += r->ttft * 1e3, n_later++;
+        if (r->cached_tokens >= 0) cached += r->cached_tokens, cached_in += r->input_len, cached_told++;
         e2e[n_e2e++] = r->latency * 1e3;
         if (toks > 1) tpot[n_tpot++] = (r->latency - r->ttft) / (toks - 1) * 1e3;
         for (int k = 0; k < r->n_itl; k++) itl[n_itl++] = r->itl[k] * 1e3;
@@ -615,10 +688,14 @@ static int run(int argc, char **argv) {
     if (max_conc) snprintf(buf, sizeof buf, "%ld", max_conc);
     else snprintf(buf, sizeof buf, "not set");
     row_s("Max request concurrency:", buf);
+    char wl[128];
+    rp_bench_workload_describe(&w, wl, sizeof wl);
+    row_s("Workload:", wl);
     row_i("Successful requests:", ok);
     if (abort_fraction > 0) row_i("Hung up by the client (on purpose):", hung_up);
     row_i("Turned away (503, 429):", rejected);
-    row_i("Failed:", failed + (num - started));
+    row_i("Failed:", failed + (num - started) * w.turns);
+    if (w.turns > 1) row_i("Turns not sent (conversation ended):", total - sent - (num - started) * w.turns);
     row_d("Benchmark duration (s):", duration);
     row_i("Total input tokens:", in_tokens);
     row_i("Total generated tokens:", out_tokens);
@@ -627,6 +704,13 @@ static int run(int argc, char **argv) {
     row_d("Output token throughput (tok/s):", out_tokens / duration);
     row_d("Total token throughput (tok/s):", (in_tokens + out_tokens) / duration);
     row_d("Concurrency:", busy / duration);
+    /* the server's own count, so it says what its cache did (replay, vLLM with prompt tokens details) */
+    if (cached_told) {
+        row_i("Cached input tokens:", cached);
+        row_d("Prefix cache hit rate (%):", cached_in ? 100.0 * (double)cached / (double)cached_in : 0.0);
+    } else {
+        row_s("Prefix cache hit rate (%):", "n/a (no usage.prompt_tokens_details.cached_tokens)");
+    }
     summary s = summarize(e2e, n_e2e);
     rule("End-to-End Latency");
     row_d("Mean E2E Latency (ms):", s.mean);
@@ -637,6 +721,7 @@ static int run(int argc, char **argv) {
     row_d("Mean TTFT (ms):", s.mean);
     row_d("Median TTFT (ms):", s.median);
     row_d("P99 TTFT (ms):", s.p99);
+    if (w.turns > 1) row_d("Mean TTFT, turns after the first (ms):", n_later ? ttft_later / (double)n_later : 0.0);
     s = summarize(tpot, n_tpot);
     rule("Time per Output Token (excl. 1st token)");
     row_d("Mean TPOT (ms):", s.mean);
@@ -650,9 +735,10 @@ static int run(int argc, char **argv) {
     row_d("P99 ITL (ms):", s.p99);
     row_d("Max ITL (ms):", s.max);
     printf("==================================================\n");
-    if (first_error) printf("%ld of %ld requests failed; the first: %s\n", failed, num, first_error);
-    for (long i = 0; i < num; i++) free(reqs[i].itl);
+    if (first_error) printf("%ld of %ld requests failed; the first: %s\n", failed, total, first_error);
+    for (long i = 0; i < total; i++) free(reqs[i].itl);
     free(reqs);
+    free(convs);
     free(th);
     free(ttft);
     free(tpot);

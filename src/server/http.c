@@ -413,6 +413,7 @@ static void access_line(struct MHD_Connection *conn, conn_state *cs, enum MHD_Re
         .status = cs->status,
         .prompt_tokens = sum ? sum->prompt_tokens : 0,
         .output_tokens = sum ? sum->completion_tokens : 0,
+        .cached_tokens = sum ? sum->cached_tokens : 0,
         .ttft_ms = sum && sum->first_token_s > 0 ? (sum->first_token_s - cs->t_start) * 1e3 : NAN,
         .total_ms = (now - cs->t_start) * 1e3,
         .end = ending(toe),

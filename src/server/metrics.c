@@ -134,9 +134,18 @@ char *rp_metrics_render(rp_metrics *m, const rp_engine_stats *st) {
     put(&o, "replay_kv_pages_free %d\n", st->kv_pages_free);
     metric(&o, "replay_kv_pages_total", "gauge", "KV cache pages in the pool.");
     put(&o, "replay_kv_pages_total %d\n", st->kv_pages_total);
+    metric(&o, "replay_kv_pages_cached", "gauge",
+           "KV cache pages the prefix cache holds, locked by running requests or not (those not locked count as free).");
+    put(&o, "replay_kv_pages_cached %d\n", st->kv_pages_cached);
     metric(&o, "replay_kv_cache_usage_ratio", "gauge", "Share of the KV cache pages in use, 0 to 1.");
     put(&o, "replay_kv_cache_usage_ratio %.6f\n",
         st->kv_pages_total ? (double)(st->kv_pages_total - st->kv_pages_free) / st->kv_pages_total : 0.0);
+    /* tokens, as vLLM's vllm:prefix_cache_queries / hits: the hit rate is their ratio over any window */
+    metric(&o, "replay_prefix_cache_queries_total", "counter",
+           "Prompt tokens looked up in the prefix cache at admission (a preempted request's again when it resumes).");
+    put(&o, "replay_prefix_cache_queries_total %llu\n", (unsigned long long)st->prefix_cache_queried_tokens);
+    metric(&o, "replay_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache at admission.");
+    put(&o, "replay_prefix_cache_hits_total %llu\n", (unsigned long long)st->prefix_cache_hit_tokens);
     metric(&o, "replay_preemptions_total", "counter", "Requests preempted (recomputed later) for lack of KV pages.");
     put(&o, "replay_preemptions_total %llu\n", (unsigned long long)st->preemptions);
     metric(&o, "replay_steps_total", "counter", "Engine steps run.");

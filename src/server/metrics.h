@@ -3,8 +3,9 @@
  * measured when the engine thread hands over each token), counters of
  * finished requests by reason and of HTTP requests by class, and the
  * rendering of all of it plus the engine's own stats (running and waiting
- * requests, token counters, KV pages, CUDA graph replays) as text. Thread
- * safe: observations come from the engine thread and HTTP threads. */
+ * requests, token counters, KV pages, the prefix cache's queried and hit
+ * tokens, CUDA graph replays) as text. Thread safe: observations come
+ * from the engine thread and HTTP threads. */
 #ifndef RP_SERVER_METRICS_H
 #define RP_SERVER_METRICS_H
 

@@ -23,9 +23,10 @@ static const char *finish_reason(rp_finish f) {
     return f == RP_FINISH_REASON_STOP ? "stop" : f == RP_FINISH_REASON_LENGTH ? "length" : NULL;
 }
 
-json_t *rp_oai_usage(int prompt_tokens, int completion_tokens) {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", prompt_tokens, "completion_tokens", completion_tokens,
-                     "total_tokens", prompt_tokens + completion_tokens);
+json_t *rp_oai_usage(int prompt_tokens, int cached_tokens, int completion_tokens) {
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", prompt_tokens, "completion_tokens",
+                     completion_tokens, "total_tokens", prompt_tokens + completion_tokens, "prompt_tokens_details",
+                     "cached_tokens", cached_tokens);
 }
 
 json_t *rp_oai_choice(const rp_oai_response *r, int index, const char *text, size_t len, json_t *logprobs,

@@ -28,7 +28,10 @@ typedef struct rp_oai_response {
     int top_logprobs;               /* alternatives per token */
 } rp_oai_response;
 
-json_t *rp_oai_usage(int prompt_tokens, int completion_tokens);
+/* usage: prompt_tokens (cached_tokens among them, OpenAI's
+ * prompt_tokens_details.cached_tokens: always there, 0 when nothing was
+ * cached), completion_tokens and their total. */
+json_t *rp_oai_usage(int prompt_tokens, int cached_tokens, int completion_tokens);
 
 /* One choice of the non-streaming answer, and the answer (takes logprobs,
  * NULL for null; takes choices and usage). */

@@ -4,7 +4,7 @@
 #include <math.h>
 
 void rp_access_log(enum rp_log_level level, const rp_access *a) {
-    rp_log_field f[11];
+    rp_log_field f[12];
     int n = 0;
     f[n++] = rp_log_str("id", a->id);
     f[n++] = rp_log_str("client", a->client);
@@ -15,6 +15,8 @@ void rp_access_log(enum rp_log_level level, const rp_access *a) {
     f[n++] = rp_log_int("output_tokens", a->output_tokens);
     f[n++] = rp_log_double("ttft_ms", a->ttft_ms);
     f[n++] = rp_log_double("total_ms", a->total_ms);
+    /* after the timings, so the line's older fields keep their places */
+    f[n++] = rp_log_int("cached_tokens", a->cached_tokens);
     if (a->end) f[n++] = rp_log_str("end", a->end);
     rp_log_fields(level, "request", f, n);
 }
@@ -36,6 +38,8 @@ void rp_stats_log_tick(rp_stats_log *l, rp_engine *eng, double now_s) {
     double dt = now_s - l->last_s;
     uint64_t prompt = st.prompt_tokens - l->last.prompt_tokens, gen = st.generated_tokens - l->last.generated_tokens;
     uint64_t preempted = st.preemptions - l->last.preemptions;
+    uint64_t queried = st.prefix_cache_queried_tokens - l->last.prefix_cache_queried_tokens;
+    uint64_t hits = st.prefix_cache_hit_tokens - l->last.prefix_cache_hit_tokens;
     l->last = st;
     l->last_s = now_s;
     if (!prompt && !gen && !preempted && !st.running && !st.waiting) return; /* idle: nothing to say */
@@ -46,6 +50,7 @@ void rp_stats_log_tick(rp_stats_log *l, rp_engine *eng, double now_s) {
         rp_log_int("running", st.running),
         rp_log_int("waiting", st.waiting),
         rp_log_double("kv_cache_used_pct", used),
+        rp_log_double("prefix_cache_hit_pct", queried ? 100.0 * (double)hits / (double)queried : NAN),
         rp_log_int("preemptions", (long long)preempted),
     };
     rp_log_fields(RP_LOG_INFO, "engine", f, (int)(sizeof f / sizeof f[0]));

@@ -16,6 +16,7 @@ typedef struct rp_access {
     const char *route;    /* the path */
     int status;           /* 0: no answer was sent */
     int prompt_tokens, output_tokens;
+    int cached_tokens;    /* of prompt_tokens, found in the prefix cache (usage's cached_tokens) */
     double ttft_ms;       /* from the request's headers to its first token; NAN: no token */
     double total_ms;      /* from the request's headers to its last byte sent */
     const char *end;      /* NULL: answered whole; else why it ended (client_abort, timeout, ...) */
@@ -24,7 +25,9 @@ typedef struct rp_access {
 void rp_access_log(enum rp_log_level level, const rp_access *a);
 
 /* The periodic engine line: prompt and generation throughput over the last
- * interval, requests running and waiting, the KV cache in use and
+ * interval, requests running and waiting, the KV cache in use, the prefix
+ * cache's hit rate over the interval (prompt tokens found cached of those
+ * looked up, as vLLM's "Prefix cache hit rate"; NAN when none were) and
  * preemptions. Printed only when tokens moved since the last line or a
  * request runs or waits, so an idle server stays quiet. */
 typedef struct rp_stats_log {

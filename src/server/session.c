@@ -125,6 +125,7 @@ typedef struct session_choice {
     rp_finish finish;
     char error[256];
     int completion_tokens;
+    int cached_tokens; /* of its prompt's tokens, those its admission found in the prefix cache */
     double t_submit, t_last;
     int tokens;
 } session_choice;
@@ -137,6 +138,7 @@ struct rp_session {
     rp_oai_response resp;
     int stream, include_usage, logprobs;
     int num_choices, n_done, prompt_tokens;
+    int n; /* choices per prompt: choice k*n+i is prompt k's i-th */
     session_choice *ch;
     rp_sbuf out; /* streaming: SSE bytes not yet read */
     size_t out_off;
@@ -193,10 +195,21 @@ static void session_abort(rp_session *r, int shutdown) {
         if (r->ch[i].submitted) rp_engine_abort(r->h->eng, r->ch[i].id);
 }
 
+/* A prompt's tokens count once in usage, whatever n, so its cached tokens
+ * do too: its first choice's. The n choices of a prompt share one prefill
+ * (the others wait for it and find the prompt cached), so the first one's
+ * count says what computing the prompt was spared; summing the others'
+ * would report more cached tokens than the prompt has. */
+static int cached_tokens(const rp_session *r) {
+    int cached = 0;
+    for (int i = 0; i < r->num_choices; i += r->n) cached += r->ch[i].cached_tokens;
+    return cached;
+}
+
 static json_t *usage_json(const rp_session *r) {
     int completion = 0;
     for (int i = 0; i < r->num_choices; i++) completion += r->ch[i].completion_tokens;
-    return rp_oai_usage(r->prompt_tokens, completion);
+    return rp_oai_usage(r->prompt_tokens, cached_tokens(r), completion);
 }
 
 /* How the session ended once every choice is done: 0 (the answer), or -1
@@ -268,6 +281,7 @@ static void on_event(void *user, const rp_token_event *ev) {
     double now = rp_now_s();
     pthread_mutex_lock(&r->mu);
     c->completion_tokens = ev->completion_tokens;
+    c->cached_tokens = ev->cached_tokens;
     if (ev->token >= 0) {
         if (!r->first_token_s) r->first_token_s = now;
         if (c->tokens++ == 0) rp_metrics_observe_ttft(m, now - c->t_submit);
@@ -391,6 +405,7 @@ rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_f
     r->include_usage = q->include_usage;
     r->logprobs = q->logprobs;
     r->num_choices = nc;
+    r->n = q->n;
     r->fd = client_fd;
     r->half_closed = client_state(client_fd) == CLIENT_DONE_SENDING;
     r->waker = *waker;
@@ -625,6 +640,7 @@ void rp_session_summary_get(rp_session *r, rp_session_summary *out) {
     pthread_mutex_lock(&r->mu);
     snprintf(out->id, sizeof out->id, "%s", r->resp.id);
     out->prompt_tokens = r->prompt_tokens;
+    out->cached_tokens = cached_tokens(r);
     out->completion_tokens = 0;
     for (int i = 0; i < r->num_choices; i++) out->completion_tokens += r->ch[i].completion_tokens;
     out->first_token_s = r->first_token_s;

@@ -96,6 +96,7 @@ void rp_session_hold(rp_session *s);
 typedef struct rp_session_summary {
     char id[48];            /* the completion id */
     int prompt_tokens;      /* over all prompts, counted once each */
+    int cached_tokens;      /* of those, found in the prefix cache (usage's cached_tokens) */
     int completion_tokens;  /* over all choices */
     double first_token_s;   /* rp_now_s() at the first token of any choice; 0: none yet */
 } rp_session_summary;
