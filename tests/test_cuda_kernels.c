@@ -621,48 +621,171 @@ static void test_attn_decode(void **state) {
     rp_k_attn_decode_set_trans(-1);
 }
 
-static void check_prefill(int nh, int nkv, int hd, int ps, int mode) {
-    /* 600 new tokens: several 128-query tiles, warps past and before the diagonal */
-    int q_len[] = {1, 7, 100, 600, 130, 1};
-    int kv_len[] = {1, 7, 100, 1000, 4097, 500};
-    const int S = 6;
-    if (g_small) kv_len[4] = 300;
-    int T = 0, max_q = 0;
-    for (int s = 0; s < S; s++) T += q_len[s], max_q = q_len[s] > max_q ? q_len[s] : max_q;
+static int num_sms(void) {
+    int dev = 0, n = 0;
+    CU(cudaGetDevice(&dev));
+    CU(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+}
+
+/* Prefill attention of S sequences, q_len[s] new tokens after kv_len[s] -
+ * q_len[s] cached ones, against attend_ref: one set of inputs and one
+ * reference, then every (block shape, split count) of modes x splits (-1:
+ * the launcher's choice) with the output poisoned before each run, checked
+ * over each sequence's rows (so that one short sequence cannot hide in the
+ * total) and over all. The workspace is what the backend gives the rule
+ * (rp_attn_prefill_workspace_bytes) or what the largest forced split
+ * needs, whichever is more. */
+static void check_prefill_runs(int nh, int nkv, int hd, int ps, const int *q_len, const int *kv_len, int S,
+                               const int *modes, int n_modes, const int *splits, int n_splits) {
+    int T = 0, max_q = 0, max_kv = 0;
+    for (int s = 0; s < S; s++) {
+        T += q_len[s];
+        if (q_len[s] > max_q) max_q = q_len[s];
+        if (kv_len[s] > max_kv) max_kv = kv_len[s];
+    }
     paged_kv p;
     paged_kv_make(&p, nkv, hd, ps, kv_len, q_len, S);
     const int row = (nh + 2 * nkv) * hd;
+    const size_t out_n = (size_t)T * nh * hd;
     uint16_t *qkv = rand_bf16((size_t)T * row, 3.0f);
-    uint16_t *d_qkv = dup_to_dev(qkv, (size_t)T * row * 2), *d_out = dalloc((size_t)T * nh * hd * 2);
-    LAUNCH(rp_k_attn_prefill(d_qkv, p.d_k, p.d_v, paged_kv_meta(&p), d_out, T, S, max_q, nh, nkv, hd, 0));
-    uint16_t *out = malloc((size_t)T * nh * hd * 2);
-    to_host(out, d_out, (size_t)T * nh * hd * 2);
-    double *ref = malloc((size_t)T * nh * hd * 8), *sc = malloc(5000 * 8);
+    uint16_t *d_qkv = dup_to_dev(qkv, (size_t)T * row * 2), *d_out = dalloc(out_n * 2);
+    size_t ws_bytes = rp_attn_prefill_workspace_bytes(T, nh, hd, num_sms());
+    for (int k = 0; k < n_splits; k++)
+        if (splits[k] > 1 && rp_attn_prefill_split_bytes(T, nh, hd, splits[k]) > ws_bytes)
+            ws_bytes = rp_attn_prefill_split_bytes(T, nh, hd, splits[k]);
+    void *d_ws = dalloc(ws_bytes);
+    uint16_t *out = malloc(out_n * 2);
+    double *ref = malloc(out_n * 8), *sc = malloc((size_t)max_kv * 8);
     int t = 0;
     for (int s = 0; s < S; s++)
         for (int i = 0; i < q_len[s]; i++, t++)
             for (int h = 0; h < nh; h++)
                 attend_ref(&p, s, h / (nh / nkv), qkv + (size_t)t * row + (size_t)h * hd,
                            kv_len[s] - q_len[s] + i + 1, ref + ((size_t)t * nh + h) * hd, sc);
-    expect_close(rel_l2_bf16(out, ref, (size_t)T * nh * hd, "prefill"), 1e-2,
-                 "attn_prefill nh=%d nkv=%d hd=%d page=%d mode=%d", nh, nkv, hd, ps, mode);
+    for (int mi = 0; mi < n_modes; mi++)
+        for (int si = 0; si < n_splits; si++) {
+            rp_k_attn_prefill_set_mode(modes[mi]);
+            rp_k_attn_prefill_set_splits(splits[si]);
+            CU(cudaMemset(d_out, 0xff, out_n * 2));
+            CU(cudaMemset(d_ws, 0xff, ws_bytes)); /* partial results no split wrote fail too */
+            LAUNCH(rp_k_attn_prefill(d_qkv, p.d_k, p.d_v, paged_kv_meta(&p), d_out, d_ws, ws_bytes, T, S, max_q,
+                                     max_kv, nh, nkv, hd, 0));
+            to_host(out, d_out, out_n * 2);
+            const int n = splits[si] > 0 ? splits[si]
+                                         : rp_attn_prefill_splits(num_sms(), T, S, max_q, max_kv, nh, nkv, hd,
+                                                                  ws_bytes);
+            size_t off = 0;
+            for (int s = 0; s < S; s++) {
+                const size_t len = (size_t)q_len[s] * nh * hd;
+                expect_close(rel_l2_bf16(out + off, ref + off, len, "prefill"), 1e-2,
+                             "attn_prefill nh=%d nkv=%d hd=%d page=%d mode=%d splits=%d seq %d (%d new of %d)", nh,
+                             nkv, hd, ps, modes[mi], n, s, q_len[s], kv_len[s]);
+                off += len;
+            }
+            expect_close(rel_l2_bf16(out, ref, out_n, "prefill"), 1e-2,
+                         "attn_prefill nh=%d nkv=%d hd=%d page=%d mode=%d splits=%d", nh, nkv, hd, ps, modes[mi],
+                         n);
+        }
+    rp_k_attn_prefill_set_mode(-1);
+    rp_k_attn_prefill_set_splits(-1);
     free(qkv), free(out), free(ref), free(sc);
-    cudaFree(d_qkv), cudaFree(d_out);
+    cudaFree(d_qkv), cudaFree(d_out), cudaFree(d_ws);
     paged_kv_free(&p);
+}
+
+static const int pf_all_modes[] = {RP_PREFILL_ROWS16, RP_PREFILL_ROWS32, RP_PREFILL_HEADS2};
+
+static void check_prefill(int nh, int nkv, int hd, int ps) {
+    /* 600 new tokens: several 128-query tiles, warps past and before the diagonal */
+    int q_len[] = {1, 7, 100, 600, 130, 1};
+    int kv_len[] = {1, 7, 100, 1000, 4097, 500};
+    if (g_small) kv_len[4] = 300;
+    /* every block shape, unsplit and as the rule says (which splits some) */
+    const int splits[] = {1, -1};
+    check_prefill_runs(nh, nkv, hd, ps, q_len, kv_len, 6, pf_all_modes, 3, splits, 2);
 }
 
 static void test_attn_prefill(void **state) {
     (void)state;
     NEED_GPU();
-    for (int mode = RP_PREFILL_ROWS16; mode <= RP_PREFILL_HEADS2; mode++) { /* block shapes */
-        rp_k_attn_prefill_set_mode(mode);
-        check_prefill(8, 2, 128, 16, mode); /* G = 4 */
-        check_prefill(4, 4, 64, 1, mode);   /* G = 1 (two heads: falls back to 32 rows), page size 1 */
-        check_prefill(8, 1, 128, 1, mode);  /* G = 8 */
-        check_prefill(8, 1, 64, 16, mode);
-        check_prefill(6, 3, 128, 16, mode); /* G = 2 */
+    check_prefill(8, 2, 128, 16); /* G = 4 */
+    check_prefill(4, 4, 64, 1);   /* G = 1 (two heads: falls back to 32 rows), page size 1 */
+    check_prefill(8, 1, 128, 1);  /* G = 8 */
+    check_prefill(8, 1, 64, 16);
+    check_prefill(6, 3, 128, 16); /* G = 2 */
+}
+
+/* A long cached prefix and few new tokens: the keys split into ranges
+ * (attn_prefill.cu), forced on at several counts (2; a few; 32, where most
+ * ranges of the short sequences are empty and rows before a range's first
+ * key see none of it) and off, and as the rule chooses. */
+static void test_attn_prefill_split(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int dflt[] = {-1};
+    {   /* llama3-8b's heads: a mixed batch, every block shape; 8064 / 64 is the TTFT case */
+        int q_len[] = {64, 1, 17, 100, 1, 130};
+        int kv_len[] = {8064, 3000, 2049, 100, 1, 700};
+        if (g_small) kv_len[0] = 1000, kv_len[1] = 600;
+        const int modes[] = {-1, RP_PREFILL_ROWS16, RP_PREFILL_ROWS32, RP_PREFILL_HEADS2};
+        const int splits[] = {1, 2, 5, 32, -1};
+        check_prefill_runs(32, 8, 128, 16, q_len, kv_len, 6, modes, 4, splits, 5);
     }
-    rp_k_attn_prefill_set_mode(-1);
+    {   /* one sequence each, where the rule splits: llama3-8b, 64 new after 8000 */
+        int q_len[] = {64}, kv_len[] = {g_small ? 1600 : 8064};
+        const int splits[] = {-1, 1, 3};
+        check_prefill_runs(32, 8, 128, 16, q_len, kv_len, 1, dflt, 1, splits, 3);
+    }
+    {   /* an odd group (one head per block), head dim 64, page size 1 */
+        int q_len[] = {17}, kv_len[] = {2049};
+        const int modes[] = {-1, RP_PREFILL_ROWS32};
+        const int splits[] = {-1, 1, 3, 32};
+        check_prefill_runs(12, 4, 64, 1, q_len, kv_len, 1, modes, 2, splits, 4);
+    }
+    {   /* one new token (a decode row inside a prefill batch), qwen3-like heads */
+        int q_len[] = {1, 2}, kv_len[] = {3000, 1500};
+        const int splits[] = {-1, 1, 7};
+        check_prefill_runs(16, 8, 128, 16, q_len, kv_len, 2, dflt, 1, splits, 3);
+    }
+}
+
+/* rp_attn_prefill_workspace_bytes bounds every split the rule makes: over
+ * many shapes, the rule chooses the same split count with that workspace
+ * as with an unbounded one (a CPU check of the bound's derivation). */
+static void test_attn_prefill_split_bound(void **state) {
+    (void)state;
+    const int sms[] = {132, 114, 78, 16};
+    const int heads[][2] = {{32, 8}, {16, 8}, {12, 4}, {8, 1}, {64, 8}, {40, 8}, {14, 2}, {4, 4}};
+    const int qs[] = {1, 2, 17, 63, 64, 65, 100, 128, 200, 256, 300, 513, 1000, 2048};
+    const int max_tokens = 8192;
+    int checked = 0, split = 0;
+    for (size_t a = 0; a < sizeof sms / sizeof sms[0]; a++)
+        for (size_t h = 0; h < sizeof heads / sizeof heads[0]; h++)
+            for (int hd = 64; hd <= 128; hd += 64)
+                for (int S = 1; S <= 8; S++)
+                    for (size_t qi = 0; qi < sizeof qs / sizeof qs[0]; qi++) {
+                        const int q = qs[qi], T = S * q;
+                        if (T > max_tokens) continue;
+                        const int kvs[] = {q, 2 * q, 2 * q + 700, 4096, 8064, 32768, 131072};
+                        const size_t bound =
+                            rp_attn_prefill_workspace_bytes(max_tokens, heads[h][0], hd, sms[a]);
+                        for (size_t ki = 0; ki < sizeof kvs / sizeof kvs[0]; ki++) {
+                            if (kvs[ki] < q) continue;
+                            const int want = rp_attn_prefill_splits(sms[a], T, S, q, kvs[ki], heads[h][0],
+                                                                    heads[h][1], hd, SIZE_MAX);
+                            const int got = rp_attn_prefill_splits(sms[a], T, S, q, kvs[ki], heads[h][0],
+                                                                   heads[h][1], hd, bound);
+                            if (want != got)
+                                fail_msg("prefill split bound: %d SMs, nh %d nkv %d hd %d, %d seqs of %d new, kv "
+                                         "%d: %d splits unbounded, %d within %zu bytes",
+                                         sms[a], heads[h][0], heads[h][1], hd, S, q, kvs[ki], want, got, bound);
+                            checked++;
+                            split += want > 1;
+                        }
+                    }
+    printf("  prefill split bound: %d shapes, %d of them split\n", checked, split);
+    assert_true(split > 0);
 }
 
 /* Every run draws the same inputs unless REPLAY_TEST_SEED says otherwise. */
@@ -681,6 +804,7 @@ int main(void) {
         cmocka_unit_test(test_gemv),            cmocka_unit_test(test_gemv_fused),
         cmocka_unit_test(test_qk_norm_rope_store),
         cmocka_unit_test(test_attn_decode),     cmocka_unit_test(test_attn_prefill),
+        cmocka_unit_test(test_attn_prefill_split), cmocka_unit_test(test_attn_prefill_split_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

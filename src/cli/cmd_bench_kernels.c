@@ -135,12 +135,15 @@ typedef struct {
     const rp_bf16 *qkv, *kc, *vc;
     rp_attn_meta meta;
     rp_bf16 *out;
-    int T, S, max_q, nh, nkv, hd;
+    void *ws;
+    size_t ws_bytes;
+    int T, S, max_q, max_kv, nh, nkv, hd;
 } pf_ctx;
 static void pf_fn(int i, void *c) {
     pf_ctx *p = c;
     (void)i;
-    CHECK(rp_k_attn_prefill(p->qkv, p->kc, p->vc, p->meta, p->out, p->T, p->S, p->max_q, p->nh, p->nkv, p->hd, 0));
+    CHECK(rp_k_attn_prefill(p->qkv, p->kc, p->vc, p->meta, p->out, p->ws, p->ws_bytes, p->T, p->S, p->max_q,
+                            p->max_kv, p->nh, p->nkv, p->hd, 0));
 }
 
 typedef struct {
@@ -355,16 +358,28 @@ static void run_all(const rp_model_config cfg, const char *name) {
                 free(table), free(kvl), free(rowi), free(start);
             }
 
-        /* prefill: causal, no cached prefix */
-        printf("\n%-24s %4s %5s %9s %9s %7s\n", "attn_prefill (causal)", "seqs", "len", "us", "TFLOP/s", "%mma");
-        const int pf[][2] = {{1, 512}, {1, 2048}, {4, 1024}, {1, 8192}, {1, 16384}};
-        for (int pi = 0; pi < 5; pi++) {
-            const int S = pf[pi][0], L = pf[pi][1], T = S * L, pages = L / ps;
+        /* prefill: causal, without a cached prefix and (the last rows) few
+         * new tokens after a long one, where the keys are split
+         * (attn_prefill.cu): those also unsplit. GB/s: the K/V read once. */
+        printf("\n%-24s %4s %5s %6s %6s %9s %9s %7s %8s\n", "attn_prefill (causal)", "seqs", "new", "kv", "splits",
+               "us", "TFLOP/s", "%mma", "KV GB/s");
+        const int pf[][3] = {{1, 512, 0},    {1, 2048, 0},    {4, 1024, 0},     {1, 8192, 0},
+                             {1, 16384, 0},  {1, 64, 8000},   {1, 17, 2032},    {1, 300, 7764},
+                             {4, 64, 8000}};
+        const int n_pf = (int)(sizeof pf / sizeof pf[0]);
+        size_t pws_bytes = rp_attn_prefill_workspace_bytes(16384, nh, hd, prop.multiProcessorCount);
+        for (int pi = 0; pi < n_pf; pi++) /* the sweep's forced splits */
+            if (pf[pi][2] > 0 && rp_attn_prefill_split_bytes(pf[pi][0] * pf[pi][1], nh, hd, 32) > pws_bytes)
+                pws_bytes = rp_attn_prefill_split_bytes(pf[pi][0] * pf[pi][1], nh, hd, 32);
+        void *pws = dmalloc(pws_bytes);
+        for (int pi = 0; pi < n_pf; pi++) {
+            const int S = pf[pi][0], L = pf[pi][1], prefix = pf[pi][2], kv = prefix + L, T = S * L;
+            const int pages = (kv + ps - 1) / ps;
             rp_bf16 *pqkv = dmalloc((size_t)T * (nh + 2 * nkv) * hd * 2), *pout = dmalloc((size_t)T * nh * hd * 2);
             fill_bf16(pqkv, (size_t)T * (nh + 2 * nkv) * hd, 14);
             int32_t *table = malloc((size_t)S * pages * 4), kvl[4], rowi[4], start[5];
             for (int s = 0; s < S; s++) {
-                kvl[s] = L, rowi[s] = s, start[s] = s * L;
+                kvl[s] = kv, rowi[s] = s, start[s] = s * L;
                 for (int p = 0; p < pages; p++) table[s * pages + p] = s * pages + p;
             }
             start[S] = T;
@@ -374,17 +389,38 @@ static void run_all(const rp_model_config cfg, const char *name) {
             CHECK(cudaMemcpy(d_kvl, kvl, (size_t)S * 4, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(d_row, rowi, (size_t)S * 4, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(d_start, start, (size_t)(S + 1) * 4, cudaMemcpyHostToDevice));
-            pf_ctx p = {pqkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, pout, T, S, L, nh, nkv, hd};
-            double us = time_us(pf_fn, &p);
-            double flops = 4.0 * nh * hd * S * ((double)L * (L + 1) / 2);
-            printf("%-24s %4d %5d %9.1f %9.1f %6.1f%%\n", "", S, L, us, flops / (us * 1e6),
-                   mma_tflops > 0 ? 100.0 * flops / (us * 1e6) / mma_tflops : 0.0);
-            if (g_attn_sweep) { /* every block shape, for tuning */
+            pf_ctx p = {pqkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, pout, pws, pws_bytes,
+                        T, S, L, kv, nh, nkv, hd};
+            const double flops = 4.0 * nh * hd * S * ((double)L * prefix + (double)L * (L + 1) / 2);
+            const double kv_bytes = (double)S * kv * nkv * hd * 2 * 2;
+            const int rule = rp_attn_prefill_splits(prop.multiProcessorCount, T, S, L, kv, nh, nkv, hd, pws_bytes);
+            /* the rule's choice, then (where it splits, or for a prefix
+             * shape) the same launch with the split off */
+            for (int off = 0; off < (rule > 1 || prefix > 0 ? 2 : 1); off++) {
+                rp_k_attn_prefill_set_splits(off ? 1 : -1);
+                const double us = time_us(pf_fn, &p);
+                printf("%-24s %4d %5d %6d %6d %9.1f %9.1f %6.1f%% %8.0f\n", off ? "  split off" : "", S, L, kv,
+                       off ? 1 : rule, us, flops / (us * 1e6),
+                       mma_tflops > 0 ? 100.0 * flops / (us * 1e6) / mma_tflops : 0.0, kv_bytes / (us * 1e3));
+            }
+            rp_k_attn_prefill_set_splits(-1);
+            if (g_attn_sweep) { /* every block shape, and for a prefix shape every split count, for tuning */
                 static const char *const names[] = {"", "16 rows per warp", "32 rows per warp", "two heads per warp"};
+                const int sw[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
                 for (int mode = RP_PREFILL_ROWS16; mode <= RP_PREFILL_HEADS2; mode++) {
                     rp_k_attn_prefill_set_mode(mode);
-                    const double m_us = time_us(pf_fn, &p);
-                    printf("  %s: %.1f us, %.1f TFLOP/s\n", names[mode], m_us, flops / (m_us * 1e6));
+                    if (prefix == 0) {
+                        const double m_us = time_us(pf_fn, &p);
+                        printf("  %s: %.1f us, %.1f TFLOP/s\n", names[mode], m_us, flops / (m_us * 1e6));
+                        continue;
+                    }
+                    printf("  %s, us at splits", names[mode]);
+                    for (int k = 0; k < 10; k++) {
+                        rp_k_attn_prefill_set_splits(sw[k]);
+                        printf(" %d: %.1f", sw[k], time_us(pf_fn, &p));
+                    }
+                    printf("\n");
+                    rp_k_attn_prefill_set_splits(-1);
                 }
                 rp_k_attn_prefill_set_mode(-1);
             }
@@ -396,6 +432,7 @@ static void run_all(const rp_model_config cfg, const char *name) {
             CHECK(cudaFree(d_start));
             free(table);
         }
+        CHECK(cudaFree(pws));
         CHECK(cudaFree(kc));
         CHECK(cudaFree(vc));
         CHECK(cudaFree(qkv));
@@ -459,7 +496,8 @@ static void help(FILE *f) {
                "\n"
                "Benchmark:\n"
                "  --attn-sweep           also time decode attention at every split count with both\n"
-               "                         kernels, and prefill attention with every block shape\n"
+               "                         kernels, and prefill attention with every block shape (and\n"
+               "                         after a cached prefix, every split count)\n"
                "\n" RP_COMMON_OPTIONS_HELP);
 }
 

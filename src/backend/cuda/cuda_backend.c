@@ -78,10 +78,12 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         RP_CUDA_TRY(cudaGraphLaunch(greedy && g->exec_pick ? g->exec_pick : g->exec, cb->stream), err);
         cb->stats.graph_replays++;
     } else {
-        int max_q = 0;
-        for (int s = 0; s < S; s++)
+        int max_q = 0, max_kv = 0;
+        for (int s = 0; s < S; s++) {
             if (bt->seq_start[s + 1] - bt->seq_start[s] > max_q) max_q = bt->seq_start[s + 1] - bt->seq_start[s];
-        if (rp_cuda_launch_forward(cb, T, S, bt->num_logits, decode, max_q,
+            if (bt->seq_kv_len[s] > max_kv) max_kv = bt->seq_kv_len[s];
+        }
+        if (rp_cuda_launch_forward(cb, T, S, bt->num_logits, decode, max_q, max_kv,
                                    greedy ? RP_SAMPLE_PICK : sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
             return RP_ERR;
     }
@@ -225,6 +227,8 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     const size_t T = (size_t)cb->base.cfg.max_batched_tokens, H = (size_t)c->hidden_size,
                  F = (size_t)c->intermediate_size, Lg = (size_t)cb->max_logits, V = (size_t)c->vocab_size;
     size_t attn_ws = rp_attn_decode_workspace_bytes(cb->max_seqs, c->num_heads, c->head_dim, cb->max_splits);
+    const size_t prefill_ws = rp_attn_prefill_workspace_bytes((int)T, c->num_heads, c->head_dim, cb->num_sms);
+    if (prefill_ws > attn_ws) attn_ws = prefill_ws;
     size_t sample_ws = rp_sample_workspace_bytes(cb->max_logits, c->vocab_size);
     struct {
         void **ptr;
@@ -257,6 +261,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         p += rp_align_up(parts[i].bytes, 256);
     }
     cb->d_logprobs = (float *)(cb->d_tokens + Lg);
+    cb->attn_ws_bytes = attn_ws;
     cb->act_bytes = total;
     RP_CUDA_TRY(cudaMemset(cb->ds_ws, 0, rp_decode_step_workspace_bytes(c->num_heads, c->num_kv_heads)), err);
     float *h_inv = malloc((size_t)c->head_dim / 2 * 4);

@@ -110,7 +110,12 @@ typedef struct rp_cuda_backend {
      * row's most likely tokens ([max_logits] each; sample_top.h) */
     int32_t *d_kept;
     rp_top_logprobs *d_top;
-    void *attn_ws, *sample_ws;
+    /* attention's split partial results: decode's (every batch size, at
+     * most max_splits) and prefill's (the launcher's rule, bounded by
+     * rp_attn_prefill_workspace_bytes) never run at once, so they share it */
+    void *attn_ws;
+    size_t attn_ws_bytes;
+    void *sample_ws;
     rp_cuda_meta meta;
     /* graphs */
     rp_cuda_graph graphs[RP_MAX_GRAPHS];
@@ -156,9 +161,11 @@ enum { RP_SAMPLE_NONE, RP_SAMPLE_KERNELS, RP_SAMPLE_PICK };
 
 /* forward_chain.c: one forward over the metadata block, T tokens of S
  * sequences, logits for num_logits rows, sampled as sample says. Only
- * device pointers and shapes: the same call is run eagerly and captured. */
-int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len, int sample,
-                           rp_err *err);
+ * device pointers and shapes: the same call is run eagerly and captured.
+ * max_q_len and max_kv_len, the batch's most new tokens and most keys of
+ * a sequence, shape prefill attention's launch (unused by decode). */
+int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len,
+                           int max_kv_len, int sample, rp_err *err);
 /* the sampling kernels over the first num_logits rows of logits */
 int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err);
 int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs);

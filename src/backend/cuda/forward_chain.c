@@ -25,7 +25,8 @@ int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs) {
 
 /* Layer l's attention, shared by both paths: q/k norm, RoPE and the KV
  * store on the fused qkv, then decode or prefill attention into cb->attn. */
-static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, int decode, int max_q_len, rp_err *err) {
+static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, int decode, int max_q_len, int max_kv_len,
+                            rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     const rp_cuda_layer *ly = &cb->w.layers[l];
     cudaStream_t st = cb->stream;
@@ -44,9 +45,9 @@ static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, int decode
                        c->num_kv_heads, c->head_dim, rp_cuda_decode_splits(cb, S), st),
               err);
     else
-        RP_LAUNCH(rp_k_attn_prefill(cb->qkv, kc, vc, am, cb->attn, T, S, max_q_len, c->num_heads,
-                    c->num_kv_heads, c->head_dim, st),
-              err);
+        RP_LAUNCH(rp_k_attn_prefill(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, cb->attn_ws_bytes, T, S, max_q_len,
+                                    max_kv_len, c->num_heads, c->num_kv_heads, c->head_dim, st),
+                  err);
     return 0;
 }
 
@@ -86,7 +87,7 @@ int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
 #define FUSED_MAX_T 1
 
 static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len,
-                                int sample, rp_err *err) {
+                                int max_kv_len, int sample, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     cudaStream_t st = cb->stream;
     uint8_t *d = cb->meta.dev;
@@ -106,7 +107,7 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
         RP_LAUNCH(rp_k_gemv_fused(ly->wqkv, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_BF16, .y = cb->qkv}, T,
                                   cb->qkv_dim, H, st),
                   err);
-        if (launch_attention(cb, l, T, S, decode, max_q_len, err)) return RP_ERR;
+        if (launch_attention(cb, l, T, S, decode, max_q_len, max_kv_len, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, "gemv o (+residual)");
         RP_LAUNCH(rp_k_gemv_fused(ly->wo, (rp_gemv_in){.mode = RP_GEMV_IN_BF16, .x = cb->attn}, to_residual, T, H,
                                   cb->q_dim, st),
@@ -144,7 +145,7 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
 /* sample: RP_SAMPLE_PICK is every row greedy with no top logprobs, which
  * the one-kernel step picks itself. */
 int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len,
-                           int sample, rp_err *err) {
+                           int max_kv_len, int sample, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     cudaStream_t st = cb->stream;
     uint8_t *d = cb->meta.dev;
@@ -163,7 +164,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
      * The choice depends on T only, so a graph and an eager run of the same
      * batch do the same arithmetic. */
     if (T <= FUSED_MAX_T && rp_gemv_stage_fits(T, H))
-        return launch_forward_fused(cb, T, S, num_logits, decode, max_q_len, sample, err);
+        return launch_forward_fused(cb, T, S, num_logits, decode, max_q_len, max_kv_len, sample, err);
     rp_cuda_prof_mark(cb, "embed");
     RP_LAUNCH(rp_k_embed(cb->w.embed, tokens, cb->d_tokens, cb->residual, NULL, 0, T, H, st), err);
     for (int l = 0; l < c->num_layers; l++) {
@@ -172,7 +173,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
         RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, l ? cb->tmp : NULL, ly->attn_norm, cb->xn, T, H, eps, st), err);
         rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, cb->qkv_dim, H) ? "gemv qkv" : "gemm qkv");
         if (rp_gemm_run(&cb->gemm, ly->wqkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, st, err)) return RP_ERR;
-        if (launch_attention(cb, l, T, S, decode, max_q_len, err)) return RP_ERR;
+        if (launch_attention(cb, l, T, S, decode, max_q_len, max_kv_len, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, H, cb->q_dim) ? "gemv o" : "gemm o");
         if (rp_gemm_run(&cb->gemm, ly->wo, cb->attn, cb->tmp, T, H, cb->q_dim, 1, st, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, "add_rmsnorm");

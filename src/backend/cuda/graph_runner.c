@@ -40,12 +40,12 @@ static int dummy_step(rp_cuda_backend *cb, int bs, rp_err *err) {
  * with the given sampling (rp_cuda_launch_forward's sample). */
 static int capture_step(rp_cuda_backend *cb, int bs, int sample, cudaGraphExec_t *exec, rp_err *err) {
     if (dummy_step(cb, bs, err)) return RP_ERR;
-    if (rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, sample, err)) return RP_ERR;
+    if (rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, 1, sample, err)) return RP_ERR;
     RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
     cudaGraph_t graph = NULL;
     RP_CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), err);
     cb->capturing = 1;
-    int rc = rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, sample, err);
+    int rc = rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, 1, sample, err);
     cb->capturing = 0;
     /* The capture ends whatever happened inside it; a failed one leaves no
      * graph behind (a launch error invalidates the capture: no graph, or a

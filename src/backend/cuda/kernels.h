@@ -229,10 +229,24 @@ extern const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS];
 /* Prefill attention for variable-length sequences (T tokens in all): query
  * token i of sequence s sits at position kv_len - n_new + i and attends
  * causally to keys 0..position, read from the paged cache (which already
- * holds this step's keys). Tensor cores. out: [T][nh * hd]. */
+ * holds this step's keys). Tensor cores. out: [T][nh * hd].
+ * max_kv_len is the batch's longest seq_kv_len (0 if unknown: no split).
+ * Where the grid would be too small for the GPU and the keys mostly a
+ * cached prefix, each query tile's keys are split into ranges run in
+ * parallel and merged (attn_prefill.cu says when); their partial results
+ * go to workspace (workspace_bytes; NULL: never split), which
+ * rp_attn_prefill_workspace_bytes(max_tokens, ...) sizes for every split
+ * the launcher makes for up to max_tokens tokens on num_sms SMs. */
+size_t rp_attn_prefill_workspace_bytes(int max_tokens, int nh, int hd, int num_sms);
 int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
-                      rp_bf16 *out, int T, int num_seqs, int max_q_len, int nh, int nkv, int hd,
-                      cudaStream_t stream);
+                      rp_bf16 *out, void *workspace, size_t workspace_bytes, int T, int num_seqs, int max_q_len,
+                      int max_kv_len, int nh, int nkv, int hd, cudaStream_t stream);
+/* The number of key ranges rp_k_attn_prefill's rule makes for this launch
+ * on num_sms SMs (1: no split), for benchmarks and tests. */
+int rp_attn_prefill_splits(int num_sms, int T, int num_seqs, int max_q_len, int max_kv_len, int nh, int nkv, int hd,
+                           size_t workspace_bytes);
+/* Bytes of workspace a launch of T tokens split num_splits ways needs. */
+size_t rp_attn_prefill_split_bytes(int T, int nh, int hd, int num_splits);
 /* Prefill attention's block shape (attn_prefill.cu says why): 16 query
  * rows per warp; 32 (two runs of 16 positions); two heads of one kv group
  * at the same 16 positions (the default where the group is even and that
@@ -240,6 +254,12 @@ int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 
  * rp_k_attn_prefill_set_mode(mode), -1 the default. */
 enum { RP_PREFILL_ROWS16 = 1, RP_PREFILL_ROWS32 = 2, RP_PREFILL_HEADS2 = 3 };
 void rp_k_attn_prefill_set_mode(int mode);
+/* Tests and benchmarks: rp_k_attn_prefill_set_splits(n), n >= 2 splits
+ * every launch n ways (the two-head block where the group is even, else
+ * 16 rows per warp, unless set_mode says otherwise; a workspace too small
+ * for it fails the launch with cudaErrorInvalidValue), 1 never splits, -1
+ * the default rule. */
+void rp_k_attn_prefill_set_splits(int num_splits);
 
 /* Gathers rows: out[i][:] = in[rows[i]][:], for the lm_head's input. */
 int rp_k_gather_rows(const rp_bf16 *in, const int32_t *rows, rp_bf16 *out, int n, int H, cudaStream_t stream);

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "attn_split.cuh"
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -414,13 +415,14 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
     dec_merge_warps<HD>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split);
 }
 
-/* out[s][h] = sum_i o_i 2^(m_i - M) / sum_i l_i 2^(m_i - M) over splits. */
+/* out[r] = sum_i o_i 2^(m_i - M) / sum_i l_i 2^(m_i - M) over splits
+ * (attn_split.cuh's layout; prefill attention's split merges here too). */
 template <int HD>
-__global__ void attn_decode_merge_kernel(const float *__restrict__ ws_o, const float2 *__restrict__ ws_ml,
-                                         uint16_t *__restrict__ out, int nh, int num_splits) {
+__global__ void attn_merge_splits_kernel(const float *__restrict__ ws_o, const float2 *__restrict__ ws_ml,
+                                         uint16_t *__restrict__ out, int num_splits) {
     rp_pdl_trigger();
     rp_pdl_wait();
-    const int sh = blockIdx.x; /* s * nh + h */
+    const int sh = blockIdx.x; /* row: query * nh + head */
     const int d = threadIdx.x;
     const float2 *ml = ws_ml + (int64_t)sh * num_splits;
     float M = -INFINITY;
@@ -432,8 +434,16 @@ __global__ void attn_decode_merge_kernel(const float *__restrict__ ws_o, const f
             acc += f * ws_o[((int64_t)sh * num_splits + i) * HD + d];
             L += f * ml[i].y;
         }
-    (void)nh;
     out[(int64_t)sh * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
+}
+
+int rp_attn_merge_splits(const float *ws_o, const float2 *ws_ml, uint16_t *out, int rows, int hd, int splits,
+                         cudaStream_t stream) {
+    if (hd == 128)
+        return rp_launch(attn_merge_splits_kernel<128>, dim3(rows), dim3(128), 0, stream, ws_o, ws_ml, out, splits);
+    if (hd == 64)
+        return rp_launch(attn_merge_splits_kernel<64>, dim3(rows), dim3(64), 0, stream, ws_o, ws_ml, out, splits);
+    return (int)cudaErrorInvalidValue;
 }
 
 static int dec_trans_mode = -1;
@@ -470,15 +480,12 @@ static int dec_launch(dim3 grid, const rp_bf16 *qkv, const rp_bf16 *k_cache, con
     else
         rc = rp_launch(attn_decode_split_kernel<HD>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(), stream, qkv,
                        k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
-    if (rc == 0 && !direct)
-        rc = rp_launch(attn_decode_merge_kernel<HD>, dim3(num_seqs * nh), dim3(HD), 0, stream, ws_o, ws_ml, out, nh,
-                       num_splits);
+    if (rc == 0 && !direct) rc = rp_attn_merge_splits(ws_o, ws_ml, out, num_seqs * nh, HD, num_splits, stream);
     return rc;
 }
 
 extern "C" size_t rp_attn_decode_workspace_bytes(int num_seqs, int nh, int hd, int num_splits) {
-    const size_t parts = (size_t)num_seqs * nh * num_splits;
-    return parts * (size_t)hd * sizeof(float) + parts * sizeof(float2) + 256;
+    return rp_attn_split_bytes((size_t)num_seqs * nh, num_splits, hd);
 }
 
 extern "C" int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
@@ -488,9 +495,9 @@ extern "C" int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, cons
     if (nkv <= 0 || nh % nkv != 0 || nh / nkv > DEC_MAX_GROUP || num_splits <= 0 || num_splits > 65535 ||
         meta.page_size <= 0 || (hd != 64 && hd != 128))
         return (int)cudaErrorInvalidValue;
-    const size_t parts = (size_t)num_seqs * nh * num_splits;
-    float *ws_o = (float *)workspace;
-    float2 *ws_ml = (float2 *)(((uintptr_t)(ws_o + parts * hd) + 15) & ~(uintptr_t)15);
+    float *ws_o;
+    float2 *ws_ml;
+    rp_attn_split_at(workspace, (size_t)num_seqs * nh, num_splits, hd, &ws_o, &ws_ml);
     dim3 grid(num_splits, nkv, num_seqs);
     if (hd == 128)
         return dec_launch<128>(grid, qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_seqs, nh, nkv, num_splits,

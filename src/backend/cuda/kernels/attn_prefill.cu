@@ -18,10 +18,23 @@
  * take the two-head block (llama3-8b's shape, one sequence of 8192: 3154 ->
  * 2433 us, 174 -> 226 TFLOP/s; 2048: 261 -> 221 us); where it would leave
  * SMs idle the one-head 64-query block is faster (512 tokens: 29 against 36
- * us; bench/RESULTS.md). */
+ * us; bench/RESULTS.md).
+ *
+ * Split keys (flash-decoding for prefill): a few new tokens after a long
+ * cached prefix make a grid of a few dozen blocks, each walking every key
+ * tile in turn (llama3-8b, 64 new tokens after 8000 cached: 32 blocks of
+ * 126 tiles on 132 SMs). There the launcher cuts each block's key range
+ * into num_splits chunks of whole tiles, one block each (grid x = query
+ * tile x splits); each runs the same online softmax over its chunk and
+ * writes its rows' unnormalised output, max and sum to a workspace, and
+ * decode attention's merge kernel combines them (attn_split.cuh). The split
+ * is a separate instantiation (SPLIT): the unsplit one compiles to the
+ * kernel as it was before the split came (the same PTX but for three unused
+ * parameters). prefill_plan says when to split and how many ways. */
 #include <math.h>
 #include <stdlib.h>
 
+#include "attn_split.cuh"
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -40,11 +53,13 @@ template <int HD, int MI, int HM> struct pf_smem {
     static constexpr size_t BYTES = (size_t)(ROWS * LD + 4 * TILE) * sizeof(uint16_t);
 };
 
-template <int HD, int MI, int HM>
+/* SPLIT: grid x is query tile * num_splits + split, and the block's
+ * partial results go to ws_o / ws_ml (attn_split.cuh) instead of out. */
+template <int HD, int MI, int HM, bool SPLIT>
 __global__ void __launch_bounds__(PF_WARPS * 32)
     attn_prefill_kernel(const uint16_t *__restrict__ qkv, const uint16_t *__restrict__ k_cache,
                         const uint16_t *__restrict__ v_cache, rp_attn_meta meta, uint16_t *__restrict__ out, int nh,
-                        int nkv) {
+                        int nkv, float *__restrict__ ws_o, float2 *__restrict__ ws_ml, int num_splits) {
     using SM = pf_smem<HD, MI, HM>;
     constexpr int ROWS = SM::ROWS, BM = SM::BM, LD = SM::LD, TILE = SM::TILE;
     constexpr int PW = BM / PF_WARPS; /* positions per warp */
@@ -57,8 +72,12 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     rp_pdl_wait();
 
     /* the longest query tiles (most keys under the causal mask) first, so
-     * that the short ones fill the tail */
-    const int s = blockIdx.z, h0 = blockIdx.y * HM, i0 = (gridDim.x - 1 - blockIdx.x) * BM;
+     * that the short ones fill the tail. (The unsplit kernel's expressions
+     * here and in the tile loop are spelled as they were before the split
+     * came: spelled otherwise, the same values compiled to other code.) */
+    const int s = blockIdx.z, h0 = blockIdx.y * HM;
+    const int i0 = SPLIT ? (gridDim.x / num_splits - 1 - blockIdx.x / num_splits) * BM
+                         : (gridDim.x - 1 - blockIdx.x) * BM;
     const int tok0 = meta.seq_start[s], n_new = meta.seq_start[s + 1] - tok0;
     if (i0 >= n_new) return;
     const int kv_len = meta.seq_kv_len[s];
@@ -70,6 +89,12 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int kv_end = offset + min(i0 + BM, n_new); /* keys this block needs */
     const int n_tiles = (kv_end + PF_BN - 1) / PF_BN;
+    /* Split: this block's chunk, tiles [t_begin, t_end), an even share of
+     * the n_tiles (empty where there are fewer tiles than splits). Chunk
+     * edges are key positions: the causal mask below is the same. */
+    const int split = SPLIT ? blockIdx.x % num_splits : 0;
+    const int t_begin = SPLIT ? split * n_tiles / num_splits : 0;
+    const int t_end = SPLIT ? (split + 1) * n_tiles / num_splits : n_tiles;
 
     /* Q tile; rows past the sequence are zero. */
     for (int i = threadIdx.x; i < ROWS * CPR; i += PF_WARPS * 32) {
@@ -94,8 +119,9 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             rp_cp_async16(sv + buf * TILE + r * LD + ch * 8, v_cache + off, ok ? 16 : 0);
         }
     };
-    load_kv(0, 0);
-    rp_cp_async_commit();
+    if (!SPLIT) load_kv(0, 0);
+    else if (t_begin < t_end) load_kv(t_begin, 0);
+    rp_cp_async_commit(); /* with the Q tile */
 
     const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f;
     float o[MI][ON][4], m[MI][2], l[MI][2];
@@ -114,9 +140,9 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     auto mt_pos = [](int mi) { return HM == 1 ? mi * 16 : 0; };
     const uint16_t *qw = sq + (warp * PW + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
 
-    for (int t = 0; t < n_tiles; t++) {
-        const int buf = t & 1;
-        if (t + 1 < n_tiles) load_kv(t + 1, buf ^ 1);
+    for (int t = SPLIT ? t_begin : 0; t < (SPLIT ? t_end : n_tiles); t++) {
+        const int buf = SPLIT ? (t - t_begin) & 1 : t & 1;
+        if (t + 1 < (SPLIT ? t_end : n_tiles)) load_kv(t + 1, buf ^ 1);
         rp_cp_async_commit();
         rp_cp_async_wait<1>();
         __syncthreads();
@@ -162,7 +188,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
                         sc[mi][nt][e] = (!diag || j <= pos[e >> 1]) ? sc[mi][nt][e] * qk_scale : -INFINITY;
                         mx[e >> 1] = fmaxf(mx[e >> 1], sc[mi][nt][e]);
                     }
-                float a[2];
+                float a[2], sub[2];
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     mx[r] = fmaxf(mx[r], __shfl_xor_sync(RP_FULL_MASK, mx[r], 1));
@@ -170,9 +196,17 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
                     /* Key 0 is visible to every row and sits in tile 0, so
                      * after the first tile every row's max is finite. A row
                      * may see no key of a later diagonal tile: then mx =
-                     * -inf and the max stays. */
+                     * -inf and the max stays. In a split, a row before its
+                     * chunk's first key sees no key of the chunk at all: its
+                     * max stays -inf, and 0 is subtracted instead, so that
+                     * its weights and its rescale are 0, not NaN. */
                     const float mn = fmaxf(m[mi][r], mx[r]);
-                    a[r] = exp2f(m[mi][r] - mn);
+                    if (SPLIT) {
+                        sub[r] = mn == -INFINITY ? 0.0f : mn;
+                        a[r] = exp2f(m[mi][r] - sub[r]);
+                    } else {
+                        a[r] = exp2f(m[mi][r] - mn);
+                    }
                     m[mi][r] = mn;
                 }
                 float ps[2] = {0.0f, 0.0f};
@@ -180,7 +214,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
                 for (int nt = 0; nt < PF_BN / 8; nt++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
-                        sc[mi][nt][e] = exp2f(sc[mi][nt][e] - m[mi][e >> 1]);
+                        sc[mi][nt][e] = exp2f(sc[mi][nt][e] - (SPLIT ? sub[e >> 1] : m[mi][e >> 1]));
                         ps[e >> 1] += sc[mi][nt][e];
                     }
                 l[mi][0] = l[mi][0] * a[0] + ps[0];
@@ -232,6 +266,15 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             const float inv = 1.0f / L;
             const int row = i0 + warp * PW + mt_pos(mi) + g + 8 * r;
             if (row >= n_new) continue;
+            if (SPLIT) { /* the chunk's partial result, unnormalised */
+                const int64_t part = ((int64_t)(tok0 + row) * nh + h0 + mt_head(mi)) * num_splits + split;
+                float *dst = ws_o + part * HD + 2 * c;
+#pragma unroll
+                for (int j = 0; j < ON; j++)
+                    *reinterpret_cast<float2 *>(dst + j * 8) = make_float2(o[mi][j][2 * r], o[mi][j][2 * r + 1]);
+                if (c == 0) ws_ml[part] = make_float2(m[mi][r], L);
+                continue;
+            }
             uint16_t *dst = out + (int64_t)(tok0 + row) * nh * HD + (int64_t)(h0 + mt_head(mi)) * HD + 2 * c;
 #pragma unroll
             for (int j = 0; j < ON; j++)
@@ -240,43 +283,129 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
         }
 }
 
-template <int HD, int MI, int HM>
+template <int HD, int MI, int HM, bool SPLIT>
 static int prefill_launch(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
-                          rp_bf16 *out, int num_seqs, int max_q_len, int nh, int nkv, cudaStream_t stream) {
+                          rp_bf16 *out, float *ws_o, float2 *ws_ml, int num_splits, int num_seqs, int max_q_len,
+                          int nh, int nkv, cudaStream_t stream) {
     /* Raising the dynamic shared-memory limit is idempotent; doing it once
      * keeps it out of captured streams after the first (eager) call. */
     static int attr_set = 0;
     using SM = pf_smem<HD, MI, HM>;
     if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel<HD, MI, HM>,
+        cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel<HD, MI, HM, SPLIT>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES);
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    dim3 grid((max_q_len + SM::BM - 1) / SM::BM, nh / HM, num_seqs);
-    return rp_launch(attn_prefill_kernel<HD, MI, HM>, grid, dim3(PF_WARPS * 32), SM::BYTES, stream, qkv, k_cache,
-                     v_cache, meta, out, nh, nkv);
+    dim3 grid((max_q_len + SM::BM - 1) / SM::BM * num_splits, nh / HM, num_seqs);
+    return rp_launch(attn_prefill_kernel<HD, MI, HM, SPLIT>, grid, dim3(PF_WARPS * 32), SM::BYTES, stream, qkv,
+                     k_cache, v_cache, meta, out, nh, nkv, ws_o, ws_ml, num_splits);
 }
 
+/* The kernel of block shape mode, split num_splits ways (the partial
+ * results in workspace, then the merge into out) or not. */
 template <int HD>
-static int prefill_mode(int mode, const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
-                        rp_attn_meta meta, rp_bf16 *out, int num_seqs, int max_q_len, int nh, int nkv,
-                        cudaStream_t stream) {
-#define PF_ARGS qkv, k_cache, v_cache, meta, out, num_seqs, max_q_len, nh, nkv, stream
+static int prefill_mode(int mode, int num_splits, void *workspace, const rp_bf16 *qkv, const rp_bf16 *k_cache,
+                        const rp_bf16 *v_cache, rp_attn_meta meta, rp_bf16 *out, int T, int num_seqs, int max_q_len,
+                        int nh, int nkv, cudaStream_t stream) {
+#define PF_ARGS qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_splits, num_seqs, max_q_len, nh, nkv, stream
+    float *ws_o = nullptr;
+    float2 *ws_ml = nullptr;
+    if (num_splits == 1) switch (mode) {
+        case RP_PREFILL_ROWS16: return prefill_launch<HD, 1, 1, false>(PF_ARGS);
+        case RP_PREFILL_ROWS32: return prefill_launch<HD, 2, 1, false>(PF_ARGS);
+        default: return prefill_launch<HD, 2, 2, false>(PF_ARGS);
+        }
+    rp_attn_split_at(workspace, (size_t)T * nh, num_splits, HD, &ws_o, &ws_ml);
+    int rc;
     switch (mode) {
-    case RP_PREFILL_ROWS16: return prefill_launch<HD, 1, 1>(PF_ARGS);
-    case RP_PREFILL_ROWS32: return prefill_launch<HD, 2, 1>(PF_ARGS);
-    default: return prefill_launch<HD, 2, 2>(PF_ARGS);
+    case RP_PREFILL_ROWS16: rc = prefill_launch<HD, 1, 1, true>(PF_ARGS); break;
+    case RP_PREFILL_ROWS32: rc = prefill_launch<HD, 2, 1, true>(PF_ARGS); break;
+    default: rc = prefill_launch<HD, 2, 2, true>(PF_ARGS); break;
     }
 #undef PF_ARGS
+    return rc ? rc : rp_attn_merge_splits(ws_o, ws_ml, out, T * nh, HD, num_splits, stream);
 }
 
-static int pf_mode_set = -1;
+/* When to split the keys, and into how many chunks. A block's key tiles
+ * run one after another, so a grid that the GPU holds at once (two blocks
+ * per SM: the 128-dim blocks' shared memory and registers allow no more)
+ * takes as long as its longest block. The split is made where the grid is
+ * under that and the keys are mostly a cached prefix (at least twice the
+ * new tokens: without one, causal blocks' ranges run from one tile to all,
+ * the grid's own spread evens them out, and the partial results' traffic
+ * would not pay): enough chunks to fill the GPU at two blocks per SM, each
+ * of at least PF_SPLIT_MIN_TILES tiles (its Q tile, pipeline ramp and
+ * partial results paid over 512 keys), at most PF_MAX_SPLITS, and no more
+ * than the workspace holds. Split blocks take two heads of a kv group
+ * where the group is even (every K/V tile feeds both), else one. Not yet
+ * measured against other choices: `replay bench kernels --attn-sweep`
+ * times every split count at the long-prefix shapes. */
+#define PF_SPLIT_BLOCKS_PER_SM 2
+#define PF_SPLIT_MIN_TILES 8
+#define PF_MAX_SPLITS 32
+
+typedef struct pf_plan {
+    int mode, splits;
+} pf_plan;
+
+static pf_plan prefill_plan(int num_sms, int T, int num_seqs, int max_q_len, int max_kv_len, int nh, int nkv, int hd,
+                            size_t workspace_bytes) {
+    const bool odd_group = (nh / nkv) % 2 != 0;
+    const int64_t q_tiles = (max_q_len + 63) / 64;
+    /* the two-head block, unless its grid would not cover the SMs (with an
+     * odd group, 32 rows of one head in its place) */
+    const int64_t big = q_tiles * (nh / 2) * num_seqs;
+    pf_plan p = {big >= num_sms ? (odd_group ? RP_PREFILL_ROWS32 : RP_PREFILL_HEADS2) : RP_PREFILL_ROWS16, 1};
+    const int64_t grid = p.mode == RP_PREFILL_HEADS2   ? big
+                         : p.mode == RP_PREFILL_ROWS32 ? (int64_t)(max_q_len + 127) / 128 * nh * num_seqs
+                                                       : q_tiles * nh * num_seqs;
+    const int64_t target = (int64_t)PF_SPLIT_BLOCKS_PER_SM * num_sms;
+    if (grid >= target || max_kv_len < 2 * (int64_t)max_q_len) return p;
+    const int64_t base = q_tiles * (odd_group ? nh : nh / 2) * num_seqs; /* the split blocks per chunk */
+    int64_t n = (target + base - 1) / base;
+    if (n > ((int64_t)max_kv_len + PF_BN - 1) / PF_BN / PF_SPLIT_MIN_TILES)
+        n = ((int64_t)max_kv_len + PF_BN - 1) / PF_BN / PF_SPLIT_MIN_TILES;
+    if (n > PF_MAX_SPLITS) n = PF_MAX_SPLITS;
+    while (n >= 2 && rp_attn_split_bytes((size_t)T * nh, (int)n, hd) > workspace_bytes) n--;
+    if (n >= 2) {
+        p.mode = odd_group ? RP_PREFILL_ROWS16 : RP_PREFILL_HEADS2;
+        p.splits = (int)n;
+    }
+    return p;
+}
+
+extern "C" int rp_attn_prefill_splits(int num_sms, int T, int num_seqs, int max_q_len, int max_kv_len, int nh,
+                                      int nkv, int hd, size_t workspace_bytes) {
+    if (T <= 0 || num_seqs <= 0 || max_q_len <= 0 || nkv <= 0 || nh % nkv != 0) return 1;
+    return prefill_plan(num_sms, T, num_seqs, max_q_len, max_kv_len, nh, nkv, hd, workspace_bytes).splits;
+}
+
+/* The plan splits only a grid under target = PF_SPLIT_BLOCKS_PER_SM x SMs
+ * blocks, into n <= ceil(target / base) chunks where base, the split grid,
+ * is q_tiles x nh / HM x seqs blocks of 64 positions and HM heads: n >= 2
+ * needs base < target, and the T <= 64 q_tiles seqs tokens make T nh <= 64
+ * HM base, so T nh n < 64 HM (target + base) < 128 HM target (<= 256
+ * target) partial rows; never more than max_tokens x nh x PF_MAX_SPLITS. */
+extern "C" size_t rp_attn_prefill_workspace_bytes(int max_tokens, int nh, int hd, int num_sms) {
+    size_t rows = (size_t)256 * PF_SPLIT_BLOCKS_PER_SM * num_sms;
+    const size_t cap = (size_t)max_tokens * nh * PF_MAX_SPLITS;
+    if (rows > cap) rows = cap;
+    return rp_attn_split_bytes(rows, 1, hd);
+}
+
+extern "C" size_t rp_attn_prefill_split_bytes(int T, int nh, int hd, int num_splits) {
+    return rp_attn_split_bytes((size_t)T * nh, num_splits, hd);
+}
+
+static int pf_mode_set = -1, pf_splits_set = -1;
 extern "C" void rp_k_attn_prefill_set_mode(int mode) { pf_mode_set = mode; }
+extern "C" void rp_k_attn_prefill_set_splits(int num_splits) { pf_splits_set = num_splits; }
 
 extern "C" int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
-                                 rp_attn_meta meta, rp_bf16 *out, int T, int num_seqs, int max_q_len, int nh,
-                                 int nkv, int hd, cudaStream_t stream) {
+                                 rp_attn_meta meta, rp_bf16 *out, void *workspace, size_t workspace_bytes, int T,
+                                 int num_seqs, int max_q_len, int max_kv_len, int nh, int nkv, int hd,
+                                 cudaStream_t stream) {
     if (T <= 0 || num_seqs <= 0 || max_q_len <= 0) return cudaSuccess;
     if (nkv <= 0 || nh % nkv != 0 || meta.page_size <= 0) return (int)cudaErrorInvalidValue;
     static int sms = 0;
@@ -285,14 +414,17 @@ extern "C" int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, con
         if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
             sms = 132;
     }
-    int mode = pf_mode_set;
-    if (mode < RP_PREFILL_ROWS16 || mode > RP_PREFILL_HEADS2) {
-        /* the two-head block, unless its grid would not cover the SMs */
-        const int64_t big = (int64_t)((max_q_len + 63) / 64) * (nh / 2) * num_seqs;
-        mode = big >= sms ? RP_PREFILL_HEADS2 : RP_PREFILL_ROWS16;
+    if (!workspace) workspace_bytes = 0;
+    pf_plan p = prefill_plan(sms, T, num_seqs, max_q_len, max_kv_len, nh, nkv, hd, workspace_bytes);
+    if (pf_splits_set == 1) p = prefill_plan(sms, T, num_seqs, max_q_len, max_kv_len, nh, nkv, hd, 0);
+    if (pf_splits_set > 1) {
+        p.splits = pf_splits_set;
+        p.mode = (nh / nkv) % 2 ? RP_PREFILL_ROWS16 : RP_PREFILL_HEADS2;
+        if (rp_attn_split_bytes((size_t)T * nh, p.splits, hd) > workspace_bytes) return (int)cudaErrorInvalidValue;
     }
-    if (mode == RP_PREFILL_HEADS2 && (nh / nkv) % 2) mode = RP_PREFILL_ROWS32;
-#define PF_ARGS mode, qkv, k_cache, v_cache, meta, out, num_seqs, max_q_len, nh, nkv, stream
+    if (pf_mode_set >= RP_PREFILL_ROWS16 && pf_mode_set <= RP_PREFILL_HEADS2) p.mode = pf_mode_set;
+    if (p.mode == RP_PREFILL_HEADS2 && (nh / nkv) % 2) p.mode = RP_PREFILL_ROWS32;
+#define PF_ARGS p.mode, p.splits, workspace, qkv, k_cache, v_cache, meta, out, T, num_seqs, max_q_len, nh, nkv, stream
     if (hd == 128) return prefill_mode<128>(PF_ARGS);
     if (hd == 64) return prefill_mode<64>(PF_ARGS);
 #undef PF_ARGS
