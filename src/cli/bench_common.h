@@ -55,26 +55,4 @@ void rp_bench_warn_cpu(const rp_model_config *c, int threads, double decode_step
  * no GPU found) or RP_EXIT_USAGE (--device cpu). Right after parsing. */
 int rp_bench_need_gpu(const rp_model_opts *mo, const char *cmd);
 
-/* The model options of the GPU-only commands: RP_MODEL_LONG_OPTIONS (whose
- * codes rp_model_opts_parse handles) without --threads, which sets CPU
- * threads; --device takes auto or cuda (cpu is refused by rp_bench_need_gpu). */
-#define RP_GPU_MODEL_LONG_OPTIONS                                                                  \
-    {"model", required_argument, 0, 0x100}, {"dummy-weights", required_argument, 0, 0x101},       \
-        {"load-format", required_argument, 0, 0x102}, {"device", required_argument, 0, 0x103},   \
-        {"weight-seed", required_argument, 0, 0x104}, {"disable-decode-step", no_argument, 0, 0x106}, \
-        {"dtype", required_argument, 0, 0x107}
-
-#define RP_GPU_MODEL_OPTIONS_HELP                                                                      \
-    "Model:\n"                                                                                        \
-    "  --model DIR            a Hugging Face model directory (config.json, *.safetensors);\n"          \
-    "                         required unless --dummy-weights\n"                                      \
-    "  --dummy-weights NAME   instead of --model: random weights of a named shape, no files needed\n"   \
-    "                         (required unless --model; an unknown NAME lists the known ones)\n"      \
-    "  --load-format FMT      auto, safetensors, or dummy: DIR's config with random weights\n"          \
-    "                         (default auto)\n"                                                        \
-    "  --dtype TYPE           auto or bfloat16: replay computes in bfloat16 (default auto)\n"          \
-    "  --weight-seed N        seed for random weights (default 0)\n"                                   \
-    "  --device DEV           auto or cuda: this command needs a GPU (default auto)\n"                \
-    "  --disable-decode-step  decode 1-4 sequences with the chain of kernels, not one kernel\n"
-
 #endif

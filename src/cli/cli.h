@@ -57,14 +57,18 @@ typedef struct rp_model_opts {
     int have_cfg;
 } rp_model_opts;
 
-/* Long options for rp_model_opts; commands append their own. */
-#define RP_MODEL_LONG_OPTIONS                                                                   \
-    {"model", required_argument, 0, 0x100}, {"dummy-weights", required_argument, 0, 0x101},   \
-        {"load-format", required_argument, 0, 0x102}, {"device", required_argument, 0, 0x103}, \
-        {"weight-seed", required_argument, 0, 0x104}, {"threads", required_argument, 0, 0x105}, \
-        {"disable-decode-step", no_argument, 0, 0x106}, {"dtype", required_argument, 0, 0x107}
+/* Long options for rp_model_opts; commands append their own. The GPU-only
+ * commands (profile, bench kernels) take them without --threads, which sets
+ * CPU threads, and with --device auto or cuda. */
+#define RP_MODEL_SOURCE_LONG_OPTIONS                                                              \
+    {"model", required_argument, 0, 0x100}, {"dummy-weights", required_argument, 0, 0x101},     \
+        {"load-format", required_argument, 0, 0x102}, {"device", required_argument, 0, 0x103},   \
+        {"weight-seed", required_argument, 0, 0x104}, {"disable-decode-step", no_argument, 0, 0x106}, \
+        {"dtype", required_argument, 0, 0x107}
+#define RP_MODEL_LONG_OPTIONS RP_MODEL_SOURCE_LONG_OPTIONS, {"threads", required_argument, 0, 0x105}
+#define RP_GPU_MODEL_LONG_OPTIONS RP_MODEL_SOURCE_LONG_OPTIONS
 
-#define RP_MODEL_OPTIONS_HELP                                                                          \
+#define RP_MODEL_SOURCE_HELP                                                                           \
     "Model:\n"                                                                                        \
     "  --model DIR            a Hugging Face model directory (config.json, *.safetensors);\n"          \
     "                         required unless --dummy-weights\n"                                      \
@@ -73,10 +77,18 @@ typedef struct rp_model_opts {
     "  --load-format FMT      auto, safetensors, or dummy: DIR's config with random weights\n"          \
     "                         (default auto)\n"                                                        \
     "  --dtype TYPE           auto or bfloat16: replay computes in bfloat16 (default auto)\n"          \
-    "  --weight-seed N        seed for random weights (default 0)\n"                                   \
+    "  --weight-seed N        seed for random weights (default 0)\n"
+
+#define RP_MODEL_OPTIONS_HELP                                                                          \
+    RP_MODEL_SOURCE_HELP                                                                               \
     "  --device DEV           auto, cpu or cuda (default auto: cuda when a GPU is present)\n"           \
     "  --threads N            CPU threads (default: all cores)\n"                                     \
     "  --disable-decode-step  CUDA: decode 1-4 sequences with the chain of kernels, not one kernel\n"
+
+#define RP_GPU_MODEL_OPTIONS_HELP                                                                      \
+    RP_MODEL_SOURCE_HELP                                                                               \
+    "  --device DEV           auto or cuda: this command needs a GPU (default auto)\n"                \
+    "  --disable-decode-step  decode 1-4 sequences with the chain of kernels, not one kernel\n"
 
 /* Sampling options shared by generate and chat (vLLM's meanings). */
 #define RP_SAMPLING_LONG_OPTIONS                                                                         \
