@@ -232,11 +232,18 @@ static enum MHD_Result handle_generate(conn_state *cs, rp_oai_kind kind, const c
     rp_server *s = cs->s;
     rp_oai_request q;
     rp_oai_error e;
+    const double t_body = rp_now_s();
     if (rp_oai_parse(&s->oai, kind, body, len, &q, &e)) return send_error(cs, &e);
+    const double t_parsed = rp_now_s();
     rp_session_waker waker = {conn_sleep, conn_wake, cs->conn};
     rp_session *sess = rp_session_new(&s->sessions, &q, connection_fd(cs->conn), &waker, &e);
     int rc = sess ? rp_session_submit(sess, &q, &e) : -1;
     rp_oai_request_free(&q);
+    /* where a request's time goes before the engine has it (a long prompt of
+     * ids costs its parse) */
+    if (rp_log_get_level() >= RP_LOG_DEBUG)
+        rp_log_debug("request body %zu bytes: received %.3f ms after its headers, parsed in %.3f ms, submitted in %.3f ms",
+                     len, (t_body - cs->t_start) * 1e3, (t_parsed - t_body) * 1e3, (rp_now_s() - t_parsed) * 1e3);
     if (rc) {
         if (sess) release_noted(cs, sess);
         return send_error(cs, &e);
