@@ -7,6 +7,7 @@
  * failing one after another: whole events or a failure, never an answer
  * with a part missing. */
 #include "server/openai.h"
+#include "server/json_ids.h"
 #include "server/openai_json.h"
 #include "tokenizer/tokenizer.h"
 #include "util/rng.h"
@@ -469,10 +470,118 @@ static void test_integral_floats(void **state) {
     }
 }
 
+/* A completion's prompt of ids is read by json_ids.c, not jansson: every
+ * body must give what jansson's reading of it gives. Bodies that lift, that
+ * must not (other shapes, duplicate keys, escaped keys, a "prompt" inside a
+ * string or a nested object), and random bodies with byte flips, against a
+ * reference read with jansson alone. */
+static int reference_ids(const char *body, size_t len, int32_t **ids, int *n) {
+    json_t *root = json_loadb(body, len, 0, NULL);
+    json_t *p = root ? json_object_get(root, "prompt") : NULL;
+    int ok = json_is_array(p) && json_array_size(p) > 0;
+    size_t i;
+    json_t *v;
+    *ids = ok ? malloc(json_array_size(p) * sizeof **ids) : NULL;
+    json_array_foreach(p, i, v) {
+        /* the server's rule: an integer, or a number with an integral value (1.0) */
+        const double d = json_is_integer(v) ? (double)json_integer_value(v) : json_is_real(v) ? json_real_value(v) : -1;
+        if (!ok || d < 0 || d > 0x7fffffff || d != floor(d)) {
+            ok = 0;
+            break;
+        }
+        (*ids)[i] = (int32_t)d;
+    }
+    *n = ok ? (int)json_array_size(p) : 0;
+    json_decref(root);
+    return ok;
+}
+
+static void check_same(const rp_oai_context *ctx, const char *body, size_t len) {
+    rp_oai_request q;
+    rp_oai_error e;
+    int32_t *ref;
+    int n;
+    const int ok = reference_ids(body, len, &ref, &n);
+    const int rc = rp_oai_parse(ctx, RP_OAI_COMPLETION, body, len, &q, &e);
+    if (ok && rc == 0) {
+        if (q.num_prompts != 1 || q.num_prompt_ids[0] != n || memcmp(q.prompt_ids[0], ref, (size_t)n * 4))
+            fail_msg("ids differ from jansson's for %.200s", body);
+        rp_oai_request_free(&q);
+    } else if (ok) {
+        /* jansson reads the ids; the request may still be refused for another field, never for the prompt */
+        if (e.param[0] && !strcmp(e.param, "prompt")) fail_msg("prompt refused (%s) in %.200s", e.message, body);
+    } else if (rc == 0) {
+        if (q.num_prompts == 1 && q.prompt_ids && q.prompt_ids[0]) fail_msg("ids accepted that jansson refuses: %.200s", body);
+        rp_oai_request_free(&q);
+    }
+    free(ref);
+}
+
+static void test_prompt_ids_fast_path(void **state) {
+    (void)state;
+    rp_oai_context ctx = {.served_model = "m", .tok = NULL, .max_context = 1 << 20, .vocab_size = 1 << 30};
+    static const char *lifts[] = {
+        "{\"prompt\":[1,2,3]}",
+        " {\n\"max_tokens\" : 3 ,\t\"prompt\" :\r\n[ 0 , 7 ,\n2147483647 ] , \"n\":1 } ",
+        "{\"a\":{\"prompt\":\"x\"},\"b\":\"\\\"prompt\\\":[9]\",\"prompt\":[5,6],\"c\":[[1],{\"d\":[]}]}",
+    };
+    static const char *stays[] = {
+        "{\"prompt\":[1.0,2]}",       "{\"prompt\":[[1,2],[3]]}",      "{\"prompt\":\"text\"}",
+        "{\"prompt\":[1],\"prompt\":[2,3]}", "{\"pr\\u006fmpt\":[4,5]}", "{\"prompt\":[2147483648]}",
+        "{\"prompt\":[-1]}",          "{\"prompt\":[01]}",             "{\"prompt\":[1,]}",
+        "{\"prompt\":[]}",            "{\"prompt\":[1 2]}",            "{\"prompt\":[1]",
+        "{\"prompt\":[1]}x",          "[1,2]",                         "{\"prompt\":[1],}",
+    };
+    rp_json_ids j;
+    for (size_t i = 0; i < sizeof lifts / sizeof lifts[0]; i++) {
+        if (rp_json_lift_prompt_ids(lifts[i], strlen(lifts[i]), &j) != 1) fail_msg("not lifted: %s", lifts[i]);
+        rp_json_ids_free(&j);
+        check_same(&ctx, lifts[i], strlen(lifts[i]));
+    }
+    for (size_t i = 0; i < sizeof stays / sizeof stays[0]; i++) {
+        if (rp_json_lift_prompt_ids(stays[i], strlen(stays[i]), &j) != 0) fail_msg("lifted: %s", stays[i]);
+        check_same(&ctx, stays[i], strlen(stays[i]));
+    }
+    /* the duplicate key: jansson's answer, whichever it is */
+    rp_oai_request q;
+    rp_oai_error e;
+    const char *dup = "{\"prompt\":[1],\"prompt\":[2,3]}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, dup, strlen(dup), &q, &e), 0);
+    assert_int_equal(q.num_prompt_ids[0], 2);
+    rp_oai_request_free(&q);
+    /* random bodies of ids (up to 20,000), random spacing and field order, then byte flips */
+    const uint64_t seed = 36;
+    printf("prompt ids fast path: seed %llu\n", (unsigned long long)seed);
+    char *body = malloc(1 << 20);
+    for (uint64_t it = 0; it < 400; it++) {
+        size_t o = 0;
+        const int n = 1 + (int)(rp_rand_uniform(seed, it, 0) * (it % 10 == 0 ? 20000 : 40));
+        const char *ws[] = {"", " ", "\n", "\t ", "\r\n"};
+#define WS ws[(int)(rp_rand_uniform(seed, it, o + 1) * 5)]
+        o += (size_t)sprintf(body + o, "{%s\"max_tokens\"%s:%s2,%s\"prompt\"%s:%s[", WS, WS, WS, WS, WS, WS);
+        for (int k = 0; k < n; k++)
+            o += (size_t)sprintf(body + o, "%s%s%u%s", k ? "," : "", WS,
+                                 (unsigned)(rp_rand_uniform(seed, it, 1000 + (uint64_t)k) * 2147483647.0), WS);
+        o += (size_t)sprintf(body + o, "]%s,\"stop\":\"],\\\"prompt\\\":[1\"%s}", WS, WS);
+#undef WS
+        check_same(&ctx, body, o);
+        for (int f = 0; f < 8; f++) { /* one byte changed to a JSON-significant one */
+            static const char sig[] = "[]{},:\"\\ 0-.e9";
+            const size_t at = (size_t)(rp_rand_uniform(seed, it, 50000 + (uint64_t)f) * (double)o);
+            const char was = body[at];
+            body[at] = sig[(int)(rp_rand_uniform(seed, it, 60000 + (uint64_t)f) * (sizeof sig - 1))];
+            check_same(&ctx, body, o);
+            body[at] = was;
+        }
+    }
+    free(body);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid),
         cmocka_unit_test(test_integral_floats),
+        cmocka_unit_test(test_prompt_ids_fast_path),
         cmocka_unit_test(test_fuzz),
         cmocka_unit_test(test_fuzz_fields),
         cmocka_unit_test(test_engine_errors),

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/json_ids.h"
 #include "tokenizer/tokenizer.h"
 
 void rp_oai_set_error(rp_oai_error *err, int status, const char *type, const char *param, const char *code,
@@ -282,8 +283,19 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
     rp_request_params_default(&out->params);
     out->params.max_tokens = kind == RP_OAI_COMPLETION ? 16 : 0;
     json_error_t jerr;
-    json_t *root = json_loadb(body, len, 0, &jerr);
-    if (!root) return bad_json(&jerr, err);
+    /* a completion's prompt of ids is read by json_ids.c, the rest by jansson */
+    rp_json_ids lifted;
+    const int lift = kind == RP_OAI_COMPLETION ? rp_json_lift_prompt_ids(body, len, &lifted) : 0;
+    if (lift < 0) return rp_oai_set_out_of_memory(err);
+    json_t *root = lift ? json_loadb(lifted.rest, lifted.rest_len, 0, &jerr) : json_loadb(body, len, 0, &jerr);
+    if (!root) {
+        if (lift) { /* the error's position as the client wrote the body */
+            rp_json_ids_free(&lifted);
+            root = json_loadb(body, len, 0, &jerr);
+            json_decref(root);
+        }
+        return bad_json(&jerr, err);
+    }
     int rc = -1;
     if (!json_is_object(root)) {
         BAD(NULL, "the request body must be a JSON object");
@@ -415,6 +427,11 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
             p->num_stop_ids += rp_chat_stop_ids(ctx->tok, out->stop_ids + p->num_stop_ids, 8);
     } else if (parse_prompt(root, out, err)) {
         goto out;
+    } else if (lift) { /* the placeholder [0] stands for the lifted ids */
+        free(out->prompt_ids[0]);
+        out->prompt_ids[0] = lifted.ids;
+        out->num_prompt_ids[0] = lifted.num_ids;
+        lifted.ids = NULL;
     }
     for (int i = 0; i < out->num_prompts; i++)
         if (out->prompt_texts[i] && !ctx->tok) {
@@ -432,6 +449,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
     rc = 0;
 out:
     json_decref(root);
+    if (lift) rp_json_ids_free(&lifted);
     if (rc) rp_oai_request_free(out);
     return rc;
 }
