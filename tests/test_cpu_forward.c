@@ -183,10 +183,33 @@ static void test_model(void **state) {
     free_fixture(&fx);
 }
 
+/* A prefill longer than two steps' token budget: the chunks before the
+ * last produce no logits, and each must still be read (bench decode at
+ * --ctx 32768 once stopped at "two forwards in flight"). */
+static void test_long_prefill_chunks(void **state) {
+    (void)state;
+    rp_err err;
+    rp_runner_config rc = {.dummy_name = "tiny-llama3", .device = "cpu", .threads = 2, .page_size = 16,
+                           .num_pages = 16, .max_seqs = 2, .max_context = 128, .max_batched_tokens = 32,
+                           .max_logit_rows = 2};
+    rp_runner *run = rp_runner_new(&rc, &err);
+    if (!run) fail_msg("runner: %s", err.msg);
+    rp_runner_seq seqs[2];
+    assert_int_equal(rp_runner_seqs_begin(run, seqs, 2, &err), 0);
+    double s;
+    if (rp_runner_prefill_random(run, seqs, 2, 100, &s, &err)) fail_msg("prefill of 2 x 100 in steps of 32: %s", err.msg);
+    assert_int_equal(seqs[0].len, 100);
+    assert_int_equal(seqs[1].len, 100);
+    rp_runner_seqs_end(run, seqs, 2);
+    assert_int_equal(rp_page_pool_num_free(run->pool), 16);
+    rp_runner_free(run);
+}
+
 int main(void) {
-    struct CMUnitTest tests[sizeof models / sizeof models[0]];
-    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
-        tests[i] = (struct CMUnitTest){models[i], test_model, NULL, NULL, (void *)models[i]};
-    }
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    struct CMUnitTest tests[sizeof models / sizeof models[0] + 1];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+        tests[n++] = (struct CMUnitTest){models[i], test_model, NULL, NULL, (void *)models[i]};
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_long_prefill_chunks);
+    return _cmocka_run_group_tests("test_cpu_forward", tests, n, NULL, NULL);
 }

@@ -174,7 +174,10 @@ int rp_runner_prefill_random(rp_runner *r, rp_runner_seq *seqs, int B, int ctx, 
         }
         if (rc) break;
         rp_batch *bt = rp_batch_finish(bb);
-        bt->sample = be->ops->read_tokens && bt->num_logits ? r->sample : NULL;
+        /* every forward is read, a chunk with no logits too (zero tokens):
+         * the backend holds at most two unread forwards, and a prompt longer
+         * than two steps' budget would otherwise leave three */
+        bt->sample = be->ops->read_tokens ? r->sample : NULL;
         if ((rc = rp_backend_forward(be, bt, err))) break;
         if (bt->sample) {
             if ((rc = be->ops->read_tokens(be, r->tokens, NULL, NULL, err))) break;
