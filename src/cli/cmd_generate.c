@@ -180,6 +180,19 @@ typedef struct stream_ctx {
     atomic_int done; /* set last, after the fields above: the main thread reads them then */
 } stream_ctx;
 
+/* Writes all of buf to standard output. Not stdio: the signal handlers run
+ * without SA_RESTART (so that chat's reads return), and a signal landing on
+ * the engine thread inside stdio's write makes it fail with EINTR and drop
+ * what it buffered; here the write is simply retried. */
+static void write_out(const char *buf, size_t n) {
+    while (n > 0) {
+        const ssize_t w = write(STDOUT_FILENO, buf, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return; /* a closed pipe: nothing to tell the reader */
+        buf += w, n -= (size_t)w;
+    }
+}
+
 /* Engine events arrive on the engine thread, one per token. */
 static void on_event(void *user, const rp_token_event *ev) {
     stream_ctx *sc = user;
@@ -187,10 +200,13 @@ static void on_event(void *user, const rp_token_event *ev) {
     if (ev->token >= 0) {
         if (sc->generated++ == 0) sc->t_first = now;
         sc->t_last = now;
-        if (sc->print_ids) printf("%s%d", sc->printed++ ? " " : "", ev->token);
+        if (sc->print_ids) {
+            char id[16];
+            const int n = snprintf(id, sizeof id, "%s%d", sc->printed++ ? " " : "", ev->token);
+            write_out(id, (size_t)n);
+        }
     }
-    if (!sc->print_ids && ev->text_len) fwrite(ev->text, 1, ev->text_len, stdout);
-    fflush(stdout);
+    if (!sc->print_ids && ev->text_len) write_out(ev->text, ev->text_len);
     sc->prompt_tokens = ev->prompt_tokens;
     if (ev->finish != RP_FINISH_REASON_NONE) {
         sc->finish = ev->finish;
@@ -408,8 +424,7 @@ static int run(int argc, char **argv) {
         goto out;
     }
     const int sig = wait_finish(eng, id, &sc);
-    printf("\n");
-    fflush(stdout);
+    write_out("\n", 1);
     if (sc.finish == RP_FINISH_REASON_ERROR) {
         rc = rp_cli_runtime_error(CMD, "%s", sc.error);
         goto out;
