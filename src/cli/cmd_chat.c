@@ -157,8 +157,7 @@ static void on_event(void *user, const rp_token_event *ev) {
         cs->t_last = now;
     }
     if (ev->text_len) {
-        fwrite(ev->text, 1, ev->text_len, stdout);
-        fflush(stdout);
+        rp_write_all(STDOUT_FILENO, ev->text, ev->text_len);
         append(cs, ev->text, ev->text_len);
     }
     if (ev->finish != RP_FINISH_REASON_NONE) {
@@ -303,6 +302,7 @@ static int turn(chat *ch, const char *line, uint64_t seed, const rp_sampling_par
     append(&cs, "", 0);
     rp_request_id id = 0;
     rp_error eerr;
+    fflush(stdout); /* the reply is written past stdio, so whatever stdio holds goes first */
     const int submitted = rp_engine_submit(ch->eng, &rq, on_event, &cs, &id, &eerr);
     free(ids);
     if (submitted) {
@@ -321,8 +321,7 @@ static int turn(chat *ch, const char *line, uint64_t seed, const rp_sampling_par
             if (s == SIGTERM) sig = s;
     }
     rp_engine_wait_idle(ch->eng);
-    printf("\n");
-    fflush(stdout);
+    rp_write_all(STDOUT_FILENO, "\n", 1);
     if (cs.finish == RP_FINISH_REASON_ERROR) {
         free(cs.text);
         return rp_cli_runtime_error(CMD, "%s", cs.error);

@@ -180,18 +180,8 @@ typedef struct stream_ctx {
     atomic_int done; /* set last, after the fields above: the main thread reads them then */
 } stream_ctx;
 
-/* Writes all of buf to standard output. Not stdio: the signal handlers run
- * without SA_RESTART (so that chat's reads return), and a signal landing on
- * the engine thread inside stdio's write makes it fail with EINTR and drop
- * what it buffered; here the write is simply retried. */
-static void write_out(const char *buf, size_t n) {
-    while (n > 0) {
-        const ssize_t w = write(STDOUT_FILENO, buf, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return; /* a closed pipe: nothing to tell the reader */
-        buf += w, n -= (size_t)w;
-    }
-}
+/* Standard output without stdio (interrupt.h's rp_write_all says why). */
+static void write_out(const char *buf, size_t n) { rp_write_all(STDOUT_FILENO, buf, n); }
 
 /* Engine events arrive on the engine thread, one per token. */
 static void on_event(void *user, const rp_token_event *ev) {

@@ -81,3 +81,12 @@ int rp_interrupt_wait(atomic_int *done) {
 }
 
 int rp_interrupt_exit_code(int sig) { return sig == SIGTERM ? RP_EXIT_SIGTERM : RP_EXIT_SIGINT; }
+
+void rp_write_all(int fd, const char *buf, size_t n) {
+    while (n > 0) {
+        const ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        buf += w, n -= (size_t)w;
+    }
+}

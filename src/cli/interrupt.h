@@ -11,6 +11,7 @@
 #define RP_CLI_INTERRUPT_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 
 /* Installs the handlers (no SA_RESTART: a blocking read returns EINTR).
  * 0, or -1 with errno when the pipe could not be made. */
@@ -30,5 +31,10 @@ void rp_interrupt_wake(void);
 int rp_interrupt_wait(atomic_int *done);
 /* The exit status of a command ended by sig: 130 for SIGINT, 143 for SIGTERM. */
 int rp_interrupt_exit_code(int sig);
+/* Writes all of buf to fd with write(2), retried on EINTR. Streamed output
+ * goes through this, not stdio: without SA_RESTART a signal landing inside
+ * stdio's write (on the engine thread, say) loses the buffered bytes. A
+ * closed pipe ends the write quietly: nobody is left to tell. */
+void rp_write_all(int fd, const char *buf, size_t n);
 
 #endif
