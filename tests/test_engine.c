@@ -155,6 +155,16 @@ static void expect_pool_full(rp_engine *e) {
     assert_int_equal(st.running, 0);
     assert_int_equal(st.waiting, 0);
     assert_int_equal(st.kv_pages_free, st.kv_pages_total);
+    /* every launched step completed and was counted under one kind */
+    uint64_t steps = 0;
+    for (int k = 0; k < RP_STEP_KINDS; k++) steps += st.kinds[k].steps;
+    assert_int_equal(steps, st.steps);
+    assert_int_equal(st.kinds[RP_STEP_DECODE].prompt_tokens, 0);
+    assert_true(st.kinds[RP_STEP_DECODE].tokens >= st.kinds[RP_STEP_DECODE].steps);
+    assert_int_equal(st.kinds[RP_STEP_PREFILL].prompt_tokens, st.kinds[RP_STEP_PREFILL].tokens);
+    const rp_step_kind_stats *mixed = &st.kinds[RP_STEP_MIXED];
+    assert_true(mixed->prompt_tokens + mixed->steps <= mixed->tokens); /* at least a decode each */
+    assert_true(mixed->prompt_tokens >= mixed->steps);
 }
 
 /* Request i: a prompt of 3 + (i * 7) % 60 tokens, greedy unless seeded. */

@@ -175,6 +175,14 @@ int rp_engine_abort(rp_engine *e, rp_request_id id);
 
 /* A snapshot, taken when a step is planned and when it ends: a request in
  * the middle of its prefill counts as running, its pages as used. */
+/* Steps of one kind (rp_engine_stats.kinds): decode only (every sequence
+ * one generated token), mixed (prompt chunks and decodes), prefill only. */
+enum { RP_STEP_DECODE, RP_STEP_MIXED, RP_STEP_PREFILL, RP_STEP_KINDS };
+typedef struct rp_step_kind_stats {
+    uint64_t steps, graph_replays, tokens, prompt_tokens;
+    double gpu_ms; /* the forwards' device time, from the backend (0 where it has no clock) */
+} rp_step_kind_stats;
+
 typedef struct rp_engine_stats {
     int running, waiting;
     /* free: pages a request could take now, those of the pool and the
@@ -191,6 +199,7 @@ typedef struct rp_engine_stats {
     uint64_t prefix_cache_queried_tokens, prefix_cache_hit_tokens;
     uint64_t graph_replays, forwards;
     double cpu_ms_per_step; /* host time spent scheduling and preparing, mean */
+    rp_step_kind_stats kinds[RP_STEP_KINDS]; /* completed steps by kind */
 } rp_engine_stats;
 
 void rp_engine_get_stats(rp_engine *e, rp_engine_stats *out);

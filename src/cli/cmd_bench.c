@@ -416,6 +416,25 @@ static int offline_submit(rp_engine *eng, const rp_bench_workload *w, offline_co
     return rp_engine_submit(eng, &p, offline_event, r, NULL, err);
 }
 
+/* Where the steps went: per kind, how many, how many replayed a graph, their
+ * mean size and device time, and the device's busy share of the run (the
+ * rest is the device waiting for the host). */
+static void print_step_kinds(const rp_engine_stats *st, double elapsed) {
+    static const char *names[RP_STEP_KINDS] = {"decode", "mixed", "prefill"};
+    double gpu_ms = 0;
+    printf("  %-12s %8s %8s %12s %12s %12s %10s\n", "steps", "count", "graphs", "tokens/step", "prompt/step",
+           "device ms", "device s");
+    for (int k = 0; k < RP_STEP_KINDS; k++) {
+        const rp_step_kind_stats *ks = &st->kinds[k];
+        const double n = ks->steps ? (double)ks->steps : 1;
+        gpu_ms += ks->gpu_ms;
+        printf("  %-12s %8llu %8llu %12.1f %12.1f %12.2f %10.2f\n", names[k], (unsigned long long)ks->steps,
+               (unsigned long long)ks->graph_replays, (double)ks->tokens / n, (double)ks->prompt_tokens / n,
+               ks->gpu_ms / n, ks->gpu_ms / 1e3);
+    }
+    if (gpu_ms > 0) printf("  %-34s %11.1f%%\n", "device busy (forwards' time / time)", 100.0 * gpu_ms / 1e3 / elapsed);
+}
+
 static int bench_offline(int argc, char **argv) {
     const char *cmd = "bench offline";
     rp_model_opts mo;
@@ -586,6 +605,7 @@ static int bench_offline(int argc, char **argv) {
     printf("  %-34s %12llu (%llu graph replays)\n", "steps", (unsigned long long)st.steps,
            (unsigned long long)st.graph_replays);
     printf("  %-34s %12.3f ms\n", "engine CPU time per step", st.cpu_ms_per_step);
+    print_step_kinds(&st, elapsed);
     if (submitted != total_reqs) printf("  WARNING: %ld requests planned, %ld sent\n", total_reqs, submitted);
     if (total_out != total_out_planned)
         printf("  WARNING: %ld output tokens planned, %ld made\n", total_out_planned, total_out);

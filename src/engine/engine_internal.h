@@ -26,6 +26,8 @@ typedef struct rp_step {
     int *logit_row;       /* [max_running] */
     int *out_index;       /* [max_running]: output index of the token each sampling item makes */
     int device_sampling;
+    /* for the stats by kind, counted when the step completes */
+    int kind, tokens, prompt_tokens, graph;
 } rp_step;
 
 struct rp_engine {

@@ -56,6 +56,26 @@ static void size_next_step(rp_engine *e, const rp_batch *bt, int prompt_tokens, 
     e->sched->prefill_cap = cap > e->step_min_tokens ? cap : e->step_min_tokens;
 }
 
+static uint64_t backend_replays(rp_backend *be) {
+    rp_backend_stats bs = {0};
+    if (be->ops->stats) be->ops->stats(be, &bs);
+    return bs.graph_replays;
+}
+
+/* A completed step in the stats by kind, with the device time the backend
+ * measured for its forward (the one just read). */
+static void count_step(rp_engine *e, const rp_step *st) {
+    rp_backend *be = e->run->backend;
+    rp_backend_stats bs = {0};
+    if (be->ops->stats) be->ops->stats(be, &bs);
+    rp_step_kind_stats *k = &e->stats.kinds[st->kind];
+    k->steps++;
+    k->graph_replays += (uint64_t)st->graph;
+    k->tokens += (uint64_t)st->tokens;
+    k->prompt_tokens += (uint64_t)st->prompt_tokens;
+    k->gpu_ms += bs.last_gpu_ms;
+}
+
 /* Schedules and launches one step; returns its slot or -1 when there was
  * nothing to run (or the launch failed). */
 static int launch_step(rp_engine *e) {
@@ -92,6 +112,7 @@ static int launch_step(rp_engine *e) {
     e->cpu_ms_total += (rp_now_s() - t0) * 1e3;
     rp_err err;
     double t_forward = rp_now_s();
+    const uint64_t replays = backend_replays(run->backend);
     if (rp_backend_forward(run->backend, bt, &err)) {
         rp_log_error("forward failed: %s", err.msg);
         rp_scheduler_commit(s);
@@ -103,6 +124,10 @@ static int launch_step(rp_engine *e) {
     st->active = 1;
     st->id = e->launched;
     st->n = n;
+    st->tokens = bt->num_tokens;
+    st->prompt_tokens = prompt_tokens;
+    st->kind = prompt_tokens == 0 ? RP_STEP_DECODE : prompt_tokens == bt->num_tokens ? RP_STEP_PREFILL : RP_STEP_MIXED;
+    st->graph = backend_replays(run->backend) != replays;
     memcpy(st->items, s->plan, (size_t)n * sizeof *st->items);
     rp_scheduler_commit(s);
     for (int i = 0; i < n; i++) {
@@ -131,6 +156,7 @@ void rp_engine_collect_step(rp_engine *e, int slot) {
         return;
     }
     e->completed = st->id;
+    count_step(e, st);
     const int vocab = e->run->model->cfg.vocab_size;
     for (int i = 0; i < st->n; i++) {
         if (!st->items[i].samples) continue;
