@@ -750,6 +750,99 @@ static void test_attn_prefill_split(void **state) {
     }
 }
 
+/* A step's attention (rp_k_attn_step): the batch's leading one-token
+ * sequences by decode attention, the rest (one-token ones among them) by
+ * the work list, padded to a bucket of `tokens` rows, against attend_ref;
+ * the output poisoned first, so every row the step must write is checked
+ * and the padding rows must still hold the poison. want_split: the plan
+ * must (1) or must not (0) split the prefill keys (-1: either). */
+static void check_step(int nh, int nkv, int hd, int ps, const int *q_len, const int *kv_len, int S, int tokens,
+                       int max_seqs, int dec_splits, int want_split) {
+    int T = 0, max_kv = 0;
+    for (int s = 0; s < S; s++) {
+        T += q_len[s];
+        if (kv_len[s] > max_kv) max_kv = kv_len[s];
+    }
+    paged_kv p;
+    paged_kv_make(&p, nkv, hd, ps, kv_len, q_len, S > 0 ? S : 1); /* an empty step still needs a cache */
+    const int row = (nh + 2 * nkv) * hd;
+    const size_t out_n = (size_t)tokens * nh * hd;
+    uint16_t *qkv = rand_bf16((size_t)tokens * row, 3.0f);
+    uint16_t *d_qkv = dup_to_dev(qkv, (size_t)tokens * row * 2), *d_out = dalloc(out_n * 2);
+    size_t ws_bytes = rp_attn_prefill_workspace_bytes(tokens, nh, hd, num_sms());
+    if (rp_attn_decode_workspace_bytes(max_seqs, nh, hd, dec_splits) > ws_bytes)
+        ws_bytes = rp_attn_decode_workspace_bytes(max_seqs, nh, hd, dec_splits);
+    void *d_ws = dalloc(ws_bytes);
+    const rp_attn_step_shape sh =
+        rp_attn_step_shape_for(tokens, max_seqs, dec_splits, num_sms(), nh, nkv, hd, ws_bytes);
+    int32_t hdr[RP_ATTN_HDR_LEN], *items = malloc((size_t)sh.pf_items * RP_ATTN_ITEM_INTS * 4);
+    int32_t *starts = malloc((size_t)(S + 1) * 4);
+    starts[0] = 0;
+    for (int s = 0; s < S; s++) starts[s + 1] = starts[s] + q_len[s];
+    assert_int_equal(rp_attn_step_plan(&sh, starts, kv_len, S, num_sms(), nh, nkv, hd, hdr, items), 0);
+    if (want_split >= 0) assert_int_equal(hdr[RP_ATTN_HDR_PF_SPLITS] > 1, want_split);
+    int32_t *d_hdr = dup_to_dev(hdr, sizeof hdr), *d_items = dup_to_dev(items, (size_t)sh.pf_items * 12);
+    rp_attn_meta m = paged_kv_meta(&p);
+    m.hdr = d_hdr, m.pf_items = d_items;
+    CU(cudaMemset(d_out, 0xff, out_n * 2));
+    CU(cudaMemset(d_ws, 0xff, ws_bytes));
+    LAUNCH(rp_k_attn_step(d_qkv, p.d_k, p.d_v, m, d_out, d_ws, &sh, nh, nkv, hd, 0));
+    uint16_t *out = malloc(out_n * 2);
+    to_host(out, d_out, out_n * 2);
+    double *ref = malloc((size_t)T * nh * hd * 8), *sc = malloc((size_t)max_kv * 8);
+    int t = 0;
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < q_len[s]; i++, t++)
+            for (int h = 0; h < nh; h++)
+                attend_ref(&p, s, h / (nh / nkv), qkv + (size_t)t * row + (size_t)h * hd,
+                           kv_len[s] - q_len[s] + i + 1, ref + ((size_t)t * nh + h) * hd, sc);
+    size_t off = 0;
+    for (int s = 0; s < S; s++) {
+        const size_t len = (size_t)q_len[s] * nh * hd;
+        expect_close(rel_l2_bf16(out + off, ref + off, len, "step"), 1e-2,
+                     "attn_step nh=%d nkv=%d hd=%d page=%d bucket %d, %d decodes, %d prefill splits, dec splits %d: "
+                     "seq %d (%d new of %d)",
+                     nh, nkv, hd, ps, tokens, hdr[RP_ATTN_HDR_DECODE_SEQS], hdr[RP_ATTN_HDR_PF_SPLITS], dec_splits,
+                     s, q_len[s], kv_len[s]);
+        off += len;
+    }
+    for (size_t i = (size_t)T * nh * hd; i < out_n; i++)
+        if (out[i] != 0xffff) fail_msg("attn_step wrote padding row %zu", i / ((size_t)nh * hd));
+    printf("  attn_step nh=%d nkv=%d hd=%d: %d seqs, %d tokens in a bucket of %d: %d decodes, %d items, %d splits\n",
+           nh, nkv, hd, S, T, tokens, hdr[RP_ATTN_HDR_DECODE_SEQS], hdr[RP_ATTN_HDR_PF_ITEMS],
+           hdr[RP_ATTN_HDR_PF_SPLITS]);
+    free(qkv), free(out), free(ref), free(sc), free(items), free(starts);
+    cudaFree(d_qkv), cudaFree(d_out), cudaFree(d_ws), cudaFree(d_hdr), cudaFree(d_items);
+    paged_kv_free(&p);
+}
+
+static void test_attn_step(void **state) {
+    (void)state;
+    NEED_GPU();
+    {   /* decodes first, then chunks (one of one token, after the decodes' run), llama3-8b's heads */
+        int q_len[] = {1, 1, 1, 100, 1, 600, 130, 17};
+        int kv_len[] = {1, 700, 4097, 100, 3000, 1000, 700, 2049};
+        if (g_small) kv_len[2] = 300, kv_len[4] = 400;
+        check_step(32, 8, 128, 16, q_len, kv_len, 8, 1024, 64, 1, -1);
+        check_step(32, 8, 128, 16, q_len, kv_len, 8, 1024, 64, 3, -1); /* decode keys split and merged */
+        check_step(32, 8, 128, 16, q_len, kv_len, 8, 4096, 256, 1, 0); /* a large bucket: two-head blocks */
+    }
+    {   /* a short chunk after a long prefix with two decodes: the plan splits it */
+        int q_len[] = {1, 1, 64}, kv_len[] = {50, 900, g_small ? 1600 : 8064};
+        check_step(32, 8, 128, 16, q_len, kv_len, 3, 128, 128, 1, 1);
+    }
+    {   /* odd group (32-row blocks in a large bucket), head dim 64, page size 1, no decodes */
+        int q_len[] = {300, 2, 1}, kv_len[] = {300, 2049, 5};
+        check_step(12, 4, 64, 1, q_len, kv_len, 3, 2048, 16, 1, -1);
+        check_step(12, 4, 64, 1, q_len, kv_len, 3, 512, 16, 2, -1);
+    }
+    {   /* only decodes, and an empty step (all padding) */
+        int q_len[] = {1, 1}, kv_len[] = {33, 2000};
+        check_step(16, 8, 128, 16, q_len, kv_len, 2, 16, 16, 2, 0);
+        check_step(16, 8, 128, 16, q_len, kv_len, 0, 16, 16, 1, 0);
+    }
+}
+
 /* rp_attn_prefill_workspace_bytes bounds every split the rule makes: over
  * many shapes, the rule chooses the same split count with that workspace
  * as with an unbounded one (a CPU check of the bound's derivation). */
@@ -805,6 +898,7 @@ int main(void) {
         cmocka_unit_test(test_qk_norm_rope_store),
         cmocka_unit_test(test_attn_decode),     cmocka_unit_test(test_attn_prefill),
         cmocka_unit_test(test_attn_prefill_split), cmocka_unit_test(test_attn_prefill_split_bound),
+        cmocka_unit_test(test_attn_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -331,7 +331,7 @@ static void run_all(const rp_model_config cfg, const char *name) {
                 if (splits > L / 64) splits = L / 64;
                 if (splits < 1) splits = 1;
                 void *ws = dmalloc(rp_attn_decode_workspace_bytes(B, nh, hd, splits > 32 ? splits : 32));
-                dec_ctx d = {qkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, out, ws, B, nh, nkv, hd, splits};
+                dec_ctx d = {qkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps, NULL, NULL}, out, ws, B, nh, nkv, hd, splits};
                 double us = time_us(dec_fn, &d);
                 double bytes = (double)B * L * nkv * hd * 2 * 2;
                 double gbs = bytes / (us * 1e3);
@@ -389,7 +389,7 @@ static void run_all(const rp_model_config cfg, const char *name) {
             CHECK(cudaMemcpy(d_kvl, kvl, (size_t)S * 4, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(d_row, rowi, (size_t)S * 4, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(d_start, start, (size_t)(S + 1) * 4, cudaMemcpyHostToDevice));
-            pf_ctx p = {pqkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, pout, pws, pws_bytes,
+            pf_ctx p = {pqkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps, NULL, NULL}, pout, pws, pws_bytes,
                         T, S, L, kv, nh, nkv, hd};
             const double flops = 4.0 * nh * hd * S * ((double)L * prefix + (double)L * (L + 1) / 2);
             const double kv_bytes = (double)S * kv * nkv * hd * 2 * 2;

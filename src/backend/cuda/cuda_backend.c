@@ -66,9 +66,14 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     sl->sampled = sample;
     sl->num_logits = bt->num_logits;
     if (cudaSetDevice(cb->device) != cudaSuccess) return rp_errf(err, "cudaSetDevice(%d) failed", cb->device);
+    /* a step with prompt chunks: padded to its token bucket */
+    const rp_cuda_step_bucket *bk = decode ? NULL : rp_cuda_step_bucket_find(cb, T, bt->num_logits);
+    if (!decode && !bk)
+        return rp_errf(err, "no step bucket holds %d tokens with %d logits rows", T, bt->num_logits);
     double t0 = rp_now_s();
     RP_CUDA_TRY(cudaEventRecord(sl->ev_start, cb->stream), err);
-    if (rp_cuda_pack_and_upload(cb, bt, g ? g->batch_size : S, err)) return RP_ERR;
+    if (bk ? rp_cuda_pack_step(cb, bt, bk, err) : rp_cuda_pack_and_upload(cb, bt, g ? g->batch_size : S, err))
+        return RP_ERR;
     double t1 = rp_now_s();
     cb->last_decode_step = rp_cuda_decode_step_nb(cb, T, S, bt->num_logits, decode);
     greedy = greedy && cb->last_decode_step && rp_cuda_decode_step_can_pick(cb, S) && (!g || g->exec_pick);
@@ -77,13 +82,17 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     if (g) {
         RP_CUDA_TRY(cudaGraphLaunch(greedy && g->exec_pick ? g->exec_pick : g->exec, cb->stream), err);
         cb->stats.graph_replays++;
+    } else if (bk && bk->exec && cb->graphs_enabled) {
+        /* captured with the sampling kernels; a step sampled on the host
+         * ignores what they drew */
+        RP_CUDA_TRY(cudaGraphLaunch(bk->exec, cb->stream), err);
+        cb->stats.graph_replays++;
+    } else if (bk) {
+        if (rp_cuda_launch_forward(cb, bk->tokens, bk->attn.dec_seqs, bk->logits, 0, &bk->attn,
+                                   sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
+            return RP_ERR;
     } else {
-        int max_q = 0, max_kv = 0;
-        for (int s = 0; s < S; s++) {
-            if (bt->seq_start[s + 1] - bt->seq_start[s] > max_q) max_q = bt->seq_start[s + 1] - bt->seq_start[s];
-            if (bt->seq_kv_len[s] > max_kv) max_kv = bt->seq_kv_len[s];
-        }
-        if (rp_cuda_launch_forward(cb, T, S, bt->num_logits, decode, max_q, max_kv,
+        if (rp_cuda_launch_forward(cb, T, S, bt->num_logits, decode, NULL,
                                    greedy ? RP_SAMPLE_PICK : sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
             return RP_ERR;
     }
@@ -181,7 +190,7 @@ static int cuda_profile(rp_backend *b, rp_profile_entry *out, int max) {
 
 static void cuda_set_graphs(rp_backend *b, int enabled) {
     rp_cuda_backend *cb = (rp_cuda_backend *)b;
-    cb->graphs_enabled = enabled && cb->num_graphs > 0;
+    cb->graphs_enabled = enabled && cb->num_graphs + cb->num_step_graphs > 0;
 }
 
 static void cuda_destroy(rp_backend *b) {
@@ -262,6 +271,9 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     }
     cb->d_logprobs = (float *)(cb->d_tokens + Lg);
     cb->attn_ws_bytes = attn_ws;
+    /* a step's padding rows are never written by attention: zeros, not
+     * whatever the allocation held, go through the products after it */
+    RP_CUDA_TRY(cudaMemset(cb->attn, 0, T * (size_t)cb->q_dim * 2), err);
     cb->act_bytes = total;
     RP_CUDA_TRY(cudaMemset(cb->ds_ws, 0, rp_decode_step_workspace_bytes(c->num_heads, c->num_kv_heads)), err);
     float *h_inv = malloc((size_t)c->head_dim / 2 * 4);
@@ -412,12 +424,13 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         goto fail;
     }
     if (rp_cuda_plan_meta(cb, err)) goto fail;
+    rp_cuda_step_buckets_plan(cb);
     rp_log_info("cuda: KV cache %d pages x %d tokens (%.2f GiB), activations %.2f GiB for %d tokens / %d sequences",
                 bc->num_pages, bc->page_size, (double)kv_bytes / (1 << 30), (double)cb->act_bytes / (1 << 30),
                 bc->max_batched_tokens, bc->max_batch_seqs);
     if (rp_cuda_decode_step_setup(cb, err)) goto fail;
     if (!bc->disable_cuda_graph && rp_cuda_graphs_capture(cb, err)) goto fail;
-    cb->graphs_enabled = cb->num_graphs > 0;
+    cb->graphs_enabled = cb->num_graphs + cb->num_step_graphs > 0;
     cb->allocs_at_ready = rp_cuda_alloc_count();
     return &cb->base;
 fail:

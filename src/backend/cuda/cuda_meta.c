@@ -25,6 +25,12 @@ int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err) {
     o = rp_align_up(o, 16);
     cb->meta.off_params = o, o += L * sizeof(rp_sampling_params);
     o = rp_align_up(o, 16);
+    /* a step with prompt chunks: its attention header and work list */
+    const rp_model_config *c = &cb->base.model->cfg;
+    cb->meta.pf_items_cap = rp_attn_step_max_items((int)T, (int)S, cb->num_sms, c->num_heads, c->num_kv_heads);
+    cb->meta.off_attn_hdr = o, o += RP_ATTN_HDR_LEN * 4;
+    cb->meta.off_pf_items = o, o += (size_t)cb->meta.pf_items_cap * RP_ATTN_ITEM_INTS * 4;
+    o = rp_align_up(o, 16);
     /* The pages of every sequence in the batch, packed one after another;
      * seq_page_row[s] is where sequence s's list starts and the stride is 1,
      * so only the pages in use cross PCIe each step. With the prefix cache
@@ -41,6 +47,8 @@ int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err) {
     }
     return 0;
 }
+
+static int upload_meta(rp_cuda_backend *cb, size_t bytes, rp_err *err);
 
 /* memcpy with a null source is undefined even for 0 bytes, and a capture's
  * batch is empty (all padding) with null arrays. */
@@ -94,6 +102,35 @@ static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, s
     }
     *copy_bytes = cb->meta.off_pages + np * 4;
     return 0;
+}
+
+int rp_cuda_pack_step(rp_cuda_backend *cb, const rp_batch *bt, const rp_cuda_step_bucket *bk, rp_err *err) {
+    size_t bytes = 0;
+    if (pack_meta(cb, bt, bt->num_seqs, &bytes, err)) return RP_ERR;
+    uint8_t *h = cb->slots[cb->cur_slot].h_meta;
+    int32_t *tokens = RP_META(cb, h, off_tokens, int32_t), *pos = RP_META(cb, h, off_positions, int32_t),
+            *slots = RP_META(cb, h, off_slots, int32_t), *logit_token = RP_META(cb, h, off_logit_token, int32_t);
+    rp_sampling_params *params = RP_META(cb, h, off_params, rp_sampling_params);
+    /* Padding tokens belong to no sequence: position 0, their K/V written
+     * to the dummy page; padding logit rows read token 0 and are sampled
+     * greedily and ignored. */
+    const int ps = cb->base.cfg.page_size;
+    for (int t = bt->num_tokens; t < bk->tokens; t++) {
+        tokens[t] = 0;
+        pos[t] = 0;
+        slots[t] = cb->base.cfg.num_pages * ps;
+    }
+    for (int r = bt->num_logits; r < bk->logits; r++) {
+        logit_token[r] = 0;
+        memset(&params[r], 0, sizeof *params);
+    }
+    const rp_model_config *c = &cb->base.model->cfg;
+    if (rp_attn_step_plan(&bk->attn, RP_META(cb, h, off_seq_start, int32_t), RP_META(cb, h, off_kv_len, int32_t),
+                          bt->num_seqs, cb->num_sms, c->num_heads, c->num_kv_heads, c->head_dim,
+                          RP_META(cb, h, off_attn_hdr, int32_t), RP_META(cb, h, off_pf_items, int32_t)))
+        return rp_errf(err, "a step of %d tokens in %d sequences does not fit its bucket of %d tokens",
+                       bt->num_tokens, bt->num_seqs, bk->tokens);
+    return upload_meta(cb, bytes, err);
 }
 
 /* Uploads an already packed metadata block. */

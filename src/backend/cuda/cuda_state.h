@@ -32,7 +32,8 @@ typedef struct rp_cuda_meta {
     uint8_t *dev;
     size_t bytes, page_capacity; /* page_capacity: the page ids the block holds */
     size_t off_tokens, off_positions, off_slots, off_seq_start, off_kv_len, off_page_row, off_logit_token,
-        off_out_slot, off_params, off_pages;
+        off_out_slot, off_params, off_attn_hdr, off_pf_items, off_pages;
+    int pf_items_cap; /* work items the block holds (rp_attn_step_max_items) */
 } rp_cuda_meta;
 
 /* One captured decode step for a batch-size bucket. */
@@ -45,7 +46,18 @@ typedef struct rp_cuda_graph {
     cudaGraphExec_t exec_pick;
 } rp_cuda_graph;
 
+/* A step with prompt chunks runs padded to a token bucket: tokens rows
+ * through every product, logits rows through lm_head and sampling, and the
+ * attention launches of the bucket's shape, eagerly or as the bucket's
+ * graph once captured (graph_runner.c). */
+typedef struct rp_cuda_step_bucket {
+    int tokens, logits;
+    rp_attn_step_shape attn;
+    cudaGraphExec_t exec;
+} rp_cuda_step_bucket;
+
 #define RP_MAX_GRAPHS 64
+#define RP_MAX_STEP_BUCKETS 40
 #define RP_PROF_MAX 2048
 
 /* A step slot: what one forward in flight owns on the host, so that the
@@ -120,6 +132,8 @@ typedef struct rp_cuda_backend {
     /* graphs */
     rp_cuda_graph graphs[RP_MAX_GRAPHS];
     int num_graphs, graphs_enabled;
+    rp_cuda_step_bucket buckets[RP_MAX_STEP_BUCKETS];
+    int num_buckets, num_step_graphs;
     /* the last forward's device time is still to be read (finish_step) */
     int timing_pending;
     rp_backend_stats stats;
@@ -162,10 +176,10 @@ enum { RP_SAMPLE_NONE, RP_SAMPLE_KERNELS, RP_SAMPLE_PICK };
 /* forward_chain.c: one forward over the metadata block, T tokens of S
  * sequences, logits for num_logits rows, sampled as sample says. Only
  * device pointers and shapes: the same call is run eagerly and captured.
- * max_q_len and max_kv_len, the batch's most new tokens and most keys of
- * a sequence, shape prefill attention's launch (unused by decode). */
-int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len,
-                           int max_kv_len, int sample, rp_err *err);
+ * decode: every sequence one token (decode attention over S); else the
+ * step's attention of shape step (a bucket's; T its tokens). */
+int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode,
+                           const rp_attn_step_shape *step, int sample, rp_err *err);
 /* the sampling kernels over the first num_logits rows of logits */
 int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err);
 int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs);
@@ -186,6 +200,8 @@ int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err);
 /* cuda_meta.c */
 int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err);
 int rp_cuda_pack_and_upload(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, rp_err *err);
+/* A batch with prompt chunks, padded to bucket bk, its attention planned */
+int rp_cuda_pack_step(rp_cuda_backend *cb, const rp_batch *bt, const rp_cuda_step_bucket *bk, rp_err *err);
 rp_attn_meta rp_cuda_device_attn_meta(const rp_cuda_backend *cb);
 
 /* tuning.c: the decode step's plan values from cfg.tuning (0: by model
@@ -196,6 +212,9 @@ int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num
 /* graph_runner.c */
 int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err);
 const rp_cuda_graph *rp_cuda_graph_find(const rp_cuda_backend *cb, int num_seqs);
+/* the step buckets (every backend has them, graphs or not) */
+void rp_cuda_step_buckets_plan(rp_cuda_backend *cb);
+const rp_cuda_step_bucket *rp_cuda_step_bucket_find(const rp_cuda_backend *cb, int num_tokens, int num_logits);
 void rp_cuda_graphs_destroy(rp_cuda_backend *cb);
 
 #endif

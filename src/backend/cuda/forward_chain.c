@@ -25,29 +25,32 @@ int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs) {
 
 /* Layer l's attention, shared by both paths: q/k norm, RoPE and the KV
  * store on the fused qkv, then decode or prefill attention into cb->attn. */
-static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, int decode, int max_q_len, int max_kv_len,
+static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, const rp_attn_step_shape *step,
                             rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     const rp_cuda_layer *ly = &cb->w.layers[l];
     cudaStream_t st = cb->stream;
     uint8_t *d = cb->meta.dev;
     const int32_t *pos = RP_META(cb, d, off_positions, int32_t), *slots = RP_META(cb, d, off_slots, int32_t);
-    const rp_attn_meta am = rp_cuda_device_attn_meta(cb);
+    rp_attn_meta am = rp_cuda_device_attn_meta(cb);
     const float eps = (float)c->rms_norm_eps;
     rp_bf16 *kc = cb->k_cache + (size_t)l * cb->kv_layer_elems, *vc = cb->v_cache + (size_t)l * cb->kv_layer_elems;
     rp_cuda_prof_mark(cb, "qk_norm_rope_store");
     RP_LAUNCH(rp_k_qk_norm_rope_store(cb->qkv, ly->q_norm, ly->k_norm, cb->inv_freq, pos, slots, kc, vc, T,
                       c->num_heads, c->num_kv_heads, c->head_dim, eps, st),
           err);
-    rp_cuda_prof_mark(cb, decode ? "attn_decode" : "attn_prefill");
-    if (decode)
+    rp_cuda_prof_mark(cb, step ? "attn (step)" : "attn_decode");
+    if (!step)
         RP_LAUNCH(rp_k_attn_decode(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, S, c->num_heads,
                        c->num_kv_heads, c->head_dim, rp_cuda_decode_splits(cb, S), st),
               err);
-    else
-        RP_LAUNCH(rp_k_attn_prefill(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, cb->attn_ws_bytes, T, S, max_q_len,
-                                    max_kv_len, c->num_heads, c->num_kv_heads, c->head_dim, st),
+    else {
+        am.hdr = RP_META(cb, d, off_attn_hdr, int32_t);
+        am.pf_items = RP_META(cb, d, off_pf_items, int32_t);
+        RP_LAUNCH(rp_k_attn_step(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, step, c->num_heads, c->num_kv_heads,
+                                 c->head_dim, st),
                   err);
+    }
     return 0;
 }
 
@@ -86,8 +89,8 @@ int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
  * chain. */
 #define FUSED_MAX_T 1
 
-static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len,
-                                int max_kv_len, int sample, rp_err *err) {
+static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logits,
+                                const rp_attn_step_shape *step, int sample, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     cudaStream_t st = cb->stream;
     uint8_t *d = cb->meta.dev;
@@ -107,7 +110,7 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
         RP_LAUNCH(rp_k_gemv_fused(ly->wqkv, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_BF16, .y = cb->qkv}, T,
                                   cb->qkv_dim, H, st),
                   err);
-        if (launch_attention(cb, l, T, S, decode, max_q_len, max_kv_len, err)) return RP_ERR;
+        if (launch_attention(cb, l, T, S, step, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, "gemv o (+residual)");
         RP_LAUNCH(rp_k_gemv_fused(ly->wo, (rp_gemv_in){.mode = RP_GEMV_IN_BF16, .x = cb->attn}, to_residual, T, H,
                                   cb->q_dim, st),
@@ -144,8 +147,8 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
 
 /* sample: RP_SAMPLE_PICK is every row greedy with no top logprobs, which
  * the one-kernel step picks itself. */
-int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode, int max_q_len,
-                           int max_kv_len, int sample, rp_err *err) {
+int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode,
+                           const rp_attn_step_shape *step, int sample, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     cudaStream_t st = cb->stream;
     uint8_t *d = cb->meta.dev;
@@ -163,8 +166,10 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
      * GEMVs + RoPE + attention. More tokens: cuBLASLt and separate kernels.
      * The choice depends on T only, so a graph and an eager run of the same
      * batch do the same arithmetic. */
+    if (!decode && !step) return rp_errf(err, "a forward with prompt chunks needs its step's shape");
+    if (decode) step = NULL;
     if (T <= FUSED_MAX_T && rp_gemv_stage_fits(T, H))
-        return launch_forward_fused(cb, T, S, num_logits, decode, max_q_len, max_kv_len, sample, err);
+        return launch_forward_fused(cb, T, S, num_logits, step, sample, err);
     rp_cuda_prof_mark(cb, "embed");
     RP_LAUNCH(rp_k_embed(cb->w.embed, tokens, cb->d_tokens, cb->residual, NULL, 0, T, H, st), err);
     for (int l = 0; l < c->num_layers; l++) {
@@ -173,7 +178,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
         RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, l ? cb->tmp : NULL, ly->attn_norm, cb->xn, T, H, eps, st), err);
         rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, cb->qkv_dim, H) ? "gemv qkv" : "gemm qkv");
         if (rp_gemm_run(&cb->gemm, ly->wqkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, st, err)) return RP_ERR;
-        if (launch_attention(cb, l, T, S, decode, max_q_len, max_kv_len, err)) return RP_ERR;
+        if (launch_attention(cb, l, T, S, step, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, H, cb->q_dim) ? "gemv o" : "gemm o");
         if (rp_gemm_run(&cb->gemm, ly->wo, cb->attn, cb->tmp, T, H, cb->q_dim, 1, st, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, "add_rmsnorm");

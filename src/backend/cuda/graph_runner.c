@@ -36,16 +36,27 @@ static int dummy_step(rp_cuda_backend *cb, int bs, rp_err *err) {
     return rp_cuda_pack_and_upload(cb, &empty, bs, err);
 }
 
-/* Warm-up (eager), capture, instantiate and a dry run of one bucket's step
- * with the given sampling (rp_cuda_launch_forward's sample). */
-static int capture_step(rp_cuda_backend *cb, int bs, int sample, cudaGraphExec_t *exec, rp_err *err) {
-    if (dummy_step(cb, bs, err)) return RP_ERR;
-    if (rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, 1, sample, err)) return RP_ERR;
+/* A step bucket's padding only: no sequence, no work for attention. */
+static int dummy_bucket_step(rp_cuda_backend *cb, const rp_cuda_step_bucket *bk, rp_err *err) {
+    static const int32_t zero = 0;
+    rp_batch empty = {.num_seqs = 0, .num_tokens = 0, .seq_start = &zero};
+    return rp_cuda_pack_step(cb, &empty, bk, err);
+}
+
+/* Warm-up (eager), capture, instantiate and a dry run of one step: a
+ * decode bucket's (bk NULL; bs sequences, the given sampling as
+ * rp_cuda_launch_forward's sample) or a step bucket's. */
+static int capture_step(rp_cuda_backend *cb, int bs, const rp_cuda_step_bucket *bk, int sample,
+                        cudaGraphExec_t *exec, rp_err *err) {
+    const int T = bk ? bk->tokens : bs, S = bk ? bk->attn.dec_seqs : bs, L = bk ? bk->logits : bs;
+    const rp_attn_step_shape *shape = bk ? &bk->attn : NULL;
+    if (bk ? dummy_bucket_step(cb, bk, err) : dummy_step(cb, bs, err)) return RP_ERR;
+    if (rp_cuda_launch_forward(cb, T, S, L, !bk, shape, sample, err)) return RP_ERR;
     RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
     cudaGraph_t graph = NULL;
     RP_CUDA_TRY(cudaStreamBeginCapture(cb->stream, cudaStreamCaptureModeThreadLocal), err);
     cb->capturing = 1;
-    int rc = rp_cuda_launch_forward(cb, bs, bs, bs, 1, 1, 1, sample, err);
+    int rc = rp_cuda_launch_forward(cb, T, S, L, !bk, shape, sample, err);
     cb->capturing = 0;
     /* The capture ends whatever happened inside it; a failed one leaves no
      * graph behind (a launch error invalidates the capture: no graph, or a
@@ -54,14 +65,17 @@ static int capture_step(rp_cuda_backend *cb, int bs, int sample, cudaGraphExec_t
     if (rc || ce != cudaSuccess) {
         if (graph) cudaGraphDestroy(graph);
         cudaGetLastError();
-        if (rc) return rp_err_wrap(err, "capturing the decode graph for batch size %d", bs);
-        return rp_errf(err, "capturing the decode graph for batch size %d: %s", bs, cudaGetErrorString(ce));
+        if (rc) return rp_err_wrap(err, "capturing the %s graph for %d %s", bk ? "step" : "decode", bk ? T : bs,
+                                   bk ? "tokens" : "sequences");
+        return rp_errf(err, "capturing the %s graph for %d %s: %s", bk ? "step" : "decode", bk ? T : bs,
+                       bk ? "tokens" : "sequences", cudaGetErrorString(ce));
     }
     ce = cudaGraphInstantiate(exec, graph, 0);
     cudaGraphDestroy(graph);
     if (ce != cudaSuccess) {
         *exec = NULL;
-        return rp_errf(err, "instantiating the decode graph for batch size %d: %s", bs, cudaGetErrorString(ce));
+        return rp_errf(err, "instantiating the %s graph for %d %s: %s", bk ? "step" : "decode", bk ? T : bs,
+                       bk ? "tokens" : "sequences", cudaGetErrorString(ce));
     }
     RP_CUDA_TRY(cudaGraphLaunch(*exec, cb->stream), err);
     RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
@@ -90,17 +104,17 @@ int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
     RP_CUDA_TRY(cudaMemGetInfo(&free0, &total), err);
     double t0 = rp_now_s();
     rp_progress prog;
-    rp_progress_begin(&prog, "capturing CUDA graphs", (uint64_t)n);
+    rp_progress_begin(&prog, "capturing CUDA graphs", (uint64_t)(n + cb->num_buckets));
     /* Capture largest first: cuBLASLt plans and any lazily created state are
      * set up during the warm-up run of each size, outside capture. */
     for (int i = n - 1; i >= 0; i--) {
         int bs = sizes[i];
         rp_cuda_graph *g = &cb->graphs[i];
         g->batch_size = bs;
-        if (capture_step(cb, bs, RP_SAMPLE_KERNELS, &g->exec, err)) return RP_ERR;
+        if (capture_step(cb, bs, NULL, RP_SAMPLE_KERNELS, &g->exec, err)) return RP_ERR;
         /* the bucket's greedy variant, where its step is one kernel */
         if (rp_cuda_decode_step_nb(cb, bs, bs, bs, 1) && rp_cuda_decode_step_can_pick(cb, bs) &&
-            capture_step(cb, bs, RP_SAMPLE_PICK, &g->exec_pick, err))
+            capture_step(cb, bs, NULL, RP_SAMPLE_PICK, &g->exec_pick, err))
             return RP_ERR;
         cb->num_graphs++;
         rp_progress_add(&prog, 1);
@@ -110,13 +124,22 @@ int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
                 fprintf(stderr, " bs %d, %.1f GiB free ", bs, (double)f / (1 << 30));
         }
     }
+    /* the step buckets, largest first too */
+    for (int i = cb->num_buckets - 1; i >= 0; i--) {
+        rp_cuda_step_bucket *bk = &cb->buckets[i];
+        if (capture_step(cb, 0, bk, RP_SAMPLE_KERNELS, &bk->exec, err)) return RP_ERR;
+        cb->num_step_graphs++;
+        rp_progress_add(&prog, 1);
+    }
     rp_progress_end(&prog);
     RP_CUDA_TRY(cudaMemGetInfo(&free1, &total), err);
-    cb->stats.num_graphs = cb->num_graphs;
+    cb->stats.num_graphs = cb->num_graphs + cb->num_step_graphs;
     cb->stats.graph_capture_s = rp_now_s() - t0;
     cb->stats.graph_memory_mib = ((double)free0 - (double)free1) / (1 << 20);
-    rp_log_info("cuda: captured %d decode graphs (batch sizes %d..%d) in %.2fs using %.1f MiB", cb->num_graphs,
-                sizes[0], sizes[n - 1], cb->stats.graph_capture_s, cb->stats.graph_memory_mib);
+    rp_log_info("cuda: captured %d decode graphs (batch sizes %d..%d) and %d step graphs (%d..%d tokens) in %.2fs "
+                "using %.1f MiB",
+                cb->num_graphs, sizes[0], sizes[n - 1], cb->num_step_graphs, cb->buckets[0].tokens,
+                cb->buckets[cb->num_buckets - 1].tokens, cb->stats.graph_capture_s, cb->stats.graph_memory_mib);
     return 0;
 }
 
@@ -132,4 +155,43 @@ void rp_cuda_graphs_destroy(rp_cuda_backend *cb) {
         if (cb->graphs[i].exec_pick) cudaGraphExecDestroy(cb->graphs[i].exec_pick);
     }
     cb->num_graphs = 0;
+    for (int i = 0; i < RP_MAX_STEP_BUCKETS; i++) {
+        if (cb->buckets[i].exec) cudaGraphExecDestroy(cb->buckets[i].exec);
+        cb->buckets[i].exec = NULL;
+    }
+    cb->num_step_graphs = 0;
+}
+
+/* Steps with prompt chunks: token buckets of 16 to 128 doubling, then
+ * spaced by about 1.5x (256, 384, 512, 768, ...) up to the step's token
+ * budget, which is the last bucket itself, so that a step that fills its
+ * budget (the common one under load) runs unpadded. A step runs padded to
+ * the smallest bucket that holds it: up to a third of its products' rows
+ * wasted between two buckets, much less on average. Logits rows: the
+ * bucket's tokens, at most the backend's logit rows. */
+void rp_cuda_step_buckets_plan(rp_cuda_backend *cb) {
+    const rp_backend_config *bc = &cb->base.cfg;
+    const rp_model_config *c = &cb->base.model->cfg;
+    const int max_t = bc->max_batched_tokens;
+    int n = 0;
+    for (int t = 16; t < max_t && n < RP_MAX_STEP_BUCKETS - 1;) {
+        cb->buckets[n++].tokens = t;
+        t = t < 256 ? 2 * t : (t & (t - 1)) == 0 ? t + t / 2 : t / 3 * 4;
+    }
+    cb->buckets[n++].tokens = max_t;
+    for (int i = 0; i < n; i++) {
+        rp_cuda_step_bucket *bk = &cb->buckets[i];
+        const int dec_seqs = cb->max_seqs < bk->tokens ? cb->max_seqs : bk->tokens;
+        bk->logits = cb->max_logits < bk->tokens ? cb->max_logits : bk->tokens;
+        bk->attn = rp_attn_step_shape_for(bk->tokens, cb->max_seqs, rp_cuda_decode_splits(cb, dec_seqs), cb->num_sms,
+                                          c->num_heads, c->num_kv_heads, c->head_dim, cb->attn_ws_bytes);
+        bk->exec = NULL;
+    }
+    cb->num_buckets = n;
+}
+
+const rp_cuda_step_bucket *rp_cuda_step_bucket_find(const rp_cuda_backend *cb, int num_tokens, int num_logits) {
+    for (int i = 0; i < cb->num_buckets; i++)
+        if (cb->buckets[i].tokens >= num_tokens && cb->buckets[i].logits >= num_logits) return &cb->buckets[i];
+    return NULL;
 }

@@ -114,6 +114,10 @@ typedef struct rp_attn_meta {
     const int32_t *page_table;   /* [rows][page_table_stride] */
     int page_table_stride;
     int page_size;
+    /* A step with prompt chunks (rp_k_attn_step): its attention header
+     * (int32[RP_ATTN_HDR_LEN]) and prefill's work list; NULL otherwise. */
+    const int32_t *hdr;
+    const int32_t *pf_items;
 } rp_attn_meta;
 
 /* Decode attention: one query token per sequence (token s of qkv belongs to
@@ -241,6 +245,58 @@ size_t rp_attn_prefill_workspace_bytes(int max_tokens, int nh, int hd, int num_s
 int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
                       rp_bf16 *out, void *workspace, size_t workspace_bytes, int T, int num_seqs, int max_q_len,
                       int max_kv_len, int nh, int nkv, int hd, cudaStream_t stream);
+/* The attention of a step with prompt chunks, graph-safe: its launches
+ * depend only on the step's shape (rp_attn_step_shape, fixed per token
+ * bucket), and what they work on comes from the metadata block, so one
+ * captured graph runs any mix of prompt chunks and decode tokens that fits
+ * its bucket. The batch's leading sequences of one new token (its decodes)
+ * take decode attention, grid over shape.dec_seqs sequences, the blocks
+ * past the step's count returning at once; the rest take prefill attention
+ * over a work list (sequence, first query row, key split) the host plans
+ * per step, grid over shape.pf_items items. Splits, where the shape allows
+ * them, leave partial results that a grid-stride merge over the header's
+ * row range combines. Eager and captured steps make the same launches, so
+ * they compute the same values. */
+enum {
+    RP_ATTN_HDR_DECODE_SEQS,   /* leading sequences of one token: decode attention's */
+    RP_ATTN_HDR_PF_ITEMS,      /* prefill work items */
+    RP_ATTN_HDR_PF_SPLITS,     /* every prefill sequence's keys in this many ranges */
+    RP_ATTN_HDR_PF_MERGE_BEGIN, /* rows (token x nh + head) the prefill merge combines */
+    RP_ATTN_HDR_PF_MERGE_END,
+    RP_ATTN_HDR_DEC_SPLITS,
+    RP_ATTN_HDR_DEC_MERGE_BEGIN,
+    RP_ATTN_HDR_DEC_MERGE_END,
+    RP_ATTN_HDR_LEN
+};
+#define RP_ATTN_ITEM_INTS 3 /* a work item: sequence, first query row, split */
+typedef struct rp_attn_step_shape {
+    int tokens;     /* the step's token count, padded */
+    int dec_seqs;   /* decode attention's grid, in sequences */
+    int dec_splits; /* its key ranges per sequence (1: no merge) */
+    int pf_mode;    /* prefill's block shape (RP_PREFILL_*) */
+    int pf_rows;    /* query positions a prefill item covers */
+    int pf_items;   /* prefill's grid, in work items */
+    int pf_split;   /* prefill keys may be split: a merge launch follows */
+    size_t parts;   /* (row, split) partial results the workspace holds */
+} rp_attn_step_shape;
+/* The shape of a step of up to tokens tokens and max_seqs sequences on
+ * num_sms SMs with a workspace of ws_bytes; dec_splits: the decode rule's
+ * choice for the bucket (the caller's). */
+rp_attn_step_shape rp_attn_step_shape_for(int tokens, int max_seqs, int dec_splits, int num_sms, int nh, int nkv,
+                                          int hd, size_t ws_bytes);
+/* The most work items any step up to max_tokens tokens and max_seqs
+ * sequences lists (the metadata block's room). */
+int rp_attn_step_max_items(int max_tokens, int max_seqs, int num_sms, int nh, int nkv);
+/* Host: plans a batch (host arrays; num_tokens <= shape.tokens) into the
+ * header and the work list: 0, or -1 when the batch does not fit the shape
+ * (more items than shape.pf_items). */
+int rp_attn_step_plan(const rp_attn_step_shape *sh, const int32_t *seq_start, const int32_t *seq_kv_len,
+                      int num_seqs, int num_sms, int nh, int nkv, int hd, int32_t *hdr, int32_t *items);
+/* The launches (meta.hdr and meta.pf_items set). */
+int rp_k_attn_step(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
+                   rp_bf16 *out, void *workspace, const rp_attn_step_shape *sh, int nh, int nkv, int hd,
+                   cudaStream_t stream);
+
 /* The number of key ranges rp_k_attn_prefill's rule makes for this launch
  * on num_sms SMs (1: no split), for benchmarks and tests. */
 int rp_attn_prefill_splits(int num_sms, int T, int num_seqs, int max_q_len, int max_kv_len, int nh, int nkv, int hd,

@@ -170,6 +170,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     extern __shared__ uint4 dec_smem[];
     const dec_merge_smem<HD> sm = dec_merge_smem_at<HD>(dec_smem);
     const dec_block b = dec_block_of<HD>(meta, nh, nkv, num_splits);
+    if (meta.hdr && b.s >= meta.hdr[RP_ATTN_HDR_DECODE_SEQS]) return; /* past a step's decodes */
     const int G = b.G, warp = b.warp, g = b.g, c = b.c;
 
     /* q of heads g and g + 8 of this group, raw bf16 words (exact). */
@@ -310,6 +311,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
     extern __shared__ uint4 dec_smem[];
     const dec_merge_smem<HD> sm = dec_merge_smem_at<HD>(dec_smem);
     const dec_block b = dec_block_of<HD>(meta, nh, nkv, num_splits);
+    if (meta.hdr && b.s >= meta.hdr[RP_ATTN_HDR_DECODE_SEQS]) return; /* past a step's decodes */
     const int G = b.G, warp = b.warp, g = b.g, c = b.c, end = b.end;
 
     /* B fragments of Q^T: head nt * 8 + g, dims ch * 32 + c * 8 .. + 7 (k-step 0: x, y; 1: z, w) */
@@ -437,6 +439,42 @@ __global__ void attn_merge_splits_kernel(const float *__restrict__ ws_o, const f
     out[(int64_t)sh * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
 }
 
+/* The same over the rows [range[0], range[1]) with splits from the device,
+ * a fixed grid striding over them: graph-safe, and nearly free when the
+ * range is empty. */
+template <int HD>
+__global__ void attn_merge_range_kernel(const float *__restrict__ ws_o, const float2 *__restrict__ ws_ml,
+                                        uint16_t *__restrict__ out, const int32_t *__restrict__ range,
+                                        const int32_t *__restrict__ splits) {
+    rp_pdl_trigger();
+    rp_pdl_wait();
+    const int end = range[1], num_splits = *splits, d = threadIdx.x;
+    for (int sh = range[0] + blockIdx.x; sh < end; sh += gridDim.x) {
+        const float2 *ml = ws_ml + (int64_t)sh * num_splits;
+        float M = -INFINITY;
+        for (int i = 0; i < num_splits; i++) M = fmaxf(M, ml[i].x);
+        float acc = 0.0f, L = 0.0f;
+        if (M != -INFINITY)
+            for (int i = 0; i < num_splits; i++) {
+                const float f = exp2f(ml[i].x - M);
+                acc += f * ws_o[((int64_t)sh * num_splits + i) * HD + d];
+                L += f * ml[i].y;
+            }
+        out[(int64_t)sh * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
+    }
+}
+
+int rp_attn_merge_range(const float *ws_o, const float2 *ws_ml, uint16_t *out, const int32_t *range,
+                        const int32_t *splits, int blocks, int hd, cudaStream_t stream) {
+    if (hd == 128)
+        return rp_launch(attn_merge_range_kernel<128>, dim3(blocks), dim3(128), 0, stream, ws_o, ws_ml, out, range,
+                         splits);
+    if (hd == 64)
+        return rp_launch(attn_merge_range_kernel<64>, dim3(blocks), dim3(64), 0, stream, ws_o, ws_ml, out, range,
+                         splits);
+    return (int)cudaErrorInvalidValue;
+}
+
 int rp_attn_merge_splits(const float *ws_o, const float2 *ws_ml, uint16_t *out, int rows, int hd, int splits,
                          cudaStream_t stream) {
     if (hd == 128)
@@ -480,7 +518,11 @@ static int dec_launch(dim3 grid, const rp_bf16 *qkv, const rp_bf16 *k_cache, con
     else
         rc = rp_launch(attn_decode_split_kernel<HD>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(), stream, qkv,
                        k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
-    if (rc == 0 && !direct) rc = rp_attn_merge_splits(ws_o, ws_ml, out, num_seqs * nh, HD, num_splits, stream);
+    if (rc == 0 && !direct)
+        rc = meta.hdr ? rp_attn_merge_range(ws_o, ws_ml, out, meta.hdr + RP_ATTN_HDR_DEC_MERGE_BEGIN,
+                                            meta.hdr + RP_ATTN_HDR_DEC_SPLITS, rp_attn_merge_blocks(num_seqs * nh),
+                                            HD, stream)
+                      : rp_attn_merge_splits(ws_o, ws_ml, out, num_seqs * nh, HD, num_splits, stream);
     return rc;
 }
 

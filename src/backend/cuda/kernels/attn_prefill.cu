@@ -33,6 +33,7 @@
  * parameters). prefill_plan says when to split and how many ways. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attn_split.cuh"
 #include "common.cuh"
@@ -54,8 +55,11 @@ template <int HD, int MI, int HM> struct pf_smem {
 };
 
 /* SPLIT: grid x is query tile * num_splits + split, and the block's
- * partial results go to ws_o / ws_ml (attn_split.cuh) instead of out. */
-template <int HD, int MI, int HM, bool SPLIT>
+ * partial results go to ws_o / ws_ml (attn_split.cuh) instead of out.
+ * LIST (with SPLIT): grid x is the step's work list (rp_k_attn_step): the
+ * block's sequence, query tile and split come from meta.pf_items, the
+ * split count from the step's header, and blocks past the list return. */
+template <int HD, int MI, int HM, bool SPLIT, bool LIST = false>
 __global__ void __launch_bounds__(PF_WARPS * 32)
     attn_prefill_kernel(const uint16_t *__restrict__ qkv, const uint16_t *__restrict__ k_cache,
                         const uint16_t *__restrict__ v_cache, rp_attn_meta meta, uint16_t *__restrict__ out, int nh,
@@ -75,9 +79,16 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
      * that the short ones fill the tail. (The unsplit kernel's expressions
      * here and in the tile loop are spelled as they were before the split
      * came: spelled otherwise, the same values compiled to other code.) */
-    const int s = blockIdx.z, h0 = blockIdx.y * HM;
-    const int i0 = SPLIT ? (gridDim.x / num_splits - 1 - blockIdx.x / num_splits) * BM
-                         : (gridDim.x - 1 - blockIdx.x) * BM;
+    const int h0 = blockIdx.y * HM;
+    const int32_t *item = LIST ? meta.pf_items + (int64_t)blockIdx.x * RP_ATTN_ITEM_INTS : nullptr;
+    if (LIST) {
+        if ((int)blockIdx.x >= meta.hdr[RP_ATTN_HDR_PF_ITEMS]) return;
+        num_splits = meta.hdr[RP_ATTN_HDR_PF_SPLITS];
+    }
+    const int s = LIST ? item[0] : blockIdx.z;
+    const int i0 = LIST    ? item[1]
+                   : SPLIT ? (gridDim.x / num_splits - 1 - blockIdx.x / num_splits) * BM
+                           : (gridDim.x - 1 - blockIdx.x) * BM;
     const int tok0 = meta.seq_start[s], n_new = meta.seq_start[s + 1] - tok0;
     if (i0 >= n_new) return;
     const int kv_len = meta.seq_kv_len[s];
@@ -92,7 +103,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     /* Split: this block's chunk, tiles [t_begin, t_end), an even share of
      * the n_tiles (empty where there are fewer tiles than splits). Chunk
      * edges are key positions: the causal mask below is the same. */
-    const int split = SPLIT ? blockIdx.x % num_splits : 0;
+    const int split = LIST ? item[2] : SPLIT ? blockIdx.x % num_splits : 0;
     const int t_begin = SPLIT ? split * n_tiles / num_splits : 0;
     const int t_end = SPLIT ? (split + 1) * n_tiles / num_splits : n_tiles;
 
@@ -266,7 +277,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             const float inv = 1.0f / L;
             const int row = i0 + warp * PW + mt_pos(mi) + g + 8 * r;
             if (row >= n_new) continue;
-            if (SPLIT) { /* the chunk's partial result, unnormalised */
+            if (SPLIT && (!LIST || num_splits > 1)) { /* the chunk's partial result, unnormalised */
                 const int64_t part = ((int64_t)(tok0 + row) * nh + h0 + mt_head(mi)) * num_splits + split;
                 float *dst = ws_o + part * HD + 2 * c;
 #pragma unroll
@@ -428,5 +439,172 @@ extern "C" int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, con
     if (hd == 128) return prefill_mode<128>(PF_ARGS);
     if (hd == 64) return prefill_mode<64>(PF_ARGS);
 #undef PF_ARGS
+    return (int)cudaErrorInvalidValue;
+}
+
+/* ---- a step's attention over its work list (rp_k_attn_step) ---------- */
+
+/* Query positions a work item covers in each block shape. */
+static int pf_mode_rows(int mode) { return mode == RP_PREFILL_ROWS32 ? 128 : 64; }
+static int pf_mode_heads(int mode) { return mode == RP_PREFILL_HEADS2 ? 2 : 1; }
+
+/* Items of a step up to tokens tokens and max_seqs sequences, unsplit: each
+ * sequence's last tile may be partial. With splits the plan keeps items x
+ * heads x splits under target + items x heads (prefill_plan's bound), so
+ * target / heads + 1 more items cover every split. */
+static int pf_item_cap(int tokens, int max_seqs, int mode, int nh, int num_sms) {
+    const int rows = pf_mode_rows(mode), heads = nh / pf_mode_heads(mode);
+    const int seqs = max_seqs < tokens ? max_seqs : tokens;
+    const int q_cap = (tokens + rows - 1) / rows + seqs;
+    return 2 * q_cap + PF_SPLIT_BLOCKS_PER_SM * num_sms / heads + 1;
+}
+
+extern "C" int rp_attn_step_max_items(int max_tokens, int max_seqs, int num_sms, int nh, int nkv) {
+    (void)nkv;
+    return pf_item_cap(max_tokens, max_seqs, RP_PREFILL_ROWS16, nh, num_sms); /* the most: 64-row items, one head */
+}
+
+/* The block shape is the bucket's, as prefill_plan picks it for one
+ * sequence of the bucket's tokens: the two-head block where that grid covers
+ * the SMs (32 rows of one head where the group is odd), else 64 rows of one
+ * head. Every step of the bucket then runs the same kernel, eager or
+ * captured. */
+extern "C" rp_attn_step_shape rp_attn_step_shape_for(int tokens, int max_seqs, int dec_splits, int num_sms, int nh,
+                                                     int nkv, int hd, size_t ws_bytes) {
+    rp_attn_step_shape sh;
+    memset(&sh, 0, sizeof sh);
+    const bool odd_group = nkv <= 0 || (nh / nkv) % 2 != 0;
+    const int64_t big = (int64_t)(tokens + 63) / 64 * (nh / 2);
+    sh.tokens = tokens;
+    sh.dec_seqs = max_seqs < tokens ? max_seqs : tokens;
+    sh.dec_splits = dec_splits > 0 ? dec_splits : 1;
+    sh.pf_mode = big >= num_sms ? (odd_group ? RP_PREFILL_ROWS32 : RP_PREFILL_HEADS2) : RP_PREFILL_ROWS16;
+    sh.pf_rows = pf_mode_rows(sh.pf_mode);
+    sh.pf_items = pf_item_cap(tokens, max_seqs, sh.pf_mode, nh, num_sms);
+    sh.parts = ws_bytes > 256 ? (ws_bytes - 256) / ((size_t)hd * sizeof(float) + sizeof(float2)) : 0;
+    /* a split needs room for at least two partial results of every token */
+    sh.pf_split = sh.parts >= (size_t)2 * tokens * nh;
+    return sh;
+}
+
+typedef struct pf_item_key {
+    int32_t work, s, i0;
+} pf_item_key;
+
+/* Most keys first (the causal tiles that take longest), so that short ones
+ * fill the tail; then by sequence and row, so the order is total. */
+static int pf_item_cmp(const void *a, const void *b) {
+    const pf_item_key *x = (const pf_item_key *)a, *y = (const pf_item_key *)b;
+    if (x->work != y->work) return x->work > y->work ? -1 : 1;
+    if (x->s != y->s) return x->s < y->s ? -1 : 1;
+    return x->i0 < y->i0 ? -1 : x->i0 > y->i0;
+}
+
+extern "C" int rp_attn_step_plan(const rp_attn_step_shape *sh, const int32_t *seq_start, const int32_t *seq_kv_len,
+                                 int num_seqs, int num_sms, int nh, int nkv, int hd, int32_t *hdr, int32_t *items) {
+    (void)nkv;
+    memset(hdr, 0, RP_ATTN_HDR_LEN * sizeof *hdr);
+    const int T = num_seqs > 0 ? seq_start[num_seqs] : 0;
+    if (T > sh->tokens || num_seqs > sh->tokens) return -1;
+    int n_dec = 0;
+    while (n_dec < num_seqs && n_dec < sh->dec_seqs && seq_start[n_dec + 1] - seq_start[n_dec] == 1) n_dec++;
+    const int rows = sh->pf_rows, heads = nh / pf_mode_heads(sh->pf_mode);
+    /* the items, unsplit, into items[] as keys first (sorted in place) */
+    int n = 0, max_q = 0, max_kv = 0;
+    const int cap = sh->pf_items;
+    pf_item_key *keys = (pf_item_key *)items; /* 3 ints each, as an item */
+    static_assert(sizeof(pf_item_key) == RP_ATTN_ITEM_INTS * sizeof(int32_t), "a key is an item's size");
+    for (int s = n_dec; s < num_seqs; s++) {
+        const int q = seq_start[s + 1] - seq_start[s], kv = seq_kv_len[s];
+        if (q <= 0) continue;
+        if (q > max_q) max_q = q;
+        if (kv > max_kv) max_kv = kv;
+        for (int i0 = 0; i0 < q; i0 += rows) {
+            if (n >= cap) return -1;
+            const int end = i0 + rows < q ? i0 + rows : q;
+            keys[n++] = (pf_item_key){kv - q + end, s, i0};
+        }
+    }
+    qsort(keys, (size_t)n, sizeof *keys, pf_item_cmp);
+    /* prefill_plan's split rule over the list: where its blocks do not fill
+     * the GPU and the keys are mostly a cached prefix */
+    int splits = 1;
+    const int64_t target = (int64_t)PF_SPLIT_BLOCKS_PER_SM * num_sms, base = (int64_t)n * heads;
+    if (sh->pf_split && n > 0 && base < target && max_kv >= 2 * (int64_t)max_q) {
+        int64_t k = (target + base - 1) / base;
+        const int64_t tiles = ((int64_t)max_kv + PF_BN - 1) / PF_BN / PF_SPLIT_MIN_TILES;
+        if (k > tiles) k = tiles;
+        if (k > PF_MAX_SPLITS) k = PF_MAX_SPLITS;
+        while (k >= 2 && ((size_t)T * nh * (size_t)k > sh->parts || (int64_t)n * k > cap)) k--;
+        if (k >= 2) splits = (int)k;
+    }
+    /* keys -> items (s, i0, split), each unsplit item becoming splits items
+     * side by side, written from the back so nothing unread is overwritten */
+    for (int i = n - 1; i >= 0; i--) {
+        const pf_item_key key = keys[i];
+        for (int k = splits - 1; k >= 0; k--) {
+            int32_t *it = items + ((int64_t)i * splits + k) * RP_ATTN_ITEM_INTS;
+            it[0] = key.s, it[1] = key.i0, it[2] = k;
+        }
+    }
+    hdr[RP_ATTN_HDR_DECODE_SEQS] = n_dec;
+    hdr[RP_ATTN_HDR_PF_ITEMS] = n * splits;
+    hdr[RP_ATTN_HDR_PF_SPLITS] = splits;
+    if (splits > 1) {
+        hdr[RP_ATTN_HDR_PF_MERGE_BEGIN] = seq_start[n_dec] * nh;
+        hdr[RP_ATTN_HDR_PF_MERGE_END] = T * nh;
+    }
+    hdr[RP_ATTN_HDR_DEC_SPLITS] = sh->dec_splits;
+    if (sh->dec_splits > 1) hdr[RP_ATTN_HDR_DEC_MERGE_END] = n_dec * nh;
+    (void)hd;
+    return 0;
+}
+
+template <int HD, int MI, int HM>
+static int prefill_list_launch(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
+                               rp_bf16 *out, float *ws_o, float2 *ws_ml, const rp_attn_step_shape *sh, int nh,
+                               int nkv, cudaStream_t stream) {
+    static int attr_set = 0;
+    using SM = pf_smem<HD, MI, HM>;
+    if (!attr_set) {
+        cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel<HD, MI, HM, true, true>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES);
+        if (e != cudaSuccess) return (int)e;
+        attr_set = 1;
+    }
+    return rp_launch(attn_prefill_kernel<HD, MI, HM, true, true>, dim3(sh->pf_items, nh / HM, 1),
+                     dim3(PF_WARPS * 32), SM::BYTES, stream, qkv, k_cache, v_cache, meta, out, nh, nkv, ws_o, ws_ml,
+                     1);
+}
+
+template <int HD>
+static int step_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
+                        rp_bf16 *out, void *workspace, const rp_attn_step_shape *sh, int nh, int nkv,
+                        cudaStream_t stream) {
+    float *ws_o = nullptr;
+    float2 *ws_ml = nullptr;
+    rp_attn_split_at(workspace, sh->parts, 1, HD, &ws_o, &ws_ml);
+    int rc;
+    switch (sh->pf_mode) {
+    case RP_PREFILL_ROWS16: rc = prefill_list_launch<HD, 1, 1>(qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, sh, nh, nkv, stream); break;
+    case RP_PREFILL_ROWS32: rc = prefill_list_launch<HD, 2, 1>(qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, sh, nh, nkv, stream); break;
+    default: rc = prefill_list_launch<HD, 2, 2>(qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, sh, nh, nkv, stream); break;
+    }
+    if (rc || !sh->pf_split) return rc;
+    return rp_attn_merge_range(ws_o, ws_ml, out, meta.hdr + RP_ATTN_HDR_PF_MERGE_BEGIN,
+                               meta.hdr + RP_ATTN_HDR_PF_SPLITS, rp_attn_merge_blocks(sh->tokens * nh), HD, stream);
+}
+
+extern "C" int rp_k_attn_step(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
+                              rp_bf16 *out, void *workspace, const rp_attn_step_shape *sh, int nh, int nkv, int hd,
+                              cudaStream_t stream) {
+    if (!meta.hdr || !meta.pf_items || sh->tokens <= 0 || nkv <= 0 || nh % nkv != 0 || meta.page_size <= 0)
+        return (int)cudaErrorInvalidValue;
+    if (sh->pf_mode == RP_PREFILL_HEADS2 && (nh / nkv) % 2) return (int)cudaErrorInvalidValue;
+    int rc = rp_k_attn_decode(qkv, k_cache, v_cache, meta, out, workspace, sh->dec_seqs, nh, nkv, hd,
+                              sh->dec_splits, stream);
+    if (rc) return rc;
+    if (hd == 128) return step_prefill<128>(qkv, k_cache, v_cache, meta, out, workspace, sh, nh, nkv, stream);
+    if (hd == 64) return step_prefill<64>(qkv, k_cache, v_cache, meta, out, workspace, sh, nh, nkv, stream);
     return (int)cudaErrorInvalidValue;
 }

@@ -35,4 +35,11 @@ static inline void rp_attn_split_at(void *workspace, size_t rows, int splits, in
 int rp_attn_merge_splits(const float *ws_o, const float2 *ws_ml, uint16_t *out, int rows, int hd, int splits,
                          cudaStream_t stream);
 
+/* The same over rows [range[0], range[1]) with the split count at splits,
+ * both read on the device (a step's header), by a grid of blocks striding
+ * over the rows (rp_attn_merge_blocks(most rows)). */
+int rp_attn_merge_range(const float *ws_o, const float2 *ws_ml, uint16_t *out, const int32_t *range,
+                        const int32_t *splits, int blocks, int hd, cudaStream_t stream);
+static inline int rp_attn_merge_blocks(int max_rows) { return max_rows < 1024 ? (max_rows > 0 ? max_rows : 1) : 1024; }
+
 #endif
