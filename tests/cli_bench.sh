@@ -74,6 +74,27 @@ read -r lo mean hi <<<"$(echo "$out" | awk '/input length min/ {print $8, $10, $
 [ "${lo:-0}" -ge 10 ] && [ "${lo:-0}" -lt 20 ] && [ "${hi:-0}" -gt 20 ] && [ "${hi:-0}" -le 30 ]
 check "input lengths within [10, 30], on both sides of 20 ($lo / $mean / $hi)" 0 $?
 
+# --length-distribution lognormal: long-tailed lengths with means --input-len and --output-len, each at
+# most 8x its mean, named on the first line
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 40 --input-len 20 --output-len 12 \
+      --length-distribution lognormal --num-pages 40 --device cpu 2>/dev/null)
+check "bench offline --length-distribution lognormal" 0 $?
+contains "lognormal on the first line" "$(echo "$out" | head -1)" \
+  "input 20, output 12, random, lognormal lengths (sigma 1.00, at most 8x the mean), prefix"
+read -r lo mean hi <<<"$(echo "$out" | awk '/input length min/ {print $8, $10, $12}')"
+[ "${lo:-0}" -ge 1 ] && [ "${lo:-0}" -lt 10 ] && [ "${hi:-0}" -gt 40 ] && [ "${hi:-0}" -le 160 ]
+check "lognormal input lengths: some under half of 20, a tail past twice it, none past 160 ($lo / $mean / $hi)" 0 $?
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --length-distribution lognormal --random-range-ratio 0.3 2>&1)
+check "lognormal with --random-range-ratio" 2 $?
+contains "lognormal with --random-range-ratio: why" "$out" "--random-range-ratio 0.3 spreads lengths uniformly"
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --length-sigma 0.8 2>&1); check "--length-sigma with uniform" 2 $?
+contains "--length-sigma with uniform: why" "$out" "give --length-distribution lognormal"
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --length-distribution lognormal --length-sigma 0 2>&1)
+check "--length-sigma 0" 2 $?
+contains "--length-sigma 0: the range" "$out" "--length-sigma must be a number in (0, 2]"
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --length-distribution zipf 2>&1); check "unknown distribution" 2 $?
+contains "unknown distribution: the choices" "$out" "uniform or lognormal"
+
 # progress: when stderr is not a terminal, a plain line every --progress-interval seconds
 out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --num-prompts 40 --input-len 20 --output-len 12 \
       --num-pages 40 --device cpu --progress-interval 0.01 2>&1 >/dev/null)
@@ -118,6 +139,8 @@ early "bench offline --max-model-len fits" --max-model-len bench offline $Q8 --m
 early "bench offline --num-pages" --num-pages bench offline $Q8 --num-pages 10 --input-len 100 --output-len 100
 early "bench offline multi-turn context" --multi-turn bench offline $Q8 --input-len 10000 --output-len 1000 \
       --multi-turn 4
+early "bench offline lognormal context" --length-distribution bench offline $Q8 --input-len 4000 --output-len 2000 \
+      --length-distribution lognormal
 early "logits 1,,2" --prompt-ids logits $Q8 --prompt-ids 1,,2 --out "$tmp/l.bin"
 early "logits trailing comma" --prompt-ids logits $Q8 --prompt-ids 1,2, --out "$tmp/l.bin"
 early "logits id past the vocabulary" 151935 logits $Q8 --prompt-ids 1,151936 --out "$tmp/l.bin"
@@ -130,6 +153,9 @@ early "bench serve port" port bench serve --base-url http://127.0.0.1:99999
 early "bench serve path" /v1 bench serve --base-url http://127.0.0.1:8000/v1
 early "bench serve no host" host bench serve --base-url http://:8000
 early "bench serve ratio" --random-range-ratio bench serve --random-range-ratio 1
+early "bench serve lognormal with a range" --random-range-ratio bench serve --length-distribution lognormal \
+      --random-range-ratio 0.5
+early "bench serve sigma with uniform" --length-sigma bench serve --length-sigma 0.5
 
 # logits: ids from a file, separated by commas and whitespace; --last rows of the vocabulary
 printf '1 2\n3,4\n' >"$tmp/ids"

@@ -332,9 +332,9 @@ static void offline_help(FILE *f) {
             "random token prompts, EOS ignored. Prints throughput, latency, KV use and the prefix cache's\n"
             "hit rate, and the workload's lower bound on time from the matrix rate and read bandwidth\n"
             "measured here. The longest request (--input-len and --output-len, stretched by\n"
-            "--random-range-ratio, after --shared-prefix-len and earlier turns) must fit the context:\n"
-            "--max-model-len, the model's, or the KV cache of --num-pages. --disable-prefix-caching runs\n"
-            "the same workload without the cache.\n"
+            "--random-range-ratio or 8x with --length-distribution lognormal, after --shared-prefix-len\n"
+            "and earlier turns) must fit the context: --max-model-len, the model's, or the KV cache of\n"
+            "--num-pages. --disable-prefix-caching runs the same workload without the cache.\n"
             "\n" RP_MODEL_OPTIONS_HELP
             "\n"
             "Workload:\n"
@@ -383,12 +383,20 @@ static int offline_check_context(const rp_model_opts *mo, const rp_engine_config
     const long L = rp_bench_workload_max_prompt(w), M = rp_bench_workload_max_output(w);
     if (L + M > limit) {
         char stretched[160] = "";
+        const int lognormal = w->length_dist == RP_BENCH_LEN_LOGNORMAL;
+        const char *spread = w->range > 0 ? " and --random-range-ratio"
+                             : lognormal  ? " and --length-distribution lognormal"
+                                          : "";
         if (w->shared_prefix_len > 0 || w->turns > 1)
             snprintf(stretched, sizeof stretched, " (a prompt of up to %ld tokens with --shared-prefix-len %ld, "
                                                   "--multi-turn %ld%s)",
-                     L, w->shared_prefix_len, w->turns, w->range > 0 ? " and --random-range-ratio" : "");
+                     L, w->shared_prefix_len, w->turns, spread);
         else if (w->range > 0)
             snprintf(stretched, sizeof stretched, " (%ld + %ld with --random-range-ratio %g)", L, M, w->range);
+        else if (lognormal)
+            snprintf(stretched, sizeof stretched,
+                     " (up to %ld + %ld with --length-distribution lognormal, %dx the means)", L, M,
+                     RP_BENCH_LOGNORMAL_CAP);
         return rp_cli_usage_error(cmd, "--input-len %ld plus --output-len %ld%s is more than %s: %ld tokens",
                                   w->input_len, w->output_len, stretched, what, limit);
     }
@@ -573,9 +581,11 @@ static int bench_offline(int argc, char **argv) {
     }
     char wl[128];
     rp_bench_workload_describe(&w, wl, sizeof wl);
-    printf("replay bench offline: %s on %s, %ld %s, input %ld, output %ld, range ratio %.2f, %s, prefix caching %s\n",
+    char ratio[40] = ""; /* lognormal: wl says how the lengths spread */
+    if (w.length_dist == RP_BENCH_LEN_UNIFORM) snprintf(ratio, sizeof ratio, ", range ratio %.2f", w.range);
+    printf("replay bench offline: %s on %s, %ld %s, input %ld, output %ld%s, %s, prefix caching %s\n",
            mo.dummy_name ? mo.dummy_name : mo.model_dir, dev, num, w.turns > 1 ? "conversations" : "prompts",
-           w.input_len, w.output_len, w.range, wl, ec.enable_prefix_caching ? "on" : "off");
+           w.input_len, w.output_len, ratio, wl, ec.enable_prefix_caching ? "on" : "off");
     char lens[64];
     snprintf(lens, sizeof lens, "%ld / %.1f / %ld", min_in, (double)total_in / submitted, max_in);
     printf("  %-30s %16s\n", "input length min / mean / max", lens);
@@ -614,7 +624,10 @@ static int bench_offline(int argc, char **argv) {
          * steps that each read every weight once and every running sequence's
          * KV (or, if more, their FLOPs at the matrix rate), with the batch as
          * large as the engine ran it. Prompt tokens found in the prefix cache
-         * are not computed: the prefill is the rest's. */
+         * are not computed: the prefill is the rest's. Everything is from the
+         * lengths drawn; attention's quadratic term takes the mean length
+         * squared, which is at most the mean of the squares, so the floor
+         * holds (looser) when lengths spread, lognormal ones most. */
         const rp_model_config mc = mo.cfg; /* read by rp_model_opts_check */
         double params = (double)rp_config_num_params(&mc) - (double)mc.vocab_size * mc.hidden_size *
                                                                    (mc.tie_word_embeddings ? 0 : 1);
