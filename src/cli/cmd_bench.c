@@ -286,6 +286,7 @@ typedef struct offline_req {
     offline_conv *conv;
     offline_queue *queue;
     int prompt_len, generated, cached_tokens, turn;
+    uint64_t digest; /* of the tokens generated (FNV-1a): runs that should agree compare these */
     double t_submit, t_first, t_last;
     rp_finish finish;
     rp_progress_status *prog;
@@ -298,7 +299,8 @@ static void offline_event(void *user, const rp_token_event *ev) {
     offline_conv *c = r->conv;
     if (ev->token >= 0) {
         double now = rp_now_s();
-        if (r->generated++ == 0) r->t_first = now;
+        if (r->generated++ == 0) r->t_first = now, r->digest = 1469598103934665603ULL;
+        r->digest = (r->digest ^ (uint64_t)(uint32_t)ev->token) * 1099511628211ULL;
         r->t_last = now;
         if (c->history) c->history[c->len++] = ev->token; /* room: sized for the longest request */
     }
@@ -566,12 +568,14 @@ static int bench_offline(int argc, char **argv) {
     rp_engine_stats st;
     rp_engine_get_stats(eng, &st);
     long total_out = 0, later_n = 0;
+    uint64_t digest = 1469598103934665603ULL;
     double tpot_sum = 0, ttft_sum = 0, ttft_later_sum = 0;
     int tpot_n = 0;
     for (long i = 0; i < total_reqs; i++) {
         const offline_req *r = &reqs[i];
         if (!r->conv) continue; /* a turn never sent: its conversation failed */
         total_out += r->generated;
+        digest = (digest ^ r->digest) * 1099511628211ULL; /* in request order: finishing order does not matter */
         ttft_sum += r->t_first - r->t_submit;
         if (r->turn > 0) ttft_later_sum += r->t_first - r->t_submit, later_n++;
         if (r->generated > 1) {
@@ -615,6 +619,7 @@ static int bench_offline(int argc, char **argv) {
     printf("  %-34s %12llu (%llu graph replays)\n", "steps", (unsigned long long)st.steps,
            (unsigned long long)st.graph_replays);
     printf("  %-34s %12.3f ms\n", "engine CPU time per step", st.cpu_ms_per_step);
+    printf("  %-34s %016llx\n", "outputs digest", (unsigned long long)digest);
     print_step_kinds(&st, elapsed);
     if (submitted != total_reqs) printf("  WARNING: %ld requests planned, %ld sent\n", total_reqs, submitted);
     if (total_out != total_out_planned)
