@@ -79,12 +79,6 @@ __device__ __forceinline__ void rp_named_barrier(int id, int n) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory");
 }
 
-/* Arrives at named barrier id (counted among its n threads) without
- * waiting: hands a turn to the warps that bar.sync on it. */
-__device__ __forceinline__ void rp_named_barrier_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory");
-}
-
 /* ---- wgmma (PTX ISA 9.7.15, "Asynchronous Warpgroup Level Matrix
  * Multiply-Accumulate Instructions") ----------------------------------------
  *
