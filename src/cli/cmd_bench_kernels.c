@@ -146,6 +146,13 @@ static void pf_fn(int i, void *c) {
                             p->max_kv, p->nh, p->nkv, p->hd, 0));
 }
 
+static void pf90_fn(int i, void *c) {
+    pf_ctx *p = c;
+    (void)i;
+    CHECK(rp_k_attn_prefill_sm90(p->qkv, p->kc, p->vc, p->meta, p->out, p->T, p->S, p->max_q, p->max_kv, p->nh,
+                                 p->nkv, p->hd, 0));
+}
+
 typedef struct {
     const float *logits;
     const rp_sampling_params *params;
@@ -170,6 +177,45 @@ static void fill_bf16(rp_bf16 *d, size_t n, uint64_t seed) {
     CHECK(rp_k_fill_dummy(d, (int64_t)n, seed, 1, 1.0f / 64.0f, 0, 0));
 }
 
+
+/* The sm_90a prefill kernel (attn_prefill_sm90.cu, not yet the forward's)
+ * beside the mma.sync one, causal, one sequence without a cached prefix,
+ * on the same inputs (contiguous pages of ps slots of kc / vc, which hold
+ * at least 16384). */
+static void bench_prefill_sm90(int nh, int nkv, int hd, int ps, const rp_bf16 *kc, const rp_bf16 *vc, void *ws,
+                               size_t ws_bytes, double mma_tflops) {
+    printf("\n%-24s %5s %9s %9s %7s %9s %9s %8s\n", "attn_prefill sm90 (causal)", "new", "sm90 us", "TFLOP/s",
+           "%mma", "mma us", "TFLOP/s", "speedup");
+    if (!rp_attn_prefill_sm90_supported(hd, ps)) {
+        printf("  skipped: head dim %d, page size %d not supported\n", hd, ps);
+        return;
+    }
+    const int lens[] = {2048, 4096, 8192, 16384};
+    for (int li = 0; li < 4; li++) {
+        const int L = lens[li], pages = (L + ps - 1) / ps;
+        rp_bf16 *qkv = dmalloc((size_t)L * (nh + 2 * nkv) * hd * 2), *out = dmalloc((size_t)L * nh * hd * 2);
+        fill_bf16(qkv, (size_t)L * (nh + 2 * nkv) * hd, 15);
+        int32_t *table = malloc((size_t)pages * 4), kvl = L, rowi = 0, start[2] = {0, L};
+        for (int p = 0; p < pages; p++) table[p] = p;
+        int32_t *d_table = dmalloc((size_t)pages * 4), *d_kvl = dmalloc(4), *d_row = dmalloc(4), *d_start = dmalloc(8);
+        CHECK(cudaMemcpy(d_table, table, (size_t)pages * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(d_kvl, &kvl, 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(d_row, &rowi, 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(d_start, start, 8, cudaMemcpyHostToDevice));
+        pf_ctx p = {qkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, out, ws, ws_bytes, L, 1, L, L, nh, nkv, hd};
+        const double flops = 4.0 * nh * hd * ((double)L * (L + 1) / 2);
+        const double us90 = time_us(pf90_fn, &p), us = time_us(pf_fn, &p);
+        printf("%-24s %5d %9.1f %9.1f %6.1f%% %9.1f %9.1f %7.2fx\n", "", L, us90, flops / (us90 * 1e6),
+               mma_tflops > 0 ? 100.0 * flops / (us90 * 1e6) / mma_tflops : 0.0, us, flops / (us * 1e6), us / us90);
+        CHECK(cudaFree(qkv));
+        CHECK(cudaFree(out));
+        CHECK(cudaFree(d_table));
+        CHECK(cudaFree(d_kvl));
+        CHECK(cudaFree(d_row));
+        CHECK(cudaFree(d_start));
+        free(table);
+    }
+}
 
 /* The one-kernel batch-1 decode step (rp_k_decode_step) at ctx 512, on
  * random weights of the config's shapes: the whole model's weights and one
@@ -432,6 +478,7 @@ static void run_all(const rp_model_config cfg, const char *name) {
             CHECK(cudaFree(d_start));
             free(table);
         }
+        bench_prefill_sm90(nh, nkv, hd, ps, kc, vc, pws, pws_bytes, mma_tflops);
         CHECK(cudaFree(pws));
         CHECK(cudaFree(kc));
         CHECK(cudaFree(vc));

@@ -317,6 +317,26 @@ void rp_k_attn_prefill_set_mode(int mode);
  * the default rule. */
 void rp_k_attn_prefill_set_splits(int num_splits);
 
+/* Prefill attention on Hopper's wgmma and bulk tensor copies
+ * (attn_prefill_sm90.cu, FlashAttention-3 style): the same function and
+ * arguments as rp_k_attn_prefill, without the split workspace (it never
+ * splits; max_kv_len is unused). Not yet used by the forward.
+ * rp_attn_prefill_sm90_supported says whether a shape is handled (hd 128,
+ * page_size a power of two >= 16); the launcher returns
+ * cudaErrorInvalidValue for one that is not. */
+int rp_attn_prefill_sm90_supported(int hd, int page_size);
+int rp_k_attn_prefill_sm90(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
+                           rp_bf16 *out, int T, int num_seqs, int max_q_len, int max_kv_len, int nh, int nkv, int hd,
+                           cudaStream_t stream);
+/* Layout checks of that kernel's pieces (attn_prefill_sm90_debug.cu), one
+ * 64 x 128 tile each, so a wrong swizzle, descriptor or fragment layout
+ * shows alone: s[64][128] = q[64][128] k[128][128]^T (both loaded by TMA,
+ * K-major wgmma from shared memory); o[64][128] = bf16(p[64][128])
+ * v[128][128] (p through registers as the A fragment, v by TMA as the
+ * transposed B). Row-major, fp32 results. */
+int rp_k_sm90_debug_qk(const rp_bf16 *q, const rp_bf16 *k, float *s, cudaStream_t stream);
+int rp_k_sm90_debug_pv(const float *p, const rp_bf16 *v, float *o, cudaStream_t stream);
+
 /* Gathers rows: out[i][:] = in[rows[i]][:], for the lm_head's input. */
 int rp_k_gather_rows(const rp_bf16 *in, const int32_t *rows, rp_bf16 *out, int n, int H, cudaStream_t stream);
 
