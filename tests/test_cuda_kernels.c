@@ -774,7 +774,7 @@ static void check_step(int nh, int nkv, int hd, int ps, const int *q_len, const 
         ws_bytes = rp_attn_decode_workspace_bytes(max_seqs, nh, hd, dec_splits);
     void *d_ws = dalloc(ws_bytes);
     const rp_attn_step_shape sh =
-        rp_attn_step_shape_for(tokens, max_seqs, dec_splits, num_sms(), nh, nkv, hd, ws_bytes);
+        rp_attn_step_shape_for(tokens, max_seqs, dec_splits, num_sms(), nh, nkv, hd, ps, ws_bytes);
     int32_t hdr[RP_ATTN_HDR_LEN], *items = malloc((size_t)sh.pf_items * RP_ATTN_ITEM_INTS * 4);
     int32_t *starts = malloc((size_t)(S + 1) * 4);
     starts[0] = 0;

@@ -202,7 +202,7 @@ static void bench_prefill_sm90(int nh, int nkv, int hd, int ps, const rp_bf16 *k
         CHECK(cudaMemcpy(d_kvl, &kvl, 4, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(d_row, &rowi, 4, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(d_start, start, 8, cudaMemcpyHostToDevice));
-        pf_ctx p = {qkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps}, out, ws, ws_bytes, L, 1, L, L, nh, nkv, hd};
+        pf_ctx p = {qkv, kc, vc, {d_start, d_kvl, d_row, d_table, pages, ps, NULL, NULL}, out, ws, ws_bytes, L, 1, L, L, nh, nkv, hd};
         const double flops = 4.0 * nh * hd * ((double)L * (L + 1) / 2);
         const double us90 = time_us(pf90_fn, &p), us = time_us(pf_fn, &p);
         printf("%-24s %5d %9.1f %9.1f %6.1f%% %9.1f %9.1f %7.2fx\n", "", L, us90, flops / (us90 * 1e6),

@@ -48,9 +48,12 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     const int S = bt->num_seqs, T = bt->num_tokens;
     int decode = T == S;
     int sample = bt->sample != NULL;
-    /* A pure decode batch whose every row wants logits replays a graph. */
-    const rp_cuda_graph *g = NULL;
-    if (decode && cb->graphs_enabled && bt->num_logits == S) g = rp_cuda_graph_find(cb, S);
+    /* A pure decode batch whose every row wants logits runs padded to its
+     * bucket, replayed from the bucket's graph where captured, else eagerly
+     * with the same launches (so graphs on and off compute the same). */
+    const rp_cuda_graph *g = decode && bt->num_logits == S ? rp_cuda_graph_find(cb, S) : NULL;
+    const int P = g ? g->batch_size : S; /* sequences, tokens and logit rows the decode step runs */
+    const int replay = g && g->exec && cb->graphs_enabled;
     /* Take the other slot: its previous forward's results were read (at most
      * one forward may be pending when another is launched), so its pinned
      * buffers are free and its copies long done. */
@@ -72,14 +75,14 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         return rp_errf(err, "no step bucket holds %d tokens with %d logits rows", T, bt->num_logits);
     double t0 = rp_now_s();
     RP_CUDA_TRY(cudaEventRecord(sl->ev_start, cb->stream), err);
-    if (bk ? rp_cuda_pack_step(cb, bt, bk, err) : rp_cuda_pack_and_upload(cb, bt, g ? g->batch_size : S, err))
+    if (bk ? rp_cuda_pack_step(cb, bt, bk, err) : rp_cuda_pack_and_upload(cb, bt, P, err))
         return RP_ERR;
     double t1 = rp_now_s();
-    cb->last_decode_step = rp_cuda_decode_step_nb(cb, T, S, bt->num_logits, decode);
-    greedy = greedy && cb->last_decode_step && rp_cuda_decode_step_can_pick(cb, S) && (!g || g->exec_pick);
+    cb->last_decode_step = g ? rp_cuda_decode_step_nb(cb, P, P, P, 1) : rp_cuda_decode_step_nb(cb, T, S, bt->num_logits, decode);
+    greedy = greedy && cb->last_decode_step && rp_cuda_decode_step_can_pick(cb, P) && (!replay || g->exec_pick);
     if (cb->last_decode_step) cb->decode_step_forwards++;
     if (greedy) cb->decode_step_picks++;
-    if (g) {
+    if (replay) {
         RP_CUDA_TRY(cudaGraphLaunch(greedy && g->exec_pick ? g->exec_pick : g->exec, cb->stream), err);
         cb->stats.graph_replays++;
     } else if (bk && bk->exec && cb->graphs_enabled) {
@@ -90,6 +93,10 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     } else if (bk) {
         if (rp_cuda_launch_forward(cb, bk->tokens, bk->attn.dec_seqs, bk->logits, 0, &bk->attn,
                                    sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
+            return RP_ERR;
+    } else if (g) {
+        if (rp_cuda_launch_forward(cb, P, P, P, 1, NULL,
+                                   greedy ? RP_SAMPLE_PICK : sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
             return RP_ERR;
     } else {
         if (rp_cuda_launch_forward(cb, T, S, bt->num_logits, decode, NULL,
@@ -190,7 +197,7 @@ static int cuda_profile(rp_backend *b, rp_profile_entry *out, int max) {
 
 static void cuda_set_graphs(rp_backend *b, int enabled) {
     rp_cuda_backend *cb = (rp_cuda_backend *)b;
-    cb->graphs_enabled = enabled && cb->num_graphs + cb->num_step_graphs > 0;
+    cb->graphs_enabled = enabled && cb->num_decode_graphs + cb->num_step_graphs > 0;
 }
 
 static void cuda_destroy(rp_backend *b) {
@@ -425,12 +432,13 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     }
     if (rp_cuda_plan_meta(cb, err)) goto fail;
     rp_cuda_step_buckets_plan(cb);
+    if (rp_cuda_decode_buckets_plan(cb, err)) goto fail;
     rp_log_info("cuda: KV cache %d pages x %d tokens (%.2f GiB), activations %.2f GiB for %d tokens / %d sequences",
                 bc->num_pages, bc->page_size, (double)kv_bytes / (1 << 30), (double)cb->act_bytes / (1 << 30),
                 bc->max_batched_tokens, bc->max_batch_seqs);
     if (rp_cuda_decode_step_setup(cb, err)) goto fail;
     if (!bc->disable_cuda_graph && rp_cuda_graphs_capture(cb, err)) goto fail;
-    cb->graphs_enabled = cb->num_graphs + cb->num_step_graphs > 0;
+    cb->graphs_enabled = cb->num_decode_graphs + cb->num_step_graphs > 0;
     cb->allocs_at_ready = rp_cuda_alloc_count();
     return &cb->base;
 fail:

@@ -130,8 +130,8 @@ typedef struct rp_cuda_backend {
     void *sample_ws;
     rp_cuda_meta meta;
     /* graphs */
-    rp_cuda_graph graphs[RP_MAX_GRAPHS];
-    int num_graphs, graphs_enabled;
+    rp_cuda_graph graphs[RP_MAX_GRAPHS]; /* the decode buckets, num_graphs of them, captured or not */
+    int num_graphs, num_decode_graphs, graphs_enabled;
     rp_cuda_step_bucket buckets[RP_MAX_STEP_BUCKETS];
     int num_buckets, num_step_graphs;
     /* the last forward's device time is still to be read (finish_step) */
@@ -210,6 +210,7 @@ int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num
                            rp_err *err);
 
 /* graph_runner.c */
+int rp_cuda_decode_buckets_plan(rp_cuda_backend *cb, rp_err *err);
 int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err);
 const rp_cuda_graph *rp_cuda_graph_find(const rp_cuda_backend *cb, int num_seqs);
 /* the step buckets (every backend has them, graphs or not) */

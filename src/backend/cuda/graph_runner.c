@@ -82,7 +82,10 @@ static int capture_step(rp_cuda_backend *cb, int bs, const rp_cuda_step_bucket *
     return 0;
 }
 
-int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
+/* The decode buckets (every backend has them, graphs or not: an eager
+ * decode step is padded to its bucket just as a replay is, so both compute
+ * the same values). */
+int rp_cuda_decode_buckets_plan(rp_cuda_backend *cb, rp_err *err) {
     const rp_backend_config *bc = &cb->base.cfg;
     int sizes[RP_MAX_GRAPHS], n = 0;
     int max_bs = bc->cuda_graph_max_bs > 0 ? bc->cuda_graph_max_bs : 256;
@@ -100,6 +103,15 @@ int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
     } else {
         n = default_buckets(max_bs, sizes);
     }
+    for (int i = 0; i < n; i++) cb->graphs[i] = (rp_cuda_graph){.batch_size = sizes[i]};
+    cb->num_graphs = n;
+    return 0;
+}
+
+int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
+    const int n = cb->num_graphs;
+    int sizes[RP_MAX_GRAPHS];
+    for (int i = 0; i < n; i++) sizes[i] = cb->graphs[i].batch_size;
     size_t free0 = 0, free1 = 0, total = 0;
     RP_CUDA_TRY(cudaMemGetInfo(&free0, &total), err);
     double t0 = rp_now_s();
@@ -110,13 +122,12 @@ int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
     for (int i = n - 1; i >= 0; i--) {
         int bs = sizes[i];
         rp_cuda_graph *g = &cb->graphs[i];
-        g->batch_size = bs;
         if (capture_step(cb, bs, NULL, RP_SAMPLE_KERNELS, &g->exec, err)) return RP_ERR;
         /* the bucket's greedy variant, where its step is one kernel */
         if (rp_cuda_decode_step_nb(cb, bs, bs, bs, 1) && rp_cuda_decode_step_can_pick(cb, bs) &&
             capture_step(cb, bs, NULL, RP_SAMPLE_PICK, &g->exec_pick, err))
             return RP_ERR;
-        cb->num_graphs++;
+        cb->num_decode_graphs++;
         rp_progress_add(&prog, 1);
         if (prog.enabled) {
             size_t f, t;
@@ -133,12 +144,12 @@ int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
     }
     rp_progress_end(&prog);
     RP_CUDA_TRY(cudaMemGetInfo(&free1, &total), err);
-    cb->stats.num_graphs = cb->num_graphs + cb->num_step_graphs;
+    cb->stats.num_graphs = cb->num_decode_graphs + cb->num_step_graphs;
     cb->stats.graph_capture_s = rp_now_s() - t0;
     cb->stats.graph_memory_mib = ((double)free0 - (double)free1) / (1 << 20);
     rp_log_info("cuda: captured %d decode graphs (batch sizes %d..%d) and %d step graphs (%d..%d tokens) in %.2fs "
                 "using %.1f MiB",
-                cb->num_graphs, sizes[0], sizes[n - 1], cb->num_step_graphs, cb->buckets[0].tokens,
+                cb->num_decode_graphs, sizes[0], sizes[n - 1], cb->num_step_graphs, cb->buckets[0].tokens,
                 cb->buckets[cb->num_buckets - 1].tokens, cb->stats.graph_capture_s, cb->stats.graph_memory_mib);
     return 0;
 }
@@ -153,8 +164,9 @@ void rp_cuda_graphs_destroy(rp_cuda_backend *cb) {
     for (int i = 0; i < RP_MAX_GRAPHS; i++) {
         if (cb->graphs[i].exec) cudaGraphExecDestroy(cb->graphs[i].exec);
         if (cb->graphs[i].exec_pick) cudaGraphExecDestroy(cb->graphs[i].exec_pick);
+        cb->graphs[i].exec = cb->graphs[i].exec_pick = NULL;
     }
-    cb->num_graphs = 0;
+    cb->num_decode_graphs = 0;
     for (int i = 0; i < RP_MAX_STEP_BUCKETS; i++) {
         if (cb->buckets[i].exec) cudaGraphExecDestroy(cb->buckets[i].exec);
         cb->buckets[i].exec = NULL;
@@ -184,7 +196,8 @@ void rp_cuda_step_buckets_plan(rp_cuda_backend *cb) {
         const int dec_seqs = cb->max_seqs < bk->tokens ? cb->max_seqs : bk->tokens;
         bk->logits = cb->max_logits < bk->tokens ? cb->max_logits : bk->tokens;
         bk->attn = rp_attn_step_shape_for(bk->tokens, cb->max_seqs, rp_cuda_decode_splits(cb, dec_seqs), cb->num_sms,
-                                          c->num_heads, c->num_kv_heads, c->head_dim, cb->attn_ws_bytes);
+                                          c->num_heads, c->num_kv_heads, c->head_dim, bc->page_size,
+                                          cb->attn_ws_bytes);
         bk->exec = NULL;
     }
     cb->num_buckets = n;

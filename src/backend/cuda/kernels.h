@@ -281,9 +281,11 @@ typedef struct rp_attn_step_shape {
 } rp_attn_step_shape;
 /* The shape of a step of up to tokens tokens and max_seqs sequences on
  * num_sms SMs with a workspace of ws_bytes; dec_splits: the decode rule's
- * choice for the bucket (the caller's). */
+ * choice for the bucket (the caller's). Large buckets take the Hopper
+ * kernel (RP_PREFILL_SM90: 128 query rows of one head per item, never
+ * split) where it runs the shape. */
 rp_attn_step_shape rp_attn_step_shape_for(int tokens, int max_seqs, int dec_splits, int num_sms, int nh, int nkv,
-                                          int hd, size_t ws_bytes);
+                                          int hd, int page_size, size_t ws_bytes);
 /* The most work items any step up to max_tokens tokens and max_seqs
  * sequences lists (the metadata block's room). */
 int rp_attn_step_max_items(int max_tokens, int max_seqs, int num_sms, int nh, int nkv);
@@ -309,6 +311,8 @@ size_t rp_attn_prefill_split_bytes(int T, int nh, int hd, int num_splits);
  * grid covers the SMs; else the first). Tests:
  * rp_k_attn_prefill_set_mode(mode), -1 the default. */
 enum { RP_PREFILL_ROWS16 = 1, RP_PREFILL_ROWS32 = 2, RP_PREFILL_HEADS2 = 3 };
+/* a step's prefill on the Hopper kernel (rp_k_attn_prefill_sm90_list) */
+#define RP_PREFILL_SM90 4
 void rp_k_attn_prefill_set_mode(int mode);
 /* Tests and benchmarks: rp_k_attn_prefill_set_splits(n), n >= 2 splits
  * every launch n ways (the two-head block where the group is even, else
@@ -325,6 +329,11 @@ void rp_k_attn_prefill_set_splits(int num_splits);
  * page_size a power of two >= 16); the launcher returns
  * cudaErrorInvalidValue for one that is not. */
 int rp_attn_prefill_sm90_supported(int hd, int page_size);
+/* The same over a step's work list (rp_k_attn_step's RP_PREFILL_SM90
+ * shape): grid max_items x nh, T the bucket's tokens. */
+int rp_k_attn_prefill_sm90_list(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
+                                rp_attn_meta meta, rp_bf16 *out, int T, int max_items, int nh, int nkv, int hd,
+                                cudaStream_t stream);
 int rp_k_attn_prefill_sm90(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
                            rp_bf16 *out, int T, int num_seqs, int max_q_len, int max_kv_len, int nh, int nkv, int hd,
                            cudaStream_t stream);

@@ -65,6 +65,12 @@ static __device__ __forceinline__ dec_block dec_block_of(const rp_attn_meta &met
     rp_pdl_wait();
     dec_block b;
     b.s = blockIdx.z, b.kvh = blockIdx.y, b.split = blockIdx.x;
+    /* past a step's decodes (rp_k_attn_step's grid is the bucket's): nothing
+     * of the sequence is read, the kernel returns */
+    if (meta.hdr && b.s >= meta.hdr[RP_ATTN_HDR_DECODE_SEQS]) {
+        b.s = -1;
+        return b;
+    }
     b.G = nh / nkv;
     b.warp = threadIdx.x >> 5;
     b.g = (threadIdx.x & 31) >> 2, b.c = threadIdx.x & 3;
@@ -170,7 +176,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     extern __shared__ uint4 dec_smem[];
     const dec_merge_smem<HD> sm = dec_merge_smem_at<HD>(dec_smem);
     const dec_block b = dec_block_of<HD>(meta, nh, nkv, num_splits);
-    if (meta.hdr && b.s >= meta.hdr[RP_ATTN_HDR_DECODE_SEQS]) return; /* past a step's decodes */
+    if (b.s < 0) return;
     const int G = b.G, warp = b.warp, g = b.g, c = b.c;
 
     /* q of heads g and g + 8 of this group, raw bf16 words (exact). */
@@ -311,7 +317,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
     extern __shared__ uint4 dec_smem[];
     const dec_merge_smem<HD> sm = dec_merge_smem_at<HD>(dec_smem);
     const dec_block b = dec_block_of<HD>(meta, nh, nkv, num_splits);
-    if (meta.hdr && b.s >= meta.hdr[RP_ATTN_HDR_DECODE_SEQS]) return; /* past a step's decodes */
+    if (b.s < 0) return;
     const int G = b.G, warp = b.warp, g = b.g, c = b.c, end = b.end;
 
     /* B fragments of Q^T: head nt * 8 + g, dims ch * 32 + c * 8 .. + 7 (k-step 0: x, y; 1: z, w) */

@@ -445,7 +445,7 @@ extern "C" int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, con
 /* ---- a step's attention over its work list (rp_k_attn_step) ---------- */
 
 /* Query positions a work item covers in each block shape. */
-static int pf_mode_rows(int mode) { return mode == RP_PREFILL_ROWS32 ? 128 : 64; }
+static int pf_mode_rows(int mode) { return mode == RP_PREFILL_ROWS32 || mode == RP_PREFILL_SM90 ? 128 : 64; }
 static int pf_mode_heads(int mode) { return mode == RP_PREFILL_HEADS2 ? 2 : 1; }
 
 /* Items of a step up to tokens tokens and max_seqs sequences, unsplit: each
@@ -470,7 +470,7 @@ extern "C" int rp_attn_step_max_items(int max_tokens, int max_seqs, int num_sms,
  * head. Every step of the bucket then runs the same kernel, eager or
  * captured. */
 extern "C" rp_attn_step_shape rp_attn_step_shape_for(int tokens, int max_seqs, int dec_splits, int num_sms, int nh,
-                                                     int nkv, int hd, size_t ws_bytes) {
+                                                     int nkv, int hd, int page_size, size_t ws_bytes) {
     rp_attn_step_shape sh;
     memset(&sh, 0, sizeof sh);
     const bool odd_group = nkv <= 0 || (nh / nkv) % 2 != 0;
@@ -484,6 +484,14 @@ extern "C" rp_attn_step_shape rp_attn_step_shape_for(int tokens, int max_seqs, i
     sh.parts = ws_bytes > 256 ? (ws_bytes - 256) / ((size_t)hd * sizeof(float) + sizeof(float2)) : 0;
     /* a split needs room for at least two partial results of every token */
     sh.pf_split = sh.parts >= (size_t)2 * tokens * nh;
+    /* Where the grid is large, the Hopper kernel (2.0-2.6x the mma.sync
+     * one at 2k-16k tokens; bench/RESULTS.md), which does not split */
+    if (sh.pf_mode != RP_PREFILL_ROWS16 && rp_attn_prefill_sm90_supported(hd, page_size)) {
+        sh.pf_mode = RP_PREFILL_SM90;
+        sh.pf_rows = pf_mode_rows(sh.pf_mode);
+        sh.pf_items = pf_item_cap(tokens, max_seqs, sh.pf_mode, nh, num_sms);
+        sh.pf_split = 0;
+    }
     return sh;
 }
 
@@ -604,6 +612,9 @@ extern "C" int rp_k_attn_step(const rp_bf16 *qkv, const rp_bf16 *k_cache, const 
     int rc = rp_k_attn_decode(qkv, k_cache, v_cache, meta, out, workspace, sh->dec_seqs, nh, nkv, hd,
                               sh->dec_splits, stream);
     if (rc) return rc;
+    if (sh->pf_mode == RP_PREFILL_SM90)
+        return rp_k_attn_prefill_sm90_list(qkv, k_cache, v_cache, meta, out, sh->tokens, sh->pf_items, nh, nkv, hd,
+                                           stream);
     if (hd == 128) return step_prefill<128>(qkv, k_cache, v_cache, meta, out, workspace, sh, nh, nkv, stream);
     if (hd == 64) return step_prefill<64>(qkv, k_cache, v_cache, meta, out, workspace, sh, nh, nkv, stream);
     return (int)cudaErrorInvalidValue;

@@ -102,9 +102,16 @@ typedef struct a90_work {
  * first. Returns false past the grid's work. (Later: an entry of a work
  * list in the step's metadata, so that a captured graph's fixed grid
  * serves any batch.) */
-__device__ __forceinline__ bool a90_work_of(int block, int nh, int num_seqs, int q_tiles, a90_work *w) {
+__device__ __forceinline__ bool a90_work_of(int block, const rp_attn_meta &meta, int nh, int num_seqs, int q_tiles,
+                                            a90_work *w) {
     w->head = block % nh;
     const int rest = block / nh;
+    if (meta.pf_items) { /* a step's work list (rp_k_attn_step), longest first */
+        if (rest >= meta.hdr[RP_ATTN_HDR_PF_ITEMS]) return false;
+        w->seq = meta.pf_items[rest * RP_ATTN_ITEM_INTS];
+        w->q0 = meta.pf_items[rest * RP_ATTN_ITEM_INTS + 1];
+        return true;
+    }
     w->seq = rest % num_seqs;
     const int tile_from_end = rest / num_seqs;
     w->q0 = (q_tiles - 1 - tile_from_end) * A90_BM;
@@ -129,7 +136,7 @@ __global__ void __launch_bounds__(A90_THREADS, 1)
     rp_pdl_trigger();
     rp_pdl_wait(); /* the metadata and this step's keys come from earlier kernels */
     a90_work w;
-    if (!a90_work_of(blockIdx.x, nh, num_seqs, q_tiles, &w)) return;
+    if (!a90_work_of(blockIdx.x, meta, nh, num_seqs, q_tiles, &w)) return;
     const int tok0 = meta.seq_start[w.seq], n_new = meta.seq_start[w.seq + 1] - tok0;
     if (w.q0 >= n_new) return; /* a tile past this sequence's end */
     const int kv_len = meta.seq_kv_len[w.seq];
@@ -422,11 +429,33 @@ extern "C" int rp_attn_prefill_sm90_supported(int hd, int page_size) {
     return hd == A90_HD && page_size >= 16 && (page_size & (page_size - 1)) == 0;
 }
 
+static int a90_launch(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
+                      rp_bf16 *out, int T, int num_seqs, int q_tiles, int64_t items, int nh, int nkv, int hd,
+                      cudaStream_t stream);
+
 extern "C" int rp_k_attn_prefill_sm90(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
                                       rp_attn_meta meta, rp_bf16 *out, int T, int num_seqs, int max_q_len,
                                       int max_kv_len, int nh, int nkv, int hd, cudaStream_t stream) {
     (void)max_kv_len; /* no split: every block walks its own key range */
     if (T <= 0 || num_seqs <= 0 || max_q_len <= 0) return cudaSuccess;
+    const int q_tiles = (max_q_len + A90_BM - 1) / A90_BM;
+    meta.hdr = nullptr, meta.pf_items = nullptr;
+    return a90_launch(qkv, k_cache, v_cache, meta, out, T, num_seqs, q_tiles, (int64_t)q_tiles * num_seqs, nh, nkv,
+                      hd, stream);
+}
+
+/* The step's form: the grid is the bucket's items x heads; what each block
+ * does comes from the work list (meta.hdr, meta.pf_items). */
+extern "C" int rp_k_attn_prefill_sm90_list(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
+                                           rp_attn_meta meta, rp_bf16 *out, int T, int max_items, int nh, int nkv,
+                                           int hd, cudaStream_t stream) {
+    if (!meta.hdr || !meta.pf_items || T <= 0 || max_items <= 0) return (int)cudaErrorInvalidValue;
+    return a90_launch(qkv, k_cache, v_cache, meta, out, T, 1, 0, max_items, nh, nkv, hd, stream);
+}
+
+static int a90_launch(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
+                      rp_bf16 *out, int T, int num_seqs, int q_tiles, int64_t items, int nh, int nkv, int hd,
+                      cudaStream_t stream) {
     if (nkv <= 0 || nh % nkv != 0 || !rp_attn_prefill_sm90_supported(hd, meta.page_size))
         return (int)cudaErrorInvalidValue;
     static int attr_set = 0;
@@ -448,8 +477,7 @@ extern "C" int rp_k_attn_prefill_sm90(const rp_bf16 *qkv, const rp_bf16 *k_cache
     if (!rc) rc = a90_tensor_map(&tm_k, k_cache, kv_row, slots, box_rows);
     if (!rc) rc = a90_tensor_map(&tm_v, v_cache, kv_row, slots, box_rows);
     if (rc) return rc;
-    const int q_tiles = (max_q_len + A90_BM - 1) / A90_BM;
-    const int64_t blocks = (int64_t)q_tiles * num_seqs * nh;
+    const int64_t blocks = items * nh;
     if (blocks > 0x7fffffff) return (int)cudaErrorInvalidValue;
     return rp_launch(attn_prefill_sm90_kernel, dim3((unsigned)blocks), dim3(A90_THREADS), A90_SMEM_BYTES, stream,
                      tm_q, tm_k, tm_v, meta, out, nh, nkv, num_seqs, q_tiles, (int)box_rows);
