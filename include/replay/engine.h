@@ -203,6 +203,12 @@ typedef struct rp_engine_stats {
 } rp_engine_stats;
 
 void rp_engine_get_stats(rp_engine *e, rp_engine_stats *out);
+/* hold != 0: no step runs until rp_engine_hold(e, 0); submissions (and
+ * aborts) queue meanwhile. A benchmark submits a whole workload held, so
+ * that its batches do not depend on how fast the submitting thread was and
+ * two runs of it batch alike. Not for use with rp_engine_wait_idle while
+ * held: requests wait. */
+void rp_engine_hold(rp_engine *e, int hold);
 /* Blocks until no request is waiting or running. */
 void rp_engine_wait_idle(rp_engine *e);
 

@@ -525,9 +525,14 @@ static int bench_offline(int argc, char **argv) {
     }
     rp_progress_status_start(&prog, cmd, "requests", (uint64_t)total_reqs, interval);
     double t0 = rp_now_s();
-    /* every conversation's first turn at once; a later turn as soon as the one before has finished */
+    /* every conversation's first turn at once, the engine held until all are
+     * in (the same workload batches alike from run to run: its outputs
+     * digest compares runs); a later turn as soon as the one before has
+     * finished */
+    rp_engine_hold(eng, 1);
     for (long i = 0, left = num; left > 0; i++) {
         offline_conv *c;
+        if (i == num) rp_engine_hold(eng, 0);
         if (i < num) {
             c = &convs[i];
             c->index = i;

@@ -184,7 +184,7 @@ static void *engine_main(void *arg) {
                 rp_scheduler_enqueue(e->sched, r);
             }
             if (e->num_aborts || e->stopping) break;
-            if (e->sched->num_running + e->sched->num_waiting > 0) break;
+            if (e->sched->num_running + e->sched->num_waiting > 0 && !e->held) break;
             e->busy = 0;
             pthread_cond_broadcast(&e->idle);
             pthread_cond_wait(&e->work, &e->mu);
@@ -417,6 +417,13 @@ int rp_engine_abort(rp_engine *e, rp_request_id id) {
     }
     pthread_mutex_unlock(&e->mu);
     return known ? 0 : -1;
+}
+
+void rp_engine_hold(rp_engine *e, int hold) {
+    pthread_mutex_lock(&e->mu);
+    e->held = hold != 0;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
 }
 
 void rp_engine_wait_idle(rp_engine *e) {

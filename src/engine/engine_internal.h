@@ -55,6 +55,7 @@ struct rp_engine {
     rp_request_id next_id;
     uint64_t stats_prompt_tokens; /* counted at submit */
     rp_engine_stats snapshot;     /* what get_stats reports */
+    int held;                     /* rp_engine_hold: no step runs, submissions queue */
     /* overlap: step N+1 is launched before step N's tokens are read */
     int overlap;
     rp_step steps[2];
