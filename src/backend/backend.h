@@ -50,7 +50,7 @@ typedef struct rp_backend_config {
     /* CUDA backend */
     int device_id;
     int disable_cuda_graph;
-    int cuda_graph_max_bs;   /* 0 = min(max_batch_seqs, 256) */
+    int cuda_graph_max_bs;   /* 0 = min(max_batch_seqs, 1024) */
     int num_cuda_graph_bs;   /* > 0: capture exactly these batch sizes */
     int cuda_graph_bs[64];
     int profile; /* time every kernel of eager forwards with events (replay profile) */

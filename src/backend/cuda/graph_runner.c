@@ -20,11 +20,14 @@
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
-/* mini-sglang's default: 1, 2, 4, then every 8 up to the maximum. */
+/* mini-sglang's default, 1, 2, 4, then every 8 up to 256, then every 32
+ * up to 512 and every 64 up to 1024 (a running set bounded by KV memory
+ * reaches those; a step there is 20+ ms, so padding by up to 63 sequences
+ * costs a few per cent of it), and the maximum itself. */
 static int default_buckets(int max_bs, int *out) {
     int n = 0;
     for (int b = 1; b <= max_bs && b <= 4; b *= 2) out[n++] = b;
-    for (int b = 8; b <= max_bs && n < RP_MAX_GRAPHS; b += 8) out[n++] = b;
+    for (int b = 8; b <= max_bs && n < RP_MAX_GRAPHS; b += b < 256 ? 8 : b < 512 ? 32 : 64) out[n++] = b;
     if (n > 0 && out[n - 1] != max_bs && max_bs > 4 && n < RP_MAX_GRAPHS) out[n++] = max_bs;
     return n;
 }
@@ -88,7 +91,7 @@ static int capture_step(rp_cuda_backend *cb, int bs, const rp_cuda_step_bucket *
 int rp_cuda_decode_buckets_plan(rp_cuda_backend *cb, rp_err *err) {
     const rp_backend_config *bc = &cb->base.cfg;
     int sizes[RP_MAX_GRAPHS], n = 0;
-    int max_bs = bc->cuda_graph_max_bs > 0 ? bc->cuda_graph_max_bs : 256;
+    int max_bs = bc->cuda_graph_max_bs > 0 ? bc->cuda_graph_max_bs : 1024;
     if (max_bs > bc->max_batch_seqs) max_bs = bc->max_batch_seqs;
     if (max_bs > bc->max_batched_tokens) max_bs = bc->max_batched_tokens;
     if (max_bs > bc->max_logit_rows) max_bs = bc->max_logit_rows;
