@@ -1,7 +1,8 @@
-/* `replay profile`: where a decode step's time goes, measured inside replay
- * (CUDA events around every kernel of an eager step; nsys is not needed).
+/* `replay profile`: where a decode step's time goes, or with --prefill a
+ * step of prompt chunks, measured inside replay (CUDA events around every
+ * kernel of an eager step; nsys is not needed).
  *
- * Prints the per-kernel table of an eager decode step (name, launches per
+ * Prints the per-kernel table of an eager step (name, launches per
  * step, mean microseconds per launch, share of the step), then eager and
  * graph steps side by side: wall time, device time, the gap between them,
  * and the host overheads that make the gap (packing the metadata block,
@@ -24,14 +25,17 @@ static void help(FILE *f) {
     fprintf(f,
             "Usage: replay profile (--model DIR | --dummy-weights NAME) [--batch B] [OPTIONS]\n"
             "\n"
-            "Per-kernel times of a decode step and the step's host overheads, eager and graph.\n"
-            "It needs a GPU (CUDA); --ctx plus the steps must fit the model's context.\n"
+            "Per-kernel times of a decode step (or, with --prefill, a step of prompt chunks) and the\n"
+            "step's host overheads, eager and graph. It needs a GPU (CUDA); --ctx plus the steps must\n"
+            "fit the model's context.\n"
             "\n" RP_GPU_MODEL_OPTIONS_HELP
             "\n"
             "Benchmark:\n"
             "  --batch B              sequences decoded together, 1 to 1024 (default 1)\n"
             "  --ctx N                tokens in each sequence's cache (default 512)\n"
             "  --steps N              steps measured per mode (default 32)\n"
+            "  --prefill N            profile a step of N new prompt tokens per sequence after its --ctx\n"
+            "                         cached ones instead of a decode step (default 0: decode)\n"
             "\n");
     rp_bench_output_help(f, "  --timeline F           a trace build (cmake -DREPLAY_DECODE_STEP_TRACE=ON): every weight\n"
                             "                         piece's timing of the one-kernel step into F, for\n"
@@ -49,6 +53,7 @@ static const struct option options[] = {
     {"batch", required_argument, 0, 'b'},
     {"ctx", required_argument, 0, 'c'},
     {"steps", required_argument, 0, 's'},
+    {"prefill", required_argument, 0, 'p'},
     {"timeline", required_argument, 0, 't'},
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
@@ -57,7 +62,7 @@ static const struct option options[] = {
 static int run(int argc, char **argv) {
     rp_model_opts mo;
     rp_model_opts_init(&mo);
-    long B = 1, ctx = 512, steps = 32;
+    long B = 1, ctx = 512, steps = 32, prefill = 0;
     const char *timeline = NULL;
     rp_cli_opts_begin();
     int opt;
@@ -78,6 +83,11 @@ static int run(int argc, char **argv) {
             if (rp_parse_int(optarg, 1, 1 << 20, &ctx))
                 return rp_cli_usage_error(CMD, "--ctx must be an integer from 1 to %d, got '%s'", 1 << 20, optarg);
             break;
+        case 'p':
+            if (rp_parse_int(optarg, 1, 1 << 20, &prefill))
+                return rp_cli_usage_error(CMD, "--prefill must be an integer from 1 to %d, got '%s'", 1 << 20,
+                                          optarg);
+            break;
         case 's':
             if (rp_parse_int(optarg, 1, 10000, &steps))
                 return rp_cli_usage_error(CMD, "--steps must be an integer from 1 to 10000, got '%s'", optarg);
@@ -92,7 +102,7 @@ static int run(int argc, char **argv) {
     int bad_model = rp_model_opts_check(&mo, CMD);
     if (bad_model) return bad_model;
     /* the warm-up steps and both modes' steps grow every sequence past --ctx */
-    int total_len = (int)(ctx + PROFILE_WARMUP + 2 * steps + 1), ps = 16;
+    int total_len = (int)(prefill ? ctx + prefill : ctx + PROFILE_WARMUP + 2 * steps + 1), ps = 16;
     if (total_len > mo.cfg.max_position_embeddings)
         return rp_cli_usage_error(CMD, "--ctx %ld plus %ld steps (%d warm-up, twice --steps %ld) is %d tokens, more "
                                        "than the model's context of %d",
@@ -104,7 +114,7 @@ static int run(int argc, char **argv) {
     rcfg.num_pages = (int)B * ((total_len + ps - 1) / ps);
     rcfg.max_seqs = (int)B;
     rcfg.max_context = total_len;
-    rcfg.max_batched_tokens = 8192;
+    rcfg.max_batched_tokens = prefill && B * prefill > 8192 ? (int)(B * prefill) : 8192;
     rcfg.profile = 1;
     rcfg.trace_timeline_path = timeline;
     rcfg.num_cuda_graph_bs = 1;
@@ -143,9 +153,13 @@ static int run(int argc, char **argv) {
     for (int mode = 0; mode < 2; mode++) { /* 0 eager, 1 graph */
         be->ops->set_graphs(be, mode == 1);
         for (int s = 0; s < B; s++) seqs[s].len = (int)ctx;
-        if (rp_runner_decode_steps(run, seqs, (int)B, PROFILE_WARMUP, NULL, wall, gpu, &err)) goto fail;
+        for (int it = 0; prefill && it < PROFILE_WARMUP; it++)
+            if (rp_runner_chunk_step(run, seqs, (int)B, (int)prefill, wall, gpu, &err)) goto fail;
+        if (!prefill && rp_runner_decode_steps(run, seqs, (int)B, PROFILE_WARMUP, NULL, wall, gpu, &err)) goto fail;
         for (int it = 0; it < steps; it++) {
-            if (rp_runner_decode_steps(run, seqs, (int)B, 1, NULL, wall + it, gpu + it, &err)) goto fail;
+            if (prefill ? rp_runner_chunk_step(run, seqs, (int)B, (int)prefill, wall + it, gpu + it, &err)
+                        : rp_runner_decode_steps(run, seqs, (int)B, 1, NULL, wall + it, gpu + it, &err))
+                goto fail;
             rp_backend_stats st;
             be->ops->stats(be, &st);
             pack[it] = st.last_pack_ms;
@@ -173,9 +187,10 @@ static int run(int argc, char **argv) {
     }
     double kernel_total = 0;
     for (int k = 0; k < nkinds; k++) kernel_total += kinds[k].total_ms;
-    printf("replay profile: %s, batch %ld, ctx %ld, %ld steps per mode\n\n",
-           mo.dummy_name ? mo.dummy_name : mo.model_dir, B, ctx, steps);
-    printf("Eager decode step, per kernel (CUDA events around each launch):\n");
+    printf("replay profile: %s, batch %ld, ctx %ld, %ld steps per mode", mo.dummy_name ? mo.dummy_name : mo.model_dir,
+           B, ctx, steps);
+    if (prefill) printf(", %ld new tokens per sequence", prefill);
+    printf("\n\nEager %s step, per kernel (CUDA events around each launch):\n", prefill ? "prompt chunk" : "decode");
     printf("%-20s %10s %12s %10s\n", "kernel", "per step", "mean us", "% step");
     for (int k = 0; k < nkinds; k++)
         printf("%-20s %10.1f %12.2f %9.1f%%\n", kinds[k].name, (double)kinds[k].count / steps,
@@ -188,7 +203,8 @@ static int run(int argc, char **argv) {
     printf("  host: pack + copy meta    %10.3f %10.3f\n", results[0][2], results[1][2]);
     printf("  host: launch              %10.3f %10.3f\n", results[0][3], results[1][3]);
     printf("  host: wait for tokens     %10.3f %10.3f\n", results[0][4], results[1][4]);
-    printf("  tokens/s                  %10.1f %10.1f\n", B / (results[0][0] * 1e-3), B / (results[1][0] * 1e-3));
+    const double tok = (double)B * (prefill ? prefill : 1);
+    printf("  tokens/s                  %10.1f %10.1f\n", tok / (results[0][0] * 1e-3), tok / (results[1][0] * 1e-3));
     printf("\n(the eager device time includes the profiling events; graph steps carry none)\n");
     rc = RP_EXIT_OK;
     goto out;

@@ -194,6 +194,36 @@ int rp_runner_prefill_random(rp_runner *r, rp_runner_seq *seqs, int B, int ctx, 
     return rc;
 }
 
+static double last_gpu_ms(rp_backend *be);
+
+int rp_runner_chunk_step(rp_runner *r, rp_runner_seq *seqs, int B, int n, double *wall_ms, double *gpu_ms,
+                         rp_err *err) {
+    rp_backend *be = r->backend;
+    int32_t *chunk = malloc((size_t)n * sizeof *chunk);
+    if (!chunk) return rp_errf(err, "out of memory");
+    const int vocab = r->model->cfg.vocab_size;
+    memset(r->sample, 0, (size_t)r->max_logit_rows * sizeof *r->sample); /* greedy */
+    int rc = 0;
+    rp_batch_begin(r->bb);
+    for (int s = 0; s < B && !rc; s++) {
+        for (int i = 0; i < n; i++)
+            chunk[i] = (int32_t)(rp_rand_u64(2, (uint64_t)s, (uint64_t)(seqs[s].len + i)) % (uint64_t)vocab);
+        if ((rc = rp_page_table_reserve(r->table, seqs[s].row, seqs[s].len + n, err))) break;
+        if (rp_batch_add(r->bb, seqs[s].row, chunk, n, seqs[s].len, 1) < 0)
+            rc = rp_errf(err, "a chunk step of %d x %d tokens does not fit the step's budget", B, n);
+    }
+    free(chunk);
+    if (rc) return rc;
+    rp_batch *bt = rp_batch_finish(r->bb);
+    bt->sample = be->ops->read_tokens ? r->sample : NULL;
+    const double t0 = rp_now_s();
+    if ((rc = rp_backend_forward(be, bt, err))) return rc;
+    rc = bt->sample ? be->ops->read_tokens(be, r->tokens, NULL, NULL, err) : rp_backend_read_logits(be, r->logits, err);
+    *wall_ms = (rp_now_s() - t0) * 1e3;
+    *gpu_ms = last_gpu_ms(be);
+    return rc;
+}
+
 /* One decode batch: a token per sequence at its current length, the input
  * seqs[s].last or, when refs is not NULL, refs[s]. NULL on error. */
 static rp_batch *decode_batch(rp_runner *r, rp_runner_seq *seqs, int B, const int32_t *refs, rp_err *err) {

@@ -88,6 +88,12 @@ void rp_runner_seqs_end(rp_runner *r, rp_runner_seq *seqs, int B);
 /* Prefills each sequence with ctx seeded random tokens through the batched
  * path; *seconds is the wall time. */
 int rp_runner_prefill_random(rp_runner *r, rp_runner_seq *seqs, int B, int ctx, double *seconds, rp_err *err);
+/* One step of a prompt chunk of n random tokens for each of the B
+ * sequences at its current length (which it leaves unchanged: a repeat
+ * writes the same positions again), every sequence sampling greedily after
+ * it; its wall and device milliseconds. */
+int rp_runner_chunk_step(rp_runner *r, rp_runner_seq *seqs, int B, int n, double *wall_ms, double *gpu_ms,
+                         rp_err *err);
 /* Runs `steps` decode steps over the B sequences, each reading its tokens
  * before the next is launched, sampling with *sp (NULL: greedy; sequence s
  * seeded s + 1, its RNG counter its length, as the engine does); per-step
