@@ -484,9 +484,18 @@ extern "C" rp_attn_step_shape rp_attn_step_shape_for(int tokens, int max_seqs, i
     sh.parts = ws_bytes > 256 ? (ws_bytes - 256) / ((size_t)hd * sizeof(float) + sizeof(float2)) : 0;
     /* a split needs room for at least two partial results of every token */
     sh.pf_split = sh.parts >= (size_t)2 * tokens * nh;
+    const bool small_grid = sh.pf_mode == RP_PREFILL_ROWS16;
+    /* where the keys may be split, the two-head block (as prefill_plan
+     * takes for a split): every K/V tile it reads feeds two heads, which is
+     * what a short chunk after a long prefix is bound by */
+    if (sh.pf_split && !odd_group && sh.pf_mode == RP_PREFILL_ROWS16) {
+        sh.pf_mode = RP_PREFILL_HEADS2;
+        sh.pf_rows = pf_mode_rows(sh.pf_mode);
+        sh.pf_items = pf_item_cap(tokens, max_seqs, sh.pf_mode, nh, num_sms);
+    }
     /* Where the grid is large, the Hopper kernel (2.0-2.6x the mma.sync
      * one at 2k-16k tokens; bench/RESULTS.md), which does not split */
-    if (sh.pf_mode != RP_PREFILL_ROWS16 && rp_attn_prefill_sm90_supported(hd, page_size)) {
+    if (!small_grid && rp_attn_prefill_sm90_supported(hd, page_size)) {
         sh.pf_mode = RP_PREFILL_SM90;
         sh.pf_rows = pf_mode_rows(sh.pf_mode);
         sh.pf_items = pf_item_cap(tokens, max_seqs, sh.pf_mode, nh, num_sms);
