@@ -578,6 +578,19 @@ static void attend_ref(const paged_kv *p, int s, int kvh, const uint16_t *q, int
     }
 }
 
+/* The reference of prefill attention: sequence s's new token i (rows of
+ * qkv in order) sees keys 0 .. kv_len[s] - q_len[s] + i. */
+static void prefill_ref(const paged_kv *p, const uint16_t *qkv, const int *q_len, const int *kv_len, int S, int nh,
+                        double *ref, double *sc) {
+    const int hd = p->hd, row = (nh + 2 * p->nkv) * hd;
+    int t = 0;
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < q_len[s]; i++, t++)
+            for (int h = 0; h < nh; h++)
+                attend_ref(p, s, h / (nh / p->nkv), qkv + (size_t)t * row + (size_t)h * hd,
+                           kv_len[s] - q_len[s] + i + 1, ref + ((size_t)t * nh + h) * hd, sc);
+}
+
 static void check_decode(int nh, int nkv, int hd, int ps, int num_splits) {
     int kv_len[] = {1, 7, 100, 1000, 4097, 33};
     const int S = 6;
@@ -657,12 +670,7 @@ static void check_prefill_runs(int nh, int nkv, int hd, int ps, const int *q_len
     void *d_ws = dalloc(ws_bytes);
     uint16_t *out = malloc(out_n * 2);
     double *ref = malloc(out_n * 8), *sc = malloc((size_t)max_kv * 8);
-    int t = 0;
-    for (int s = 0; s < S; s++)
-        for (int i = 0; i < q_len[s]; i++, t++)
-            for (int h = 0; h < nh; h++)
-                attend_ref(&p, s, h / (nh / nkv), qkv + (size_t)t * row + (size_t)h * hd,
-                           kv_len[s] - q_len[s] + i + 1, ref + ((size_t)t * nh + h) * hd, sc);
+    prefill_ref(&p, qkv, q_len, kv_len, S, nh, ref, sc);
     for (int mi = 0; mi < n_modes; mi++)
         for (int si = 0; si < n_splits; si++) {
             rp_k_attn_prefill_set_mode(modes[mi]);
@@ -790,12 +798,7 @@ static void check_step(int nh, int nkv, int hd, int ps, const int *q_len, const 
     uint16_t *out = malloc(out_n * 2);
     to_host(out, d_out, out_n * 2);
     double *ref = malloc((size_t)T * nh * hd * 8), *sc = malloc((size_t)max_kv * 8);
-    int t = 0;
-    for (int s = 0; s < S; s++)
-        for (int i = 0; i < q_len[s]; i++, t++)
-            for (int h = 0; h < nh; h++)
-                attend_ref(&p, s, h / (nh / nkv), qkv + (size_t)t * row + (size_t)h * hd,
-                           kv_len[s] - q_len[s] + i + 1, ref + ((size_t)t * nh + h) * hd, sc);
+    prefill_ref(&p, qkv, q_len, kv_len, S, nh, ref, sc);
     size_t off = 0;
     for (int s = 0; s < S; s++) {
         const size_t len = (size_t)q_len[s] * nh * hd;

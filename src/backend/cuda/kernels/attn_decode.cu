@@ -424,25 +424,32 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
 }
 
 /* out[r] = sum_i o_i 2^(m_i - M) / sum_i l_i 2^(m_i - M) over splits
- * (attn_split.cuh's layout; prefill attention's split merges here too). */
+ * (attn_split.cuh's layout; prefill attention's split merges here too):
+ * row sh, dimension threadIdx.x. */
 template <int HD>
-__global__ void attn_merge_splits_kernel(const float *__restrict__ ws_o, const float2 *__restrict__ ws_ml,
-                                         uint16_t *__restrict__ out, int num_splits) {
-    rp_pdl_trigger();
-    rp_pdl_wait();
-    const int sh = blockIdx.x; /* row: query * nh + head */
+__device__ __forceinline__ void merge_row(const float *__restrict__ ws_o, const float2 *__restrict__ ws_ml,
+                                          uint16_t *__restrict__ out, int num_splits, int64_t sh) {
     const int d = threadIdx.x;
-    const float2 *ml = ws_ml + (int64_t)sh * num_splits;
+    const float2 *ml = ws_ml + sh * num_splits;
     float M = -INFINITY;
     for (int i = 0; i < num_splits; i++) M = fmaxf(M, ml[i].x);
     float acc = 0.0f, L = 0.0f;
     if (M != -INFINITY)
         for (int i = 0; i < num_splits; i++) {
             const float f = exp2f(ml[i].x - M);
-            acc += f * ws_o[((int64_t)sh * num_splits + i) * HD + d];
+            acc += f * ws_o[(sh * num_splits + i) * HD + d];
             L += f * ml[i].y;
         }
-    out[(int64_t)sh * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
+    out[sh * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
+}
+
+/* A block per row (query * nh + head). */
+template <int HD>
+__global__ void attn_merge_splits_kernel(const float *__restrict__ ws_o, const float2 *__restrict__ ws_ml,
+                                         uint16_t *__restrict__ out, int num_splits) {
+    rp_pdl_trigger();
+    rp_pdl_wait();
+    merge_row<HD>(ws_o, ws_ml, out, num_splits, blockIdx.x);
 }
 
 /* The same over the rows [range[0], range[1]) with splits from the device,
@@ -454,20 +461,8 @@ __global__ void attn_merge_range_kernel(const float *__restrict__ ws_o, const fl
                                         const int32_t *__restrict__ splits) {
     rp_pdl_trigger();
     rp_pdl_wait();
-    const int end = range[1], num_splits = *splits, d = threadIdx.x;
-    for (int sh = range[0] + blockIdx.x; sh < end; sh += gridDim.x) {
-        const float2 *ml = ws_ml + (int64_t)sh * num_splits;
-        float M = -INFINITY;
-        for (int i = 0; i < num_splits; i++) M = fmaxf(M, ml[i].x);
-        float acc = 0.0f, L = 0.0f;
-        if (M != -INFINITY)
-            for (int i = 0; i < num_splits; i++) {
-                const float f = exp2f(ml[i].x - M);
-                acc += f * ws_o[((int64_t)sh * num_splits + i) * HD + d];
-                L += f * ml[i].y;
-            }
-        out[(int64_t)sh * HD + d] = rp_f32_bf16(L > 0.0f ? acc / L : 0.0f);
-    }
+    const int end = range[1], num_splits = *splits;
+    for (int sh = range[0] + blockIdx.x; sh < end; sh += gridDim.x) merge_row<HD>(ws_o, ws_ml, out, num_splits, sh);
 }
 
 int rp_attn_merge_range(const float *ws_o, const float2 *ws_ml, uint16_t *out, const int32_t *range,
