@@ -1,7 +1,9 @@
 /* The engine API on the CPU backend: continuous batching gives every request
  * the tokens it gets alone, whatever runs beside it, with chunked prefill on
  * and off, requests arriving mid-run, and preemption under a tiny KV pool
- * (the newest request is the one preempted, its output unchanged); bad
+ * (the newest request is the one preempted, its output unchanged; with room
+ * kept for outputs, the default, none at all); the running set's default
+ * size from the pool; bad
  * requests are rejected at submit; aborts at any stage free their pages;
  * stop strings cut the text; token events carry top logprobs on both
  * sampling paths; a long prompt's chunked prefill lets a newcomer in, shows
@@ -124,6 +126,9 @@ static void expect_final_once(const result *r, rp_finish finish, int tokens, con
 }
 
 static int g_no_overlap; /* set by a test to compare with the synchronous loop */
+/* set by a test that needs preemption under a small pool: admission on the
+ * first chunk alone, as before the engine kept room for decode growth */
+static int g_no_reserve;
 static int g_step_tokens; /* set by a test: every step feeds at most this many tokens, not sized by time */
 
 static rp_engine *make_engine(const char *model, int num_pages, int chunk, int max_running) {
@@ -141,6 +146,7 @@ static rp_engine *make_engine(const char *model, int num_pages, int chunk, int m
     if (g_step_tokens) c.step_ms_target = -1;
     c.max_running_requests = max_running;
     c.disable_overlap = g_no_overlap;
+    c.disable_decode_reservation = g_no_reserve;
     c.debug_check_every_step = 1; /* the page accounting, prefix cache included, after every step */
     rp_error err;
     rp_engine *e = rp_engine_create(&c, &err);
@@ -263,20 +269,23 @@ static void run_together(int sampled) {
     static int32_t prompt[NREQ][64];
     struct {
         const char *name;
-        int pages, chunk, running, staggered, no_overlap;
+        int pages, chunk, running, staggered, no_overlap, no_reserve;
     } setups[] = {
-        {"64 at once, chunked prefill 7", 0, 7, 64, 0, 0},
-        {"64 at once, no chunking", 0, 0, 64, 0, 0},
-        {"arriving while others run", 0, 16, 64, 1, 0},
-        {"tiny pool: preemption", 12, 16, 64, 0, 0},
-        {"tiny pool: preemption, no overlap", 12, 16, 64, 0, 1},
-        {"8 running at most", 0, 32, 8, 0, 0},
-        {"no overlap", 0, 16, 64, 0, 1},
+        {"64 at once, chunked prefill 7", 0, 7, 64, 0, 0, 0},
+        {"64 at once, no chunking", 0, 0, 64, 0, 0, 0},
+        {"arriving while others run", 0, 16, 64, 1, 0, 0},
+        {"tiny pool: preemption", 12, 16, 64, 0, 0, 1},
+        {"tiny pool: preemption, no overlap", 12, 16, 64, 0, 1, 1},
+        {"tiny pool: room reserved, no preemption", 12, 16, 64, 0, 0, 0},
+        {"8 running at most", 0, 32, 8, 0, 0, 0},
+        {"no overlap", 0, 16, 64, 0, 1, 0},
     };
     for (size_t s = 0; s < sizeof setups / sizeof setups[0]; s++) {
         memset(got, 0, sizeof got);
         g_no_overlap = setups[s].no_overlap;
+        g_no_reserve = setups[s].no_reserve;
         rp_engine *e = make_engine("qwen3-tied", setups[s].pages, setups[s].chunk, setups[s].running);
+        g_no_reserve = 0;
         run_ctx c = {.e = e, .got = got, .prompt = prompt, .sampled = sampled, .staggered = setups[s].staggered};
         hold h;
         if (!c.staggered) hold_engine(e, &h); /* all 64 reach the scheduler at once */
@@ -290,13 +299,15 @@ static void run_together(int sampled) {
         uint64_t preempted = 0;
         for (int i = 0; i < NREQ; i++) preempted += (uint64_t)got[i].preemptions;
         assert_int_equal(preempted, st.preemptions); /* each preemption is some request's */
-        if (setups[s].pages) {
+        if (setups[s].no_reserve) {
             assert_true(st.preemptions > 0); /* the pool really was too small */
             assert_int_equal(got[0].preemptions, 0); /* the oldest is never the newest */
         } else {
             assert_int_equal(st.preemptions, 0);
         }
-        if (setups[s].running == 64 && !setups[s].staggered) assert_true(st.peak_running > 8);
+        /* 64 at once run together, unless the tiny pool keeps room for outputs */
+        if (setups[s].running == 64 && !setups[s].staggered && (!setups[s].pages || setups[s].no_reserve))
+            assert_true(st.peak_running > 8);
         expect_pool_full(e);
         rp_engine_destroy(e);
     }
@@ -315,35 +326,67 @@ static void test_batched_equals_alone_seeded(void **state) {
 
 /* Preemption pinned down: requests 11 and 2 (prompts of 20 and 17 tokens,
  * 23 and 22 output tokens: 3 pages of 16 at the end) arrive together at a
- * 4-page pool and take 2 pages each. When the older needs its third page
- * the newer is preempted: once, since it comes back only after the older
- * has finished, to a pool that holds it whole. Both make exactly the
- * tokens they make alone, greedy and seeded. */
+ * 4-page pool. Admitted on their first chunk alone they take 2 pages each;
+ * when the older needs its third page the newer is preempted: once, since
+ * it comes back only after the older has finished, to a pool that holds it
+ * whole. With room kept for their outputs (the default; they ignore EOS, so
+ * count all 3 pages) the newer waits for the older instead, and nothing is
+ * preempted. Both make exactly the tokens they make alone, greedy and
+ * seeded, either way. */
 static void test_preemption_takes_newest(void **state) {
     (void)state;
     static const int which[2] = {11, 2};
-    for (int sampled = 0; sampled < 2; sampled++) {
-        result ref[2] = {0}, got[2] = {0};
-        run_alone(ref, which, 2, sampled);
-        rp_engine *e = make_engine("qwen3-tied", 4, 0, 4);
-        hold h;
-        hold_engine(e, &h);
-        int32_t prompt[2][64];
-        for (int k = 0; k < 2; k++) {
-            rp_request_params p;
-            params_for(which[k], &p, prompt[k], sampled);
-            submit_or_fail(e, &p, &got[k]);
+    for (int reserve = 0; reserve < 2; reserve++)
+        for (int sampled = 0; sampled < 2; sampled++) {
+            result ref[2] = {0}, got[2] = {0};
+            run_alone(ref, which, 2, sampled);
+            g_no_reserve = !reserve;
+            rp_engine *e = make_engine("qwen3-tied", 4, 0, 4);
+            g_no_reserve = 0;
+            hold h;
+            hold_engine(e, &h);
+            int32_t prompt[2][64];
+            for (int k = 0; k < 2; k++) {
+                rp_request_params p;
+                params_for(which[k], &p, prompt[k], sampled);
+                submit_or_fail(e, &p, &got[k]);
+            }
+            release_engine(&h);
+            rp_engine_wait_idle(e);
+            compare(ref, got, which, 2, sampled ? "preemption, seeded" : "preemption, greedy");
+            rp_engine_stats st;
+            rp_engine_get_stats(e, &st);
+            assert_int_equal(got[0].preemptions, 0);
+            assert_int_equal(got[1].preemptions, !reserve);
+            assert_int_equal(st.preemptions, !reserve);
+            assert_int_equal(st.peak_running, reserve ? 1 : 2);
+            assert_int_equal(st.kv_pages_peak_used, reserve ? 3 : 4);
+            expect_pool_full(e);
+            rp_engine_destroy(e);
         }
-        release_engine(&h);
-        rp_engine_wait_idle(e);
-        compare(ref, got, which, 2, sampled ? "preemption, seeded" : "preemption, greedy");
-        assert_int_equal(got[0].preemptions, 0);
-        assert_int_equal(got[1].preemptions, 1);
+}
+
+/* Without --max-running-requests the running set comes from the pool: its
+ * tokens / 512 (the context, 2048 here, is longer), at least 16, and no
+ * more than one step's tokens (a decode of every running request must fit
+ * a step). As given, it stays. */
+static void test_default_max_running(void **state) {
+    (void)state;
+    static const struct {
+        int pages, step_tokens, max_running, want;
+    } cases[] = {
+        {1024, 0, 0, 32},  /* 16384 tokens */
+        {64, 0, 0, 16},    /* 1024 tokens: the least */
+        {2048, 48, 0, 48}, /* 64 by the pool, held to the step's 48 tokens */
+        {1024, 0, 4, 4},   /* given */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        g_step_tokens = cases[c].step_tokens;
+        rp_engine *e = make_engine("qwen3-tied", cases[c].pages, 0, cases[c].max_running);
+        g_step_tokens = 0;
         rp_engine_stats st;
         rp_engine_get_stats(e, &st);
-        assert_int_equal(st.preemptions, 1);
-        assert_int_equal(st.kv_pages_peak_used, 4);
-        expect_pool_full(e);
+        assert_int_equal(st.max_running_requests, cases[c].want);
         rp_engine_destroy(e);
     }
 }
@@ -503,7 +546,9 @@ static void act_started(result *r, const rp_token_event *ev) {
 static void test_abort_everywhere(void **state) {
     (void)state;
     enum { LONG = 12, LONG_PROMPT_OF = 51 }; /* params_for(51) has a 60-token prompt */
+    g_no_reserve = 1; /* four requests of 500 tokens decode together in a pool of 640 */
     rp_engine *e = make_engine("llama3-scaled", 40, 8, 4);
+    g_no_reserve = 0;
     static result r[13];
     memset(r, 0, sizeof r);
     rp_request_id ids[13];
@@ -864,6 +909,7 @@ int main(void) {
         cmocka_unit_test(test_batched_equals_alone_greedy),
         cmocka_unit_test(test_batched_equals_alone_seeded),
         cmocka_unit_test(test_preemption_takes_newest),
+        cmocka_unit_test(test_default_max_running),
         cmocka_unit_test(test_rejections),
         cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_abort_everywhere),

@@ -104,6 +104,7 @@ static void release_engine(hold *h) {
 
 typedef struct engine_setup {
     int cache, num_pages, chunk, step_tokens, max_running, no_overlap;
+    int no_reserve; /* admit on the first chunk alone: preemption under a small pool */
 } engine_setup;
 
 static rp_engine *make_engine(engine_setup s) {
@@ -124,6 +125,7 @@ static rp_engine *make_engine(engine_setup s) {
     c.disable_overlap = s.no_overlap;
     c.enable_prefix_caching = s.cache;
     c.debug_check_every_step = 1;
+    c.disable_decode_reservation = s.no_reserve;
     rp_error err;
     rp_engine *e = rp_engine_create(&c, &err);
     if (!e) fail_msg("engine: %s", err.message);
@@ -307,7 +309,9 @@ static void test_cache_off(void **state) {
 /* Groups sharing prefixes, more than the pool holds. 24 requests, 4 groups
  * of 6 with prefixes of 20 to 50 tokens: one after another through a pool
  * of 10 pages (the cache evicts, least recently used first), and together
- * through pools of 10 and 6 pages (eviction, then preemption). */
+ * through pools of 10 and 6 pages (eviction, then preemption, with
+ * admission on the first chunk alone; with room kept for their outputs,
+ * the default, no preemption). */
 enum { NUM_GROUPED = 24 };
 
 static void grouped_requests(req *q) {
@@ -333,15 +337,19 @@ static void test_small_pool(void **state) {
         int together, preempts;
     } cases[] = {
         {"one by one, 10 pages", {.cache = 1, .num_pages = 10, .chunk = 8}, 0, 0},
-        {"together, 10 pages", {.cache = 1, .num_pages = 10, .chunk = 8}, 1, 1},
-        {"together, 6 pages", {.cache = 1, .num_pages = 6, .chunk = 8}, 1, 1},
-        {"together, 6 pages, no overlap", {.cache = 1, .num_pages = 6, .chunk = 8, .no_overlap = 1}, 1, 1},
-        {"together, 6 pages, cache off", {.cache = 0, .num_pages = 6, .chunk = 8}, 1, 1},
+        {"together, 10 pages", {.cache = 1, .num_pages = 10, .chunk = 8, .no_reserve = 1}, 1, 1},
+        {"together, 6 pages", {.cache = 1, .num_pages = 6, .chunk = 8, .no_reserve = 1}, 1, 1},
+        {"together, 6 pages, no overlap", {.cache = 1, .num_pages = 6, .chunk = 8, .no_overlap = 1, .no_reserve = 1},
+         1, 1},
+        {"together, 6 pages, cache off", {.cache = 0, .num_pages = 6, .chunk = 8, .no_reserve = 1}, 1, 1},
+        {"together, 6 pages, room reserved", {.cache = 1, .num_pages = 6, .chunk = 8}, 1, 0},
+        {"together, 6 pages, room reserved, cache off", {.cache = 0, .num_pages = 6, .chunk = 8}, 1, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         rp_engine_stats st = run(cases[c].s, q, NUM_GROUPED, cases[c].together, got);
         expect_same(ref, got, NUM_GROUPED, cases[c].what);
         if (cases[c].preempts) assert_true(st.preemptions > 0);
+        else assert_int_equal(st.preemptions, 0);
         if (cases[c].s.cache) {
             assert_true(st.prefix_cache_hit_tokens > 0);
             assert_true(st.kv_pages_cached > 0 && st.kv_pages_cached <= cases[c].s.num_pages);
@@ -451,9 +459,11 @@ static uint32_t rnd(uint64_t *s, uint32_t n) {
 /* 200 requests from 5 prefixes (cut at random lengths, 0 to 70 tokens) with
  * random suffixes and outputs, submitted in random bursts while the engine
  * runs, a tenth of them aborted wherever they are, through a pool of 12
- * pages (eviction and preemption all along). Every request that is not
- * aborted makes the tokens it makes alone with the cache off; an aborted
- * one, a prefix of them. */
+ * pages: admitted on their first chunk alone (eviction and preemption all
+ * along), then with room kept for their outputs (eviction, and never a
+ * preemption: they ignore EOS, so the reservation is exact, shared cached
+ * pages included). Every request that is not aborted makes the tokens it
+ * makes alone with the cache off; an aborted one, a prefix of them. */
 static void test_random_arrivals(void **state) {
     (void)state;
     fuzz *f = calloc(1, sizeof *f);
@@ -477,36 +487,46 @@ static void test_random_arrivals(void **state) {
     for (int i = 0; i < FUZZ_REQS; i++) submit(e, &f->q[i], &f->ref[i], NULL);
     expect_at_rest(e, 0);
     rp_engine_destroy(e);
-    e = make_engine((engine_setup){.cache = 1, .num_pages = 12, .chunk = 8, .step_tokens = 24, .max_running = 8});
-    for (int i = 0; i < FUZZ_REQS;) {
-        int burst = 1 + (int)rnd(&seed, 12);
-        for (int b = 0; b < burst && i < FUZZ_REQS; b++, i++) submit(e, &f->q[i], &f->got[i], &f->ids[i]);
-        int aborts = (int)rnd(&seed, 3);
-        for (int a = 0; a < aborts; a++) {
-            int victim = i - 1 - (int)rnd(&seed, (uint32_t)(i < 16 ? i : 16));
-            f->aborted[victim] |= rp_engine_abort(e, f->ids[victim]) == 0;
+    const uint64_t bursts_seed = seed;
+    for (int reserve = 0; reserve < 2; reserve++) {
+        seed = bursts_seed; /* the same bursts and aborts */
+        memset(f->got, 0, sizeof f->got);
+        memset(f->aborted, 0, sizeof f->aborted);
+        e = make_engine((engine_setup){.cache = 1, .num_pages = 12, .chunk = 8, .step_tokens = 24, .max_running = 8,
+                                       .no_reserve = !reserve});
+        for (int i = 0; i < FUZZ_REQS;) {
+            int burst = 1 + (int)rnd(&seed, 12);
+            for (int b = 0; b < burst && i < FUZZ_REQS; b++, i++) submit(e, &f->q[i], &f->got[i], &f->ids[i]);
+            int aborts = (int)rnd(&seed, 3);
+            for (int a = 0; a < aborts; a++) {
+                int victim = i - 1 - (int)rnd(&seed, (uint32_t)(i < 16 ? i : 16));
+                f->aborted[victim] |= rp_engine_abort(e, f->ids[victim]) == 0;
+            }
+            if (rnd(&seed, 4) == 0) usleep(rnd(&seed, 3000));
+            if (rnd(&seed, 10) == 0) rp_engine_wait_idle(e);
         }
-        if (rnd(&seed, 4) == 0) usleep(rnd(&seed, 3000));
-        if (rnd(&seed, 10) == 0) rp_engine_wait_idle(e);
+        rp_engine_stats st = expect_at_rest(e, 1);
+        rp_engine_destroy(e);
+        int num_aborted = 0;
+        for (int i = 0; i < FUZZ_REQS; i++) {
+            const result *g = &f->got[i], *r = &f->ref[i];
+            if (g->finals != 1) fail_msg("request %d had %d final events", i, g->finals);
+            int aborted = g->finish == RP_FINISH_REASON_ABORT;
+            if (aborted && !f->aborted[i]) fail_msg("request %d ended aborted, never aborted", i);
+            num_aborted += aborted;
+            if (!aborted && g->n != r->n) fail_msg("request %d made %d tokens, %d without the cache", i, g->n, r->n);
+            for (int t = 0; t < g->n; t++)
+                if (g->tokens[t] != r->tokens[t] || g->logprobs[t] != r->logprobs[t])
+                    fail_msg("request %d token %d is %d, %d without the cache", i, t, g->tokens[t], r->tokens[t]);
+        }
+        print_message("  %s: %d aborted; %llu of %llu tokens cached, %llu preemptions, %llu steps\n",
+                      reserve ? "room reserved" : "first chunk alone", num_aborted,
+                      (unsigned long long)st.prefix_cache_hit_tokens,
+                      (unsigned long long)st.prefix_cache_queried_tokens, (unsigned long long)st.preemptions,
+                      (unsigned long long)st.steps);
+        assert_true(st.prefix_cache_hit_tokens > 0);
+        if (reserve) assert_int_equal(st.preemptions, 0); /* ignore_eos: the reservation is exact */
     }
-    rp_engine_stats st = expect_at_rest(e, 1);
-    rp_engine_destroy(e);
-    int num_aborted = 0;
-    for (int i = 0; i < FUZZ_REQS; i++) {
-        const result *g = &f->got[i], *r = &f->ref[i];
-        if (g->finals != 1) fail_msg("request %d had %d final events", i, g->finals);
-        int aborted = g->finish == RP_FINISH_REASON_ABORT;
-        if (aborted && !f->aborted[i]) fail_msg("request %d ended aborted, never aborted", i);
-        num_aborted += aborted;
-        if (!aborted && g->n != r->n) fail_msg("request %d made %d tokens, %d without the cache", i, g->n, r->n);
-        for (int t = 0; t < g->n; t++)
-            if (g->tokens[t] != r->tokens[t] || g->logprobs[t] != r->logprobs[t])
-                fail_msg("request %d token %d is %d, %d without the cache", i, t, g->tokens[t], r->tokens[t]);
-    }
-    print_message("  %d aborted; %llu of %llu tokens cached, %llu preemptions, %llu steps\n", num_aborted,
-                  (unsigned long long)st.prefix_cache_hit_tokens, (unsigned long long)st.prefix_cache_queried_tokens,
-                  (unsigned long long)st.preemptions, (unsigned long long)st.steps);
-    assert_true(st.prefix_cache_hit_tokens > 0);
     free(f);
 }
 

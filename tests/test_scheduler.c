@@ -19,7 +19,12 @@
  * always computed), prompts cached at the commit that completes them and
  * duplicates freed, a request passed over while a running prefill computes
  * its prefix, eviction before preemption, a preempted request coming back
- * from its cached pages. The page accounting (rp_scheduler_check) holds
+ * from its cached pages. Admission with room for decode growth
+ * (rp_sched_policy), over whole runs: ignore_eos requests stop at what the
+ * pool holds whole and are never preempted, requests that stop early let
+ * the ratio fall and more in, and a ratio that is wrong still completes
+ * everything through preemption, which raises it; the default running set
+ * from the pool's size. The page accounting (rp_scheduler_check) holds
  * after every step; every pool is full (or cached, unlocked) and every row
  * free at the end. */
 #include "kv/page_pool.h"
@@ -720,6 +725,200 @@ static void test_cache_preempted_comes_back(void **state) {
     teardown(&f);
 }
 
+/* ---- admission with room for decode growth (rp_sched_policy) ------------
+
+ * A whole run played as the engine plays it, many requests at once: every
+ * step is scheduled, committed and checked (rp_scheduler_check), every
+ * sampled token appended, and a request leaves when it reaches max_tokens
+ * or, when it does not ignore EOS and stop_at is set, when it has made
+ * stop_at tokens (its "EOS"). */
+typedef struct sim {
+    rp_page_pool *pool;
+    rp_page_table *table;
+    rp_prefix_cache *cache;
+    rp_scheduler *s;
+    rp_request *reqs;
+    int num_reqs, stop_at;
+    int first_admitted; /* running after the first step */
+    int peak_running, steps;
+    double peak_ratio_after_preemption;
+} sim;
+
+enum { SIM_PROMPT = 8, SIM_MAX_TOKENS = 24, SIM_SHARED = 8 };
+
+static rp_sched_policy policy(int reserve, double init, double min, int decay_steps) {
+    return (rp_sched_policy){.reserve_decode = reserve, .init_ratio = init, .min_ratio = min,
+                             .decay_steps = decay_steps, .clip_tokens = 4096};
+}
+
+/* n requests of SIM_PROMPT prompt tokens (the first shared tokens the same
+ * in all of them, the rest their own) and max_tokens each, all waiting. */
+static void sim_setup(sim *m, int num_pages, int max_running, rp_sched_policy pol, int n, int max_tokens,
+                      int ignore_eos, int shared, int with_cache) {
+    memset(m, 0, sizeof *m);
+    rp_sched_config cfg = {.max_running = max_running, .max_batched_tokens = 256, .chunk = 256, .max_context = 64,
+                           .policy = pol};
+    m->pool = rp_page_pool_new(num_pages, PS);
+    m->table = rp_page_table_new(m->pool, max_running, cfg.max_context);
+    if (with_cache) m->cache = rp_prefix_cache_new(m->pool);
+    m->s = rp_scheduler_new(&cfg, m->table, m->cache);
+    assert_non_null(m->s);
+    m->reqs = calloc((size_t)n, sizeof *m->reqs);
+    m->num_reqs = n;
+    for (int i = 0; i < n; i++) {
+        rp_request *r = &m->reqs[i];
+        r->tokens = calloc((size_t)(SIM_PROMPT + max_tokens + 1), sizeof *r->tokens);
+        for (int k = 0; k < SIM_PROMPT; k++) r->tokens[k] = k < shared ? 7 + k : 1000 * (i + 1) + k;
+        r->id = (rp_request_id)i + 1;
+        r->num_prompt = SIM_PROMPT;
+        r->max_tokens = max_tokens;
+        r->ignore_eos = ignore_eos;
+        r->row = -1;
+        rp_scheduler_enqueue(m->s, r);
+    }
+}
+
+/* Runs until every request has left; every pool page back at the end. */
+static void sim_run(sim *m) {
+    rp_scheduler *s = m->s;
+    int left = m->num_reqs;
+    rp_sched_item *items = calloc((size_t)s->cfg.max_running, sizeof *items);
+    while (left > 0) {
+        uint64_t preempted = s->preemptions;
+        int n = rp_scheduler_schedule(s);
+        if (n <= 0) fail_msg("step %d: nothing scheduled with %d requests left", m->steps, left);
+        if (s->preemptions > preempted && s->new_token_ratio > m->peak_ratio_after_preemption)
+            m->peak_ratio_after_preemption = s->new_token_ratio;
+        if (m->steps == 0) m->first_admitted = s->num_running;
+        if (s->num_running > m->peak_running) m->peak_running = s->num_running;
+        memcpy(items, s->plan, (size_t)n * sizeof *items);
+        rp_scheduler_commit(s);
+        expect_consistent(s);
+        for (int i = 0; i < n; i++) {
+            rp_request *r = items[i].req;
+            if (!items[i].samples) continue;
+            r->tokens[rp_request_len(r)] = 900 + rp_request_len(r);
+            r->num_output++;
+            int eos = !r->ignore_eos && m->stop_at && r->num_output == m->stop_at;
+            if (r->num_output == r->max_tokens || eos) {
+                rp_scheduler_remove(s, r);
+                expect_consistent(s);
+                left--;
+            }
+        }
+        m->steps++;
+        if (m->steps > 100000) fail_msg("no end after %d steps, %d requests left", m->steps, left);
+    }
+    free(items);
+    assert_int_equal(s->num_running, 0);
+    assert_int_equal(s->num_waiting, 0);
+    int cached = 0;
+    if (m->cache) {
+        rp_prefix_cache_stats st;
+        rp_prefix_cache_get_stats(m->cache, &st);
+        assert_int_equal(st.handles, 0);
+        cached = st.cached_pages;
+    }
+    assert_int_equal(rp_page_pool_num_free(m->pool) + cached, m->pool->num_pages);
+    assert_int_equal(m->table->num_free_rows, m->table->max_rows);
+}
+
+static void sim_free(sim *m) {
+    for (int i = 0; i < m->num_reqs; i++) free(m->reqs[i].tokens);
+    free(m->reqs);
+    rp_scheduler_free(m->s);
+    rp_prefix_cache_free(m->cache);
+    rp_page_table_free(m->table);
+    rp_page_pool_free(m->pool);
+}
+
+/* (a) A pool that holds N = 8 requests whole (8 prompt + 24 output tokens:
+ * 8 pages each, 64 pages) and 2N of them waiting, ignoring EOS: admission
+ * stops at N, and nothing is ever preempted. Admitted on their prompts
+ * alone, as before, all 16 get in and thrash. */
+static void test_reserve_holds_full_lengths(void **state) {
+    (void)state;
+    enum { N = 8, PAGES = N * (SIM_PROMPT + SIM_MAX_TOKENS) / PS };
+    for (int cache = 0; cache < 2; cache++) {
+        sim m;
+        sim_setup(&m, PAGES, 2 * N, RP_SCHED_POLICY_DEFAULT, 2 * N, SIM_MAX_TOKENS, 1, 0, cache);
+        sim_run(&m);
+        print_message("  reserved%s: %d admitted at first, peak %d running, %llu preemptions, %d steps\n",
+                      cache ? ", prefix cache" : "", m.first_admitted, m.peak_running,
+                      (unsigned long long)m.s->preemptions, m.steps);
+        assert_int_equal(m.first_admitted, N);
+        assert_int_equal(m.peak_running, N);
+        assert_int_equal(m.s->preemptions, 0);
+        sim_free(&m);
+    }
+    sim m;
+    sim_setup(&m, PAGES, 2 * N, policy(0, 0, 0, 0), 2 * N, SIM_MAX_TOKENS, 1, 0, 0);
+    sim_run(&m);
+    print_message("  prompts alone: %d admitted at first, %llu preemptions, %d steps\n", m.first_admitted,
+                  (unsigned long long)m.s->preemptions, m.steps);
+    assert_int_equal(m.first_admitted, 2 * N);
+    assert_true(m.s->preemptions > 0);
+    sim_free(&m);
+}
+
+/* (b) Requests that stop at 10% of max_tokens (4 of 40), EOS not ignored:
+ * the ratio starts at 0.7 (8 + 28 tokens: 9 pages each, 7 of them in 64
+ * pages), decays to 0.1 over 20 steps without a preemption (8 + 4 tokens:
+ * 3 pages), and the running set grows past the 8 that ignoring EOS allows. */
+static void test_reserve_learns_early_stops(void **state) {
+    (void)state;
+    enum { PAGES = 64, MAX_TOKENS = 40 };
+    sim m;
+    sim_setup(&m, PAGES, 32, policy(1, 0.7, 0.1, 20), 96, MAX_TOKENS, 0, 0, 0);
+    m.stop_at = MAX_TOKENS / 10;
+    sim_run(&m);
+    print_message("  early stops: %d admitted at first, peak %d running, ratio %.2f, %llu preemptions, %d steps\n",
+                  m.first_admitted, m.peak_running, m.s->new_token_ratio, (unsigned long long)m.s->preemptions,
+                  m.steps);
+    assert_int_equal(m.first_admitted, 7);
+    assert_true(m.peak_running > 8);
+    assert_true(m.peak_running >= 2 * m.first_admitted);
+    assert_true(m.s->new_token_ratio < 0.1 + 1e-9);
+    assert_int_equal(m.s->preemptions, 0);
+    sim_free(&m);
+}
+
+/* (c) A wrong estimate: the ratio is held at 0.1 but every request runs to
+ * max_tokens. Admission lets in more than the pool holds; preemption makes
+ * room, raises the ratio (at least back to init_ratio), and everything
+ * completes with the page accounting whole after every step, with and
+ * without a prefix cache (a shared first page). */
+static void test_reserve_wrong_estimate(void **state) {
+    (void)state;
+    enum { N = 8, PAGES = N * (SIM_PROMPT + SIM_MAX_TOKENS) / PS };
+    for (int cache = 0; cache < 2; cache++) {
+        sim m;
+        sim_setup(&m, PAGES, 2 * N, policy(1, 0.1, 0.1, 600), 3 * N, SIM_MAX_TOKENS, 0, cache ? PS : 0, cache);
+        sim_run(&m);
+        print_message("  wrong estimate%s: peak %d running, %llu preemptions, ratio raised to %.2f, %d steps\n",
+                      cache ? ", prefix cache" : "", m.peak_running, (unsigned long long)m.s->preemptions,
+                      m.peak_ratio_after_preemption, m.steps);
+        assert_true(m.peak_running > N);
+        assert_true(m.s->preemptions > 0);
+        assert_true(m.peak_ratio_after_preemption > 0.1);
+        for (int i = 0; i < m.num_reqs; i++) assert_int_equal(m.reqs[i].num_output, SIM_MAX_TOKENS);
+        sim_free(&m);
+    }
+}
+
+/* (d) The default running set: the pool's tokens / 512 (the context when
+ * shorter), within [16, 1024]. */
+static void test_default_max_running(void **state) {
+    (void)state;
+    assert_int_equal(rp_sched_default_max_running(440000, 131072), 859); /* llama3-8b on an H100 */
+    assert_int_equal(rp_sched_default_max_running(2000000, 131072), 1024);
+    assert_int_equal(rp_sched_default_max_running(4096, 40960), 16);
+    assert_int_equal(rp_sched_default_max_running(0, 40960), 16);
+    assert_int_equal(rp_sched_default_max_running(65536, 512), 128);
+    assert_int_equal(rp_sched_default_max_running(8192, 256), 32); /* short contexts: more of them */
+    assert_int_equal(rp_sched_default_max_running(8192, 0), 16);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pages_for),
@@ -737,6 +936,10 @@ int main(void) {
         cmocka_unit_test(test_cache_waits_for_prefill),
         cmocka_unit_test(test_cache_evicts_before_preempting),
         cmocka_unit_test(test_cache_preempted_comes_back),
+        cmocka_unit_test(test_reserve_holds_full_lengths),
+        cmocka_unit_test(test_reserve_learns_early_stops),
+        cmocka_unit_test(test_reserve_wrong_estimate),
+        cmocka_unit_test(test_default_max_running),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -64,7 +64,9 @@ typedef struct rp_engine_config {
     double memory_ratio;   /* default 0.9 */
     int max_context;       /* per request; default: the model's max_position_embeddings */
     /* scheduling */
-    int max_running_requests; /* default 256 */
+    /* requests in the running set; 0 (default): the KV pool's tokens / 512,
+     * within [16, 1024] (sched/scheduler.h, docs/memory-model.md) */
+    int max_running_requests;
     int max_batched_tokens;   /* tokens one step feeds, prompt chunks and decode tokens together */
     int chunked_prefill_size; /* a prompt is prefilled in chunks of at most this (0 = max_batched_tokens) */
     /* Where the backend's forward runs on the calling thread (CPU), the
@@ -87,6 +89,10 @@ typedef struct rp_engine_config {
      * prefix cache: O(pages)) and stop the process on a broken invariant.
      * For tests. */
     int debug_check_every_step;
+    /* 1: admit a request when its first chunk fits, without keeping room
+     * for what the running requests will decode (docs/memory-model.md). For
+     * tests that need preemption under a small pool. */
+    int disable_decode_reservation;
 } rp_engine_config;
 
 typedef enum rp_finish {
@@ -190,6 +196,7 @@ typedef struct rp_engine_stats {
      * prefix cache holds, locked by running requests or not */
     int kv_pages_total, kv_pages_free, kv_pages_cached;
     int max_total_tokens;
+    int max_running_requests; /* as given, or as derived from the pool */
     uint64_t steps, prompt_tokens, generated_tokens, preemptions;
     int peak_running;
     int kv_pages_peak_used; /* most pages held by running requests (not cached and unlocked) */

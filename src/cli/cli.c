@@ -16,6 +16,7 @@
 #include "engine/runner.h"
 #include "engine/sampler.h"
 #include "replay/engine.h"
+#include "sched/scheduler.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
@@ -435,7 +436,8 @@ void rp_engine_opts_help(FILE *f) {
     rp_engine_config_default(&d);
     fprintf(f,
             "Engine:\n"
-            "  --max-running-requests N     requests decoded together (default %d; --max-num-seqs is the same)\n"
+            "  --max-running-requests N     requests decoded together (default: the KV cache's tokens / %d, from\n"
+            "                               %d to %d; --max-num-seqs is the same)\n"
             "  --max-num-batched-tokens N   tokens one step feeds, prompt chunks and decode tokens together\n"
             "                               (default %d; --max-prefill-tokens is the same)\n"
             "  --chunked-prefill-size N     a prompt is fed in chunks of at most N tokens (default %d; 0 = the step's)\n"
@@ -449,7 +451,8 @@ void rp_engine_opts_help(FILE *f) {
             "  --disable-prefix-caching     compute every prompt whole: keep no KV pages for later requests\n"
             "                               (default: prefix caching %s)\n"
             "  --enable-prefix-caching      reuse the KV pages of prompt prefixes computed before (the default)\n",
-            d.max_running_requests, d.max_batched_tokens, d.chunked_prefill_size, d.memory_ratio, d.page_size,
+            RP_SCHED_TOKENS_PER_REQUEST, RP_SCHED_MIN_RUNNING, RP_SCHED_MAX_RUNNING, d.max_batched_tokens,
+            d.chunked_prefill_size, d.memory_ratio, d.page_size,
             d.enable_prefix_caching ? "on" : "off");
 }
 

@@ -492,7 +492,8 @@ static int bench_offline(int argc, char **argv) {
     const long num = w.num_prompts, total_reqs = rp_bench_workload_requests(&w);
     const char *dev = rp_cli_device(&mo);
     if (!strcmp(dev, "cpu")) { /* about requests x output / (requests at once) decode steps */
-        const long at_once = num < ec.max_running_requests ? num : ec.max_running_requests;
+        const long most = ec.max_running_requests; /* 0: derived from the pool, not known yet */
+        const long at_once = most > 0 && most < num ? most : num;
         rp_bench_warn_cpu(&mo.cfg, mo.threads, (double)total_reqs * w.output_len / at_once,
                           rp_bench_workload_prompt_tokens(&w), cmd);
     }

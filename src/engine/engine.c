@@ -15,7 +15,10 @@
 #include "util/log.h"
 
 /* The engine's defaults, the one place they are written: SGLang's on large
- * GPUs for the token budget and chunk (measured in bench/RESULTS.md). On the
+ * GPUs for the token budget and chunk (measured in bench/RESULTS.md); the
+ * running set's size, when none is given, comes from the KV pool
+ * (rp_sched_default_max_running in sched/scheduler.h, with the admission
+ * policy it works with). On the
  * CPU a step is also held to about DEFAULT_CPU_STEP_MS, since newcomers,
  * aborts and destroy wait for the step in flight: prompt speed there differs
  * a hundredfold between hosts (~4 to ~400 tokens a second for a 0.6B model,
@@ -25,7 +28,6 @@
  * before any speed is measured. */
 enum {
     DEFAULT_PAGE_SIZE = 16,
-    DEFAULT_MAX_RUNNING = 256,
     DEFAULT_MAX_BATCHED_TOKENS = 16384,
     DEFAULT_CHUNKED_PREFILL = 8192,
     DEFAULT_CPU_STEP_MS = 500,
@@ -38,7 +40,7 @@ void rp_engine_config_default(rp_engine_config *c) {
     c->device = "auto";
     c->page_size = DEFAULT_PAGE_SIZE;
     c->memory_ratio = DEFAULT_MEMORY_RATIO;
-    c->max_running_requests = DEFAULT_MAX_RUNNING;
+    c->max_running_requests = 0; /* derived from the pool */
     c->max_batched_tokens = DEFAULT_MAX_BATCHED_TOKENS;
     c->chunked_prefill_size = DEFAULT_CHUNKED_PREFILL;
     c->enable_prefix_caching = 1;
@@ -268,9 +270,10 @@ static void config_complete(rp_engine_config *cfg) {
     if (!cfg->device) cfg->device = "auto";
     if (cfg->page_size <= 0) cfg->page_size = DEFAULT_PAGE_SIZE;
     if (cfg->memory_ratio <= 0 || cfg->memory_ratio > 1) cfg->memory_ratio = DEFAULT_MEMORY_RATIO;
-    if (cfg->max_running_requests <= 0) cfg->max_running_requests = DEFAULT_MAX_RUNNING;
+    if (cfg->max_running_requests < 0) cfg->max_running_requests = 0; /* derived once the pool is sized */
     if (cfg->max_batched_tokens <= 0) cfg->max_batched_tokens = DEFAULT_MAX_BATCHED_TOKENS;
-    /* a decode step of every running request must fit one step */
+    /* a decode step of every running request must fit one step (a derived
+     * running set is held to the step instead) */
     if (cfg->max_batched_tokens < cfg->max_running_requests) cfg->max_batched_tokens = cfg->max_running_requests;
 }
 
@@ -283,6 +286,13 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     e->cfg = *cfg_in;
     rp_engine_config *cfg = &e->cfg;
     config_complete(cfg);
+    /* The pool is sized by the backend after its batch buffers (what is left
+     * of the GPU memory), so a running set derived from the pool is known
+     * only afterwards: the backend and the page table are then sized for
+     * the largest one it can be. */
+    const int derive_running = cfg->max_running_requests == 0;
+    int backend_seqs = derive_running ? RP_SCHED_MAX_RUNNING : cfg->max_running_requests;
+    if (backend_seqs > cfg->max_batched_tokens) backend_seqs = cfg->max_batched_tokens;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->idle, NULL);
@@ -291,9 +301,9 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     rp_runner_config rc = {.model_dir = cfg->model_dir, .dummy_name = cfg->dummy_name, .load_dummy = cfg->load_dummy,
                            .weight_seed = cfg->weight_seed, .load_progress = 1, .device = cfg->device,
                            .threads = cfg->threads, .page_size = cfg->page_size, .num_pages = cfg->num_pages,
-                           .memory_ratio = cfg->memory_ratio, .max_seqs = cfg->max_running_requests,
+                           .memory_ratio = cfg->memory_ratio, .max_seqs = backend_seqs,
                            .max_context = cfg->max_context, .max_batched_tokens = cfg->max_batched_tokens,
-                           .max_logit_rows = cfg->max_running_requests,
+                           .max_logit_rows = backend_seqs,
                            .disable_cuda_graph = cfg->disable_cuda_graph,
                            .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
                            .tuning = {.disable_decode_step = cfg->disable_decode_step}};
@@ -305,9 +315,15 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     e->max_context = e->run->max_context;
     e->max_logits = e->run->max_logit_rows;
     const int num_pages = e->run->pool->num_pages;
+    if (derive_running) {
+        cfg->max_running_requests = rp_sched_default_max_running((long)num_pages * cfg->page_size, e->max_context);
+        if (cfg->max_running_requests > backend_seqs) cfg->max_running_requests = backend_seqs;
+    }
     rp_sched_config sc = {.max_running = cfg->max_running_requests, .max_batched_tokens = cfg->max_batched_tokens,
                           .max_context = e->max_context,
-                          .chunk = cfg->chunked_prefill_size > 0 ? cfg->chunked_prefill_size : cfg->max_batched_tokens};
+                          .chunk = cfg->chunked_prefill_size > 0 ? cfg->chunked_prefill_size : cfg->max_batched_tokens,
+                          .policy = RP_SCHED_POLICY_DEFAULT};
+    if (cfg->disable_decode_reservation) sc.policy.reserve_decode = 0;
     if (cfg->enable_prefix_caching && !(e->cache = rp_prefix_cache_new(e->run->pool))) goto oom;
     e->sched = rp_scheduler_new(&sc, e->run->table, e->cache);
     for (int k = 0; k < 2; k++) {
@@ -333,11 +349,15 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
         goto oom;
     e->stats.kv_pages_total = num_pages;
     e->stats.max_total_tokens = num_pages * cfg->page_size;
+    e->stats.max_running_requests = cfg->max_running_requests;
     e->snapshot = e->stats;
     e->snapshot.kv_pages_free = num_pages;
-    rp_log_info("engine: %d KV pages of %d tokens (%d tokens in all), up to %d running request%s, %d tokens per step",
+    rp_log_info("engine: %d KV pages of %d tokens (%d tokens in all), up to %d running request%s%s, %d tokens per "
+                "step",
                 num_pages, cfg->page_size, num_pages * cfg->page_size, cfg->max_running_requests,
-                cfg->max_running_requests == 1 ? "" : "s", cfg->max_batched_tokens);
+                cfg->max_running_requests == 1 ? "" : "s",
+                derive_running ? " (derived from the KV pool; --max-running-requests overrides)" : "",
+                cfg->max_batched_tokens);
     rp_log_info("engine: prefix caching %s", e->cache ? "on" : "off");
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         set_error(errout, RP_ERROR_INTERNAL, "cannot start the engine thread");

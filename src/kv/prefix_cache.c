@@ -262,6 +262,12 @@ int rp_prefix_cache_ensure_free(rp_prefix_cache *pc, int num_free_pages) {
 
 int rp_prefix_cache_evictable_pages(const rp_prefix_cache *pc) { return pc->num_evictable; }
 
+int rp_prefix_cache_unlocked_of(const rp_prefix_cache *pc, const int32_t *pages, int n) {
+    int unlocked = 0;
+    for (int i = 0; i < n; i++) unlocked += pc->nodes[pages[i]].lock == 0;
+    return unlocked;
+}
+
 void rp_prefix_cache_get_stats(const rp_prefix_cache *pc, rp_prefix_cache_stats *s) {
     *s = (rp_prefix_cache_stats){
         .cached_pages = pc->num_cached,

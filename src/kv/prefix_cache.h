@@ -124,6 +124,9 @@ int rp_prefix_cache_evict(rp_prefix_cache *pc, int num_pages);
 int rp_prefix_cache_ensure_free(rp_prefix_cache *pc, int num_free_pages);
 /* Cached pages no handle locks: what eviction could give the pool now. */
 int rp_prefix_cache_evictable_pages(const rp_prefix_cache *pc);
+/* Of the n pages a match just reported, those no handle locks: counted as
+ * evictable until a lock on them takes them out of that count. */
+int rp_prefix_cache_unlocked_of(const rp_prefix_cache *pc, const int32_t *pages, int n);
 
 void rp_prefix_cache_get_stats(const rp_prefix_cache *pc, rp_prefix_cache_stats *stats);
 

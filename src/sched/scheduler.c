@@ -1,10 +1,21 @@
 /* Continuous-batching policy: decode first, then prefill chunks, then
- * admissions; eviction of cached pages, then preemption by recomputation,
- * when the KV pool runs out. */
+ * admissions that leave room for the running set's decode growth; eviction
+ * of cached pages, then preemption by recomputation, when the KV pool runs
+ * out. */
 #include "sched/scheduler.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+int rp_sched_default_max_running(long pool_tokens, int max_context) {
+    long per_request = max_context > 0 && max_context < RP_SCHED_TOKENS_PER_REQUEST ? max_context
+                                                                                   : RP_SCHED_TOKENS_PER_REQUEST;
+    long n = pool_tokens / per_request;
+    if (n < RP_SCHED_MIN_RUNNING) n = RP_SCHED_MIN_RUNNING;
+    if (n > RP_SCHED_MAX_RUNNING) n = RP_SCHED_MAX_RUNNING;
+    return (int)n;
+}
 
 rp_scheduler *rp_scheduler_new(const rp_sched_config *cfg, rp_page_table *table, rp_prefix_cache *cache) {
     rp_scheduler *s = calloc(1, sizeof *s);
@@ -13,6 +24,7 @@ rp_scheduler *rp_scheduler_new(const rp_sched_config *cfg, rp_page_table *table,
     if (s->cfg.chunk <= 0 || s->cfg.chunk > s->cfg.max_batched_tokens) s->cfg.chunk = s->cfg.max_batched_tokens;
     s->table = table;
     s->cache = cache;
+    s->new_token_ratio = s->cfg.policy.init_ratio;
     s->running = calloc((size_t)cfg->max_running, sizeof *s->running);
     s->plan = calloc((size_t)cfg->max_running, sizeof *s->plan);
     s->cache_pages = calloc((size_t)table->max_pages_per_row, sizeof *s->cache_pages);
@@ -36,6 +48,9 @@ int rp_scheduler_pages_for(const rp_scheduler *s, int len) {
 }
 
 void rp_scheduler_enqueue(rp_scheduler *s, rp_request *r) {
+    /* the first request after idling: what was learnt of the last requests'
+     * lengths may not hold for these (SGLang starts over too) */
+    if (s->num_running == 0 && s->num_waiting == 0) s->new_token_ratio = s->cfg.policy.init_ratio;
     r->arrival = s->next_arrival++;
     r->state = RP_REQ_WAITING;
     r->row = -1;
@@ -138,6 +153,57 @@ static void add_running(rp_scheduler *s, rp_request *r) {
     r->state = RP_REQ_RUNNING;
 }
 
+/* ---- the new-token ratio (scheduler.h's rp_sched_policy) ---------------- */
+
+/* Output tokens r is counted for: ignore_eos requests all they have left,
+ * the others ratio x that, at most clip_tokens. */
+static int expected_output(const rp_scheduler *s, const rp_request *r) {
+    int left = r->max_tokens - r->num_output;
+    if (left <= 0) return 0;
+    if (r->ignore_eos) return left;
+    if (left > s->cfg.policy.clip_tokens) left = s->cfg.policy.clip_tokens;
+    return (int)ceil(s->new_token_ratio * left);
+}
+
+/* Pages r is expected to take beyond those its row holds: the rest of its
+ * prompt (chunks not fed yet, or all of it before admission) and its
+ * expected output. A retiring request takes none: its pages come back. */
+static int expected_pages(const rp_scheduler *s, const rp_request *r) {
+    if (r->retiring) return 0;
+    long len = (long)rp_request_len(r) + expected_output(s, r);
+    if (len > s->cfg.max_context) len = s->cfg.max_context;
+    int held = r->row >= 0 ? s->table->row_num_pages[r->row] : 0;
+    int need = rp_scheduler_pages_for(s, (int)len) - held;
+    return need > 0 ? need : 0;
+}
+
+/* After a preemption the ratio was too low for the running set: back to at
+ * least init_ratio, and to the share of max_tokens the running requests
+ * have already generated (they may go on to all of it; SGLang's retract). */
+static void raise_ratio(rp_scheduler *s) {
+    const rp_sched_policy *p = &s->cfg.policy;
+    double out = 0, max = 0;
+    for (int i = 0; i < s->num_running; i++) {
+        const rp_request *r = s->running[i];
+        if (r->ignore_eos) continue; /* counted at 1 anyway */
+        out += r->num_output;
+        max += r->max_tokens < p->clip_tokens ? r->max_tokens : p->clip_tokens;
+    }
+    double ratio = max > 0 ? out / max : 0;
+    if (ratio < p->init_ratio) ratio = p->init_ratio;
+    if (ratio > 1) ratio = 1;
+    if (ratio > s->new_token_ratio) s->new_token_ratio = ratio;
+}
+
+/* A step without preemption: requests stop before their max_tokens often
+ * enough, so the next admissions may count on a little less of it. */
+static void decay_ratio(rp_scheduler *s) {
+    const rp_sched_policy *p = &s->cfg.policy;
+    double step = p->decay_steps > 0 ? (p->init_ratio - p->min_ratio) / p->decay_steps : 1;
+    s->new_token_ratio -= step;
+    if (s->new_token_ratio < p->min_ratio) s->new_token_ratio = p->min_ratio;
+}
+
 /* Frees the newest running request's pages (its computed full pages going
  * to the cache) and requeues it at the front: it will be recomputed from
  * its tokens, or from what the cache still holds of them, losing nothing. */
@@ -152,6 +218,7 @@ static rp_request *preempt_newest(rp_scheduler *s) {
     v->preemptions++;
     s->preemptions++;
     push_front(s, v);
+    raise_ratio(s);
     return v;
 }
 
@@ -219,10 +286,12 @@ static int waits_for_prefill(const rp_scheduler *s, const rp_request *r, int mat
 
 /* Admits r into a free row, from its longest cached prefix, with its first
  * chunk (at most budget tokens); returns the tokens planned, or 0 with
- * nothing taken (no row, or no pages even with the cache evicted). A peek
- * decides before the match that locks and counts, so a request that waits
- * for a prefill, or for pages, costs the cache nothing. */
-static int admit(rp_scheduler *s, rp_request *r, int budget, int *waits) {
+ * nothing taken (no row, no pages even with the cache evicted, or no room
+ * for r beside the *expected pages the running set may still take, which
+ * r's join when it is admitted). A peek decides before the match that
+ * locks and counts, so a request that waits for a prefill, or for pages,
+ * costs the cache nothing. */
+static int admit(rp_scheduler *s, rp_request *r, int budget, int *expected, int *waits) {
     const int ps = s->table->pool->page_size, len = rp_request_len(r);
     int matched = 0;
     *waits = 0;
@@ -233,6 +302,15 @@ static int admit(rp_scheduler *s, rp_request *r, int budget, int *waits) {
     int n = len - matched < s->cfg.chunk ? len - matched : s->cfg.chunk;
     if (n > budget) n = budget;
     if (rp_scheduler_pages_for(s, matched + n) - matched / ps > rp_scheduler_pages_available(s)) return 0;
+    /* room for the running set's growth and r's own: all its pages but the
+     * matched ones, which are the cache's, yet counted as available while
+     * unlocked. The first request always gets in, so a request the estimate
+     * says cannot fit beside others still runs alone. */
+    if (s->cfg.policy.reserve_decode && s->num_running > 0) {
+        int need = expected_pages(s, r) - matched / ps;
+        if (s->cache) need += rp_prefix_cache_unlocked_of(s->cache, s->cache_pages, matched / ps);
+        if (*expected + need > rp_scheduler_pages_available(s)) return 0;
+    }
     int row = rp_page_table_acquire_row(s->table);
     if (row < 0) return 0;
     if (s->cache) {
@@ -254,6 +332,7 @@ static int admit(rp_scheduler *s, rp_request *r, int budget, int *waits) {
     unlink_waiting(s, r);
     add_running(s, r);
     plan_add(s, r, n);
+    *expected += expected_pages(s, r);
     return n;
 }
 
@@ -284,11 +363,14 @@ static int schedule_once(rp_scheduler *s) {
      * request waiting for a running prefill of its prefix is passed over).
      * A request preempted with its last output token still in flight may
      * be at max_tokens: it cannot run, and ends when that token is read. */
+    int expected = 0; /* pages the running set is expected to take yet */
+    if (s->cfg.policy.reserve_decode && s->wait_head)
+        for (int i = 0; i < s->num_running; i++) expected += expected_pages(s, s->running[i]);
     rp_request *next;
     for (rp_request *r = s->wait_head; r && s->num_running < s->cfg.max_running && prompt_budget > 0; r = next) {
         next = r->next;
         if (!rp_request_can_run(r, s->cfg.max_context)) break;
-        int waits, n = admit(s, r, prompt_budget, &waits);
+        int waits, n = admit(s, r, prompt_budget, &expected, &waits);
         if (waits) continue;
         if (n == 0) break;
         prompt_budget -= n;
@@ -299,6 +381,7 @@ static int schedule_once(rp_scheduler *s) {
 }
 
 int rp_scheduler_schedule(rp_scheduler *s) {
+    const uint64_t preemptions = s->preemptions;
     int n = schedule_once(s);
     /* Nothing fits although requests run (all mid-prefill on a full pool):
      * preempt the newest so the oldest can finish. Submission rejects any
@@ -309,6 +392,7 @@ int rp_scheduler_schedule(rp_scheduler *s) {
         if (!runnable || !preempt_newest(s)) break; /* only requests finishing in flight: nothing to do */
         n = schedule_once(s);
     }
+    if (n > 0 && s->preemptions == preemptions) decay_ratio(s);
     return n;
 }
 

@@ -10,8 +10,9 @@
  *     chunk, leaving the first waiting request the budget of its first
  *     chunk (a long prompt never holds a newcomer back for more than a step);
  *  3. waiting requests are admitted in order while a page-table row, pages
- *     for their next chunk and token budget remain, and fewer than
- *     max_running requests run;
+ *     for their next chunk and token budget remain, fewer than max_running
+ *     requests run, and the pool keeps room for what the running set is
+ *     expected to decode (rp_sched_policy below);
  *  4. budget the admissions left goes back to the running prefills.
  * Prompt tokens (2-4) are also held to prefill_cap, which the engine sets
  * each step so that a step on a slow backend stays short.
@@ -45,11 +46,58 @@
 #include "kv/prefix_cache.h"
 #include "sched/request.h"
 
+/* Admission with room for decode growth (SGLang's new-token ratio;
+ * docs/memory-model.md has the reasoning and the numbers).
+ *
+ * Admitting on the prompt alone fills the pool with prompts whose outputs
+ * then grow by a page every page_size steps, until the pool runs dry and
+ * the newest are preempted and recomputed, over and over. So a waiting
+ * request is admitted only if, once its prompt (less its cached prefix) and
+ * ratio x its max_tokens are set aside, the pages available still cover
+ * what every running request may yet take: the prompt tokens it has still
+ * to feed and ratio x the output tokens it may still make (max_tokens -
+ * num_output). ratio is the fraction of max_tokens a request is expected to
+ * generate (most stop at EOS well before): it starts at init_ratio and
+ * falls linearly to min_ratio over decay_steps steps without a preemption,
+ * so an engine whose requests stop early admits more; a preemption (the
+ * estimate was too low) raises it to at least init_ratio and the share of
+ * their max_tokens the running requests have already generated; it starts
+ * over at init_ratio when a request arrives at an idle scheduler. A request
+ * with ignore_eos makes exactly max_tokens: it counts at ratio 1, unclipped,
+ * so a benchmark's requests are never preempted. Other requests count at
+ * most clip_tokens of output (a chat request without max_tokens may make
+ * the rest of the context). The first request always gets in.
+ *
+ * Only admission looks at this estimate: running requests get their pages
+ * as before, and preemption remains for when the estimate was wrong. */
+typedef struct rp_sched_policy {
+    int reserve_decode; /* 0: admit on the first chunk alone (tests of preemption) */
+    double init_ratio;  /* 0.7 (SGLang's): a cold engine assumes most of max_tokens */
+    double min_ratio;   /* 0.1 (SGLang's 0.7 x 0.14): chat requests stop far before their max_tokens, and
+                         * preemption catches the ones that do not */
+    int decay_steps;    /* 600 (SGLang's): a few lifetimes of requests of hundreds of tokens */
+    int clip_tokens;    /* 4096 (SGLang's CLIP_MAX_NEW_TOKENS) */
+} rp_sched_policy;
+
+#define RP_SCHED_POLICY_DEFAULT ((rp_sched_policy){1, 0.7, 0.1, 600, 4096})
+
+/* The running set's size when the user sets none: the pool's tokens over
+ * what a typical request holds (RP_SCHED_TOKENS_PER_REQUEST: 256 in and 256
+ * out, the benchmarks' mean; the context when shorter), within
+ * [RP_SCHED_MIN_RUNNING, RP_SCHED_MAX_RUNNING]. Many more than the pool
+ * holds would only wait in the running set (admission keeps them out), many
+ * fewer leave decode batches short of what the pool allows. 1024: the
+ * largest decode graph; a decode step of an 8B model is compute-bound well
+ * before. */
+enum { RP_SCHED_TOKENS_PER_REQUEST = 512, RP_SCHED_MIN_RUNNING = 16, RP_SCHED_MAX_RUNNING = 1024 };
+int rp_sched_default_max_running(long pool_tokens, int max_context);
+
 typedef struct rp_sched_config {
     int max_running;          /* requests in the running set */
     int max_batched_tokens;         /* tokens fed per step, decode and prefill together */
     int chunk;                /* prefill chunk per request per step (<= max_batched_tokens) */
     int max_context;          /* tokens per request */
+    rp_sched_policy policy;   /* zero: no reservation; the engine's is RP_SCHED_POLICY_DEFAULT */
 } rp_sched_config;
 
 typedef struct rp_sched_item {
@@ -70,6 +118,7 @@ typedef struct rp_scheduler {
     rp_sched_item *plan; /* [max_running] */
     int plan_len;
     uint64_t next_arrival, preemptions;
+    double new_token_ratio; /* the policy's ratio now */
     int prefill_cap; /* prompt tokens one step may feed (0: the budget's); set by the engine */
 } rp_scheduler;
 
