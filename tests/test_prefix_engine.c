@@ -19,6 +19,7 @@
 
 #include "replay/engine.h"
 #include "test_util.h"
+#include "engine_hold.h"
 
 #define PS 16 /* tokens per page */
 #define MAX_TOKENS 160
@@ -38,8 +39,6 @@ typedef struct result {
     void *act_ctx;
 } result;
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 
 static void collect(void *user, const rp_token_event *ev) {
     result *r = user;
@@ -66,41 +65,6 @@ static void collect(void *user, const rp_token_event *ev) {
 
 /* Holds the engine thread in the final callback of a one-token request, so
  * that requests submitted meanwhile reach the scheduler together. */
-typedef struct hold {
-    int held, released;
-} hold;
-
-static void hold_cb(void *user, const rp_token_event *ev) {
-    hold *h = user;
-    if (ev->finish == RP_FINISH_REASON_NONE) return;
-    pthread_mutex_lock(&mu);
-    h->held = 1;
-    pthread_cond_broadcast(&cv);
-    while (!h->released) pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
-}
-
-static void hold_engine(rp_engine *e, hold *h) {
-    static const int32_t one_token[1] = {1};
-    rp_request_params p;
-    rp_request_params_default(&p);
-    p.prompt_ids = one_token;
-    p.num_prompt_ids = 1;
-    p.max_tokens = 1;
-    *h = (hold){0, 0};
-    rp_error err;
-    if (rp_engine_submit(e, &p, hold_cb, h, NULL, &err)) fail_msg("submit: %s", err.message);
-    pthread_mutex_lock(&mu);
-    while (!h->held) pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
-}
-
-static void release_engine(hold *h) {
-    pthread_mutex_lock(&mu);
-    h->released = 1;
-    pthread_cond_broadcast(&cv);
-    pthread_mutex_unlock(&mu);
-}
 
 typedef struct engine_setup {
     int cache, num_pages, chunk, step_tokens, max_running, no_overlap;
