@@ -133,7 +133,10 @@ case "$err" in *"seed "*) check "greedy prints no seed" 0 1 ;; *) check "greedy 
 
 # Ctrl-C (SIGINT) or SIGTERM while generating: the output so far, a final
 # newline, the stats line, and 130 / 143.
+# The previous round's files go first: the wait below for output must see this
+# round's, not SIGINT's leftovers, or SIGTERM can come before replay runs.
 for sig in INT TERM; do
+  rm -f "$tmp/sig.out" "$tmp/sig.err"
   "$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 1,2,3 --max-tokens 8000 --ignore-eos -q \
     >"$tmp/sig.out" 2>"$tmp/sig.err" &
   pid=$!
