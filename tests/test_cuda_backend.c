@@ -923,9 +923,10 @@ static void test_greedy_pick(void **state) {
     }
 }
 
-/* The tuning table (src/backend/cuda/tuning.c) on an H100's 132 SMs gives
- * the values docs/tuning.md states for each measured shape, keeps explicit
- * values, and rejects ones out of range. */
+/* The tuning table (src/backend/cuda/tuning.c) on an H100 (132 SMs, 3,352
+ * GB/s) gives the values docs/tuning.md states for each measured shape, on
+ * an H200 (4,915 GB/s) the same without pacing; it keeps explicit values
+ * and rejects ones out of range. */
 static void test_tuning_defaults(void **state) {
     (void)state;
 #ifdef REPLAY_HAVE_CUDA
@@ -943,10 +944,14 @@ static void test_tuning_defaults(void **state) {
         if (rp_config_preset(&c, shapes[k].name, &err)) fail_msg("%s", err.msg);
         const rp_tuning dflt = {0};
         rp_decode_step_tuning t;
-        assert_int_equal(rp_cuda_tuning_resolve(&dflt, &c, 132, &t, &err), 0);
+        assert_int_equal(rp_cuda_tuning_resolve(&dflt, &c, 132, 3352, &t, &err), 0);
         if (memcmp(&t, &shapes[k].want, sizeof t) != 0)
             fail_msg("%s: kc %d prefetch %d/%d dyn %d pace %d hold %d", shapes[k].name, t.kc, t.prefetch,
                      t.prefetch_now, t.dyn_eighths, t.pace_ns, t.tail_hold);
+        rp_decode_step_tuning h200 = shapes[k].want;
+        h200.pace_ns = 0;
+        assert_int_equal(rp_cuda_tuning_resolve(&dflt, &c, 132, 4915, &t, &err), 0);
+        if (memcmp(&t, &h200, sizeof t) != 0) fail_msg("%s on an H200: pace %d", shapes[k].name, t.pace_ns);
     }
     rp_model_config c;
     rp_err err;
@@ -954,12 +959,12 @@ static void test_tuning_defaults(void **state) {
     rp_decode_step_tuning t;
     const rp_tuning set = {.decode_step_kc = 1024, .decode_step_prefetch_now = RP_TUNING_NONE,
                            .decode_step_dyn_eighths = RP_TUNING_NONE};
-    assert_int_equal(rp_cuda_tuning_resolve(&set, &c, 132, &t, &err), 0);
+    assert_int_equal(rp_cuda_tuning_resolve(&set, &c, 132, 3352, &t, &err), 0);
     /* without dynamic units, no pacing and no tail hold by default */
     assert_true(t.kc == 1024 && t.prefetch_now == 0 && t.dyn_eighths == 0 && t.pace_ns == 0 && t.tail_hold == 0);
     const rp_tuning bad_kc = {.decode_step_kc = 300}, bad_pf = {.decode_step_prefetch = 65};
-    assert_int_equal(rp_cuda_tuning_resolve(&bad_kc, &c, 132, &t, &err), RP_ERR);
-    assert_int_equal(rp_cuda_tuning_resolve(&bad_pf, &c, 132, &t, &err), RP_ERR);
+    assert_int_equal(rp_cuda_tuning_resolve(&bad_kc, &c, 132, 3352, &t, &err), RP_ERR);
+    assert_int_equal(rp_cuda_tuning_resolve(&bad_pf, &c, 132, 3352, &t, &err), RP_ERR);
 #else
     skip();
 #endif

@@ -275,7 +275,9 @@ static void test_cache_off(void **state) {
  * of 10 pages (the cache evicts, least recently used first), and together
  * through pools of 10 and 6 pages (eviction, then preemption, with
  * admission on the first chunk alone; with room kept for their outputs,
- * the default, no preemption). */
+ * the default, no preemption). Where preemption is the point the chunk is
+ * 32 tokens, so that most prompts fit in one and prefill side by side
+ * (prompts of several chunks go one at a time: scheduler.h). */
 enum { NUM_GROUPED = 24 };
 
 static void grouped_requests(req *q) {
@@ -301,11 +303,11 @@ static void test_small_pool(void **state) {
         int together, preempts;
     } cases[] = {
         {"one by one, 10 pages", {.cache = 1, .num_pages = 10, .chunk = 8}, 0, 0},
-        {"together, 10 pages", {.cache = 1, .num_pages = 10, .chunk = 8, .no_reserve = 1}, 1, 1},
-        {"together, 6 pages", {.cache = 1, .num_pages = 6, .chunk = 8, .no_reserve = 1}, 1, 1},
-        {"together, 6 pages, no overlap", {.cache = 1, .num_pages = 6, .chunk = 8, .no_overlap = 1, .no_reserve = 1},
+        {"together, 10 pages", {.cache = 1, .num_pages = 10, .chunk = 32, .no_reserve = 1}, 1, 1},
+        {"together, 6 pages", {.cache = 1, .num_pages = 6, .chunk = 32, .no_reserve = 1}, 1, 1},
+        {"together, 6 pages, no overlap", {.cache = 1, .num_pages = 6, .chunk = 32, .no_overlap = 1, .no_reserve = 1},
          1, 1},
-        {"together, 6 pages, cache off", {.cache = 0, .num_pages = 6, .chunk = 8, .no_reserve = 1}, 1, 1},
+        {"together, 6 pages, cache off", {.cache = 0, .num_pages = 6, .chunk = 32, .no_reserve = 1}, 1, 1},
         {"together, 6 pages, room reserved", {.cache = 1, .num_pages = 6, .chunk = 8}, 1, 0},
         {"together, 6 pages, room reserved, cache off", {.cache = 0, .num_pages = 6, .chunk = 8}, 1, 0},
     };

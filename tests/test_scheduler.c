@@ -352,6 +352,36 @@ static void test_long_prefill_lets_newcomer_in(void **state) {
     teardown(&f);
 }
 
+/* With max_long_prefills = 1 (the engine's), prompts of several chunks are
+ * prefilled one at a time, first come first served: b waits while a has
+ * chunks left after the step, c (one chunk) passes it at once; b starts in
+ * the step of a's last chunk, with the budget that step leaves. */
+static void test_long_prefills_one_at_a_time(void **state) {
+    (void)state;
+    fixture f;
+    rp_sched_config cfg = sched_config(8, 8, 4);
+    cfg.max_long_prefills = 1;
+    setup(&f, 32, 8, cfg);
+    rp_request *a = add_req(&f, 12, 8), *b = add_req(&f, 8, 8), *c = add_req(&f, 3, 8);
+    STEP(f.s, 30, {a, 4, 0}, {c, 3, 1}); /* b passed over; the budget's last token stays unused */
+    expect_waiting(b);
+    STEP(f.s, 29, {c, 1, 1}, {a, 4, 0}); /* nothing kept back for b: a takes its chunk */
+    expect_waiting(b);
+    STEP(f.s, 26, {c, 1, 1}, {a, 4, 1}, {b, 3, 0}); /* a's last chunk: b comes in beside it */
+    rp_request *d = add_req(&f, 9, 8);
+    STEP(f.s, 24, {a, 1, 1}, {c, 1, 1}, {b, 4, 0}); /* d waits for b */
+    expect_waiting(d);
+    STEP(f.s, 23, {a, 1, 1}, {b, 1, 1}, {c, 1, 1}, {d, 4, 0}); /* b's last prompt token runs as a decode */
+    teardown(&f);
+
+    /* no limit: b starts beside a, c waits for the budget */
+    setup(&f, 32, 8, sched_config(8, 8, 4));
+    a = add_req(&f, 12, 8), b = add_req(&f, 8, 8), c = add_req(&f, 3, 8);
+    STEP(f.s, 30, {a, 4, 0}, {b, 4, 0});
+    expect_waiting(c);
+    teardown(&f);
+}
+
 /* Three requests fill a 4-page pool; when the second cannot get a page for
  * its decode token, the newest (the third) is preempted: its page freed,
  * cached = 0, at the FRONT of the waiting queue (before a request that
@@ -926,6 +956,7 @@ int main(void) {
         cmocka_unit_test(test_chunked_prefill),
         cmocka_unit_test(test_token_budget),
         cmocka_unit_test(test_long_prefill_lets_newcomer_in),
+        cmocka_unit_test(test_long_prefills_one_at_a_time),
         cmocka_unit_test(test_preemption_takes_newest),
         cmocka_unit_test(test_preemption_of_self),
         cmocka_unit_test(test_stall_preempts_newest),

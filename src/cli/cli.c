@@ -440,7 +440,8 @@ void rp_engine_opts_help(FILE *f) {
             "                               %d to %d; --max-num-seqs is the same)\n"
             "  --max-num-batched-tokens N   tokens one step feeds, prompt chunks and decode tokens together\n"
             "                               (default %d; --max-prefill-tokens is the same)\n"
-            "  --chunked-prefill-size N     a prompt is fed in chunks of at most N tokens (default %d; 0 = the step's)\n"
+            "  --chunked-prefill-size N     a prompt is fed in chunks of at most N tokens (default 0: what the\n"
+            "                               step leaves; smaller chunks keep the steps beside a long prompt short)\n"
             "  --num-pages N                KV pages (default: --gpu-memory-utilization of the GPU memory left,\n"
             "                               or what the CPU needs)\n"
             "  --gpu-memory-utilization F   share of the GPU memory left after weights and activations that\n"
@@ -452,7 +453,7 @@ void rp_engine_opts_help(FILE *f) {
             "                               (default: prefix caching %s)\n"
             "  --enable-prefix-caching      reuse the KV pages of prompt prefixes computed before (the default)\n",
             RP_SCHED_TOKENS_PER_REQUEST, RP_SCHED_MIN_RUNNING, RP_SCHED_MAX_RUNNING, d.max_batched_tokens,
-            d.chunked_prefill_size, d.memory_ratio, d.page_size,
+            d.memory_ratio, d.page_size,
             d.enable_prefix_caching ? "on" : "off");
 }
 

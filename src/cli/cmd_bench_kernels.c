@@ -346,7 +346,8 @@ static void run_all(const rp_model_config cfg, const char *name) {
     /* decode attention at the model's heads, page 16 */
     {
         const int nh = c->num_heads, nkv = c->num_kv_heads, hd = c->head_dim, ps = 16;
-        const int Bs[] = {1, 8, 32, 128}, ctxs[] = {512, 4096};
+        /* 32k only where B x ctx fits the cache below: the long-context rows */
+        const int Bs[] = {1, 8, 32, 128}, ctxs[] = {512, 4096, 32768};
         const int max_tokens = 128 * 4096;
         const size_t slots = (size_t)max_tokens + ps;
         rp_bf16 *kc = dmalloc(slots * nkv * hd * 2), *vc = dmalloc(slots * nkv * hd * 2);
@@ -357,8 +358,9 @@ static void run_all(const rp_model_config cfg, const char *name) {
         printf("\n%-24s %4s %5s %6s %9s %9s %8s %7s\n", "attn_decode", "B", "ctx", "splits", "MB", "us",
                "GB/s", "%copy");
         for (int bi = 0; bi < 4; bi++)
-            for (int ci = 0; ci < 2; ci++) {
+            for (int ci = 0; ci < 3; ci++) {
                 const int B = Bs[bi], L = ctxs[ci], pages = L / ps;
+                if ((long)B * L > max_tokens) continue;
                 int32_t *table = malloc((size_t)B * pages * 4), *kvl = malloc((size_t)B * 4),
                         *rowi = malloc((size_t)B * 4), *start = malloc((size_t)(B + 1) * 4);
                 for (int s = 0; s < B; s++) {

@@ -29,7 +29,6 @@
 enum {
     DEFAULT_PAGE_SIZE = 16,
     DEFAULT_MAX_BATCHED_TOKENS = 16384,
-    DEFAULT_CHUNKED_PREFILL = 8192,
     DEFAULT_CPU_STEP_MS = 500,
     STEP_MIN_PROMPT_TOKENS = 16,
 };
@@ -42,7 +41,12 @@ void rp_engine_config_default(rp_engine_config *c) {
     c->memory_ratio = DEFAULT_MEMORY_RATIO;
     c->max_running_requests = 0; /* derived from the pool */
     c->max_batched_tokens = DEFAULT_MAX_BATCHED_TOKENS;
-    c->chunked_prefill_size = DEFAULT_CHUNKED_PREFILL;
+    /* 0: a prompt takes what the step leaves. With one long prompt
+     * prefilled at a time (scheduler.h), a smaller chunk would only leave
+     * the step short, padded to a graph bucket: 8 prompts of 30,000 tokens
+     * on an H100 sampled first 16% sooner than in chunks of 8192, two
+     * prompts a step (bench/RESULTS.md, "Issue 37") */
+    c->chunked_prefill_size = 0;
     c->enable_prefix_caching = 1;
 }
 
@@ -320,7 +324,7 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
         if (cfg->max_running_requests > backend_seqs) cfg->max_running_requests = backend_seqs;
     }
     rp_sched_config sc = {.max_running = cfg->max_running_requests, .max_batched_tokens = cfg->max_batched_tokens,
-                          .max_context = e->max_context,
+                          .max_context = e->max_context, .max_long_prefills = RP_SCHED_LONG_PREFILLS,
                           .chunk = cfg->chunked_prefill_size > 0 ? cfg->chunked_prefill_size : cfg->max_batched_tokens,
                           .policy = RP_SCHED_POLICY_DEFAULT};
     if (cfg->disable_decode_reservation) sc.policy.reserve_decode = 0;

@@ -255,15 +255,38 @@ static void feed_prefills(rp_scheduler *s, int *budget, int keep) {
     }
 }
 
-/* The budget a waiting request's first chunk needs, kept back from the
- * running prefills so a newcomer gets in at the next step even when one
- * long prompt's chunk could take the whole step. */
+/* The budget a waiting request's prompt needs where it fits in one chunk,
+ * kept back from the running prefills so a short newcomer gets in at the
+ * next step even when one long prompt's chunk could take the whole step. A
+ * newcomer of several chunks gets nothing kept back: it waits for the
+ * running long prompt (long_prefill_busy). */
 static int admission_share(const rp_scheduler *s) {
     const rp_request *w = s->wait_head;
     if (!w || s->num_running >= s->cfg.max_running || !rp_request_can_run(w, s->cfg.max_context)) return 0;
-    int pending = rp_request_pending(w);
-    int n = pending < s->cfg.chunk ? pending : s->cfg.chunk;
+    int n = rp_request_pending(w);
+    if (n > s->cfg.chunk) {
+        if (s->cfg.max_long_prefills > 0) return 0;
+        n = s->cfg.chunk;
+    }
     return rp_scheduler_pages_available(s) >= rp_scheduler_pages_for(s, w->cached + n) ? n : 0;
+}
+
+/* Running prompts still being prefilled after this step's planned chunks:
+ * while there are max_long_prefills of them, a newcomer whose prompt takes
+ * more than its first chunk waits (admit), so long prompts are prefilled
+ * that many at a time, first come first served. Two long prompts sharing
+ * every step would both finish late; one after the other, the first
+ * finishes in half the time and the second no later. */
+static int long_prefills(const rp_scheduler *s) {
+    int n = 0;
+    for (int i = 0; i < s->num_running; i++) {
+        const rp_request *r = s->running[i];
+        int at;
+        if (rp_request_can_run(r, s->cfg.max_context) && rp_request_pending(r) > 1 &&
+            rp_request_pending(r) - planned_tokens(s, r, &at) > 0)
+            n++;
+    }
+    return n;
 }
 
 /* Whether a running prefill is about to put more of r's prefix in the cache
@@ -291,7 +314,7 @@ static int waits_for_prefill(const rp_scheduler *s, const rp_request *r, int mat
  * r's join when it is admitted). A peek decides before the match that
  * locks and counts, so a request that waits for a prefill, or for pages,
  * costs the cache nothing. */
-static int admit(rp_scheduler *s, rp_request *r, int budget, int *expected, int *waits) {
+static int admit(rp_scheduler *s, rp_request *r, int budget, int *expected, int *num_long, int *waits) {
     const int ps = s->table->pool->page_size, len = rp_request_len(r);
     int matched = 0;
     *waits = 0;
@@ -301,6 +324,9 @@ static int admit(rp_scheduler *s, rp_request *r, int budget, int *expected, int 
     }
     int n = len - matched < s->cfg.chunk ? len - matched : s->cfg.chunk;
     if (n > budget) n = budget;
+    /* a prompt of several chunks waits for the running long ones */
+    if (matched + n < len && s->cfg.max_long_prefills > 0 && *num_long >= s->cfg.max_long_prefills)
+        return *waits = 1, 0;
     if (rp_scheduler_pages_for(s, matched + n) - matched / ps > rp_scheduler_pages_available(s)) return 0;
     /* room for the running set's growth and r's own: all its pages but the
      * matched ones, which are the cache's, yet counted as available while
@@ -333,6 +359,7 @@ static int admit(rp_scheduler *s, rp_request *r, int budget, int *expected, int 
     add_running(s, r);
     plan_add(s, r, n);
     *expected += expected_pages(s, r);
+    if (matched + n < len) ++*num_long;
     return n;
 }
 
@@ -366,11 +393,12 @@ static int schedule_once(rp_scheduler *s) {
     int expected = 0; /* pages the running set is expected to take yet */
     if (s->cfg.policy.reserve_decode && s->wait_head)
         for (int i = 0; i < s->num_running; i++) expected += expected_pages(s, s->running[i]);
+    int num_long = long_prefills(s);
     rp_request *next;
     for (rp_request *r = s->wait_head; r && s->num_running < s->cfg.max_running && prompt_budget > 0; r = next) {
         next = r->next;
         if (!rp_request_can_run(r, s->cfg.max_context)) break;
-        int waits, n = admit(s, r, prompt_budget, &expected, &waits);
+        int waits, n = admit(s, r, prompt_budget, &expected, &num_long, &waits);
         if (waits) continue;
         if (n == 0) break;
         prompt_budget -= n;

@@ -7,12 +7,17 @@
  *     preempted (their pages freed; they go back to the front of the
  *     waiting queue and are recomputed later), so no request is lost;
  *  2. running requests in the middle of a chunked prefill get their next
- *     chunk, leaving the first waiting request the budget of its first
- *     chunk (a long prompt never holds a newcomer back for more than a step);
+ *     chunk, leaving the first waiting request its prompt where that fits
+ *     in one chunk (a long prompt never holds a short newcomer back for
+ *     more than a step);
  *  3. waiting requests are admitted in order while a page-table row, pages
  *     for their next chunk and token budget remain, fewer than max_running
  *     requests run, and the pool keeps room for what the running set is
- *     expected to decode (rp_sched_policy below);
+ *     expected to decode (rp_sched_policy below). A prompt that needs more
+ *     than this step's chunk is passed over while max_long_prefills others
+ *     are still being prefilled after this step (the engine's: 1): long
+ *     prompts go one at a time, first come first served, which finishes
+ *     the first sooner and none later;
  *  4. budget the admissions left goes back to the running prefills.
  * Prompt tokens (2-4) are also held to prefill_cap, which the engine sets
  * each step so that a step on a slow backend stays short.
@@ -90,6 +95,9 @@ typedef struct rp_sched_policy {
  * largest decode graph; a decode step of an 8B model is compute-bound well
  * before. */
 enum { RP_SCHED_TOKENS_PER_REQUEST = 512, RP_SCHED_MIN_RUNNING = 16, RP_SCHED_MAX_RUNNING = 1024 };
+/* The engine's max_long_prefills: one long prompt at a time (8 prompts of
+ * 30,000 tokens on an H100: bench/RESULTS.md, "Issue 37") */
+enum { RP_SCHED_LONG_PREFILLS = 1 };
 int rp_sched_default_max_running(long pool_tokens, int max_context);
 
 typedef struct rp_sched_config {
@@ -97,6 +105,8 @@ typedef struct rp_sched_config {
     int max_batched_tokens;         /* tokens fed per step, decode and prefill together */
     int chunk;                /* prefill chunk per request per step (<= max_batched_tokens) */
     int max_context;          /* tokens per request */
+    int max_long_prefills;    /* prompts of more than one chunk prefilled at a time (vLLM's
+                               * max_long_partial_prefills); 0: no limit. The engine's: 1 */
     rp_sched_policy policy;   /* zero: no reservation; the engine's is RP_SCHED_POLICY_DEFAULT */
 } rp_sched_config;
 

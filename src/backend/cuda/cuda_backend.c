@@ -376,6 +376,13 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         goto fail;
     }
     cb->num_sms = prop.multiProcessorCount;
+    int mem_khz = 0, bus_bits = 0;
+    if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, cb->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, cb->device) != cudaSuccess) {
+        rp_errf(err, "cannot read the memory clock and bus width of %s", prop.name);
+        goto fail;
+    }
+    cb->hbm_peak_gbs = 2.0 * mem_khz * 1e3 * (bus_bits / 8) / 1e9; /* double data rate */
     cb->base.supports_token_refs = 1;
     int streams_ok = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking) == cudaSuccess;
     for (int k = 0; k < 2 && streams_ok; k++)

@@ -83,6 +83,8 @@ typedef struct rp_cuda_slot {
 typedef struct rp_cuda_backend {
     rp_backend base;
     int device, num_sms;
+    double hbm_peak_gbs; /* the memory's peak from its clock and bus width (H100 SXM 3,352, H200 4,915): the
+                          * tuning table tells the two apart by it */
     cudaStream_t stream;
     rp_gemm gemm;
     int nkv, q_dim, kv_dim, qkv_dim;
@@ -206,7 +208,8 @@ rp_attn_meta rp_cuda_device_attn_meta(const rp_cuda_backend *cb);
 
 /* tuning.c: the decode step's plan values from cfg.tuning (0: by model
  * shape and SM count); RP_ERR for an explicit value out of range */
-int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num_sms, rp_decode_step_tuning *out,
+int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num_sms, double hbm_peak_gbs,
+                           rp_decode_step_tuning *out,
                            rp_err *err);
 
 /* graph_runner.c */

@@ -1,8 +1,8 @@
 /* The CUDA backend's tuning table: every rp_tuning field left at 0 gets its
  * value here, once, at backend creation, from the model's shape and the
- * GPU's SM count. One rule a field, each with the measurement that chose it
- * (bench/RESULTS.md has the runs; docs/tuning.md the same table for
- * readers). Explicit values are checked against their ranges. */
+ * GPU (its SM count and its memory's peak bandwidth). One rule a field,
+ * each with the measurement that chose it (bench/RESULTS.md has the runs;
+ * docs/tuning.md the same table for readers). Explicit values are checked against their ranges. */
 #include <stdint.h>
 
 #include "backend/cuda/cuda_state.h"
@@ -29,8 +29,8 @@ static int pick(int set, int lo, int hi, int dflt, const char *name, int *bad, r
     return set;
 }
 
-int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num_sms, rp_decode_step_tuning *out,
-                           rp_err *err) {
+int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num_sms, double hbm_peak_gbs,
+                           rp_decode_step_tuning *out, rp_err *err) {
     const int64_t lb = layer_bytes_per_sm(c, num_sms);
     const int F = c->intermediate_size;
     int bad = 0;
@@ -74,13 +74,16 @@ int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num
     out->dyn_eighths = pick(t->decode_step_dyn_eighths, 0, 8, lb >= (2 << 20) ? 7 : lb >= (1 << 20) ? 6 : 0,
                             "decode_step_dyn_eighths", &bad, err);
     /* The producer's pause between pieces while its consumers are at a
-     * barrier or in attention, on shapes with dynamic units: 500 ns,
-     * qwen3-4b 3.29 -> 3.17 ms, llama3-8b 5.51 -> 5.37, qwen3-8b 5.59 ->
-     * 5.46 (400 ns about the same, 250 and 700-1000 ns less). Without
-     * dynamic units it lost 3% on qwen3-0.6b, so those shapes run the kernel
-     * that has no pacing code. */
-    out->pace_ns = pick(t->decode_step_pace_ns, 0, 100000, out->dyn_eighths > 0 ? 500 : 0, "decode_step_pace_ns",
-                        &bad, err);
+     * barrier or in attention, on shapes with dynamic units, on an H100
+     * (HBM3, 3.35 TB/s peak): 500 ns, qwen3-4b 3.29 -> 3.17 ms, llama3-8b
+     * 5.51 -> 5.37, qwen3-8b 5.59 -> 5.46 (400 ns about the same, 250 and
+     * 700-1000 ns less). On an H200 (HBM3e, 4.9 TB/s) the ring drains
+     * faster than a pause lets it refill: none, llama3-8b 4.29 -> 4.19 ms,
+     * qwen3-8b 4.35 -> 4.24, qwen3-4b 2.76 -> 2.67 (100-1000 ns all
+     * slower). Without dynamic units it lost 3% on qwen3-0.6b, so those
+     * shapes run the kernel that has no pacing code. */
+    const int paced = out->dyn_eighths > 0 && hbm_peak_gbs < 4000;
+    out->pace_ns = pick(t->decode_step_pace_ns, 0, 100000, paced ? 500 : 0, "decode_step_pace_ns", &bad, err);
     /* The blocks that take the last quarter-grid of a phase's dynamic units
      * queue no copies until they reach its barrier: qwen3-4b 3.021-3.025 ->
      * 3.009-3.014 ms, llama3-8b and qwen3-8b -0.7..-0.8% (a 24 or 40 block
