@@ -573,6 +573,54 @@ static void test_decode_step(void **state) {
     }
 }
 
+/* A decode whose K/V outgrows rp_decode_step_tuning.max_kv (64 tokens
+ * here) runs the chain of kernels, replayed from its bucket's chain graph or
+ * eagerly: bit-identical to a backend that never runs the one kernel; at
+ * max_kv and below, the one kernel runs (logits within bf16 noise of the
+ * chain's). */
+static void test_decode_step_long_context(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    rp_model *m = real_shape_model("llama3-8b", 2, 0, 0);
+    const int V = m->cfg.vocab_size;
+    setup chain, cut;
+    const rp_tuning no_step = {.disable_decode_step = 1}, short_step = {.decode_step_max_kv = 64};
+    make_tuned(&chain, m, 1, 1, 1024 + 16, 0, &no_step);
+    make_tuned(&cut, m, 1, 1, 1024 + 16, 1, &short_step);
+    float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4), *c = malloc((size_t)V * 4),
+          *scratch = malloc((size_t)V * 4);
+    int32_t *prompt = malloc(300 * 4);
+    const int lens[] = {7, 63, 64, 300}; /* K/V after the step: 8, 64 (the one kernel), 65, 301 (the chain) */
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const int n = lens[li];
+        for (int i = 0; i < n; i++) prompt[i] = (int32_t)((i * 7919 + n) % V);
+        const int32_t next = (int32_t)((n * 104729) % V);
+        const uint64_t f0 = cuda_stats(cut.be).decode_step_forwards;
+        rp_backend_stats st0, st1;
+        cut.be->ops->stats(cut.be, &st0);
+        const int rc = prefill_then_step(&chain, prompt, n, next, a, scratch);
+        cut.be->ops->set_graphs(cut.be, 1);
+        const int ro = prefill_then_step(&cut, prompt, n, next, b, scratch);
+        cut.be->ops->set_graphs(cut.be, 0);
+        one_decode_step(&cut, ro, n, next, c);
+        cut.be->ops->stats(cut.be, &st1);
+        const uint64_t stepped = cuda_stats(cut.be).decode_step_forwards - f0;
+        assert_true(st1.graph_replays > st0.graph_replays);
+        if (n + 1 > 64) {
+            if (stepped != 0) fail_msg("%d cached tokens: the one kernel ran %llu times", n, (unsigned long long)stepped);
+            if (memcmp(a, b, (size_t)V * 4) != 0) fail_msg("%d cached tokens: the chain graph differs from the chain", n);
+            if (memcmp(a, c, (size_t)V * 4) != 0) fail_msg("%d cached tokens: the eager chain differs from the chain", n);
+        } else {
+            if (stepped != 2) fail_msg("%d cached tokens: the one kernel ran %llu times, not 2", n, (unsigned long long)stepped);
+            const double e = test_rel_l2(b, a, (size_t)V);
+            if (!(e < 1e-2)) fail_msg("%d cached tokens: one kernel vs chain rel L2 %.3g", n, e);
+        }
+        rp_page_table_release_row(chain.table, rc);
+        rp_page_table_release_row(cut.table, ro);
+    }
+    end_comparison(&chain, &cut, m, a, b, c, scratch, prompt);
+}
+
 /* 2, 3 and 4 sequences of different lengths decoded together as one
  * persistent kernel (3 through the kernel for 4) against the chain of
  * kernels: every sequence's logits within bf16 noise, and the step replayed
@@ -932,11 +980,11 @@ static void test_tuning_defaults(void **state) {
 #ifdef REPLAY_HAVE_CUDA
     static const struct {
         const char *name;
-        rp_decode_step_tuning want; /* kc, prefetch, prefetch_now, dyn_eighths, pace_ns, tail_hold */
+        rp_decode_step_tuning want; /* kc, prefetch, prefetch_now, dyn_eighths, pace_ns, tail_hold, max_kv */
     } shapes[] = {
-        {"qwen3-0.6b", {1024, 8, 4, 0, 0, 0}},    {"llama3.2-1b", {1024, 4, 0, 0, 0, 0}},
-        {"qwen3-1.7b", {1536, 4, 0, 0, 0, 0}},    {"qwen3-4b", {1536, 4, 1, 6, 500, 33}},
-        {"llama3-8b", {1536, 4, 0, 7, 500, 33}},
+        {"qwen3-0.6b", {1024, 8, 4, 0, 0, 0, 16384}},   {"llama3.2-1b", {1024, 4, 0, 0, 0, 0, 16384}},
+        {"qwen3-1.7b", {1536, 4, 0, 0, 0, 0, 16384}},   {"qwen3-4b", {1536, 4, 1, 6, 500, 33, 16384}},
+        {"llama3-8b", {1536, 4, 0, 7, 500, 33, 16384}},
     };
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         rp_model_config c;
@@ -978,6 +1026,7 @@ int main(void) {
         cmocka_unit_test(test_step_graph_equals_eager),
         cmocka_unit_test(test_decode_step),
         cmocka_unit_test(test_decode_step_batch),
+        cmocka_unit_test(test_decode_step_long_context),
         cmocka_unit_test(test_greedy_pick),
         cmocka_unit_test(test_engine_real_shape),
         cmocka_unit_test(test_engine_prefix_cache),

@@ -32,6 +32,9 @@ typedef struct rp_tuning {
     int decode_step_tail_hold;    /* a block that took one of a phase's last N dynamic units queues
                                    * no more copies until it reaches the phase's barrier: N in
                                    * 1-1048576, or RP_TUNING_NONE */
+    int decode_step_max_kv;       /* the one-kernel step while one sequence holds at most this many
+                                   * K/V tokens (2-4 sequences: half of it, together); longer
+                                   * batches run the chain of kernels: 1-16777216 */
 } rp_tuning;
 
 #endif

@@ -53,7 +53,7 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
      * with the same launches (so graphs on and off compute the same). */
     const rp_cuda_graph *g = decode && bt->num_logits == S ? rp_cuda_graph_find(cb, S) : NULL;
     const int P = g ? g->batch_size : S; /* sequences, tokens and logit rows the decode step runs */
-    const int replay = g && g->exec && cb->graphs_enabled;
+    int replay = g && g->exec && cb->graphs_enabled;
     /* Take the other slot: its previous forward's results were read (at most
      * one forward may be pending when another is launched), so its pinned
      * buffers are free and its copies long done. */
@@ -78,12 +78,21 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     if (bk ? rp_cuda_pack_step(cb, bt, bk, err) : rp_cuda_pack_and_upload(cb, bt, P, err))
         return RP_ERR;
     double t1 = rp_now_s();
-    cb->last_decode_step = g ? rp_cuda_decode_step_nb(cb, P, P, P, 1) : rp_cuda_decode_step_nb(cb, T, S, bt->num_logits, decode);
+    /* A decode whose K/V outgrows the one-kernel step runs the chain (its
+     * bucket's chain graph), whose attention spreads over the whole GPU. */
+    long kv = 0;
+    for (int i = 0; decode && i < S; i++) kv += bt->seq_kv_len[i];
+    cb->decode_chain = 0;
+    const int step_nb = g ? rp_cuda_decode_step_nb(cb, P, P, P, 1) : rp_cuda_decode_step_nb(cb, T, S, bt->num_logits, decode);
+    cb->decode_chain = step_nb && kv > (step_nb == 1 ? cb->ds_tuning.max_kv : cb->ds_tuning.max_kv / 2);
+    cb->last_decode_step = cb->decode_chain ? 0 : step_nb;
+    if (replay && cb->decode_chain && !g->exec_chain) replay = 0;
     greedy = greedy && cb->last_decode_step && rp_cuda_decode_step_can_pick(cb, P) && (!replay || g->exec_pick);
     if (cb->last_decode_step) cb->decode_step_forwards++;
     if (greedy) cb->decode_step_picks++;
     if (replay) {
-        RP_CUDA_TRY(cudaGraphLaunch(greedy && g->exec_pick ? g->exec_pick : g->exec, cb->stream), err);
+        cudaGraphExec_t ex = cb->decode_chain ? g->exec_chain : greedy && g->exec_pick ? g->exec_pick : g->exec;
+        RP_CUDA_TRY(cudaGraphLaunch(ex, cb->stream), err);
         cb->stats.graph_replays++;
     } else if (bk && bk->exec && cb->graphs_enabled) {
         /* captured with the sampling kernels; a step sampled on the host

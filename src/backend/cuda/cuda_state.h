@@ -44,6 +44,9 @@ typedef struct rp_cuda_graph {
      * greedy pick inside the kernel and no sampling kernels, for batches
      * that sample greedily and ask for no top logprobs (RP_SAMPLE_PICK) */
     cudaGraphExec_t exec_pick;
+    /* where the bucket runs the one-kernel step: the chain of kernels, for
+     * batches whose K/V outgrows the step (rp_decode_step_tuning.max_kv) */
+    cudaGraphExec_t exec_chain;
 } rp_cuda_graph;
 
 /* A step with prompt chunks runs padded to a token bucket: tokens rows
@@ -107,6 +110,7 @@ typedef struct rp_cuda_backend {
      * rp_tuning.disable_decode_step leaves it 0 */
     int decode_step_ok;
     int decode_step_pick; /* the one-kernel step may pick greedily (the results' pinned buffers are mapped) */
+    int decode_chain;     /* this forward (or capture) decodes with the chain even where the step could */
     rp_decode_step ds;
     rp_decode_step_tuning ds_tuning; /* resolved from base.cfg.tuning (tuning.c) */
     rp_decode_layer *d_layers;

@@ -113,9 +113,13 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
 
 /* How many sequences the forward decodes as one persistent kernel: S when
  * it is S sequences of one token each, every one with logits, and
- * rp_k_decode_step takes that many on this model and device; else 0. */
+ * rp_k_decode_step takes that many on this model and device, unless this
+ * forward runs the chain (cb->decode_chain: long contexts); else 0. */
 int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logits, int decode) {
-    return decode && T == S && num_logits == S && S <= 4 && (cb->decode_step_ok >> (S == 3 ? 4 : S) & 1) ? S : 0;
+    return decode && !cb->decode_chain && T == S && num_logits == S && S <= 4 &&
+                   (cb->decode_step_ok >> (S == 3 ? 4 : S) & 1)
+               ? S
+               : 0;
 }
 
 /* Whether that kernel may pick the greedy token itself for nb sequences. */

@@ -130,6 +130,13 @@ int rp_cuda_graphs_capture(rp_cuda_backend *cb, rp_err *err) {
         if (rp_cuda_decode_step_nb(cb, bs, bs, bs, 1) && rp_cuda_decode_step_can_pick(cb, bs) &&
             capture_step(cb, bs, NULL, RP_SAMPLE_PICK, &g->exec_pick, err))
             return RP_ERR;
+        /* and its chain, for batches whose K/V outgrows the step */
+        if (rp_cuda_decode_step_nb(cb, bs, bs, bs, 1)) {
+            cb->decode_chain = 1;
+            int rc = capture_step(cb, bs, NULL, RP_SAMPLE_KERNELS, &g->exec_chain, err);
+            cb->decode_chain = 0;
+            if (rc) return RP_ERR;
+        }
         cb->num_decode_graphs++;
         rp_progress_add(&prog, 1);
         if (prog.enabled) {
@@ -167,7 +174,8 @@ void rp_cuda_graphs_destroy(rp_cuda_backend *cb) {
     for (int i = 0; i < RP_MAX_GRAPHS; i++) {
         if (cb->graphs[i].exec) cudaGraphExecDestroy(cb->graphs[i].exec);
         if (cb->graphs[i].exec_pick) cudaGraphExecDestroy(cb->graphs[i].exec_pick);
-        cb->graphs[i].exec = cb->graphs[i].exec_pick = NULL;
+        if (cb->graphs[i].exec_chain) cudaGraphExecDestroy(cb->graphs[i].exec_chain);
+        cb->graphs[i].exec = cb->graphs[i].exec_pick = cb->graphs[i].exec_chain = NULL;
     }
     cb->num_decode_graphs = 0;
     for (int i = 0; i < RP_MAX_STEP_BUCKETS; i++) {

@@ -198,6 +198,9 @@ typedef struct rp_decode_step_tuning {
                        * barrier or in attention (0: none) */
     int tail_hold;    /* a block that took one of a phase's last tail_hold dynamic units queues no more
                        * copies until it arrives at the phase's barrier */
+    int max_kv;       /* the step runs while one sequence's K/V tokens are at most this (2-4
+                       * sequences: half of it, together); the backend runs the chain beyond
+                       * (cuda_backend.c) */
 } rp_decode_step_tuning;
 /* NULL when the shapes are supported, else why not; _device also asks the
  * current device for nb sequences (shared memory, cooperative launch, a

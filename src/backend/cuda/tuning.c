@@ -90,5 +90,16 @@ int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num
      * hold about the same, 48 and 64 less). */
     out->tail_hold = pick(t->decode_step_tail_hold, 0, 1 << 20, out->dyn_eighths > 0 ? num_sms / 4 : 0,
                           "decode_step_tail_hold", &bad, err);
+    /* Where the chain of kernels overtakes the one-kernel step: the step's
+     * attention has the blocks' share of a layer's time, which long
+     * contexts outgrow, while the chain's attention splits keys over the
+     * whole GPU. llama3-8b on an H100, graph ms (step / chain): one
+     * sequence at 8192 tokens 6.29 / 6.95, 12288 6.86 / 7.07, 16384 7.41 /
+     * 7.24, 32768 9.43 / 7.98; two at 2048 each 6.18 / 6.67, 6144 each 7.20
+     * / 7.03, 32768 each 13.95 / 9.40; four at 2048 each 6.73 / 6.76, 6144
+     * each 7.59 / 7.48. So one sequence up to 16384 tokens, several up to
+     * half that together (the value applies to one sequence; 2-4 take half
+     * of it: cuda_backend.c). */
+    out->max_kv = pick(t->decode_step_max_kv, 1, 1 << 24, 16384, "decode_step_max_kv", &bad, err);
     return bad ? RP_ERR : 0;
 }
