@@ -10,8 +10,9 @@
  * splits' (max, sum, unnormalised output) into the bf16 result (with one
  * split the first kernel writes it, and there is no second launch).
  *
- * Within a block, 4 warps take 16-key tiles in turn and keep their own
- * online-softmax state in registers; the warps meet once, at the end,
+ * Within a block, 4 warps take 16-key tiles in turn (two at a time in
+ * flight in the heads-as-M kernel) and keep their own online-softmax
+ * state in registers; the warps meet once, at the end,
  * through shared memory (no communication between blocks: the merge is a
  * separate launch). Each warp loads its tile straight into registers, with
  * one page lookup per tile: at every batch size that is ahead of a cp.async
@@ -196,10 +197,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
     const int end = b.end;
-    for (int base = b.begin + warp * DEC_TILE; base < end; base += DEC_WARPS * DEC_TILE) {
-        uint4 kr[2][KCH];
-        uint4 vr[4][DPT / 8]; /* keys base + {2c, 2c+1, 2c+8, 2c+9}, dims g*DPT .. +DPT */
-        dec_load_tile<HD>(b, meta, k_cache, v_cache, base, kr, vr);
+    auto tile = [&](int base, const uint4 (&kr)[2][KCH], const uint4 (&vr)[4][DPT / 8]) {
 
         /* S = Q K^T for the 16 keys: two n-tiles of 8. */
         float sc[2][4];
@@ -264,6 +262,23 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             const uint32_t b1 = __byte_perm(v2[j >> 1], v3[j >> 1], sel);
             rp_mma_16816(o[j], p0, p1, p2, p3, b0, b1);
         }
+        };
+    /* Two tiles' loads in flight per warp before either is computed (the
+     * same tiles per warp in the same order as one at a time, so the same
+     * sums): with few blocks per SM (few sequences, long contexts) one tile
+     * at a time left HBM idle while the warp computed. One sequence at
+     * 32,768 tokens, llama3-8b heads, 32 splits: 58.9 -> 56.9 us, 16
+     * splits 74.2 -> 60.8; batch 128 at 4096 unchanged (H100,
+     * bench/RESULTS.md). An L2 prefetch of the next tile instead lost
+     * everywhere but there (batch 128 at 4096: 728 -> 777 us). */
+    for (int base = b.begin + warp * DEC_TILE; base < end; base += 2 * DEC_WARPS * DEC_TILE) {
+        uint4 kr0[2][KCH], kr1[2][KCH];
+        uint4 vr0[4][DPT / 8], vr1[4][DPT / 8];
+        const int base1 = base + DEC_WARPS * DEC_TILE;
+        dec_load_tile<HD>(b, meta, k_cache, v_cache, base, kr0, vr0);
+        if (base1 < end) dec_load_tile<HD>(b, meta, k_cache, v_cache, base1, kr1, vr1);
+        tile(base, kr0, vr0);
+        if (base1 < end) tile(base1, kr1, vr1);
     }
 
     /* Per-thread partial row sums -> row sums. */
