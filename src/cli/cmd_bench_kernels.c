@@ -27,6 +27,7 @@
 #define CMD "bench kernels"
 
 static int g_attn_sweep; /* --attn-sweep: every split count and block shape of attention */
+static int g_gemm_algos; /* --gemm-algos: every cuBLASLt candidate at the batch sizes of decode and mixed steps */
 
 #ifdef REPLAY_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -337,6 +338,36 @@ static void run_all(const rp_model_config cfg, const char *name) {
                 printf("%-24s %5d %7d %6d %9.1f %9.1f %6.1f%%\n", shapes[si].name, l.T, l.N, l.K, us, tf,
                        mma_tflops > 0 ? 100.0 * tf / mma_tflops : 0.0);
             }
+        if (g_gemm_algos) {
+            /* the products as decode and mixed steps run them (fp32 out
+             * where forward_chain.c adds into the residual or feeds
+             * silu_mul): cuBLASLt's first choice against the fastest of
+             * its candidates, and the fastest whose sums are the same */
+            const int As[] = {128, 256, 320, 384, 512, 768, 1024, 2048};
+            const int f32s[] = {0, 1, 1, 1};
+            printf("\n%-24s %5s %5s %11s %17s %23s\n", "gemm candidates", "T", "algos", "first us", "fastest us (i)",
+                   "fastest same sums (i)");
+            for (size_t si = 0; si < 4; si++)
+                for (int ti = 0; ti < 8; ti++) {
+                    float us[16];
+                    int same[16];
+                    const int T = As[ti], N = shapes[si].N, K = shapes[si].K;
+                    const int n = rp_gemm_algo_sweep(&gm, pool, xa, ya, T, N, K, f32s[si], 16, us, same, &gerr);
+                    if (n < 0) {
+                        snprintf(g_fail_msg, sizeof g_fail_msg, "%s", gerr.msg);
+                        longjmp(g_fail, 1);
+                    }
+                    int best = 0, best_same = 0;
+                    for (int i = 1; i < n; i++) {
+                        if (us[i] < us[best]) best = i;
+                        if (same[i] && us[i] < us[best_same]) best_same = i;
+                    }
+                    const double fl = 2.0 * T * N * (double)K / 1e6; /* MFLOP: / us = TFLOP/s */
+                    printf("%-24s %5d %5d %6.1f %4.0fT %8.1f %4.0fT (%2d) %8.1f %4.0fT (%2d)\n", shapes[si].name, T, n,
+                           us[0], fl / us[0], us[best], fl / us[best], best, us[best_same], fl / us[best_same],
+                           best_same);
+                }
+        }
         CHECK(cudaFree(xa));
         CHECK(cudaFree(ya));
         rp_gemm_destroy(&gm);
@@ -547,6 +578,8 @@ static void help(FILE *f) {
                "  --attn-sweep           also time decode attention at every split count with both\n"
                "                         kernels, and prefill attention with every block shape (and\n"
                "                         after a cached prefix, every split count)\n"
+               "  --gemm-algos           also time every cuBLASLt candidate for the projections at\n"
+               "                         128-2048 rows (decode and mixed steps) against its first choice\n"
                "\n" RP_COMMON_OPTIONS_HELP);
 }
 
@@ -557,6 +590,7 @@ static const struct option options[] = {{"model", required_argument, 0, 0x100},
                                          {"dummy-weights", required_argument, 0, 0x101},
                                          {"device", required_argument, 0, 0x103},
                                          {"attn-sweep", no_argument, 0, 'a'},
+                                         {"gemm-algos", no_argument, 0, 'G'},
                                          RP_COMMON_LONG_OPTIONS,
                                          {0, 0, 0, 0}};
 
@@ -566,8 +600,8 @@ static int run(int argc, char **argv) {
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, NULL, CMD)) != RP_OPT_END) {
-        if (opt == 'a') {
-            g_attn_sweep = 1;
+        if (opt == 'a' || opt == 'G') {
+            *(opt == 'a' ? &g_attn_sweep : &g_gemm_algos) = 1;
             continue;
         }
         if (opt != 'h') return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */

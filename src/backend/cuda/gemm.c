@@ -1,6 +1,7 @@
 /* GEMV/cuBLASLt dispatch and the cuBLASLt plan cache. */
 #include "backend/cuda/gemm.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_util.h"
@@ -85,6 +86,67 @@ static rp_gemm_plan *find_plan(rp_gemm *g, int T, int N, int K, int out_f32, rp_
         return NULL;
     }
     return p;
+}
+
+int rp_gemm_algo_sweep(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,
+                       int max, float *us, int *identical, rp_err *err) {
+    enum { MAX_ALGOS = 32, WARM = 3, REPS = 20 };
+    if (max > MAX_ALGOS) max = MAX_ALGOS;
+    rp_gemm_plan p;
+    if (make_plan(g, &p, T, N, K, out_f32, err)) return -1;
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
+    int found = 0, n = -1;
+    const size_t bytes = (size_t)T * N * (out_f32 ? 4 : 2);
+    void *ref = malloc(bytes), *got = malloc(bytes);
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    const float alpha = 1.0f, beta = 0.0f;
+    if (!ref || !got) {
+        rp_errf(err, "out of memory");
+        goto out;
+    }
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) {
+        rp_errf(err, "cublasLtMatmulPreferenceCreate failed");
+        goto out;
+    }
+    size_t ws = g->workspace_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p.desc, p.a, p.b, p.c, p.c, pref, max, res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+        rp_errf(err, "cuBLASLt has no algorithm for %dx%dx%d", T, N, K);
+        goto out;
+    }
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+        rp_errf(err, "cudaEventCreate failed");
+        goto out;
+    }
+    for (int i = 0; i < found; i++) {
+        cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+        for (int r = 0; r < WARM + REPS && s == CUBLAS_STATUS_SUCCESS; r++) {
+            if (r == WARM) cudaEventRecord(e0, 0);
+            s = cublasLtMatmul(g->lt, p.desc, &alpha, W, p.a, x, p.b, &beta, y, p.c, y, p.c, &res[i].algo,
+                               g->workspace, g->workspace_bytes, 0);
+        }
+        cudaEventRecord(e1, 0);
+        float ms = 0;
+        if (s != CUBLAS_STATUS_SUCCESS || cudaEventSynchronize(e1) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess ||
+            cudaMemcpy(i ? got : ref, y, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+            rp_errf(err, "cuBLASLt candidate %d of %dx%dx%d failed", i, T, N, K);
+            goto out;
+        }
+        us[i] = ms * 1e3f / REPS;
+        identical[i] = i == 0 || memcmp(ref, got, bytes) == 0;
+    }
+    n = found;
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    free(ref);
+    free(got);
+    plan_destroy(&p);
+    return n;
 }
 
 int rp_gemm_uses_gemv(const rp_gemm *g, int T, int N, int K) {

@@ -42,6 +42,14 @@ int rp_gemm_init(rp_gemm *g, size_t workspace_bytes, rp_err *err);
 void rp_gemm_destroy(rp_gemm *g);
 /* Whether y = x W^T for T tokens and an N x K matrix runs the GEMV. */
 int rp_gemm_uses_gemv(const rp_gemm *g, int T, int N, int K);
+/* For tuning (`replay bench kernels --gemm-algos`): times up to max of
+ * cuBLASLt's candidates for this shape, in its heuristic order (candidate
+ * 0 is what rp_gemm_run uses), each the mean of 20 runs after 3; us[i] its
+ * time, identical[i] whether its output is bit-identical to candidate 0's
+ * (the same sums: swapping it in would change no result). Returns how many
+ * were timed, or -1 with err. */
+int rp_gemm_algo_sweep(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,
+                       int max, float *us, int *identical, rp_err *err);
 /* y is bf16 ([T][N]) unless out_f32, then fp32. */
 int rp_gemm_run(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,
                 cudaStream_t stream, rp_err *err);
