@@ -382,6 +382,82 @@ static void test_long_prefills_one_at_a_time(void **state) {
     teardown(&f);
 }
 
+/* Speculative decoding: a decoding request with drafts is fed its last
+ * token and the drafts (samples set, draft counted), after every decode has
+ * its token, where the budget, its context and the pages left allow: drafts
+ * are cut to fit and never preempt. The engine sets cached and the output
+ * to what it keeps after verifying (simulated here). */
+static void test_drafts(void **state) {
+    (void)state;
+    fixture f;
+    rp_sched_config cfg = sched_config(4, 8, 8);
+    cfg.max_context = 20;
+    setup(&f, 5, 4, cfg);
+    rp_request *a = add_req(&f, 4, 16), *b = add_req(&f, 4, 16);
+    STEP(f.s, 3, {a, 4, 1}, {b, 4, 1}); /* 5 tokens each, 4 cached */
+    a->tokens[5] = 11, a->tokens[6] = 12, a->tokens[7] = 13, a->num_draft = 3;
+    assert_int_equal(rp_scheduler_schedule(f.s), 2);
+    expect_plan(f.s, (const want[]){{a, 4, 1}, {b, 1, 1}}, 2, 1, __LINE__); /* a: 8 tokens in 2 pages */
+    assert_int_equal(f.s->plan[0].draft, 3);
+    assert_int_equal(f.s->plan[1].draft, 0);
+    rp_scheduler_commit(f.s);
+    assert_int_equal(a->cached, 8);
+    /* the engine keeps draft 11 and emits 21 after it; b samples 30 */
+    a->cached = 6, a->tokens[6] = 21, a->num_output = 3;
+    b->tokens[5] = 30, b->num_output = 2;
+    expect_consistent(f.s);
+    /* 7 drafts: a's 2 pages and the free one hold 12 tokens, so 5 fit (6 cached + its token) */
+    a->num_draft = 7;
+    assert_int_equal(rp_scheduler_schedule(f.s), 2);
+    expect_plan(f.s, (const want[]){{a, 6, 1}, {b, 1, 1}}, 2, 0, __LINE__);
+    assert_int_equal(f.s->plan[0].draft, 5);
+    rp_scheduler_commit(f.s);
+    a->cached = 7, a->tokens[7] = 22, a->num_output = 4; /* none kept: the correction */
+    b->tokens[6] = 31, b->num_output = 3;
+    /* the pool is full: a's drafts fit its own pages (12 - 7 - 1 = 4 of 8), c waits */
+    a->num_draft = 8;
+    rp_request *c = add_req(&f, 4, 4);
+    assert_int_equal(rp_scheduler_schedule(f.s), 2);
+    expect_plan(f.s, (const want[]){{a, 5, 1}, {b, 1, 1}}, 2, 0, __LINE__);
+    expect_waiting(c);
+    rp_scheduler_commit(f.s);
+    a->cached = 8, a->num_output = 5, a->num_draft = 0;
+    b->tokens[7] = 32, b->num_output = 4;
+    teardown(&f);
+
+    /* the last free page goes to b's token, not to a's drafts, whatever the order */
+    setup(&f, 4, 4, sched_config(4, 16, 16));
+    a = add_req(&f, 3, 16), b = add_req(&f, 8, 16);
+    STEP(f.s, 1, {a, 3, 1}, {b, 8, 1});
+    a->num_draft = 6;
+    STEP(f.s, 0, {a, 1, 1}, {b, 1, 1}); /* a: no room for drafts in its page */
+    assert_int_equal(f.s->preemptions, 0);
+    teardown(&f);
+
+    /* drafts cut at the context (10 tokens) and the budget */
+    cfg = sched_config(4, 16, 16);
+    cfg.max_context = 10;
+    setup(&f, 16, 4, cfg);
+    a = add_req(&f, 4, 16);
+    STEP(f.s, 15, {a, 4, 1});
+    a->num_draft = 8;
+    assert_int_equal(rp_scheduler_schedule(f.s), 1);
+    expect_plan(f.s, (const want[]){{a, 6, 1}}, 1, 13, __LINE__); /* 4 cached + 1 + 5 = 10: 3 pages */
+    rp_scheduler_commit(f.s);
+    a->cached = 5, a->num_output = 2, a->num_draft = 0;
+    teardown(&f);
+    cfg.max_batched_tokens = 3;
+    setup(&f, 16, 4, cfg);
+    a = add_req(&f, 3, 16);
+    STEP(f.s, 15, {a, 3, 1});
+    a->num_draft = 8;
+    assert_int_equal(rp_scheduler_schedule(f.s), 1);
+    expect_plan(f.s, (const want[]){{a, 3, 1}}, 1, 14, __LINE__); /* the budget: 1 + 2 drafts, 6 tokens */
+    rp_scheduler_commit(f.s);
+    a->cached = 4, a->num_output = 2, a->num_draft = 0;
+    teardown(&f);
+}
+
 /* Three requests fill a 4-page pool; when the second cannot get a page for
  * its decode token, the newest (the third) is preempted: its page freed,
  * cached = 0, at the FRONT of the waiting queue (before a request that
@@ -957,6 +1033,7 @@ int main(void) {
         cmocka_unit_test(test_token_budget),
         cmocka_unit_test(test_long_prefill_lets_newcomer_in),
         cmocka_unit_test(test_long_prefills_one_at_a_time),
+        cmocka_unit_test(test_drafts),
         cmocka_unit_test(test_preemption_takes_newest),
         cmocka_unit_test(test_preemption_of_self),
         cmocka_unit_test(test_stall_preempts_newest),

@@ -25,6 +25,12 @@ typedef struct rp_request {
     int32_t *tokens;  /* [num_prompt + max_tokens] */
     int num_prompt, num_output, max_tokens;
     int cached;       /* tokens whose K/V are in the cache */
+    /* Speculative decoding (docs/speculative.md): draft tokens the engine
+     * proposed for the next step, at tokens[len .. len + num_draft), at
+     * most max_tokens - num_output - 1 of them. A decoding request is fed
+     * its last token and these, with logits for each, for the engine to
+     * verify; 0: a plain decode. */
+    int num_draft;
     int row;          /* page-table row, -1 when it holds no pages */
     /* The prefix cache (scheduler.h): the lock on the cached pages its row
      * starts with, whether its prompt's pages have been handed to the cache

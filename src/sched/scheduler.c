@@ -223,7 +223,7 @@ static rp_request *preempt_newest(rp_scheduler *s) {
 }
 
 static void plan_add(rp_scheduler *s, rp_request *r, int n) {
-    s->plan[s->plan_len++] = (rp_sched_item){r, n, r->cached + n == rp_request_len(r)};
+    s->plan[s->plan_len++] = (rp_sched_item){r, n, r->cached + n == rp_request_len(r), 0};
 }
 
 /* Tokens of r already in the plan (0 when it is not). */
@@ -250,7 +250,7 @@ static void feed_prefills(rp_scheduler *s, int *budget, int keep) {
         if (n > *budget - keep) n = *budget - keep;
         if (n <= 0 || reserve(s, r->row, r->cached + have + n)) continue;
         if (at < 0) plan_add(s, r, n);
-        else s->plan[at] = (rp_sched_item){r, have + n, r->cached + have + n == rp_request_len(r)};
+        else s->plan[at] = (rp_sched_item){r, have + n, r->cached + have + n == rp_request_len(r), 0};
         *budget -= n;
     }
 }
@@ -380,6 +380,23 @@ static int schedule_once(rp_scheduler *s) {
         if (!ok) break; /* r itself was the newest and is preempted: nothing newer remains */
         plan_add(s, r, 1);
         budget--;
+    }
+    /* 1b. drafts (speculative decoding), oldest first, once every decode
+     * has its token: what the budget, the context and the pages left
+     * allow, so drafts never preempt nor keep a decode out */
+    const int ps = s->table->pool->page_size;
+    for (int i = 0; i < s->plan_len && budget > 0; i++) {
+        rp_sched_item *it = &s->plan[i];
+        rp_request *r = it->req;
+        if (r->num_draft <= 0) continue;
+        const int room = (s->table->row_num_pages[r->row] + rp_scheduler_pages_available(s)) * ps - r->cached - 1;
+        int d = r->num_draft < budget ? r->num_draft : budget;
+        if (d > s->cfg.max_context - r->cached - 1) d = s->cfg.max_context - r->cached - 1;
+        if (d > room) d = room;
+        if (d <= 0 || reserve(s, r->row, r->cached + 1 + d)) continue;
+        it->num_tokens = 1 + d;
+        it->draft = d;
+        budget -= d;
     }
     /* prompt tokens: the step's budget, within the cap set for a short step */
     int prompt_budget = s->prefill_cap > 0 && s->prefill_cap < budget ? s->prefill_cap : budget;

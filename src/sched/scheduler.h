@@ -5,7 +5,10 @@
  *  1. every running request that is decoding gets its one token, oldest
  *     first; if the pool cannot hold it, the newest running requests are
  *     preempted (their pages freed; they go back to the front of the
- *     waiting queue and are recomputed later), so no request is lost;
+ *     waiting queue and are recomputed later), so no request is lost. A
+ *     request with draft tokens (speculative decoding) gets them too where
+ *     the budget, its context and the free pages allow, else none: drafts
+ *     never preempt;
  *  2. running requests in the middle of a chunked prefill get their next
  *     chunk, leaving the first waiting request its prompt where that fits
  *     in one chunk (a long prompt never holds a short newcomer back for
@@ -114,6 +117,8 @@ typedef struct rp_sched_item {
     rp_request *req;
     int num_tokens; /* tokens fed this step, from req->cached */
     int samples;    /* the cache catches up this step: sample a token */
+    int draft;      /* of num_tokens, the request's draft tokens after its last one (a verify: logits
+                     * for every token; the engine sets cached to what it keeps) */
 } rp_sched_item;
 
 typedef struct rp_scheduler {
