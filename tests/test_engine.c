@@ -93,6 +93,7 @@ static int g_no_overlap; /* set by a test to compare with the synchronous loop *
  * first chunk alone, as before the engine kept room for decode growth */
 static int g_no_reserve;
 static int g_step_tokens; /* set by a test: every step feeds at most this many tokens, not sized by time */
+static int g_spec_k;      /* set by a test: n-gram speculative decoding, this many drafts a round */
 
 static rp_engine *make_engine(const char *model, int num_pages, int chunk, int max_running) {
     rp_engine_config c;
@@ -110,6 +111,12 @@ static rp_engine *make_engine(const char *model, int num_pages, int chunk, int m
     c.max_running_requests = max_running;
     c.disable_overlap = g_no_overlap;
     c.disable_decode_reservation = g_no_reserve;
+    if (g_spec_k) {
+        c.speculative_method = RP_SPEC_NGRAM;
+        c.num_speculative_tokens = g_spec_k;
+        c.prompt_lookup_min = 1; /* short matches: drafts in most rounds, most of them wrong */
+        c.prompt_lookup_max = 3;
+    }
     c.debug_check_every_step = 1; /* the page accounting, prefix cache included, after every step */
     rp_error err;
     rp_engine *e = rp_engine_create(&c, &err);
@@ -232,23 +239,29 @@ static void run_together(int sampled) {
     static int32_t prompt[NREQ][64];
     struct {
         const char *name;
-        int pages, chunk, running, staggered, no_overlap, no_reserve;
+        int pages, chunk, running, staggered, no_overlap, no_reserve, spec_k;
     } setups[] = {
-        {"64 at once, chunked prefill 7", 0, 7, 64, 0, 0, 0},
-        {"64 at once, no chunking", 0, 0, 64, 0, 0, 0},
-        {"arriving while others run", 0, 16, 64, 1, 0, 0},
-        {"tiny pool: preemption", 12, 16, 64, 0, 0, 1},
-        {"tiny pool: preemption, no overlap", 12, 16, 64, 0, 1, 1},
-        {"tiny pool: room reserved, no preemption", 12, 16, 64, 0, 0, 0},
-        {"8 running at most", 0, 32, 8, 0, 0, 0},
-        {"no overlap", 0, 16, 64, 0, 1, 0},
+        {"64 at once, chunked prefill 7", 0, 7, 64, 0, 0, 0, 0},
+        {"64 at once, no chunking", 0, 0, 64, 0, 0, 0, 0},
+        {"arriving while others run", 0, 16, 64, 1, 0, 0, 0},
+        {"tiny pool: preemption", 12, 16, 64, 0, 0, 1, 0},
+        {"tiny pool: preemption, no overlap", 12, 16, 64, 0, 1, 1, 0},
+        {"tiny pool: room reserved, no preemption", 12, 16, 64, 0, 0, 0, 0},
+        {"8 running at most", 0, 32, 8, 0, 0, 0, 0},
+        {"no overlap", 0, 16, 64, 0, 1, 0, 0},
+        /* speculative decoding: the same tokens, drafts kept or not */
+        {"speculative k 4, 8 running", 0, 16, 8, 0, 0, 0, 4},
+        {"speculative k 1, arriving while others run", 0, 7, 64, 1, 0, 0, 1},
+        {"speculative k 8, tiny pool: preemption", 12, 16, 64, 0, 0, 1, 8},
     };
     for (size_t s = 0; s < sizeof setups / sizeof setups[0]; s++) {
         memset(got, 0, sizeof got);
         g_no_overlap = setups[s].no_overlap;
         g_no_reserve = setups[s].no_reserve;
+        g_spec_k = setups[s].spec_k;
         rp_engine *e = make_engine("qwen3-tied", setups[s].pages, setups[s].chunk, setups[s].running);
         g_no_reserve = 0;
+        g_spec_k = 0;
         run_ctx c = {.e = e, .got = got, .prompt = prompt, .sampled = sampled, .staggered = setups[s].staggered};
         hold h;
         if (!c.staggered) hold_engine(e, &h); /* all 64 reach the scheduler at once */
@@ -271,6 +284,15 @@ static void run_together(int sampled) {
         /* 64 at once run together, unless the tiny pool keeps room for outputs */
         if (setups[s].running == 64 && !setups[s].staggered && (!setups[s].pages || setups[s].no_reserve))
             assert_true(st.peak_running > 8);
+        if (setups[s].spec_k) { /* rounds ran, and kept drafts: both paths of a round were taken */
+            printf("  %s, %s: %llu rounds, %llu of %llu drafts kept\n", setups[s].name, sampled ? "seeded" : "greedy",
+                   (unsigned long long)st.spec_rounds, (unsigned long long)st.spec_accepted_tokens,
+                   (unsigned long long)st.spec_draft_tokens);
+            assert_true(st.spec_rounds > 0);
+            assert_true(st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens);
+        } else {
+            assert_int_equal(st.spec_rounds, 0);
+        }
         expect_pool_full(e);
         rp_engine_destroy(e);
     }

@@ -93,7 +93,20 @@ typedef struct rp_engine_config {
      * for what the running requests will decode (docs/memory-model.md). For
      * tests that need preemption under a small pool. */
     int disable_decode_reservation;
+    /* Speculative decoding (docs/speculative.md): a drafter proposes
+     * num_speculative_tokens tokens for each decoding request and one
+     * target pass verifies them all. Outputs are those of decoding without
+     * it, token for token for a given seed (docs/sampling.md). */
+    int speculative_method;     /* rp_spec_method; RP_SPEC_NONE (0): off */
+    int num_speculative_tokens; /* k, 1..8 (0: 4 where a method is set) */
+    int prompt_lookup_min;      /* n-gram match lengths (vLLM's names), 1..16; 0: 2 and 4 */
+    int prompt_lookup_max;
 } rp_engine_config;
+
+typedef enum rp_spec_method {
+    RP_SPEC_NONE = 0,
+    RP_SPEC_NGRAM, /* the continuation of the latest earlier occurrence of the last n tokens (prompt lookup) */
+} rp_spec_method;
 
 typedef enum rp_finish {
     RP_FINISH_REASON_NONE = 0,
@@ -207,6 +220,10 @@ typedef struct rp_engine_stats {
     uint64_t graph_replays, forwards;
     double cpu_ms_per_step; /* host time spent scheduling and preparing, mean */
     rp_step_kind_stats kinds[RP_STEP_KINDS]; /* completed steps by kind */
+    /* speculative decoding: verified rounds (a decode with drafts), the
+     * drafts they carried and those accepted; a round emits accepted + 1
+     * tokens (the mean accepted length is (accepted + rounds) / rounds) */
+    uint64_t spec_rounds, spec_draft_tokens, spec_accepted_tokens;
 } rp_engine_stats;
 
 void rp_engine_get_stats(rp_engine *e, rp_engine_stats *out);

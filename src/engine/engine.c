@@ -10,7 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/draft.h"
 #include "engine/engine_internal.h"
+#include "engine/ngram.h"
 #include "model/config.h"
 #include "util/log.h"
 
@@ -279,6 +281,28 @@ static void config_complete(rp_engine_config *cfg) {
     /* a decode step of every running request must fit one step (a derived
      * running set is held to the step instead) */
     if (cfg->max_batched_tokens < cfg->max_running_requests) cfg->max_batched_tokens = cfg->max_running_requests;
+    if (cfg->speculative_method != RP_SPEC_NONE) {
+        if (!cfg->num_speculative_tokens) cfg->num_speculative_tokens = RP_SPEC_DEFAULT_K;
+        if (!cfg->prompt_lookup_min && !cfg->prompt_lookup_max) {
+            cfg->prompt_lookup_min = RP_NGRAM_DEFAULT_MIN;
+            cfg->prompt_lookup_max = RP_NGRAM_DEFAULT_MAX;
+        } else if (!cfg->prompt_lookup_min) {
+            cfg->prompt_lookup_min = 1;
+        } else if (!cfg->prompt_lookup_max) {
+            cfg->prompt_lookup_max = cfg->prompt_lookup_min;
+        }
+    }
+}
+
+/* The speculative decoding options, in vLLM's words where it has them. */
+static int check_speculative(const rp_engine_config *cfg, rp_err *err) {
+    if (cfg->speculative_method == RP_SPEC_NONE) return 0;
+    if (cfg->speculative_method != RP_SPEC_NGRAM)
+        return rp_errf(err, "unknown speculative method %d", cfg->speculative_method);
+    if (cfg->num_speculative_tokens < 1 || cfg->num_speculative_tokens > RP_SPEC_MAX_K)
+        return rp_errf(err, "num_speculative_tokens must be from 1 to %d, got %d", RP_SPEC_MAX_K,
+                       cfg->num_speculative_tokens);
+    return rp_ngram_validate(cfg->prompt_lookup_min, cfg->prompt_lookup_max, err);
 }
 
 rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
@@ -302,12 +326,19 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     pthread_cond_init(&e->idle, NULL);
     e->next_id = 1;
     rp_err err;
+    if (check_speculative(cfg, &err)) {
+        set_error(errout, RP_ERROR_INVALID_REQUEST, err.msg);
+        rp_engine_destroy(e);
+        return NULL;
+    }
+    /* a round's drafts want logits rows of their own */
+    const int spec_rows = cfg->speculative_method ? RP_SPEC_MAX_SEQS * cfg->num_speculative_tokens : 0;
     rp_runner_config rc = {.model_dir = cfg->model_dir, .dummy_name = cfg->dummy_name, .load_dummy = cfg->load_dummy,
                            .weight_seed = cfg->weight_seed, .load_progress = 1, .device = cfg->device,
                            .threads = cfg->threads, .page_size = cfg->page_size, .num_pages = cfg->num_pages,
                            .memory_ratio = cfg->memory_ratio, .max_seqs = backend_seqs,
                            .max_context = cfg->max_context, .max_batched_tokens = cfg->max_batched_tokens,
-                           .max_logit_rows = backend_seqs,
+                           .max_logit_rows = backend_seqs + spec_rows,
                            .disable_cuda_graph = cfg->disable_cuda_graph,
                            .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
                            .tuning = {.disable_decode_step = cfg->disable_decode_step}};
@@ -336,7 +367,10 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
         e->steps[k].out_index = calloc((size_t)cfg->max_running_requests, sizeof(int));
         if (!e->steps[k].items || !e->steps[k].logit_row || !e->steps[k].out_index) goto oom;
     }
-    e->overlap = e->run->backend->supports_token_refs && !cfg->disable_overlap;
+    /* a speculative round's drafts come from its tokens: each step is read
+     * before the next one is launched */
+    e->overlap = e->run->backend->supports_token_refs && !cfg->disable_overlap && !cfg->speculative_method;
+    e->spec_k = cfg->speculative_method ? cfg->num_speculative_tokens : 0;
     if (e->run->backend->forward_is_synchronous && cfg->step_ms_target >= 0) {
         e->step_ms = cfg->step_ms_target ? cfg->step_ms_target : DEFAULT_CPU_STEP_MS;
         e->step_min_tokens = STEP_MIN_PROMPT_TOKENS;
@@ -348,8 +382,9 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     e->dev_tokens = calloc((size_t)e->max_logits, sizeof *e->dev_tokens);
     e->dev_logprobs = calloc((size_t)e->max_logits, sizeof *e->dev_logprobs);
     e->dev_top = calloc((size_t)e->max_logits, sizeof *e->dev_top);
+    e->spec_top = calloc(RP_SPEC_MAX_K + 1, sizeof *e->spec_top);
     if (!e->sched || !e->sampler || !e->retiring || !e->dev_params || !e->dev_tokens || !e->dev_logprobs ||
-        !e->dev_top)
+        !e->dev_top || !e->spec_top)
         goto oom;
     e->stats.kv_pages_total = num_pages;
     e->stats.max_total_tokens = num_pages * cfg->page_size;
@@ -363,6 +398,10 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
                 derive_running ? " (derived from the KV pool; --max-running-requests overrides)" : "",
                 cfg->max_batched_tokens);
     rp_log_info("engine: prefix caching %s", e->cache ? "on" : "off");
+    if (e->spec_k)
+        rp_log_info("engine: speculative decoding: n-gram drafts (match lengths %d..%d), %d a round, while at most %d "
+                    "requests decode",
+                    cfg->prompt_lookup_min, cfg->prompt_lookup_max, e->spec_k, RP_SPEC_MAX_SEQS);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         set_error(errout, RP_ERROR_INTERNAL, "cannot start the engine thread");
         rp_engine_destroy(e);
@@ -407,6 +446,7 @@ void rp_engine_destroy(rp_engine *e) {
     free(e->dev_tokens);
     free(e->dev_logprobs);
     free(e->dev_top);
+    free(e->spec_top);
     rp_sampler_free(e->sampler);
     rp_scheduler_free(e->sched);
     rp_prefix_cache_free(e->cache); /* its pages go back to the runner's pool */

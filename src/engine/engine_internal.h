@@ -42,6 +42,10 @@ struct rp_engine {
     float *dev_logprobs;
     rp_top_logprobs *dev_top;
     int max_context, max_logits;
+    /* speculative decoding (draft.h): drafts per round (0: off), and each
+     * position's top logprobs while a round is verified */
+    int spec_k;
+    rp_top_logprobs *spec_top; /* [RP_SPEC_MAX_K + 1] */
     /* shared with callers, under mu */
     pthread_mutex_t mu;
     pthread_cond_t work, idle;

@@ -203,9 +203,11 @@ int rp_ngram_propose(const rp_ngram *g, const int32_t *tokens, int n, int k, int
         const ng_table *tb = &g->tables[m - g->min_n];
         int32_t s = find_key(g, tb, m, tokens, n, hash[m]);
         if (s == NONE) continue;
-        int e = tb->keys[s].last, count = min_int(k, n - e);
-        memcpy(out, tokens + e, (size_t)count * sizeof *out);
-        return count;
+        /* what followed, then (text repeating with period n - e) the
+         * proposal itself, as an overlapping copy */
+        const int e = tb->keys[s].last;
+        for (int i = 0; i < k; i++) out[i] = e + i < n ? tokens[e + i] : out[e + i - n];
+        return k;
     }
     return 0;
 }

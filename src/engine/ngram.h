@@ -11,11 +11,11 @@
  *   for n = max_n down to min_n (the longest match wins): an occurrence of
  *   the suffix t[N-n..N) is an equal t[e-n..e) with e < N, i.e. one that
  *   ends before the suffix does and so is followed by at least t[e]; the
- *   most recent one (largest e) is taken, and the proposal is
- *   t[e .. min(e + k, N)). The continuation may run into the suffix itself
- *   (text repeating with a short period): it is just the tokens that follow,
- *   up to the sequence's end, so fewer than k tokens may come. No occurrence
- *   at any n: nothing is proposed.
+ *   most recent one (largest e) is taken, and the proposal is the k tokens
+ *   that follow it: t[e], t[e + 1], ..., and past the sequence's end the
+ *   proposal's own first tokens again (out[i] = out[i - (N - e)]: the text
+ *   is taken to go on repeating with period N - e, as an overlapping copy
+ *   does). No occurrence at any n: nothing is proposed.
  * The results are exactly those of that brute-force search over t[0..N),
  * whatever the history of appends and truncations (tests/test_ngram.c
  * checks it).
@@ -29,9 +29,10 @@
  * EARLIEST, replay the most recent (issue 38: "the longest recent n-gram
  * match"), on the guess that what the text did last says most about what it
  * does next (the latest version of an edited line). Not yet measured
- * against vLLM's choice. One known cost of it: in text repeating with a
- * period p < k, the most recent occurrence is p tokens back and only p
- * tokens are proposed, where the earliest would give up to k.
+ * against vLLM's choice. In text repeating with a period p < k the most
+ * recent occurrence is p tokens back; the overlapping copy still proposes
+ * k tokens (a model stuck in a loop of p tokens: a one-token loop gave 1
+ * draft a round before, k now).
  *
  * How: one hash table per match length n, keyed by the n tokens, holding each
  * distinct n-gram's most recent end position, and for every end position the

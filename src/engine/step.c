@@ -11,6 +11,7 @@
  * until step N + 1 has completed (output.c's retiring list). */
 #include <string.h>
 
+#include "engine/draft.h"
 #include "engine/engine_internal.h"
 #include "util/log.h"
 
@@ -82,6 +83,7 @@ static int launch_step(rp_engine *e) {
     double t0 = rp_now_s();
     rp_scheduler *s = e->sched;
     rp_runner *run = e->run;
+    rp_engine_propose_drafts(e);
     int n = rp_scheduler_schedule(s);
     if (n == 0) return -1;
     rp_engine_publish_plan(e);
@@ -98,11 +100,13 @@ static int launch_step(rp_engine *e) {
         rp_sched_item *it = &s->plan[i];
         rp_request *r = it->req;
         if (rp_request_pending(r) > 1) prompt_tokens += it->num_tokens;
-        st->logit_row[i] = rp_batch_add(run->bb, r->row, r->tokens + r->cached, it->num_tokens, r->cached, it->samples);
+        /* a round with drafts wants logits for its every token */
+        st->logit_row[i] = rp_batch_add(run->bb, r->row, r->tokens + r->cached, it->num_tokens, r->cached,
+                                        it->draft ? 2 : it->samples);
         RP_ASSERT(st->logit_row[i] >= 0 || !it->samples);
         st->out_index[i] = r->num_output;
         if (it->samples) {
-            if (needs_host_sampler(r)) st->device_sampling = 0;
+            if (needs_host_sampler(r) || it->draft) st->device_sampling = 0; /* verified on the host */
             e->dev_params[st->logit_row[i]] = r->sampling;
             e->dev_params[st->logit_row[i]].step = (uint64_t)r->num_output;
         }
@@ -133,10 +137,12 @@ static int launch_step(rp_engine *e) {
     for (int i = 0; i < n; i++) {
         rp_request *r = st->items[i].req;
         r->last_step = st->id;
+        r->num_draft = 0;
         /* overlap: reserve the output slot with a reference to the row the
          * device samples it into; the next step can feed it before the
          * host has seen it */
-        if (e->overlap && st->items[i].samples) r->tokens[rp_request_len(r)] = -(st->logit_row[i] + 1), r->num_output++;
+        if (e->overlap && st->items[i].samples && !st->items[i].draft)
+            r->tokens[rp_request_len(r)] = -(st->logit_row[i] + 1), r->num_output++;
     }
     e->cur_step = slot;
     e->stats.steps++;
@@ -167,6 +173,10 @@ void rp_engine_collect_step(rp_engine *e, int slot) {
         rp_top_logprobs host_top;
         const rp_top_logprobs *top = &host_top;
         if (r->retiring) continue;
+        if (st->items[i].draft) {
+            rp_engine_verify_round(e, st, i);
+            continue;
+        }
         if (st->device_sampling) {
             tok = e->dev_tokens[row];
             lp = e->dev_logprobs[row];

@@ -3,9 +3,12 @@
 
 #include <stdlib.h>
 
+#include "engine/ngram.h"
+
 void rp_request_free(rp_request *r) {
     if (!r) return;
     if (r->has_detok) rp_detok_free(&r->detok);
+    rp_ngram_free(r->ngram);
     for (int i = 0; i < r->num_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->stop_ids);

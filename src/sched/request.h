@@ -31,6 +31,7 @@ typedef struct rp_request {
      * its last token and these, with logits for each, for the engine to
      * verify; 0: a plain decode. */
     int num_draft;
+    struct rp_ngram *ngram; /* the n-gram drafter's index of its tokens, or NULL (engine/ngram.h) */
     int row;          /* page-table row, -1 when it holds no pages */
     /* The prefix cache (scheduler.h): the lock on the cached pages its row
      * starts with, whether its prompt's pages have been handed to the cache

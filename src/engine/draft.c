@@ -1,0 +1,51 @@
+/* Drafting and verifying speculative rounds in the engine (draft.h). */
+#include "engine/draft.h"
+
+#include "engine/engine_internal.h"
+#include "engine/ngram.h"
+
+void rp_engine_propose_drafts(rp_engine *e) {
+    rp_scheduler *s = e->sched;
+    int decoding = 0;
+    for (int i = 0; i < s->num_running; i++) {
+        rp_request *r = s->running[i];
+        r->num_draft = 0;
+        decoding += rp_request_pending(r) == 1 && rp_request_can_run(r, e->max_context);
+    }
+    if (!e->spec_k || decoding > RP_SPEC_MAX_SEQS) return;
+    for (int i = 0; i < s->num_running; i++) {
+        rp_request *r = s->running[i];
+        const int len = rp_request_len(r);
+        if (!r->ngram || rp_request_pending(r) != 1 || !rp_request_can_run(r, e->max_context)) continue;
+        if (r->tokens[len - 1] < 0) continue; /* still a reference to a row on the device */
+        int want = r->max_tokens - r->num_output - 1; /* the round's last token is the target's own */
+        if (want > e->spec_k) want = e->spec_k;
+        rp_err err;
+        if (want <= 0 || rp_ngram_append(r->ngram, r->tokens, len, &err)) continue;
+        r->num_draft = rp_ngram_propose(r->ngram, r->tokens, len, want, r->tokens + len);
+    }
+}
+
+void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
+    rp_request *r = st->items[i].req;
+    const int d = st->items[i].draft, k = st->out_index[i], row0 = st->logit_row[i];
+    const int vocab = e->run->model->cfg.vocab_size;
+    int32_t tok[RP_SPEC_MAX_K + 1];
+    float lp[RP_SPEC_MAX_K + 1];
+    int n = 0;
+    RP_ASSERT(d <= RP_SPEC_MAX_K);
+    for (int j = 0; j <= d; j++) {
+        /* the output before position k + j is the kept drafts: the penalties see them */
+        tok[j] = rp_sampler_sample_top(e->sampler, &r->sampling, e->run->logits + (size_t)(row0 + j) * vocab,
+                                       r->tokens, r->num_prompt, r->tokens + r->num_prompt, k + j, (uint64_t)(k + j),
+                                       &lp[j], &e->spec_top[j]);
+        n = j + 1;
+        if (j == d || tok[j] != r->tokens[r->num_prompt + k + j]) break;
+    }
+    const int kept = n - 1;
+    r->cached -= d - kept;
+    e->stats.spec_rounds++;
+    e->stats.spec_draft_tokens += (uint64_t)d;
+    e->stats.spec_accepted_tokens += (uint64_t)kept;
+    for (int j = 0; j < n && !r->retiring; j++) rp_engine_on_sampled(e, r, k + j, tok[j], lp[j], &e->spec_top[j]);
+}
