@@ -211,8 +211,33 @@ JSON
     check "--stop" 0 $?
     [ "$got" = "$want" ]; check "--stop cuts the output before the stop string" 0 $?
     contains "--stop finish reason" "$(cat "$tmp/stop.err")" "(stop)"
+    # speculative rounds emit several tokens at once: the stop still cuts the text in the same place
+    got=$("$BIN" generate --model "$m" --load-format dummy --prompt "Hi there" --max-tokens 24 --temperature 0 \
+          --ignore-eos --stop "$stop" --speculative-method ngram --prompt-lookup-min 1 2>/dev/null)
+    [ "$got" = "$want" ]; check "--stop with speculative decoding" 0 $?
   fi
 fi
+
+# Speculative decoding (n-gram drafts): bad options are usage errors before loading; the output is
+# that of decoding without it, token for token, greedy and seeded with penalties
+early "draft count without a method" "--num-speculative-tokens needs --speculative-method" --prompt-ids 1 \
+  --num-speculative-tokens 3
+early "unknown method" "--speculative-method must be ngram or none" --prompt-ids 1 --speculative-method eagle
+early "9 drafts" "--num-speculative-tokens must be an integer from 1 to 8" --prompt-ids 1 \
+  --speculative-method ngram --num-speculative-tokens 9
+early "match lengths reversed" "--prompt-lookup-min 5 is more than --prompt-lookup-max 3" --prompt-ids 1 \
+  --speculative-method ngram --prompt-lookup-min 5 --prompt-lookup-max 3
+fx="$SRC/tests/fixtures/models/qwen3-tied"
+for s in "--temperature 0" "--seed 7 --repetition-penalty 1.3 --top-k 20"; do
+  # shellcheck disable=SC2086
+  want=$("$BIN" generate --model "$fx" --prompt-ids 1,2,3,4,5,1,2,3 --max-tokens 60 --print-ids -q $s 2>/dev/null)
+  # shellcheck disable=SC2086
+  got=$("$BIN" generate --model "$fx" --prompt-ids 1,2,3,4,5,1,2,3 --max-tokens 60 --print-ids $s \
+        --speculative-method ngram --num-speculative-tokens 6 --prompt-lookup-min 1 2>"$tmp/spec.err")
+  check "speculative ($s)" 0 $?
+  [ -n "$want" ] && [ "$got" = "$want" ]; check "speculative output equals plain ($s)" 0 $?
+  contains "speculative stats ($s)" "$(cat "$tmp/spec.err")" "drafts accepted"
+done
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "engine/draft.h"
+#include "engine/ngram.h"
 #include "engine/runner.h"
 #include "engine/sampler.h"
 #include "replay/engine.h"
@@ -457,6 +459,33 @@ void rp_engine_opts_help(FILE *f) {
             d.enable_prefix_caching ? "on" : "off");
 }
 
+void rp_spec_opts_help(FILE *f) {
+    fprintf(f, "Speculative decoding (docs/speculative.md):\n"
+               "  --speculative-method M       ngram: draft each decoding request's next tokens from the latest\n"
+               "                               earlier occurrence of its last tokens (prompt lookup), verify them in\n"
+               "                               one pass; outputs are those without it, token for token (default: off)\n"
+               "  --num-speculative-tokens K   drafts a round, 1 to %d (default %d)\n"
+               "  --prompt-lookup-min N        shortest match, 1 to %d (default %d)\n"
+               "  --prompt-lookup-max N        longest match, tried first, 1 to %d (default %d)\n",
+            RP_SPEC_MAX_K, RP_SPEC_DEFAULT_K, RP_NGRAM_MAX_N, RP_NGRAM_DEFAULT_MIN, RP_NGRAM_MAX_N,
+            RP_NGRAM_DEFAULT_MAX);
+}
+
+int rp_spec_opts_check(const rp_engine_config *ec, const char *cmd) {
+    if (ec->speculative_method == RP_SPEC_NONE) {
+        const char *what = ec->num_speculative_tokens ? "--num-speculative-tokens"
+                           : ec->prompt_lookup_min    ? "--prompt-lookup-min"
+                           : ec->prompt_lookup_max    ? "--prompt-lookup-max"
+                                                      : NULL;
+        if (what) return rp_cli_usage_error(cmd, "%s needs --speculative-method", what);
+        return 0;
+    }
+    if (ec->prompt_lookup_min && ec->prompt_lookup_max && ec->prompt_lookup_min > ec->prompt_lookup_max)
+        return rp_cli_usage_error(cmd, "--prompt-lookup-min %d is more than --prompt-lookup-max %d",
+                                  ec->prompt_lookup_min, ec->prompt_lookup_max);
+    return 0;
+}
+
 int rp_engine_opts_parse(rp_engine_config *ec, int opt, const char *arg, const char *cmd) {
     static const struct {
         int opt;
@@ -464,7 +493,19 @@ int rp_engine_opts_parse(rp_engine_config *ec, int opt, const char *arg, const c
         long lo, hi;
     } ints[] = {{0x140, "--max-running-requests", 1, 4096}, {0x141, "--max-num-batched-tokens", 1, 1 << 24},
                 {0x142, "--chunked-prefill-size", 0, 1 << 24}, {0x143, "--num-pages", 0, 1 << 30},
-                {0x144, "--page-size", 1, 4096},               {0x145, "--max-model-len", 1, 1 << 24}};
+                {0x144, "--page-size", 1, 4096},               {0x145, "--max-model-len", 1, 1 << 24},
+                {0x14b, "--num-speculative-tokens", 1, RP_SPEC_MAX_K}, {0x14c, "--prompt-lookup-min", 1, RP_NGRAM_MAX_N},
+                {0x14d, "--prompt-lookup-max", 1, RP_NGRAM_MAX_N}};
+    if (opt == 0x14a) {
+        if (!strcmp(arg, "ngram")) ec->speculative_method = RP_SPEC_NGRAM;
+        else if (!strcmp(arg, "none")) ec->speculative_method = RP_SPEC_NONE;
+        else {
+            rp_cli_usage_error(cmd, "--speculative-method must be ngram or none, got '%s' (draft models are not "
+                                    "supported yet)", arg);
+            return -1;
+        }
+        return 1;
+    }
     if (opt == 0x146) {
         ec->disable_cuda_graph = 1;
         return 1;
@@ -491,7 +532,8 @@ int rp_engine_opts_parse(rp_engine_config *ec, int opt, const char *arg, const c
             return -1;
         }
         int *dst[] = {&ec->max_running_requests, &ec->max_batched_tokens, &ec->chunked_prefill_size,
-                      &ec->num_pages, &ec->page_size, &ec->max_context};
+                      &ec->num_pages, &ec->page_size, &ec->max_context, NULL, NULL, NULL, NULL, NULL,
+                      &ec->num_speculative_tokens, &ec->prompt_lookup_min, &ec->prompt_lookup_max};
         *dst[opt - 0x140] = (int)v;
         return 1;
     }

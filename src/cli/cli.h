@@ -122,7 +122,19 @@ typedef struct rp_model_opts {
         {"max-num-seqs", required_argument, 0, 0x140}, {"gpu-memory-utilization", required_argument, 0, 0x147}, \
         {"disable-prefix-caching", no_argument, 0, 0x148}, {"enable-prefix-caching", no_argument, 0, 0x149}
 
+/* Speculative decoding (docs/speculative.md), in every command that runs
+ * the engine (serve, bench offline, generate, chat); vLLM's names. */
+#define RP_SPEC_LONG_OPTIONS                                                                                      \
+    {"speculative-method", required_argument, 0, 0x14a}, {"num-speculative-tokens", required_argument, 0, 0x14b}, \
+        {"prompt-lookup-min", required_argument, 0, 0x14c}, {"prompt-lookup-max", required_argument, 0, 0x14d}
+
 struct rp_engine_config;
+/* The speculative decoding options' help. */
+void rp_spec_opts_help(FILE *f);
+/* After parsing: a speculative option without --speculative-method, or
+ * match lengths the wrong way round, is a usage error (printed; returns
+ * RP_EXIT_USAGE, else 0). */
+int rp_spec_opts_check(const struct rp_engine_config *ec, const char *cmd);
 /* Prints the engine options' help, with the defaults rp_engine_config_default sets. */
 void rp_engine_opts_help(FILE *f);
 /* Handles one of RP_ENGINE_LONG_OPTIONS into ec: 1 if it was one, 0 if not,

@@ -349,6 +349,8 @@ static void offline_help(FILE *f) {
             "\n");
     rp_engine_opts_help(f);
     fprintf(f, "\n");
+    rp_spec_opts_help(f);
+    fprintf(f, "\n");
     rp_bench_output_help(f, RP_BENCH_PROGRESS_HELP);
 }
 
@@ -362,6 +364,7 @@ static const struct option offline_options[] = {
     {"progress-interval", required_argument, 0, 'p'},
     RP_BENCH_WORKLOAD_LONG_OPTIONS,
     RP_ENGINE_LONG_OPTIONS,
+    RP_SPEC_LONG_OPTIONS,
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
@@ -485,7 +488,7 @@ static int bench_offline(int argc, char **argv) {
                                       optarg);
     }
     if (optind < argc) return rp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
-    if (rp_bench_workload_check(&w, cmd)) return RP_EXIT_USAGE;
+    if (rp_bench_workload_check(&w, cmd) || rp_spec_opts_check(&ec, cmd)) return RP_EXIT_USAGE;
     int bad_model = rp_model_opts_check(&mo, cmd);
     if (bad_model) return bad_model;
     if (offline_check_context(&mo, &ec, &w, cmd)) return RP_EXIT_USAGE;
@@ -617,6 +620,11 @@ static int bench_offline(int argc, char **argv) {
                (unsigned long long)st.prefix_cache_hit_tokens, (unsigned long long)st.prefix_cache_queried_tokens);
     else
         printf("  %-34s %11.1f%% (--disable-prefix-caching)\n", "prefix cache hit rate", 0.0);
+    if (ec.speculative_method)
+        printf("  %-34s %11.1f%% (%llu of %llu drafts; %.2f tokens a round)\n", "speculative acceptance",
+               st.spec_draft_tokens ? 100.0 * st.spec_accepted_tokens / st.spec_draft_tokens : 0.0,
+               (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
+               st.spec_rounds ? 1.0 + (double)st.spec_accepted_tokens / st.spec_rounds : 0.0);
     printf("  %-34s %12d\n", "peak running requests", st.peak_running);
     printf("  %-34s %12d / %d (%.0f%%)\n", "peak KV pages used", st.kv_pages_peak_used, st.kv_pages_total,
            100.0 * st.kv_pages_peak_used / (st.kv_pages_total ? st.kv_pages_total : 1));

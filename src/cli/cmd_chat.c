@@ -68,8 +68,10 @@ static void help(FILE *f) {
             "  --max-model-len N      tokens of conversation, replies included, kept in the KV cache\n"
             "                         (default %d, or the model's max_position_embeddings if less)\n"
             "\n" RP_SAMPLING_OPTIONS_HELP
-            "\n" RP_COMMON_OPTIONS_HELP,
+            "\n",
             DEFAULT_MAX_TOKENS, DEFAULT_CONTEXT);
+    rp_spec_opts_help(f);
+    fputs("\n" RP_COMMON_OPTIONS_HELP, f);
 }
 
 static const char commands_help[] =
@@ -347,6 +349,7 @@ static const struct option options[] = {
     {"no-thinking", no_argument, 0, 'N'},
     {"max-tokens", required_argument, 0, 'n'},
     {"max-model-len", required_argument, 0, 'c'},
+    RP_SPEC_LONG_OPTIONS,
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
@@ -359,6 +362,8 @@ static int run(int argc, char **argv) {
     const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_name = NULL;
     int no_thinking = 0;
     long max_tokens = DEFAULT_MAX_TOKENS, max_model_len = 0;
+    rp_engine_config ec;
+    rp_engine_config_default(&ec);
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, &sp, CMD)) != RP_OPT_END) {
@@ -378,13 +383,16 @@ static int run(int argc, char **argv) {
                 return rp_cli_usage_error(CMD, "--max-model-len must be an integer from 1 to %d, got '%s'", 1 << 24,
                                           optarg);
             break;
+        case 0x14a: case 0x14b: case 0x14c: case 0x14d:
+            if (rp_engine_opts_parse(&ec, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
+            break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     /* Every check that needs no model runs here, before the weights load. */
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     int bad = rp_model_opts_check(&mo, CMD);
-    if (bad) return bad;
+    if (bad || (bad = rp_spec_opts_check(&ec, CMD))) return bad;
     rp_chat_template_kind forced = RP_CHAT_TEMPLATE_UNKNOWN;
     rp_err err;
     if (template_name && rp_chat_template_from_name(template_name, &forced, &err))
@@ -409,8 +417,6 @@ static int run(int argc, char **argv) {
                                                : "--dummy-weights come without one");
     rp_sampling_seed_if_unset(&sp);
 
-    rp_engine_config ec;
-    rp_engine_config_default(&ec);
     rp_cli_engine_model(&mo, &ec);
     ec.tokenizer_dir = tokenizer_dir;
     ec.chat_template = template_name;

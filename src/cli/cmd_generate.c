@@ -68,8 +68,10 @@ static void help(FILE *f) {
             "                         max_position_embeddings (default: the model's)\n"
             "  --max-num-batched-tokens N  tokens per forward step; longer prompts are chunked (default %d)\n"
             "  --page-size N          KV cache page size in tokens (default 16)\n"
-            "\n" RP_COMMON_OPTIONS_HELP,
+            "\n",
             DEFAULT_MAX_TOKENS, DEFAULT_BATCHED_TOKENS);
+    rp_spec_opts_help(f);
+    fputs("\n" RP_COMMON_OPTIONS_HELP, f);
 }
 
 /* --prompt-ids: decimal ids separated by commas, blanks around them allowed.
@@ -242,6 +244,7 @@ static const struct option options[] = {
     {"max-model-len", required_argument, 0, 0x145},
     {"max-num-batched-tokens", required_argument, 0, 0x141},
     {"page-size", required_argument, 0, 0x144},
+    RP_SPEC_LONG_OPTIONS,
     {"tokenizer", required_argument, 0, 'T'},
     {"chat", no_argument, 0, 'C'},
     {"system", required_argument, 0, 'S'},
@@ -293,7 +296,7 @@ static int run(int argc, char **argv) {
                 return rp_cli_usage_error(CMD, "--stop: at most %d stop strings", MAX_STOP_STRINGS);
             stops[num_stops++] = optarg;
             break;
-        case 0x141: case 0x144: case 0x145:
+        case 0x141: case 0x144: case 0x145: case 0x14a: case 0x14b: case 0x14c: case 0x14d:
             if (rp_engine_opts_parse(&ec, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
             break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
@@ -312,7 +315,7 @@ static int run(int argc, char **argv) {
     rp_chat_template_kind kind;
     if (template_name && rp_chat_template_from_name(template_name, &kind, &err))
         return rp_cli_usage_error(CMD, "--chat-template: %s", err.msg);
-    if ((bad = rp_sampling_opts_check(&sp, CMD))) return bad;
+    if ((bad = rp_sampling_opts_check(&sp, CMD)) || (bad = rp_spec_opts_check(&ec, CMD))) return bad;
     const int model_context = mo.cfg.max_position_embeddings;
     if (ec.max_context > model_context)
         return rp_cli_usage_error(CMD, "--max-model-len %d is more than the model's context of %d tokens "
@@ -423,11 +426,19 @@ static int run(int argc, char **argv) {
     const int decode_tokens = sc.generated > 0 ? sc.generated - 1 : 0;
     char seed[48] = "";
     if (!rp_sampling_is_greedy(&sp)) snprintf(seed, sizeof seed, "; seed %llu", (unsigned long long)sp.seed);
+    char spec[96] = "";
+    if (ec.speculative_method) {
+        rp_engine_stats st;
+        rp_engine_get_stats(eng, &st);
+        snprintf(spec, sizeof spec, "; speculative: %llu of %llu drafts accepted, %.2f tokens a round",
+                 (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
+                 st.spec_rounds ? 1.0 + (double)st.spec_accepted_tokens / st.spec_rounds : 0.0);
+    }
     fprintf(stderr,
             "[stats] prompt %d tokens, generated %d tokens (%s); prefill %.1f tok/s (%.3f s), "
-            "decode %.1f tok/s (%.3f s)%s\n",
+            "decode %.1f tok/s (%.3f s)%s%s\n",
             sc.prompt_tokens, sc.generated, finish_name(sc.finish), prefill_s > 0 ? sc.prompt_tokens / prefill_s : 0.0,
-            prefill_s, decode_s > 0 ? decode_tokens / decode_s : 0.0, decode_s, seed);
+            prefill_s, decode_s > 0 ? decode_tokens / decode_s : 0.0, decode_s, seed, spec);
     rc = sig ? rp_interrupt_exit_code(sig) : RP_EXIT_OK;
 out:
     rp_engine_destroy(eng);

@@ -74,6 +74,8 @@ static void help(FILE *f) {
             d.header_timeout_s, d.body_timeout_s, d.send_timeout_s, d.max_body_bytes, d.max_queued_requests,
             d.http_threads);
     rp_engine_opts_help(f);
+    fprintf(f, "\n");
+    rp_spec_opts_help(f);
     fprintf(f, "\n" RP_COMMON_OPTIONS_HELP);
 }
 
@@ -174,6 +176,7 @@ static const struct option options[] = {
     {"max-queued-requests", required_argument, 0, OPT_LIMIT + 6},
     {"http-threads", required_argument, 0, OPT_LIMIT + 7},
     RP_ENGINE_LONG_OPTIONS,
+    RP_SPEC_LONG_OPTIONS,
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
@@ -231,7 +234,7 @@ static int run(int argc, char **argv) {
         mo.model_dir = argv[optind];
     }
     int bad = rp_model_opts_check(&mo, CMD);
-    if (bad || (bad = rp_engine_opts_check(&ec, &mo, CMD))) return bad;
+    if (bad || (bad = rp_engine_opts_check(&ec, &mo, CMD)) || (bad = rp_spec_opts_check(&ec, CMD))) return bad;
     sc.port = (int)port;
     sc.max_connections = (int)limits[0];
     sc.max_connections_per_address = (int)limits[1];

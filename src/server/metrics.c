@@ -146,6 +146,14 @@ char *rp_metrics_render(rp_metrics *m, const rp_engine_stats *st) {
     put(&o, "replay_prefix_cache_queries_total %llu\n", (unsigned long long)st->prefix_cache_queried_tokens);
     metric(&o, "replay_prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache at admission.");
     put(&o, "replay_prefix_cache_hits_total %llu\n", (unsigned long long)st->prefix_cache_hit_tokens);
+    /* speculative decoding, as vLLM's vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens:
+     * acceptance rate = accepted / draft tokens, mean accepted length = 1 + accepted / drafts */
+    metric(&o, "replay_spec_decode_num_drafts_total", "counter", "Speculative rounds verified (decodes with drafts).");
+    put(&o, "replay_spec_decode_num_drafts_total %llu\n", (unsigned long long)st->spec_rounds);
+    metric(&o, "replay_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed in verified rounds.");
+    put(&o, "replay_spec_decode_num_draft_tokens_total %llu\n", (unsigned long long)st->spec_draft_tokens);
+    metric(&o, "replay_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens the target accepted.");
+    put(&o, "replay_spec_decode_num_accepted_tokens_total %llu\n", (unsigned long long)st->spec_accepted_tokens);
     metric(&o, "replay_preemptions_total", "counter", "Requests preempted (recomputed later) for lack of KV pages.");
     put(&o, "replay_preemptions_total %llu\n", (unsigned long long)st->preemptions);
     metric(&o, "replay_steps_total", "counter", "Engine steps run.");

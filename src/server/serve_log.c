@@ -40,6 +40,8 @@ void rp_stats_log_tick(rp_stats_log *l, rp_engine *eng, double now_s) {
     uint64_t preempted = st.preemptions - l->last.preemptions;
     uint64_t queried = st.prefix_cache_queried_tokens - l->last.prefix_cache_queried_tokens;
     uint64_t hits = st.prefix_cache_hit_tokens - l->last.prefix_cache_hit_tokens;
+    uint64_t rounds = st.spec_rounds - l->last.spec_rounds, drafted = st.spec_draft_tokens - l->last.spec_draft_tokens,
+             accepted = st.spec_accepted_tokens - l->last.spec_accepted_tokens;
     l->last = st;
     l->last_s = now_s;
     if (!prompt && !gen && !preempted && !st.running && !st.waiting) return; /* idle: nothing to say */
@@ -52,6 +54,9 @@ void rp_stats_log_tick(rp_stats_log *l, rp_engine *eng, double now_s) {
         rp_log_double("kv_cache_used_pct", used),
         rp_log_double("prefix_cache_hit_pct", queried ? 100.0 * (double)hits / (double)queried : NAN),
         rp_log_int("preemptions", (long long)preempted),
+        /* speculative decoding, the last two: only once a round has run (null in a window without one) */
+        rp_log_double("spec_acceptance_pct", drafted ? 100.0 * (double)accepted / (double)drafted : NAN),
+        rp_log_double("spec_mean_accepted_len", rounds ? 1.0 + (double)accepted / (double)rounds : NAN),
     };
-    rp_log_fields(RP_LOG_INFO, "engine", f, (int)(sizeof f / sizeof f[0]));
+    rp_log_fields(RP_LOG_INFO, "engine", f, (int)(sizeof f / sizeof f[0]) - (st.spec_rounds ? 0 : 2));
 }
