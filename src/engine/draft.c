@@ -34,11 +34,19 @@ void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
     float lp[RP_SPEC_MAX_K + 1];
     int n = 0;
     RP_ASSERT(d <= RP_SPEC_MAX_K);
+    const rp_top_logprobs *top[RP_SPEC_MAX_K + 1];
     for (int j = 0; j <= d; j++) {
-        /* the output before position k + j is the kept drafts: the penalties see them */
-        tok[j] = rp_sampler_sample_top(e->sampler, &r->sampling, e->run->logits + (size_t)(row0 + j) * vocab,
-                                       r->tokens, r->num_prompt, r->tokens + r->num_prompt, k + j, (uint64_t)(k + j),
-                                       &lp[j], &e->spec_top[j]);
+        if (st->device_sampling) { /* sampled on the device, row by row as draft.h says */
+            tok[j] = e->dev_tokens[row0 + j];
+            lp[j] = e->dev_logprobs[row0 + j];
+            top[j] = &e->dev_top[row0 + j];
+        } else {
+            /* the output before position k + j is the kept drafts: the penalties see them */
+            tok[j] = rp_sampler_sample_top(e->sampler, &r->sampling, e->run->logits + (size_t)(row0 + j) * vocab,
+                                           r->tokens, r->num_prompt, r->tokens + r->num_prompt, k + j,
+                                           (uint64_t)(k + j), &lp[j], &e->spec_top[j]);
+            top[j] = &e->spec_top[j];
+        }
         n = j + 1;
         if (j == d || tok[j] != r->tokens[r->num_prompt + k + j]) break;
     }
@@ -47,5 +55,5 @@ void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
     e->stats.spec_rounds++;
     e->stats.spec_draft_tokens += (uint64_t)d;
     e->stats.spec_accepted_tokens += (uint64_t)kept;
-    for (int j = 0; j < n && !r->retiring; j++) rp_engine_on_sampled(e, r, k + j, tok[j], lp[j], &e->spec_top[j]);
+    for (int j = 0; j < n && !r->retiring; j++) rp_engine_on_sampled(e, r, k + j, tok[j], lp[j], top[j]);
 }

@@ -26,8 +26,10 @@ struct rp_step;
 void rp_engine_propose_drafts(struct rp_engine *e);
 
 /* Verifies item i of a completed step, a round with drafts: samples the
- * target at each position as decoding without drafts would (the host
- * sampler, the request's seed, counter = output index), keeps a draft while
+ * target at each position as decoding without drafts would (the request's
+ * seed, counter = output index; on the device where no request of the step
+ * has penalties, since then no row depends on the drafts kept before it;
+ * else the host sampler, penalties over the kept drafts), keeps a draft while
  * it equals that token, and hands the kept drafts and the token after them
  * to the request (rp_engine_on_sampled: a stop inside the run ends it
  * there). For drafts proposed without a distribution (n-gram) this is

@@ -106,9 +106,13 @@ static int launch_step(rp_engine *e) {
         RP_ASSERT(st->logit_row[i] >= 0 || !it->samples);
         st->out_index[i] = r->num_output;
         if (it->samples) {
-            if (needs_host_sampler(r) || it->draft) st->device_sampling = 0; /* verified on the host */
-            e->dev_params[st->logit_row[i]] = r->sampling;
-            e->dev_params[st->logit_row[i]].step = (uint64_t)r->num_output;
+            if (needs_host_sampler(r)) st->device_sampling = 0;
+            /* a round's rows: position j is output number num_output + j (its RNG counter); without
+             * penalties no row depends on the drafts kept before it, so the device samples them all */
+            for (int j = 0; j <= it->draft; j++) {
+                e->dev_params[st->logit_row[i] + j] = r->sampling;
+                e->dev_params[st->logit_row[i] + j].step = (uint64_t)(r->num_output + j);
+            }
         }
     }
     rp_batch *bt = rp_batch_finish(run->bb);
