@@ -29,6 +29,17 @@ for stage in $stages; do
   case $stage in
     tests)
       for t in "$B"/test_cuda_*; do run_test "$(basename "$t")"; done
+      # speculative rounds sampled on the device (n-gram drafts of a random model that loops): the
+      # tokens of plain decoding (docs/speculative.md: bf16 noise between the verify and decode
+      # kernels could part them at a near-tie; none at this shape and prompt)
+      P=1,2,3,4,5,6,7,8,1,2,3,4,5,6,7,8,1,2,3,4
+      gen() { "$B/replay" generate --dummy-weights qwen3-0.6b --prompt-ids $P --max-tokens 256 --temperature 0 \
+                --ignore-eos --print-ids "$@"; }
+      plain=$(gen -q 2>/dev/null)
+      spec=$(gen --speculative-method ngram --prompt-lookup-min 1 2>"$OUT/speculative.err")
+      if [ -n "$plain" ] && [ "$plain" = "$spec" ] && grep -q "drafts accepted" "$OUT/speculative.err"; then
+        summary+=("speculative greedy (qwen3-0.6b): plain decoding's tokens; $(grep -o '[0-9]* of [0-9]* drafts accepted' "$OUT/speculative.err")")
+      else summary+=("speculative greedy (qwen3-0.6b): DIFFERS from plain decoding (see speculative.err)"); status=1; fi
       ;;
     sanitize|sanitize-main|sanitize-race)
       # kernel tests at small shapes (REPLAY_TEST_SMALL) under memcheck and
