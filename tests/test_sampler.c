@@ -859,6 +859,229 @@ static void test_top_logprobs(void **state) {
     free(scratch);
 }
 
+/* ---- the distribution as a vector (rp_sampler_probs and its draws) ---- */
+
+/* A random row and parameter set: logits with planted ties, -inf, NaN, +inf
+ * or an all -inf row by case; every truncation, penalties over a random
+ * history, greedy and tiny temperatures. */
+static void random_case(uint64_t seed, float *logits, int vocab, int32_t *hist, int n_hist, rp_sampling_params *p) {
+    int mode = (int)(seed % 7);
+    for (int i = 0; i < vocab; i++) {
+        double u = rp_rand_uniform(seed, 11, (uint64_t)i), z = rp_rand_normal(seed, 12, (uint64_t)i);
+        float x = (float)(z * (1 + (int)(seed % 5)));
+        if (mode == 1) x = (float)floor(z * 2); /* many ties */
+        if (mode == 2 && u < 0.1) x = -INFINITY;
+        if (mode == 3 && u < 0.05) x = NAN;
+        if (mode == 4 && u < 0.02) x = INFINITY;
+        if (mode == 5) x = (float)(z * 40); /* masses that underflow */
+        logits[i] = x;
+    }
+    if (seed % 53 == 7)
+        for (int i = 0; i < vocab; i++) logits[i] = -INFINITY;
+    for (int i = 0; i < n_hist; i++) hist[i] = (int32_t)(rp_rand_u64(seed, 13, (uint64_t)i) % (uint64_t)vocab);
+    static const float temps[] = {0.0f, 1.0f, 0.7f, 0.005f, 2.5f, 0.3f, 100.0f};
+    static const float top_ps[] = {1.0f, 0.9f, 0.5f, 0.99f, 0.1f};
+    static const int top_ks[] = {0, 1, 5, 50, 300, -1};
+    static const float min_ps[] = {0.0f, 0.05f, 0.2f, 1.0f};
+    uint64_t r = rp_rand_u64(seed, 14, 0);
+    *p = params(temps[r % 7], top_ks[(r / 7) % 6], top_ps[(r / 42) % 5], min_ps[(r / 210) % 4], seed * 3 + 1);
+    r /= 840;
+    p->repetition_penalty = r % 3 == 0 ? 1.0f : r % 3 == 1 ? 1.3f : 0.8f;
+    p->frequency_penalty = (r / 3) % 2 ? 0.5f : 0.0f;
+    p->presence_penalty = (r / 6) % 2 ? -0.7f : 0.0f;
+    p->top_logprobs = (int)((r / 12) % 21);
+}
+
+/* rp_sampler_probs + rp_sampler_draw is rp_sampler_sample, bit for bit (token,
+ * logprob, penalised row), for every kind of row and parameter set, through
+ * the small-list sort (< 256 candidates) and the bucket select alike; the
+ * vector is a distribution whose support holds the token; rp_sampler_logprob
+ * gives the sampled token's logprob and the top list's, bit for bit; and a
+ * draw from the vector as plain weights picks the same token. */
+static void test_probs_draw_is_sample(void **state) {
+    (void)state;
+    static const int vocabs[] = {1, 3, 40, 300, 3000};
+    int32_t hist[60];
+    int weights_differ = 0, cases = 0;
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof vocabs[0]; vi++) {
+        int vocab = vocabs[vi];
+        rp_sampler *s = rp_sampler_new(vocab);
+        float *logits = malloc(vocab * sizeof *logits), *a = malloc(vocab * sizeof *a), *b = malloc(vocab * sizeof *b);
+        double *probs = malloc(vocab * sizeof *probs);
+        int trials = vocab >= 3000 ? 25 : 150;
+        for (int t = 0; t < trials; t++) {
+            uint64_t seed = (uint64_t)vi * 1000 + (uint64_t)t;
+            rp_sampling_params p;
+            random_case(seed, logits, vocab, hist, 60, &p);
+            int n_prompt = (int)(seed % 20), n_output = (int)(seed % 40);
+            for (uint64_t step = 0; step < 4; step++) {
+                rp_top_logprobs top;
+                float lp, lp_draw;
+                memcpy(a, logits, vocab * sizeof *a);
+                int tok = rp_sampler_sample_top(s, &p, a, hist, n_prompt, hist + 20, n_output, step, &lp, &top);
+
+                memcpy(b, logits, vocab * sizeof *b);
+                int support = rp_sampler_probs(s, &p, b, hist, n_prompt, hist + 20, n_output, probs);
+                assert_memory_equal(a, b, vocab * sizeof *a);
+                double sum = 0;
+                int positive = 0;
+                for (int i = 0; i < vocab; i++) {
+                    assert_true(probs[i] >= 0.0 && probs[i] <= 1.0);
+                    sum += probs[i];
+                    positive += probs[i] > 0;
+                }
+                assert_int_equal(support, positive);
+                assert_true(fabs(sum - 1.0) < 1e-12);
+                assert_true(probs[tok] > 0.0);
+                double u = (double)rp_rand_uniform(p.seed, 0, step);
+                assert_int_equal(rp_sampler_draw(s, u, &lp_draw), tok);
+                assert_memory_equal(&lp_draw, &lp, sizeof lp);
+                float lp_tok = rp_sampler_logprob(s, b, tok);
+                assert_memory_equal(&lp_tok, &lp, sizeof lp);
+                for (int j = 0; j < top.n; j++) {
+                    float lp_j = rp_sampler_logprob(s, b, top.ids[j]);
+                    assert_memory_equal(&lp_j, &top.logprobs[j], sizeof lp_j);
+                    /* cut tokens: -inf logprob and probability 0 (an
+                     * underflowing kept token may have a finite logprob
+                     * and a probability that rounds to 0) */
+                    if (isinf(lp_j) && !isinf(lp)) assert_true(probs[top.ids[j]] == 0.0);
+                }
+
+                /* Walking the rounded probabilities instead of the masses can
+                 * only differ when u lands within rounding (1e-16) of a CDF
+                 * boundary: u has 24 bits, so never here. */
+                memcpy(b, logits, vocab * sizeof *b);
+                rp_sampler_probs(s, &p, b, hist, n_prompt, hist + 20, n_output, probs);
+                weights_differ += rp_sampler_draw_weights(s, probs, u) != tok;
+                cases++;
+            }
+        }
+        free(logits);
+        free(a);
+        free(b);
+        free(probs);
+        rp_sampler_free(s);
+    }
+    if (weights_differ)
+        fail_msg("the draw from the probability vector differs in %d of %d cases", weights_differ, cases);
+}
+
+/* The vector against the float64 reference (full sort, then each truncation
+ * as docs/sampling.md states it); greedy is one-hot on the argmax. */
+static void test_probs_match_reference(void **state) {
+    (void)state;
+    const int vocab = 500;
+    rp_sampler *s = rp_sampler_new(vocab);
+    float *logits = malloc(vocab * sizeof *logits), *row = malloc(vocab * sizeof *row);
+    double *probs = malloc(vocab * sizeof *probs);
+    struct {
+        float t, top_p, min_p;
+        int top_k;
+    } cfg[] = {{1.0f, 1.0f, 0.0f, 0}, {0.6f, 0.9f, 0.0f, 0}, {1.2f, 1.0f, 0.0f, 17}, {1.0f, 1.0f, 0.1f, 0},
+               {0.8f, 0.95f, 0.05f, 40}, {0.005f, 1.0f, 0.0f, 0}, {1.0f, 0.3f, 0.0f, 0}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        for (uint64_t seed = 1; seed <= 4; seed++) {
+            fill_logits(logits, vocab, seed, seed == 4 ? 0.5f : 2.5f);
+            logits[3] = logits[100] = logits[400] = 9.0f; /* ties at the top */
+            rp_sampling_params p = params(cfg[c].t, cfg[c].top_k, cfg[c].top_p, cfg[c].min_p, seed);
+            ref_dist ref;
+            ref_build(&ref, logits, vocab, &p);
+            memcpy(row, logits, vocab * sizeof *row);
+            rp_sampler_probs(s, &p, row, NULL, 0, NULL, 0, probs);
+            for (int i = 0; i < vocab; i++) {
+                if ((probs[i] > 0) != (ref.prob[i] > 0))
+                    fail_msg("config %zu seed %d token %d: probability %g, reference %g", c, (int)seed, i, probs[i],
+                             ref.prob[i]);
+                assert_true(fabs(probs[i] - ref.prob[i]) <= 1e-12 + 1e-9 * ref.prob[i]);
+                float lp = rp_sampler_logprob(s, row, i);
+                if (ref.prob[i] > 1e-300) { /* subnormal references have few digits */
+                    double want = log(ref.prob[i]);
+                    if (!(fabs(lp - want) <= 1e-5 * (1 + fabs(want))))
+                        fail_msg("config %zu seed %d token %d: logprob %.9g, reference %.9g", c, (int)seed, i, lp,
+                                 want);
+                } else if (ref.prob[i] == 0 && !(lp < -700.0f)) {
+                    /* cut: -inf; or a subnormal mass whose probability rounds
+                     * to 0 (kept by the sampler, it just can never be drawn) */
+                    fail_msg("config %zu seed %d token %d: cut, logprob %g (logit %g)", c, (int)seed, i, lp, row[i]);
+                }
+            }
+            ref_free(&ref);
+        }
+    }
+    /* greedy: all the mass on the argmax (ties to the lower id); logprobs are
+     * the log-softmax at temperature 1 */
+    rp_sampling_params g = params(0.0f, 0, 1.0f, 0.0f, 1);
+    fill_logits(logits, vocab, 9, 2.0f);
+    logits[7] = logits[8] = 20.0f;
+    memcpy(row, logits, vocab * sizeof *row);
+    assert_int_equal(rp_sampler_probs(s, &g, row, NULL, 0, NULL, 0, probs), 1);
+    for (int i = 0; i < vocab; i++) assert_true(probs[i] == (i == 7 ? 1.0 : 0.0));
+    double lse = 0;
+    for (int i = 0; i < vocab; i++) lse += exp((double)logits[i] - 20.0);
+    assert_float_equal(rp_sampler_logprob(s, row, 7), -log(lse), 1e-6);
+    assert_float_equal(rp_sampler_logprob(s, row, 0), (double)logits[0] - 20.0 - log(lse), 1e-5);
+    free(logits);
+    free(row);
+    free(probs);
+    rp_sampler_free(s);
+}
+
+/* rp_sampler_draw_weights: inverse CDF of arbitrary weights over the
+ * support, in the sampling order, checked against the reference order for
+ * many uniforms (the pick's CDF interval holds u, up to rounding); weights
+ * outside the support are not read; no positive weight gives -1. */
+static void test_draw_weights(void **state) {
+    (void)state;
+    static const int vocabs[] = {30, 3000}; /* small-list sort and bucket select */
+    for (size_t vi = 0; vi < 2; vi++) {
+        int vocab = vocabs[vi];
+        rp_sampler *s = rp_sampler_new(vocab);
+        float *logits = malloc(vocab * sizeof *logits), *row = malloc(vocab * sizeof *row);
+        double *probs = malloc(vocab * sizeof *probs), *w = malloc(vocab * sizeof *w);
+        rp_sampling_params p = params(1.0f, 0, vi ? 0.95f : 1.0f, 0.0f, 5);
+        fill_logits(logits, vocab, 21 + vi, 1.5f);
+        logits[2] = logits[5] = logits[9] = 10.0f;
+        ref_dist ref;
+        ref_build(&ref, logits, vocab, &p);
+        double sum = 0;
+        for (int i = 0; i < vocab; i++) {
+            uint64_t r = rp_rand_u64(77, 1, (uint64_t)i);
+            w[i] = ref.prob[i] > 0 ? (r % 4 == 0 ? 0.0 : (double)(r % 1000) * 1e-3 + 1e-6) : 1e300;
+            if (ref.prob[i] > 0) sum += w[i];
+        }
+        for (int draw = 0; draw < 2000; draw++) {
+            double u = (double)rp_rand_uniform(3, 9, (uint64_t)draw);
+            memcpy(row, logits, vocab * sizeof *row);
+            rp_sampler_probs(s, &p, row, NULL, 0, NULL, 0, probs);
+            int tok = rp_sampler_draw_weights(s, w, u);
+            assert_true(tok >= 0 && tok < vocab && ref.prob[tok] > 0 && w[tok] > 0);
+            double before = 0;
+            for (int k = 0; ref.order[k] != tok; k++)
+                if (ref.prob[ref.order[k]] > 0) before += w[ref.order[k]];
+            if (!(before / sum <= u + 1e-12 && u < (before + w[tok]) / sum + 1e-12))
+                fail_msg("u %.9f picked %d with CDF [%.9f, %.9f)", u, tok, before / sum, (before + w[tok]) / sum);
+        }
+        for (int i = 0; i < vocab; i++) w[i] = ref.prob[i] > 0 ? 0.0 : 1.0;
+        memcpy(row, logits, vocab * sizeof *row);
+        rp_sampler_probs(s, &p, row, NULL, 0, NULL, 0, probs);
+        assert_int_equal(rp_sampler_draw_weights(s, w, 0.5), -1);
+        /* greedy: the support is the argmax alone */
+        rp_sampling_params g = params(0.0f, 0, 1.0f, 0.0f, 5);
+        memcpy(row, logits, vocab * sizeof *row);
+        rp_sampler_probs(s, &g, row, NULL, 0, NULL, 0, probs);
+        w[2] = 0.5;
+        assert_int_equal(rp_sampler_draw_weights(s, w, 0.9), 2);
+        w[2] = 0.0;
+        assert_int_equal(rp_sampler_draw_weights(s, w, 0.9), -1);
+        ref_free(&ref);
+        free(logits);
+        free(row);
+        free(probs);
+        free(w);
+        rp_sampler_free(s);
+    }
+}
+
 /* ---- a real vocabulary size ---- */
 
 static double now_ms(void) {
@@ -930,6 +1153,9 @@ int main(void) {
         cmocka_unit_test(test_penalised_distribution),
         cmocka_unit_test(test_nan_and_inf),
         cmocka_unit_test(test_top_logprobs),
+        cmocka_unit_test(test_probs_draw_is_sample),
+        cmocka_unit_test(test_probs_match_reference),
+        cmocka_unit_test(test_draw_weights),
         cmocka_unit_test(test_huge_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,7 +17,13 @@
  *
  * Probabilities are computed in double from the fp32 penalised logits, as
  * exp((logit - max) / T), so tiny temperatures cannot overflow and the top
- * token's unnormalised mass is exactly 1. */
+ * token's unnormalised mass is exactly 1.
+ *
+ * One prepare() does steps 1-7 and leaves the kept set and its normaliser in
+ * the sampler; rp_sampler_sample draws from it (step 8), rp_sampler_probs
+ * writes it out as a vector and keeps it for rp_sampler_draw and friends.
+ * Speculative decoding's distributions are therefore the sampler's own, to
+ * the bit, and cannot drift from it. */
 #include "engine/sampler.h"
 
 #include <float.h>
@@ -40,8 +46,26 @@ enum { BUCKETS_PER_UNIT = 64, N_BUCKETS = 64 * BUCKETS_PER_UNIT + 1 };
 /* Below this many candidates a plain sort beats clearing the buckets. */
 enum { SMALL_SORT = 256 };
 
+/* The distribution of the row last prepared (steps 1-7), which the draw
+ * (step 8), rp_sampler_probs and the functions after it read. */
+typedef struct rp_dist {
+    int point;          /* all mass on argmax: greedy, or an all -inf row */
+    int32_t argmax;
+    float max_logit;
+    double temperature; /* 1 when point (logprobs are the log-softmax at T = 1) */
+    int n;              /* sampled: s->cand[0, n) is the kept set, masses set */
+    double total;       /* sampled: the kept masses' sum in that array order */
+    double log_norm;    /* sampled: log(total); point: log-sum-exp at T = 1
+                           (rp_sampler_probs only; NaN until then) */
+    float last_logit;   /* the kept set's last token in the sampling order */
+    int32_t last_id;    /* (rp_sampler_probs only) */
+    int drawn;          /* a draw consumed s->cand */
+    int from_probs;     /* prepared by rp_sampler_probs (not by a sample) */
+} rp_dist;
+
 struct rp_sampler {
     int vocab_size;
+    rp_dist dist;           /* of the last call */
     rp_cand *cand;          /* [vocab] candidates of the current call */
     rp_cand *bucket_cands;  /* [vocab] the one bucket being sorted */
     double *bucket_weight;  /* [N_BUCKETS] */
@@ -317,18 +341,17 @@ static void top_fill(rp_top_logprobs *top, const float *logits, float max_logit,
     }
 }
 
-int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
-                      const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
-                      uint64_t step, float *logprob_out) {
-    return rp_sampler_sample_top(s, p, logits, prompt, n_prompt, output, n_output, step, logprob_out, NULL);
-}
-
-int rp_sampler_sample_top(rp_sampler *s, const rp_sampling_params *p, float *logits,
-                          const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
-                          uint64_t step, float *logprob_out, rp_top_logprobs *top_out) {
+/* Steps 1-7 of docs/sampling.md for one row, shared by rp_sampler_sample
+ * and rp_sampler_probs so that both mean one distribution, bit for bit:
+ * penalties and sanitising in place, the argmax, and for a sampled row the
+ * kept set in s->cand[0, n) with its masses and their sum. Leaves it in
+ * s->dist for the draw (step 8). */
+static void prepare(rp_sampler *s, const rp_sampling_params *p, float *logits, const int32_t *prompt, int n_prompt,
+                    const int32_t *output, int n_output) {
     RP_ASSERT(s && p && logits);
     RP_ASSERT(rp_sampling_params_validate(p, s->vocab_size, NULL) == RP_OK);
     int vocab = s->vocab_size;
+    rp_dist *d = &s->dist;
 
     apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
 
@@ -344,22 +367,19 @@ int rp_sampler_sample_top(rp_sampler *s, const rp_sampling_params *p, float *log
             argmax = i;
         }
     }
-
-    rp_top_logprobs *top = top_out && p->top_logprobs > 0 ? top_out : NULL;
-    if (top_out) top_out->n = 0;
-    if (top) {
-        top->n = p->top_logprobs < vocab ? p->top_logprobs : vocab;
-        top_ids(logits, vocab, top->n, top->ids);
-    }
-
-    if (rp_sampling_is_greedy(p) || max_logit == -INFINITY) {
-        /* greedy, or nothing can be sampled (the argmax is token 0): the
-         * log-softmax at temperature 1, -inf everywhere for an all -inf row */
-        double log_norm = INFINITY;
-        if (max_logit != -INFINITY && (logprob_out || top)) log_norm = log_sum_exp_shifted(logits, vocab, max_logit);
-        if (logprob_out) *logprob_out = max_logit == -INFINITY ? -INFINITY : (float)(0.0 - log_norm);
-        if (top) top_fill(top, logits, max_logit, 1.0, log_norm, vocab);
-        return argmax;
+    d->argmax = argmax;
+    d->max_logit = max_logit;
+    d->log_norm = NAN;
+    d->drawn = 0;
+    d->from_probs = 0;
+    /* greedy, or nothing can be sampled: all the mass on the argmax (token 0
+     * for an all -inf row) */
+    d->point = rp_sampling_is_greedy(p) || max_logit == -INFINITY;
+    if (d->point) {
+        d->temperature = 1.0; /* greedy logprobs are the log-softmax at T = 1 */
+        d->n = 0;
+        d->total = 0.0;
+        return;
     }
 
     double temperature = p->temperature < RP_SAMPLING_MIN_TEMPERATURE ? RP_SAMPLING_MIN_TEMPERATURE
@@ -419,14 +439,142 @@ int rp_sampler_sample_top(rp_sampler *s, const rp_sampling_params *p, float *log
         n = kept;
     }
 
-    /* Renormalise and draw by inverse CDF in the sampling order. c[0, n)
-     * is now the kept set: the first n tokens of the sampling order. */
-    double total = total_mass(c, n);
-    if (top) top_fill(top, logits, max_logit, temperature, log(total), n);
-    double u = (double)rp_rand_uniform(p->seed, 0, step);
-    prefix_goal draw = {.by_mass = 1, .inclusive = 0, .target = u * total};
-    const rp_cand *pick = &c[keep_prefix(s, n, max_logit, temperature, draw) - 1];
+    /* c[0, n) is now the kept set: the first n tokens of the sampling order
+     * (in no particular order in the array). Its sum, in this array order,
+     * is the normaliser of every probability and logprob of this row. */
+    d->temperature = temperature;
+    d->n = n;
+    d->total = total_mass(c, n);
+    d->log_norm = log(d->total);
+}
+
+/* Step 8: inverse CDF over the kept set in the sampling order, for the
+ * uniform u in [0, 1): the first token whose running mass exceeds u * total.
+ * Consumes s->cand (keep_prefix reorders and truncates it). */
+static int draw_kept(rp_sampler *s, double u, float *logprob_out) {
+    rp_dist *d = &s->dist;
+    RP_ASSERT(!d->point && !d->drawn);
+    d->drawn = 1;
+    prefix_goal draw = {.by_mass = 1, .inclusive = 0, .target = u * d->total};
+    const rp_cand *pick = &s->cand[keep_prefix(s, d->n, d->max_logit, d->temperature, draw) - 1];
     if (logprob_out)
-        *logprob_out = (float)(((double)pick->logit - (double)max_logit) / temperature - log(total));
+        *logprob_out = (float)(((double)pick->logit - (double)d->max_logit) / d->temperature - d->log_norm);
     return pick->id;
+}
+
+int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
+                      const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                      uint64_t step, float *logprob_out) {
+    return rp_sampler_sample_top(s, p, logits, prompt, n_prompt, output, n_output, step, logprob_out, NULL);
+}
+
+int rp_sampler_sample_top(rp_sampler *s, const rp_sampling_params *p, float *logits,
+                          const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                          uint64_t step, float *logprob_out, rp_top_logprobs *top_out) {
+    prepare(s, p, logits, prompt, n_prompt, output, n_output);
+    const rp_dist *d = &s->dist;
+    int vocab = s->vocab_size;
+
+    rp_top_logprobs *top = top_out && p->top_logprobs > 0 ? top_out : NULL;
+    if (top_out) top_out->n = 0;
+    if (top) {
+        top->n = p->top_logprobs < vocab ? p->top_logprobs : vocab;
+        top_ids(logits, vocab, top->n, top->ids);
+    }
+
+    if (d->point) {
+        /* the log-softmax at temperature 1, -inf everywhere for an all -inf
+         * row; only computed when asked (it costs an exp per token) */
+        double log_norm = INFINITY;
+        if (d->max_logit != -INFINITY && (logprob_out || top))
+            log_norm = log_sum_exp_shifted(logits, vocab, d->max_logit);
+        if (logprob_out) *logprob_out = d->max_logit == -INFINITY ? -INFINITY : (float)(0.0 - log_norm);
+        if (top) top_fill(top, logits, d->max_logit, 1.0, log_norm, vocab);
+        return d->argmax;
+    }
+
+    if (top) top_fill(top, logits, d->max_logit, d->temperature, d->log_norm, d->n);
+    return draw_kept(s, (double)rp_rand_uniform(p->seed, 0, step), logprob_out);
+}
+
+/* ---- the distribution as a vector (speculative decoding) ---- */
+
+int rp_sampler_probs(rp_sampler *s, const rp_sampling_params *p, float *logits,
+                     const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                     double *probs_out) {
+    prepare(s, p, logits, prompt, n_prompt, output, n_output);
+    rp_dist *d = &s->dist;
+    int vocab = s->vocab_size;
+    d->from_probs = 1;
+    for (int i = 0; i < vocab; i++) probs_out[i] = 0.0;
+
+    if (d->point) {
+        /* rp_sampler_sample always returns the argmax here; its logprob is
+         * the log-softmax at T = 1 (-inf for an all -inf row) */
+        d->log_norm = d->max_logit == -INFINITY ? INFINITY : log_sum_exp_shifted(logits, vocab, d->max_logit);
+        d->last_logit = d->max_logit;
+        d->last_id = d->argmax;
+        probs_out[d->argmax] = 1.0;
+        return 1;
+    }
+
+    /* The kept set is a prefix of the sampling order: remember its last
+     * token, so that rp_sampler_logprob can tell kept from cut in O(1). */
+    const rp_cand *c = s->cand, *last = &c[0];
+    int support = 0;
+    for (int i = 0; i < d->n; i++) {
+        double prob = c[i].mass / d->total;
+        probs_out[c[i].id] = prob;
+        support += prob > 0.0;
+        if (cand_before(last, &c[i])) last = &c[i];
+    }
+    d->last_logit = last->logit;
+    d->last_id = last->id;
+    return support;
+}
+
+int rp_sampler_draw(rp_sampler *s, double u, float *logprob_out) {
+    const rp_dist *d = &s->dist;
+    RP_ASSERT(d->from_probs && u >= 0.0 && u < 1.0);
+    if (d->point) {
+        if (logprob_out) *logprob_out = d->max_logit == -INFINITY ? -INFINITY : (float)(0.0 - d->log_norm);
+        return d->argmax;
+    }
+    return draw_kept(s, u, logprob_out);
+}
+
+int rp_sampler_draw_weights(rp_sampler *s, const double *weights, double u) {
+    rp_dist *d = &s->dist;
+    RP_ASSERT(d->from_probs && u >= 0.0 && u < 1.0);
+    if (d->point) return weights[d->argmax] > 0.0 ? d->argmax : -1;
+    RP_ASSERT(!d->drawn);
+    d->drawn = 1;
+
+    /* The support with the new weights (the bucket walk needs every weight
+     * positive), then the same inverse-CDF walk as the draw. */
+    rp_cand *c = s->cand;
+    int n = 0;
+    for (int i = 0; i < d->n; i++) {
+        double w = weights[c[i].id];
+        RP_ASSERT(!(w > DBL_MAX)); /* finite, or the walk is meaningless */
+        if (!(w > 0.0)) continue;
+        c[n] = c[i];
+        c[n].mass = w;
+        n++;
+    }
+    if (n == 0) return -1;
+    prefix_goal draw = {.by_mass = 1, .inclusive = 0, .target = u * total_mass(c, n)};
+    return c[keep_prefix(s, n, d->max_logit, d->temperature, draw) - 1].id;
+}
+
+float rp_sampler_logprob(const rp_sampler *s, const float *logits, int32_t token) {
+    const rp_dist *d = &s->dist;
+    RP_ASSERT(d->from_probs && token >= 0 && token < s->vocab_size);
+    float x = logits[token];
+    if (d->max_logit == -INFINITY || x == -INFINITY) return -INFINITY;
+    /* cut by top-k, top-p, min-p or underflow: after the kept set's last token */
+    if (!d->point && (x < d->last_logit || (x == d->last_logit && token > d->last_id))) return -INFINITY;
+    /* the formula of the sampled token's logprob and of top_fill, so the
+     * values are the same bits */
+    return (float)(((double)x - (double)d->max_logit) / d->temperature - d->log_norm);
 }

@@ -9,7 +9,13 @@
  *
  * Randomness is counter-based: the uniform for step n of a request is
  * rp_rand_uniform(seed, 0, n), so a seeded request gives the same tokens
- * whatever the batch composition, thread count or history. */
+ * whatever the batch composition, thread count or history.
+ *
+ * Speculative decoding (engine/speculative.c) needs the distribution itself,
+ * not one draw from it: rp_sampler_probs returns it as a vector, and the
+ * draws after it sample from it (or from weights over its support) with the
+ * same order, tie rule and arithmetic as rp_sampler_sample, which runs the
+ * very same code. */
 #ifndef RP_ENGINE_SAMPLER_H
 #define RP_ENGINE_SAMPLER_H
 
@@ -72,5 +78,56 @@ int rp_sampler_sample(rp_sampler *s, const rp_sampling_params *p, float *logits,
 int rp_sampler_sample_top(rp_sampler *s, const rp_sampling_params *p, float *logits,
                           const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
                           uint64_t step, float *logprob_out, rp_top_logprobs *top_out);
+
+/* ---- the distribution itself (speculative decoding) ----
+ *
+ * rp_sampler_probs prepares one row exactly as rp_sampler_sample does (same
+ * code: penalties, sanitising, temperature, top-k, top-p, min-p) and, instead
+ * of drawing, writes the distribution rp_sampler_sample draws from. The
+ * sampler keeps that distribution until its next call, and the three
+ * functions below read it; each asserts that the last call was
+ * rp_sampler_probs.
+ *
+ * Cost: that of rp_sampler_sample plus one O(vocab) pass to write the
+ * vector; for greedy, also one exp per token (the log-softmax that
+ * rp_sampler_logprob reports). Allocates nothing. */
+
+/* Writes probs_out[vocab]: the probability of each token under the
+ * distribution rp_sampler_sample(s, p, logits, prompt, .., output, ..) draws
+ * from: mass / sum over the kept tokens, 0 for tokens cut by top-k, top-p,
+ * min-p, -inf or underflow. Greedy (and an all -inf row, where
+ * rp_sampler_sample returns token 0): 1 on the argmax, 0 elsewhere.
+ * logits is rewritten as by rp_sampler_sample (penalised, sanitised); keep it
+ * for rp_sampler_logprob. Returns the number of tokens with probability > 0
+ * (>= 1). */
+int rp_sampler_probs(rp_sampler *s, const rp_sampling_params *p, float *logits,
+                     const int32_t *prompt, int n_prompt, const int32_t *output, int n_output,
+                     double *probs_out);
+
+/* Draws from the last rp_sampler_probs distribution with the uniform u in
+ * [0, 1): the token and logprob rp_sampler_sample returns for the same row
+ * when rp_rand_uniform(seed, 0, step) == u, bit for bit (it is the same
+ * walk over the same masses and the same normaliser, not a walk over the
+ * rounded probabilities). Once per rp_sampler_probs: the walk consumes the
+ * kept set (rp_sampler_logprob still works after it). */
+int rp_sampler_draw(rp_sampler *s, double u, float *logprob_out);
+
+/* Draws from weights[vocab] (finite, >= 0; need not sum to 1) restricted to
+ * the support of the last rp_sampler_probs distribution: weights of tokens
+ * outside it are not read. Inverse CDF in the sampling order (penalised logit
+ * descending, then lower id), the first token whose running weight exceeds
+ * u * (sum of weights), as rp_sampler_draw walks masses. This is the
+ * residual draw of speculative decoding, norm(max(p - q, 0)), whose support
+ * is inside p's. Returns -1 if no token of the support has a positive
+ * weight. Same one-draw-per-rp_sampler_probs rule as rp_sampler_draw;
+ * O(support) plus the sort of one bucket. */
+int rp_sampler_draw_weights(rp_sampler *s, const double *weights, double u);
+
+/* The logprob rp_sampler_sample reports for token when it draws it from the
+ * last rp_sampler_probs distribution, bit for bit: sampled, the
+ * log-probability under the distribution (-inf for a cut token); greedy, the
+ * log-softmax of the penalised logits at temperature 1; -inf for an all -inf
+ * row. logits: the row rp_sampler_probs rewrote. O(1). */
+float rp_sampler_logprob(const rp_sampler *s, const float *logits, int32_t token);
 
 #endif
