@@ -14,11 +14,7 @@
 #include "backend/cuda/kernels.h"
 #include "util/err.h"
 
-/* Plans cached: every shape the decode buckets (up to 64 sizes) and the
- * step buckets (up to 40) run through cuBLASLt, five products each, fit,
- * so an eager step (--disable-cuda-graph) never pays the heuristic again
- * (96, before the large-batch buckets, held a third of them). */
-#define RP_GEMM_CACHE 512
+#define RP_GEMM_CACHE 96
 /* From 3 tokens, matrices of at least this many elements go to cuBLASLt:
  * at 3-8 tokens it streams them faster than the GEMV (llama3-8b 7.13 ->
  * 6.62 ms per step at batch 8, qwen3-4b 4.82 -> 4.43, llama3.2-1b 1.50 ->
