@@ -23,6 +23,19 @@ out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 2 --ctx 40 --steps
 check "bench decode --temperature" 0 $?
 contains "sampled steps" "$out" "sampling: temperature 0.8, top-p 0.9"
 [ "$(echo "$out" | grep -cE '^ +2 +eager')" -eq 1 ]; check "sampled row" 0 $?
+# speculative rounds with the oracle drafter: every draft kept at rate 1 (k + 1 tokens a round, the
+# reference's own tokens: the CPU computes a row alike in a verify step and a decode step), none at 0
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 1,3 --ctx 40 --steps 8 --warmup 1 --device cpu \
+      --speculative-tokens 3 --acceptance 1,0 2>/dev/null)
+check "bench decode --speculative-tokens" 0 $?
+rows=$(echo "$out" | awk '$2 == "1.00" || $2 == "0.00" {print $1, $2, $3, $6, $9}')
+[ "$(echo "$rows" | grep -c '1.00 100.0% 4.00 0$')" = 2 ]; check "rate 1: every draft kept, 4 tokens a round" 0 $?
+[ "$(echo "$rows" | grep -c '0.00 0.0% 1.00 0$')" = 2 ]; check "rate 0: none kept, 1 token a round" 0 $?
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --speculative-tokens 9 2>&1); check "9 drafts" 2 $?
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --speculative-tokens 2 --acceptance 0.5,1.5 2>&1)
+check "acceptance past 1" 2 $?
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --speculative-tokens 2 --temperature 0.5 2>&1)
+check "speculative rounds are greedy" 2 $?
 out=$("$BIN" bench decode --dummy-weights tiny-llama3 --temperature -1 2>&1); check "bad temperature" 2 $?
 out=$("$BIN" bench decode --dummy-weights tiny-llama3 --top-p 0 2>&1); check "bad top-p" 2 $?
 out=$("$BIN" bench decode --dummy-weights tiny-llama3 --top-p 1.5 2>&1); check "top-p above 1" 2 $?

@@ -56,6 +56,11 @@ static void help(FILE *f) {
             "                         steps overlap as in the engine, where the backend can)\n"
             "  --temperature T        sample at temperature T (default 0: greedy)\n"
             "  --top-p P              and keep the smallest set of tokens with probability >= P (default 1)\n"
+            "  --speculative-tokens K also time speculative rounds of K drafts (1 to 8) after each batch's\n"
+            "                         plain steps: an oracle drafter proposes the sequence's own greedy\n"
+            "                         continuation, each draft replaced by another token at the rate\n"
+            "                         1 - A; random weights accept nothing by themselves (benchmarks only)\n"
+            "  --acceptance LIST      the rates A to time, in [0, 1] (default 0,0.5,0.7,0.9,1)\n"
             "\n");
     rp_bench_output_help(f, RP_BENCH_PROGRESS_HELP);
 }
@@ -72,9 +77,115 @@ static const struct option options[] = {
     {"temperature", required_argument, 0, 'T'},
     {"top-p", required_argument, 0, 'P'},
     {"progress-interval", required_argument, 0, 'i'},
+    {"speculative-tokens", required_argument, 0, 'K'},
+    {"acceptance", required_argument, 0, 'A'},
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
+
+#define MAX_RATES 16
+
+/* --acceptance: comma-separated rates in [0, 1]; how many, or -1. */
+static int parse_rates(const char *s, double *out) {
+    int n = 0;
+    while (*s) {
+        char *end;
+        double v = strtod(s, &end);
+        if (end == s || !(v >= 0 && v <= 1) || n == MAX_RATES || (*end && *end != ',')) return -1;
+        out[n++] = v;
+        s = *end ? end + 1 : end;
+    }
+    return n ? n : -1;
+}
+
+/* Speculative rounds with an oracle drafter at each acceptance rate, for
+ * the B sequences prefilled to ctx (their token after the prefill in
+ * last0): the reference is their greedy continuation (R + K tokens) as
+ * verify steps compute it (on the GPU the decode step's kernels agree with
+ * them to bf16 noise only, and random weights make near-ties common), found
+ * by rounds that draft what the previous one predicted; then each round
+ * drafts a sequence's next K reference tokens, each replaced with another at
+ * the rate 1 - A (a counter-based draw, the same every run), verifies them
+ * in one step and keeps what the target agrees with, until every sequence
+ * has made R tokens (one that has stays in the batch, rewriting its
+ * positions). Prints verify ms a round, tokens a round, tok/s against plain
+ * decoding's, and the kept tokens unlike the reference (0 where a verify
+ * row does not depend on the rest of its step). */
+static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t *last0, int B, int ctx, int K, int R,
+                             const double *rates, int nr, double plain_ms, rp_err *err) {
+    const int vocab = run->model->cfg.vocab_size, L = R + K;
+    int32_t *ref = malloc((size_t)B * L * sizeof *ref), *drafts = malloc((size_t)B * K * sizeof *drafts),
+            *out = malloc((size_t)B * (K + 1) * sizeof *out);
+    int *made = malloc((size_t)B * sizeof *made);
+    int rc = RP_ERR;
+    double w, g;
+    if (!ref || !drafts || !out || !made) {
+        rp_errf(err, "out of memory");
+        goto done;
+    }
+    for (int s = 0; s < B; s++) seqs[s].len = ctx, seqs[s].last = last0[s], made[s] = 0;
+    memset(ref, 0, (size_t)B * L * sizeof *ref);
+    for (int least = 0; least < L;) { /* made[s]: reference tokens known */
+        for (int s = 0; s < B; s++)
+            for (int j = 0; j < K; j++) drafts[(size_t)s * K + j] = made[s] + j < L ? ref[(size_t)s * L + made[s] + j] : 0;
+        if (rp_runner_verify_step(run, seqs, B, K, drafts, out, &w, &g, err)) goto done;
+        least = L;
+        for (int s = 0; s < B; s++) {
+            const int32_t *o = out + (size_t)s * (K + 1);
+            if (made[s] >= L) continue;
+            int kept = 0;
+            while (kept < K && o[kept] == drafts[(size_t)s * K + kept]) kept++;
+            /* o[0..kept] are the continuation; what follows a mismatch, the next round's guess */
+            for (int j = 0; j <= K && made[s] + j < L; j++) ref[(size_t)s * L + made[s] + j] = o[j];
+            made[s] += kept + 1;
+            if (made[s] > L) made[s] = L;
+            seqs[s].len += kept + 1;
+            seqs[s].last = o[kept];
+            if (made[s] < least) least = made[s];
+        }
+    }
+    for (int a = 0; a < nr; a++) {
+        for (int s = 0; s < B; s++) seqs[s].len = ctx, seqs[s].last = last0[s], made[s] = 0;
+        long rounds = 0, drafted = 0, kept_total = 0, unlike = 0, emitted = 0;
+        double wall = 0, gpu = 0;
+        for (int least = 0; least < R;) {
+            for (int s = 0; s < B; s++)
+                for (int j = 0; j < K; j++) {
+                    const int32_t t = made[s] + j < L ? ref[(size_t)s * L + made[s] + j] : 0;
+                    const uint64_t c = (uint64_t)rounds * K + (uint64_t)j;
+                    drafts[(size_t)s * K + j] = rp_rand_uniform(17, (uint64_t)s, c) < rates[a]
+                                                    ? t
+                                                    : (int32_t)((t + 1 + rp_rand_u64(18, (uint64_t)s, c) % (uint64_t)(vocab - 1)) % (uint64_t)vocab);
+                }
+            if (rp_runner_verify_step(run, seqs, B, K, drafts, out, &w, &g, err)) goto done;
+            wall += w, gpu += g, rounds++;
+            least = R;
+            for (int s = 0; s < B; s++) {
+                const int32_t *o = out + (size_t)s * (K + 1);
+                if (made[s] >= R) continue; /* done: it rewrites the same positions */
+                int kept = 0;
+                while (kept < K && o[kept] == drafts[(size_t)s * K + kept]) kept++;
+                for (int j = 0; j <= kept; j++) unlike += made[s] + j < L && o[j] != ref[(size_t)s * L + made[s] + j];
+                seqs[s].len += kept + 1;
+                seqs[s].last = o[kept];
+                made[s] += kept + 1;
+                drafted += K, kept_total += kept, emitted += kept + 1;
+                if (made[s] < least) least = made[s];
+            }
+        }
+        const double ms = wall / rounds, tps = emitted / (wall * 1e-3), plain = B / (plain_ms * 1e-3);
+        printf("%5d  %6.2f %6.1f%% %9.3f %9.3f %11.2f %10.1f %8.2fx %7ld\n", B, rates[a],
+               100.0 * kept_total / drafted, ms, ms / plain_ms, (double)emitted / rounds / B, tps, tps / plain, unlike);
+        fflush(stdout);
+    }
+    rc = RP_OK;
+done:
+    free(ref);
+    free(drafts);
+    free(out);
+    free(made);
+    return rc;
+}
 
 static int bench_decode(int argc, char **argv) {
     rp_model_opts mo;
@@ -82,6 +193,9 @@ static int bench_decode(int argc, char **argv) {
     int batches[MAX_BATCHES] = {1, 8, 32, 128}, nb = 4, no_eager = 0, no_overlap = 0;
     long ctx = 512, steps = 64, warmup = 8, page_size = 16;
     double temperature = 0, top_p = 1, interval = RP_BENCH_PROGRESS_INTERVAL;
+    long spec_k = 0;
+    double rates[MAX_RATES] = {0, 0.5, 0.7, 0.9, 1};
+    int nr = 5;
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, NULL, CMD)) != RP_OPT_END) {
@@ -120,12 +234,26 @@ static int bench_decode(int argc, char **argv) {
         case 'i':
             if (rp_bench_parse_interval(optarg, &interval, CMD)) return RP_EXIT_USAGE;
             break;
+        case 'K':
+            if (rp_parse_int(optarg, 1, 8, &spec_k))
+                return rp_cli_usage_error(CMD, "--speculative-tokens must be an integer from 1 to 8, got '%s'", optarg);
+            break;
+        case 'A':
+            if ((nr = parse_rates(optarg, rates)) < 0)
+                return rp_cli_usage_error(CMD, "--acceptance takes up to %d comma-separated rates in [0, 1], got '%s'",
+                                          MAX_RATES, optarg);
+            break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     int bad_model = rp_model_opts_check(&mo, CMD);
     if (bad_model) return bad_model;
+    if (spec_k && temperature > 0)
+        return rp_cli_usage_error(CMD, "--speculative-tokens times greedy rounds: leave --temperature at 0");
+    if (spec_k > warmup + steps)
+        return rp_cli_usage_error(CMD, "--speculative-tokens %ld needs --warmup plus --steps of at least as many",
+                                  spec_k);
     /* every sequence grows by the warm-up steps and twice the timed ones
      * (graph, then eager from the same start) past --ctx */
     const int total_len = (int)(ctx + warmup + 2 * steps + 1);
@@ -157,6 +285,7 @@ static int bench_decode(int argc, char **argv) {
     rcfg.max_seqs = maxB;
     rcfg.max_context = total_len;
     rcfg.max_batched_tokens = 8192;
+    if (spec_k) rcfg.max_logit_rows = maxB * (int)(spec_k + 1); /* a verify step's rows */
     rcfg.num_cuda_graph_bs = nb;
     memcpy(rcfg.cuda_graph_bs, batches, (size_t)nb * sizeof(int));
     rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);
@@ -205,6 +334,7 @@ static int bench_decode(int argc, char **argv) {
     fflush(stdout);
     /* the progress line counts decode steps, warm-up included, over every batch size and mode */
     const int modes = be->ops->set_graphs && !no_eager ? 2 : 1;
+    double plain_ms[MAX_BATCHES] = {0}; /* each batch's step, graph replay where the backend has graphs */
     rp_progress_status_start(&prog, CMD, "steps", (uint64_t)(nb * modes * (warmup + steps)), interval);
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
@@ -226,6 +356,7 @@ static int bench_decode(int argc, char **argv) {
                 goto fail;
             rp_progress_status_add(&prog, (uint64_t)steps, (uint64_t)(B * steps));
             double w = rp_bench_median(wall, (int)steps), g = rp_bench_median(gpu, (int)steps);
+            if (!plain_ms[bi]) plain_ms[bi] = w;
             double avg_ctx = (double)ctx + warmup + steps / 2.0;
             double bytes = (double)weight_read + (double)B * avg_ctx * (double)kv_per_token;
             double gbs = bytes / (w * 1e-3) / 1e9;
@@ -239,6 +370,32 @@ static int bench_decode(int argc, char **argv) {
         rp_runner_seqs_end(run, seqs, B);
     }
     rp_progress_status_stop(&prog);
+    if (spec_k) {
+        printf("\nspeculative rounds, oracle drafts (k %ld), greedy, one at a time, graphs where the backend has them:\n",
+               spec_k);
+        printf("%5s  %6s %7s %9s %9s %11s %10s %9s %7s\n", "batch", "rate", "kept", "ms/round", "x step",
+               "tokens/seq", "tok/s", "x plain", "unlike");
+        if (be->ops->set_graphs) be->ops->set_graphs(be, 1);
+        int32_t *last0 = malloc((size_t)maxB * sizeof *last0);
+        if (!last0) {
+            rp_errf(&err, "out of memory");
+            goto fail;
+        }
+        for (int bi = 0; bi < nb; bi++) {
+            const int B = batches[bi];
+            double prefill_s;
+            int r = rp_runner_seqs_begin(run, seqs, B, &err) || rp_runner_prefill_random(run, seqs, B, (int)ctx, &prefill_s, &err);
+            for (int s = 0; s < B && !r; s++) last0[s] = seqs[s].last;
+            if (!r) r = bench_speculative(run, seqs, last0, B, (int)ctx, (int)spec_k, (int)steps, rates, nr,
+                                          plain_ms[bi], &err);
+            rp_runner_seqs_end(run, seqs, B);
+            if (r) {
+                free(last0);
+                goto fail;
+            }
+        }
+        free(last0);
+    }
     if (be->ops->stats) {
         rp_backend_stats st;
         be->ops->stats(be, &st);

@@ -353,6 +353,25 @@ static int greedy_tokens(rp_runner *r, rp_batch *bt, int rows, int32_t *tok, rp_
     return RP_OK;
 }
 
+int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k, const int32_t *drafts, int32_t *out,
+                          double *wall_ms, double *gpu_ms, rp_err *err) {
+    if (B * (k + 1) > r->max_logit_rows || k > 16) return rp_errf(err, "a verify step of %d x %d does not fit", B, k + 1);
+    const double t0 = rp_now_s();
+    int32_t fed[17];
+    rp_batch_begin(r->bb);
+    for (int s = 0; s < B; s++) {
+        fed[0] = seqs[s].last;
+        memcpy(fed + 1, drafts + (size_t)s * k, (size_t)k * sizeof *fed);
+        if (rp_page_table_reserve(r->table, seqs[s].row, seqs[s].len + k + 1, err)) return RP_ERR;
+        if (rp_batch_add(r->bb, seqs[s].row, fed, k + 1, seqs[s].len, 2) < 0)
+            return rp_errf(err, "a verify step of %d x %d does not fit the step's budget", B, k + 1);
+    }
+    if (greedy_tokens(r, rp_batch_finish(r->bb), B * (k + 1), out, err)) return RP_ERR;
+    *wall_ms = (rp_now_s() - t0) * 1e3;
+    *gpu_ms = last_gpu_ms(r->backend);
+    return RP_OK;
+}
+
 int rp_runner_run_prompts(rp_runner *r, int num_prompts, const int32_t *const *ids, const int *n, float *const *logits,
                           int steps, int32_t *tokens, rp_err *err) {
     const int vocab = r->model->cfg.vocab_size;

@@ -107,6 +107,13 @@ int rp_runner_decode_steps(rp_runner *r, rp_runner_seq *seqs, int B, int steps, 
 int rp_runner_decode_overlapped(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sampling_params *sp,
                                 double *wall_ms, double *gpu_ms, rp_err *err);
 int rp_runner_can_overlap(const rp_runner *r);
+/* A speculative round's verify step for the B sequences: each fed its last
+ * token and its k drafts (drafts[s * k ..]) at its length, with logits for
+ * every one, and the greedy token after each into out[s * (k + 1) + j]. The
+ * sequences' lengths stay: the caller keeps what it accepts. Wall and
+ * device milliseconds of the step. */
+int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k, const int32_t *drafts, int32_t *out,
+                          double *wall_ms, double *gpu_ms, rp_err *err);
 /* Runs each prompt (n[p] tokens of ids[p]): prefilled together in chunks
  * as the batch's tokens and logit rows allow, then `steps` greedy tokens
  * each (tokens[p * steps + k]) decoded together, one step per token. With
