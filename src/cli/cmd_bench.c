@@ -59,7 +59,7 @@ static void help(FILE *f) {
             "  --speculative-tokens K also time speculative rounds of K drafts (1 to 8) after each batch's\n"
             "                         plain steps: an oracle drafter proposes the sequence's own greedy\n"
             "                         continuation, each draft replaced by another token at the rate\n"
-            "                         1 - A; random weights accept nothing by themselves (benchmarks only)\n"
+            "                         1 - A; random weights accept nothing by themselves (default: none)\n"
             "  --acceptance LIST      the rates A to time, in [0, 1] (default 0,0.5,0.7,0.9,1)\n"
             "\n");
     rp_bench_output_help(f, RP_BENCH_PROGRESS_HELP);
