@@ -5,6 +5,7 @@
 #include "engine/ngram.h"
 
 void rp_engine_propose_drafts(rp_engine *e) {
+    if (!e->spec_k) return; /* num_draft stays 0: nothing sets it */
     rp_scheduler *s = e->sched;
     int decoding = 0;
     for (int i = 0; i < s->num_running; i++) {
@@ -12,7 +13,7 @@ void rp_engine_propose_drafts(rp_engine *e) {
         r->num_draft = 0;
         decoding += rp_request_pending(r) == 1 && rp_request_can_run(r, e->max_context);
     }
-    if (!e->spec_k || decoding > RP_SPEC_MAX_SEQS) return;
+    if (decoding > RP_SPEC_MAX_SEQS) return;
     for (int i = 0; i < s->num_running; i++) {
         rp_request *r = s->running[i];
         const int len = rp_request_len(r);
