@@ -94,6 +94,9 @@ static int g_no_overlap; /* set by a test to compare with the synchronous loop *
 static int g_no_reserve;
 static int g_step_tokens; /* set by a test: every step feeds at most this many tokens, not sized by time */
 static int g_spec_k;      /* set by a test: n-gram speculative decoding, this many drafts a round */
+/* with g_spec_k: drafts from a draft model instead, the target itself (1)
+ * or its config with random weights (2) */
+static int g_spec_draft;
 
 static rp_engine *make_engine(const char *model, int num_pages, int chunk, int max_running) {
     rp_engine_config c;
@@ -116,6 +119,12 @@ static rp_engine *make_engine(const char *model, int num_pages, int chunk, int m
         c.num_speculative_tokens = g_spec_k;
         c.prompt_lookup_min = 1; /* short matches: drafts in most rounds, most of them wrong */
         c.prompt_lookup_max = 3;
+        if (g_spec_draft) {
+            c.speculative_method = RP_SPEC_DRAFT_MODEL;
+            c.prompt_lookup_min = c.prompt_lookup_max = 0;
+            c.speculative_model = dir;
+            c.speculative_load_dummy = g_spec_draft == 2;
+        }
     }
     c.debug_check_every_step = 1; /* the page accounting, prefix cache included, after every step */
     rp_error err;
@@ -239,29 +248,35 @@ static void run_together(int sampled) {
     static int32_t prompt[NREQ][64];
     struct {
         const char *name;
-        int pages, chunk, running, staggered, no_overlap, no_reserve, spec_k;
+        int pages, chunk, running, staggered, no_overlap, no_reserve, spec_k, draft;
     } setups[] = {
-        {"64 at once, chunked prefill 7", 0, 7, 64, 0, 0, 0, 0},
-        {"64 at once, no chunking", 0, 0, 64, 0, 0, 0, 0},
-        {"arriving while others run", 0, 16, 64, 1, 0, 0, 0},
-        {"tiny pool: preemption", 12, 16, 64, 0, 0, 1, 0},
-        {"tiny pool: preemption, no overlap", 12, 16, 64, 0, 1, 1, 0},
-        {"tiny pool: room reserved, no preemption", 12, 16, 64, 0, 0, 0, 0},
-        {"8 running at most", 0, 32, 8, 0, 0, 0, 0},
-        {"no overlap", 0, 16, 64, 0, 1, 0, 0},
+        {"64 at once, chunked prefill 7", 0, 7, 64, 0, 0, 0, 0, 0},
+        {"64 at once, no chunking", 0, 0, 64, 0, 0, 0, 0, 0},
+        {"arriving while others run", 0, 16, 64, 1, 0, 0, 0, 0},
+        {"tiny pool: preemption", 12, 16, 64, 0, 0, 1, 0, 0},
+        {"tiny pool: preemption, no overlap", 12, 16, 64, 0, 1, 1, 0, 0},
+        {"tiny pool: room reserved, no preemption", 12, 16, 64, 0, 0, 0, 0, 0},
+        {"8 running at most", 0, 32, 8, 0, 0, 0, 0, 0},
+        {"no overlap", 0, 16, 64, 0, 1, 0, 0, 0},
         /* speculative decoding: the same tokens, drafts kept or not */
-        {"speculative k 4, 8 running", 0, 16, 8, 0, 0, 0, 4},
-        {"speculative k 1, arriving while others run", 0, 7, 64, 1, 0, 0, 1},
-        {"speculative k 8, tiny pool: preemption", 12, 16, 64, 0, 0, 1, 8},
+        {"speculative k 4, 8 running", 0, 16, 8, 0, 0, 0, 4, 0},
+        {"speculative k 1, arriving while others run", 0, 7, 64, 1, 0, 0, 1, 0},
+        {"speculative k 8, tiny pool: preemption", 12, 16, 64, 0, 0, 1, 8, 0},
+        /* a draft model: the target itself (greedy: every draft kept), and random weights (few kept) */
+        {"draft model (itself) k 4, 8 running", 0, 16, 8, 0, 0, 0, 4, 1},
+        {"draft model (itself) k 3, arriving while others run", 0, 7, 64, 1, 0, 0, 3, 1},
+        {"draft model (random) k 2, tiny pool: preemption", 12, 16, 64, 0, 0, 1, 2, 2},
     };
     for (size_t s = 0; s < sizeof setups / sizeof setups[0]; s++) {
         memset(got, 0, sizeof got);
         g_no_overlap = setups[s].no_overlap;
         g_no_reserve = setups[s].no_reserve;
         g_spec_k = setups[s].spec_k;
+        g_spec_draft = setups[s].draft;
         rp_engine *e = make_engine("qwen3-tied", setups[s].pages, setups[s].chunk, setups[s].running);
         g_no_reserve = 0;
         g_spec_k = 0;
+        g_spec_draft = 0;
         run_ctx c = {.e = e, .got = got, .prompt = prompt, .sampled = sampled, .staggered = setups[s].staggered};
         hold h;
         if (!c.staggered) hold_engine(e, &h); /* all 64 reach the scheduler at once */
@@ -289,7 +304,11 @@ static void run_together(int sampled) {
                    (unsigned long long)st.spec_rounds, (unsigned long long)st.spec_accepted_tokens,
                    (unsigned long long)st.spec_draft_tokens);
             assert_true(st.spec_rounds > 0);
-            assert_true(st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens);
+            if (setups[s].draft == 1 && !sampled) /* the target drafting for itself: its own argmax */
+                assert_int_equal(st.spec_accepted_tokens, st.spec_draft_tokens);
+            else if (setups[s].draft != 2)
+                assert_true(st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens);
+            assert_true(!setups[s].draft || st.spec_draft_forwards > 0);
         } else {
             assert_int_equal(st.spec_rounds, 0);
         }
@@ -762,6 +781,112 @@ static void test_destroy_during_long_prefill(void **state) {
     assert_in_range(run.clock.n, CLOCK_AT, CLOCK_AT + 1); /* the step in flight, read at shutdown */
 }
 
+/* An engine with a draft model: NULL and the message in msg when refused. */
+static rp_engine *draft_engine(const char *target_dir, const char *tok_dir, int target_dummy, const char *draft_dir,
+                               const char *draft_dummy, int method, char *msg, size_t n) {
+    rp_engine_config c;
+    rp_engine_config_default(&c);
+    c.model_dir = target_dir;
+    c.load_dummy = target_dummy;
+    c.tokenizer_dir = tok_dir;
+    c.device = "cpu";
+    c.threads = 2;
+    c.num_pages = 64;
+    c.max_running_requests = 4;
+    c.max_batched_tokens = 256;
+    c.speculative_method = method;
+    c.num_speculative_tokens = 2;
+    c.speculative_model = draft_dir;
+    c.speculative_load_dummy = draft_dir != NULL;
+    c.speculative_dummy_weights = draft_dummy;
+    rp_error err;
+    rp_engine *e = rp_engine_create(&c, &err);
+    snprintf(msg, n, "%s", e ? "" : err.message);
+    return e;
+}
+
+static void expect_refused(rp_engine *e, const char *msg, const char *words) {
+    if (e) {
+        rp_engine_destroy(e);
+        fail_msg("expected a refusal saying '%s'", words);
+    }
+    if (!strstr(msg, words)) fail_msg("expected a refusal saying '%s', got: %s", words, msg);
+}
+
+/* A config.json of Qwen3's vocabulary (and a tokenizer.json linked from
+ * `tokenizer`, when not NULL) in a new temporary directory. */
+static void vocab_dir(char *dir, const char *tokenizer) {
+    assert_non_null(mkdtemp(dir));
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 151936, \"hidden_size\": 64, "
+          "\"intermediate_size\": 128, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+          "\"num_key_value_heads\": 1, \"head_dim\": 32, \"tie_word_embeddings\": false, \"eos_token_id\": 151645}",
+          f);
+    fclose(f);
+    if (tokenizer) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        char *abs = realpath(tokenizer, NULL); /* the link lives in /tmp */
+        assert_non_null(abs);
+        assert_int_equal(symlink(abs, path), 0);
+        free(abs);
+    }
+}
+
+static void remove_dir(const char *dir) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* A draft model must share the target's vocabulary and tokenizer, and the
+ * options must name exactly one draft (docs/speculative.md). */
+static void test_draft_model_refusals(void **state) {
+    (void)state;
+    char target[1024], other[1024], msg[512];
+    snprintf(target, sizeof target, "%s/tests/fixtures/models/qwen3-tied", test_source_dir());
+    snprintf(other, sizeof other, "%s/tests/fixtures/models/llama3-scaled", test_source_dir());
+    expect_refused(draft_engine(target, NULL, 0, other, NULL, RP_SPEC_DRAFT_MODEL, msg, sizeof msg), msg,
+                   "the draft model's vocabulary has 512 tokens, the target's 503");
+    expect_refused(draft_engine(target, NULL, 0, NULL, "tiny-qwen3", RP_SPEC_DRAFT_MODEL, msg, sizeof msg), msg,
+                   "vocabulary has 1031 tokens");
+    expect_refused(draft_engine(target, NULL, 0, other, "tiny-qwen3", RP_SPEC_DRAFT_MODEL, msg, sizeof msg), msg,
+                   "exactly one of");
+    expect_refused(draft_engine(target, NULL, 0, NULL, NULL, RP_SPEC_DRAFT_MODEL, msg, sizeof msg), msg,
+                   "exactly one of");
+    expect_refused(draft_engine(target, NULL, 0, other, NULL, RP_SPEC_NONE, msg, sizeof msg), msg,
+                   "speculative decoding is off");
+    expect_refused(draft_engine(target, NULL, 0, other, NULL, RP_SPEC_NGRAM, msg, sizeof msg), msg,
+                   "n-gram drafting takes no speculative model");
+    char missing[1100];
+    snprintf(missing, sizeof missing, "%s/no-such-model", target);
+    expect_refused(draft_engine(target, NULL, 0, missing, NULL, RP_SPEC_DRAFT_MODEL, msg, sizeof msg), msg,
+                   "the draft model");
+    /* the same vocabulary size with another tokenizer, then the same tokenizer */
+    char qwen[1024], llama[1024];
+    snprintf(qwen, sizeof qwen, "%s/.cache/tokenizers/qwen3", test_source_dir());
+    snprintf(llama, sizeof llama, "%s/.cache/tokenizers/llama3/tokenizer.json", test_source_dir());
+    char tdir[] = "/tmp/rp_target_XXXXXX", ddir[] = "/tmp/rp_draft_XXXXXX", sdir[] = "/tmp/rp_draft_XXXXXX";
+    char qwen_json[1100];
+    snprintf(qwen_json, sizeof qwen_json, "%s/tokenizer.json", qwen);
+    vocab_dir(tdir, NULL);
+    vocab_dir(ddir, llama);
+    vocab_dir(sdir, qwen_json);
+    expect_refused(draft_engine(tdir, qwen, 1, ddir, NULL, RP_SPEC_DRAFT_MODEL, msg, sizeof msg), msg,
+                   "a draft model must share the target's tokenizer");
+    rp_engine *e = draft_engine(tdir, qwen, 1, sdir, NULL, RP_SPEC_DRAFT_MODEL, msg, sizeof msg);
+    if (!e) fail_msg("a draft with the target's tokenizer was refused: %s", msg);
+    rp_engine_destroy(e);
+    remove_dir(tdir);
+    remove_dir(ddir);
+    remove_dir(sdir);
+}
+
 /* Text prompts, streamed text and stop strings, with the real Qwen3 tokenizer. */
 static void test_text_and_stop_strings(void **state) {
     (void)state;
@@ -903,6 +1028,7 @@ int main(void) {
         cmocka_unit_test(test_stats_during_long_prefill),
         cmocka_unit_test(test_destroy_during_long_prefill),
         cmocka_unit_test(test_text_and_stop_strings),
+        cmocka_unit_test(test_draft_model_refusals),
         cmocka_unit_test(test_dummy_weights_not_degenerate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

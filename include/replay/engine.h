@@ -101,11 +101,18 @@ typedef struct rp_engine_config {
     int num_speculative_tokens; /* k, 1..8 (0: 4 where a method is set) */
     int prompt_lookup_min;      /* n-gram match lengths (vLLM's names), 1..16; 0: 2 and 4 */
     int prompt_lookup_max;
+    /* RP_SPEC_DRAFT_MODEL: the draft model, a directory or a dummy shape's
+     * name (random weights, for benchmarks), with the target's vocabulary;
+     * speculative_load_dummy: the directory's config with random weights */
+    const char *speculative_model;
+    const char *speculative_dummy_weights;
+    int speculative_load_dummy;
 } rp_engine_config;
 
 typedef enum rp_spec_method {
     RP_SPEC_NONE = 0,
     RP_SPEC_NGRAM, /* the continuation of the latest earlier occurrence of the last n tokens (prompt lookup) */
+    RP_SPEC_DRAFT_MODEL, /* a smaller model with the same vocabulary decodes k tokens ahead, greedily */
 } rp_spec_method;
 
 typedef enum rp_finish {
@@ -224,6 +231,9 @@ typedef struct rp_engine_stats {
      * drafts they carried and those accepted; a round emits accepted + 1
      * tokens (the mean accepted length is (accepted + rounds) / rounds) */
     uint64_t spec_rounds, spec_draft_tokens, spec_accepted_tokens;
+    /* a draft model's forwards and their time (host clock, reads included) */
+    uint64_t spec_draft_forwards;
+    double spec_draft_ms;
 } rp_engine_stats;
 
 void rp_engine_get_stats(rp_engine *e, rp_engine_stats *out);

@@ -10,6 +10,7 @@
 #ifndef RP_BACKEND_BACKEND_H
 #define RP_BACKEND_BACKEND_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend/sample_params.h"
@@ -42,6 +43,11 @@ typedef struct rp_backend_config {
     int num_pages;  /* KV pages, excluding the dummy page the backend adds; 0: CUDA sizes it
                      * to memory_ratio of the device memory left after everything else */
     double memory_ratio;
+    /* What that sizing leaves to a second model on the device (a draft
+     * model: docs/speculative.md): reserve_bytes at once, and
+     * shadow_page_bytes for each page of this pool, the second model's own
+     * pool holding as many tokens as this one. 0: nothing. */
+    size_t reserve_bytes, shadow_page_bytes;
     int page_size;  /* tokens per page */
     int max_batched_tokens; /* largest num_tokens one forward takes */
     int max_batch_seqs;

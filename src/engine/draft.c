@@ -1,8 +1,10 @@
 /* Drafting and verifying speculative rounds in the engine (draft.h). */
 #include "engine/draft.h"
 
+#include "engine/draft_model.h"
 #include "engine/engine_internal.h"
 #include "engine/ngram.h"
+#include "util/log.h"
 
 void rp_engine_propose_drafts(rp_engine *e) {
     if (!e->spec_k) return; /* num_draft stays 0: nothing sets it */
@@ -14,16 +16,33 @@ void rp_engine_propose_drafts(rp_engine *e) {
         decoding += rp_request_pending(r) == 1 && rp_request_can_run(r, e->max_context);
     }
     if (decoding > RP_SPEC_MAX_SEQS) return;
+    int n = 0;
     for (int i = 0; i < s->num_running; i++) {
         rp_request *r = s->running[i];
         const int len = rp_request_len(r);
-        if (!r->ngram || rp_request_pending(r) != 1 || !rp_request_can_run(r, e->max_context)) continue;
+        if (rp_request_pending(r) != 1 || !rp_request_can_run(r, e->max_context)) continue;
         if (r->tokens[len - 1] < 0) continue; /* still a reference to a row on the device */
         int want = r->max_tokens - r->num_output - 1; /* the round's last token is the target's own */
         if (want > e->spec_k) want = e->spec_k;
+        if (want <= 0) continue;
+        if (e->draft) {
+            e->draft_reqs[n] = r;
+            e->draft_want[n++] = want;
+            continue;
+        }
         rp_err err;
-        if (want <= 0 || rp_ngram_append(r->ngram, r->tokens, len, &err)) continue;
+        if (!r->ngram || rp_ngram_append(r->ngram, r->tokens, len, &err)) continue;
         r->num_draft = rp_ngram_propose(r->ngram, r->tokens, len, want, r->tokens + len);
+    }
+    if (!n) return;
+    rp_err err;
+    const int rc = rp_draft_model_propose(e->draft, e->draft_reqs, e->draft_want, n, &err);
+    rp_draft_model_counts(e->draft, &e->stats.spec_draft_forwards, &e->stats.spec_draft_ms);
+    if (rc) {
+        /* the target goes on alone: no request loses anything but speed */
+        rp_log_error("the draft model failed (%s): speculative decoding is off from now on", err.msg);
+        for (int i = 0; i < n; i++) e->draft_reqs[i]->num_draft = 0;
+        e->spec_k = 0;
     }
 }
 
@@ -53,6 +72,7 @@ void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
     }
     const int kept = n - 1;
     r->cached -= d - kept;
+    rp_draft_model_rollback(r);
     e->stats.spec_rounds++;
     e->stats.spec_draft_tokens += (uint64_t)d;
     e->stats.spec_accepted_tokens += (uint64_t)kept;

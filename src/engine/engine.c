@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/draft.h"
+#include "engine/draft_model.h"
 #include "engine/engine_internal.h"
 #include "engine/ngram.h"
 #include "model/config.h"
@@ -296,13 +297,43 @@ static void config_complete(rp_engine_config *cfg) {
 
 /* The speculative decoding options, in vLLM's words where it has them. */
 static int check_speculative(const rp_engine_config *cfg, rp_err *err) {
-    if (cfg->speculative_method == RP_SPEC_NONE) return 0;
-    if (cfg->speculative_method != RP_SPEC_NGRAM)
+    const int has_model = cfg->speculative_model || cfg->speculative_dummy_weights;
+    if (cfg->speculative_method == RP_SPEC_NONE) {
+        if (has_model) return rp_errf(err, "a speculative model is given but speculative decoding is off");
+        return 0;
+    }
+    if (cfg->speculative_method != RP_SPEC_NGRAM && cfg->speculative_method != RP_SPEC_DRAFT_MODEL)
         return rp_errf(err, "unknown speculative method %d", cfg->speculative_method);
     if (cfg->num_speculative_tokens < 1 || cfg->num_speculative_tokens > RP_SPEC_MAX_K)
         return rp_errf(err, "num_speculative_tokens must be from 1 to %d, got %d", RP_SPEC_MAX_K,
                        cfg->num_speculative_tokens);
+    if (cfg->speculative_method == RP_SPEC_DRAFT_MODEL) {
+        if ((!cfg->speculative_model) == (!cfg->speculative_dummy_weights))
+            return rp_errf(err, "the draft model method needs exactly one of speculative_model (a directory) or "
+                                "speculative_dummy_weights (a dummy shape)");
+        return 0;
+    }
+    if (has_model) return rp_errf(err, "n-gram drafting takes no speculative model");
     return rp_ngram_validate(cfg->prompt_lookup_min, cfg->prompt_lookup_max, err);
+}
+
+/* The draft model's side of the engine config: the target's device, page
+ * size and graphs; a round drafts for at most RP_SPEC_MAX_SEQS requests, and
+ * a catch-up step (a new request's prompt) takes up to 2,048 tokens. */
+static rp_draft_model_config draft_config(const rp_engine_config *cfg, int max_rows, int max_context) {
+    const int tokens = cfg->max_batched_tokens < 2048 ? cfg->max_batched_tokens : 2048;
+    return (rp_draft_model_config){.model_dir = cfg->speculative_model,
+                                   .dummy_name = cfg->speculative_dummy_weights,
+                                   .load_dummy = cfg->speculative_load_dummy,
+                                   .weight_seed = cfg->weight_seed + 1,
+                                   .device = cfg->device,
+                                   .threads = cfg->threads,
+                                   .page_size = cfg->page_size,
+                                   .max_context = max_context,
+                                   .max_seqs = RP_SPEC_MAX_SEQS,
+                                   .max_batched_tokens = tokens > RP_SPEC_MAX_SEQS ? tokens : RP_SPEC_MAX_SEQS,
+                                   .max_rows = max_rows,
+                                   .disable_cuda_graph = cfg->disable_cuda_graph};
 }
 
 rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
@@ -344,7 +375,24 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
                            .tuning = {.disable_decode_step = cfg->disable_decode_step}};
     /* the tokenizer first: a wrong one is reported before the weights load */
     if (load_tokenizer(e, &err) || check_tokenizer_vocab(e, &err)) goto fail;
-    if (!(e->run = rp_runner_new(&rc, &err))) goto fail;
+    /* a draft model's weights are mapped first, so that the target's KV
+     * pool leaves it room beside the target */
+    rp_model *draft_model = NULL;
+    if (cfg->speculative_method == RP_SPEC_DRAFT_MODEL) {
+        const rp_draft_model_config dc = draft_config(cfg, backend_seqs, 0);
+        if (!(draft_model = rp_draft_model_load(&dc, cfg->tokenizer_dir ? cfg->tokenizer_dir : cfg->model_dir, &err)))
+            goto fail;
+        rp_draft_model_memory(draft_model, &dc, &rc.reserve_bytes, &rc.shadow_page_bytes);
+    }
+    if (!(e->run = rp_runner_new(&rc, &err))) {
+        rp_model_free(draft_model);
+        goto fail;
+    }
+    if (draft_model) {
+        const rp_draft_model_config dc = draft_config(cfg, backend_seqs, e->run->max_context);
+        if (!(e->draft = rp_draft_model_new(draft_model, &dc, &e->run->model->cfg, e->run->pool->num_pages, &err)))
+            goto fail;
+    }
     if (e->run->model->dummy && !cfg->quiet_model_warning)
         rp_log_warn("the weights are RANDOM (dummy): output is meaningless text, useful only for testing and timing");
     e->max_context = e->run->max_context;
@@ -383,8 +431,10 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     e->dev_logprobs = calloc((size_t)e->max_logits, sizeof *e->dev_logprobs);
     e->dev_top = calloc((size_t)e->max_logits, sizeof *e->dev_top);
     e->spec_top = calloc(RP_SPEC_MAX_K + 1, sizeof *e->spec_top);
+    e->draft_reqs = calloc(RP_SPEC_MAX_SEQS, sizeof *e->draft_reqs);
+    e->draft_want = calloc(RP_SPEC_MAX_SEQS, sizeof *e->draft_want);
     if (!e->sched || !e->sampler || !e->retiring || !e->dev_params || !e->dev_tokens || !e->dev_logprobs ||
-        !e->dev_top || !e->spec_top)
+        !e->dev_top || !e->spec_top || !e->draft_reqs || !e->draft_want)
         goto oom;
     e->stats.kv_pages_total = num_pages;
     e->stats.max_total_tokens = num_pages * cfg->page_size;
@@ -398,7 +448,11 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
                 derive_running ? " (derived from the KV pool; --max-running-requests overrides)" : "",
                 cfg->max_batched_tokens);
     rp_log_info("engine: prefix caching %s", e->cache ? "on" : "off");
-    if (e->spec_k)
+    if (e->spec_k && e->draft)
+        rp_log_info("engine: speculative decoding: drafts from %s, %d a round, while at most %d requests decode",
+                    cfg->speculative_model ? cfg->speculative_model : cfg->speculative_dummy_weights, e->spec_k,
+                    RP_SPEC_MAX_SEQS);
+    else if (e->spec_k)
         rp_log_info("engine: speculative decoding: n-gram drafts (match lengths %d..%d), %d a round, while at most %d "
                     "requests decode",
                     cfg->prompt_lookup_min, cfg->prompt_lookup_max, e->spec_k, RP_SPEC_MAX_SEQS);
@@ -447,9 +501,12 @@ void rp_engine_destroy(rp_engine *e) {
     free(e->dev_logprobs);
     free(e->dev_top);
     free(e->spec_top);
+    free(e->draft_reqs);
+    free(e->draft_want);
     rp_sampler_free(e->sampler);
     rp_scheduler_free(e->sched);
     rp_prefix_cache_free(e->cache); /* its pages go back to the runner's pool */
+    rp_draft_model_free(e->draft);
     rp_runner_free(e->run);
     rp_tokenizer_free(e->tok);
     pthread_mutex_destroy(&e->mu);

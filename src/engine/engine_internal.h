@@ -46,6 +46,11 @@ struct rp_engine {
      * position's top logprobs while a round is verified */
     int spec_k;
     rp_top_logprobs *spec_top; /* [RP_SPEC_MAX_K + 1] */
+    /* the draft model (NULL: n-gram drafts or none), and one round's
+     * drafting requests and drafts wanted [RP_SPEC_MAX_SEQS] */
+    struct rp_draft_model *draft;
+    rp_request **draft_reqs;
+    int *draft_want;
     /* shared with callers, under mu */
     pthread_mutex_t mu;
     pthread_cond_t work, idle;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/draft_model.h"
 #include "engine/engine_internal.h"
 #include "model/config.h"
 
@@ -57,6 +58,7 @@ static void deliver(rp_request *r, int32_t tok, float lp, const rp_top_logprobs 
 /* Frees a finished request's pages and memory. */
 static void release(rp_engine *e, rp_request *r) {
     rp_scheduler_remove(e->sched, r);
+    rp_draft_model_release(e->draft, r);
     rp_request_free(r);
 }
 

@@ -77,7 +77,8 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
     int num_pages = cfg->num_pages > 0 ? cfg->num_pages
                     : use_cuda         ? 0
                                        : cpu_auto_pages(c, r->max_seqs, r->max_context, page_size, memory_ratio);
-    rp_backend_config bc = {.num_pages = num_pages, .memory_ratio = memory_ratio, .page_size = page_size,
+    rp_backend_config bc = {.num_pages = num_pages, .memory_ratio = memory_ratio, .reserve_bytes = cfg->reserve_bytes,
+                            .shadow_page_bytes = cfg->shadow_page_bytes, .page_size = page_size,
                             .max_batched_tokens = max_batched, .max_batch_seqs = r->max_seqs,
                             .max_logit_rows = r->max_logit_rows, .num_threads = cfg->threads,
                             .disable_cuda_graph = cfg->disable_cuda_graph, .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
@@ -335,10 +336,7 @@ static int32_t argmax(const float *v, int n) {
     return best;
 }
 
-/* The greedy token of each of the batch's `rows` logit rows, into tok:
- * sampled on the device where the backend can, else the argmax of the
- * logits read back into r->logits. */
-static int greedy_tokens(rp_runner *r, rp_batch *bt, int rows, int32_t *tok, rp_err *err) {
+int rp_runner_forward_greedy(rp_runner *r, rp_batch *bt, int rows, int32_t *tok, rp_err *err) {
     rp_backend *be = r->backend;
     const int device = be->ops->read_tokens != NULL && rows > 0;
     if (device) {
@@ -366,7 +364,7 @@ int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k,
         if (rp_batch_add(r->bb, seqs[s].row, fed, k + 1, seqs[s].len, 2) < 0)
             return rp_errf(err, "a verify step of %d x %d does not fit the step's budget", B, k + 1);
     }
-    if (greedy_tokens(r, rp_batch_finish(r->bb), B * (k + 1), out, err)) return RP_ERR;
+    if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), B * (k + 1), out, err)) return RP_ERR;
     *wall_ms = (rp_now_s() - t0) * 1e3;
     *gpu_ms = last_gpu_ms(r->backend);
     return RP_OK;
@@ -412,7 +410,7 @@ int rp_runner_run_prompts(rp_runner *r, int num_prompts, const int32_t *const *i
         if (logits) {
             if ((rc = rp_backend_forward(r->backend, bt, err)) || (rc = rp_backend_read_logits(r->backend, r->logits, err)))
                 break;
-        } else if ((rc = greedy_tokens(r, bt, rows, tok, err))) {
+        } else if ((rc = rp_runner_forward_greedy(r, bt, rows, tok, err))) {
             break;
         }
         int row = 0;
@@ -433,7 +431,7 @@ int rp_runner_run_prompts(rp_runner *r, int num_prompts, const int32_t *const *i
     for (int it = 1; it < steps && !rc; it++) {
         for (int p = 0; p < num_prompts; p++) seqs[p].last = tokens[(size_t)p * steps + it - 1];
         rp_batch *bt = decode_batch(r, seqs, num_prompts, NULL, err);
-        if (!bt || (rc = greedy_tokens(r, bt, num_prompts, tok, err))) {
+        if (!bt || (rc = rp_runner_forward_greedy(r, bt, num_prompts, tok, err))) {
             rc = RP_ERR;
             break;
         }

@@ -35,6 +35,7 @@ typedef struct rp_runner_config {
     int page_size;          /* tokens per page; 0 = 16 */
     int num_pages;          /* 0: CUDA sizes it from memory_ratio, the CPU from what a full batch needs */
     double memory_ratio;    /* 0 = 0.9 */
+    size_t reserve_bytes, shadow_page_bytes; /* what the CUDA pool leaves to a draft model (backend.h) */
     int max_seqs;           /* page-table rows: the most sequences one step takes */
     int max_context;        /* tokens per sequence; 0 or more than the model's = the model's */
     int max_batched_tokens; /* tokens one forward takes; 0 = 8192 */
@@ -107,6 +108,10 @@ int rp_runner_decode_steps(rp_runner *r, rp_runner_seq *seqs, int B, int steps, 
 int rp_runner_decode_overlapped(rp_runner *r, rp_runner_seq *seqs, int B, int steps, const rp_sampling_params *sp,
                                 double *wall_ms, double *gpu_ms, rp_err *err);
 int rp_runner_can_overlap(const rp_runner *r);
+/* Runs the batch and puts the greedy token of each of its `rows` logit rows
+ * into tok: sampled on the device where the backend can, else the argmax
+ * (lower id on a tie) of the logits read back into r->logits. */
+int rp_runner_forward_greedy(rp_runner *r, rp_batch *bt, int rows, int32_t *tok, rp_err *err);
 /* A speculative round's verify step for the B sequences: each fed its last
  * token and its k drafts (drafts[s * k ..]) at its length, with logits for
  * every one, and the greedy token after each into out[s * (k + 1) + j]. The

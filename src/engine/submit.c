@@ -179,8 +179,9 @@ int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback
     r->cb = cb;
     r->user = user;
     r->row = -1;
+    r->draft_row = -1;
     /* the n-gram drafter's index, for every token the request can hold */
-    if (copy_stops(r, p) || (e->spec_k && !(r->ngram = rp_ngram_new(e->cfg.prompt_lookup_min, e->cfg.prompt_lookup_max,
+    if (copy_stops(r, p) || (e->spec_k && !e->draft && !(r->ngram = rp_ngram_new(e->cfg.prompt_lookup_min, e->cfg.prompt_lookup_max,
                                                                     (int)n + p->max_tokens + 1)))) {
         rp_request_free(r);
         return fail(err, RP_ERROR_OUT_OF_MEMORY, "", "out of memory");

@@ -32,6 +32,9 @@ typedef struct rp_request {
      * verify; 0: a plain decode. */
     int num_draft;
     struct rp_ngram *ngram; /* the n-gram drafter's index of its tokens, or NULL (engine/ngram.h) */
+    /* the draft model's page-table row (-1: none) and the tokens whose K/V
+     * it holds there (engine/draft_model.h) */
+    int draft_row, draft_cached;
     int row;          /* page-table row, -1 when it holds no pages */
     /* The prefix cache (scheduler.h): the lock on the cached pages its row
      * starts with, whether its prompt's pages have been handed to the cache

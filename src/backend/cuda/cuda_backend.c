@@ -425,11 +425,11 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         }
         double ratio = bc->memory_ratio > 0 && bc->memory_ratio <= 1 ? bc->memory_ratio : 0.9;
         double reserve = 512.0 * (1 << 20);
-        double usable = (double)free_b * ratio - reserve;
-        bc->num_pages = usable > 0 ? (int)(usable / (double)kv_page_bytes) - 1 : 0;
+        double usable = (double)free_b * ratio - reserve - (double)bc->reserve_bytes;
+        bc->num_pages = usable > 0 ? (int)(usable / (double)(kv_page_bytes + bc->shadow_page_bytes)) - 1 : 0;
         if (bc->num_pages < 1) {
-            rp_errf(err, "no GPU memory left for the KV cache (%.2f GiB free after the weights)",
-                    (double)free_b / (1 << 30));
+            rp_errf(err, "no GPU memory left for the KV cache (%.2f GiB free after the weights%s)",
+                    (double)free_b / (1 << 30), bc->reserve_bytes ? ", less the draft model's share" : "");
             goto fail;
         }
     }
