@@ -222,7 +222,16 @@ fi
 # that of decoding without it, token for token, greedy and seeded with penalties
 early "draft count without a method" "--num-speculative-tokens needs --speculative-method" --prompt-ids 1 \
   --num-speculative-tokens 3
-early "unknown method" "--speculative-method must be ngram or none" --prompt-ids 1 --speculative-method eagle
+early "unknown method" "--speculative-method must be ngram, draft_model or none" --prompt-ids 1 \
+  --speculative-method eagle
+early "draft model method without a model" "--speculative-method draft_model needs --speculative-model" \
+  --prompt-ids 1 --speculative-method draft_model
+early "ngram with a draft model" "--speculative-model is for --speculative-method draft_model" --prompt-ids 1 \
+  --speculative-method ngram --speculative-model /nonexistent
+early "two draft models" "give one of --speculative-model and --speculative-dummy-weights" --prompt-ids 1 \
+  --speculative-model /nonexistent --speculative-dummy-weights tiny-qwen3
+early "match lengths with a draft model" "--prompt-lookup-max is for --speculative-method ngram" --prompt-ids 1 \
+  --speculative-model /nonexistent --prompt-lookup-max 3
 early "9 drafts" "--num-speculative-tokens must be an integer from 1 to 8" --prompt-ids 1 \
   --speculative-method ngram --num-speculative-tokens 9
 early "match lengths reversed" "--prompt-lookup-min 5 is more than --prompt-lookup-max 3" --prompt-ids 1 \
@@ -237,7 +246,19 @@ for s in "--temperature 0" "--seed 7 --repetition-penalty 1.3 --top-k 20"; do
   check "speculative ($s)" 0 $?
   [ -n "$want" ] && [ "$got" = "$want" ]; check "speculative output equals plain ($s)" 0 $?
   contains "speculative stats ($s)" "$(cat "$tmp/spec.err")" "drafts accepted"
+  # the target as its own draft model: greedy keeps every draft
+  # shellcheck disable=SC2086
+  got=$("$BIN" generate --model "$fx" --prompt-ids 1,2,3,4,5,1,2,3 --max-tokens 60 --print-ids $s \
+        --speculative-model "$fx" --num-speculative-tokens 3 2>"$tmp/spec.err")
+  check "draft model ($s)" 0 $?
+  [ -n "$want" ] && [ "$got" = "$want" ]; check "draft model output equals plain ($s)" 0 $?
+  contains "draft model stats ($s)" "$(cat "$tmp/spec.err")" "drafts accepted"
 done
+contains "self-draft keeps every greedy draft" "$("$BIN" generate --model "$fx" --prompt-ids 1,2,3 --max-tokens 40 \
+  --temperature 0 --speculative-model "$fx" 2>&1 >/dev/null)" "speculative: 31 of 31 drafts accepted"
+out=$("$BIN" generate --model "$fx" --prompt-ids 1,2,3 --max-tokens 4 --speculative-dummy-weights tiny-qwen3 2>&1)
+check "draft model of another vocabulary" 1 $?
+contains "draft model of another vocabulary" "$out" "the draft model's vocabulary has 1031 tokens, the target's 503"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -462,24 +462,44 @@ void rp_engine_opts_help(FILE *f) {
 void rp_spec_opts_help(FILE *f) {
     fprintf(f, "Speculative decoding (docs/speculative.md):\n"
                "  --speculative-method M       ngram: draft each decoding request's next tokens from the latest\n"
-               "                               earlier occurrence of its last tokens (prompt lookup), verify them in\n"
-               "                               one pass; outputs are those without it, token for token (default: off)\n"
+               "                               earlier occurrence of its last tokens (prompt lookup); draft_model:\n"
+               "                               from a smaller model with the same tokenizer (--speculative-model).\n"
+               "                               One target pass verifies them; outputs are those without it, token\n"
+               "                               for token (default: off)\n"
+               "  --speculative-model DIR      the draft model's directory (implies draft_model; --load-format\n"
+               "                               applies to it too; default: none)\n"
+               "  --speculative-dummy-weights NAME\n"
+               "                               a draft model of a named shape with random weights, for benchmarks\n"
+               "                               (default: none)\n"
                "  --num-speculative-tokens K   drafts a round, 1 to %d (default %d)\n"
-               "  --prompt-lookup-min N        shortest match, 1 to %d (default %d)\n"
-               "  --prompt-lookup-max N        longest match, tried first, 1 to %d (default %d)\n",
+               "  --prompt-lookup-min N        ngram: shortest match, 1 to %d (default %d)\n"
+               "  --prompt-lookup-max N        ngram: longest match, tried first, 1 to %d (default %d)\n",
             RP_SPEC_MAX_K, RP_SPEC_DEFAULT_K, RP_NGRAM_MAX_N, RP_NGRAM_DEFAULT_MIN, RP_NGRAM_MAX_N,
             RP_NGRAM_DEFAULT_MAX);
 }
 
 int rp_spec_opts_check(const rp_engine_config *ec, const char *cmd) {
+    const char *model = ec->speculative_model          ? "--speculative-model"
+                        : ec->speculative_dummy_weights ? "--speculative-dummy-weights"
+                                                        : NULL;
+    const char *lookup = ec->prompt_lookup_min ? "--prompt-lookup-min"
+                         : ec->prompt_lookup_max ? "--prompt-lookup-max"
+                                                 : NULL;
     if (ec->speculative_method == RP_SPEC_NONE) {
-        const char *what = ec->num_speculative_tokens ? "--num-speculative-tokens"
-                           : ec->prompt_lookup_min    ? "--prompt-lookup-min"
-                           : ec->prompt_lookup_max    ? "--prompt-lookup-max"
-                                                      : NULL;
+        const char *what = ec->num_speculative_tokens ? "--num-speculative-tokens" : lookup;
         if (what) return rp_cli_usage_error(cmd, "%s needs --speculative-method", what);
         return 0;
     }
+    if (ec->speculative_method == RP_SPEC_DRAFT_MODEL) {
+        if (ec->speculative_model && ec->speculative_dummy_weights)
+            return rp_cli_usage_error(cmd, "give one of --speculative-model and --speculative-dummy-weights");
+        if (!model)
+            return rp_cli_usage_error(cmd, "--speculative-method draft_model needs --speculative-model DIR (or "
+                                           "--speculative-dummy-weights NAME)");
+        if (lookup) return rp_cli_usage_error(cmd, "%s is for --speculative-method ngram", lookup);
+        return 0;
+    }
+    if (model) return rp_cli_usage_error(cmd, "%s is for --speculative-method draft_model, not ngram", model);
     if (ec->prompt_lookup_min && ec->prompt_lookup_max && ec->prompt_lookup_min > ec->prompt_lookup_max)
         return rp_cli_usage_error(cmd, "--prompt-lookup-min %d is more than --prompt-lookup-max %d",
                                   ec->prompt_lookup_min, ec->prompt_lookup_max);
@@ -498,12 +518,22 @@ int rp_engine_opts_parse(rp_engine_config *ec, int opt, const char *arg, const c
                 {0x14d, "--prompt-lookup-max", 1, RP_NGRAM_MAX_N}};
     if (opt == 0x14a) {
         if (!strcmp(arg, "ngram")) ec->speculative_method = RP_SPEC_NGRAM;
+        else if (!strcmp(arg, "draft_model")) ec->speculative_method = RP_SPEC_DRAFT_MODEL;
         else if (!strcmp(arg, "none")) ec->speculative_method = RP_SPEC_NONE;
         else {
-            rp_cli_usage_error(cmd, "--speculative-method must be ngram or none, got '%s' (draft models are not "
-                                    "supported yet)", arg);
+            rp_cli_usage_error(cmd, "--speculative-method must be ngram, draft_model or none, got '%s'", arg);
             return -1;
         }
+        return 1;
+    }
+    if (opt == 0x14e || opt == 0x14f) {
+        if (!*arg) {
+            rp_cli_usage_error(cmd, "%s needs a value", opt == 0x14e ? "--speculative-model" : "--speculative-dummy-weights");
+            return -1;
+        }
+        *(opt == 0x14e ? &ec->speculative_model : &ec->speculative_dummy_weights) = arg;
+        /* a draft model alone says which method (vLLM's rule) */
+        if (ec->speculative_method == RP_SPEC_NONE) ec->speculative_method = RP_SPEC_DRAFT_MODEL;
         return 1;
     }
     if (opt == 0x146) {
@@ -551,6 +581,7 @@ void rp_cli_engine_model(const rp_model_opts *o, rp_engine_config *ec) {
     ec->model_dir = o->model_dir;
     ec->dummy_name = o->dummy_name;
     ec->load_dummy = !strcmp(o->load_format, "dummy");
+    ec->speculative_load_dummy = ec->load_dummy; /* --load-format applies to a draft model too (vLLM's rule) */
     ec->weight_seed = o->weight_seed;
     ec->device = rp_cli_device(o);
     ec->threads = o->threads;

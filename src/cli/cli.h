@@ -126,7 +126,9 @@ typedef struct rp_model_opts {
  * the engine (serve, bench offline, generate, chat); vLLM's names. */
 #define RP_SPEC_LONG_OPTIONS                                                                                      \
     {"speculative-method", required_argument, 0, 0x14a}, {"num-speculative-tokens", required_argument, 0, 0x14b}, \
-        {"prompt-lookup-min", required_argument, 0, 0x14c}, {"prompt-lookup-max", required_argument, 0, 0x14d}
+        {"prompt-lookup-min", required_argument, 0, 0x14c}, {"prompt-lookup-max", required_argument, 0, 0x14d}, \
+        {"speculative-model", required_argument, 0, 0x14e},                                                    \
+        {"speculative-dummy-weights", required_argument, 0, 0x14f}
 
 struct rp_engine_config;
 /* The speculative decoding options' help. */

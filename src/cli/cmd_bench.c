@@ -782,6 +782,9 @@ static int bench_offline(int argc, char **argv) {
                st.spec_draft_tokens ? 100.0 * st.spec_accepted_tokens / st.spec_draft_tokens : 0.0,
                (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
                st.spec_rounds ? 1.0 + (double)st.spec_accepted_tokens / st.spec_rounds : 0.0);
+    if (st.spec_draft_forwards)
+        printf("  %-34s %12llu (%.3f ms each, host clock, reads included)\n", "draft model forwards",
+               (unsigned long long)st.spec_draft_forwards, st.spec_draft_ms / (double)st.spec_draft_forwards);
     printf("  %-34s %12d\n", "peak running requests", st.peak_running);
     printf("  %-34s %12d / %d (%.0f%%)\n", "peak KV pages used", st.kv_pages_peak_used, st.kv_pages_total,
            100.0 * st.kv_pages_peak_used / (st.kv_pages_total ? st.kv_pages_total : 1));

@@ -383,7 +383,7 @@ static int run(int argc, char **argv) {
                 return rp_cli_usage_error(CMD, "--max-model-len must be an integer from 1 to %d, got '%s'", 1 << 24,
                                           optarg);
             break;
-        case 0x14a: case 0x14b: case 0x14c: case 0x14d:
+        case 0x14a: case 0x14b: case 0x14c: case 0x14d: case 0x14e: case 0x14f:
             if (rp_engine_opts_parse(&ec, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
             break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */

@@ -296,7 +296,7 @@ static int run(int argc, char **argv) {
                 return rp_cli_usage_error(CMD, "--stop: at most %d stop strings", MAX_STOP_STRINGS);
             stops[num_stops++] = optarg;
             break;
-        case 0x141: case 0x144: case 0x145: case 0x14a: case 0x14b: case 0x14c: case 0x14d:
+        case 0x141: case 0x144: case 0x145: case 0x14a: case 0x14b: case 0x14c: case 0x14d: case 0x14e: case 0x14f:
             if (rp_engine_opts_parse(&ec, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
             break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
