@@ -28,9 +28,22 @@ contains "sampled steps" "$out" "sampling: temperature 0.8, top-p 0.9"
 out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 1,3 --ctx 40 --steps 8 --warmup 1 --device cpu \
       --speculative-tokens 3 --acceptance 1,0 2>/dev/null)
 check "bench decode --speculative-tokens" 0 $?
-rows=$(echo "$out" | awk '$2 == "1.00" || $2 == "0.00" {print $1, $2, $3, $6, $9}')
+rows=$(echo "$out" | awk '$2 == "1.00" || $2 == "0.00" {print $1, $2, $3, $7, $10}')
 [ "$(echo "$rows" | grep -c '1.00 100.0% 4.00 0$')" = 2 ]; check "rate 1: every draft kept, 4 tokens a round" 0 $?
 [ "$(echo "$rows" | grep -c '0.00 0.0% 1.00 0$')" = 2 ]; check "rate 0: none kept, 1 token a round" 0 $?
+# with a draft model (the target's shape, other random weights): its steps timed into each round
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --batch 2 --ctx 40 --steps 8 --warmup 1 --device cpu \
+      --speculative-tokens 3 --acceptance 1 --speculative-dummy-weights tiny-llama3 2>/dev/null)
+check "bench decode with a draft model" 0 $?
+contains "draft model line" "$out" "draft model: tiny-llama3"
+[ "$(echo "$out" | awk '$2 == "1.00" && $5 > 0 {print $3, $7}')" = "100.0% 4.00" ]
+check "draft model: its time in the round, every draft kept at rate 1" 0 $?
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --speculative-tokens 2 --speculative-dummy-weights tiny-qwen3 \
+      --batch 1 --ctx 8 --steps 2 --warmup 1 --device cpu 2>&1)
+check "draft model of another vocabulary" 1 $?
+contains "draft model of another vocabulary" "$out" "vocabulary has 1031 tokens, the target's 997"
+out=$("$BIN" bench decode --dummy-weights tiny-llama3 --speculative-dummy-weights tiny-llama3 2>&1)
+check "draft model without rounds" 2 $?
 out=$("$BIN" bench decode --dummy-weights tiny-llama3 --speculative-tokens 9 2>&1); check "9 drafts" 2 $?
 out=$("$BIN" bench decode --dummy-weights tiny-llama3 --speculative-tokens 2 --acceptance 0.5,1.5 2>&1)
 check "acceptance past 1" 2 $?

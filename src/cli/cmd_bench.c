@@ -61,6 +61,11 @@ static void help(FILE *f) {
             "                         continuation, each draft replaced by another token at the rate\n"
             "                         1 - A; random weights accept nothing by themselves (default: none)\n"
             "  --acceptance LIST      the rates A to time, in [0, 1] (default 0,0.5,0.7,0.9,1)\n"
+            "  --speculative-dummy-weights NAME, --speculative-model DIR\n"
+            "                         with --speculative-tokens: a draft model runs its steps in every\n"
+            "                         round as the engine runs them (a catch-up of 1-2 tokens, then K - 1\n"
+            "                         decode steps), timed into the round; the oracle still chooses the\n"
+            "                         drafts, so acceptance is the rate asked for (default: none)\n"
             "\n");
     rp_bench_output_help(f, RP_BENCH_PROGRESS_HELP);
 }
@@ -79,6 +84,8 @@ static const struct option options[] = {
     {"progress-interval", required_argument, 0, 'i'},
     {"speculative-tokens", required_argument, 0, 'K'},
     {"acceptance", required_argument, 0, 'A'},
+    {"speculative-dummy-weights", required_argument, 0, 'D'},
+    {"speculative-model", required_argument, 0, 'M'},
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
@@ -98,6 +105,46 @@ static int parse_rates(const char *s, double *out) {
     return n ? n : -1;
 }
 
+/* A draft model's side of bench_speculative: its runner, its copy of the
+ * sequences (prefilled to the same ctx) and each round's time. */
+typedef struct bench_draft {
+    rp_runner *run;
+    rp_runner_seq *seqs;
+    int32_t *tok;
+} bench_draft;
+
+/* The draft model's steps of one round as the engine runs them
+ * (engine/draft_model.c): what it has not seen of each sequence (its last
+ * token, and the last kept draft after a round that kept every one), then
+ * K - 1 decode steps; their wall time into *ms. */
+static int draft_round(bench_draft *d, const rp_runner_seq *seqs, int B, int K, double *ms, rp_err *err) {
+    rp_runner *r = d->run;
+    const double t0 = rp_now_s();
+    int32_t fed[2];
+    rp_batch_begin(r->bb);
+    for (int s = 0; s < B; s++) {
+        const int n = seqs[s].len + 1 - d->seqs[s].len;
+        RP_ASSERT(n >= 1 && n <= 2);
+        fed[0] = fed[1] = seqs[s].last;
+        if (rp_page_table_reserve(r->table, d->seqs[s].row, d->seqs[s].len + n + K - 1, err)) return RP_ERR;
+        if (rp_batch_add(r->bb, d->seqs[s].row, fed, n, d->seqs[s].len, 1) < 0)
+            return rp_errf(err, "the draft's catch-up step of %d sequences does not fit", B);
+        d->seqs[s].len += n;
+    }
+    if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), B, d->tok, err)) return RP_ERR;
+    for (int j = 1; j < K; j++) {
+        rp_batch_begin(r->bb);
+        for (int s = 0; s < B; s++) {
+            if (rp_batch_add(r->bb, d->seqs[s].row, &d->tok[s], 1, d->seqs[s].len, 1) < 0)
+                return rp_errf(err, "the draft's step of %d sequences does not fit", B);
+            d->seqs[s].len++;
+        }
+        if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), B, d->tok, err)) return RP_ERR;
+    }
+    *ms = (rp_now_s() - t0) * 1e3;
+    return RP_OK;
+}
+
 /* Speculative rounds with an oracle drafter at each acceptance rate, for
  * the B sequences prefilled to ctx (their token after the prefill in
  * last0): the reference is their greedy continuation (R + K tokens) as
@@ -112,7 +159,7 @@ static int parse_rates(const char *s, double *out) {
  * decoding's, and the kept tokens unlike the reference (0 where a verify
  * row does not depend on the rest of its step). */
 static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t *last0, int B, int ctx, int K, int R,
-                             const double *rates, int nr, double plain_ms, rp_err *err) {
+                             const double *rates, int nr, double plain_ms, bench_draft *draft, rp_err *err) {
     const int vocab = run->model->cfg.vocab_size, L = R + K;
     int32_t *ref = malloc((size_t)B * L * sizeof *ref), *drafts = malloc((size_t)B * K * sizeof *drafts),
             *out = malloc((size_t)B * (K + 1) * sizeof *out);
@@ -146,8 +193,10 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
     }
     for (int a = 0; a < nr; a++) {
         for (int s = 0; s < B; s++) seqs[s].len = ctx, seqs[s].last = last0[s], made[s] = 0;
+        if (draft)
+            for (int s = 0; s < B; s++) draft->seqs[s].len = ctx;
         long rounds = 0, drafted = 0, kept_total = 0, unlike = 0, emitted = 0;
-        double wall = 0, gpu = 0;
+        double wall = 0, gpu = 0, dwall = 0, dms = 0;
         for (int least = 0; least < R;) {
             for (int s = 0; s < B; s++)
                 for (int j = 0; j < K; j++) {
@@ -157,25 +206,31 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
                                                     ? t
                                                     : (int32_t)((t + 1 + rp_rand_u64(18, (uint64_t)s, c) % (uint64_t)(vocab - 1)) % (uint64_t)vocab);
                 }
+            if (draft && draft_round(draft, seqs, B, K, &dms, err)) goto done;
             if (rp_runner_verify_step(run, seqs, B, K, drafts, out, &w, &g, err)) goto done;
-            wall += w, gpu += g, rounds++;
+            wall += w + dms, gpu += g, dwall += dms, rounds++;
             least = R;
             for (int s = 0; s < B; s++) {
                 const int32_t *o = out + (size_t)s * (K + 1);
-                if (made[s] >= R) continue; /* done: it rewrites the same positions */
-                int kept = 0;
-                while (kept < K && o[kept] == drafts[(size_t)s * K + kept]) kept++;
-                for (int j = 0; j <= kept; j++) unlike += made[s] + j < L && o[j] != ref[(size_t)s * L + made[s] + j];
-                seqs[s].len += kept + 1;
-                seqs[s].last = o[kept];
-                made[s] += kept + 1;
-                drafted += K, kept_total += kept, emitted += kept + 1;
+                if (made[s] < R) { /* else done: it rewrites the same positions */
+                    int kept = 0;
+                    while (kept < K && o[kept] == drafts[(size_t)s * K + kept]) kept++;
+                    for (int j = 0; j <= kept; j++)
+                        unlike += made[s] + j < L && o[j] != ref[(size_t)s * L + made[s] + j];
+                    seqs[s].len += kept + 1;
+                    seqs[s].last = o[kept];
+                    made[s] += kept + 1;
+                    drafted += K, kept_total += kept, emitted += kept + 1;
+                }
+                /* the draft's K/V past the kept tokens were rejected drafts' */
+                if (draft && draft->seqs[s].len > seqs[s].len) draft->seqs[s].len = seqs[s].len;
                 if (made[s] < least) least = made[s];
             }
         }
         const double ms = wall / rounds, tps = emitted / (wall * 1e-3), plain = B / (plain_ms * 1e-3);
-        printf("%5d  %6.2f %6.1f%% %9.3f %9.3f %11.2f %10.1f %8.2fx %7ld\n", B, rates[a],
-               100.0 * kept_total / drafted, ms, ms / plain_ms, (double)emitted / rounds / B, tps, tps / plain, unlike);
+        printf("%5d  %6.2f %6.1f%% %9.3f %9.3f %9.3f %11.2f %10.1f %8.2fx %7ld\n", B, rates[a],
+               100.0 * kept_total / drafted, ms, dwall / rounds, (ms - dwall / rounds) / plain_ms,
+               (double)emitted / rounds / B, tps, tps / plain, unlike);
         fflush(stdout);
     }
     rc = RP_OK;
@@ -194,6 +249,7 @@ static int bench_decode(int argc, char **argv) {
     long ctx = 512, steps = 64, warmup = 8, page_size = 16;
     double temperature = 0, top_p = 1, interval = RP_BENCH_PROGRESS_INTERVAL;
     long spec_k = 0;
+    const char *draft_dummy = NULL, *draft_dir = NULL;
     double rates[MAX_RATES] = {0, 0.5, 0.7, 0.9, 1};
     int nr = 5;
     rp_cli_opts_begin();
@@ -238,6 +294,8 @@ static int bench_decode(int argc, char **argv) {
             if (rp_parse_int(optarg, 1, 8, &spec_k))
                 return rp_cli_usage_error(CMD, "--speculative-tokens must be an integer from 1 to 8, got '%s'", optarg);
             break;
+        case 'D': draft_dummy = optarg; break;
+        case 'M': draft_dir = optarg; break;
         case 'A':
             if ((nr = parse_rates(optarg, rates)) < 0)
                 return rp_cli_usage_error(CMD, "--acceptance takes up to %d comma-separated rates in [0, 1], got '%s'",
@@ -249,6 +307,10 @@ static int bench_decode(int argc, char **argv) {
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     int bad_model = rp_model_opts_check(&mo, CMD);
     if (bad_model) return bad_model;
+    if ((draft_dummy || draft_dir) && !spec_k)
+        return rp_cli_usage_error(CMD, "a draft model times speculative rounds: give --speculative-tokens K");
+    if (draft_dummy && draft_dir)
+        return rp_cli_usage_error(CMD, "give one of --speculative-model and --speculative-dummy-weights");
     if (spec_k && temperature > 0)
         return rp_cli_usage_error(CMD, "--speculative-tokens times greedy rounds: leave --temperature at 0");
     if (spec_k > warmup + steps)
@@ -373,28 +435,69 @@ static int bench_decode(int argc, char **argv) {
     if (spec_k) {
         printf("\nspeculative rounds, oracle drafts (k %ld), greedy, one at a time, graphs where the backend has them:\n",
                spec_k);
-        printf("%5s  %6s %7s %9s %9s %11s %10s %9s %7s\n", "batch", "rate", "kept", "ms/round", "x step",
-               "tokens/seq", "tok/s", "x plain", "unlike");
         if (be->ops->set_graphs) be->ops->set_graphs(be, 1);
         int32_t *last0 = malloc((size_t)maxB * sizeof *last0);
         if (!last0) {
             rp_errf(&err, "out of memory");
             goto fail;
         }
-        for (int bi = 0; bi < nb; bi++) {
+        /* a draft model beside the target: as many pages, its own graphs for the same batch sizes */
+        bench_draft bd = {0}, *draft = NULL;
+        if (draft_dummy || draft_dir) {
+            rp_runner_config dc = rcfg;
+            dc.model = NULL;
+            dc.model_dir = draft_dir;
+            dc.dummy_name = draft_dummy;
+            dc.load_dummy = rcfg.load_dummy;
+            dc.weight_seed = rcfg.weight_seed + 1;
+            dc.max_logit_rows = maxB;
+            dc.tuning = (rp_tuning){0};
+            bd.run = rp_runner_new(&dc, &err);
+            bd.seqs = calloc((size_t)maxB, sizeof *bd.seqs);
+            bd.tok = calloc((size_t)maxB, sizeof *bd.tok);
+            if (bd.run && bd.run->model->cfg.vocab_size != c->vocab_size)
+                rp_errf(&err, "the draft model's vocabulary has %d tokens, the target's %d",
+                        bd.run->model->cfg.vocab_size, c->vocab_size);
+            else if (bd.run && bd.seqs && bd.tok)
+                draft = &bd;
+            else if (bd.run)
+                rp_errf(&err, "out of memory");
+            if (!draft) {
+                rp_runner_free(bd.run);
+                free(bd.seqs);
+                free(bd.tok);
+                free(last0);
+                goto fail;
+            }
+            const rp_model_config *dcfg = &bd.run->model->cfg;
+            printf("draft model: %s (%s), %.2f GB of weights; its steps are timed into each round\n",
+                   draft_dummy ? draft_dummy : draft_dir, dcfg->arch_name, (double)bd.run->model->weight_bytes / 1e9);
+            if (bd.run->backend->ops->set_graphs) bd.run->backend->ops->set_graphs(bd.run->backend, 1);
+        }
+        printf("%5s  %6s %7s %9s %9s %9s %11s %10s %9s %7s\n", "batch", "rate", "kept", "ms/round", "draft ms",
+               "x step", "tokens/seq", "tok/s", "x plain", "unlike");
+        int bi = 0;
+        for (; bi < nb; bi++) {
             const int B = batches[bi];
             double prefill_s;
             int r = rp_runner_seqs_begin(run, seqs, B, &err) || rp_runner_prefill_random(run, seqs, B, (int)ctx, &prefill_s, &err);
             for (int s = 0; s < B && !r; s++) last0[s] = seqs[s].last;
+            if (!r && draft)
+                r = rp_runner_seqs_begin(draft->run, draft->seqs, B, &err) ||
+                    rp_runner_prefill_random(draft->run, draft->seqs, B, (int)ctx, &prefill_s, &err);
             if (!r) r = bench_speculative(run, seqs, last0, B, (int)ctx, (int)spec_k, (int)steps, rates, nr,
-                                          plain_ms[bi], &err);
+                                          plain_ms[bi], draft, &err);
             rp_runner_seqs_end(run, seqs, B);
-            if (r) {
-                free(last0);
-                goto fail;
-            }
+            if (draft) rp_runner_seqs_end(draft->run, draft->seqs, B);
+            if (r) break;
         }
         free(last0);
+        if (draft) {
+            rp_runner_free(bd.run);
+            free(bd.seqs);
+            free(bd.tok);
+        }
+        if (bi < nb) goto fail;
     }
     if (be->ops->stats) {
         rp_backend_stats st;
