@@ -40,6 +40,14 @@ for stage in $stages; do
       if [ -n "$plain" ] && [ "$plain" = "$spec" ] && grep -q "drafts accepted" "$OUT/speculative.err"; then
         summary+=("speculative greedy (qwen3-0.6b): plain decoding's tokens; $(grep -o '[0-9]* of [0-9]* drafts accepted' "$OUT/speculative.err")")
       else summary+=("speculative greedy (qwen3-0.6b): DIFFERS from plain decoding (see speculative.err)"); status=1; fi
+      # a draft model: the target itself (same shape, same seed: the same random weights), then
+      # another shape of the same vocabulary; both the tokens of plain decoding
+      for d in qwen3-0.6b qwen3-1.7b; do
+        spec=$(gen --speculative-dummy-weights $d 2>"$OUT/draft-$d.err")
+        if [ -n "$plain" ] && [ "$plain" = "$spec" ] && grep -q "drafts accepted" "$OUT/draft-$d.err"; then
+          summary+=("draft model $d for qwen3-0.6b, greedy: plain decoding's tokens; $(grep -o '[0-9]* of [0-9]* drafts accepted' "$OUT/draft-$d.err")")
+        else summary+=("draft model $d for qwen3-0.6b: DIFFERS from plain decoding (see draft-$d.err)"); status=1; fi
+      done
       ;;
     sanitize|sanitize-main|sanitize-race)
       # kernel tests at small shapes (REPLAY_TEST_SMALL) under memcheck and

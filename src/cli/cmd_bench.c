@@ -449,7 +449,7 @@ static int bench_decode(int argc, char **argv) {
             dc.model_dir = draft_dir;
             dc.dummy_name = draft_dummy;
             dc.load_dummy = rcfg.load_dummy;
-            dc.weight_seed = rcfg.weight_seed + 1;
+            dc.weight_seed = rcfg.weight_seed; /* the same shape is the target itself: a self-draft */
             dc.max_logit_rows = maxB;
             dc.tuning = (rp_tuning){0};
             bd.run = rp_runner_new(&dc, &err);

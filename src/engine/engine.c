@@ -325,7 +325,7 @@ static rp_draft_model_config draft_config(const rp_engine_config *cfg, int max_r
     return (rp_draft_model_config){.model_dir = cfg->speculative_model,
                                    .dummy_name = cfg->speculative_dummy_weights,
                                    .load_dummy = cfg->speculative_load_dummy,
-                                   .weight_seed = cfg->weight_seed + 1,
+                                   .weight_seed = cfg->weight_seed,
                                    .device = cfg->device,
                                    .threads = cfg->threads,
                                    .page_size = cfg->page_size,
