@@ -226,6 +226,21 @@ REPLAY_API_KEY=envkey start --api-key flagkey || exit 1
 check "--api-key wins: env key" 401 "$(post /v1/completions -H 'Authorization: Bearer envkey' -d '{"prompt":"x","max_tokens":1}')"
 check "--api-key wins: flag key" 200 "$(post /v1/completions -H 'Authorization: Bearer flagkey' -d '{"prompt":"x","max_tokens":1}')"
 stop
+# a draft model (the model itself, random weights of the same seed): greedy keeps every draft, the
+# text is plain decoding's, and /metrics counts the rounds
+start || exit 1
+check "plain completion" 200 "$(post /v1/completions -d '{"prompt":"Hello","max_tokens":24,"temperature":0,"ignore_eos":true}')"
+plain=$(grep -o '"text":"[^"]*"' "$tmp/body")
+stop
+start --speculative-model "$tmp" --num-speculative-tokens 3 || exit 1
+check "completion with a draft model" 200 "$(post /v1/completions -d '{"prompt":"Hello","max_tokens":24,"temperature":0,"ignore_eos":true}')"
+check "draft model: plain decoding's text" "$plain" "$(grep -o '"text":"[^"]*"' "$tmp/body")"
+m=$(curl -s "$URL/metrics")
+drafts=$(echo "$m" | awk '$1 == "replay_spec_decode_num_draft_tokens_total" {print $2}')
+accepted=$(echo "$m" | awk '$1 == "replay_spec_decode_num_accepted_tokens_total" {print $2}')
+[ -n "$drafts" ] && [ "$drafts" -gt 0 ] && [ "$drafts" = "$accepted" ]
+check "draft model: every greedy draft kept ($accepted of $drafts)" 0 $?
+stop
 # a port in use is reported before the model loads: qwen3-8b's random weights take minutes on the CPU
 start || exit 1
 t0=$(date +%s%N)
