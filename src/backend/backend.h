@@ -37,6 +37,12 @@ typedef struct rp_batch {
     /* [num_logits] or NULL. When set and the backend samples on the device
      * (ops->read_tokens != NULL), forward also samples each logit row. */
     const rp_sampling_params *sample;
+    /* 1: some consecutive sequences share a page-table row: a speculative
+     * round's positions, each a one-token sequence whose K/V length ends
+     * at its position, so that the round is a decode batch (its bucket's
+     * graph) and attention is causal within it. A backend must then store
+     * every token's K/V before any attention of the layer reads them. */
+    int shared_rows;
 } rp_batch;
 
 typedef struct rp_backend_config {

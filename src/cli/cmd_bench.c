@@ -347,9 +347,16 @@ static int bench_decode(int argc, char **argv) {
     rcfg.max_seqs = maxB;
     rcfg.max_context = total_len;
     rcfg.max_batched_tokens = 8192;
-    if (spec_k) rcfg.max_logit_rows = maxB * (int)(spec_k + 1); /* a verify step's rows */
     rcfg.num_cuda_graph_bs = nb;
     memcpy(rcfg.cuda_graph_bs, batches, (size_t)nb * sizeof(int));
+    if (spec_k) { /* a verify step: B (k + 1) one-token sequences, each with logits, in a graph of its own */
+        rcfg.max_logit_rows = rcfg.max_seqs = maxB * (int)(spec_k + 1);
+        for (int i = 0; i < nb && rcfg.num_cuda_graph_bs < 64; i++) {
+            int have = 0, v = batches[i] * (int)(spec_k + 1);
+            for (int j = 0; j < rcfg.num_cuda_graph_bs; j++) have |= rcfg.cuda_graph_bs[j] == v;
+            if (!have) rcfg.cuda_graph_bs[rcfg.num_cuda_graph_bs++] = v;
+        }
+    }
     rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);
     if (!run) return RP_EXIT_RUNTIME;
     const rp_model *model = run->model;

@@ -43,6 +43,7 @@ void rp_batch_begin(rp_batch_builder *bb) {
     b->num_tokens = 0;
     b->num_logits = 0;
     b->sample = NULL;
+    b->shared_rows = 0;
     bb->seq_start[0] = 0;
 }
 
@@ -53,6 +54,7 @@ int rp_batch_add(rp_batch_builder *bb, int row, const int32_t *tokens, int n, in
         b->num_logits + want > bb->max_logits)
         return -1;
     int first_logit = b->num_logits;
+    if (b->num_seqs > 0 && bb->seq_page_row[b->num_seqs - 1] == row) b->shared_rows = 1;
     for (int i = 0; i < n; i++) {
         int t = b->num_tokens + i;
         bb->tokens[t] = tokens[i];
@@ -66,6 +68,16 @@ int rp_batch_add(rp_batch_builder *bb, int row, const int32_t *tokens, int n, in
     b->num_seqs++;
     bb->seq_start[b->num_seqs] = b->num_tokens;
     return first_logit;
+}
+
+int rp_batch_add_positions(rp_batch_builder *bb, int row, const int32_t *tokens, int n, int cached) {
+    const rp_batch *b = &bb->batch;
+    if (n <= 0 || b->num_seqs + n > bb->max_seqs || b->num_tokens + n > bb->max_tokens ||
+        b->num_logits + n > bb->max_logits)
+        return -1;
+    const int first = b->num_logits;
+    for (int j = 0; j < n; j++) rp_batch_add(bb, row, tokens + j, 1, cached + j, 1);
+    return first;
 }
 
 rp_batch *rp_batch_finish(rp_batch_builder *bb) {

@@ -23,6 +23,13 @@ void rp_batch_begin(rp_batch_builder *bb);
  * token's, 2 every token's. Returns the index of the sequence's first
  * logit row, or -1 if the batch is full. */
 int rp_batch_add(rp_batch_builder *bb, int row, const int32_t *tokens, int n, int cached, int logits);
+/* The same n tokens of one sequence as a speculative round feeds them: each
+ * its own one-token sequence on the same row, with logits, at positions
+ * cached..cached+n-1 (rp_batch.shared_rows): a round of one-token
+ * sequences is a decode batch, which runs as its bucket's decode graph, and
+ * each position's attention ends at itself. Returns the first of its n
+ * consecutive logit rows, or -1 (nothing added) if the batch is full. */
+int rp_batch_add_positions(rp_batch_builder *bb, int row, const int32_t *tokens, int n, int cached);
 static inline int rp_batch_tokens_left(const rp_batch_builder *bb) {
     return bb->max_tokens - bb->batch.num_tokens;
 }

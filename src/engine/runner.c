@@ -361,7 +361,7 @@ int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k,
         fed[0] = seqs[s].last;
         memcpy(fed + 1, drafts + (size_t)s * k, (size_t)k * sizeof *fed);
         if (rp_page_table_reserve(r->table, seqs[s].row, seqs[s].len + k + 1, err)) return RP_ERR;
-        if (rp_batch_add(r->bb, seqs[s].row, fed, k + 1, seqs[s].len, 2) < 0)
+        if (rp_batch_add_positions(r->bb, seqs[s].row, fed, k + 1, seqs[s].len) < 0)
             return rp_errf(err, "a verify step of %d x %d does not fit the step's budget", B, k + 1);
     }
     if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), B * (k + 1), out, err)) return RP_ERR;

@@ -114,9 +114,11 @@ int rp_runner_can_overlap(const rp_runner *r);
 int rp_runner_forward_greedy(rp_runner *r, rp_batch *bt, int rows, int32_t *tok, rp_err *err);
 /* A speculative round's verify step for the B sequences: each fed its last
  * token and its k drafts (drafts[s * k ..]) at its length, with logits for
- * every one, and the greedy token after each into out[s * (k + 1) + j]. The
- * sequences' lengths stay: the caller keeps what it accepts. Wall and
- * device milliseconds of the step. */
+ * every one, and the greedy token after each into out[s * (k + 1) + j],
+ * laid out as the engine lays a round out (rp_batch_add_positions: a decode
+ * batch of B (k + 1) one-token sequences, so the runner needs that many
+ * sequences and logit rows). The sequences' lengths stay: the caller keeps
+ * what it accepts. Wall and device milliseconds of the step. */
 int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k, const int32_t *drafts, int32_t *out,
                           double *wall_ms, double *gpu_ms, rp_err *err);
 /* Runs each prompt (n[p] tokens of ids[p]): prefilled together in chunks

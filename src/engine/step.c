@@ -100,9 +100,11 @@ static int launch_step(rp_engine *e) {
         rp_sched_item *it = &s->plan[i];
         rp_request *r = it->req;
         if (rp_request_pending(r) > 1) prompt_tokens += it->num_tokens;
-        /* a round with drafts wants logits for its every token */
-        st->logit_row[i] = rp_batch_add(run->bb, r->row, r->tokens + r->cached, it->num_tokens, r->cached,
-                                        it->draft ? 2 : it->samples);
+        /* a round with drafts: its positions as one-token sequences, each with logits */
+        st->logit_row[i] = it->draft ? rp_batch_add_positions(run->bb, r->row, r->tokens + r->cached, it->num_tokens,
+                                                              r->cached)
+                                     : rp_batch_add(run->bb, r->row, r->tokens + r->cached, it->num_tokens, r->cached,
+                                                    it->samples);
         RP_ASSERT(st->logit_row[i] >= 0 || !it->samples);
         st->out_index[i] = r->num_output;
         if (it->samples) {
