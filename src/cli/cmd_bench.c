@@ -457,7 +457,8 @@ static int bench_decode(int argc, char **argv) {
             dc.dummy_name = draft_dummy;
             dc.load_dummy = rcfg.load_dummy;
             dc.weight_seed = rcfg.weight_seed; /* the same shape is the target itself: a self-draft */
-            dc.max_logit_rows = maxB;
+            dc.max_logit_rows = dc.max_seqs = maxB; /* the draft decodes a token per sequence */
+            dc.num_cuda_graph_bs = nb;
             dc.tuning = (rp_tuning){0};
             bd.run = rp_runner_new(&dc, &err);
             bd.seqs = calloc((size_t)maxB, sizeof *bd.seqs);
