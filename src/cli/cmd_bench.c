@@ -25,6 +25,7 @@
 #include "cli/bench_workload.h"
 #include "cli/cli.h"
 #include "engine/runner.h"
+#include "engine/spec_policy.h"
 #include "util/log.h"
 #include "util/progress.h"
 #include "util/rng.h"
@@ -66,6 +67,9 @@ static void help(FILE *f) {
             "                         round as the engine runs them (a catch-up of 1-2 tokens, then K - 1\n"
             "                         decode steps), timed into the round; the oracle still chooses the\n"
             "                         drafts, so acceptance is the rate asked for (default: none)\n"
+            "  --speculative-always   every sequence drafts every round; by default the engine's rule\n"
+            "                         applies (a sequence whose rounds keep too few drafts decodes plainly,\n"
+            "                         probing now and then: docs/speculative.md) (default: off)\n"
             "\n");
     rp_bench_output_help(f, RP_BENCH_PROGRESS_HELP);
 }
@@ -86,6 +90,7 @@ static const struct option options[] = {
     {"acceptance", required_argument, 0, 'A'},
     {"speculative-dummy-weights", required_argument, 0, 'D'},
     {"speculative-model", required_argument, 0, 'M'},
+    {"speculative-always", no_argument, 0, 'Y'},
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
@@ -111,35 +116,43 @@ typedef struct bench_draft {
     rp_runner *run;
     rp_runner_seq *seqs;
     int32_t *tok;
+    int32_t *fed; /* a catch-up's tokens, up to max_fed */
+    int max_fed;
 } bench_draft;
 
 /* The draft model's steps of one round as the engine runs them
  * (engine/draft_model.c): what it has not seen of each sequence (its last
  * token, and the last kept draft after a round that kept every one), then
  * K - 1 decode steps; their wall time into *ms. */
-static int draft_round(bench_draft *d, const rp_runner_seq *seqs, int B, int K, double *ms, rp_err *err) {
+static int draft_round(bench_draft *d, const rp_runner_seq *seqs, int B, int K, const int *ks, double *ms,
+                       rp_err *err) {
     rp_runner *r = d->run;
     const double t0 = rp_now_s();
-    int32_t fed[2];
+    int rows = 0;
+    *ms = 0;
     rp_batch_begin(r->bb);
     for (int s = 0; s < B; s++) {
+        if (ks && !ks[s]) continue; /* not drafting this round: it catches up when it does */
         const int n = seqs[s].len + 1 - d->seqs[s].len;
-        RP_ASSERT(n >= 1 && n <= 2);
-        fed[0] = fed[1] = seqs[s].last;
+        RP_ASSERT(n >= 1 && n <= d->max_fed);
+        for (int i = 0; i < n; i++) d->fed[i] = seqs[s].last; /* the values do not change the time */
         if (rp_page_table_reserve(r->table, d->seqs[s].row, d->seqs[s].len + n + K - 1, err)) return RP_ERR;
-        if (rp_batch_add(r->bb, d->seqs[s].row, fed, n, d->seqs[s].len, 1) < 0)
+        if (rp_batch_add(r->bb, d->seqs[s].row, d->fed, n, d->seqs[s].len, 1) < 0)
             return rp_errf(err, "the draft's catch-up step of %d sequences does not fit", B);
         d->seqs[s].len += n;
+        rows++;
     }
-    if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), B, d->tok, err)) return RP_ERR;
+    if (!rows) return RP_OK;
+    if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), rows, d->tok, err)) return RP_ERR;
     for (int j = 1; j < K; j++) {
         rp_batch_begin(r->bb);
-        for (int s = 0; s < B; s++) {
-            if (rp_batch_add(r->bb, d->seqs[s].row, &d->tok[s], 1, d->seqs[s].len, 1) < 0)
+        for (int s = 0, i = 0; s < B; s++) {
+            if (ks && !ks[s]) continue;
+            if (rp_batch_add(r->bb, d->seqs[s].row, &d->tok[i++], 1, d->seqs[s].len, 1) < 0)
                 return rp_errf(err, "the draft's step of %d sequences does not fit", B);
             d->seqs[s].len++;
         }
-        if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), B, d->tok, err)) return RP_ERR;
+        if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), rows, d->tok, err)) return RP_ERR;
     }
     *ms = (rp_now_s() - t0) * 1e3;
     return RP_OK;
@@ -159,14 +172,16 @@ static int draft_round(bench_draft *d, const rp_runner_seq *seqs, int B, int K, 
  * decoding's, and the kept tokens unlike the reference (0 where a verify
  * row does not depend on the rest of its step). */
 static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t *last0, int B, int ctx, int K, int R,
-                             const double *rates, int nr, double plain_ms, bench_draft *draft, rp_err *err) {
+                             const double *rates, int nr, double plain_ms, bench_draft *draft, int always,
+                             rp_err *err) {
     const int vocab = run->model->cfg.vocab_size, L = R + K;
     int32_t *ref = malloc((size_t)B * L * sizeof *ref), *drafts = malloc((size_t)B * K * sizeof *drafts),
             *out = malloc((size_t)B * (K + 1) * sizeof *out);
-    int *made = malloc((size_t)B * sizeof *made);
+    int *made = malloc((size_t)B * sizeof *made), *ks = malloc((size_t)B * sizeof *ks);
+    rp_spec_track *tr = malloc((size_t)B * sizeof *tr);
     int rc = RP_ERR;
     double w, g;
-    if (!ref || !drafts || !out || !made) {
+    if (!ref || !drafts || !out || !made || !ks || !tr) {
         rp_errf(err, "out of memory");
         goto done;
     }
@@ -175,7 +190,7 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
     for (int least = 0; least < L;) { /* made[s]: reference tokens known */
         for (int s = 0; s < B; s++)
             for (int j = 0; j < K; j++) drafts[(size_t)s * K + j] = made[s] + j < L ? ref[(size_t)s * L + made[s] + j] : 0;
-        if (rp_runner_verify_step(run, seqs, B, K, drafts, out, &w, &g, err)) goto done;
+        if (rp_runner_verify_step(run, seqs, B, K, NULL, drafts, out, &w, &g, err)) goto done;
         least = L;
         for (int s = 0; s < B; s++) {
             const int32_t *o = out + (size_t)s * (K + 1);
@@ -195,7 +210,8 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
         for (int s = 0; s < B; s++) seqs[s].len = ctx, seqs[s].last = last0[s], made[s] = 0;
         if (draft)
             for (int s = 0; s < B; s++) draft->seqs[s].len = ctx;
-        long rounds = 0, drafted = 0, kept_total = 0, unlike = 0, emitted = 0;
+        for (int s = 0; s < B; s++) rp_spec_track_init(&tr[s]);
+        long rounds = 0, drafted = 0, kept_total = 0, unlike = 0, emitted = 0, seq_rounds = 0, seq_steps = 0;
         double wall = 0, gpu = 0, dwall = 0, dms = 0;
         for (int least = 0; least < R;) {
             for (int s = 0; s < B; s++)
@@ -206,21 +222,25 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
                                                     ? t
                                                     : (int32_t)((t + 1 + rp_rand_u64(18, (uint64_t)s, c) % (uint64_t)(vocab - 1)) % (uint64_t)vocab);
                 }
-            if (draft && draft_round(draft, seqs, B, K, &dms, err)) goto done;
-            if (rp_runner_verify_step(run, seqs, B, K, drafts, out, &w, &g, err)) goto done;
+            /* the engine's rule (spec_policy.h): a sequence whose rounds do not pay off decodes plainly */
+            for (int s = 0; s < B; s++) ks[s] = always || rp_spec_track_wants(&tr[s]) ? K : 0;
+            if (draft && draft_round(draft, seqs, B, K, ks, &dms, err)) goto done;
+            if (rp_runner_verify_step(run, seqs, B, K, ks, drafts, out, &w, &g, err)) goto done;
             wall += w + dms, gpu += g, dwall += dms, rounds++;
             least = R;
             for (int s = 0; s < B; s++) {
                 const int32_t *o = out + (size_t)s * (K + 1);
                 if (made[s] < R) { /* else done: it rewrites the same positions */
                     int kept = 0;
-                    while (kept < K && o[kept] == drafts[(size_t)s * K + kept]) kept++;
+                    while (kept < ks[s] && o[kept] == drafts[(size_t)s * K + kept]) kept++;
+                    if (ks[s]) rp_spec_track_round(&tr[s], kept), seq_rounds++;
+                    seq_steps++;
                     for (int j = 0; j <= kept; j++)
                         unlike += made[s] + j < L && o[j] != ref[(size_t)s * L + made[s] + j];
                     seqs[s].len += kept + 1;
                     seqs[s].last = o[kept];
                     made[s] += kept + 1;
-                    drafted += K, kept_total += kept, emitted += kept + 1;
+                    drafted += ks[s], kept_total += kept, emitted += kept + 1;
                 }
                 /* the draft's K/V past the kept tokens were rejected drafts' */
                 if (draft && draft->seqs[s].len > seqs[s].len) draft->seqs[s].len = seqs[s].len;
@@ -228,9 +248,10 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
             }
         }
         const double ms = wall / rounds, tps = emitted / (wall * 1e-3), plain = B / (plain_ms * 1e-3);
-        printf("%5d  %6.2f %6.1f%% %9.3f %9.3f %9.3f %11.2f %10.1f %8.2fx %7ld\n", B, rates[a],
-               100.0 * kept_total / drafted, ms, dwall / rounds, (ms - dwall / rounds) / plain_ms,
-               (double)emitted / rounds / B, tps, tps / plain, unlike);
+        printf("%5d  %6.2f %6.1f%% %9.3f %9.3f %9.3f %11.2f %10.1f %8.2fx %7ld %8.1f%%\n", B, rates[a],
+               drafted ? 100.0 * kept_total / drafted : 0.0, ms, dwall / rounds, (ms - dwall / rounds) / plain_ms,
+               (double)emitted / rounds / B, tps, tps / plain, unlike,
+               seq_steps ? 100.0 * seq_rounds / seq_steps : 0.0);
         fflush(stdout);
     }
     rc = RP_OK;
@@ -239,6 +260,8 @@ done:
     free(drafts);
     free(out);
     free(made);
+    free(ks);
+    free(tr);
     return rc;
 }
 
@@ -250,6 +273,7 @@ static int bench_decode(int argc, char **argv) {
     double temperature = 0, top_p = 1, interval = RP_BENCH_PROGRESS_INTERVAL;
     long spec_k = 0;
     const char *draft_dummy = NULL, *draft_dir = NULL;
+    int spec_always = 0;
     double rates[MAX_RATES] = {0, 0.5, 0.7, 0.9, 1};
     int nr = 5;
     rp_cli_opts_begin();
@@ -295,6 +319,7 @@ static int bench_decode(int argc, char **argv) {
                 return rp_cli_usage_error(CMD, "--speculative-tokens must be an integer from 1 to 8, got '%s'", optarg);
             break;
         case 'D': draft_dummy = optarg; break;
+        case 'Y': spec_always = 1; break;
         case 'M': draft_dir = optarg; break;
         case 'A':
             if ((nr = parse_rates(optarg, rates)) < 0)
@@ -307,6 +332,7 @@ static int bench_decode(int argc, char **argv) {
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     int bad_model = rp_model_opts_check(&mo, CMD);
     if (bad_model) return bad_model;
+    if (spec_always && !spec_k) return rp_cli_usage_error(CMD, "--speculative-always needs --speculative-tokens K");
     if ((draft_dummy || draft_dir) && !spec_k)
         return rp_cli_usage_error(CMD, "a draft model times speculative rounds: give --speculative-tokens K");
     if (draft_dummy && draft_dir)
@@ -463,10 +489,12 @@ static int bench_decode(int argc, char **argv) {
             bd.run = rp_runner_new(&dc, &err);
             bd.seqs = calloc((size_t)maxB, sizeof *bd.seqs);
             bd.tok = calloc((size_t)maxB, sizeof *bd.tok);
+            bd.max_fed = (int)(steps + spec_k + 2); /* a sequence that stopped drafting catches up in one go */
+            bd.fed = calloc((size_t)bd.max_fed, sizeof *bd.fed);
             if (bd.run && bd.run->model->cfg.vocab_size != c->vocab_size)
                 rp_errf(&err, "the draft model's vocabulary has %d tokens, the target's %d",
                         bd.run->model->cfg.vocab_size, c->vocab_size);
-            else if (bd.run && bd.seqs && bd.tok)
+            else if (bd.run && bd.seqs && bd.tok && bd.fed)
                 draft = &bd;
             else if (bd.run)
                 rp_errf(&err, "out of memory");
@@ -474,6 +502,7 @@ static int bench_decode(int argc, char **argv) {
                 rp_runner_free(bd.run);
                 free(bd.seqs);
                 free(bd.tok);
+                free(bd.fed);
                 free(last0);
                 goto fail;
             }
@@ -482,8 +511,8 @@ static int bench_decode(int argc, char **argv) {
                    draft_dummy ? draft_dummy : draft_dir, dcfg->arch_name, (double)bd.run->model->weight_bytes / 1e9);
             if (bd.run->backend->ops->set_graphs) bd.run->backend->ops->set_graphs(bd.run->backend, 1);
         }
-        printf("%5s  %6s %7s %9s %9s %9s %11s %10s %9s %7s\n", "batch", "rate", "kept", "ms/round", "draft ms",
-               "x step", "tokens/seq", "tok/s", "x plain", "unlike");
+        printf("%5s  %6s %7s %9s %9s %9s %11s %10s %9s %7s %9s\n", "batch", "rate", "kept", "ms/round", "draft ms",
+               "x step", "tokens/seq", "tok/s", "x plain", "unlike", "drafting");
         int bi = 0;
         for (; bi < nb; bi++) {
             const int B = batches[bi];
@@ -494,7 +523,7 @@ static int bench_decode(int argc, char **argv) {
                 r = rp_runner_seqs_begin(draft->run, draft->seqs, B, &err) ||
                     rp_runner_prefill_random(draft->run, draft->seqs, B, (int)ctx, &prefill_s, &err);
             if (!r) r = bench_speculative(run, seqs, last0, B, (int)ctx, (int)spec_k, (int)steps, rates, nr,
-                                          plain_ms[bi], draft, &err);
+                                          plain_ms[bi], draft, spec_always, &err);
             rp_runner_seqs_end(run, seqs, B);
             if (draft) rp_runner_seqs_end(draft->run, draft->seqs, B);
             if (r) break;
@@ -504,6 +533,7 @@ static int bench_decode(int argc, char **argv) {
             rp_runner_free(bd.run);
             free(bd.seqs);
             free(bd.tok);
+            free(bd.fed);
         }
         if (bi < nb) goto fail;
     }

@@ -24,7 +24,7 @@ void rp_engine_propose_drafts(rp_engine *e) {
         if (r->tokens[len - 1] < 0) continue; /* still a reference to a row on the device */
         int want = r->max_tokens - r->num_output - 1; /* the round's last token is the target's own */
         if (want > e->spec_k) want = e->spec_k;
-        if (want <= 0) continue;
+        if (want <= 0 || !rp_spec_track_wants(&r->spec)) continue;
         if (e->draft) {
             e->draft_reqs[n] = r;
             e->draft_want[n++] = want;
@@ -73,6 +73,7 @@ void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
     const int kept = n - 1;
     r->cached -= d - kept;
     rp_draft_model_rollback(r);
+    rp_spec_track_round(&r->spec, kept);
     e->stats.spec_rounds++;
     e->stats.spec_draft_tokens += (uint64_t)d;
     e->stats.spec_accepted_tokens += (uint64_t)kept;

@@ -22,7 +22,8 @@ struct rp_step;
 /* Proposes each decoding request's drafts for the next step into its tokens
  * after its length (request.h's num_draft), or none: speculation off, more
  * than RP_SPEC_MAX_SEQS decoding, the last token not yet read, no room
- * before max_tokens, or no proposal. */
+ * before max_tokens, its rounds not paying off (spec_policy.h), or no
+ * proposal. */
 void rp_engine_propose_drafts(struct rp_engine *e);
 
 /* Verifies item i of a completed step, a round with drafts: samples the

@@ -351,23 +351,32 @@ int rp_runner_forward_greedy(rp_runner *r, rp_batch *bt, int rows, int32_t *tok,
     return RP_OK;
 }
 
-int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k, const int32_t *drafts, int32_t *out,
-                          double *wall_ms, double *gpu_ms, rp_err *err) {
+int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k, const int *ks, const int32_t *drafts,
+                          int32_t *out, double *wall_ms, double *gpu_ms, rp_err *err) {
     if (B * (k + 1) > r->max_logit_rows || k > 16) return rp_errf(err, "a verify step of %d x %d does not fit", B, k + 1);
     const double t0 = rp_now_s();
-    int32_t fed[17];
+    int32_t fed[17], *got = malloc((size_t)B * (k + 1) * sizeof *got);
+    int *row = malloc((size_t)B * sizeof *row);
+    int rc = RP_OK, rows = 0;
+    if (!got || !row) rc = rp_errf(err, "out of memory");
     rp_batch_begin(r->bb);
-    for (int s = 0; s < B; s++) {
+    for (int s = 0; s < B && !rc; s++) {
+        const int n = (ks ? ks[s] : k) + 1;
         fed[0] = seqs[s].last;
-        memcpy(fed + 1, drafts + (size_t)s * k, (size_t)k * sizeof *fed);
-        if (rp_page_table_reserve(r->table, seqs[s].row, seqs[s].len + k + 1, err)) return RP_ERR;
-        if (rp_batch_add_positions(r->bb, seqs[s].row, fed, k + 1, seqs[s].len) < 0)
-            return rp_errf(err, "a verify step of %d x %d does not fit the step's budget", B, k + 1);
+        memcpy(fed + 1, drafts + (size_t)s * k, (size_t)(n - 1) * sizeof *fed);
+        if ((rc = rp_page_table_reserve(r->table, seqs[s].row, seqs[s].len + n, err))) break;
+        if ((row[s] = rp_batch_add_positions(r->bb, seqs[s].row, fed, n, seqs[s].len)) < 0)
+            rc = rp_errf(err, "a verify step of %d x %d does not fit the step's budget", B, k + 1);
+        rows += n;
     }
-    if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), B * (k + 1), out, err)) return RP_ERR;
+    if (!rc) rc = rp_runner_forward_greedy(r, rp_batch_finish(r->bb), rows, got, err);
+    for (int s = 0; s < B && !rc; s++)
+        memcpy(out + (size_t)s * (k + 1), got + row[s], (size_t)((ks ? ks[s] : k) + 1) * sizeof *out);
+    free(got);
+    free(row);
     *wall_ms = (rp_now_s() - t0) * 1e3;
     *gpu_ms = last_gpu_ms(r->backend);
-    return RP_OK;
+    return rc;
 }
 
 int rp_runner_run_prompts(rp_runner *r, int num_prompts, const int32_t *const *ids, const int *n, float *const *logits,

@@ -180,6 +180,7 @@ int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback
     r->user = user;
     r->row = -1;
     r->draft_row = -1;
+    rp_spec_track_init(&r->spec);
     /* the n-gram drafter's index, for every token the request can hold */
     if (copy_stops(r, p) || (e->spec_k && !e->draft && !(r->ngram = rp_ngram_new(e->cfg.prompt_lookup_min, e->cfg.prompt_lookup_max,
                                                                     (int)n + p->max_tokens + 1)))) {

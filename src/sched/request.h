@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "engine/sampler.h"
+#include "engine/spec_policy.h"
 #include "kv/prefix_cache.h"
 #include "replay/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -35,6 +36,7 @@ typedef struct rp_request {
     /* the draft model's page-table row (-1: none) and the tokens whose K/V
      * it holds there (engine/draft_model.h) */
     int draft_row, draft_cached;
+    rp_spec_track spec; /* whether its rounds pay off (engine/spec_policy.h) */
     int row;          /* page-table row, -1 when it holds no pages */
     /* The prefix cache (scheduler.h): the lock on the cached pages its row
      * starts with, whether its prompt's pages have been handed to the cache
