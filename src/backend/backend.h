@@ -37,12 +37,16 @@ typedef struct rp_batch {
     /* [num_logits] or NULL. When set and the backend samples on the device
      * (ops->read_tokens != NULL), forward also samples each logit row. */
     const rp_sampling_params *sample;
-    /* 1: some consecutive sequences share a page-table row: a speculative
-     * round's positions, each a one-token sequence whose K/V length ends
-     * at its position, so that the round is a decode batch (its bucket's
-     * graph) and attention is causal within it. A backend must then store
-     * every token's K/V before any attention of the layer reads them. */
-    int shared_rows;
+    /* 1: a speculative round: some consecutive sequences share a
+     * page-table row (a round's positions, each a one-token sequence whose
+     * K/V length ends at its position, so that the round is a decode batch
+     * that replays its bucket's graph, and attention is causal within it).
+     * A backend must then store every token's K/V before any attention of
+     * the layer reads them: the CUDA backend runs the chain of kernels, not
+     * the one-kernel step, which keeps a token's new K/V to itself. A step
+     * whose rows must agree bit for bit with a round's (bench decode's
+     * plain steps among oracle rounds) sets it too. */
+    int spec_round;
 } rp_batch;
 
 typedef struct rp_backend_config {

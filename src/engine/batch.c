@@ -43,7 +43,7 @@ void rp_batch_begin(rp_batch_builder *bb) {
     b->num_tokens = 0;
     b->num_logits = 0;
     b->sample = NULL;
-    b->shared_rows = 0;
+    b->spec_round = 0;
     bb->seq_start[0] = 0;
 }
 
@@ -54,7 +54,7 @@ int rp_batch_add(rp_batch_builder *bb, int row, const int32_t *tokens, int n, in
         b->num_logits + want > bb->max_logits)
         return -1;
     int first_logit = b->num_logits;
-    if (b->num_seqs > 0 && bb->seq_page_row[b->num_seqs - 1] == row) b->shared_rows = 1;
+    if (b->num_seqs > 0 && bb->seq_page_row[b->num_seqs - 1] == row) b->spec_round = 1;
     for (int i = 0; i < n; i++) {
         int t = b->num_tokens + i;
         bb->tokens[t] = tokens[i];

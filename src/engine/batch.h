@@ -25,7 +25,7 @@ void rp_batch_begin(rp_batch_builder *bb);
 int rp_batch_add(rp_batch_builder *bb, int row, const int32_t *tokens, int n, int cached, int logits);
 /* The same n tokens of one sequence as a speculative round feeds them: each
  * its own one-token sequence on the same row, with logits, at positions
- * cached..cached+n-1 (rp_batch.shared_rows): a round of one-token
+ * cached..cached+n-1 (rp_batch.spec_round): a round of one-token
  * sequences is a decode batch, which runs as its bucket's decode graph, and
  * each position's attention ends at itself. Returns the first of its n
  * consecutive logit rows, or -1 (nothing added) if the batch is full. */

@@ -15,7 +15,7 @@ void rp_engine_propose_drafts(rp_engine *e) {
         r->num_draft = 0;
         decoding += rp_request_pending(r) == 1 && rp_request_can_run(r, e->max_context);
     }
-    if (decoding > RP_SPEC_MAX_SEQS) return;
+    if (decoding > rp_spec_max_seqs(e->spec_k)) return;
     int n = 0;
     for (int i = 0; i < s->num_running; i++) {
         rp_request *r = s->running[i];

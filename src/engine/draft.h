@@ -8,20 +8,26 @@
 /* The most drafts a round carries (issue 38: k in 1..8), and the default. */
 #define RP_SPEC_MAX_K 8
 #define RP_SPEC_DEFAULT_K 4
-/* Speculation runs while at most this many requests decode: verifying k + 1
- * positions costs the products k + 1 rows a sequence, which a large decode
- * batch, compute-bound already, pays in full (a verify-shaped step of 5
- * tokens: 1.43x a decode step at batch 1, 1.53x at batch 32, llama3-8b on an
- * H100: bench/RESULTS.md). Above it, rounds stop until the batch shrinks.
- * Also what the logits rows are sized for. */
-#define RP_SPEC_MAX_SEQS 32
+/* Speculation runs while the decoding requests' rounds would carry at
+ * most this many rows (decoding x (k + 1)); above it every request decodes
+ * plainly until the batch shrinks. A round's products cost k + 1 rows a
+ * sequence, which a large batch, compute-bound already, pays in full:
+ * llama3-8b on an H100 with half the drafts right (A = 0.5) gains 1.30x at
+ * 16 x 5 rows, 1.13x at 32 x 5, 1.37x at 32 x 3, 1.12x at 64 x 3, and loses
+ * from 64 x 5 (0.85x) and 128 x 3 (0.89x) on; at A = 0.7 it gains to 64 x
+ * 5 (1.23x) and 128 x 3 (1.12x) (bench/RESULTS.md, "when to stop
+ * speculating"). 192 keeps every measured gain at A = 0.5. Also what the
+ * engine's logits rows and the draft model's batch are sized for. */
+#define RP_SPEC_MAX_ROWS 192
+/* The most requests that draft together with k drafts each. */
+static inline int rp_spec_max_seqs(int k) { return RP_SPEC_MAX_ROWS / (k + 1); }
 
 struct rp_engine;
 struct rp_step;
 
 /* Proposes each decoding request's drafts for the next step into its tokens
  * after its length (request.h's num_draft), or none: speculation off, more
- * than RP_SPEC_MAX_SEQS decoding, the last token not yet read, no room
+ * than rp_spec_max_seqs(k) decoding, the last token not yet read, no room
  * before max_tokens, its rounds not paying off (spec_policy.h), or no
  * proposal. */
 void rp_engine_propose_drafts(struct rp_engine *e);

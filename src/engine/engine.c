@@ -318,7 +318,7 @@ static int check_speculative(const rp_engine_config *cfg, rp_err *err) {
 }
 
 /* The draft model's side of the engine config: the target's device, page
- * size and graphs; a round drafts for at most RP_SPEC_MAX_SEQS requests, and
+ * size and graphs; a round drafts for at most rp_spec_max_seqs(k) requests, and
  * a catch-up step (a new request's prompt) takes up to 2,048 tokens. */
 static rp_draft_model_config draft_config(const rp_engine_config *cfg, int max_rows, int max_context) {
     const int tokens = cfg->max_batched_tokens < 2048 ? cfg->max_batched_tokens : 2048;
@@ -330,8 +330,8 @@ static rp_draft_model_config draft_config(const rp_engine_config *cfg, int max_r
                                    .threads = cfg->threads,
                                    .page_size = cfg->page_size,
                                    .max_context = max_context,
-                                   .max_seqs = RP_SPEC_MAX_SEQS,
-                                   .max_batched_tokens = tokens > RP_SPEC_MAX_SEQS ? tokens : RP_SPEC_MAX_SEQS,
+                                   .max_seqs = rp_spec_max_seqs(cfg->num_speculative_tokens),
+                                   .max_batched_tokens = tokens > RP_SPEC_MAX_ROWS ? tokens : RP_SPEC_MAX_ROWS,
                                    .max_rows = max_rows,
                                    .disable_cuda_graph = cfg->disable_cuda_graph};
 }
@@ -364,7 +364,7 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     }
     /* a round's drafts want logits rows of their own, and each is a
      * one-token sequence of the step (batch.h's rp_batch_add_positions) */
-    const int spec_rows = cfg->speculative_method ? RP_SPEC_MAX_SEQS * cfg->num_speculative_tokens : 0;
+    const int spec_rows = cfg->speculative_method ? RP_SPEC_MAX_ROWS : 0;
     rp_runner_config rc = {.model_dir = cfg->model_dir, .dummy_name = cfg->dummy_name, .load_dummy = cfg->load_dummy,
                            .weight_seed = cfg->weight_seed, .load_progress = 1, .device = cfg->device,
                            .threads = cfg->threads, .page_size = cfg->page_size, .num_pages = cfg->num_pages,
@@ -432,8 +432,8 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     e->dev_logprobs = calloc((size_t)e->max_logits, sizeof *e->dev_logprobs);
     e->dev_top = calloc((size_t)e->max_logits, sizeof *e->dev_top);
     e->spec_top = calloc(RP_SPEC_MAX_K + 1, sizeof *e->spec_top);
-    e->draft_reqs = calloc(RP_SPEC_MAX_SEQS, sizeof *e->draft_reqs);
-    e->draft_want = calloc(RP_SPEC_MAX_SEQS, sizeof *e->draft_want);
+    e->draft_reqs = calloc(RP_SPEC_MAX_ROWS, sizeof *e->draft_reqs);
+    e->draft_want = calloc(RP_SPEC_MAX_ROWS, sizeof *e->draft_want);
     if (!e->sched || !e->sampler || !e->retiring || !e->dev_params || !e->dev_tokens || !e->dev_logprobs ||
         !e->dev_top || !e->spec_top || !e->draft_reqs || !e->draft_want)
         goto oom;
@@ -452,11 +452,11 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     if (e->spec_k && e->draft)
         rp_log_info("engine: speculative decoding: drafts from %s, %d a round, while at most %d requests decode",
                     cfg->speculative_model ? cfg->speculative_model : cfg->speculative_dummy_weights, e->spec_k,
-                    RP_SPEC_MAX_SEQS);
+                    rp_spec_max_seqs(e->spec_k));
     else if (e->spec_k)
         rp_log_info("engine: speculative decoding: n-gram drafts (match lengths %d..%d), %d a round, while at most %d "
                     "requests decode",
-                    cfg->prompt_lookup_min, cfg->prompt_lookup_max, e->spec_k, RP_SPEC_MAX_SEQS);
+                    cfg->prompt_lookup_min, cfg->prompt_lookup_max, e->spec_k, rp_spec_max_seqs(e->spec_k));
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         set_error(errout, RP_ERROR_INTERNAL, "cannot start the engine thread");
         rp_engine_destroy(e);

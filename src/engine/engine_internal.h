@@ -47,7 +47,7 @@ struct rp_engine {
     int spec_k;
     rp_top_logprobs *spec_top; /* [RP_SPEC_MAX_K + 1] */
     /* the draft model (NULL: n-gram drafts or none), and one round's
-     * drafting requests and drafts wanted [RP_SPEC_MAX_SEQS] */
+     * drafting requests and drafts wanted [RP_SPEC_MAX_ROWS] */
     struct rp_draft_model *draft;
     rp_request **draft_reqs;
     int *draft_want;

@@ -87,7 +87,7 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     /* and so does a speculative round (rows shared): the one kernel keeps a
      * token's new K/V to itself, where the next position reads them */
     cb->decode_chain =
-        step_nb && (bt->shared_rows || kv > (step_nb == 1 ? cb->ds_tuning.max_kv : cb->ds_tuning.max_kv / 2));
+        step_nb && (bt->spec_round || kv > (step_nb == 1 ? cb->ds_tuning.max_kv : cb->ds_tuning.max_kv / 2));
     cb->last_decode_step = cb->decode_chain ? 0 : step_nb;
     if (replay && cb->decode_chain && !g->exec_chain) replay = 0;
     greedy = greedy && cb->last_decode_step && rp_cuda_decode_step_can_pick(cb, P) && (!replay || g->exec_pick);

@@ -1,0 +1,15 @@
+set -u
+export LD_LIBRARY_PATH=$PWD/.gpu/lib
+B=.gpu/bin
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+bd() { timeout 200 $B/replay bench decode --ctx 512 --steps 64 --warmup 8 --no-eager "$@" 2>>$OUT/bench.err | grep -v "^$"; }
+echo "== llama3-8b, the engine's rule"
+bd --dummy-weights llama3-8b --batch 1,4 --speculative-tokens 4 --acceptance 0,0.2,0.3,0.5,0.7 | tail -12
+echo "== llama3-8b, always"
+bd --dummy-weights llama3-8b --batch 1 --speculative-tokens 4 --acceptance 0,0.7 --speculative-always | tail -2
+echo "== llama3-8b switch-off sweep k 4, always"
+bd --dummy-weights llama3-8b --batch 16,64,128 --speculative-tokens 4 --acceptance 0.5,0.7,0.9 --speculative-always | tail -14
+echo "== llama3-8b switch-off sweep k 2, always"
+bd --dummy-weights llama3-8b --batch 32,64,128 --speculative-tokens 2 --acceptance 0.5,0.7,0.9 --speculative-always | tail -10
+echo "== qwen3-8b with qwen3-0.6b"
+bd --dummy-weights qwen3-8b --batch 1 --speculative-tokens 4 --acceptance 0,0.7,1 --speculative-dummy-weights qwen3-0.6b | tail -4
