@@ -43,9 +43,7 @@ typedef struct rp_batch {
      * that replays its bucket's graph, and attention is causal within it).
      * A backend must then store every token's K/V before any attention of
      * the layer reads them: the CUDA backend runs the chain of kernels, not
-     * the one-kernel step, which keeps a token's new K/V to itself. A step
-     * whose rows must agree bit for bit with a round's (bench decode's
-     * plain steps among oracle rounds) sets it too. */
+     * the one-kernel step, which keeps a token's new K/V to itself. */
     int spec_round;
 } rp_batch;
 

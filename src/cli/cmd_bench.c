@@ -160,28 +160,32 @@ static int draft_round(bench_draft *d, const rp_runner_seq *seqs, int B, int K, 
 
 /* Speculative rounds with an oracle drafter at each acceptance rate, for
  * the B sequences prefilled to ctx (their token after the prefill in
- * last0): the reference is their greedy continuation (R + K tokens) as
- * verify steps compute it (on the GPU the decode step's kernels agree with
- * them to bf16 noise only, and random weights make near-ties common), found
- * by rounds that draft what the previous one predicted; then each round
- * drafts a sequence's next K reference tokens, each replaced with another at
- * the rate 1 - A (a counter-based draw, the same every run), verifies them
- * in one step and keeps what the target agrees with, until every sequence
- * has made R tokens (one that has stays in the batch, rewriting its
- * positions). Prints verify ms a round, tokens a round, tok/s against plain
- * decoding's, and the kept tokens unlike the reference (0 where a verify
- * row does not depend on the rest of its step). */
+ * last0). The oracle drafts the target's own greedy continuation, each
+ * draft replaced with another token at the rate 1 - A (a counter-based
+ * draw, the same every run). Which continuation: the one this very step
+ * computes, found by untimed passes of the same step before the timed one
+ * (on the GPU the products' kernels depend on the step's rows and the one
+ * kernel of a plain step differs from a round's chain by bf16 noise, and
+ * random weights make near-ties common); a reference built first by rounds
+ * that draft what the previous one predicted makes one pass the usual
+ * case. Each sequence drafts as the engine's rule says (spec_policy.h;
+ * `always`: every round), until every sequence has made R tokens (one that
+ * has stays in the batch, rewriting its positions). Prints a round's ms
+ * (the draft model's share apart), a step's time over a plain step's,
+ * tokens a round, tok/s against plain decoding's, kept drafts unlike the
+ * target's own tokens (0 unless a row depends on the rest of its step) and
+ * the share of sequence-steps that were rounds. */
 static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t *last0, int B, int ctx, int K, int R,
                              const double *rates, int nr, double plain_ms, bench_draft *draft, int always,
                              rp_err *err) {
     const int vocab = run->model->cfg.vocab_size, L = R + K;
     int32_t *ref = malloc((size_t)B * L * sizeof *ref), *drafts = malloc((size_t)B * K * sizeof *drafts),
-            *out = malloc((size_t)B * (K + 1) * sizeof *out);
+            *guess = malloc((size_t)B * K * sizeof *guess), *out = malloc((size_t)B * (K + 1) * sizeof *out);
     int *made = malloc((size_t)B * sizeof *made), *ks = malloc((size_t)B * sizeof *ks);
     rp_spec_track *tr = malloc((size_t)B * sizeof *tr);
     int rc = RP_ERR;
     double w, g;
-    if (!ref || !drafts || !out || !made || !ks || !tr) {
+    if (!ref || !drafts || !guess || !out || !made || !ks || !tr) {
         rp_errf(err, "out of memory");
         goto done;
     }
@@ -224,6 +228,26 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
                 }
             /* the engine's rule (spec_policy.h): a sequence whose rounds do not pay off decodes plainly */
             for (int s = 0; s < B; s++) ks[s] = always || rp_spec_track_wants(&tr[s]) ? K : 0;
+            /* The oracle's drafts must be the target's own continuation as this very step computes it
+             * (the products' kernels depend on the step's rows, and a plain step's one kernel differs
+             * from a round's chain by bf16 noise): untimed passes of the same step, drafting the
+             * reference, until the target agrees with every drafted token; each pass fixes at least
+             * one, and the fixes go back into the reference. */
+            for (int pass = 0, agree = 0; !agree; pass++) {
+                RP_ASSERT(pass <= K);
+                for (int s = 0; s < B; s++)
+                    for (int j = 0; j < K; j++) guess[(size_t)s * K + j] = made[s] + j < L ? ref[(size_t)s * L + made[s] + j] : 0;
+                if (rp_runner_verify_step(run, seqs, B, K, ks, guess, out, &w, &g, err)) goto done;
+                agree = 1;
+                for (int s = 0; s < B; s++)
+                    for (int j = 0; j < ks[s] && made[s] + j < L; j++) {
+                        const int32_t o = out[(size_t)s * (K + 1) + j];
+                        if (o == guess[(size_t)s * K + j]) continue;
+                        ref[(size_t)s * L + made[s] + j] = o;
+                        agree = 0;
+                        break;
+                    }
+            }
             if (draft && draft_round(draft, seqs, B, K, ks, &dms, err)) goto done;
             if (rp_runner_verify_step(run, seqs, B, K, ks, drafts, out, &w, &g, err)) goto done;
             wall += w + dms, gpu += g, dwall += dms, rounds++;
@@ -235,8 +259,13 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
                     while (kept < ks[s] && o[kept] == drafts[(size_t)s * K + kept]) kept++;
                     if (ks[s]) rp_spec_track_round(&tr[s], kept), seq_rounds++;
                     seq_steps++;
-                    for (int j = 0; j <= kept; j++)
-                        unlike += made[s] + j < L && o[j] != ref[(size_t)s * L + made[s] + j];
+                    /* kept drafts unlike the target's own tokens: 0 unless a row depends on the
+                     * rest of its step; the token after them is the target's, and the path goes on
+                     * from it (the reference follows) */
+                    for (int j = 0; j <= kept && made[s] + j < L; j++) {
+                        unlike += j < kept && o[j] != ref[(size_t)s * L + made[s] + j];
+                        ref[(size_t)s * L + made[s] + j] = o[j];
+                    }
                     seqs[s].len += kept + 1;
                     seqs[s].last = o[kept];
                     made[s] += kept + 1;
@@ -258,6 +287,7 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
 done:
     free(ref);
     free(drafts);
+    free(guess);
     free(out);
     free(made);
     free(ks);

@@ -369,9 +369,7 @@ int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k,
             rc = rp_errf(err, "a verify step of %d x %d does not fit the step's budget", B, k + 1);
         rows += n;
     }
-    rp_batch *bt = rp_batch_finish(r->bb);
-    bt->spec_round = 1; /* plain tokens too: computed as the round's rows are (backend.h) */
-    if (!rc) rc = rp_runner_forward_greedy(r, bt, rows, got, err);
+    if (!rc) rc = rp_runner_forward_greedy(r, rp_batch_finish(r->bb), rows, got, err);
     for (int s = 0; s < B && !rc; s++)
         memcpy(out + (size_t)s * (k + 1), got + row[s], (size_t)((ks ? ks[s] : k) + 1) * sizeof *out);
     free(got);

@@ -119,10 +119,8 @@ int rp_runner_forward_greedy(rp_runner *r, rp_batch *bt, int rows, int32_t *tok,
  * batch of B (k + 1) one-token sequences, so the runner needs that many
  * sequences and logit rows). The sequences' lengths stay: the caller keeps
  * what it accepts. ks (NULL: k each): sequence s feeds only its first
- * ks[s] drafts (0: a plain decode token, computed as a round's rows are:
- * on the GPU the one-kernel step's rows differ from the chain's by bf16
- * noise, which would part a sequence from an oracle's reference at a
- * near-tie). Wall and device milliseconds of the step. */
+ * ks[s] drafts (0: a plain decode token; a step where no sequence drafts
+ * is a plain decode step). Wall and device milliseconds of the step. */
 int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k, const int *ks, const int32_t *drafts,
                           int32_t *out, double *wall_ms, double *gpu_ms, rp_err *err);
 /* Runs each prompt (n[p] tokens of ids[p]): prefilled together in chunks
