@@ -218,14 +218,6 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
         long rounds = 0, drafted = 0, kept_total = 0, unlike = 0, emitted = 0, seq_rounds = 0, seq_steps = 0;
         double wall = 0, gpu = 0, dwall = 0, dms = 0;
         for (int least = 0; least < R;) {
-            for (int s = 0; s < B; s++)
-                for (int j = 0; j < K; j++) {
-                    const int32_t t = made[s] + j < L ? ref[(size_t)s * L + made[s] + j] : 0;
-                    const uint64_t c = (uint64_t)rounds * K + (uint64_t)j;
-                    drafts[(size_t)s * K + j] = rp_rand_uniform(17, (uint64_t)s, c) < rates[a]
-                                                    ? t
-                                                    : (int32_t)((t + 1 + rp_rand_u64(18, (uint64_t)s, c) % (uint64_t)(vocab - 1)) % (uint64_t)vocab);
-                }
             /* the engine's rule (spec_policy.h): a sequence whose rounds do not pay off decodes plainly */
             for (int s = 0; s < B; s++) ks[s] = always || rp_spec_track_wants(&tr[s]) ? K : 0;
             /* The oracle's drafts must be the target's own continuation as this very step computes it
@@ -248,6 +240,15 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
                         break;
                     }
             }
+            /* the drafts: the agreed continuation, each replaced at the rate 1 - A */
+            for (int s = 0; s < B; s++)
+                for (int j = 0; j < K; j++) {
+                    const int32_t t = made[s] + j < L ? ref[(size_t)s * L + made[s] + j] : 0;
+                    const uint64_t c = (uint64_t)rounds * K + (uint64_t)j;
+                    drafts[(size_t)s * K + j] = rp_rand_uniform(17, (uint64_t)s, c) < rates[a]
+                                                    ? t
+                                                    : (int32_t)((t + 1 + rp_rand_u64(18, (uint64_t)s, c) % (uint64_t)(vocab - 1)) % (uint64_t)vocab);
+                }
             if (draft && draft_round(draft, seqs, B, K, ks, &dms, err)) goto done;
             if (rp_runner_verify_step(run, seqs, B, K, ks, drafts, out, &w, &g, err)) goto done;
             wall += w + dms, gpu += g, dwall += dms, rounds++;
