@@ -20,7 +20,7 @@ static void test_stops_and_probes(void **state) {
     (void)state;
     rp_spec_track t;
     rp_spec_track_init(&t);
-    assert_int_equal(rounds_until_stop(&t, 0), 5); /* 1.0 -> 0.24 in five rounds of nothing */
+    assert_int_equal(rounds_until_stop(&t, 0), 10); /* 1.0 x 0.875^n < 0.3 at n = 10 */
     /* that "no" was the first plain step: a probe after RP_SPEC_PROBE_EVERY - 1 of them */
     for (int cycle = 0; cycle < 3; cycle++) {
         int plain = 1;
