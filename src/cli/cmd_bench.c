@@ -118,6 +118,7 @@ typedef struct bench_draft {
     int32_t *tok;
     int32_t *fed; /* a catch-up's tokens, up to max_fed */
     int max_fed;
+    int *last_row; /* each sequence's catch-up logit row */
 } bench_draft;
 
 /* The draft model's steps of one round as the engine runs them
@@ -137,13 +138,20 @@ static int draft_round(bench_draft *d, const rp_runner_seq *seqs, int B, int K, 
         RP_ASSERT(n >= 1 && n <= d->max_fed);
         for (int i = 0; i < n; i++) d->fed[i] = seqs[s].last; /* the values do not change the time */
         if (rp_page_table_reserve(r->table, d->seqs[s].row, d->seqs[s].len + n + K - 1, err)) return RP_ERR;
-        if (rp_batch_add(r->bb, d->seqs[s].row, d->fed, n, d->seqs[s].len, 1) < 0)
-            return rp_errf(err, "the draft's catch-up step of %d sequences does not fit", B);
+        /* as the engine feeds it: a few tokens as one-token positions (a decode batch), more as a chunk */
+        int lr = n <= 4 ? rp_batch_add_positions(r->bb, d->seqs[s].row, d->fed, n, d->seqs[s].len) : -1;
+        if (lr >= 0) lr += n - 1;
+        else lr = rp_batch_add(r->bb, d->seqs[s].row, d->fed, n, d->seqs[s].len, 1);
+        if (lr < 0) return rp_errf(err, "the draft's catch-up step of %d sequences does not fit", B);
+        d->last_row[s] = lr;
         d->seqs[s].len += n;
-        rows++;
+        rows = lr + 1;
     }
     if (!rows) return RP_OK;
     if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), rows, d->tok, err)) return RP_ERR;
+    int drafting = 0;
+    for (int s = 0; s < B; s++)
+        if (!ks || ks[s]) d->tok[drafting++] = d->tok[d->last_row[s]]; /* each one's d_1, in order */
     for (int j = 1; j < K; j++) {
         rp_batch_begin(r->bb);
         for (int s = 0, i = 0; s < B; s++) {
@@ -152,7 +160,7 @@ static int draft_round(bench_draft *d, const rp_runner_seq *seqs, int B, int K, 
                 return rp_errf(err, "the draft's step of %d sequences does not fit", B);
             d->seqs[s].len++;
         }
-        if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), rows, d->tok, err)) return RP_ERR;
+        if (rp_runner_forward_greedy(r, rp_batch_finish(r->bb), drafting, d->tok, err)) return RP_ERR;
     }
     *ms = (rp_now_s() - t0) * 1e3;
     return RP_OK;
@@ -514,18 +522,21 @@ static int bench_decode(int argc, char **argv) {
             dc.dummy_name = draft_dummy;
             dc.load_dummy = rcfg.load_dummy;
             dc.weight_seed = rcfg.weight_seed; /* the same shape is the target itself: a self-draft */
-            dc.max_logit_rows = dc.max_seqs = maxB; /* the draft decodes a token per sequence */
-            dc.num_cuda_graph_bs = nb;
+            /* the engine's draft runner: catch-ups of up to 4 positions a sequence, default buckets */
+            dc.max_logit_rows = dc.max_seqs = 4 * maxB;
+            dc.num_cuda_graph_bs = 0;
+            dc.cuda_graph_max_bs = 4 * maxB;
             dc.tuning = (rp_tuning){0};
             bd.run = rp_runner_new(&dc, &err);
             bd.seqs = calloc((size_t)maxB, sizeof *bd.seqs);
-            bd.tok = calloc((size_t)maxB, sizeof *bd.tok);
+            bd.tok = calloc((size_t)(4 * maxB), sizeof *bd.tok); /* a catch-up step's rows */
             bd.max_fed = (int)(steps + spec_k + 2); /* a sequence that stopped drafting catches up in one go */
             bd.fed = calloc((size_t)bd.max_fed, sizeof *bd.fed);
+            bd.last_row = calloc((size_t)maxB, sizeof *bd.last_row);
             if (bd.run && bd.run->model->cfg.vocab_size != c->vocab_size)
                 rp_errf(&err, "the draft model's vocabulary has %d tokens, the target's %d",
                         bd.run->model->cfg.vocab_size, c->vocab_size);
-            else if (bd.run && bd.seqs && bd.tok && bd.fed)
+            else if (bd.run && bd.seqs && bd.tok && bd.fed && bd.last_row)
                 draft = &bd;
             else if (bd.run)
                 rp_errf(&err, "out of memory");
@@ -534,6 +545,7 @@ static int bench_decode(int argc, char **argv) {
                 free(bd.seqs);
                 free(bd.tok);
                 free(bd.fed);
+                free(bd.last_row);
                 free(last0);
                 goto fail;
             }
@@ -565,6 +577,7 @@ static int bench_decode(int argc, char **argv) {
             free(bd.seqs);
             free(bd.tok);
             free(bd.fed);
+            free(bd.last_row);
         }
         if (bi < nb) goto fail;
     }
