@@ -20,6 +20,7 @@
  *  - the tuning table's defaults by shape (docs/tuning.md; no GPU needed). */
 #include <jansson.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
@@ -128,10 +129,16 @@ static void cpu_margin(rp_runner *run, const int32_t *prompt, int n, const int32
 static void test_fixtures(void **state) {
     (void)state;
     if (!have_gpu()) skip();
-    const char *names[] = {"qwen3-hd128", "llama3-hd64"};
-    for (int f = 0; f < 2; f++) {
+    /* qwen2-hd128 (biases, yarn) until it is committed: where present */
+    const char *names[] = {"qwen3-hd128", "llama3-hd64", "qwen2-hd128"};
+    for (int f = 0; f < 3; f++) {
         char dir[1024], path[1200];
         snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", test_source_dir(), names[f]);
+        snprintf(path, sizeof path, "%s/reference.json", dir);
+        if (f == 2 && access(path, R_OK) != 0) {
+            printf("fixture %s not generated yet (tools/make_fixtures.py)\n", names[f]);
+            continue;
+        }
         rp_err err;
         rp_load_options lo = {0};
         rp_model *m = rp_model_load(dir, &lo, &err);
