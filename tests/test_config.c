@@ -118,6 +118,11 @@ static void test_errors(void **state) {
     expect_error("{\"architectures\": [\"MistralForCausalLM\"], " BASE ", \"sliding_window\": \"4096\"}",
                  "sliding_window");
     expect_error("{\"architectures\": [\"MistralForCausalLM\"], " BASE ", \"sliding_window\": 0}", "sliding_window");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE ", \"partial_rotary_factor\": 0.5}",
+                 "partial_rotary_factor=0.5");
+    expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE
+                 ", \"rope_parameters\": {\"rope_type\": \"default\", \"partial_rotary_factor\": 0.25}}",
+                 "partial_rotary_factor");
     expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE ", \"eos_token_id\": 100}", "eos");
     expect_error("{\"architectures\": [\"LlamaForCausalLM\"], " BASE ", \"eos_token_id\": \"x\"}", "eos");
     expect_error("{\"architectures\": [\"Qwen3ForCausalLM\"], " BASE ", \"use_sliding_window\": true}", "sliding");

@@ -109,16 +109,26 @@ static int parse_yarn(rp_rope_config *r, json_t *rs, int max_position_embeddings
 static int parse_rope(rp_model_config *cfg, json_t *root, rp_err *err) {
     cfg->rope.type = RP_ROPE_DEFAULT;
     cfg->rope.theta = 10000.0;
-    if (get_num(root, "rope_theta", &cfg->rope.theta, 0, err)) return RP_ERR;
+    /* RoPE on part of each head (partial_rotary_factor < 1) would rotate
+     * dimensions that must stay as they are */
+    double partial = 1.0;
+    if (get_num(root, "rope_theta", &cfg->rope.theta, 0, err) ||
+        get_num(root, "partial_rotary_factor", &partial, 0, err))
+        return RP_ERR;
     json_t *rs = json_object_get(root, "rope_parameters");
     if (rs && !json_is_null(rs)) {
         if (!json_is_object(rs)) return rp_errf(err, "config.json: \"rope_parameters\" must be an object");
-        if (get_num(rs, "rope_theta", &cfg->rope.theta, 0, err)) return rp_err_wrap(err, "rope_parameters");
+        if (get_num(rs, "rope_theta", &cfg->rope.theta, 0, err) ||
+            get_num(rs, "partial_rotary_factor", &partial, 0, err))
+            return rp_err_wrap(err, "rope_parameters");
     } else {
         rs = json_object_get(root, "rope_scaling");
-        if (!rs || json_is_null(rs)) return 0;
-        if (!json_is_object(rs)) return rp_errf(err, "config.json: \"rope_scaling\" must be an object");
+        if (rs && json_is_null(rs)) rs = NULL;
+        if (rs && !json_is_object(rs)) return rp_errf(err, "config.json: \"rope_scaling\" must be an object");
     }
+    if (partial != 1.0)
+        return rp_errf(err, "config.json: partial_rotary_factor=%g is not supported (replay rotates whole heads)", partial);
+    if (!rs) return 0;
     json_t *t = json_object_get(rs, "rope_type");
     if (!t) t = json_object_get(rs, "type");
     const char *type = json_is_string(t) ? json_string_value(t) : "default";
