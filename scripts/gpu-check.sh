@@ -104,7 +104,7 @@ for stage in $stages; do
       python3 tools/gpu_compare.py --replay "$B/replay" 2>&1 | tee "$OUT/compare.log" | tail -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       # the batch-1 decode path (one persistent kernel) against transformers
-      python3 tools/gpu_compare.py --replay "$B/replay" --decode --shapes qwen3-0.6b,llama3.2-1b,qwen3-4b,llama3-8b \
+      python3 tools/gpu_compare.py --replay "$B/replay" --decode --shapes qwen3-0.6b,llama3.2-1b,qwen3-4b,llama3-8b,qwen2.5-7b,mistral-7b \
         2>&1 | tee "$OUT/compare-decode.log" | tail -30
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       ;;

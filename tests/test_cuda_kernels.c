@@ -412,10 +412,12 @@ static void test_gemv_fused(void **state) {
 
 /* ---- Q/K norm, RoPE, KV store ------------------------------------------- */
 
-static void check_rope(int nh, int nkv, int hd, int use_norm) {
+/* use_bias: Qwen2's q/k/v biases (one vector laid out as a qkv row);
+ * rope_scale: yarn's factor on cos and sin (1 otherwise). */
+static void check_rope(int nh, int nkv, int hd, int use_norm, int use_bias, float rope_scale) {
     const int T = 7, heads = nh + 2 * nkv, row = heads * hd, num_slots = 64;
     const float eps = 1e-6f;
-    uint16_t *qkv = rand_bf16((size_t)T * row, 2.0f);
+    uint16_t *qkv = rand_bf16((size_t)T * row, 2.0f), *bias = rand_bf16((size_t)row, 3.0f);
     uint16_t *qn = rand_bf16(hd, 1.0f), *kn = rand_bf16(hd, 1.0f);
     for (int i = 0; i < hd; i++) qn[i] = rp_f32_to_bf16(1.0f + 0.2f * bf(qn[i])), kn[i] = rp_f32_to_bf16(1.0f + 0.2f * bf(kn[i]));
     float *inv_freq = malloc((size_t)hd / 2 * 4);
@@ -426,13 +428,13 @@ static void check_rope(int nh, int nkv, int hd, int use_norm) {
         slot[t] = (int32_t)(t * 9 % num_slots); /* distinct */
     }
     uint16_t *d_qkv = dup_to_dev(qkv, (size_t)T * row * 2), *d_qn = dup_to_dev(qn, (size_t)hd * 2),
-             *d_kn = dup_to_dev(kn, (size_t)hd * 2);
+             *d_kn = dup_to_dev(kn, (size_t)hd * 2), *d_bias = dup_to_dev(bias, (size_t)row * 2);
     float *d_if = dup_to_dev(inv_freq, (size_t)hd / 2 * 4);
     int32_t *d_pos = dup_to_dev(pos, sizeof pos), *d_slot = dup_to_dev(slot, sizeof slot);
     const size_t cache_n = (size_t)num_slots * nkv * hd;
     uint16_t *d_kc = dalloc(cache_n * 2), *d_vc = dalloc(cache_n * 2);
-    LAUNCH(rp_k_qk_norm_rope_store(d_qkv, use_norm ? d_qn : NULL, use_norm ? d_kn : NULL, d_if, d_pos, d_slot, d_kc,
-                                   d_vc, T, nh, nkv, hd, eps, 0));
+    LAUNCH(rp_k_qk_norm_rope_store(d_qkv, use_bias ? d_bias : NULL, use_norm ? d_qn : NULL, use_norm ? d_kn : NULL,
+                                   d_if, rope_scale, d_pos, d_slot, d_kc, d_vc, T, nh, nkv, hd, eps, 0));
     uint16_t *got = malloc((size_t)T * row * 2), *kc = malloc(cache_n * 2), *vc = malloc(cache_n * 2);
     to_host(got, d_qkv, (size_t)T * row * 2);
     to_host(kc, d_kc, cache_n * 2);
@@ -442,8 +444,8 @@ static void check_rope(int nh, int nkv, int hd, int use_norm) {
         for (int h = 0; h < heads; h++) {
             const uint16_t *x = qkv + (size_t)t * row + (size_t)h * hd;
             double *r = ref + (size_t)t * row + (size_t)h * hd;
-            for (int i = 0; i < hd; i++) r[i] = bf(x[i]);
-            if (h >= nh + nkv) continue; /* v: unchanged */
+            for (int i = 0; i < hd; i++) r[i] = bf(x[i]) + (use_bias ? bf(bias[(size_t)h * hd + i]) : 0.0);
+            if (h >= nh + nkv) continue; /* v: only its bias */
             if (use_norm) {
                 const uint16_t *w = h < nh ? qn : kn;
                 double ss = 0;
@@ -453,13 +455,14 @@ static void check_rope(int nh, int nkv, int hd, int use_norm) {
             }
             for (int i = 0; i < hd / 2; i++) {
                 float ang = (float)pos[t] * inv_freq[i]; /* fp32 angle, like transformers */
-                double c = cos((double)ang), s = sin((double)ang), a = r[i], b = r[i + hd / 2];
+                double c = cos((double)ang) * rope_scale, s = sin((double)ang) * rope_scale, a = r[i], b = r[i + hd / 2];
                 r[i] = a * c - b * s;
                 r[i + hd / 2] = b * c + a * s;
             }
         }
-    expect_close(rel_l2_bf16(got, ref, (size_t)T * row, "rope qkv"), 1e-2, "qk_norm_rope nh=%d nkv=%d hd=%d norm=%d", nh,
-                 nkv, hd, use_norm);
+    expect_close(rel_l2_bf16(got, ref, (size_t)T * row, "rope qkv"), 1e-2,
+                 "qk_norm_rope nh=%d nkv=%d hd=%d norm=%d bias=%d rope_scale=%g", nh, nkv, hd, use_norm, use_bias,
+                 (double)rope_scale);
     /* cache rows: k and v of each token at its slot */
     double *refk = malloc((size_t)T * nkv * hd * 8), *refv = malloc((size_t)T * nkv * hd * 8);
     uint16_t *gk = malloc((size_t)T * nkv * hd * 2), *gv = malloc((size_t)T * nkv * hd * 2);
@@ -471,19 +474,23 @@ static void check_rope(int nh, int nkv, int hd, int use_norm) {
             gv[t * nkv * hd + i] = vc[(size_t)slot[t] * nkv * hd + i];
         }
     expect_close(rel_l2_bf16(gk, refk, (size_t)T * nkv * hd, "k cache"), 1e-2, "  k cache");
-    expect_close(rel_l2_bf16(gv, refv, (size_t)T * nkv * hd, "v cache"), 1e-6, "  v cache (copy)");
-    free(qkv), free(qn), free(kn), free(inv_freq), free(got), free(kc), free(vc), free(ref), free(refk), free(refv),
+    /* a copy, or the sum with the bias rounded to bf16 once */
+    expect_close(rel_l2_bf16(gv, refv, (size_t)T * nkv * hd, "v cache"), use_bias ? 1e-2 : 1e-6, "  v cache");
+    free(bias), free(qkv), free(qn), free(kn), free(inv_freq), free(got), free(kc), free(vc), free(ref), free(refk), free(refv),
         free(gk), free(gv);
-    cudaFree(d_qkv), cudaFree(d_qn), cudaFree(d_kn), cudaFree(d_if), cudaFree(d_pos), cudaFree(d_slot), cudaFree(d_kc),
+    cudaFree(d_qkv), cudaFree(d_bias), cudaFree(d_qn), cudaFree(d_kn), cudaFree(d_if), cudaFree(d_pos), cudaFree(d_slot), cudaFree(d_kc),
         cudaFree(d_vc);
 }
 
 static void test_qk_norm_rope_store(void **state) {
     (void)state;
     NEED_GPU();
-    check_rope(16, 8, 128, 1);
-    check_rope(32, 8, 64, 0);
-    check_rope(12, 2, 128, 0);
+    check_rope(16, 8, 128, 1, 0, 1.0f);
+    check_rope(32, 8, 64, 0, 0, 1.0f);
+    check_rope(12, 2, 128, 0, 0, 1.0f);
+    check_rope(28, 4, 128, 0, 1, 1.0f);                 /* qwen2.5-7b: biases */
+    check_rope(16, 8, 128, 1, 1, 1.1386294f);           /* biases, norm and yarn's scale (factor 4) together */
+    check_rope(32, 8, 64, 0, 0, 0.1f * logf(8.0f) + 1); /* yarn alone */
 }
 
 /* ---- attention ---------------------------------------------------------- */

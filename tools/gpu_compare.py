@@ -4,7 +4,9 @@ shapes, on the GPU machine (torch + transformers + a GPU; no downloads).
 
 For each shape, the weights are replay's own dummy weights (--dummy-weights
 NAME), reproduced here bit for bit: norms are exactly 1 and element i of any
-other weight (kind, layer) is bf16(float(z * 0.02)), z the standard normal of
+other weight (kind, layer), Qwen2's q/k/v biases too (transformers would
+zero those; replay's dummies do not, so that the comparison sees them), is
+bf16(float(z * 0.02)), z the standard normal of
 rp_rand_normal (src/util/rng.h: Box-Muller from replay's counter-based hash,
 with log, sin and cos as fixed series of IEEE double +, -, *, /, sqrt, so torch
 reproduces it exactly). transformers runs the same weights in float32; replay
@@ -72,10 +74,26 @@ PRESETS = {
                     tie_word_embeddings=False, max_position_embeddings=8192, rms_norm_eps=1e-5,
                     rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0,
                     low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192))),
+    "tiny-qwen2": ("Qwen2Config", dict(vocab_size=1009, hidden_size=112, intermediate_size=232,
+                   num_hidden_layers=2, num_attention_heads=7, num_key_value_heads=1,
+                   tie_word_embeddings=False, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                   rope_theta=1e6, use_sliding_window=False)),
+    # Qwen2.5-7B-Instruct and Mistral-7B-Instruct-v0.3 (issue 39)
+    "qwen2.5-7b": ("Qwen2Config", dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+                   num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                   tie_word_embeddings=False, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                   rope_theta=1e6, use_sliding_window=False)),
+    "mistral-7b": ("MistralConfig", dict(vocab_size=32768, hidden_size=4096, intermediate_size=14336,
+                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                   tie_word_embeddings=False, max_position_embeddings=32768, rms_norm_eps=1e-5,
+                   rope_theta=1e6, sliding_window=None)),
 }
 
 # rp_weight_kind order (src/model/arch.h)
-EMBED, FINAL_NORM, LM_HEAD, ATTN_NORM, Q, K, V, O, Q_NORM, K_NORM, MLP_NORM, GATE, UP, DOWN = range(14)
+(EMBED, FINAL_NORM, LM_HEAD, ATTN_NORM, Q, K, V, O, Q_NORM, K_NORM, MLP_NORM, GATE, UP, DOWN,
+ Q_BIAS, K_BIAS, V_BIAS) = range(17)
+NORM_KINDS = (FINAL_NORM, ATTN_NORM, MLP_NORM, Q_NORM, K_NORM)  # rp_weight_kind_is_norm
+BIAS_OF = {Q: Q_BIAS, K: K_BIAS, V: V_BIAS}
 M64 = (1 << 64) - 1
 
 
@@ -196,7 +214,7 @@ def dummy_tensor(shape, seed, kind, layer, dev, std=0.02):
     """replay's rp_model_dummy values for one weight, as bf16."""
     rows, cols = shape[0], (shape[1] if len(shape) > 1 else 1)
     n = rows * cols
-    if cols == 1:  # norms: exactly 1
+    if kind in NORM_KINDS:  # norms: exactly 1 (biases, also [n], are normal like the matrices)
         return torch.ones(shape, dtype=torch.bfloat16, device=dev)
     stream = kind * 100003 + layer
     out = torch.empty(n + 1, dtype=torch.bfloat16, device=dev)  # + 1: an odd n's last pair
@@ -279,6 +297,8 @@ def build_model(name, seed, dev):
                 parts = pname.split(".")
                 layer = int(parts[2])
                 kind = layer_kinds[".".join(parts[3:-1])]
+                if parts[-1] == "bias":  # Qwen2's q/k/v
+                    kind = BIAS_OF[kind]
             # replay's presets all have initializer_range 0.02, transformers' default
             p.copy_(dummy_tensor(tuple(p.shape), seed, kind, layer, dev, cfg.initializer_range))
     if cfg.tie_word_embeddings:
@@ -293,7 +313,8 @@ def rel_l2(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--replay", default=".gpu/bin/replay")
-    ap.add_argument("--shapes", default="tiny-qwen3,tiny-llama3,qwen3-0.6b,llama3.2-1b,qwen3-4b,llama3-8b")
+    ap.add_argument("--shapes", default="tiny-qwen3,tiny-llama3,tiny-qwen2,qwen3-0.6b,llama3.2-1b,qwen3-4b,llama3-8b,"
+                                        "qwen2.5-7b,mistral-7b")
     ap.add_argument("--lens", default="1,7,100,1000")
     ap.add_argument("--last", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)

@@ -73,6 +73,7 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
     r->max_context = cfg->max_context > 0 && cfg->max_context < c->max_position_embeddings
                          ? cfg->max_context
                          : c->max_position_embeddings;
+    if (rp_config_check_context(c, r->max_context, err)) goto fail;
     const int use_cuda = !strcmp(r->device, "cuda");
     int num_pages = cfg->num_pages > 0 ? cfg->num_pages
                     : use_cuda         ? 0

@@ -1,11 +1,12 @@
 /* The architecture registry and what all supported architectures share:
- * expected weight shapes and HF's LlamaModel tensor naming. */
+ * expected weight shapes, which optional weights an architecture has, and
+ * HF's LlamaModel tensor naming. */
 #include "model/arch.h"
 
 #include <stdio.h>
 #include <string.h>
 
-static const rp_arch *const archs[] = {&rp_arch_qwen3, &rp_arch_llama};
+static const rp_arch *const archs[] = {&rp_arch_qwen3, &rp_arch_qwen2, &rp_arch_llama, &rp_arch_mistral};
 
 const rp_arch *rp_arch_find(const char *hf_class, const char *model_type) {
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
@@ -17,7 +18,25 @@ const rp_arch *rp_arch_find(const char *hf_class, const char *model_type) {
     return NULL;
 }
 
-const char *rp_arch_supported(void) { return "Qwen3ForCausalLM, LlamaForCausalLM"; }
+const char *rp_arch_supported(void) {
+    return "Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM, MistralForCausalLM";
+}
+
+int rp_arch_has_weight(const rp_arch *arch, rp_weight_kind kind) {
+    switch (kind) {
+    case RP_W_Q_NORM:
+    case RP_W_K_NORM: return arch->has_qk_norm;
+    case RP_W_Q_BIAS:
+    case RP_W_K_BIAS:
+    case RP_W_V_BIAS: return arch->has_qkv_bias;
+    default: return kind < RP_W_COUNT;
+    }
+}
+
+int rp_weight_kind_is_norm(rp_weight_kind kind) {
+    return kind == RP_W_FINAL_NORM || kind == RP_W_ATTN_NORM || kind == RP_W_MLP_NORM || kind == RP_W_Q_NORM ||
+           kind == RP_W_K_NORM;
+}
 
 void rp_weight_shape(const rp_model_config *c, rp_weight_kind kind, int64_t shape[2]) {
     int64_t h = c->hidden_size, q = (int64_t)c->num_heads * c->head_dim,
@@ -38,6 +57,9 @@ void rp_weight_shape(const rp_model_config *c, rp_weight_kind kind, int64_t shap
     case RP_W_GATE:
     case RP_W_UP: shape[0] = f; shape[1] = h; break;
     case RP_W_DOWN: shape[0] = h; shape[1] = f; break;
+    case RP_W_Q_BIAS: shape[0] = q; break;
+    case RP_W_K_BIAS:
+    case RP_W_V_BIAS: shape[0] = kv; break;
     case RP_W_COUNT: shape[0] = 0; break;
     }
 }
@@ -45,7 +67,8 @@ void rp_weight_shape(const rp_model_config *c, rp_weight_kind kind, int64_t shap
 const char *rp_weight_kind_name(rp_weight_kind kind) {
     static const char *names[RP_W_COUNT] = {"embed", "final_norm", "lm_head", "attn_norm", "q_proj",
                                             "k_proj", "v_proj", "o_proj", "q_norm", "k_norm",
-                                            "mlp_norm", "gate_proj", "up_proj", "down_proj"};
+                                            "mlp_norm", "gate_proj", "up_proj", "down_proj", "q_bias",
+                                            "k_bias", "v_bias"};
     return kind < RP_W_COUNT ? names[kind] : "?";
 }
 
@@ -66,6 +89,9 @@ int rp_arch_llama_style_name(rp_weight_kind kind, int layer, char *buf, size_t n
     case RP_W_GATE: fmt = "model.layers.%d.mlp.gate_proj.weight"; break;
     case RP_W_UP: fmt = "model.layers.%d.mlp.up_proj.weight"; break;
     case RP_W_DOWN: fmt = "model.layers.%d.mlp.down_proj.weight"; break;
+    case RP_W_Q_BIAS: fmt = "model.layers.%d.self_attn.q_proj.bias"; break;
+    case RP_W_K_BIAS: fmt = "model.layers.%d.self_attn.k_proj.bias"; break;
+    case RP_W_V_BIAS: fmt = "model.layers.%d.self_attn.v_proj.bias"; break;
     case RP_W_COUNT: return 0;
     }
 #pragma GCC diagnostic push

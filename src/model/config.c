@@ -58,29 +58,9 @@ static int get_eos(rp_model_config *cfg, json_t *root, const char *file, rp_err 
     return 0;
 }
 
-/* RoPE settings come in two spellings: transformers < 5 writes rope_theta at
- * the top level and scaling under "rope_scaling"; transformers >= 5 writes
- * both under "rope_parameters". Real checkpoints use either. */
-static int parse_rope(rp_model_config *cfg, json_t *root, rp_err *err) {
-    cfg->rope.type = RP_ROPE_DEFAULT;
-    cfg->rope.theta = 10000.0;
-    if (get_num(root, "rope_theta", &cfg->rope.theta, 0, err)) return RP_ERR;
-    json_t *rs = json_object_get(root, "rope_parameters");
-    if (rs && !json_is_null(rs)) {
-        if (!json_is_object(rs)) return rp_errf(err, "config.json: \"rope_parameters\" must be an object");
-        if (get_num(rs, "rope_theta", &cfg->rope.theta, 0, err)) return rp_err_wrap(err, "rope_parameters");
-    } else {
-        rs = json_object_get(root, "rope_scaling");
-        if (!rs || json_is_null(rs)) return 0;
-        if (!json_is_object(rs)) return rp_errf(err, "config.json: \"rope_scaling\" must be an object");
-    }
-    json_t *t = json_object_get(rs, "rope_type");
-    if (!t) t = json_object_get(rs, "type");
-    const char *type = json_is_string(t) ? json_string_value(t) : "default";
-    if (!strcmp(type, "default")) return 0;
-    if (strcmp(type, "llama3") != 0)
-        return rp_errf(err, "config.json: RoPE scaling type \"%s\" is not supported (supported: default, llama3)", type);
-    rp_rope_config *r = &cfg->rope;
+/* The scaling types' own fields (transformers' modeling_rope_utils reads
+ * the same names; what they mean is rope.c's). */
+static int parse_llama3(rp_rope_config *r, json_t *rs, rp_err *err) {
     r->type = RP_ROPE_LLAMA3;
     if (get_num(rs, "factor", &r->factor, 1, err) || get_num(rs, "low_freq_factor", &r->low_freq_factor, 1, err) ||
         get_num(rs, "high_freq_factor", &r->high_freq_factor, 1, err) ||
@@ -90,6 +70,74 @@ static int parse_rope(rp_model_config *cfg, json_t *root, rp_err *err) {
         r->original_max_position_embeddings <= 0)
         return rp_errf(err, "config.json: invalid llama3 RoPE scaling values");
     return 0;
+}
+
+static int parse_linear(rp_rope_config *r, json_t *rs, rp_err *err) {
+    r->type = RP_ROPE_LINEAR;
+    if (get_num(rs, "factor", &r->factor, 1, err)) return rp_err_wrap(err, "linear RoPE scaling");
+    if (!(r->factor > 0)) return rp_errf(err, "config.json: linear RoPE scaling \"factor\" must be positive (is %g)", r->factor);
+    return 0;
+}
+
+/* original_max_position_embeddings defaults to max_position_embeddings, as
+ * transformers' rope standardisation fills it in. */
+static int parse_yarn(rp_rope_config *r, json_t *rs, int max_position_embeddings, rp_err *err) {
+    r->type = RP_ROPE_YARN;
+    r->original_max_position_embeddings = max_position_embeddings;
+    if (get_num(rs, "factor", &r->factor, 1, err) ||
+        get_int(rs, "original_max_position_embeddings", &r->original_max_position_embeddings, 0, err) ||
+        get_num(rs, "beta_fast", &r->beta_fast, 0, err) || get_num(rs, "beta_slow", &r->beta_slow, 0, err) ||
+        get_num(rs, "attention_factor", &r->attention_factor, 0, err) || get_num(rs, "mscale", &r->mscale, 0, err) ||
+        get_num(rs, "mscale_all_dim", &r->mscale_all_dim, 0, err))
+        return rp_err_wrap(err, "yarn RoPE scaling");
+    json_t *tr = json_object_get(rs, "truncate");
+    if (tr && !json_is_null(tr) && !json_is_boolean(tr))
+        return rp_errf(err, "config.json: yarn RoPE scaling \"truncate\" must be true or false");
+    r->no_truncate = tr && json_is_false(tr);
+    if (!(r->factor > 0)) return rp_errf(err, "config.json: yarn RoPE scaling \"factor\" must be positive (is %g)", r->factor);
+    if (r->original_max_position_embeddings <= 0)
+        return rp_errf(err, "config.json: yarn RoPE scaling \"original_max_position_embeddings\" must be positive");
+    if (r->beta_fast < 0 || r->beta_slow < 0 || r->attention_factor < 0)
+        return rp_errf(err, "config.json: yarn RoPE scaling values must not be negative");
+    return 0;
+}
+
+/* RoPE settings come in two spellings: transformers < 5 writes rope_theta at
+ * the top level and scaling under "rope_scaling"; transformers >= 5 writes
+ * both under "rope_parameters". Real checkpoints use either. Called after
+ * max_position_embeddings is known (yarn's default original context). */
+static int parse_rope(rp_model_config *cfg, json_t *root, rp_err *err) {
+    cfg->rope.type = RP_ROPE_DEFAULT;
+    cfg->rope.theta = 10000.0;
+    /* RoPE on part of each head (partial_rotary_factor < 1) would rotate
+     * dimensions that must stay as they are */
+    double partial = 1.0;
+    if (get_num(root, "rope_theta", &cfg->rope.theta, 0, err) ||
+        get_num(root, "partial_rotary_factor", &partial, 0, err))
+        return RP_ERR;
+    json_t *rs = json_object_get(root, "rope_parameters");
+    if (rs && !json_is_null(rs)) {
+        if (!json_is_object(rs)) return rp_errf(err, "config.json: \"rope_parameters\" must be an object");
+        if (get_num(rs, "rope_theta", &cfg->rope.theta, 0, err) ||
+            get_num(rs, "partial_rotary_factor", &partial, 0, err))
+            return rp_err_wrap(err, "rope_parameters");
+    } else {
+        rs = json_object_get(root, "rope_scaling");
+        if (rs && json_is_null(rs)) rs = NULL;
+        if (rs && !json_is_object(rs)) return rp_errf(err, "config.json: \"rope_scaling\" must be an object");
+    }
+    if (partial != 1.0)
+        return rp_errf(err, "config.json: partial_rotary_factor=%g is not supported (replay rotates whole heads)", partial);
+    if (!rs) return 0;
+    json_t *t = json_object_get(rs, "rope_type");
+    if (!t) t = json_object_get(rs, "type");
+    const char *type = json_is_string(t) ? json_string_value(t) : "default";
+    if (!strcmp(type, "default")) return 0;
+    if (!strcmp(type, "llama3")) return parse_llama3(&cfg->rope, rs, err);
+    if (!strcmp(type, "linear")) return parse_linear(&cfg->rope, rs, err);
+    if (!strcmp(type, "yarn")) return parse_yarn(&cfg->rope, rs, cfg->max_position_embeddings, err);
+    return rp_errf(err, "config.json: RoPE scaling type \"%s\" is not supported (supported: default, linear, llama3, yarn)",
+                   type);
 }
 
 static int parse_common(rp_model_config *cfg, json_t *root, rp_err *err) {
@@ -108,9 +156,9 @@ static int parse_common(rp_model_config *cfg, json_t *root, rp_err *err) {
     if (get_num(root, "rms_norm_eps", &cfg->rms_norm_eps, 0, err)) return RP_ERR;
     cfg->initializer_range = 0.02; /* transformers' default */
     if (get_num(root, "initializer_range", &cfg->initializer_range, 0, err)) return RP_ERR;
-    if (parse_rope(cfg, root, err)) return RP_ERR;
     cfg->max_position_embeddings = 2048;
     if (get_int(root, "max_position_embeddings", &cfg->max_position_embeddings, 0, err)) return RP_ERR;
+    if (parse_rope(cfg, root, err)) return RP_ERR;
     json_t *tie = json_object_get(root, "tie_word_embeddings");
     cfg->tie_word_embeddings = tie ? json_is_true(tie) : 0;
     cfg->bos_token_id = -1;
@@ -232,9 +280,24 @@ int rp_config_validate(const rp_model_config *c, rp_err *err) {
     if (!(c->initializer_range > 0)) return rp_errf(err, "config: initializer_range must be positive");
     if (c->rope.theta <= 0) return rp_errf(err, "config: rope_theta must be positive");
     if (c->max_position_embeddings <= 0) return rp_errf(err, "config: max_position_embeddings must be positive");
+    if (c->sliding_window < 0) return rp_errf(err, "config: sliding_window must not be negative");
     for (int i = 0; i < c->num_eos_token_ids; i++)
         if (c->eos_token_ids[i] < 0 || c->eos_token_ids[i] >= c->vocab_size)
             return rp_errf(err, "config: eos_token_id %d outside the vocabulary", c->eos_token_ids[i]);
+    return 0;
+}
+
+/* Attention over the last sliding_window tokens equals full causal
+ * attention while no query has more keys than that (transformers keeps key
+ * j for query i where i - j < sliding_window), so a model with a window
+ * runs exactly at contexts up to the window and is refused beyond it
+ * rather than attending to keys it must not see. */
+int rp_config_check_context(const rp_model_config *c, int max_context, rp_err *err) {
+    if (c->sliding_window > 0 && c->sliding_window < max_context)
+        return rp_errf(err,
+                       "config.json: sliding_window=%d is smaller than the context of %d tokens, and replay has no "
+                       "sliding-window attention: serve at most %d tokens (--max-model-len %d)",
+                       c->sliding_window, max_context, c->sliding_window, c->sliding_window);
     return 0;
 }
 
@@ -243,6 +306,7 @@ uint64_t rp_config_num_params(const rp_model_config *c) {
              kv = (uint64_t)c->num_kv_heads * c->head_dim, f = (uint64_t)c->intermediate_size;
     uint64_t layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h;
     if (c->arch && c->arch->has_qk_norm) layer += 2 * (uint64_t)c->head_dim;
+    if (c->arch && c->arch->has_qkv_bias) layer += q + 2 * kv;
     uint64_t n = (uint64_t)c->num_layers * layer + (uint64_t)c->vocab_size * h + h;
     if (!c->tie_word_embeddings) n += (uint64_t)c->vocab_size * h;
     return n;
@@ -273,12 +337,18 @@ static const preset presets[] = {
     {"qwen3-8b", &rp_arch_qwen3, 151936, 4096, 12288, 36, 32, 8, 128, 0, 40960, 1e-6, 1e6, 0, 0, 151643, {151645, 151643}, 2},
     {"llama3.2-1b", &rp_arch_llama, 128256, 2048, 8192, 16, 32, 8, 64, 1, 131072, 1e-5, 500000, 1, 32, 128000, {128001, 128008, 128009}, 3},
     {"llama3-8b", &rp_arch_llama, 128256, 4096, 14336, 32, 32, 8, 128, 0, 131072, 1e-5, 500000, 1, 8, 128000, {128001, 128008, 128009}, 3},
+    /* Qwen2.5-7B-Instruct (q/k/v biases; sliding_window is off there:
+     * use_sliding_window false) and Mistral-7B-Instruct-v0.3 (sliding_window null) */
+    {"qwen2.5-7b", &rp_arch_qwen2, 152064, 3584, 18944, 28, 28, 4, 128, 0, 32768, 1e-6, 1e6, 0, 0, 151643, {151645, 151643}, 2},
+    {"mistral-7b", &rp_arch_mistral, 32768, 4096, 14336, 32, 32, 8, 128, 0, 32768, 1e-5, 1e6, 0, 0, 1, {2}, 1},
     {"tiny-qwen3", &rp_arch_qwen3, 1031, 96, 200, 3, 6, 2, 24, 1, 4096, 1e-6, 1e6, 0, 0, 1, {2}, 1},
     {"tiny-llama3", &rp_arch_llama, 997, 80, 216, 2, 10, 2, 8, 0, 8192, 1e-5, 500000, 1, 8, 1, {2, 3}, 2},
+    {"tiny-qwen2", &rp_arch_qwen2, 1009, 112, 232, 2, 7, 1, 16, 0, 4096, 1e-6, 1e6, 0, 0, 1, {2}, 1},
 };
 
 const char *rp_config_preset_names(void) {
-    return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, llama3-8b, tiny-qwen3, tiny-llama3";
+    return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, llama3-8b, qwen2.5-7b, mistral-7b, tiny-qwen3, "
+           "tiny-llama3, tiny-qwen2";
 }
 
 int rp_config_preset(rp_model_config *cfg, const char *name, rp_err *err) {

@@ -4,7 +4,8 @@
  *
  * Parsing of the fields every causal LM shares lives in config.c; anything
  * specific to one architecture (defaults, extra fields, tensor names) lives in
- * that architecture's file (qwen3.c, llama.c) behind rp_arch. */
+ * that architecture's file (qwen3.c, qwen2.c, llama.c, mistral.c) behind
+ * rp_arch. */
 #ifndef RP_MODEL_CONFIG_H
 #define RP_MODEL_CONFIG_H
 
@@ -14,16 +15,24 @@
 
 #define RP_MAX_EOS_IDS 8
 
-typedef enum rp_rope_type { RP_ROPE_DEFAULT = 0, RP_ROPE_LLAMA3 } rp_rope_type;
+typedef enum rp_rope_type { RP_ROPE_DEFAULT = 0, RP_ROPE_LLAMA3, RP_ROPE_LINEAR, RP_ROPE_YARN } rp_rope_type;
 
+/* RoPE as config.json's rope_scaling (or rope_parameters) writes it; what
+ * the values mean is rope.c's business (transformers' modeling_rope_utils). */
 typedef struct rp_rope_config {
     rp_rope_type type;
     double theta;
-    /* llama3 scaling (transformers' _compute_llama3_parameters) */
-    double factor;
+    double factor; /* llama3, linear, yarn */
+    /* llama3 (transformers' _compute_llama3_parameters) */
     double low_freq_factor;
     double high_freq_factor;
-    int original_max_position_embeddings;
+    int original_max_position_embeddings; /* llama3, yarn (yarn: max_position_embeddings when absent) */
+    /* yarn (transformers' _compute_yarn_parameters); 0 where config.json
+     * leaves a value out, as transformers reads a missing or zero value */
+    double beta_fast, beta_slow;      /* 0: 32 and 1 */
+    double attention_factor;          /* 0: derived from factor (and mscale) */
+    double mscale, mscale_all_dim;    /* DeepSeek's spelling of the attention factor */
+    int no_truncate;                  /* "truncate": false (the correction range is not rounded) */
 } rp_rope_config;
 
 struct rp_arch;
@@ -43,6 +52,11 @@ typedef struct rp_model_config {
     rp_rope_config rope;
     int tie_word_embeddings;
     int max_position_embeddings;
+    /* Mistral's sliding_window (Qwen2's when use_sliding_window): a query
+     * attends to this many tokens back at most; 0 when unlimited. replay has
+     * no windowed attention: rp_config_check_context refuses a context
+     * longer than the window. */
+    int sliding_window;
     int bos_token_id; /* -1 when absent */
     int eos_token_ids[RP_MAX_EOS_IDS];
     int num_eos_token_ids;
@@ -58,6 +72,11 @@ int rp_config_parse(rp_model_config *cfg, const char *config_json,
 
 /* Checks the invariants the forward pass relies on (divisibility, ranges). */
 int rp_config_validate(const rp_model_config *cfg, rp_err *err);
+
+/* Whether replay computes this model exactly at contexts of up to
+ * max_context tokens: not where a sliding window is shorter (the error
+ * names the field, its value and the longest context that works). */
+int rp_config_check_context(const rp_model_config *cfg, int max_context, rp_err *err);
 
 /* Named real shapes for --dummy-weights (qwen3-0.6b, llama3-8b, tiny-*). */
 int rp_config_preset(rp_model_config *cfg, const char *name, rp_err *err);

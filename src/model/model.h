@@ -57,9 +57,10 @@ void rp_model_free(rp_model *m);
 
 /* How dummy weight (kind, layer) is generated, so another backend (and
  * tools/gpu_compare.py) can make the identical values: norms (is_norm) are
- * exactly 1; element i of any other weight is
+ * exactly 1; element i of any other weight (biases too) is
  * rp_dummy_bf16(rp_rand_normal(seed, stream, i), std) (util/rng.h), std being
- * the config's initializer_range, as transformers initialises a model. */
+ * the config's initializer_range, as transformers initialises a model
+ * (except biases, which it zeroes), stream kind * 100003 + layer. */
 void rp_dummy_weight_params(const rp_model_config *cfg, rp_weight_kind kind, int layer, uint64_t *stream,
                             double *std, int *is_norm);
 

@@ -53,7 +53,7 @@ static rp_model *model_new(const rp_model_config *cfg) {
 }
 
 static int kind_present(const rp_model_config *cfg, rp_weight_kind k) {
-    if ((k == RP_W_Q_NORM || k == RP_W_K_NORM) && !cfg->arch->has_qk_norm) return 0;
+    if (!rp_arch_has_weight(cfg->arch, k)) return 0;
     if (k == RP_W_LM_HEAD && cfg->tie_word_embeddings) return 0; /* aliases embed */
     return 1;
 }
@@ -75,13 +75,14 @@ static rp_weight *slot(rp_model *m, rp_weight_kind kind, int layer) {
  * initializer_range; every norm weight exactly 1. Activations then look like
  * a freshly initialised model's: logits spread over the vocabulary, so
  * sampling and benchmarks see realistic distributions rather than one token
- * (the uniform init this replaced gave "3 3 3 ..."). */
+ * (the uniform init this replaced gave "3 3 3 ..."). Biases are where replay
+ * departs: normal like the matrices, not transformers' zeros, so that a
+ * dummy model exercises every path that adds them (tools/gpu_compare.py
+ * copies the same values into transformers). */
 void rp_dummy_weight_params(const rp_model_config *cfg, rp_weight_kind kind, int layer, uint64_t *stream,
                             double *std, int *is_norm) {
-    int64_t shape[2];
-    rp_weight_shape(cfg, kind, shape);
     *stream = (uint64_t)kind * 100003u + (uint64_t)layer;
-    *is_norm = shape[1] == 1;
+    *is_norm = rp_weight_kind_is_norm(kind);
     *std = *is_norm ? 0.0 : cfg->initializer_range;
 }
 

@@ -28,6 +28,7 @@ typedef struct cpu_backend {
     int64_t slots;        /* (num_pages + 1) * page_size, the +1 is the dummy page */
     float *k_cache, *v_cache; /* [layers][slots][kv_dim] */
     float *inv_freq;      /* [head_dim / 2] */
+    float rope_scale;     /* rp_rope_attention_scale: cos and sin are multiplied by it */
     /* activations, [max_batched_tokens][...] */
     float *x, *xn, *q, *k, *v, *attn, *gate, *up;
     float *logit_in;      /* [max_logit_rows][hidden] */
@@ -82,6 +83,14 @@ static void matmul(cpu_backend *cb, float *y, const float *x, const rp_weight *w
     }
 }
 
+/* y[T][N] += bias[N] (Qwen2's q/k/v); nothing when the model has none. */
+static void add_bias(float *y, const rp_weight *bias, int T) {
+    if (!bias->data) return;
+    const int N = (int)bias->rows;
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) y[(int64_t)t * N + n] += rp_bf16_to_f32(bias->data[n]);
+}
+
 /* transformers' RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, in fp32. */
 static void rmsnorm_row(float *out, const float *x, const uint16_t *w, int n, float eps) {
     float ss = dot_f32(x, x, n) / (float)n;
@@ -95,12 +104,13 @@ static void rmsnorm(cpu_backend *cb, float *out, const float *x, const rp_weight
 }
 
 /* rotate_half RoPE: pairs (i, i + d/2) rotate by pos * inv_freq[i]. The
- * angle and its cos/sin are fp32, as transformers computes them. */
-static void rope_head(float *v, int head_dim, int pos, const float *inv_freq) {
+ * angle and its cos/sin are fp32, as transformers computes them, cos and
+ * sin times the rope's attention scale (yarn's; else 1) as it does too. */
+static void rope_head(float *v, int head_dim, int pos, const float *inv_freq, float scale) {
     int half = head_dim / 2;
     for (int i = 0; i < half; i++) {
         float ang = (float)pos * inv_freq[i];
-        float c = cosf(ang), s = sinf(ang);
+        float c = cosf(ang) * scale, s = sinf(ang) * scale;
         float a = v[i], b = v[i + half];
         v[i] = a * c - b * s;
         v[i + half] = b * c + a * s;
@@ -177,6 +187,9 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         matmul(cb, cb->q, cb->xn, rp_model_weight(m, RP_W_Q, l), T);
         matmul(cb, cb->k, cb->xn, rp_model_weight(m, RP_W_K, l), T);
         matmul(cb, cb->v, cb->xn, rp_model_weight(m, RP_W_V, l), T);
+        add_bias(cb->q, rp_model_weight(m, RP_W_Q_BIAS, l), T);
+        add_bias(cb->k, rp_model_weight(m, RP_W_K_BIAS, l), T);
+        add_bias(cb->v, rp_model_weight(m, RP_W_V_BIAS, l), T);
         const rp_weight *qn = rp_model_weight(m, RP_W_Q_NORM, l), *kn = rp_model_weight(m, RP_W_K_NORM, l);
         float *kc = cb->k_cache + (int64_t)l * cb->slots * kv_dim;
         float *vc = cb->v_cache + (int64_t)l * cb->slots * kv_dim;
@@ -185,11 +198,11 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
             float *qt = cb->q + (int64_t)t * q_dim, *kt = cb->k + (int64_t)t * kv_dim;
             for (int h = 0; h < c->num_heads; h++) {
                 if (qn->data) rmsnorm_row(qt + h * hd, qt + h * hd, qn->data, hd, eps);
-                rope_head(qt + h * hd, hd, bt->positions[t], cb->inv_freq);
+                rope_head(qt + h * hd, hd, bt->positions[t], cb->inv_freq, cb->rope_scale);
             }
             for (int h = 0; h < c->num_kv_heads; h++) {
                 if (kn->data) rmsnorm_row(kt + h * hd, kt + h * hd, kn->data, hd, eps);
-                rope_head(kt + h * hd, hd, bt->positions[t], cb->inv_freq);
+                rope_head(kt + h * hd, hd, bt->positions[t], cb->inv_freq, cb->rope_scale);
             }
             int64_t slot = bt->slot_mapping[t];
             memcpy(kc + slot * kv_dim, kt, (size_t)kv_dim * sizeof(float));
@@ -344,5 +357,6 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
         return NULL;
     }
     rp_rope_inv_freq(c, cb->inv_freq);
+    cb->rope_scale = rp_rope_attention_scale(c);
     return &cb->base;
 }

@@ -298,6 +298,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     float *h_inv = malloc((size_t)c->head_dim / 2 * 4);
     if (!h_inv) return rp_errf(err, "out of memory");
     rp_rope_inv_freq(c, h_inv);
+    cb->rope_scale = rp_rope_attention_scale(c);
     cudaError_t e = cudaMemcpy(cb->inv_freq, h_inv, (size_t)c->head_dim / 2 * 4, cudaMemcpyHostToDevice);
     free(h_inv);
     RP_CUDA_TRY(e, err);

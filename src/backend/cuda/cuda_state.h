@@ -15,6 +15,7 @@
 
 typedef struct rp_cuda_layer {
     rp_bf16 *attn_norm, *wqkv, *wo, *q_norm, *k_norm, *mlp_norm, *wgu, *wdown;
+    rp_bf16 *bqkv; /* the q, k and v biases side by side, [(nh + 2 nkv) hd]; NULL without (all but Qwen2) */
 } rp_cuda_layer;
 
 /* Every weight, in one device allocation (cuda_weights.c). */
@@ -101,6 +102,7 @@ typedef struct rp_cuda_backend {
     uint8_t *act_mem;
     size_t act_bytes;
     float *residual, *logits, *inv_freq, *d_logprobs;
+    float rope_scale; /* rp_rope_attention_scale: cos and sin times this (yarn), else 1 */
     /* partial sums of squares of the residual rows, [ss_num_parts][8]: the
      * fused decode path's RMSNorm input (rp_k_gemv_fused) */
     float *ss_parts;

@@ -1,7 +1,8 @@
 /* The CUDA backend's weights: every matrix and norm of the model in one
  * device allocation (256-byte aligned pieces), bf16, with each layer's q, k
- * and v side by side (one [(nh + 2 nkv) hd][H] matrix, one GEMV) and gate
- * and up likewise. Real weights are copied from the host; dummy weights are
+ * and v side by side (one [(nh + 2 nkv) hd][H] matrix, one GEMV), their
+ * biases likewise (Qwen2: one vector laid out as a row of the product), and
+ * gate and up likewise. Real weights are copied from the host; dummy weights are
  * generated on the GPU with the CPU generator's values. */
 #include "backend/cuda/cuda_state.h"
 #include "backend/cuda/cuda_util.h"
@@ -36,14 +37,17 @@ static size_t weight_elems(const rp_model *m, rp_weight_kind kind) {
 int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err) {
     const rp_model *m = cb->base.model;
     const rp_model_config *c = &m->cfg;
-    const int has_qk = c->arch->has_qk_norm, tied = c->tie_word_embeddings;
+    const int has_qk = c->arch->has_qk_norm, has_bias = c->arch->has_qkv_bias, tied = c->tie_word_embeddings;
     size_t per_layer[RP_W_COUNT] = {0}, total = 0;
 #define ALIGN_UP(x) (((x) + 127) & ~(size_t)127) /* elements: 256 bytes */
     for (int k = RP_W_FIRST_LAYER_KIND; k < RP_W_COUNT; k++) {
-        if ((k == RP_W_Q_NORM || k == RP_W_K_NORM) && !has_qk) continue;
+        if (!rp_arch_has_weight(c->arch, (rp_weight_kind)k)) continue;
+        if (k == RP_W_Q_BIAS || k == RP_W_K_BIAS || k == RP_W_V_BIAS) continue; /* one piece, below */
         per_layer[k] = ALIGN_UP(weight_elems(m, (rp_weight_kind)k));
         total += per_layer[k] * (size_t)c->num_layers;
     }
+    const size_t bqkv_n = has_bias ? ALIGN_UP(weight_elems(m, RP_W_Q_BIAS) + 2 * weight_elems(m, RP_W_K_BIAS)) : 0;
+    total += bqkv_n * (size_t)c->num_layers;
     size_t embed_n = ALIGN_UP(weight_elems(m, RP_W_EMBED)), norm_n = ALIGN_UP((size_t)c->hidden_size);
     total += embed_n + norm_n + (tied ? 0 : embed_n);
     cb->w.bytes = total * 2;
@@ -86,6 +90,13 @@ int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err) {
         p += per_layer[RP_W_GATE] + per_layer[RP_W_UP];
         ly->wdown = p;
         p += per_layer[RP_W_DOWN];
+        ly->bqkv = has_bias ? p : NULL; /* q, k, v in that order, as in a row of the qkv product */
+        if (has_bias && (put_weight(cb, p, RP_W_Q_BIAS, l, err) ||
+                         put_weight(cb, p + weight_elems(m, RP_W_Q_BIAS), RP_W_K_BIAS, l, err) ||
+                         put_weight(cb, p + weight_elems(m, RP_W_Q_BIAS) + weight_elems(m, RP_W_K_BIAS), RP_W_V_BIAS,
+                                    l, err)))
+            return RP_ERR;
+        p += bqkv_n;
         if (put_weight(cb, ly->attn_norm, RP_W_ATTN_NORM, l, err) || put_weight(cb, ly->wo, RP_W_O, l, err) ||
             put_weight(cb, ly->mlp_norm, RP_W_MLP_NORM, l, err) || put_weight(cb, ly->wdown, RP_W_DOWN, l, err) ||
             (has_qk && (put_weight(cb, ly->q_norm, RP_W_Q_NORM, l, err) ||

@@ -23,8 +23,9 @@ int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs) {
     return want;
 }
 
-/* Layer l's attention, shared by both paths: q/k norm, RoPE and the KV
- * store on the fused qkv, then decode or prefill attention into cb->attn. */
+/* Layer l's attention, shared by both paths: the q/k/v biases, q/k norm,
+ * RoPE and the KV store on the fused qkv, then decode or prefill attention
+ * into cb->attn. */
 static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, const rp_attn_step_shape *step,
                             rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
@@ -36,9 +37,9 @@ static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, const rp_a
     const float eps = (float)c->rms_norm_eps;
     rp_bf16 *kc = cb->k_cache + (size_t)l * cb->kv_layer_elems, *vc = cb->v_cache + (size_t)l * cb->kv_layer_elems;
     rp_cuda_prof_mark(cb, "qk_norm_rope_store");
-    RP_LAUNCH(rp_k_qk_norm_rope_store(cb->qkv, ly->q_norm, ly->k_norm, cb->inv_freq, pos, slots, kc, vc, T,
-                      c->num_heads, c->num_kv_heads, c->head_dim, eps, st),
-          err);
+    RP_LAUNCH(rp_k_qk_norm_rope_store(cb->qkv, ly->bqkv, ly->q_norm, ly->k_norm, cb->inv_freq, cb->rope_scale, pos,
+                                      slots, kc, vc, T, c->num_heads, c->num_kv_heads, c->head_dim, eps, st),
+              err);
     rp_cuda_prof_mark(cb, step ? "attn (step)" : "attn_decode");
     if (!step)
         RP_LAUNCH(rp_k_attn_decode(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, S, c->num_heads,

@@ -23,6 +23,15 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
                     "kernels");
         return 0;
     }
+    /* The step streams the fused qkv matrix and goes straight from the
+     * product to q/k norm and RoPE; it has no place for Qwen2's biases yet,
+     * so those models decode through the chain, which adds them in
+     * qk_norm_rope_store. */
+    if (cb->w.layers[0].bqkv) {
+        rp_log_info("cuda: the one-kernel decode step does not add q/k/v biases (%s): decode runs a chain of kernels",
+                    c->arch_name);
+        return 0;
+    }
     cb->decode_step_pick = 1;
     rp_decode_layer *h = calloc((size_t)c->num_layers, sizeof *h);
     if (!h) return rp_errf(err, "out of memory");
@@ -87,6 +96,7 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
         .hd = c->head_dim,
         .V = c->vocab_size,
         .eps = (float)c->rms_norm_eps,
+        .rope_scale = cb->rope_scale,
     };
     /* the greedy pick writes into the slot's result buffer; without a
      * mapped one, decode steps sample with the sampling kernels */

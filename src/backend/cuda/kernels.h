@@ -94,14 +94,17 @@ int rp_gemv_ss_parts(int N);
 int rp_gemv_stage_fits(int T, int K);
 
 /* qkv: [T][(nh + 2 * nkv) * hd], q heads then k heads then v heads (the
- * fused projection's output). In place: optional per-head RMSNorm of q and k
- * (Qwen3; q_norm/k_norm NULL to skip), then rotate_half RoPE of q and k at
- * positions[t] with angle = float(positions[t]) * inv_freq[i] (fp32, like
- * transformers). Then k and v of token t are written to k_cache/v_cache at
- * slot_mapping[t]. */
-int rp_k_qk_norm_rope_store(rp_bf16 *qkv, const rp_bf16 *q_norm, const rp_bf16 *k_norm, const float *inv_freq,
-                            const int32_t *positions, const int32_t *slot_mapping, rp_bf16 *k_cache,
-                            rp_bf16 *v_cache, int T, int nh, int nkv, int hd, float eps, cudaStream_t stream);
+ * fused projection's output). In place: the optional bias (Qwen2; one
+ * [(nh + 2 * nkv) * hd] vector laid out as a qkv row, NULL to skip) added to
+ * q, k and v, optional per-head RMSNorm of q and k (Qwen3; q_norm/k_norm NULL
+ * to skip), then rotate_half RoPE of q and k at positions[t] with angle =
+ * float(positions[t]) * inv_freq[i] (fp32, like transformers) and cos and
+ * sin times rope_scale (yarn's attention factor; 1 otherwise). Then k and v
+ * of token t are written to k_cache/v_cache at slot_mapping[t]. */
+int rp_k_qk_norm_rope_store(rp_bf16 *qkv, const rp_bf16 *bias, const rp_bf16 *q_norm, const rp_bf16 *k_norm,
+                            const float *inv_freq, float rope_scale, const int32_t *positions,
+                            const int32_t *slot_mapping, rp_bf16 *k_cache, rp_bf16 *v_cache, int T, int nh, int nkv,
+                            int hd, float eps, cudaStream_t stream);
 
 /* out[t][:F] = bf16(silu(gate_up[t][:F]) * gate_up[t][F:2F]), gate_up fp32. */
 int rp_k_silu_mul(const float *gate_up, rp_bf16 *out, int T, int F, cudaStream_t stream);
@@ -184,6 +187,7 @@ typedef struct rp_decode_step {
     uint64_t *timeline;
     int num_layers, H, F, nh, nkv, hd, V;
     float eps;
+    float rope_scale; /* cos and sin times this (yarn's attention factor; 1 otherwise) */
 } rp_decode_step;
 size_t rp_decode_step_workspace_bytes(int nh, int nkv);
 /* The step's plan values, concrete: rp_cuda_tuning_resolve (tuning.c) makes

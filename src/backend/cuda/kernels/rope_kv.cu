@@ -1,8 +1,13 @@
-/* Attention input preparation for one step, fused: per-head RMSNorm of q
- * and k (Qwen3), rotate_half RoPE of q and k at each token's position, and
- * the store of k and v into the paged KV cache at the token's slot. The
+/* Attention input preparation for one step, fused: the q/k/v biases
+ * (Qwen2), per-head RMSNorm of q and k (Qwen3), rotate_half RoPE of q and k
+ * at each token's position (cos and sin scaled by yarn's attention factor),
+ * and the store of k and v into the paged KV cache at the token's slot. The
  * fused QKV output is rewritten in place so that attention reads rotated q
- * (and, for prefill, the cache already holds this step's keys).
+ * (and, for prefill, the cache already holds this step's keys). The bias is
+ * added here rather than in the products' epilogues because this kernel
+ * reads every q, k and v element once anyway, on every path (GEMV,
+ * cuBLASLt, any batch); the product's bf16 rounding comes first, one more
+ * rounding than transformers' bf16 path, far inside the test tolerance.
  *
  * One warp per (token, head); norm and rotation stay in fp32 and round to
  * bf16 once, which is closer to the fp32 reference than transformers' bf16
@@ -13,8 +18,9 @@
 #define ROPE_MAX_PAIRS 4 /* head_dim <= 2 * 32 * 4 = 256 */
 
 __global__ void __launch_bounds__(ROPE_WARPS * 32)
-    qk_norm_rope_store_kernel(uint16_t *__restrict__ qkv, const uint16_t *__restrict__ q_norm,
-                              const uint16_t *__restrict__ k_norm, const float *__restrict__ inv_freq,
+    qk_norm_rope_store_kernel(uint16_t *__restrict__ qkv, const uint16_t *__restrict__ bias,
+                              const uint16_t *__restrict__ q_norm, const uint16_t *__restrict__ k_norm,
+                              const float *__restrict__ inv_freq, float rope_scale,
                               const int32_t *__restrict__ positions, const int32_t *__restrict__ slot_mapping,
                               uint16_t *__restrict__ k_cache, uint16_t *__restrict__ v_cache, int nh, int nkv,
                               int hd, float eps) {
@@ -27,14 +33,18 @@ __global__ void __launch_bounds__(ROPE_WARPS * 32)
     if (head >= heads) return;
     const int half = hd / 2;
     uint16_t *x = qkv + (int64_t)t * heads * hd + (int64_t)head * hd;
+    const uint16_t *bx = bias ? bias + (int64_t)head * hd : nullptr; /* this head's bias */
     /* A negative slot marks a token whose KV must not be stored. */
     const int64_t slot = slot_mapping[t];
     const int64_t kv_row = slot * nkv * hd;
 
-    if (head >= nh + nkv) { /* v head: copy to the cache */
+    if (head >= nh + nkv) { /* v head: its bias, then copy to the cache */
         const int kvh = head - nh - nkv;
-        if (slot >= 0)
-            for (int i = lane; i < hd; i += 32) v_cache[kv_row + (int64_t)kvh * hd + i] = x[i];
+        for (int i = lane; i < hd; i += 32) {
+            uint16_t v = x[i];
+            if (bx) x[i] = v = rp_f32_bf16(rp_bf16_f32(v) + rp_bf16_f32(bx[i]));
+            if (slot >= 0) v_cache[kv_row + (int64_t)kvh * hd + i] = v;
+        }
         return;
     }
     const bool is_k = head >= nh;
@@ -49,6 +59,10 @@ __global__ void __launch_bounds__(ROPE_WARPS * 32)
         if (i < half) {
             a[p] = rp_bf16_f32(x[i]);
             b[p] = rp_bf16_f32(x[i + half]);
+            if (bx) {
+                a[p] += rp_bf16_f32(bx[i]);
+                b[p] += rp_bf16_f32(bx[i + half]);
+            }
             ss += a[p] * a[p] + b[p] * b[p];
         }
     }
@@ -70,6 +84,8 @@ __global__ void __launch_bounds__(ROPE_WARPS * 32)
         }
         float s, c;
         sincosf(pos * inv_freq[i], &s, &c); /* full-precision: angles reach 1e5 rad */
+        c *= rope_scale;
+        s *= rope_scale;
         const uint16_t oa = rp_f32_bf16(av * c - bv * s), ob = rp_f32_bf16(bv * c + av * s);
         x[i] = oa;
         x[i + half] = ob;
@@ -80,13 +96,14 @@ __global__ void __launch_bounds__(ROPE_WARPS * 32)
     }
 }
 
-extern "C" int rp_k_qk_norm_rope_store(rp_bf16 *qkv, const rp_bf16 *q_norm, const rp_bf16 *k_norm,
-                                       const float *inv_freq, const int32_t *positions, const int32_t *slot_mapping,
-                                       rp_bf16 *k_cache, rp_bf16 *v_cache, int T, int nh, int nkv, int hd, float eps,
+extern "C" int rp_k_qk_norm_rope_store(rp_bf16 *qkv, const rp_bf16 *bias, const rp_bf16 *q_norm,
+                                       const rp_bf16 *k_norm, const float *inv_freq, float rope_scale,
+                                       const int32_t *positions, const int32_t *slot_mapping, rp_bf16 *k_cache,
+                                       rp_bf16 *v_cache, int T, int nh, int nkv, int hd, float eps,
                                        cudaStream_t stream) {
     if (T <= 0) return cudaSuccess;
     if (hd % 2 != 0 || hd > 2 * 32 * ROPE_MAX_PAIRS || nh <= 0 || nkv <= 0) return (int)cudaErrorInvalidValue;
     dim3 grid(T, (nh + 2 * nkv + ROPE_WARPS - 1) / ROPE_WARPS);
-    return rp_launch(qk_norm_rope_store_kernel, grid, dim3(ROPE_WARPS * 32), 0, stream, qkv, q_norm, k_norm, inv_freq,
-                     positions, slot_mapping, k_cache, v_cache, nh, nkv, hd, eps);
+    return rp_launch(qk_norm_rope_store_kernel, grid, dim3(ROPE_WARPS * 32), 0, stream, qkv, bias, q_norm, k_norm,
+                     inv_freq, rope_scale, positions, slot_mapping, k_cache, v_cache, nh, nkv, hd, eps);
 }

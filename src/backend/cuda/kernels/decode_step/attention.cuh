@@ -43,11 +43,12 @@ __device__ __forceinline__ void load_qkw(ds_qkw<HD> &w, const rp_decode_step &s,
 }
 
 /* q or k head: per-head RMSNorm (when norm, with the weights na, nb),
- * rotate_half RoPE at pos, rounded to bf16 as qk_norm_rope_store does (same
- * expressions, same order). */
+ * rotate_half RoPE at pos with cos and sin times rope_scale, rounded to bf16
+ * as qk_norm_rope_store does (same expressions, same order). */
 template <int HD>
 __device__ void norm_rope_head(const uint16_t *src, bool norm, const float (&na)[HD / 64], const float (&nb)[HD / 64],
-                               const float (&fr)[HD / 64], float pos, float eps, float *dst, uint16_t *cache) {
+                               const float (&fr)[HD / 64], float pos, float rope_scale, float eps, float *dst,
+                               uint16_t *cache) {
     constexpr int half = HD / 2, PAIRS = HD / 64;
     const int lane = threadIdx.x & 31;
     float a[PAIRS], b[PAIRS], ss = 0.0f;
@@ -74,6 +75,8 @@ __device__ void norm_rope_head(const uint16_t *src, bool norm, const float (&na)
         }
         float s, c;
         sincosf(pos * fr[p], &s, &c);
+        c *= rope_scale;
+        s *= rope_scale;
         const uint16_t oa = rp_f32_bf16(av * c - bv * s), ob = rp_f32_bf16(bv * c + av * s);
         dst[i] = rp_bf16_f32(oa);
         dst[i + half] = rp_bf16_f32(ob);
@@ -401,11 +404,11 @@ __device__ void attention_phase(const ds_args &a, int l, uint8_t *scratch, const
             load_kv<DPL>(kr, vr, j0 + warp, j1, pos, prow, ps, kc, vc, (int64_t)kvh * HD + lane * DPL, kv_dim);
         for (int task = warp; task < G + 2; task += DS_CONSUMERS) {
             if (task < G) {
-                norm_rope_head<HD>(qkv + (kvh * G + task) * HD, s.qk_norm, qw.qa, qw.qb, qw.fr, (float)pos, s.eps,
-                                   qs + task * HD, nullptr);
+                norm_rope_head<HD>(qkv + (kvh * G + task) * HD, s.qk_norm, qw.qa, qw.qb, qw.fr, (float)pos,
+                                   s.rope_scale, s.eps, qs + task * HD, nullptr);
             } else if (task == G && has_new) {
-                norm_rope_head<HD>(qkv + q_dim + kvh * HD, s.qk_norm, qw.ka, qw.kb, qw.fr, (float)pos, s.eps, kn,
-                                   slot_new >= 0 ? kc + slot_new * kv_dim + kvh * HD : nullptr);
+                norm_rope_head<HD>(qkv + q_dim + kvh * HD, s.qk_norm, qw.ka, qw.kb, qw.fr, (float)pos, s.rope_scale,
+                                   s.eps, kn, slot_new >= 0 ? kc + slot_new * kv_dim + kvh * HD : nullptr);
             } else if (task == G + 1 && has_new) {
                 const uint16_t *src = qkv + q_dim + kv_dim + kvh * HD;
                 for (int d = lane; d < HD; d += 32) {
