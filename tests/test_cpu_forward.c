@@ -16,10 +16,9 @@
 #define MAX_PROMPTS 8
 #define GREEDY 32
 
-static const char *models[] = {"qwen3-tied", "qwen3-gqa6", "llama3-scaled", "llama3-tied", "qwen3-hd128", "llama3-hd64"};
-/* Fixtures tools/make_fixtures.py writes that are not committed yet: run
- * where present, listed where not. Once committed they move to models[]. */
-static const char *pending_models[] = {"qwen2-bias", "qwen2-hd128", "mistral-hd24", "qwen3-yarn", "llama3-linear"};
+static const char *models[] = {"qwen3-tied",  "qwen3-gqa6",   "llama3-scaled", "llama3-tied",
+                               "qwen3-hd128", "llama3-hd64",  "qwen2-bias",    "qwen2-hd128",
+                               "mistral-hd24", "qwen3-yarn", "llama3-linear"};
 
 typedef struct fixture {
     rp_model *model;
@@ -406,26 +405,12 @@ static void test_long_prefill_chunks(void **state) {
     rp_runner_free(run);
 }
 
-static int fixture_exists(const char *name) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/tests/fixtures/models/%s/reference.json", test_source_dir(), name);
-    FILE *f = fopen(path, "rb");
-    if (f) fclose(f);
-    return f != NULL;
-}
 
 int main(void) {
-    struct CMUnitTest tests[sizeof models / sizeof models[0] + sizeof pending_models / sizeof pending_models[0] + 2];
+    struct CMUnitTest tests[sizeof models / sizeof models[0] + 2];
     size_t n = 0;
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         tests[n++] = (struct CMUnitTest){models[i], test_model, NULL, NULL, (void *)models[i]};
-    for (size_t i = 0; i < sizeof pending_models / sizeof pending_models[0]; i++) {
-        if (fixture_exists(pending_models[i]))
-            tests[n++] = (struct CMUnitTest){pending_models[i], test_model, NULL, NULL, (void *)pending_models[i]};
-        else
-            printf("fixture %s not generated yet (python3 tools/make_fixtures.py tests/fixtures/models %s)\n",
-                   pending_models[i], pending_models[i]);
-    }
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_long_prefill_chunks);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_families_by_hand);
     return _cmocka_run_group_tests("test_cpu_forward", tests, n, NULL, NULL);
