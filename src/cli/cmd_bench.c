@@ -286,10 +286,12 @@ static int bench_speculative(rp_runner *run, rp_runner_seq *seqs, const int32_t 
             }
         }
         const double ms = wall / rounds, tps = emitted / (wall * 1e-3), plain = B / (plain_ms * 1e-3);
-        printf("%5d  %6.2f %6.1f%% %9.3f %9.3f %9.3f %11.2f %10.1f %8.2fx %7ld %8.1f%%\n", B, rates[a],
+        /* host ms: a step's wall time past its device time (the round trip: reading the tokens,
+         * accepting, building and launching the next), where the backend times the device */
+        printf("%5d  %6.2f %6.1f%% %9.3f %9.3f %9.3f %11.2f %10.1f %8.2fx %7ld %8.1f%% %8.3f\n", B, rates[a],
                drafted ? 100.0 * kept_total / drafted : 0.0, ms, dwall / rounds, (ms - dwall / rounds) / plain_ms,
                (double)emitted / rounds / B, tps, tps / plain, unlike,
-               seq_steps ? 100.0 * seq_rounds / seq_steps : 0.0);
+               seq_steps ? 100.0 * seq_rounds / seq_steps : 0.0, gpu > 0 ? (wall - dwall - gpu) / rounds : 0.0);
         fflush(stdout);
     }
     rc = RP_OK;
@@ -554,8 +556,8 @@ static int bench_decode(int argc, char **argv) {
                    draft_dummy ? draft_dummy : draft_dir, dcfg->arch_name, (double)bd.run->model->weight_bytes / 1e9);
             if (bd.run->backend->ops->set_graphs) bd.run->backend->ops->set_graphs(bd.run->backend, 1);
         }
-        printf("%5s  %6s %7s %9s %9s %9s %11s %10s %9s %7s %9s\n", "batch", "rate", "kept", "ms/round", "draft ms",
-               "x step", "tokens/seq", "tok/s", "x plain", "unlike", "drafting");
+        printf("%5s  %6s %7s %9s %9s %9s %11s %10s %9s %7s %9s %8s\n", "batch", "rate", "kept", "ms/round", "draft ms",
+               "x step", "tokens/seq", "tok/s", "x plain", "unlike", "drafting", "host ms");
         int bi = 0;
         for (; bi < nb; bi++) {
             const int B = batches[bi];
