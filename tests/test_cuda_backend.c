@@ -518,7 +518,8 @@ static void test_decode_step(void **state) {
         int layers, heads, kv_heads, yarn;
     } shapes[] = {{"qwen3-0.6b", 4, 0, 0, 0},  {"llama3.2-1b", 3, 0, 0, 0},  {"qwen3-4b", 3, 0, 0, 0},
                   {"llama3-8b", 2, 0, 0, 0},   {"qwen3-0.6b", 2, 16, 16, 0}, {"qwen3-0.6b", 2, 24, 12, 0},
-                  {"qwen3-8b", 2, 0, 0, 1} /* yarn's cos/sin scale */, {"mistral-7b", 2, 0, 0, 0}};
+                  {"qwen3-8b", 2, 0, 0, 1} /* yarn's cos/sin scale */, {"mistral-7b", 2, 0, 0, 0},
+                  {"qwen2.5-7b", 2, 0, 0, 0} /* q/k/v biases in the qkv epilogue */};
     const int lens[] = {1, 7, 100, 1000};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         rp_model *m = real_shape_model_rope(shapes[k].name, shapes[k].layers, shapes[k].heads, shapes[k].kv_heads,
@@ -1059,7 +1060,7 @@ static void expect_greedy_like_cpu(setup *cpu, const char *what, const int32_t *
  * (made large, so that a path without them fails), Qwen3 with yarn RoPE
  * (frequencies and the cos/sin scale) and Mistral with linear RoPE. Prompt
  * logits within bf16 noise, greedy decodes alike, each prompt alone (batch
- * 1: the one kernel where the model allows it, the chain for biases) and
+ * 1: the one kernel) and
  * all together (decode buckets). */
 static void test_families_vs_cpu(void **state) {
     (void)state;
@@ -1069,7 +1070,7 @@ static void test_families_vs_cpu(void **state) {
         const rp_arch *arch;
         rp_rope_type rope;
         int one_kernel; /* batch-1 decode runs the one kernel */
-    } cases[] = {{"qwen2 biases", &rp_arch_qwen2, RP_ROPE_DEFAULT, 0},
+    } cases[] = {{"qwen2 biases", &rp_arch_qwen2, RP_ROPE_DEFAULT, 1},
                  {"qwen3 yarn", &rp_arch_qwen3, RP_ROPE_YARN, 1},
                  {"mistral linear", &rp_arch_mistral, RP_ROPE_LINEAR, 1}};
     enum { NP = 4, STEPS = 16 };

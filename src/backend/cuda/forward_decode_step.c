@@ -23,21 +23,12 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
                     "kernels");
         return 0;
     }
-    /* The step streams the fused qkv matrix and goes straight from the
-     * product to q/k norm and RoPE; it has no place for Qwen2's biases yet,
-     * so those models decode through the chain, which adds them in
-     * qk_norm_rope_store. */
-    if (cb->w.layers[0].bqkv) {
-        rp_log_info("cuda: the one-kernel decode step does not add q/k/v biases (%s): decode runs a chain of kernels",
-                    c->arch_name);
-        return 0;
-    }
     cb->decode_step_pick = 1;
     rp_decode_layer *h = calloc((size_t)c->num_layers, sizeof *h);
     if (!h) return rp_errf(err, "out of memory");
     for (int l = 0; l < c->num_layers; l++) {
         const rp_cuda_layer *ly = &cb->w.layers[l];
-        h[l] = (rp_decode_layer){ly->wqkv, ly->wo, ly->wgu, ly->wdown};
+        h[l] = (rp_decode_layer){ly->wqkv, ly->wo, ly->wgu, ly->wdown, ly->bqkv};
     }
     /* the table, then the norm weights side by side (rp_decode_step.norms;
      * copied on the stream the uploads were queued on) */

@@ -146,6 +146,7 @@ void rp_k_attn_decode_set_trans(int mode);
  * it. */
 typedef struct rp_decode_layer { /* the matrices; the norms are in rp_decode_step.norms */
     const rp_bf16 *wqkv, *wo, *wgu, *wdown;
+    const rp_bf16 *bqkv; /* q, k and v biases side by side [qkv_dim] (Qwen2), or NULL */
 } rp_decode_layer;
 typedef struct rp_decode_step {
     const rp_decode_layer *layers; /* device array [num_layers] */

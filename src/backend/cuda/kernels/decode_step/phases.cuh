@@ -318,7 +318,11 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
             }
             const int n = (NB == 1 ? 0 : b * m.N) + in.unit * DS_ROWS + r;
             switch (epi) {
-            case EPI_BF16: a.s.qkv[n] = rp_f32_bf16(v0); break;
+            case EPI_BF16: { /* qkv: Qwen2's bias added before the one rounding (the chain adds it after) */
+                const rp_bf16 *bias = a.s.layers[p >> 2].bqkv;
+                a.s.qkv[n] = rp_f32_bf16(bias ? v0 + rp_bf16_f32(bias[in.unit * DS_ROWS + r]) : v0);
+                break;
+            }
             case EPI_RESIDUAL:
                 a.s.residual[n] = (rs ? rs[n] : rres) + v0;
                 break;
