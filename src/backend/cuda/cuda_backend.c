@@ -432,8 +432,15 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         double usable = (double)free_b * ratio - reserve - (double)bc->reserve_bytes;
         bc->num_pages = usable > 0 ? (int)(usable / (double)(kv_page_bytes + bc->shadow_page_bytes)) - 1 : 0;
         if (bc->num_pages < 1) {
-            rp_errf(err, "no GPU memory left for the KV cache (%.2f GiB free after the weights%s)",
-                    (double)free_b / (1 << 30), bc->reserve_bytes ? ", less the draft model's share" : "");
+            if (bc->reserve_bytes)
+                rp_errf(err, "no GPU memory left for the KV cache beside the draft model: %.2f GiB free after the "
+                             "weights, %.2f of it usable (--gpu-memory-utilization %.2f), of which the draft model "
+                             "needs %.2f GiB (raise --gpu-memory-utilization or choose a smaller draft model)",
+                        (double)free_b / (1 << 30), (double)free_b * ratio / (1 << 30), ratio,
+                        (double)bc->reserve_bytes / (1 << 30));
+            else
+                rp_errf(err, "no GPU memory left for the KV cache (%.2f GiB free after the weights)",
+                        (double)free_b / (1 << 30));
             goto fail;
         }
     }
