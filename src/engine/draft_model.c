@@ -23,7 +23,7 @@ struct rp_draft_model {
     int max_rows, max_seqs;
     /* one round: [max_seqs] each; drafts [max_seqs][RP_DRAFT_MAX_K] */
     rp_request **act;
-    int *want, *row, *len, *fed;
+    int *want, *row, *prow, *len, *fed;
     int32_t *drafts, *tok;
     uint64_t forwards;
     double ms;
@@ -136,11 +136,12 @@ rp_draft_model *rp_draft_model_new(rp_model *model, const rp_draft_model_config 
     dm->act = calloc((size_t)dm->max_seqs, sizeof *dm->act);
     dm->want = calloc((size_t)dm->max_seqs, sizeof *dm->want);
     dm->row = calloc((size_t)dm->max_seqs, sizeof *dm->row);
+    dm->prow = calloc((size_t)dm->max_seqs, sizeof *dm->prow);
     dm->len = calloc((size_t)dm->max_seqs, sizeof *dm->len);
     dm->fed = calloc((size_t)dm->max_seqs, sizeof *dm->fed);
     dm->drafts = calloc((size_t)dm->max_seqs * RP_DRAFT_MAX_K, sizeof *dm->drafts);
-    dm->tok = calloc((size_t)dm->max_seqs, sizeof *dm->tok);
-    if (!dm->holder || !dm->act || !dm->want || !dm->row || !dm->len || !dm->fed || !dm->drafts || !dm->tok) {
+    dm->tok = calloc((size_t)dm->max_seqs * DRAFT_POSITIONS_MAX, sizeof *dm->tok); /* a catch-up step's rows */
+    if (!dm->holder || !dm->act || !dm->want || !dm->row || !dm->prow || !dm->len || !dm->fed || !dm->drafts || !dm->tok) {
         rp_draft_model_free(dm);
         rp_errf(err, "out of memory");
         return NULL;
@@ -159,6 +160,7 @@ void rp_draft_model_free(rp_draft_model *dm) {
     free(dm->act);
     free(dm->want);
     free(dm->row);
+    free(dm->prow);
     free(dm->len);
     free(dm->fed);
     free(dm->drafts);
@@ -215,6 +217,42 @@ static int make_room(rp_draft_model *dm, rp_request *r, int need) {
         if (attempt == 0 && !evict_idle(dm)) break;
     }
     return 0;
+}
+
+/* Launches the batch built, every one of its `rows` logit rows sampled
+ * greedily on the device where it can; read_drafts reads it. */
+static int launch(rp_draft_model *dm, int rows, rp_err *err) {
+    rp_runner *r = dm->run;
+    rp_batch *bt = rp_batch_finish(r->bb);
+    for (int i = 0; i < rows; i++) r->sample[i] = (rp_sampling_params){.top_p = 1.0f};
+    bt->sample = r->backend->ops->read_tokens ? r->sample : NULL;
+    dm->forwards++;
+    return rp_backend_forward(r->backend, bt, err);
+}
+
+/* The oldest launched step's tokens: each request's at its row (-1: not in
+ * that step) into its drafts at index j. The CPU backend (no device
+ * sampling) takes the argmax of the logits, as rp_runner_forward_greedy. */
+static int read_drafts(rp_draft_model *dm, int na, const int *row, int j, rp_err *err) {
+    rp_runner *r = dm->run;
+    rp_backend *be = r->backend;
+    if (be->ops->read_tokens) {
+        if (be->ops->read_tokens(be, dm->tok, NULL, NULL, err)) return RP_ERR;
+    } else {
+        if (rp_backend_read_logits(be, r->logits, err)) return RP_ERR;
+        const int vocab = r->model->cfg.vocab_size;
+        for (int i = 0; i < na; i++) {
+            if (row[i] < 0) continue;
+            const float *v = r->logits + (size_t)row[i] * vocab;
+            int32_t best = 0;
+            for (int t = 1; t < vocab; t++)
+                if (v[t] > v[best]) best = t;
+            dm->tok[row[i]] = best;
+        }
+    }
+    for (int i = 0; i < na; i++)
+        if (row[i] >= 0) dm->drafts[i * RP_DRAFT_MAX_K + j] = dm->tok[row[i]];
+    return RP_OK;
 }
 
 /* One draft forward over the batch built, the greedy token of each of its
@@ -280,26 +318,40 @@ int rp_draft_model_propose(rp_draft_model *dm, rp_request *const *reqs, const in
             if (dm->row[i] >= 0) dm->drafts[i * RP_DRAFT_MAX_K] = dm->tok[dm->row[i]];
         }
     }
-    /* Decode steps: d_j fed at its position, d_j+1 sampled, while wanted. */
-    for (int j = 1; j < kmax; j++) {
+    /* Decode steps: d_j fed at its position, d_j+1 sampled, while wanted.
+     * Where the backend takes token references, step j feeds the rows step
+     * j - 1 samples into and is launched before that step's tokens are read
+     * (runner.h's overlapped decoding), so the device runs the draft's steps
+     * back to back; the host reads each once the next is queued. */
+    const int overlap = rp_runner_can_overlap(run);
+    const double t0 = rp_now_s();
+    int rc = RP_OK, pending = 0;
+    for (int j = 1; j < kmax && !rc; j++) {
         rp_batch_begin(run->bb);
         int rows = 0;
         for (int i = 0; i < na; i++) {
+            dm->prow[i] = dm->row[i];
             dm->row[i] = -1;
             if (dm->want[i] <= j) continue;
             rp_request *r = dm->act[i];
-            dm->row[i] = rp_batch_add(run->bb, r->draft_row, &dm->drafts[i * RP_DRAFT_MAX_K + j - 1], 1,
-                                      r->draft_cached, 1);
+            /* a request in step j was in step j - 1 (its want only shrinks the steps it takes) */
+            const int32_t in = overlap && pending ? -(dm->prow[i] + 1) : dm->drafts[i * RP_DRAFT_MAX_K + j - 1];
+            dm->row[i] = rp_batch_add(run->bb, r->draft_row, &in, 1, r->draft_cached, 1);
             RP_ASSERT(dm->row[i] >= 0);
             rows++;
         }
-        if (forward(dm, rows, err)) return RP_ERR;
-        for (int i = 0; i < na; i++)
-            if (dm->row[i] >= 0) {
-                dm->act[i]->draft_cached++;
-                dm->drafts[i * RP_DRAFT_MAX_K + j] = dm->tok[dm->row[i]];
-            }
+        if ((rc = launch(dm, rows, err))) break;
+        for (int i = 0; i < na; i++) dm->act[i]->draft_cached += dm->row[i] >= 0;
+        /* the older step's tokens: step j - 1's while j is queued, or step j's at once */
+        if (overlap && !pending) {
+            pending = 1;
+            continue;
+        }
+        if ((rc = read_drafts(dm, na, overlap ? dm->prow : dm->row, overlap ? j - 1 : j, err))) break;
     }
+    if (!rc && overlap && pending) rc = read_drafts(dm, na, dm->row, kmax - 1, err);
+    dm->ms += (rp_now_s() - t0) * 1e3;
+    if (rc) return RP_ERR;
     for (int i = 0; i < na; i++) {
         rp_request *r = dm->act[i];
         memcpy(r->tokens + dm->len[i], &dm->drafts[i * RP_DRAFT_MAX_K], (size_t)dm->want[i] * sizeof *r->tokens);
