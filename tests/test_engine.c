@@ -893,16 +893,7 @@ static void test_text_and_stop_strings(void **state) {
     char tok[1024];
     snprintf(tok, sizeof tok, "%s/.cache/tokenizers/qwen3", test_source_dir());
     char dir[] = "/tmp/rp_engine_XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char path[1200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 151936, \"hidden_size\": 64, "
-          "\"intermediate_size\": 128, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
-          "\"num_key_value_heads\": 1, \"head_dim\": 32, \"tie_word_embeddings\": false, \"eos_token_id\": 151645}",
-          f);
-    fclose(f);
+    vocab_dir(dir, NULL);
     rp_engine_config c;
     rp_engine_config_default(&c);
     c.model_dir = dir;
@@ -949,8 +940,7 @@ static void test_text_and_stop_strings(void **state) {
     assert_memory_equal(b.text, a.text, want);
     expect_pool_full(e);
     rp_engine_destroy(e);
-    unlink(path);
-    rmdir(dir);
+    remove_dir(dir);
 }
 
 /* Dummy weights look like a freshly initialised model (transformers' normal

@@ -100,3 +100,12 @@ int rp_arch_llama_style_name(rp_weight_kind kind, int layer, char *buf, size_t n
 #pragma GCC diagnostic pop
     return 1;
 }
+
+int rp_arch_parse_sliding_window(rp_model_config *cfg, json_t *root, rp_err *err) {
+    json_t *sw = json_object_get(root, "sliding_window");
+    if (!sw || json_is_null(sw)) return 0;
+    if (!json_is_integer(sw) || json_integer_value(sw) <= 0 || json_integer_value(sw) > 2147483647)
+        return rp_errf(err, "config.json: \"sliding_window\" must be a positive integer or null");
+    cfg->sliding_window = (int)json_integer_value(sw);
+    return 0;
+}

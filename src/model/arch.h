@@ -45,8 +45,8 @@ typedef struct rp_arch {
     int has_qkv_bias; /* q_proj, k_proj, v_proj carry a bias (o_proj does not) */
     /* Architecture-specific config fields and defaults, after the common ones. */
     int (*parse_config)(rp_model_config *cfg, json_t *root, rp_err *err);
-    /* The checkpoint's tensor name for a weight; returns 0 when the
-     * architecture has no such weight. */
+    /* The checkpoint's tensor name for a weight the architecture has
+     * (rp_arch_has_weight); returns 0 when it has no name. */
     int (*tensor_name)(rp_weight_kind kind, int layer, char *buf, size_t n);
 } rp_arch;
 
@@ -62,8 +62,13 @@ int rp_arch_has_weight(const rp_arch *arch, rp_weight_kind kind);
 /* RMSNorm weights (initialised to 1), as opposed to matrices and biases. */
 int rp_weight_kind_is_norm(rp_weight_kind kind);
 
-/* Shared by the architectures: the HF LlamaModel naming scheme. */
+/* Shared by the architectures: the HF LlamaModel naming scheme (every
+ * family replay loads uses it). */
 int rp_arch_llama_style_name(rp_weight_kind kind, int layer, char *buf, size_t n);
+/* config.json's "sliding_window" (Mistral; Qwen2 where use_sliding_window
+ * is true): null or absent leaves cfg->sliding_window 0; else a positive
+ * integer, checked against the context served (rp_config_check_context). */
+int rp_arch_parse_sliding_window(rp_model_config *cfg, json_t *root, rp_err *err);
 
 extern const rp_arch rp_arch_qwen3;
 extern const rp_arch rp_arch_qwen2;

@@ -11,15 +11,10 @@ static int llama_parse_config(rp_model_config *cfg, json_t *root, rp_err *err) {
     return 0;
 }
 
-static int llama_tensor_name(rp_weight_kind kind, int layer, char *buf, size_t n) {
-    if (kind == RP_W_Q_NORM || kind == RP_W_K_NORM) return 0;
-    return rp_arch_llama_style_name(kind, layer, buf, n);
-}
-
 const rp_arch rp_arch_llama = {
     .hf_class = "LlamaForCausalLM",
     .model_type = "llama",
     .has_qk_norm = 0,
     .parse_config = llama_parse_config,
-    .tensor_name = llama_tensor_name,
+    .tensor_name = rp_arch_llama_style_name,
 };

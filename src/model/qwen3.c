@@ -11,14 +11,10 @@ static int qwen3_parse_config(rp_model_config *cfg, json_t *root, rp_err *err) {
     return 0;
 }
 
-static int qwen3_tensor_name(rp_weight_kind kind, int layer, char *buf, size_t n) {
-    return rp_arch_llama_style_name(kind, layer, buf, n);
-}
-
 const rp_arch rp_arch_qwen3 = {
     .hf_class = "Qwen3ForCausalLM",
     .model_type = "qwen3",
     .has_qk_norm = 1,
     .parse_config = qwen3_parse_config,
-    .tensor_name = qwen3_tensor_name,
+    .tensor_name = rp_arch_llama_style_name,
 };
