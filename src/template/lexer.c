@@ -299,8 +299,14 @@ static void lex_raw(lexer *L, size_t body_at, int minus_end, int line) {
         if (minus) j++;
         if (L->n - j < 2 || memcmp(L->s + j, "%}", 2)) continue;
         size_t end = i;
-        if (minus_begin)
+        if (minus_begin) {
             while (end > L->pos && is_ws(L->s[end - 1])) end--;
+        } else if (L->s[i + 2] != '+') {
+            /* lstrip_blocks applies before {% endraw %} too */
+            size_t k = end;
+            while (k > L->pos && (L->s[k - 1] == ' ' || L->s[k - 1] == '\t')) k--;
+            if (k > L->pos && L->s[k - 1] == '\n') end = k;
+        }
         emit_data(L, L->s + L->pos, end - L->pos, L->line);
         L->line += count_lines(L->s + L->pos, j + 2 - L->pos);
         L->pos = j + 2;

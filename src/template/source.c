@@ -48,7 +48,9 @@ int rp_template_source_load(const char *model_dir, int want_tools, rp_template_s
     if (probe) {
         fclose(probe);
         json_error_t je;
-        cfg = json_load_file(path, JSON_ALLOW_NUL, &je);
+        /* model_max_length is often 1e30 written as an integer, beyond jansson's
+         * int64: read numbers as reals, only strings are wanted here */
+        cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
         if (!cfg) return rp_errf(err, "%s: line %d: %s", path, je.line, je.text);
         out->bos_token = token_text(json_object_get(cfg, "bos_token"));
         out->eos_token = token_text(json_object_get(cfg, "eos_token"));
