@@ -525,6 +525,69 @@ static void test_corpus_compiles(void **state) {
     assert_true(n >= 1);
 }
 
+/* Mutated templates (bytes deleted, duplicated or replaced by Jinja's
+ * delimiters and operators) must compile or fail cleanly, and render or
+ * fail cleanly: never crash, never hang (run under ASan too). */
+static void test_mutations_never_crash(void **state) {
+    (void)state;
+    static const char *const names[] = {"qwen3", "deepseek_v3", "gemma3"};
+    static const char *const pieces[] = {"{%", "%}", "{{", "}}", "{#", "#}", "-", "(", ")", "[", "]", "'", "\"",
+                                         "|", ".", ",", ":", "\\", " if ", " for ", "endfor", "endif", "~", "*",
+                                         "loop.", "ns.", "range(9)", "\n", "é", "\xf0\x9f\x98\x80"};
+    const char *vars_json =
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"hi é\"}, "
+        "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"abcdefghi\", \"type\": \"function\", "
+        "\"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}]}, {\"role\": \"tool\", \"content\": \"r\"}], "
+        "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"add_generation_prompt\": true, "
+        "\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}";
+    json_t *vars = json_loads(vars_json, 0, NULL);
+    assert_non_null(vars);
+    uint64_t rng = 0x9E3779B97F4A7C15ULL;
+    int compiled = 0, rendered = 0, total = 0;
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        rp_template_source src;
+        real_template(names[k], &src);
+        for (int iter = 0; iter < 300; iter++) {
+            char *m = malloc(src.source_len + 64);
+            size_t n = src.source_len;
+            memcpy(m, src.source, n);
+            for (int edits = 1 + (int)(rng % 3); edits > 0; edits--) {
+                rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+                size_t at = (size_t)(rng >> 33) % (n + 1);
+                int op = (int)((rng >> 20) % 3);
+                const char *p = pieces[(rng >> 40) % (sizeof pieces / sizeof pieces[0])];
+                size_t pl = strlen(p);
+                if (op == 0 && at < n) { /* delete a few bytes */
+                    size_t d = 1 + (rng >> 50) % 8;
+                    if (d > n - at) d = n - at;
+                    memmove(m + at, m + at + d, n - at - d);
+                    n -= d;
+                } else if (n + pl < src.source_len + 64) { /* insert a piece */
+                    memmove(m + at + pl, m + at, n - at);
+                    memcpy(m + at, p, pl);
+                    n += pl;
+                }
+            }
+            rp_err err = {0};
+            rp_template *t = rp_template_compile(m, n, &err);
+            total++;
+            if (t) {
+                compiled++;
+                char *out = NULL;
+                if (rp_template_render(t, vars, 0, &out, NULL, &err) == 0) rendered++;
+                free(out);
+                rp_template_free(t);
+            } else {
+                assert_true(strstr(err.msg, "chat template") == err.msg);
+            }
+            free(m);
+        }
+        rp_template_source_free(&src);
+    }
+    fprintf(stderr, "%d mutated templates: %d compiled, %d rendered\n", total, compiled, rendered);
+    json_decref(vars);
+}
+
 int main(void) {
     /* strftime_now formats local time; the fixtures were made in UTC */
     setenv("TZ", "UTC", 1);
@@ -540,6 +603,7 @@ int main(void) {
         cmocka_unit_test(test_real_templates_chat_fixtures),
         cmocka_unit_test(test_corpus_compiles),
         cmocka_unit_test(test_fixture_files),
+        cmocka_unit_test(test_mutations_never_crash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
