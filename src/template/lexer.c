@@ -154,6 +154,7 @@ static void lex_string(lexer *L) {
 static int digit_run(const char *s, size_t n, size_t i, size_t *end, int (*ok)(int)) {
     /* digits with single underscores between them, as Python allows */
     size_t j = i;
+    *end = i; /* no digits: the run is empty */
     if (j >= n || !ok((unsigned char)s[j])) return 0;
     while (j < n && (ok((unsigned char)s[j]) || (s[j] == '_' && j + 1 < n && ok((unsigned char)s[j + 1])))) j++;
     *end = j;
