@@ -113,6 +113,7 @@ check "bench serve" 0 $?
 contains "bench serve: all succeed" "$out" "Successful requests:                     12"
 contains "bench serve: tokens counted" "$out" "Total generated tokens:                  72"
 contains "bench serve: TTFT table" "$out" "Median TTFT (ms):"
+case "$out" in *"Speculative acceptance"*) fail=$((fail + 1)); echo "FAIL: acceptance shown without speculation" ;; *) pass=$((pass + 1)) ;; esac
 contains "bench serve: ITL table" "$out" "P99 ITL (ms):"
 # the model and vocabulary from /v1/models; a concurrency cap
 out=$("$BIN" bench serve --base-url "$URL" --num-prompts 4 --input-len 8 --output-len 3 --max-concurrency 2)
@@ -240,6 +241,10 @@ drafts=$(echo "$m" | awk '$1 == "replay_spec_decode_num_draft_tokens_total" {pri
 accepted=$(echo "$m" | awk '$1 == "replay_spec_decode_num_accepted_tokens_total" {print $2}')
 [ -n "$drafts" ] && [ "$drafts" -gt 0 ] && [ "$drafts" = "$accepted" ]
 check "draft model: every greedy draft kept ($accepted of $drafts)" 0 $?
+out=$("$BIN" bench serve --base-url "$URL" --model "$(basename "$tmp")" --num-prompts 4 --input-len 16 \
+      --output-len 16 2>&1)
+check "bench serve against a draft model" 0 $?
+contains "bench serve: acceptance from /metrics" "$out" "Speculative acceptance (%):"
 stop
 # a port in use is reported before the model loads: qwen3-8b's random weights take minutes on the CPU
 start || exit 1

@@ -379,6 +379,33 @@ static int query_model(const bs_target *t, char **model, long *vocab, char *err,
     return rc;
 }
 
+/* Speculative decoding's counters from the server's /metrics (replay's
+ * replay_spec_decode_*: rounds, draft tokens, accepted drafts); -1 where the
+ * server has no such metrics (another server, or no /metrics), so that the
+ * table shows acceptance over the run only where it can be known. */
+static int query_spec(const bs_target *t, double out[3]) {
+    int fd = connect_to(t->host, t->port);
+    if (fd < 0) return -1;
+    char head[512], auth[300] = "", err[128];
+    if (t->api_key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", t->api_key);
+    int hn = snprintf(head, sizeof head, "GET /metrics HTTP/1.1\r\nHost: %s%s%s:%s\r\n%sConnection: close\r\n\r\n",
+                      host_open(t), t->host, host_close(t), t->port, auth);
+    grab g = {0};
+    int status = send_all(fd, head, (size_t)hn) ? -1 : read_http(fd, grab_body, &g, err, sizeof err);
+    close(fd);
+    static const char *names[3] = {"replay_spec_decode_num_drafts_total ", "replay_spec_decode_num_draft_tokens_total ",
+                                   "replay_spec_decode_num_accepted_tokens_total "};
+    int found = 0;
+    for (int k = 0; k < 3 && status == 200 && g.p; k++) {
+        const char *line = strstr(g.p, names[k]);
+        /* a sample line starts a line (the # HELP and # TYPE lines name it after '#') */
+        while (line && line != g.p && line[-1] != '\n') line = strstr(line + 1, names[k]);
+        if (line) out[k] = strtod(line + strlen(names[k]), NULL), found++;
+    }
+    free(g.p);
+    return found == 3 ? 0 : -1;
+}
+
 /* ---- statistics and the table ------------------------------------------------------------- */
 
 static int cmp_d(const void *a, const void *b) {
@@ -428,7 +455,8 @@ static void help(FILE *f) {
             "N streaming completions of random token ids arrive as a Poisson process of R requests/s, and\n"
             "sglang's table is printed: request and token throughput, concurrency, the prefix cache's hit rate\n"
             "(from usage.prompt_tokens_details.cached_tokens), end-to-end latency, TTFT, TPOT and ITL (mean,\n"
-            "median, p99). With --multi-turn, conversations arrive so, and each sends its next turn when the\n"
+            "median, p99), and against a replay server that speculates, the drafts it kept over the run (its\n"
+            "/metrics before and after; other traffic counts too). With --multi-turn, conversations arrive so, and each sends its next turn when the\n"
             "last has ended; the client sees text, not the answer's ids, so a turn resends its own random\n"
             "tokens in the answer's place: the server finds the earlier prompt cached, not the answer.\n"
             "\n"
@@ -590,6 +618,8 @@ static int run(int argc, char **argv) {
         return rp_cli_runtime_error(CMD, "%s (give --model NAME)", err);
     if (vocab <= 0) vocab = 1000; /* ids every real vocabulary has */
     t.model = model;
+    double spec0[3], spec1[3];
+    const int have_spec = query_spec(&t, spec0) == 0;
     sem_t slots;
     if (max_conc > 0) {
         sem_init(&slots, 0, (unsigned)max_conc);
@@ -710,6 +740,12 @@ static int run(int argc, char **argv) {
         row_d("Prefix cache hit rate (%):", cached_in ? 100.0 * (double)cached / (double)cached_in : 0.0);
     } else {
         row_s("Prefix cache hit rate (%):", "n/a (no usage.prompt_tokens_details.cached_tokens)");
+    }
+    /* the server's counters over the run (other traffic on the server counts too) */
+    if (have_spec && query_spec(&t, spec1) == 0 && spec1[1] > spec0[1]) {
+        const double rounds = spec1[0] - spec0[0], drafts = spec1[1] - spec0[1], kept = spec1[2] - spec0[2];
+        row_d("Speculative acceptance (%):", 100.0 * kept / drafts);
+        row_d("Speculative tokens a round:", rounds > 0 ? 1.0 + kept / rounds : 0.0);
     }
     summary s = summarize(e2e, n_e2e);
     rule("End-to-End Latency");
