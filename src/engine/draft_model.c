@@ -125,8 +125,8 @@ rp_draft_model *rp_draft_model_new(rp_model *model, const rp_draft_model_config 
     if (!dm->run) {
         rp_model_free(model);
         free(dm);
-        rp_err_wrap(err, "the draft model does not fit beside the target (lower --mem-fraction-static or choose a "
-                         "smaller draft)");
+        rp_err_wrap(err, "the draft model could not start beside the target (where it ran out of memory: lower "
+                         "--gpu-memory-utilization or choose a smaller draft model)");
         return NULL;
     }
     dm->run->owns_model = 1;
