@@ -54,7 +54,6 @@ int rp_batch_add(rp_batch_builder *bb, int row, const int32_t *tokens, int n, in
         b->num_logits + want > bb->max_logits)
         return -1;
     int first_logit = b->num_logits;
-    if (b->num_seqs > 0 && bb->seq_page_row[b->num_seqs - 1] == row) b->spec_round = 1;
     for (int i = 0; i < n; i++) {
         int t = b->num_tokens + i;
         bb->tokens[t] = tokens[i];
@@ -77,6 +76,7 @@ int rp_batch_add_positions(rp_batch_builder *bb, int row, const int32_t *tokens,
         return -1;
     const int first = b->num_logits;
     for (int j = 0; j < n; j++) rp_batch_add(bb, row, tokens + j, 1, cached + j, 1);
+    if (n > 1) bb->batch.spec_round = 1; /* its positions share the row */
     return first;
 }
 
