@@ -25,6 +25,11 @@ static const char *bodies[] = {
     "\"repetition_penalty\":1.1,\"chat_template_kwargs\":{\"enable_thinking\":false}}",
     "{\"prompt\":[\"a\",[7,8,9],\"\\u00e9t\\u00e9\"],\"logprobs\":0,\"stop_token_ids\":[2],\"stop\":\"x\","
     "\"max_tokens\":null,\"seed\":-5,\"user\":\"u\",\"stream\":false}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"weather?\"},{\"role\":\"assistant\",\"content\":null,"
+    "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get\",\"arguments\":"
+    "\"{\\\"city\\\": \\\"Oslo\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"-3\"}],"
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"description\":\"d\",\"parameters\":"
+    "{\"type\":\"object\"}}}],\"tool_choice\":\"auto\",\"parallel_tool_calls\":false}",
 };
 #define NBODIES (sizeof bodies / sizeof bodies[0])
 
@@ -34,6 +39,7 @@ static rp_tokenizer *load_tok(void) {
     rp_err err;
     rp_tokenizer *t = rp_tokenizer_load(dir, &err);
     if (!t) fail_msg("%s (run scripts/fetch-tokenizers.sh)", err.msg);
+    if (rp_tokenizer_load_chat_template(t, dir, NULL, NULL, &err)) fail_msg("%s", err.msg);
     return t;
 }
 
@@ -219,10 +225,13 @@ static json_t *random_value(uint64_t it, uint64_t k, int depth) {
         return a;
     }
     default: {
-        static const char *keys[] = {"role", "content", "type", "text", "include_usage", "enable_thinking"};
+        static const char *keys[] = {"role",     "content", "type",         "text",       "include_usage",
+                                     "enable_thinking", "function", "name", "tool_calls", "id",
+                                     "arguments", "tool_call_id", "parameters"};
         json_t *o = json_object();
         for (uint64_t i = 0; i < r % 4; i++)
-            json_object_set_new(o, keys[(r >> (8 + i * 3)) % 6], random_value(it, k * 37 + i + 1, depth + 1));
+            json_object_set_new(o, keys[(r >> (8 + i * 4)) % (sizeof keys / sizeof *keys)],
+                                random_value(it, k * 37 + i + 1, depth + 1));
         return o;
     }
     }
@@ -239,7 +248,7 @@ static void test_fuzz_fields(void **state) {
                                    "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
                                    "top_logprobs", "stream", "stream_options", "ignore_eos", "echo",
                                    "chat_template_kwargs", "add_generation_prompt", "tokens", "add_special_tokens",
-                                   "return_token_strs"};
+                                   "return_token_strs", "tools", "tool_choice", "parallel_tool_calls"};
     int ok = 0;
     for (uint64_t it = 0; it < 20000; it++) {
         json_t *root = json_loads(bodies[it % NBODIES], 0, NULL);
@@ -577,6 +586,232 @@ static void test_prompt_ids_fast_path(void **state) {
     free(body);
 }
 
+/* ---- chat templates, tools and tool messages -------------------------------------- */
+
+/* A tokenizer whose chat template is the file tests/fixtures/templates/NAME.jinja. */
+static rp_tokenizer *load_tok_template(const char *name) {
+    rp_tokenizer *t = load_tok();
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/fixtures/templates/%s.jinja", test_source_dir(), name);
+    rp_err err;
+    if (rp_tokenizer_load_chat_template(t, NULL, NULL, path, &err)) fail_msg("%s", err.msg);
+    return t;
+}
+
+/* A fixture conversation a client could send: string contents, tool results
+ * that answer earlier calls, arguments as mappings (turned into the JSON
+ * strings OpenAI's API carries, which the server parses back). */
+static json_t *as_request(json_t *vars) {
+    json_t *msgs = json_deep_copy(json_object_get(vars, "messages")), *m, *ids = json_object();
+    size_t i, k;
+    json_array_foreach(msgs, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (!json_is_string(json_object_get(m, "content")) || !role || !strcmp(role, "developer")) goto no;
+        json_t *call;
+        json_array_foreach(json_object_get(m, "tool_calls"), k, call) {
+            json_t *fn = json_object_get(call, "function"), *args = json_object_get(fn, "arguments");
+            if (!json_is_object(args) || !json_is_string(json_object_get(call, "id"))) goto no;
+            json_object_set_new(ids, json_string_value(json_object_get(call, "id")), json_true());
+            char *text = json_dumps(args, JSON_COMPACT | JSON_ENSURE_ASCII);
+            json_object_set_new(fn, "arguments", json_string(text));
+            free(text);
+        }
+        if (!strcmp(role, "tool") && !json_object_get(ids, json_string_value(json_object_get(m, "tool_call_id"))))
+            goto no;
+    }
+    json_decref(ids);
+    json_t *kw = json_pack("{s:O,s:O,s:s}", "bos_token", json_object_get(vars, "bos_token"), "eos_token",
+                           json_object_get(vars, "eos_token"), "date_string", "26 Jul 2024");
+    json_t *et = json_object_get(vars, "enable_thinking");
+    if (et) json_object_set(kw, "enable_thinking", et);
+    return json_pack("{s:o,s:O,s:O,s:o}", "messages", msgs, "tools", json_object_get(vars, "tools"),
+                     "add_generation_prompt", json_object_get(vars, "add_generation_prompt"), "chat_template_kwargs",
+                     kw);
+no:
+    json_decref(ids);
+    json_decref(msgs);
+    return NULL;
+}
+
+/* Chat requests with tools, tool calls and tool results render exactly as
+ * transformers rendered the same conversations with the tool-calling
+ * fixture templates (tests/fixtures/templates/rendered/). */
+static void test_tools_render_as_fixtures(void **state) {
+    (void)state;
+    static const char *names[] = {"hermes_tools", "llama31_json_tools", "mistral_v03_tools"};
+    for (size_t n = 0; n < sizeof names / sizeof *names; n++) {
+        rp_tokenizer *tok = load_tok_template(names[n]);
+        rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 1 << 20, .vocab_size = 151936};
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tests/fixtures/templates/rendered/%s.json", test_source_dir(), names[n]);
+        json_error_t je;
+        json_t *root = json_load_file(path, 0, &je), *c;
+        if (!root) fail_msg("%s: %s", path, je.text);
+        size_t i, checked = 0, with_tools = 0;
+        json_array_foreach(json_object_get(root, "cases"), i, c) {
+            json_t *want = json_object_get(c, "text"), *vars = json_object_get(c, "vars");
+            if (!json_is_string(want)) continue;
+            json_t *req = as_request(vars);
+            if (!req) continue;
+            char *body = json_dumps(req, JSON_COMPACT);
+            rp_oai_request q;
+            rp_oai_error e;
+            if (rp_oai_parse(&ctx, RP_OAI_CHAT, body, strlen(body), &q, &e))
+                fail_msg("%s case %zu: %s (%s)", names[n], i, e.message, e.param);
+            if (strcmp(q.prompt_texts[0], json_string_value(want)))
+                fail_msg("%s case %zu differs:\n--- replay\n%s\n--- transformers\n%s", names[n], i, q.prompt_texts[0],
+                         json_string_value(want));
+            checked++;
+            with_tools += json_array_size(json_object_get(vars, "tools")) > 0;
+            rp_oai_request_free(&q);
+            free(body);
+            json_decref(req);
+        }
+        fprintf(stderr, "%s: %zu conversations as chat requests (%zu with tools), as transformers rendered them\n",
+                names[n], checked, with_tools);
+        assert_true(checked >= 20 && with_tools >= 5);
+        json_decref(root);
+        rp_tokenizer_free(tok);
+    }
+}
+
+/* Bad tools, tool messages and tool_choice: 400s naming the parameter. */
+static void test_tool_errors(void **state) {
+    (void)state;
+    rp_tokenizer *tok = load_tok();
+    rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 4096, .vocab_size = 151936};
+#define USER "{\"role\":\"user\",\"content\":\"x\"}"
+#define CALL(id, args)                                                                                               \
+    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"" id "\",\"type\":\"function\",\"function\":" \
+    "{\"name\":\"f\",\"arguments\":" args "}}]}"
+#define TOOLS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}]"
+    const struct {
+        const char *body, *param, *says;
+    } cases[] = {
+        {"{\"messages\":[" USER "],\"tools\":{}}", "tools", "list"},
+        {"{\"messages\":[" USER "],\"tools\":[{\"type\":\"retrieval\"}]}", "tools.[0]", "function"},
+        {"{\"messages\":[" USER "],\"tools\":[{\"type\":\"function\",\"function\":{}}]}", "tools.[0].function.name",
+         "non-empty"},
+        {"{\"messages\":[" USER "],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"\"}}]}",
+         "tools.[0].function.name", "non-empty"},
+        {"{\"messages\":[" USER "],\"tools\":[{\"type\":\"function\"}]}", "tools.[0].function", "object"},
+        {"{\"messages\":[" USER "],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+         "\"string\"}}]}",
+         "tools.[0].function.parameters", "JSON Schema"},
+        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"required\"}", "tool_choice", "structured output"},
+        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}",
+         "tool_choice", "structured output"},
+        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}",
+         "tool_choice", "not in 'tools'"},
+        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"sometimes\"}", "tool_choice", "sometimes"},
+        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":7}", "tool_choice", "must be"},
+        {"{\"messages\":[" USER "]," TOOLS ",\"parallel_tool_calls\":\"yes\"}", "parallel_tool_calls", "boolean"},
+        {"{\"messages\":[" USER ",{\"role\":\"tool\",\"content\":\"r\"}]}", "messages.[1].tool_call_id",
+         "tool_call_id"},
+        {"{\"messages\":[" USER "," CALL("a", "\"{}\"") ",{\"role\":\"tool\",\"tool_call_id\":\"b\",\"content\":\"r\"}]}",
+         "messages.[2].tool_call_id", "'b'"},
+        {"{\"messages\":[{\"role\":\"tool\",\"tool_call_id\":\"a\",\"content\":\"r\"}," CALL("a", "\"{}\"") "]}",
+         "messages.[0].tool_call_id", "no earlier"},
+        {"{\"messages\":[" USER "," CALL("a", "\"{not json\"") "]}", "messages.[1].tool_calls.[0].function.arguments",
+         "not valid JSON"},
+        {"{\"messages\":[" USER "," CALL("a", "7") "]}", "messages.[1].tool_calls.[0].function.arguments", "string"},
+        {"{\"messages\":[" USER "," CALL("", "\"{}\"") "]}", "messages.[1].tool_calls.[0].id", "non-empty"},
+        {"{\"messages\":[" USER ",{\"role\":\"assistant\",\"tool_calls\":{}}]}", "messages.[1].tool_calls", "list"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[]}]}", "messages.[0].tool_calls",
+         "assistant"},
+        {"{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages.[0].role", "wizard"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":7}]}", "messages.[0].content", "string"},
+        {"{\"messages\":[" USER "],\"chat_template_kwargs\":[1]}", "chat_template_kwargs", "object"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        rp_oai_request q;
+        rp_oai_error e;
+        if (rp_oai_parse(&ctx, RP_OAI_CHAT, cases[i].body, strlen(cases[i].body), &q, &e) == 0)
+            fail_msg("case %zu was accepted: %s", i, cases[i].body);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.type, "invalid_request_error");
+        if (strcmp(e.param, cases[i].param) || !strstr(e.message, cases[i].says))
+            fail_msg("case %zu: param '%s', message '%s'", i, e.param, e.message);
+    }
+    /* accepted: tool_choice none/auto, parallel_tool_calls, null content beside tool_calls,
+     * arguments already an object (some clients), kwargs of any JSON */
+    const char *ok[] = {
+        "{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"none\",\"parallel_tool_calls\":true}",
+        "{\"messages\":[" USER "," CALL("a", "{\"x\":[1,{}]}") ",{\"role\":\"tool\",\"tool_call_id\":\"a\","
+        "\"content\":[{\"type\":\"text\",\"text\":\"r\"}]}]," TOOLS ",\"tool_choice\":\"auto\"}",
+        "{\"messages\":[" USER "],\"tools\":null,\"tool_choice\":null,\"chat_template_kwargs\":{\"a\":[null,{\"b\":1.5}]}}",
+        "{\"messages\":[" USER "],\"tools\":[]}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        rp_oai_request q;
+        rp_oai_error e;
+        if (rp_oai_parse(&ctx, RP_OAI_CHAT, ok[i], strlen(ok[i]), &q, &e))
+            fail_msg("ok case %zu: %s (%s)", i, e.message, e.param);
+        rp_oai_request_free(&q);
+    }
+    /* Qwen3's own template: the tools in the system turn, the call and its result */
+    rp_oai_request q;
+    rp_oai_error e;
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_CHAT, bodies[4], strlen(bodies[4]), &q, &e), 0);
+    assert_non_null(strstr(q.prompt_texts[0], "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get\", "
+                                              "\"description\": \"d\", \"parameters\": {\"type\": \"object\"}}}\n</tools>"));
+    assert_non_null(strstr(q.prompt_texts[0], "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get\", \"arguments\": "
+                                              "{\"city\": \"Oslo\"}}\n</tool_call><|im_end|>\n"));
+    assert_non_null(strstr(q.prompt_texts[0], "<|im_start|>user\n<tool_response>\n-3\n</tool_response><|im_end|>\n"));
+    rp_oai_request_free(&q);
+    /* /tokenize renders tools too */
+    rp_oai_tokenize t;
+    assert_int_equal(rp_oai_parse_tokenize(&ctx, bodies[4], strlen(bodies[4]), &t, &e), 0);
+    assert_non_null(strstr(t.text, "<tools>"));
+    rp_oai_tokenize_free(&t);
+#undef USER
+#undef CALL
+#undef TOOLS
+    rp_tokenizer_free(tok);
+}
+
+/* A template's raise_exception: a 400 with its message as it wrote it. */
+static void test_template_raises(void **state) {
+    (void)state;
+    rp_tokenizer *tok = load_tok_template("mistral_v03_tools");
+    rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 4096, .vocab_size = 151936};
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\"}]}";
+    rp_oai_request q;
+    rp_oai_error e;
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_CHAT, body, strlen(body), &q, &e), -1);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, "messages");
+    assert_string_equal(e.message, "After the optional system message, conversation roles must alternate "
+                                   "user/assistant/user/assistant/...");
+    rp_tokenizer_free(tok);
+}
+
+/* generation_config.json's sampling (the context's defaults) fills only
+ * what a request leaves unset. */
+static void test_sampling_defaults(void **state) {
+    (void)state;
+    rp_request_params d;
+    rp_request_params_default(&d);
+    d.temperature = 0.6f, d.top_p = 0.95f, d.top_k = 20, d.min_p = 0.01f, d.repetition_penalty = 1.05f;
+    rp_oai_context ctx = {.served_model = "m", .max_context = 4096, .vocab_size = 151936, .sampling_defaults = &d};
+    rp_oai_request q;
+    rp_oai_error e;
+    const char *unset = "{\"prompt\":[1,2]}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, unset, strlen(unset), &q, &e), 0);
+    assert_true(q.params.temperature == 0.6f && q.params.top_p == 0.95f && q.params.top_k == 20 &&
+                q.params.min_p == 0.01f && q.params.repetition_penalty == 1.05f);
+    assert_true(q.params.presence_penalty == 0 && q.params.max_tokens == 16);
+    rp_oai_request_free(&q);
+    const char *some = "{\"prompt\":[1,2],\"temperature\":0,\"top_k\":-1,\"top_p\":null}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, some, strlen(some), &q, &e), 0);
+    assert_true(q.params.temperature == 0 && q.params.top_k == -1 && q.params.top_p == 0.95f);
+    rp_oai_request_free(&q);
+    ctx.sampling_defaults = NULL; /* replay's own */
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, unset, strlen(unset), &q, &e), 0);
+    assert_true(q.params.temperature == 1 && q.params.top_p == 1 && q.params.top_k == 0);
+    rp_oai_request_free(&q);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid),
@@ -586,6 +821,10 @@ int main(void) {
         cmocka_unit_test(test_fuzz_fields),
         cmocka_unit_test(test_engine_errors),
         cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_tools_render_as_fixtures),
+        cmocka_unit_test(test_tool_errors),
+        cmocka_unit_test(test_template_raises),
+        cmocka_unit_test(test_sampling_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

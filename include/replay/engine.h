@@ -55,7 +55,7 @@ typedef struct rp_engine_config {
     int load_dummy;        /* model_dir's config with random weights */
     uint64_t weight_seed;
     const char *tokenizer_dir; /* default: model_dir */
-    const char *chat_template; /* "qwen3" or "llama3": overrides tokenizer_config.json's */
+    const char *chat_template; /* a Jinja file: overrides the model's chat template */
     const char *device;    /* "auto" (default), "cpu", "cuda" */
     int threads;           /* CPU backend */
     /* KV cache */

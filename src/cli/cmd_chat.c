@@ -1,7 +1,7 @@
 /* `replay chat`: an interactive conversation in the terminal, as llama-cli's
  * conversation mode and `ollama run` behave. Each turn renders the whole
  * conversation with the model's chat template, generates the reply with
- * streaming output, and stops at the template's end-of-turn tokens.
+ * streaming output, and stops at the model's end-of-turn tokens.
  *
  * Input comes a line at a time (lineedit.h: line editing and history on a
  * terminal, plain lines from a pipe). A line starting with '/' is a command
@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/chat_opts.h"
 #include "cli/interrupt.h"
 #include "cli/lineedit.h"
 #include "cli/sampling_opts.h"
@@ -62,12 +63,12 @@ static void help(FILE *f) {
             "Conversation:\n"
             "  --tokenizer DIR        tokenizer.json and tokenizer_config.json from DIR (default: the model's)\n"
             "  --system TEXT          a system message at the start (default: none)\n"
-            "  --chat-template NAME   qwen3 or llama3 (default: tokenizer_config.json's)\n"
-            "  --no-thinking          Qwen3: enable_thinking=false\n"
+            "  --chat-template FILE   a Jinja chat template file instead of the model's own\n"
+            "  --no-thinking          enable_thinking=false for the template (Qwen3's switch)\n"
             "  --max-tokens N         tokens per reply at most, 1 or more (default %d)\n"
             "  --max-model-len N      tokens of conversation, replies included, kept in the KV cache\n"
             "                         (default %d, or the model's max_position_embeddings if less)\n"
-            "\n" RP_SAMPLING_OPTIONS_HELP
+            "\n" RP_SAMPLING_OPTIONS_HELP RP_GENERATION_CONFIG_HELP
             "\n",
             DEFAULT_MAX_TOKENS, DEFAULT_CONTEXT);
     rp_spec_opts_help(f);
@@ -85,8 +86,8 @@ static const char commands_help[] =
 /* The messages so far, each content owned here: an optional system message,
  * then user and assistant turns. */
 typedef struct conversation {
-    rp_chat_message *msgs;
-    char **text; /* text[i] is msgs[i].content */
+    const char **role;
+    char **text;
     int n, cap;
     int first; /* index of the first user message: 1 with a system message */
 } conversation;
@@ -94,16 +95,16 @@ typedef struct conversation {
 static int conv_add(conversation *c, const char *role, const char *content) {
     if (c->n == c->cap) {
         const int cap = c->cap ? c->cap * 2 : 16;
-        rp_chat_message *m = realloc(c->msgs, (size_t)cap * sizeof *m);
-        if (!m) return -1;
-        c->msgs = m;
+        const char **r = realloc(c->role, (size_t)cap * sizeof *r);
+        if (!r) return -1;
+        c->role = r;
         char **t = realloc(c->text, (size_t)cap * sizeof *t);
         if (!t) return -1;
         c->text = t;
         c->cap = cap;
     }
     if (!(c->text[c->n] = strdup(content))) return -1;
-    c->msgs[c->n] = (rp_chat_message){role, c->text[c->n]};
+    c->role[c->n] = role;
     c->n++;
     return 0;
 }
@@ -111,14 +112,14 @@ static int conv_add(conversation *c, const char *role, const char *content) {
 /* Forgets messages [from, from + count). */
 static void conv_remove(conversation *c, int from, int count) {
     for (int i = from; i < from + count; i++) free(c->text[i]);
-    memmove(c->msgs + from, c->msgs + from + count, (size_t)(c->n - from - count) * sizeof *c->msgs);
+    memmove(c->role + from, c->role + from + count, (size_t)(c->n - from - count) * sizeof *c->role);
     memmove(c->text + from, c->text + from + count, (size_t)(c->n - from - count) * sizeof *c->text);
     c->n -= count;
 }
 
 static void conv_free(conversation *c) {
     conv_remove(c, 0, c->n);
-    free(c->msgs);
+    free(c->role);
     free(c->text);
 }
 
@@ -174,7 +175,7 @@ typedef struct chat {
     rp_engine *eng;
     const rp_tokenizer *tok;
     conversation conv;
-    int enable_thinking;
+    int no_thinking;
     long max_tokens, context;
     int told_dropping; /* the first drop is announced; later ones only logged */
 } chat;
@@ -188,8 +189,11 @@ enum { FIT_OK, FIT_TOO_LONG, FIT_ERROR };
  * nothing was dropped (*n_ids says how long it was); FIT_ERROR: err says why. */
 static int fit_prompt(chat *ch, int32_t **ids, size_t *n_ids, int *dropped, rp_err *err) {
     conversation *c = &ch->conv;
-    rp_chat_message *view = malloc((size_t)c->n * sizeof *view);
-    if (!view) {
+    const char **view_role = malloc((size_t)c->n * sizeof *view_role);
+    const char **view_text = malloc((size_t)c->n * sizeof *view_text);
+    if (!view_role || !view_text) {
+        free(view_role);
+        free(view_text);
         rp_errf(err, "out of memory");
         return FIT_ERROR;
     }
@@ -198,11 +202,12 @@ static int fit_prompt(chat *ch, int32_t **ids, size_t *n_ids, int *dropped, rp_e
     for (;;) {
         /* the system message, then the turns after the skipped ones */
         int n = 0;
-        if (c->first) view[n++] = c->msgs[0];
-        for (int i = c->first + skip; i < c->n; i++) view[n++] = c->msgs[i];
+        if (c->first) view_role[n] = c->role[0], view_text[n++] = c->text[0];
+        for (int i = c->first + skip; i < c->n; i++) view_role[n] = c->role[i], view_text[n++] = c->text[i];
         char *rendered = NULL;
         *ids = NULL;
-        if (rp_chat_render(ch->tok, view, n, 1, ch->enable_thinking, &rendered, err) ||
+        if (rp_cli_chat_render(ch->tok, view_role, (const char *const *)view_text, n, ch->no_thinking, &rendered,
+                               err) ||
             rp_tokenizer_encode(ch->tok, rendered, strlen(rendered), ids, n_ids, err)) {
             free(rendered);
             fit = FIT_ERROR;
@@ -222,10 +227,11 @@ static int fit_prompt(chat *ch, int32_t **ids, size_t *n_ids, int *dropped, rp_e
         }
         free(*ids);
         *ids = NULL;
-        skip += oldest + 1 < c->n - 1 && !strcmp(c->msgs[oldest + 1].role, "assistant") ? 2 : 1;
+        skip += oldest + 1 < c->n - 1 && !strcmp(c->role[oldest + 1], "assistant") ? 2 : 1;
         ++*dropped;
     }
-    free(view);
+    free(view_role);
+    free(view_text);
     return fit;
 }
 
@@ -347,6 +353,7 @@ static const struct option options[] = {
     {"system", required_argument, 0, 'S'},
     {"chat-template", required_argument, 0, 'M'},
     {"no-thinking", no_argument, 0, 'N'},
+    {"generation-config", required_argument, 0, 'G'},
     {"max-tokens", required_argument, 0, 'n'},
     {"max-model-len", required_argument, 0, 'c'},
     RP_SPEC_LONG_OPTIONS,
@@ -359,7 +366,8 @@ static int run(int argc, char **argv) {
     rp_model_opts_init(&mo);
     rp_sampling_params sp;
     rp_sampling_params_default(&sp);
-    const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_name = NULL;
+    rp_sampling_opts_unset(&sp); /* generation_config.json fills what no flag sets */
+    const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_file = NULL, *generation_config = "auto";
     int no_thinking = 0;
     long max_tokens = DEFAULT_MAX_TOKENS, max_model_len = 0;
     rp_engine_config ec;
@@ -371,7 +379,8 @@ static int run(int argc, char **argv) {
         case 'h': help(stdout); return RP_EXIT_OK;
         case 'T': tokenizer_dir = optarg; break;
         case 'S': system_prompt = optarg; break;
-        case 'M': template_name = optarg; break;
+        case 'M': template_file = optarg; break;
+        case 'G': generation_config = optarg; break;
         case 'N': no_thinking = 1; break;
         case 'n':
             if (rp_parse_int(optarg, 1, 1 << 24, &max_tokens))
@@ -393,10 +402,15 @@ static int run(int argc, char **argv) {
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     int bad = rp_model_opts_check(&mo, CMD);
     if (bad || (bad = rp_spec_opts_check(&ec, CMD))) return bad;
-    rp_chat_template_kind forced = RP_CHAT_TEMPLATE_UNKNOWN;
-    rp_err err;
-    if (template_name && rp_chat_template_from_name(template_name, &forced, &err))
-        return rp_cli_usage_error(CMD, "--chat-template: %s", err.msg);
+    if (template_file && (bad = rp_cli_check_template_file(template_file, CMD))) return bad;
+    if ((bad = rp_generation_config_check(generation_config, CMD))) return bad;
+    rp_request_params defaults;
+    char sampling_what[512];
+    int sampling_taken;
+    if ((bad = rp_generation_config_defaults(mo.model_dir, generation_config, &defaults, sampling_what,
+                                             sizeof sampling_what, &sampling_taken, CMD)))
+        return bad;
+    rp_sampling_opts_fill(&sp, &defaults);
     if ((bad = rp_sampling_opts_check(&sp, CMD))) return bad;
     const long model_context = mo.cfg.max_position_embeddings;
     if (max_model_len > model_context)
@@ -419,7 +433,7 @@ static int run(int argc, char **argv) {
 
     rp_cli_engine_model(&mo, &ec);
     ec.tokenizer_dir = tokenizer_dir;
-    ec.chat_template = template_name;
+    ec.chat_template = template_file;
     ec.max_running_requests = 1;
     ec.max_context = (int)context;
     ec.max_batched_tokens = 2048;
@@ -428,7 +442,9 @@ static int run(int argc, char **argv) {
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) return rp_cli_runtime_error(CMD, "%s", eerr.message);
     int rc = RP_EXIT_RUNTIME;
-    chat ch = {.eng = eng, .tok = rp_engine_tokenizer(eng), .enable_thinking = no_thinking ? 0 : -1,
+    if (sampling_taken) rp_log_info("%s", sampling_what);
+    else rp_log_debug("%s", sampling_what);
+    chat ch = {.eng = eng, .tok = rp_engine_tokenizer(eng), .no_thinking = no_thinking,
                .max_tokens = max_tokens, .context = rp_engine_max_context(eng)};
     rp_lineedit *le = NULL;
     if (rp_interrupt_install()) {

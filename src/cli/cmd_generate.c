@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "cli/cli.h"
+#include "cli/chat_opts.h"
 #include "cli/interrupt.h"
 #include "cli/sampling_opts.h"
 #include "engine/sampler.h"
@@ -54,14 +55,14 @@ static void help(FILE *f) {
             "  --tokenizer DIR        tokenizer.json (+ tokenizer_config.json) from DIR (default: the model's)\n"
             "  --chat                 wrap the prompt as a user turn in the model's chat template\n"
             "  --system TEXT          with --chat: a system message first (default: none)\n"
-            "  --chat-template NAME   with --chat: qwen3 or llama3 (default: tokenizer_config.json's)\n"
-            "  --no-thinking          with --chat on Qwen3: enable_thinking=false\n"
+            "  --chat-template FILE   with --chat: a Jinja chat template file instead of the model's own\n"
+            "  --no-thinking          with --chat: enable_thinking=false for the template (Qwen3's switch)\n"
             "  --print-ids            print token ids instead of text\n"
             "  --max-tokens N         tokens to generate at most, 1 or more (default %d)\n"
             "  --stop STR             stop before the text STR; repeat for several, as the OpenAI API's\n"
             "                         \"stop\" (default: none; needs a tokenizer)\n"
             "  --ignore-eos           keep going past end-of-sequence tokens\n"
-            "\n" RP_SAMPLING_OPTIONS_HELP
+            "\n" RP_SAMPLING_OPTIONS_HELP RP_GENERATION_CONFIG_HELP
             "\n"
             "Engine:\n"
             "  --max-model-len N      context in tokens, prompt and output together, at most the model's\n"
@@ -250,6 +251,7 @@ static const struct option options[] = {
     {"system", required_argument, 0, 'S'},
     {"chat-template", required_argument, 0, 'M'},
     {"no-thinking", no_argument, 0, 'N'},
+    {"generation-config", required_argument, 0, 'G'},
     {"print-ids", no_argument, 0, 'D'},
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
@@ -260,6 +262,7 @@ static int run(int argc, char **argv) {
     rp_model_opts_init(&mo);
     rp_sampling_params sp;
     rp_sampling_params_default(&sp);
+    rp_sampling_opts_unset(&sp); /* generation_config.json fills what no flag sets */
     rp_engine_config ec;
     rp_engine_config_default(&ec);
     ec.max_batched_tokens = DEFAULT_BATCHED_TOKENS;
@@ -269,7 +272,7 @@ static int run(int argc, char **argv) {
     int num_stops = 0;
     long max_tokens = DEFAULT_MAX_TOKENS;
     int ignore_eos = 0, chat = 0, no_thinking = 0, print_ids = 0;
-    const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_name = NULL;
+    const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_file = NULL, *generation_config = "auto";
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, &sp, CMD)) != RP_OPT_END) {
@@ -282,7 +285,8 @@ static int run(int argc, char **argv) {
         case 'T': tokenizer_dir = optarg; break;
         case 'C': chat = 1; break;
         case 'S': system_prompt = optarg; break;
-        case 'M': template_name = optarg; break;
+        case 'M': template_file = optarg; break;
+        case 'G': generation_config = optarg; break;
         case 'N': no_thinking = 1; break;
         case 'D': print_ids = 1; break;
         case 'n':
@@ -309,12 +313,18 @@ static int run(int argc, char **argv) {
     if (!!prompt + !!prompt_ids + !!prompt_file != 1)
         return rp_cli_usage_error(CMD, "give exactly one of --prompt, --prompt-file or --prompt-ids");
     if (chat && prompt_ids) return rp_cli_usage_error(CMD, "--chat needs a text prompt: --prompt or --prompt-file");
-    if ((system_prompt || template_name || no_thinking) && !chat)
+    if ((system_prompt || template_file || no_thinking) && !chat)
         return rp_cli_usage_error(CMD, "--system, --chat-template and --no-thinking go with --chat");
     rp_err err;
-    rp_chat_template_kind kind;
-    if (template_name && rp_chat_template_from_name(template_name, &kind, &err))
-        return rp_cli_usage_error(CMD, "--chat-template: %s", err.msg);
+    if (template_file && (bad = rp_cli_check_template_file(template_file, CMD))) return bad;
+    if ((bad = rp_generation_config_check(generation_config, CMD))) return bad;
+    rp_request_params defaults;
+    char sampling_what[512];
+    int sampling_taken;
+    if ((bad = rp_generation_config_defaults(mo.model_dir, generation_config, &defaults, sampling_what,
+                                             sizeof sampling_what, &sampling_taken, CMD)))
+        return bad;
+    rp_sampling_opts_fill(&sp, &defaults);
     if ((bad = rp_sampling_opts_check(&sp, CMD)) || (bad = rp_spec_opts_check(&ec, CMD))) return bad;
     const int model_context = mo.cfg.max_position_embeddings;
     if (ec.max_context > model_context)
@@ -351,7 +361,7 @@ static int run(int argc, char **argv) {
 
     rp_cli_engine_model(&mo, &ec);
     ec.tokenizer_dir = tokenizer_dir;
-    ec.chat_template = template_name;
+    ec.chat_template = template_file;
     ec.max_running_requests = 1;
     ec.chunked_prefill_size = ec.max_batched_tokens;
     int rc = RP_EXIT_RUNTIME;
@@ -371,15 +381,17 @@ static int run(int argc, char **argv) {
         goto out;
     }
     const rp_tokenizer *tok = rp_engine_tokenizer(eng);
+    if (sampling_taken) rp_log_info("%s", sampling_what);
+    else rp_log_debug("%s", sampling_what);
     rp_request_params rq;
     rp_request_params_default(&rq);
     if (prompt) {
         if (chat) {
-            rp_chat_message msgs[2];
+            const char *roles[2], *contents[2];
             int nm = 0;
-            if (system_prompt) msgs[nm++] = (rp_chat_message){"system", system_prompt};
-            msgs[nm++] = (rp_chat_message){"user", prompt};
-            if (rp_chat_render(tok, msgs, nm, 1, no_thinking ? 0 : -1, &rendered, &err)) {
+            if (system_prompt) roles[nm] = "system", contents[nm++] = system_prompt;
+            roles[nm] = "user", contents[nm++] = prompt;
+            if (rp_cli_chat_render(tok, roles, contents, nm, no_thinking, &rendered, &err)) {
                 rc = rp_cli_runtime_error(CMD, "%s", err.msg);
                 goto out;
             }

@@ -22,6 +22,8 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/chat_opts.h"
+#include "cli/sampling_opts.h"
 #include "replay/engine.h"
 #include "server/http.h"
 #include "tokenizer/tokenizer.h"
@@ -51,7 +53,12 @@ static void help(FILE *f) {
             "  --api-key KEY              require 'Authorization: Bearer KEY' (default: the environment's\n"
             "                             REPLAY_API_KEY, which keeps the key out of `ps`; else none)\n"
             "  --tokenizer DIR            tokenizer.json from DIR instead of the model's (default: the model's)\n"
-            "  --chat-template NAME       qwen3 or llama3 (default: from tokenizer_config.json)\n"
+            "  --chat-template FILE       a Jinja chat template file instead of the model's own\n"
+            "                             (chat_template.jinja or tokenizer_config.json's chat_template)\n"
+            "  --generation-config G      where a request's unset sampling fields come from: auto = the\n"
+            "                             model's generation_config.json (temperature, top_p, top_k, min_p,\n"
+            "                             repetition_penalty), vllm = replay's defaults, or a directory with\n"
+            "                             generation_config.json (default auto; as vLLM)\n"
             "\n"
             "Logs (docs/server.md#logs; lines go to stderr; --log-level and --log-format under Output):\n"
             "  --disable-access-log       no line per request (default: one at info; vLLM's\n"
@@ -123,7 +130,8 @@ static const char *default_served_name(const rp_model_opts *mo) {
 }
 
 /* What can be checked before the model loads; a usage error (printed) or 0. */
-static int check_options(const rp_server_config *sc, const char *tokenizer_dir, const char *template_name) {
+static int check_options(const rp_server_config *sc, const char *tokenizer_dir, const char *template_file,
+                         const char *generation_config) {
     if (!sc->served_model[0]) return rp_cli_usage_error(CMD, "--served-model-name must not be empty");
     if (sc->api_key && !sc->api_key[0])
         return rp_cli_usage_error(CMD, "--api-key must not be empty (leave it out to serve without a key)");
@@ -135,11 +143,8 @@ static int check_options(const rp_server_config *sc, const char *tokenizer_dir, 
             return rp_cli_usage_error(CMD, "--tokenizer must be a directory with tokenizer.json, got '%s'",
                                       tokenizer_dir);
     }
-    rp_chat_template_kind kind;
-    rp_err err;
-    if (template_name && rp_chat_template_from_name(template_name, &kind, &err))
-        return rp_cli_usage_error(CMD, "--chat-template must be qwen3 or llama3, got '%s'", template_name);
-    return 0;
+    if (template_file && rp_cli_check_template_file(template_file, CMD)) return RP_EXIT_USAGE;
+    return rp_generation_config_check(generation_config, CMD);
 }
 
 /* An option's long name (the first of its aliases). */
@@ -152,6 +157,7 @@ static const char *flag_name(const struct option *longopts, int opt) {
 enum {
     OPT_HOST = 0x1c0, /* past the common options (cli.h) */
     OPT_PORT, OPT_NAME, OPT_KEY, OPT_TOKENIZER, OPT_TEMPLATE, OPT_NO_ACCESS_LOG, OPT_STATS_INTERVAL, OPT_NO_STATS,
+    OPT_GENERATION_CONFIG,
     OPT_LIMIT = 0x180 /* the limits, in the order of limits[] below */
 };
 
@@ -163,6 +169,7 @@ static const struct option options[] = {
     {"api-key", required_argument, 0, OPT_KEY},
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
     {"chat-template", required_argument, 0, OPT_TEMPLATE},
+    {"generation-config", required_argument, 0, OPT_GENERATION_CONFIG},
     {"disable-access-log", no_argument, 0, OPT_NO_ACCESS_LOG},
     {"disable-uvicorn-access-log", no_argument, 0, OPT_NO_ACCESS_LOG},
     {"log-stats-interval", required_argument, 0, OPT_STATS_INTERVAL},
@@ -189,7 +196,7 @@ static int run(int argc, char **argv) {
     long limits[8] = {sc.max_connections, sc.max_connections_per_address, sc.header_timeout_s, sc.body_timeout_s,
                       sc.send_timeout_s, (long)sc.max_body_bytes, sc.max_queued_requests, sc.http_threads};
     static const long limit_max[8] = {1 << 20, 1 << 20, 3600, 3600, 3600, 1L << 30, 1 << 24, 256};
-    const char *tokenizer_dir = NULL, *template_name = NULL;
+    const char *tokenizer_dir = NULL, *template_file = NULL, *generation_config = "auto";
     long port = DEFAULT_PORT;
     rp_engine_config ec;
     rp_engine_config_default(&ec);
@@ -204,7 +211,8 @@ static int run(int argc, char **argv) {
         case OPT_NAME: sc.served_model = optarg; break;
         case OPT_KEY: sc.api_key = optarg; break;
         case OPT_TOKENIZER: tokenizer_dir = optarg; break;
-        case OPT_TEMPLATE: template_name = optarg; break;
+        case OPT_TEMPLATE: template_file = optarg; break;
+        case OPT_GENERATION_CONFIG: generation_config = optarg; break;
         case OPT_PORT: dst = &port, lo = 1, hi = 65535; break;
         case OPT_NO_ACCESS_LOG: sc.access_log = 0; break;
         case OPT_NO_STATS: sc.log_stats_interval_s = 0; break;
@@ -249,7 +257,12 @@ static int run(int argc, char **argv) {
         const char *k = getenv("REPLAY_API_KEY"); /* empty counts as unset */
         if (k && *k) sc.api_key = k;
     }
-    if (check_options(&sc, tokenizer_dir, template_name)) return RP_EXIT_USAGE;
+    if (check_options(&sc, tokenizer_dir, template_file, generation_config)) return RP_EXIT_USAGE;
+    char sampling_what[512];
+    int sampling_taken;
+    if ((bad = rp_generation_config_defaults(mo.model_dir, generation_config, &sc.sampling_defaults, sampling_what,
+                                             sizeof sampling_what, &sampling_taken, CMD)))
+        return bad;
 
     /* SIGINT/SIGTERM go to the signal thread only: blocked before any thread starts */
     sigemptyset(&g_sigs);
@@ -272,13 +285,15 @@ static int run(int argc, char **argv) {
 
     rp_cli_engine_model(&mo, &ec);
     ec.tokenizer_dir = tokenizer_dir;
-    ec.chat_template = template_name;
+    ec.chat_template = template_file;
     rp_error eerr;
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) {
         rp_listener_free(listener);
         return rp_cli_runtime_error(CMD, "%s", eerr.message);
     }
+    rp_log_info("%s", sampling_what);
+    if (rp_engine_tokenizer(eng)) rp_cli_log_chat_template(rp_engine_tokenizer(eng));
     rp_server *srv = rp_server_start(eng, &sc, listener, err, sizeof err);
     if (!srv) {
         rp_engine_destroy(eng);

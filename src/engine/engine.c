@@ -236,8 +236,8 @@ static void set_error(rp_error *err, rp_error_code code, const char *msg) {
     snprintf(err->message, sizeof err->message, "%s", msg);
 }
 
-/* The tokenizer of tokenizer_dir, else of model_dir when it has one; the
- * chat template override. */
+/* The tokenizer of tokenizer_dir, else of model_dir when it has one, with
+ * its chat template (the file cfg->chat_template, else the model's). */
 static int load_tokenizer(rp_engine *e, rp_err *err) {
     const rp_engine_config *cfg = &e->cfg;
     const char *tdir = cfg->tokenizer_dir ? cfg->tokenizer_dir : cfg->model_dir;
@@ -246,12 +246,9 @@ static int load_tokenizer(rp_engine *e, rp_err *err) {
         snprintf(path, sizeof path, "%s/tokenizer.json", tdir);
         if ((cfg->tokenizer_dir || access(path, R_OK) == 0) && !(e->tok = rp_tokenizer_load(tdir, err))) return RP_ERR;
     }
-    if (cfg->chat_template) {
-        rp_chat_template_kind kind;
-        if (!e->tok) return rp_errf(err, "a chat template was given but the model has no tokenizer");
-        if (rp_chat_template_from_name(cfg->chat_template, &kind, err)) return RP_ERR;
-        rp_tokenizer_set_chat_template(e->tok, kind);
-    }
+    if (cfg->chat_template && !e->tok) return rp_errf(err, "a chat template was given but the model has no tokenizer");
+    /* compiled now: a template replay cannot interpret fails the start, not a request */
+    if (e->tok && rp_tokenizer_load_chat_template(e->tok, tdir, cfg->model_dir, cfg->chat_template, err)) return RP_ERR;
     return RP_OK;
 }
 

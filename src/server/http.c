@@ -69,6 +69,7 @@ void rp_server_config_default(rp_server_config *c) {
         .access_log = 1,                     /* as vLLM (uvicorn) logs every request */
         .log_stats_interval_s = 5,           /* vLLM's periodic line */
     };
+    rp_request_params_default(&c->sampling_defaults);
 }
 
 /* Where a connection is in its request, for the header and body timeouts. */
@@ -635,6 +636,8 @@ static void fill_defaults(rp_server_config *c) {
     if (c->send_timeout_s <= 0) c->send_timeout_s = d.send_timeout_s;
     if (c->max_queued_requests <= 0) c->max_queued_requests = d.max_queued_requests;
     if (c->http_threads <= 0) c->http_threads = d.http_threads;
+    /* a zeroed config: top_p 0 is no valid value, so nothing was set */
+    if (c->sampling_defaults.top_p <= 0) c->sampling_defaults = d.sampling_defaults;
 }
 
 rp_listener *rp_server_listen(const rp_server_config *cfg, char *err, size_t err_len) {
@@ -670,7 +673,8 @@ rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, rp_li
     rp_sessions_init(&s->sessions, engine, s->metrics);
     s->sessions.max_queued_requests = s->cfg.max_queued_requests;
     s->oai = (rp_oai_context){.served_model = s->served_model, .tok = rp_engine_tokenizer(engine),
-                              .max_context = rp_engine_max_context(engine), .vocab_size = rp_engine_vocab_size(engine)};
+                              .max_context = rp_engine_max_context(engine), .vocab_size = rp_engine_vocab_size(engine),
+                              .sampling_defaults = &s->cfg.sampling_defaults};
     rp_stats_log_init(&s->stats, s->cfg.log_stats_interval_s);
     s->port = rp_listener_port(listener);
     snprintf(s->url, sizeof s->url, "%s", rp_listener_url(listener));

@@ -32,6 +32,11 @@ typedef struct rp_server_config {
     /* Logs (docs/server.md#logs); here 0 is off, not the default. */
     int access_log;               /* one info line per finished request */
     double log_stats_interval_s;  /* the engine line every S seconds while something runs */
+    /* The sampling a request gets for the fields it leaves unset
+     * (temperature, top_p, top_k, min_p, repetition_penalty): the model's
+     * generation_config.json where the command read one; by default
+     * rp_request_params_default's. */
+    rp_request_params sampling_defaults;
 } rp_server_config;
 
 /* The defaults (what a public deployment can keep), in one place. */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "server/json_ids.h"
+#include "template/template.h"
 #include "tokenizer/tokenizer.h"
 
 void rp_oai_set_error(rp_oai_error *err, int status, const char *type, const char *param, const char *code,
@@ -118,12 +119,12 @@ static int get_bool(json_t *root, const char *key, int *out, rp_oai_error *err) 
     return 0;
 }
 
-/* Text of a message's content: a string, or a list of {"type":"text"} parts. */
-static char *content_text(json_t *content, rp_oai_error *err) {
-    char *s;
-    if (json_is_string(content)) return copy_string(content, &s, err) ? NULL : s;
+/* Text of a message's content: a string, or a list of {"type":"text"} parts
+ * (joined without a separator). A JSON string, or NULL with err set. */
+static json_t *content_text(json_t *content, const char *param, rp_oai_error *err) {
+    if (json_is_string(content)) return json_incref(content);
     if (!json_is_array(content)) {
-        BAD("messages", "message content must be a string or a list of text parts");
+        BAD(param, "'%s' must be a string or a list of text parts", param);
         return NULL;
     }
     size_t total = 1, i;
@@ -132,12 +133,12 @@ static char *content_text(json_t *content, rp_oai_error *err) {
         json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
         if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
             !json_is_string(text)) {
-            BAD("messages", "only content parts of type \"text\" with a \"text\" string are supported");
+            BAD(param, "only content parts of type \"text\" with a \"text\" string are supported");
             return NULL;
         }
         total += json_string_length(text);
     }
-    char *p = s = malloc(total);
+    char *s = malloc(total), *p = s;
     if (!s) {
         rp_oai_set_out_of_memory(err);
         return NULL;
@@ -147,73 +148,239 @@ static char *content_text(json_t *content, rp_oai_error *err) {
         memcpy(p, json_string_value(text), json_string_length(text));
         p += json_string_length(text);
     }
-    *p = 0;
-    return s;
+    json_t *out = json_stringn_nocheck(s, (size_t)(p - s));
+    free(s);
+    if (!out) rp_oai_set_out_of_memory(err);
+    return out;
 }
 
-/* Renders "messages" with the model's chat template into *text. */
-static int render_messages(const rp_oai_context *ctx, json_t *root, int add_generation_prompt, char **text,
-                           rp_oai_error *err) {
-    json_t *msgs = json_object_get(root, "messages");
-    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        return BAD("messages", "'messages' must be a non-empty list");
-    if (!ctx->tok) return BAD("messages", "this model has no tokenizer, so it cannot take chat messages");
-    size_t n = json_array_size(msgs), i;
-    rp_chat_message *m = calloc(n, sizeof *m);
-    char **texts = calloc(n, sizeof *texts);
-    int rc = -1;
-    if (!m || !texts) {
-        rp_oai_set_out_of_memory(err);
-        goto out;
+/* A non-empty string field, or NULL. */
+static const char *nonempty_string(json_t *obj, const char *key) {
+    json_t *v = json_object_get(obj, key);
+    return json_is_string(v) && json_string_length(v) > 0 ? json_string_value(v) : NULL;
+}
+
+/* "tools": null/absent (*out NULL), or a list of {"type": "function",
+ * "function": {"name", "description"?, "parameters"?, "strict"?}}, given to
+ * the template as the request wrote it (transformers takes OpenAI's shape). */
+static int check_tools(json_t *root, json_t **out, rp_oai_error *err) {
+    json_t *tools = json_object_get(root, "tools");
+    *out = NULL;
+    if (!tools || json_is_null(tools)) return 0;
+    if (!json_is_array(tools)) return BAD("tools", "'tools' must be a list of function tools");
+    size_t i;
+    json_t *tool;
+    json_array_foreach(tools, i, tool) {
+        char param[96];
+        snprintf(param, sizeof param, "tools.[%zu]", i);
+        json_t *type = json_object_get(tool, "type"), *fn = json_object_get(tool, "function");
+        if (!json_is_object(tool) || !json_is_string(type) || strcmp(json_string_value(type), "function") != 0)
+            return BAD(param, "'%s' must be an object with \"type\": \"function\" (the only tool type)", param);
+        if (!json_is_object(fn)) return BAD(strcat(param, ".function"), "'%s' must be an object", param);
+        if (!nonempty_string(fn, "name"))
+            return BAD(strcat(param, ".function.name"), "'%s' must be a non-empty string", param);
+        json_t *desc = json_object_get(fn, "description"), *params = json_object_get(fn, "parameters"),
+               *strict = json_object_get(fn, "strict");
+        if (desc && !json_is_null(desc) && !json_is_string(desc))
+            return BAD(strcat(param, ".function.description"), "'%s' must be a string", param);
+        if (params && !json_is_null(params) && !json_is_object(params))
+            return BAD(strcat(param, ".function.parameters"), "'%s' must be a JSON Schema object", param);
+        if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+            return BAD(strcat(param, ".function.strict"), "'%s' must be a boolean", param);
     }
-    json_t *msg;
+    *out = tools;
+    return 0;
+}
+
+/* "tool_choice" and "parallel_tool_calls". "none" and "auto" are taken;
+ * "required" and a named function would need the output constrained to a
+ * call (structured output), which replay does not have yet. */
+static int check_tool_choice(json_t *root, json_t *tools, rp_oai_error *err) {
+    int parallel = 1;
+    if (get_bool(root, "parallel_tool_calls", &parallel, err)) return -1;
+    json_t *tc = json_object_get(root, "tool_choice");
+    if (!tc || json_is_null(tc)) return 0;
+    if (json_is_string(tc)) {
+        const char *c = json_string_value(tc);
+        if (!strcmp(c, "none") || !strcmp(c, "auto")) return 0;
+        if (!strcmp(c, "required"))
+            return BAD("tool_choice", "\"tool_choice\": \"required\" needs structured output (constraining the "
+                                      "answer to a tool call), which replay does not support yet; use \"auto\"");
+        return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                  "{\"type\": \"function\", \"function\": {\"name\": ...}}, got \"%s\"", c);
+    }
+    json_t *type = json_object_get(tc, "type"), *fn = json_object_get(tc, "function");
+    const char *name = json_is_object(fn) ? nonempty_string(fn, "name") : NULL;
+    if (!json_is_object(tc) || !json_is_string(type) || strcmp(json_string_value(type), "function") != 0 || !name)
+        return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                  "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    size_t i;
+    json_t *tool;
+    int found = 0;
+    json_array_foreach(tools, i, tool) {
+        const char *n = nonempty_string(json_object_get(tool, "function"), "name");
+        found |= n && !strcmp(n, name);
+    }
+    if (!found) return BAD("tool_choice", "'tool_choice' names the function '%s', which is not in 'tools'", name);
+    return BAD("tool_choice", "a named function in 'tool_choice' needs structured output (constraining the answer "
+                              "to a call of '%s'), which replay does not support yet; use \"auto\"", name);
+}
+
+/* An assistant message's "tool_calls", checked, into m; their ids are added
+ * to seen (for the tool messages after them). Each call's arguments, a JSON
+ * string in OpenAI's API, reach the template parsed (a mapping), as vLLM
+ * passes them and as tool-calling templates expect (Llama 3.1's writes
+ * `arguments | tojson`; Qwen's and Hermes' take a string or a mapping). */
+static int copy_tool_calls(json_t *calls, size_t mi, json_t *m, json_t *seen, rp_oai_error *err) {
+    char param[96];
+    snprintf(param, sizeof param, "messages.[%zu].tool_calls", mi);
+    if (!json_is_array(calls)) return BAD(param, "'%s' must be a list", param);
+    json_t *out = json_array();
+    if (!out || json_object_set_new(m, "tool_calls", out)) return rp_oai_set_out_of_memory(err);
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call) {
+        snprintf(param, sizeof param, "messages.[%zu].tool_calls.[%zu]", mi, i);
+        json_t *type = json_object_get(call, "type"), *fn = json_object_get(call, "function");
+        const char *id = json_is_object(call) ? nonempty_string(call, "id") : NULL;
+        if (!id) return BAD(strcat(param, ".id"), "'%s' must be a non-empty string", param);
+        if (type && !json_is_null(type) && (!json_is_string(type) || strcmp(json_string_value(type), "function")))
+            return BAD(strcat(param, ".type"), "'%s' must be \"function\"", param);
+        if (!json_is_object(fn) || !nonempty_string(fn, "name"))
+            return BAD(strcat(param, ".function"), "'%s' must be an object with a non-empty string 'name'", param);
+        json_t *args = json_object_get(fn, "arguments"), *parsed;
+        if (json_is_string(args)) {
+            json_error_t je;
+            parsed = json_loadb(json_string_value(args), json_string_length(args), JSON_DECODE_ANY, &je);
+            if (!parsed)
+                return BAD(strcat(param, ".function.arguments"), "'%s' is not valid JSON: %s", param, je.text);
+        } else if (json_is_object(args)) {
+            parsed = json_incref(args);
+        } else {
+            return BAD(strcat(param, ".function.arguments"), "'%s' must be a JSON string", param);
+        }
+        json_t *copy = json_pack("{s:s,s:s,s:{s:O,s:o}}", "id", id, "type", "function", "function", "name",
+                                 json_object_get(fn, "name"), "arguments", parsed);
+        if (!copy || json_array_append_new(out, copy) || json_object_set_new(seen, id, json_true()))
+            return rp_oai_set_out_of_memory(err);
+    }
+    return 0;
+}
+
+/* The conversation as the template sees it: every message checked; roles
+ * system, user, assistant, tool, and developer (as system, OpenAI's newer
+ * name for it); content as a string (null: ""); an assistant's tool_calls;
+ * a tool message's tool_call_id, which must answer an earlier call; name
+ * and an assistant's reasoning_content kept. */
+static json_t *template_messages(json_t *msgs, rp_oai_error *err) {
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        BAD("messages", "'messages' must be a non-empty list");
+        return NULL;
+    }
+    json_t *out = json_array(), *seen = json_object(), *msg;
+    size_t i;
+    if (!out || !seen) goto oom;
     json_array_foreach(msgs, i, msg) {
+        char param[96];
+        snprintf(param, sizeof param, "messages.[%zu].role", i);
         json_t *role = json_object_get(msg, "role");
         if (!json_is_object(msg) || !json_is_string(role)) {
-            BAD("messages", "each message needs a string 'role'");
-            goto out;
+            BAD(param, "each message needs a string 'role'");
+            goto fail;
         }
         const char *r = json_string_value(role);
-        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer")) {
-            BAD("messages", "unsupported role '%s' (system, developer, user, assistant)", r);
-            goto out;
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer") &&
+            strcmp(r, "tool")) {
+            BAD(param, "unsupported role '%s' (system, developer, user, assistant, tool)", r);
+            goto fail;
         }
-        json_t *content = json_object_get(msg, "content");
-        if (!content || json_is_null(content)) {
-            if (!(texts[i] = strdup(""))) {
-                rp_oai_set_out_of_memory(err);
-                goto out;
+        json_t *m = json_object();
+        if (!m || json_array_append_new(out, m) ||
+            json_object_set_new(m, "role", json_string(!strcmp(r, "developer") ? "system" : r)))
+            goto oom;
+        json_t *content = json_object_get(msg, "content"), *text;
+        snprintf(param, sizeof param, "messages.[%zu].content", i);
+        if (!content || json_is_null(content)) text = json_string("");
+        else if (!(text = content_text(content, param, err))) goto fail;
+        if (!text || json_object_set_new(m, "content", text)) goto oom;
+        json_t *name = json_object_get(msg, "name");
+        if (name && !json_is_null(name)) {
+            snprintf(param, sizeof param, "messages.[%zu].name", i);
+            if (!json_is_string(name)) {
+                BAD(param, "'%s' must be a string", param);
+                goto fail;
             }
-        } else if (!(texts[i] = content_text(content, err))) {
-            goto out;
+            if (json_object_set(m, "name", name)) goto oom;
         }
-        m[i].role = !strcmp(r, "developer") ? "system" : r;
-        m[i].content = texts[i];
+        json_t *calls = json_object_get(msg, "tool_calls");
+        if (calls && !json_is_null(calls)) {
+            if (strcmp(r, "assistant")) {
+                snprintf(param, sizeof param, "messages.[%zu].tool_calls", i);
+                BAD(param, "only assistant messages carry 'tool_calls'");
+                goto fail;
+            }
+            if (copy_tool_calls(calls, i, m, seen, err)) goto fail;
+        }
+        json_t *reasoning = json_object_get(msg, "reasoning_content");
+        if (!strcmp(r, "assistant") && json_is_string(reasoning) && json_object_set(m, "reasoning_content", reasoning))
+            goto oom;
+        if (!strcmp(r, "tool")) {
+            snprintf(param, sizeof param, "messages.[%zu].tool_call_id", i);
+            const char *id = nonempty_string(msg, "tool_call_id");
+            if (!id) {
+                BAD(param, "a tool message needs 'tool_call_id', the id of the call it answers");
+                goto fail;
+            }
+            if (!json_object_get(seen, id)) {
+                BAD(param, "'%s' is '%s', which no earlier assistant tool call has as its id", param, id);
+                goto fail;
+            }
+            if (json_object_set(m, "tool_call_id", json_object_get(msg, "tool_call_id"))) goto oom;
+        }
     }
-    int thinking = -1;
+    json_decref(seen);
+    return out;
+oom:
+    rp_oai_set_out_of_memory(err);
+fail:
+    json_decref(out);
+    json_decref(seen);
+    return NULL;
+}
+
+/* Renders "messages" (with "tools" and "chat_template_kwargs") with the
+ * model's chat template into *text. A template's raise_exception is the
+ * client's 400 with the template's own message; any other render error is a
+ * 400 too (the conversation is what the template could not take). */
+static int render_messages(const rp_oai_context *ctx, json_t *root, int add_generation_prompt, char **text,
+                           rp_oai_error *err) {
+    json_t *tools, *msgs = template_messages(json_object_get(root, "messages"), err);
+    if (!msgs) return -1;
+    int rc = -1;
+    if (!ctx->tok) {
+        BAD("messages", "this model has no tokenizer, so it cannot take chat messages");
+        goto out;
+    }
+    if (check_tools(root, &tools, err)) goto out;
     json_t *kw = json_object_get(root, "chat_template_kwargs");
-    if (kw && !json_is_null(kw) && !json_is_object(kw)) {
+    if (kw && json_is_null(kw)) kw = NULL;
+    if (kw && !json_is_object(kw)) {
         BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
         goto out;
     }
-    json_t *et = json_object_get(kw, "enable_thinking");
-    if (et && !json_is_null(et)) {
-        if (!json_is_boolean(et)) {
-            BAD("chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean");
-            goto out;
-        }
-        thinking = json_is_true(et);
-    }
     rp_err e;
-    if (rp_chat_render(ctx->tok, m, (int)n, add_generation_prompt, thinking, text, &e)) {
+    const int r = rp_chat_render(ctx->tok, msgs, tools, add_generation_prompt, kw, text, NULL, &e);
+    if (r == RP_TEMPLATE_RAISED) {
+        rp_oai_set_error(err, 400, "invalid_request_error", "messages", NULL, "%s", e.msg);
+        goto out;
+    }
+    if (r) {
         BAD("messages", "%s", e.msg);
         goto out;
     }
     rc = 0;
 out:
-    for (size_t k = 0; texts && k < n; k++) free(texts[k]);
-    free(texts);
-    free(m);
+    json_decref(msgs);
     return rc;
 }
 
@@ -316,7 +483,14 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
     }
     snprintf(out->model, sizeof out->model, "%s", ctx->served_model);
     rp_request_params *p = &out->params;
-    int top_k = 0;
+    if (ctx->sampling_defaults) { /* generation_config.json's, for what the request leaves unset (vLLM's default) */
+        p->temperature = ctx->sampling_defaults->temperature;
+        p->top_p = ctx->sampling_defaults->top_p;
+        p->top_k = ctx->sampling_defaults->top_k;
+        p->min_p = ctx->sampling_defaults->min_p;
+        p->repetition_penalty = ctx->sampling_defaults->repetition_penalty;
+    }
+    int top_k = p->top_k;
     if (get_number(root, "temperature", 0, 1e6, &p->temperature, err) ||
         get_number(root, "top_p", 1e-9, 1, &p->top_p, err) || get_number(root, "min_p", 0, 1, &p->min_p, err) ||
         get_number(root, "presence_penalty", -2, 2, &p->presence_penalty, err) ||
@@ -419,11 +593,13 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
     p->stop_ids = out->stop_ids;
     if (kind == RP_OAI_CHAT) {
         int add_gen = 1;
-        if (get_bool(root, "add_generation_prompt", &add_gen, err) || alloc_prompts(out, 1, err) ||
+        json_t *tools;
+        if (get_bool(root, "add_generation_prompt", &add_gen, err) || check_tools(root, &tools, err) ||
+            check_tool_choice(root, tools, err) || alloc_prompts(out, 1, err) ||
             render_messages(ctx, root, add_gen, &out->prompt_texts[0], err))
             goto out;
         out->echo = 0; /* completions only */
-        if (!p->ignore_eos) /* the template's end-of-turn tokens end the answer (ignore_eos: they do not) */
+        if (!p->ignore_eos) /* the model's end-of-turn tokens end the answer (ignore_eos: they do not) */
             p->num_stop_ids += rp_chat_stop_ids(ctx->tok, out->stop_ids + p->num_stop_ids, 8);
     } else if (parse_prompt(root, out, err)) {
         goto out;

@@ -45,6 +45,10 @@ typedef struct rp_oai_request {
 typedef struct rp_oai_context {
     const char *served_model; /* the model name clients must use */
     const struct rp_tokenizer *tok; /* for chat templates; may be NULL */
+    /* temperature, top_p, top_k, min_p and repetition_penalty for a request
+     * that leaves them unset (generation_config.json's); NULL: the engine's
+     * defaults (rp_request_params_default) */
+    const rp_request_params *sampling_defaults;
     int max_context;
     int vocab_size;
 } rp_oai_context;

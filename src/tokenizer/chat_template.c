@@ -1,296 +1,236 @@
-/* Chat templates: the conversation -> prompt text step, written out in C for
- * the template families replay knows, instead of a Jinja engine.
+/* Chat templates: the conversation -> prompt text step, rendered from the
+ * model's own Jinja source by src/template/ (no template is written into
+ * replay), and the token ids that end an assistant turn.
  *
- * Each renderer follows its Jinja source line by line (quoted in the
- * comments) and is checked against transformers' apply_chat_template output
- * in tests/test_chat_template.c. A template is recognised by a hash of its
- * exact text, because a look-alike (Llama 3.1's, Qwen2.5's) renders
- * differently; anything else is reported with a pointer to --chat-template. */
+ * The template is loaded and compiled once, when the engine starts
+ * (rp_tokenizer_load_chat_template), and kept with the tokenizer it was made
+ * for: a template replay cannot interpret fails there, naming its line. A
+ * model without any template still loads (completions need none); its chat
+ * renders fail, naming --chat-template.
+ *
+ * The ids that end a chat turn come from the model's files, never from
+ * knowing a model family: the tokenizer's eos_token, generation_config.json's
+ * eos_token_id (config.json's when there is no generation_config.json, as
+ * transformers falls back), and the special token the template itself writes
+ * right after an assistant message (Qwen's <|im_end|>, Llama 3's <|eot_id|>,
+ * Gemma's <end_of_turn>), found by rendering a probe conversation. The last
+ * one matters for repositories whose generation_config.json lists only the
+ * end of text (early Llama 3 uploads did). */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "template/template.h"
 #include "tokenizer/tok_internal.h"
 
-/* FNV-1a 64 of the tokenizer_config.json chat_template strings we render. */
-static const struct {
-    uint64_t hash;
-    rp_chat_template_kind kind;
-    const char *what;
-} KNOWN[] = {
-    {0x2bfdb7aa9754484eULL, RP_CHAT_TEMPLATE_QWEN3, "Qwen3"},
-    {0x74891e390e614ae2ULL, RP_CHAT_TEMPLATE_LLAMA3, "Llama 3 Instruct"},
+#define CHAT_MAX_STOP_IDS 8
+
+struct tok_chat {
+    rp_template *tmpl;       /* the default template */
+    rp_template *tmpl_tools; /* tokenizer_config.json's "tool_use" template; NULL: tmpl serves */
+    char origin[4200];       /* where it came from, for logs */
+    int32_t stop_ids[CHAT_MAX_STOP_IDS];
+    int num_stop_ids;
 };
 
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-    return h;
+static void chat_free(tok_chat *c) {
+    if (!c) return;
+    rp_template_free(c->tmpl);
+    rp_template_free(c->tmpl_tools);
+    free(c);
 }
 
-rp_chat_template_kind tok_chat_detect(const char *tmpl, char *hint, size_t hint_size) {
-    if (!tmpl) {
-        snprintf(hint, hint_size, "tokenizer_config.json has no chat_template");
-        return RP_CHAT_TEMPLATE_UNKNOWN;
-    }
-    uint64_t h = fnv1a(tmpl);
-    for (size_t i = 0; i < sizeof KNOWN / sizeof KNOWN[0]; i++)
-        if (KNOWN[i].hash == h) return KNOWN[i].kind;
-    const char *like = strstr(tmpl, "<|im_start|>")        ? "ChatML/Qwen-like"
-                       : strstr(tmpl, "<|start_header_id|>") ? "Llama-3-like"
-                                                             : "unfamiliar";
-    snprintf(hint, hint_size, "the chat_template in tokenizer_config.json is %s but not one replay renders exactly",
-             like);
-    return RP_CHAT_TEMPLATE_UNKNOWN;
+void tok_chat_free(tok_chat *c) { chat_free(c); }
+
+static void add_stop_id(tok_chat *c, int32_t id) {
+    if (id < 0) return;
+    for (int i = 0; i < c->num_stop_ids; i++)
+        if (c->stop_ids[i] == id) return;
+    if (c->num_stop_ids < CHAT_MAX_STOP_IDS) c->stop_ids[c->num_stop_ids++] = id;
 }
 
-rp_chat_template_kind rp_tokenizer_chat_template(const rp_tokenizer *t) { return t->chat_kind; }
-
-void rp_tokenizer_set_chat_template(rp_tokenizer *t, rp_chat_template_kind kind) { t->chat_kind = kind; }
-
-const char *rp_chat_template_name(rp_chat_template_kind kind) {
-    switch (kind) {
-    case RP_CHAT_TEMPLATE_QWEN3: return "qwen3";
-    case RP_CHAT_TEMPLATE_LLAMA3: return "llama3";
-    default: return "unknown";
-    }
-}
-
-int rp_chat_template_from_name(const char *name, rp_chat_template_kind *out, rp_err *err) {
-    if (strcmp(name, "qwen3") == 0) *out = RP_CHAT_TEMPLATE_QWEN3;
-    else if (strcmp(name, "llama3") == 0) *out = RP_CHAT_TEMPLATE_LLAMA3;
-    else return rp_errf(err, "unknown chat template '%s' (known: qwen3, llama3)", name);
-    return 0;
-}
-
-/* ---- a string builder ------------------------------------------------------ */
-
-typedef struct sb {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sb;
-
-static void sb_addn(sb *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap * 2 : 1024;
-        while (c < b->n + n + 1) c *= 2;
-        char *np = realloc(b->p, c);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-}
-
-static void sb_add(sb *b, const char *s) { sb_addn(b, s, strlen(s)); }
-
-/* A view into a string: Python slicing without copies. */
-typedef struct view {
-    const char *s;
-    size_t n;
-} view;
-
-static view v_of(const char *s) { return (view){s, strlen(s)}; }
-
-static void sb_addv(sb *b, view v) { sb_addn(b, v.s, v.n); }
-
-/* s.lstrip('\n') / s.rstrip('\n') */
-static view v_lstrip_nl(view v) {
-    while (v.n && v.s[0] == '\n') v.s++, v.n--;
-    return v;
-}
-static view v_rstrip_nl(view v) {
-    while (v.n && v.s[v.n - 1] == '\n') v.n--;
-    return v;
-}
-
-static const char *v_find(view v, const char *needle) {
-    size_t k = strlen(needle);
-    if (k > v.n) return NULL;
-    for (size_t i = 0; i + k <= v.n; i++)
-        if (memcmp(v.s + i, needle, k) == 0) return v.s + i;
-    return NULL;
-}
-
-static const char *v_rfind(view v, const char *needle) {
-    size_t k = strlen(needle);
-    if (k > v.n) return NULL;
-    for (size_t i = v.n - k + 1; i-- > 0;)
-        if (memcmp(v.s + i, needle, k) == 0) return v.s + i;
-    return NULL;
-}
-
-/* s.split(sep)[0] and s.split(sep)[-1] */
-static view v_split_first(view v, const char *sep) {
-    const char *p = v_find(v, sep);
-    return p ? (view){v.s, (size_t)(p - v.s)} : v;
-}
-static view v_split_last(view v, const char *sep) {
-    const char *p = v_rfind(v, sep);
-    if (!p) return v;
-    size_t off = (size_t)(p - v.s) + strlen(sep);
-    return (view){v.s + off, v.n - off};
-}
-
-static int v_starts(view v, const char *p) {
-    size_t k = strlen(p);
-    return v.n >= k && memcmp(v.s, p, k) == 0;
-}
-static int v_ends(view v, const char *p) {
-    size_t k = strlen(p);
-    return v.n >= k && memcmp(v.s + v.n - k, p, k) == 0;
-}
-
-/* Python str.strip() with no argument (Jinja's trim filter): Unicode
- * whitespace as str.isspace() defines it, at both ends. */
-static view v_py_strip(view v) {
-    while (v.n) {
-        uint32_t cp;
-        int l = tok_utf8_seq_len((const unsigned char *)v.s, v.n);
-        if (!l) break;
-        tok_utf8_decode((const unsigned char *)v.s, &cp);
-        if (!tok_py_isspace(cp)) break;
-        v.s += l, v.n -= (size_t)l;
-    }
-    while (v.n) {
-        size_t i = v.n - 1;
-        while (i > 0 && ((unsigned char)v.s[i] & 0xC0) == 0x80 && v.n - i < 4) i--;
-        uint32_t cp;
-        if (tok_utf8_seq_len((const unsigned char *)v.s + i, v.n - i) != (int)(v.n - i)) break;
-        tok_utf8_decode((const unsigned char *)v.s + i, &cp);
-        if (!tok_py_isspace(cp)) break;
-        v.n = i;
-    }
-    return v;
-}
-
-static int role_is(const rp_chat_message *m, const char *r) { return m->role && strcmp(m->role, r) == 0; }
-
-/* ---- Qwen3 ------------------------------------------------------------------
- * The tools branch of the template is not reachable (messages carry no tool
- * definitions), nor are reasoning_content and tool_calls fields. */
-static void render_qwen3(sb *b, const rp_chat_message *m, int n, int add_gen, int enable_thinking) {
-    /* {%- if messages[0].role == 'system' %} '<|im_start|>system\n' + content + '<|im_end|>\n' */
-    if (n > 0 && role_is(&m[0], "system")) {
-        sb_add(b, "<|im_start|>system\n");
-        sb_add(b, m[0].content);
-        sb_add(b, "<|im_end|>\n");
-    }
-    /* ns.last_query_index: the last user message that is not a wrapped tool response */
-    int last_query = n - 1;
-    for (int i = n - 1; i >= 0; i--) {
-        view c = v_of(m[i].content);
-        if (role_is(&m[i], "user") && !(v_starts(c, "<tool_response>") && v_ends(c, "</tool_response>"))) {
-            last_query = i;
-            break;
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        view content = v_of(m[i].content);
-        if (role_is(&m[i], "user") || (role_is(&m[i], "system") && i != 0)) {
-            sb_add(b, "<|im_start|>");
-            sb_add(b, m[i].role);
-            sb_add(b, "\n");
-            sb_addv(b, content);
-            sb_add(b, "<|im_end|>\n");
-        } else if (role_is(&m[i], "assistant")) {
-            view reasoning = {"", 0};
-            if (v_find(content, "</think>")) {
-                /* content.split('</think>')[-1].lstrip('\n');
-                 * content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
-                view full = content;
-                content = v_lstrip_nl(v_split_last(full, "</think>"));
-                reasoning = v_lstrip_nl(v_split_last(v_rstrip_nl(v_split_first(full, "</think>")), "<think>"));
+static char *read_text_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            size_t nc = cap ? cap * 2 : 8192;
+            char *nb = realloc(buf, nc);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return NULL;
             }
-            sb_add(b, "<|im_start|>assistant\n");
-            if (i > last_query && (i == n - 1 || reasoning.n)) {
-                /* '<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') */
-                sb_add(b, "<think>\n");
-                sb_addv(b, v_rstrip_nl(v_lstrip_nl(reasoning)));
-                sb_add(b, "\n</think>\n\n");
-                sb_addv(b, v_lstrip_nl(content));
-            } else {
-                sb_addv(b, content);
-            }
-            sb_add(b, "<|im_end|>\n");
-        } else if (role_is(&m[i], "tool")) {
-            if (i == 0 || !role_is(&m[i - 1], "tool")) sb_add(b, "<|im_start|>user");
-            sb_add(b, "\n<tool_response>\n");
-            sb_addv(b, content);
-            sb_add(b, "\n</tool_response>");
-            if (i == n - 1 || !role_is(&m[i + 1], "tool")) sb_add(b, "<|im_end|>\n");
+            buf = nb, cap = nc;
         }
-        /* any other role renders nothing */
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
     }
-    if (add_gen) {
-        sb_add(b, "<|im_start|>assistant\n");
-        if (enable_thinking == 0) sb_add(b, "<think>\n\n</think>\n\n");
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return NULL;
     }
+    buf[n] = 0;
+    *len = n;
+    return buf;
 }
 
-/* ---- Llama 3 Instruct -------------------------------------------------------
- * {% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'
- *    + message['content'] | trim + '<|eot_id|>' %}
- * {% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}
- * ... then '<|start_header_id|>assistant<|end_header_id|>\n\n' always: this
- * template ignores add_generation_prompt. */
-static void render_llama3(sb *b, const rp_tokenizer *t, const rp_chat_message *m, int n) {
-    for (int i = 0; i < n; i++) {
-        if (i == 0 && t->bos_token) sb_add(b, t->bos_token);
-        sb_add(b, "<|start_header_id|>");
-        sb_add(b, m[i].role);
-        sb_add(b, "<|end_header_id|>\n\n");
-        sb_addv(b, v_py_strip(v_of(m[i].content)));
-        sb_add(b, "<|eot_id|>");
-    }
-    sb_add(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+static int compile(const char *source, size_t len, const char *origin, rp_template **out, rp_err *err) {
+    if (!(*out = rp_template_compile(source, len, err))) return rp_err_wrap(err, "%s", origin);
+    return RP_OK;
 }
 
-int rp_chat_render(const rp_tokenizer *t, const rp_chat_message *msgs, int n, int add_generation_prompt,
-                   int enable_thinking, char **out, rp_err *err) {
+/* eos_token_id of a generation_config.json or config.json: an id or a list
+ * of them. 1 when the file exists, 0 when not, RP_ERR on a bad file. */
+static int eos_ids_of(tok_chat *c, const rp_tokenizer *t, const char *path, rp_err *err) {
+    if (access(path, F_OK) != 0) return 0;
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je);
+    if (!root) return rp_errf(err, "%s: line %d: %s", path, je.line, je.text);
+    json_t *v = json_object_get(root, "eos_token_id");
+    json_t *one = json_is_array(v) ? NULL : v;
+    size_t n = json_is_array(v) ? json_array_size(v) : (v && !json_is_null(v) ? 1 : 0);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = one ? one : json_array_get(v, i);
+        double d = json_number_value(x);
+        if (!json_is_number(x) || d != (double)(int32_t)d || d < 0 || d >= t->vocab_size) {
+            json_decref(root);
+            return rp_errf(err, "%s: eos_token_id must be a token id of the tokenizer (or a list of them)", path);
+        }
+        add_stop_id(c, (int32_t)d);
+    }
+    json_decref(root);
+    return 1;
+}
+
+/* The special token the template writes right after an assistant's words:
+ * the text that ends a turn, so the id that ends generation. Templates that
+ * refuse the probe conversation simply add nothing. */
+static void probe_turn_end(tok_chat *c, const rp_tokenizer *t) {
+    static const char probe[] = "replay probe: where does a turn end?";
+    json_t *msgs = json_pack("[{s:s,s:s},{s:s,s:s},{s:s,s:s}]", "role", "user", "content", "Hi", "role", "assistant",
+                             "content", probe, "role", "user", "content", "Bye");
+    char *out = NULL;
+    size_t len = 0;
+    rp_err err;
+    if (msgs && rp_chat_render(t, msgs, NULL, 0, NULL, &out, &len, &err) == RP_OK) {
+        const char *at = strstr(out, probe);
+        if (at) {
+            at += sizeof probe - 1;
+            while (*at == ' ' || *at == '\n') at++;
+            /* longest first, so <|eot_id|> is not taken for a shorter prefix */
+            for (int i = 0; i < t->n_added; i++)
+                if (t->added[i].special && !strncmp(at, t->added[i].content, t->added[i].len)) {
+                    add_stop_id(c, t->added[i].id);
+                    break;
+                }
+        }
+    }
+    free(out);
+    json_decref(msgs);
+}
+
+int rp_tokenizer_load_chat_template(rp_tokenizer *t, const char *template_dir, const char *model_dir,
+                                    const char *template_file, rp_err *err) {
+    tok_chat *c = calloc(1, sizeof *c);
+    if (!c) return rp_errf(err, "out of memory");
+    rp_template_source src = {0}, tools_src = {0};
+    if (template_file) {
+        src.source = read_text_file(template_file, &src.source_len);
+        if (!src.source) {
+            chat_free(c);
+            return rp_errf(err, "cannot read the chat template file '%s'", template_file);
+        }
+        snprintf(c->origin, sizeof c->origin, "%s", template_file);
+        if (compile(src.source, src.source_len, c->origin, &c->tmpl, err)) goto fail;
+    } else if (template_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/chat_template.jinja", template_dir);
+        if (t->config_has_chat_template || access(path, F_OK) == 0) {
+            if (rp_template_source_load(template_dir, 0, &src, err) ||
+                rp_template_source_load(template_dir, 1, &tools_src, err))
+                goto fail;
+            snprintf(c->origin, sizeof c->origin, "%s/%s", template_dir, src.origin);
+            if (compile(src.source, src.source_len, c->origin, &c->tmpl, err)) goto fail;
+            /* a "tool_use" template of the named-templates form, for requests with tools */
+            if (tools_src.source_len != src.source_len || memcmp(tools_src.source, src.source, src.source_len)) {
+                char what[4300];
+                snprintf(what, sizeof what, "%s (tool_use)", c->origin);
+                if (compile(tools_src.source, tools_src.source_len, what, &c->tmpl_tools, err)) goto fail;
+            }
+        }
+    }
+    /* the end of a turn, from the model's files (the comment at the top) */
+    add_stop_id(c, t->eos_id);
+    if (model_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+        int found = eos_ids_of(c, t, path, err);
+        if (found < 0) goto fail;
+        snprintf(path, sizeof path, "%s/config.json", model_dir);
+        if (!found && eos_ids_of(c, t, path, err) < 0) goto fail;
+    }
+    tok_chat_free(t->chat);
+    t->chat = c;
+    if (c->tmpl) probe_turn_end(c, t);
+    rp_template_source_free(&src);
+    rp_template_source_free(&tools_src);
+    return RP_OK;
+fail:
+    rp_template_source_free(&src);
+    rp_template_source_free(&tools_src);
+    chat_free(c);
+    return RP_ERR;
+}
+
+int rp_chat_has_template(const rp_tokenizer *t) { return t->chat && t->chat->tmpl; }
+
+const char *rp_chat_template_origin(const rp_tokenizer *t) {
+    return rp_chat_has_template(t) ? t->chat->origin : NULL;
+}
+
+int rp_chat_render(const rp_tokenizer *t, const json_t *messages, const json_t *tools, int add_generation_prompt,
+                   const json_t *kwargs, char **out, size_t *out_len, rp_err *err) {
     *out = NULL;
-    if (n < 0) return rp_errf(err, "negative message count");
-    for (int i = 0; i < n; i++)
-        if (!msgs[i].role || !msgs[i].content) return rp_errf(err, "chat message %d lacks a role or content", i);
-    sb b = {0};
-    switch (t->chat_kind) {
-    case RP_CHAT_TEMPLATE_QWEN3: render_qwen3(&b, msgs, n, add_generation_prompt, enable_thinking); break;
-    case RP_CHAT_TEMPLATE_LLAMA3: render_llama3(&b, t, msgs, n); break;
-    default:
-        return rp_errf(err, "%s; pass --chat-template qwen3 or --chat-template llama3 to choose one",
-                       t->chat_hint[0] ? t->chat_hint : "unknown chat template");
+    if (out_len) *out_len = 0;
+    if (!rp_chat_has_template(t))
+        return rp_errf(err, "the model has no chat template (neither chat_template.jinja nor a chat_template in "
+                            "tokenizer_config.json); give one with --chat-template FILE");
+    const int with_tools = tools && !json_is_null(tools);
+    const rp_template *tmpl = with_tools && t->chat->tmpl_tools ? t->chat->tmpl_tools : t->chat->tmpl;
+    /* what transformers' apply_chat_template passes: messages, tools,
+     * documents, add_generation_prompt, the special tokens, then the extra
+     * keywords (which win, as there) */
+    json_t *vars = json_object();
+    if (!vars) return rp_errf(err, "out of memory");
+    int bad = json_object_set(vars, "messages", (json_t *)messages) ||
+              json_object_set_new(vars, "tools", with_tools ? json_incref((json_t *)tools) : json_null()) ||
+              json_object_set_new(vars, "documents", json_null()) ||
+              json_object_set_new(vars, "add_generation_prompt", json_boolean(add_generation_prompt)) ||
+              (t->bos_token && json_object_set_new(vars, "bos_token", json_string(t->bos_token))) ||
+              (t->eos_token && json_object_set_new(vars, "eos_token", json_string(t->eos_token))) ||
+              (kwargs && json_object_update(vars, (json_t *)kwargs));
+    if (bad) {
+        json_decref(vars);
+        return rp_errf(err, "out of memory");
     }
-    sb_add(&b, "");
-    if (b.oom) {
-        free(b.p);
-        return rp_errf(err, "out of memory rendering the chat template");
-    }
-    *out = b.p;
-    return 0;
+    size_t len;
+    int rc = rp_template_render(tmpl, vars, -1, out, &len, err);
+    json_decref(vars);
+    if (rc == RP_OK && out_len) *out_len = len;
+    return rc;
 }
 
 int rp_chat_stop_ids(const rp_tokenizer *t, int32_t *out, int max) {
-    int32_t cand[3] = {t->eos_id, -1, -1};
-    if (t->chat_kind == RP_CHAT_TEMPLATE_QWEN3) {
-        cand[1] = rp_tokenizer_token_id(t, "<|im_end|>");
-        cand[2] = rp_tokenizer_token_id(t, "<|endoftext|>");
-    } else if (t->chat_kind == RP_CHAT_TEMPLATE_LLAMA3) {
-        cand[1] = rp_tokenizer_token_id(t, "<|eot_id|>");
-        cand[2] = rp_tokenizer_token_id(t, "<|end_of_text|>");
-    }
+    if (!t->chat) return t->eos_id >= 0 && max > 0 ? (out[0] = t->eos_id, 1) : 0;
     int k = 0;
-    for (int i = 0; i < 3; i++) {
-        if (cand[i] < 0) continue;
-        int dup = 0;
-        for (int j = 0; j < k; j++) dup |= out[j] == cand[i];
-        if (!dup && k < max) out[k++] = cand[i];
-    }
+    for (int i = 0; i < t->chat->num_stop_ids && k < max; i++) out[k++] = t->chat->stop_ids[i];
     return k;
 }

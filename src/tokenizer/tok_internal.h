@@ -126,6 +126,8 @@ typedef struct tok_split {
 
 #define TOK_MAX_SPLITS 4
 
+typedef struct tok_chat tok_chat;
+
 struct rp_tokenizer {
     int32_t vocab_size; /* max id + 1 */
 
@@ -156,8 +158,8 @@ struct rp_tokenizer {
 
     char *bos_token, *eos_token;
     int32_t bos_id, eos_id;
-    rp_chat_template_kind chat_kind;
-    char chat_hint[160]; /* why a template was not recognised */
+    int config_has_chat_template; /* tokenizer_config.json has a chat_template */
+    tok_chat *chat;               /* the compiled chat template (chat_template.c); NULL until loaded */
 };
 
 /* ---- pipeline stages ------------------------------------------------------ */
@@ -203,7 +205,7 @@ int tok_split_added(const rp_tokenizer *t, const char *s, size_t n, int normaliz
 /* Decode one token's bytes (tokenizer.c): the ByteLevel decoder's per-token step. */
 int tok_token_bytes(const rp_tokenizer *t, int32_t id, const char **b, size_t *n);
 
-/* Chat template recognition from tokenizer_config.json's text (chat_template.c). */
-rp_chat_template_kind tok_chat_detect(const char *tmpl, char *hint, size_t hint_size);
+/* Frees a loaded chat template (chat_template.c). */
+void tok_chat_free(tok_chat *c);
 
 #endif

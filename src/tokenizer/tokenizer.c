@@ -465,21 +465,8 @@ static int load_config(rp_tokenizer *t, const char *text, size_t len, rp_err *er
     t->eos_token = config_token(cfg, "eos_token");
     if (t->bos_token) t->bos_id = (int32_t)tok_map_get(&t->text_to_id, t->text_blob, t->bos_token, strlen(t->bos_token), -1);
     if (t->eos_token) t->eos_id = (int32_t)tok_map_get(&t->text_to_id, t->text_blob, t->eos_token, strlen(t->eos_token), -1);
-    json_t *ct = json_object_get(cfg, "chat_template");
-    const char *tmpl = NULL;
-    if (json_is_string(ct)) {
-        tmpl = json_string_value(ct);
-    } else if (json_is_array(ct)) {
-        /* the named-templates form: [{"name": "default", "template": "..."}] */
-        size_t i;
-        json_t *e;
-        json_array_foreach(ct, i, e) {
-            json_t *name = json_object_get(e, "name");
-            if (json_is_string(name) && strcmp(json_string_value(name), "default") == 0)
-                tmpl = json_string_value(json_object_get(e, "template"));
-        }
-    }
-    t->chat_kind = tok_chat_detect(tmpl, t->chat_hint, sizeof t->chat_hint);
+    /* the template itself is compiled only where chat is served (chat_template.c) */
+    t->config_has_chat_template = json_object_get(cfg, "chat_template") != NULL;
     json_decref(cfg);
     return 0;
 }
@@ -520,7 +507,6 @@ rp_tokenizer *rp_tokenizer_load_json(const char *json, size_t len, const char *c
     free(L.added_off);
     L.added_off = NULL;
     if (config_json && load_config(t, config_json, config_len, err)) goto fail;
-    if (!config_json) tok_chat_detect(NULL, t->chat_hint, sizeof t->chat_hint);
     return t;
 fail:
     tj_free(&L.doc);
@@ -579,6 +565,7 @@ void rp_tokenizer_free(rp_tokenizer *t) {
     for (int i = 0; i < t->n_splits; i++) tok_split_free(&t->splits[i]);
     free(t->bos_token);
     free(t->eos_token);
+    tok_chat_free(t->chat);
     free(t);
 }
 

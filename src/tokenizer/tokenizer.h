@@ -1,6 +1,6 @@
 /* The tokenizer: text <-> token ids exactly as Hugging Face `tokenizers` does
- * it for a model's own tokenizer.json, plus the chat templates that turn a
- * conversation into the prompt text (exactly as transformers'
+ * it for a model's own tokenizer.json, plus the model's chat template that
+ * turns a conversation into the prompt text (exactly as transformers'
  * apply_chat_template), and a streaming detokenizer for generation.
  *
  * Supported tokenizer.json: model BPE on the GPT-2 byte-level alphabet
@@ -97,36 +97,38 @@ void rp_detok_flush(rp_detok *d, const char **text, size_t *len);
 void rp_detok_free(rp_detok *d);
 
 /* ---- chat templates ----------------------------------------------------
- * replay renders the templates it knows natively (no Jinja engine). The
- * template is recognised from tokenizer_config.json's chat_template text;
- * an unrecognised one makes rp_chat_render fail with a message naming
- * `--chat-template`, which the CLI uses to force one by name. */
-typedef enum rp_chat_template_kind {
-    RP_CHAT_TEMPLATE_UNKNOWN = 0, /* absent or not recognised */
-    RP_CHAT_TEMPLATE_QWEN3,       /* Qwen3 (thinking), the tokenizer_config template */
-    RP_CHAT_TEMPLATE_LLAMA3,      /* Llama 3 Instruct (3.0) */
-} rp_chat_template_kind;
+ * The model's own Jinja chat template (src/template/), compiled once and kept
+ * with the tokenizer, and the ids that end an assistant turn. Nothing here
+ * knows a model family: chat_template.c says where each piece comes from. */
 
-typedef struct rp_chat_message {
-    const char *role; /* "system", "user", "assistant", "tool" */
-    const char *content;
-} rp_chat_message;
+/* Loads and compiles the chat template: the file template_file when given
+ * (--chat-template FILE), else template_dir's chat_template.jinja or
+ * tokenizer_config.json's chat_template (with its "tool_use" variant); and
+ * the turn-ending ids: the eos token, model_dir's generation_config.json
+ * eos_token_id (or config.json's), and the special token the template writes
+ * after an assistant message. template_dir and model_dir may be NULL. A
+ * directory without a template is no error (rendering then is); a template
+ * outside the supported subset is, naming its line and construct. */
+int rp_tokenizer_load_chat_template(rp_tokenizer *t, const char *template_dir, const char *model_dir,
+                                    const char *template_file, rp_err *err);
+int rp_chat_has_template(const rp_tokenizer *t);
+/* Where the template came from (a file path), for logs; NULL without one. */
+const char *rp_chat_template_origin(const rp_tokenizer *t);
 
-rp_chat_template_kind rp_tokenizer_chat_template(const rp_tokenizer *t);
-/* "qwen3" / "llama3" -> kind; -1 with a message listing the names otherwise. */
-int rp_chat_template_from_name(const char *name, rp_chat_template_kind *out, rp_err *err);
-const char *rp_chat_template_name(rp_chat_template_kind kind);
-/* Overrides the detected template (the CLI's --chat-template NAME). */
-void rp_tokenizer_set_chat_template(rp_tokenizer *t, rp_chat_template_kind kind);
+/* Renders what transformers' apply_chat_template(messages, tools=tools,
+ * add_generation_prompt=..., tokenize=False, **kwargs) returns: messages is
+ * a JSON list of message objects, tools a JSON list or NULL (None), kwargs a
+ * JSON object whose every key becomes a template variable, or NULL. *out is
+ * malloc'd and NUL-terminated (out_len, when not NULL, counts its bytes).
+ * Returns RP_OK, RP_ERR ("chat template line N: ...") or RP_TEMPLATE_RAISED
+ * (src/template/template.h: err->msg is the template's own message). */
+struct json_t;
+int rp_chat_render(const rp_tokenizer *t, const struct json_t *messages, const struct json_t *tools,
+                   int add_generation_prompt, const struct json_t *kwargs, char **out, size_t *out_len, rp_err *err);
 
-/* enable_thinking: 1 true, 0 false, -1 not passed (Qwen3 treats it as true).
- * Renders exactly what apply_chat_template(messages, tokenize=False,
- * add_generation_prompt=..., enable_thinking=...) returns. *out is malloc'd. */
-int rp_chat_render(const rp_tokenizer *t, const rp_chat_message *msgs, int n,
-                   int add_generation_prompt, int enable_thinking, char **out, rp_err *err);
-
-/* Ids that end an assistant turn for this template (eos plus <|im_end|> or
- * <|eot_id|>), deduplicated; returns how many were written (at most max). */
+/* Ids that end an assistant turn (chat_template.c says which), deduplicated;
+ * returns how many were written (at most max). Without a loaded template:
+ * the eos id alone. */
 int rp_chat_stop_ids(const rp_tokenizer *t, int32_t *out, int max);
 
 #endif
