@@ -344,14 +344,36 @@ static void test_errors(void **state) {
          "stop_token_ids", NULL, 400},
         {"messages missing", "/v1/chat/completions", "{\"prompt\":\"x\"}", "messages", NULL, 400},
         {"messages empty", "/v1/chat/completions", "{\"messages\":[]}", "messages", NULL, 400},
-        {"bad role", "/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages",
-         NULL, 400},
-        {"no role", "/v1/chat/completions", "{\"messages\":[{\"content\":\"x\"}]}", "messages", NULL, 400},
+        {"bad role", "/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}",
+         "messages.[0].role", NULL, 400},
+        {"no role", "/v1/chat/completions", "{\"messages\":[{\"content\":\"x\"}]}", "messages.[0].role", NULL, 400},
         {"image part", "/v1/chat/completions",
          "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}",
-         "messages", NULL, 400},
-        {"content a number", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":7}]}", "messages",
-         NULL, 400},
+         "messages.[0].content", NULL, 400},
+        {"content a number", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":7}]}",
+         "messages.[0].content", NULL, 400},
+        {"tools not a list", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{\"name\":\"f\"}}", "tools", NULL, 400},
+        {"tool without a name", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+         "{\"parameters\":{}}}]}",
+         "tools.[0].function.name", NULL, 400},
+        {"tool parameters not a schema", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+         "{\"name\":\"f\",\"parameters\":[1]}}]}",
+         "tools.[0].function.parameters", NULL, 400},
+        {"tool_choice required", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+         "{\"name\":\"f\"}}],\"tool_choice\":\"required\"}",
+         "tool_choice", NULL, 400},
+        {"tool_choice naming no tool", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"function\","
+         "\"function\":{\"name\":\"f\"}}}",
+         "tool_choice", NULL, 400},
+        {"tool result answering no call", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"tool\",\"tool_call_id\":\"nope\","
+         "\"content\":\"r\"}]}",
+         "messages.[1].tool_call_id", NULL, 400},
         {"tokenize: prompt a number", "/tokenize", "{\"prompt\":7}", "prompt", NULL, 400},
         {"detokenize: not ids", "/detokenize", "{\"tokens\":[\"a\"]}", "tokens", NULL, 400},
         {"detokenize: past the vocabulary", "/detokenize", "{\"tokens\":[999999]}", "tokens", NULL, 400},
@@ -422,6 +444,72 @@ static void test_errors(void **state) {
     assert_int_equal(r.status, 200);
     response_free(&r);
     wait_pool_full();
+}
+
+/* A conversation with a tool call and its result renders and runs; a chat
+ * template that raises is the client's 400 with the template's message,
+ * and the engine goes on serving (a second engine, on a template file that
+ * raises: tests/fixtures/templates/mistral_v03_tools.jinja). */
+static void test_chat_tools(void **state) {
+    (void)state;
+    const char *round_trip =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Oslo?\"},{\"role\":\"assistant\",\"content\":null,"
+        "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"arguments\":\"{\\\"city\\\": \\\"Oslo\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\","
+        "\"content\":\"-3 C\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}],"
+        "\"tool_choice\":\"auto\",\"parallel_tool_calls\":false,\"max_tokens\":2,\"ignore_eos\":true}";
+    response r = request(port(), "POST", "/v1/chat/completions", NULL, round_trip);
+    if (r.status != 200) fail_msg("tool round trip: %d %s", r.status, r.body);
+    response_free(&r);
+    /* what the model saw: /tokenize renders the same conversation */
+    r = request(port(), "POST", "/tokenize", NULL, round_trip);
+    assert_int_equal(r.status, 200);
+    response_free(&r);
+
+    char tok[1024], tmpl[1024];
+    snprintf(tok, sizeof tok, "%s/.cache/tokenizers/qwen3", test_source_dir());
+    snprintf(tmpl, sizeof tmpl, "%s/tests/fixtures/templates/mistral_v03_tools.jinja", test_source_dir());
+    rp_engine_config c;
+    rp_engine_config_default(&c);
+    c.model_dir = model_dir;
+    c.load_dummy = 1;
+    c.quiet_model_warning = 1;
+    c.tokenizer_dir = tok;
+    c.chat_template = tmpl;
+    c.device = "cpu";
+    c.threads = 2;
+    c.num_pages = 64;
+    c.max_running_requests = 4;
+    c.max_batched_tokens = 512;
+    rp_error eerr;
+    rp_engine *e2 = rp_engine_create(&c, &eerr);
+    if (!e2) fail_msg("engine: %s", eerr.message);
+    rp_server_config sc = {.host = "127.0.0.1", .served_model = "tiny"};
+    char err[512];
+    rp_server *s2 = rp_server_start(e2, &sc, NULL, err, sizeof err);
+    if (!s2) fail_msg("server: %s", err);
+    const int p2 = rp_server_port(s2);
+    const char *raises = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\"}],"
+                         "\"max_tokens\":1}";
+    const char *fine = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"max_tokens\":1}";
+    for (int round = 0; round < 2; round++) {
+        r = request(p2, "POST", "/v1/chat/completions", NULL, raises);
+        assert_non_null(strstr(r.body, "\"message\":\"After the optional system message, conversation roles must "
+                                       "alternate user/assistant/user/assistant/...\""));
+        expect_error("raise_exception", r, 400, "messages", NULL);
+        r = request(p2, "POST", "/v1/chat/completions", NULL, fine);
+        if (r.status != 200) fail_msg("after a raise: %d %s", r.status, r.body);
+        /* the template's prompt: [INST] ... [/INST], from the file, not the tokenizer's */
+        response_free(&r);
+        r = request(p2, "POST", "/tokenize", NULL, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                                                  "\"return_token_strs\":true}");
+        assert_int_equal(r.status, 200);
+        assert_non_null(strstr(r.body, "INST"));
+        response_free(&r);
+    }
+    rp_server_stop(s2);
+    rp_engine_destroy(e2);
 }
 
 static void test_completions(void **state) {
@@ -1170,7 +1258,7 @@ static void test_listener(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_listener),
-        cmocka_unit_test(test_errors),     cmocka_unit_test(test_completions), cmocka_unit_test(test_top_logprobs),
+        cmocka_unit_test(test_errors),     cmocka_unit_test(test_chat_tools), cmocka_unit_test(test_completions), cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_streaming),  cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_connection_flood), cmocka_unit_test(test_refused_before_body),
         cmocka_unit_test(test_pipelining_head_half_close), cmocka_unit_test(test_queue_full),
