@@ -181,7 +181,38 @@ JSON
   check "chat generate with text" 0 $?
   [ -n "$out" ]; check "chat output not empty" 0 $?
   out=$("$BIN" generate --model "$m" --load-format dummy --chat --chat-template nope --prompt x 2>&1)
-  check "unknown chat template name" 2 $?
+  check "chat template that is no file" 2 $?
+  contains "chat template that is no file" "$out" "--chat-template takes a Jinja template file, and there is no file 'nope'"
+  # --chat-template FILE replaces the model's template: one that raises, one that does not compile
+  printf '{{ raise_exception("no chats today") }}' >"$tmp/raise.jinja"
+  out=$("$BIN" generate --model "$m" --load-format dummy --chat --chat-template "$tmp/raise.jinja" --prompt x 2>&1)
+  check "chat template that raises" 1 $?
+  contains "chat template that raises" "$out" "no chats today"
+  printf 'ok\n{%% include "x" %%}' >"$tmp/bad.jinja"
+  out=$("$BIN" generate --model "$m" --load-format dummy --chat --chat-template "$tmp/bad.jinja" --prompt x 2>&1)
+  check "chat template that does not compile" 1 $?
+  contains "chat template that does not compile" "$out" "line 2"
+  printf '{{ messages[0].content }}!' >"$tmp/echo.jinja"
+  out=$("$BIN" generate --model "$m" --load-format dummy --chat --chat-template "$tmp/echo.jinja" --prompt "Hi" \
+        --max-tokens 1 -q --print-ids --temperature 0 2>&1)
+  check "chat template file" 0 $?
+  # generation_config.json's sampling fills what no flag sets: temperature 0 is greedy (no seed
+  # in the stats line); a flag wins; --generation-config vllm ignores the file
+  printf '{"temperature": 0, "top_k": 5, "eos_token_id": 151645}' >"$m/generation_config.json"
+  err=$("$BIN" generate --model "$m" --load-format dummy --prompt-ids 5,6 --max-tokens 2 2>&1 >/dev/null)
+  contains "generation_config logged" "$err" "generation_config.json: temperature=0 top_k=5"
+  case "$err" in *"seed "*) check "generation_config temperature 0 is greedy" 0 1 ;; *) check "generation_config temperature 0 is greedy" 0 0 ;; esac
+  err=$("$BIN" generate --model "$m" --load-format dummy --prompt-ids 5,6 --max-tokens 2 --temperature 0.8 2>&1 >/dev/null)
+  contains "a flag wins over generation_config" "$err" "; seed "
+  err=$("$BIN" generate --model "$m" --load-format dummy --prompt-ids 5,6 --max-tokens 2 --generation-config vllm 2>&1 >/dev/null)
+  contains "--generation-config vllm ignores the file" "$err" "; seed "
+  out=$("$BIN" generate --model "$m" --load-format dummy --prompt-ids 5,6 --generation-config nope 2>&1)
+  check "bad --generation-config" 2 $?
+  printf '{"top_p": 7}' >"$m/generation_config.json"
+  out=$("$BIN" generate --model "$m" --load-format dummy --prompt-ids 5,6 2>&1)
+  check "generation_config out of range" 1 $?
+  contains "generation_config out of range" "$out" "generation_config.json"
+  rm "$m/generation_config.json"
   out=$("$BIN" generate --model "$m" --load-format dummy --prompt "Hi" --system x 2>&1); check "--system without --chat" 2 $?
   # The prompt from a file (one final newline dropped) or standard input equals --prompt.
   want=$("$BIN" generate --model "$m" --load-format dummy --prompt "Hi there" --max-tokens 6 --temperature 0 -q 2>/dev/null)

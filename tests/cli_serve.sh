@@ -193,7 +193,24 @@ n1=$(grep -c " engine " "$tmp/serve.log"); sleep 1; n2=$(grep -c " engine " "$tm
 check "no engine line while idle" "$n1" "$n2"
 stop; check "SIGTERM after serving exits 0" 0 "$rc"
 contains "shutdown logged" "$(cat "$tmp/serve.log")" "INFO  stopped"
+contains "chat template logged" "$(cat "$tmp/serve.log")" "chat template: $tmp/tokenizer_config.json; a turn ends at token ids 151645"
+contains "no generation_config logged" "$(cat "$tmp/serve.log")" "sampling defaults: replay's (the model has no generation_config.json)"
 MODEL_ARGS=(--model "$tmp")
+# generation_config.json's sampling, logged; --chat-template FILE, whose raise_exception is a 400
+printf '{"temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": [151645, 151643]}' >"$tmp/generation_config.json"
+printf '{%% if messages | length > 1 %%}{{ raise_exception("one message only") }}{%% endif %%}<|im_start|>{{ messages[0].content }}' >"$tmp/one.jinja"
+LOG="$tmp/serve.log" start --chat-template "$tmp/one.jinja" || exit 1
+log=$(cat "$tmp/serve.log")
+contains "generation_config logged" "$log" "sampling defaults from $tmp/generation_config.json: temperature=0.6 top_k=20 top_p=0.95"
+contains "template file logged" "$log" "chat template: $tmp/one.jinja; a turn ends at token ids 151645, 151643"
+check "template file: chat" 200 "$(post /v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2}')"
+check "template file: prompt" 200 "$(post /tokenize -d '{"messages":[{"role":"user","content":"Hi"}]}')"
+contains "template file: prompt" "$(cat "$tmp/body")" '"tokens":[151644,13048]'
+check "raise_exception" 400 "$(post /v1/chat/completions -d '{"messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}')"
+contains "raise_exception message" "$(cat "$tmp/body")" '"message":"one message only"'
+check "after raise_exception" 200 "$(post /v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2}')"
+stop
+rm "$tmp/generation_config.json" "$tmp/one.jinja"
 # JSON lines: every line parses, with typed fields
 LOG="$tmp/serve.log" start --log-format json --log-stats-interval 0.2 || exit 1
 post /v1/completions -d '{"prompt":[1,2],"max_tokens":2,"ignore_eos":true}' >/dev/null
@@ -296,7 +313,9 @@ usage "--log-level must be error, warn, info or debug, got 'loud'" --dummy-weigh
 usage "--log-format must be text or json, got 'xml'" --dummy-weights tiny-qwen3 --log-format xml
 usage "--log-stats-interval must be" --dummy-weights tiny-qwen3 --log-stats-interval -1
 usage "--tokenizer must be a directory with tokenizer.json, got '/nonexistent'" --dummy-weights tiny-qwen3 --tokenizer /nonexistent
-usage "--chat-template must be qwen3 or llama3, got 'chatml'" --dummy-weights tiny-qwen3 --chat-template chatml
+usage "--chat-template takes a Jinja template file, and there is no file 'chatml'" --dummy-weights tiny-qwen3 --chat-template chatml
+usage "--chat-template takes a Jinja template file, and '/tmp' is not a file" --dummy-weights tiny-qwen3 --chat-template /tmp
+usage "--generation-config must be auto, vllm or a directory with generation_config.json, got 'x'" --dummy-weights tiny-qwen3 --generation-config x
 usage "--served-model-name must not be empty" --dummy-weights tiny-qwen3 --served-model-name ""
 usage "--api-key must not be empty" --dummy-weights tiny-qwen3 --api-key ""
 usage "the model is given twice" "$tmp" --model "$tmp"

@@ -93,10 +93,11 @@ int rp_generation_config_defaults(const char *model_dir, const char *mode, rp_re
     /* the sampler's own check, worded for the file */
     rp_sampling_params sp;
     rp_sampling_params_default(&sp);
+    rp_sampling_opts_unset(&sp);
     rp_sampling_opts_fill(&sp, out);
     rp_err err;
     if (rp_sampling_params_validate(&sp, 1 << 30, &err))
-        return rp_cli_runtime_error(cmd, "%s: %s (--generation-config vllm ignores the file)", path, err.msg);
+        return rp_cli_runtime_error(cmd, "%s: %s (--generation-config vllm would ignore the file)", path, err.msg);
     return 0;
 }
 
