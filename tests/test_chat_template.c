@@ -116,6 +116,15 @@ static void test_stop_ids(void **state) {
     assert_true(has_id(ids, 2, rp_tokenizer_token_id(t, "<|end_of_text|>")));
     assert_true(has_id(ids, 2, rp_tokenizer_token_id(t, "<|eot_id|>")));
     rp_tokenizer_free(t);
+    /* Llama 3.1's and DeepSeek-V3's eos is what their templates end a turn with */
+    t = load_real("llama3_1", NULL);
+    assert_int_equal(rp_chat_stop_ids(t, ids, 8), 1);
+    assert_int_equal(ids[0], rp_tokenizer_token_id(t, "<|eot_id|>"));
+    rp_tokenizer_free(t);
+    t = load_real("deepseek_v3", NULL);
+    assert_int_equal(rp_chat_stop_ids(t, ids, 8), 1);
+    assert_int_equal(ids[0], rp_tokenizer_eos_id(t));
+    rp_tokenizer_free(t);
     /* a model directory: generation_config.json's list (Qwen3's own), an int, config.json's as the fallback */
     char dir[] = "/tmp/rp_chat_stop_XXXXXX", path[4096];
     assert_non_null(mkdtemp(dir));
