@@ -465,7 +465,7 @@ static int load_config(rp_tokenizer *t, const char *text, size_t len, rp_err *er
     t->eos_token = config_token(cfg, "eos_token");
     if (t->bos_token) t->bos_id = (int32_t)tok_map_get(&t->text_to_id, t->text_blob, t->bos_token, strlen(t->bos_token), -1);
     if (t->eos_token) t->eos_id = (int32_t)tok_map_get(&t->text_to_id, t->text_blob, t->eos_token, strlen(t->eos_token), -1);
-    /* the template itself is compiled only where chat is served (chat_template.c) */
+    /* the template itself is loaded and compiled by rp_tokenizer_load_chat_template (chat_template.c) */
     t->config_has_chat_template = json_object_get(cfg, "chat_template") != NULL;
     json_decref(cfg);
     return 0;
