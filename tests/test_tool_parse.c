@@ -7,6 +7,7 @@
  * seeded random cuts: the same content, the same calls with the same ids,
  * argument fragments that add up to the arguments, content deltas never
  * empty nor cut inside a UTF-8 character, and little held back. */
+#include "server/reasoning.h"
 #include "server/sbuf.h"
 #include "server/tool_parse.h"
 #include "test_util.h"
@@ -428,11 +429,55 @@ static void test_emit_error(void **state) {
     rp_tool_stream_free(s);
 }
 
+/* As the server chains them: the reasoning parser first, its content into
+ * the tool parser; a <tool_call> the model only thinks about stays in the
+ * reasoning. Every cut of the text gives the same result. */
+typedef struct {
+    rp_tool_stream *tools;
+    tsink *sink;
+    rp_sbuf reasoning;
+} chain;
+
+static int chain_piece(void *ctx, int is_reasoning, const char *text, size_t len) {
+    chain *c = ctx;
+    if (is_reasoning) return rp_sbuf_add(&c->reasoning, text, len);
+    return rp_tool_stream_feed(c->tools, text, len, on_event, c->sink);
+}
+
+static void test_after_reasoning(void **state) {
+    (void)state;
+    const char *text = "<think>\nThe user wants the weather; I should emit <tool_call>{\"name\": \"x\"}</tool_call>.\n</think>\n\n"
+                       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>";
+    const tcase want = {H, "(chained)", NULL, 1, {{"get_weather", "{\"city\":\"Zürich\"}"}}};
+    const char *want_reasoning = "\nThe user wants the weather; I should emit <tool_call>{\"name\": \"x\"}</tool_call>.\n";
+    char ids[MAX_CALLS][32];
+    rp_tool_parsed whole;
+    assert_int_equal(rp_tool_parse(RP_TOOL_PARSER_HERMES, "<tool_call>{\"name\": \"a\"}</tool_call>", 36, 9, &whole), 0);
+    snprintf(ids[0], 32, "%s", whole.calls[0].id);
+    rp_tool_parsed_free(&whole);
+    size_t len = strlen(text);
+    for (size_t cut = 0; cut < len; cut++) {
+        tsink k = {0};
+        chain c = {.tools = rp_tool_stream_new(RP_TOOL_PARSER_HERMES, 9), .sink = &k};
+        rp_reasoning_stream *r = rp_reasoning_stream_new(RP_REASONING_QWEN3, RP_THINK_UNKNOWN);
+        assert_int_equal(rp_reasoning_stream_feed(r, text, cut, chain_piece, &c), 0);
+        assert_int_equal(rp_reasoning_stream_feed(r, text + cut, len - cut, chain_piece, &c), 0);
+        assert_int_equal(rp_reasoning_stream_finish(r, chain_piece, &c), 0);
+        assert_int_equal(rp_tool_stream_finish(c.tools, on_event, &k), 0);
+        assert_string_equal(c.reasoning.p, want_reasoning);
+        check_sink(&want, &k, ids, "after reasoning");
+        rp_reasoning_stream_free(r);
+        rp_tool_stream_free(c.tools);
+        rp_sbuf_free(&c.reasoning);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_whole),         cmocka_unit_test(test_every_cut),   cmocka_unit_test(test_every_two_cuts),
         cmocka_unit_test(test_byte_by_byte),  cmocka_unit_test(test_random_cuts), cmocka_unit_test(test_holds_little),
         cmocka_unit_test(test_ids),           cmocka_unit_test(test_long_and_deep), cmocka_unit_test(test_emit_error),
+        cmocka_unit_test(test_after_reasoning),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
