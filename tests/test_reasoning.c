@@ -218,7 +218,48 @@ static void test_prompt_state(void **state) {
     assert_int_equal(rp_reasoning_from_name("granite", &k), -1);
 }
 
-/* A callback's error stops the stream and comes back as it was. */
+/* Texts made of random pieces of tags and text, under every parser and
+ * prompt state: the stream at random cuts and byte by byte agrees with the
+ * whole-output split, and only tags go missing. */
+static void test_random_texts(void **state) {
+    (void)state;
+    static const char *const pieces[] = {"<think>", "</think>", "<", "</", "<think", "</think", "think>", "\n", " ",
+                                         "a", "é", "日本", "🎉", ">"};
+    uint64_t counter = 0;
+    for (int t = 0; t < 3000; t++) {
+        char text[256];
+        size_t len = 0;
+        int num = (int)(rp_rand_u64(9, 1, counter++) % 10);
+        for (int i = 0; i < num; i++) {
+            const char *piece = pieces[rp_rand_u64(9, 1, counter++) % (sizeof pieces / sizeof pieces[0])];
+            memcpy(text + len, piece, strlen(piece));
+            len += strlen(piece);
+        }
+        text[len] = 0;
+        for (int kind = 0; kind < 2; kind++)
+            for (int prompt = 0; prompt < 3; prompt++) {
+                rp_reasoning_split whole;
+                assert_int_equal(rp_reasoning_parse((rp_reasoning_kind)kind, (rp_think_prompt)prompt, text, len, &whole), 0);
+                size_t kept = (whole.reasoning ? strlen(whole.reasoning) : 0) + (whole.content ? strlen(whole.content) : 0);
+                assert_true(kept <= len && kept + 15 >= len);
+                rcase c = {(rp_reasoning_kind)kind, (rp_think_prompt)prompt, text, whole.reasoning, whole.content};
+                size_t cuts[256];
+                for (int trial = 0; trial < 3; trial++) {
+                    int n = 0;
+                    for (size_t at = 0;;) {
+                        at += 1 + rp_rand_u64(9, 2, counter++) % (trial == 0 ? 1 : 8);
+                        if (at >= len) break;
+                        cuts[n++] = at;
+                    }
+                    stream_cuts(&c, cuts, n, "random text");
+                }
+                rp_reasoning_split_free(&whole);
+            }
+    }
+}
+
+/* A callback's error stops the stream and comes back as it was, also from
+ * later calls. */
 static int refuse(void *ctx, int is_reasoning, const char *text, size_t len) {
     (void)ctx, (void)is_reasoning, (void)text, (void)len;
     return 7;
@@ -228,6 +269,8 @@ static void test_emit_error(void **state) {
     (void)state;
     rp_reasoning_stream *s = rp_reasoning_stream_new(RP_REASONING_QWEN3, RP_THINK_OPEN);
     assert_int_equal(rp_reasoning_stream_feed(s, "abc", 3, refuse, NULL), 7);
+    assert_int_equal(rp_reasoning_stream_feed(s, "d", 1, refuse, NULL), 7);
+    assert_int_equal(rp_reasoning_stream_finish(s, refuse, NULL), 7);
     rp_reasoning_stream_free(s);
 }
 
@@ -235,6 +278,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_whole),        cmocka_unit_test(test_every_cut),   cmocka_unit_test(test_byte_by_byte),
         cmocka_unit_test(test_random_cuts),  cmocka_unit_test(test_prompt_state), cmocka_unit_test(test_emit_error),
+        cmocka_unit_test(test_random_texts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

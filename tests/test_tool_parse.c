@@ -13,7 +13,7 @@
 #include "test_util.h"
 #include "util/rng.h"
 
-#define MAX_CALLS 4
+#define MAX_CALLS 8
 
 typedef struct {
     const char *name, *arguments;
@@ -429,6 +429,64 @@ static void test_emit_error(void **state) {
     rp_tool_stream_free(s);
 }
 
+/* Texts made of random pieces of calls, markers, JSON and text: the stream
+ * at random cuts and byte by byte agrees with the whole-output parse, and
+ * an output with no call comes back as content unchanged. */
+static const char *const pieces[] = {
+    "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "[ARGS]", "[CALL_ID]", "{", "}", "[", "]",
+    "\"name\"", "\"arguments\"", "\"parameters\"", ":", ",", ";", " ", "\n", "\"f\"", "\"日本\"", "1", "-2.5e3",
+    "true", "null", "\"a\\\"b\"", "{\"name\": \"g\", \"arguments\": {\"x\": [1, \"é\"]}}",
+    "{\"name\": \"h\", \"parameters\": {}}", "[{\"name\": \"m\", \"arguments\": {\"k\": null}}]", "get", "Hi ", "🎉",
+    "<", "<tool", "[TOOL", "\\",
+};
+
+static void test_random_texts(void **state) {
+    (void)state;
+    uint64_t counter = 0;
+    int with_calls = 0;
+    for (int t = 0; t < 3000; t++) {
+        char text[512];
+        size_t len = 0;
+        int num = 1 + (int)(rp_rand_u64(3, 1, counter++) % 14);
+        for (int i = 0; i < num; i++) {
+            const char *piece = pieces[rp_rand_u64(3, 1, counter++) % (sizeof pieces / sizeof pieces[0])];
+            memcpy(text + len, piece, strlen(piece));
+            len += strlen(piece);
+        }
+        text[len] = 0;
+        for (int parser = 0; parser < 3; parser++) {
+            rp_tool_parsed whole;
+            assert_int_equal(rp_tool_parse((rp_tool_parser)parser, text, len, 17, &whole), 0);
+            if (whole.num_calls > MAX_CALLS) {
+                rp_tool_parsed_free(&whole);
+                continue;
+            }
+            if (!whole.num_calls && (len ? !whole.content || strcmp(whole.content, text) : whole.content != NULL))
+                fail_msg("parser %d: no call, but content [%s] of [%s]", parser, whole.content, text);
+            with_calls += whole.num_calls > 0;
+            tcase c = {(rp_tool_parser)parser, text, whole.content, whole.num_calls, {{0}}};
+            char ids[MAX_CALLS][32];
+            for (int i = 0; i < whole.num_calls; i++) {
+                c.calls[i].name = whole.calls[i].name;
+                c.calls[i].arguments = whole.calls[i].arguments;
+                snprintf(ids[i], 32, "%s", whole.calls[i].id);
+            }
+            size_t cuts[512];
+            for (int trial = 0; trial < 4; trial++) {
+                int n = 0;
+                for (size_t at = 0;;) {
+                    at += 1 + rp_rand_u64(5, 3, counter++) % (trial == 0 ? 1 : 12);
+                    if (at >= len) break;
+                    cuts[n++] = at;
+                }
+                stream_cuts(&c, 17, ids, cuts, n, "random text");
+            }
+            rp_tool_parsed_free(&whole);
+        }
+    }
+    assert_true(with_calls > 100); /* the pieces do make calls */
+}
+
 /* As the server chains them: the reasoning parser first, its content into
  * the tool parser; a <tool_call> the model only thinks about stays in the
  * reasoning. Every cut of the text gives the same result. */
@@ -477,7 +535,7 @@ int main(void) {
         cmocka_unit_test(test_whole),         cmocka_unit_test(test_every_cut),   cmocka_unit_test(test_every_two_cuts),
         cmocka_unit_test(test_byte_by_byte),  cmocka_unit_test(test_random_cuts), cmocka_unit_test(test_holds_little),
         cmocka_unit_test(test_ids),           cmocka_unit_test(test_long_and_deep), cmocka_unit_test(test_emit_error),
-        cmocka_unit_test(test_after_reasoning),
+        cmocka_unit_test(test_after_reasoning), cmocka_unit_test(test_random_texts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

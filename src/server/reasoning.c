@@ -40,6 +40,7 @@ struct rp_reasoning_stream {
     rp_sbuf buf;      /* bytes not handed out yet, from buf.p + start */
     size_t start;
     size_t searched;  /* in ST_UNDECIDED: bytes after start already searched for </think> */
+    int err;          /* once nonzero (emit's return, or -1: out of memory), the stream is stopped */
 };
 
 int rp_reasoning_from_name(const char *name, rp_reasoning_kind *out) {
@@ -164,13 +165,15 @@ static void compact(rp_reasoning_stream *s) {
 }
 
 int rp_reasoning_stream_feed(rp_reasoning_stream *s, const char *delta, size_t len, rp_reasoning_emit emit, void *ctx) {
+    if (s->err) return s->err;
     compact(s);
-    if (rp_sbuf_add(&s->buf, delta, len)) return -1;
-    return step(s, 0, emit, ctx);
+    if (rp_sbuf_add(&s->buf, delta, len)) return s->err = -1;
+    return s->err = step(s, 0, emit, ctx);
 }
 
 int rp_reasoning_stream_finish(rp_reasoning_stream *s, rp_reasoning_emit emit, void *ctx) {
-    return step(s, 1, emit, ctx);
+    if (s->err) return s->err;
+    return s->err = step(s, 1, emit, ctx);
 }
 
 /* ---- whole output: the stream, fed once ---------------------------------- */
