@@ -4,6 +4,7 @@
  * from a committed bf16 fixture. Dummy weights: transformers' distribution
  * (normal, std initializer_range; norms 1), deterministic, and bit for bit
  * the values tools/gpu_compare.py computes (the golden table below). */
+#include <jansson.h>
 #include <math.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -90,6 +91,167 @@ static void write_converted(const char *dir, rp_dtype dtype, const char *drop, c
     fclose(f);
     free(hdr);
     rp_safetensors_close(st);
+}
+
+
+/* ---- FP8 checkpoints (model/quant.c) ------------------------------------ */
+
+/* e4m3 (float8_e4m3fn) from its bits, written apart from the library's:
+ * (-1)^s 2^(e - 7) (1 + m / 8), subnormals 2^-6 m / 8. */
+static double e4m3_value(uint8_t v) {
+    const int s = v >> 7, e = (v >> 3) & 15, m = v & 7;
+    if (e == 15 && m == 7) return NAN;
+    const double x = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return s ? -x : x;
+}
+
+/* The nearest e4m3 code (ties to the even code), clamped to +-448. */
+static uint8_t e4m3_of(double x) {
+    uint8_t best = 0;
+    double bd = INFINITY;
+    for (int c = 0; c < 256; c++) {
+        const double v = e4m3_value((uint8_t)c);
+        if (v != v || ((c & 0x7f) == 0 && c)) continue; /* NaN, -0 */
+        const double d = fabs(v - x);
+        if (d < bd || (d == bd && !(c & 1))) bd = d, best = (uint8_t)c;
+    }
+    return best;
+}
+
+/* How a test checkpoint stores its scales. */
+typedef enum { Q_BLOCK, Q_TENSOR_FP8, Q_CHANNEL_CT, Q_TENSOR_CT } qlayout;
+
+/* The fixture rewritten as an FP8 checkpoint of that layout into dir: every
+ * *_proj.weight as F8_E4M3 with its scale (block 16 x 32 for Q_BLOCK: the
+ * fixture's 176 and 64 wide matrices end in partial blocks), the rest bf16
+ * (the embedding, lm_head and the norms, as the tools leave them).
+ * bad: 0, 1 drops the first scale, 2 gives it a wrong shape, 3 leaves
+ * quantization_config out. */
+static void write_fp8(const char *dir, qlayout lay, int bad) {
+    char src[1024], path[1300];
+    test_path(src, sizeof src, fixture);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    json_error_t je;
+    json_t *cfg = json_load_file(path, 0, &je);
+    assert_non_null(cfg);
+    const char *qc[] = {
+        "{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", \"weight_block_size\": [16, 32]}",
+        "{\"quant_method\": \"fp8\", \"activation_scheme\": \"static\"}",
+        "{\"quant_method\": \"compressed-tensors\", \"format\": \"float-quantized\", \"ignore\": [\"lm_head\"], "
+        "\"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], \"weights\": {\"num_bits\": 8, \"type\": "
+        "\"float\", \"strategy\": \"channel\", \"symmetric\": true}, \"input_activations\": {\"num_bits\": 8, "
+        "\"type\": \"float\", \"strategy\": \"token\", \"dynamic\": true}}}}",
+        "{\"quant_method\": \"compressed-tensors\", \"format\": \"naive-quantized\", \"config_groups\": {\"g\": "
+        "{\"weights\": {\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"tensor\"}, \"input_activations\": "
+        "{\"num_bits\": 8, \"type\": \"float\", \"strategy\": \"tensor\", \"dynamic\": false}}}}"};
+    if (bad != 3) json_object_set_new(cfg, "quantization_config", json_loads(qc[lay], 0, &je));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(json_dump_file(cfg, path, JSON_INDENT(1)), 0);
+    json_decref(cfg);
+    snprintf(src + strlen(src), sizeof src - strlen(src), "/model.safetensors");
+    rp_err err;
+    rp_safetensors *st = rp_safetensors_open(src, &err);
+    assert_non_null(st);
+    /* two passes: the header, then the data in the same order */
+    char *hdr = malloc(1 << 17);
+    size_t hl = (size_t)snprintf(hdr, 1 << 17, "{"), off = 0;
+    FILE *f = NULL;
+    int first_scale = 1;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < st->num_tensors; i++) {
+            const rp_st_tensor *t = &st->tensors[i];
+            const uint16_t *w = t->data;
+            const long long r = t->shape[0], c = t->ndim > 1 ? t->shape[1] : 0;
+            const int q = t->ndim == 2 && strstr(t->name, "_proj.weight") != NULL;
+            if (!q) {
+                if (pass == 0) {
+                    char shape[64];
+                    if (t->ndim > 1) snprintf(shape, sizeof shape, "[%lld, %lld]", r, c);
+                    else snprintf(shape, sizeof shape, "[%lld]", r);
+                    hl += (size_t)snprintf(hdr + hl, (1 << 17) - hl, "%s\"%s\": {\"dtype\": \"BF16\", \"shape\": %s, "
+                                           "\"data_offsets\": [%zu, %zu]}", hl > 1 ? ", " : "", t->name, shape, off,
+                                           off + t->nbytes);
+                    off += t->nbytes;
+                } else {
+                    fwrite(t->data, 1, t->nbytes, f);
+                }
+                continue;
+            }
+            /* scale grid: rows x cols of blocks b0 x b1 */
+            const long long b0 = lay == Q_BLOCK ? 16 : lay == Q_CHANNEL_CT ? 1 : r, b1 = lay == Q_BLOCK ? 32 : c;
+            const long long gr = (r + b0 - 1) / b0, gc = (c + b1 - 1) / b1;
+            float *sc = calloc((size_t)(gr * gc), 4);
+            for (long long i0 = 0; i0 < r; i0++)
+                for (long long j = 0; j < c; j++) {
+                    float *sv = &sc[(i0 / b0) * gc + j / b1];
+                    const float a = fabsf(rp_bf16_to_f32(w[i0 * c + j])) / 448.0f;
+                    if (a > *sv) *sv = a;
+                }
+            for (long long k = 0; k < gr * gc; k++)
+                if (sc[k] == 0) sc[k] = 1;
+            if (lay == Q_CHANNEL_CT) /* bf16 scales: rounded before they divide */
+                for (long long k = 0; k < gr * gc; k++) sc[k] = rp_bf16_to_f32(rp_f32_to_bf16(sc[k]));
+            const int sbytes = lay == Q_CHANNEL_CT ? 2 : 4, wrong = bad == 2 && first_scale, drop = bad == 1 && first_scale;
+            const long long ns = gr * gc + wrong;
+            char shape[64];
+            if (wrong) snprintf(shape, sizeof shape, "[%lld]", ns);
+            else if (lay == Q_BLOCK) snprintf(shape, sizeof shape, "[%lld, %lld]", gr, gc);
+            else if (lay == Q_CHANNEL_CT) snprintf(shape, sizeof shape, "[%lld, 1]", r);
+            else if (lay == Q_TENSOR_FP8) snprintf(shape, sizeof shape, "[]");
+            else snprintf(shape, sizeof shape, "[1]");
+            first_scale = 0;
+            if (pass == 0) {
+                hl += (size_t)snprintf(hdr + hl, (1 << 17) - hl, "%s\"%s\": {\"dtype\": \"F8_E4M3\", \"shape\": [%lld, %lld], "
+                                       "\"data_offsets\": [%zu, %zu]}", hl > 1 ? ", " : "", t->name, r, c, off,
+                                       off + (size_t)(r * c));
+                off += (size_t)(r * c);
+                if (!drop) {
+                    const size_t nb = (size_t)ns * (size_t)sbytes;
+                    hl += (size_t)snprintf(hdr + hl, (1 << 17) - hl, ", \"%s%s\": {\"dtype\": \"%s\", \"shape\": %s, "
+                                           "\"data_offsets\": [%zu, %zu]}", t->name,
+                                           lay == Q_BLOCK ? "_scale_inv" : "_scale", sbytes == 2 ? "BF16" : "F32",
+                                           shape, off, off + nb);
+                    off += nb;
+                }
+            } else {
+                for (long long i0 = 0; i0 < r; i0++)
+                    for (long long j = 0; j < c; j++) {
+                        const uint8_t by = e4m3_of(rp_bf16_to_f32(w[i0 * c + j]) / sc[(i0 / b0) * gc + j / b1]);
+                        fwrite(&by, 1, 1, f);
+                    }
+                for (long long k = 0; !drop && k < ns; k++) {
+                    const float v = k < gr * gc ? sc[k] : 1.0f;
+                    if (sbytes == 2) {
+                        const uint16_t h = rp_f32_to_bf16(v);
+                        fwrite(&h, 2, 1, f);
+                    } else {
+                        fwrite(&v, 4, 1, f);
+                    }
+                }
+            }
+            free(sc);
+        }
+        if (pass == 0) {
+            hl += (size_t)snprintf(hdr + hl, (1 << 17) - hl, "}");
+            snprintf(path, sizeof path, "%s/model.safetensors", dir);
+            f = fopen(path, "wb");
+            assert_non_null(f);
+            const uint64_t len = hl;
+            fwrite(&len, 8, 1, f);
+            fwrite(hdr, 1, hl, f);
+            first_scale = 1;
+        }
+    }
+    fclose(f);
+    free(hdr);
+    rp_safetensors_close(st);
+}
+
+static void compare_bf16_exact(const rp_model *a, const rp_model *b, rp_weight_kind k) {
+    const rp_weight *wa = rp_model_weight(a, k, 0), *wb = rp_model_weight(b, k, 0);
+    assert_int_equal(wa->rows * wa->cols, wb->rows * wb->cols);
+    assert_memory_equal(wa->data, wb->data, (size_t)(wa->rows * wa->cols) * 2);
 }
 
 static rp_model *load_fixture(void) {
@@ -337,10 +499,123 @@ static void test_normal_series(void **state) {
     }
 }
 
+
+/* The expected weight, computed here: bf16(value(q) * scale) with the
+ * scale this layout assigns to (i, j). */
+static void check_fp8_model(const rp_model *ref, const rp_model *m, qlayout lay) {
+    for (int l = 0; l < ref->cfg.num_layers; l++)
+        for (int k = RP_W_FIRST_LAYER_KIND; k < RP_W_COUNT; k++) {
+            const rp_weight *wr = rp_model_weight(ref, (rp_weight_kind)k, l), *wm = rp_model_weight(m, (rp_weight_kind)k, l);
+            if (!wr->data || wr->cols <= 1) continue; /* norms stay bf16 */
+            const long long r = wr->rows, c = wr->cols;
+            const long long b0 = lay == Q_BLOCK ? 16 : lay == Q_CHANNEL_CT ? 1 : r, b1 = lay == Q_BLOCK ? 32 : c;
+            const long long gc = (c + b1 - 1) / b1;
+            double num = 0, den = 0;
+            for (long long bi = 0; bi < (r + b0 - 1) / b0; bi++)
+                for (long long bj = 0; bj < gc; bj++) {
+                    float s = 0;
+                    for (long long i = bi * b0; i < (bi + 1) * b0 && i < r; i++)
+                        for (long long j = bj * b1; j < (bj + 1) * b1 && j < c; j++)
+                            s = fmaxf(s, fabsf(rp_bf16_to_f32(wr->data[i * c + j])) / 448.0f);
+                    if (s == 0) s = 1;
+                    if (lay == Q_CHANNEL_CT) s = rp_bf16_to_f32(rp_f32_to_bf16(s));
+                    for (long long i = bi * b0; i < (bi + 1) * b0 && i < r; i++)
+                        for (long long j = bj * b1; j < (bj + 1) * b1 && j < c; j++) {
+                            const float x = rp_bf16_to_f32(wr->data[i * c + j]);
+                            const float want = rp_bf16_to_f32(rp_f32_to_bf16((float)(e4m3_value(e4m3_of(x / s)) * s)));
+                            const float got = rp_bf16_to_f32(wm->data[i * c + j]);
+                            if (got != want)
+                                fail_msg("layout %d, weight %d/%d [%lld, %lld]: %g, want %g (from %g)", lay, k, l, i, j, got,
+                                         want, x);
+                            num += (double)(got - x) * (got - x), den += (double)x * x;
+                        }
+                }
+            /* and fp8's error, about 2^-4 relative at worst */
+            if (!(sqrt(num / den) < 0.05)) fail_msg("layout %d weight %d/%d: rel L2 %.3g from bf16", lay, k, l, sqrt(num / den));
+        }
+}
+
+static void test_fp8(void **state) {
+    (void)state;
+    /* the e4m3 table at its landmarks */
+    assert_true(rp_f8e4m3_to_f32(0x00) == 0.0f && rp_f8e4m3_to_f32(0x38) == 1.0f && rp_f8e4m3_to_f32(0xb8) == -1.0f);
+    assert_true(rp_f8e4m3_to_f32(0x7e) == 448.0f && rp_f8e4m3_to_f32(0x01) == ldexpf(1, -9));
+    assert_true(rp_f8e4m3_to_f32(0x08) == ldexpf(1, -6) && rp_f8e4m3_to_f32(0x07) == 7 * ldexpf(1, -9));
+    assert_true(isnan(rp_f8e4m3_to_f32(0x7f)) && isnan(rp_f8e4m3_to_f32(0xff)));
+    for (int v = 0; v < 256; v++)
+        if (!isnan(e4m3_value((uint8_t)v))) assert_true(rp_f8e4m3_to_f32((uint8_t)v) == (float)e4m3_value((uint8_t)v));
+    char dir[] = "/tmp/rp_test_weights_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char sub[1200];
+    rp_model *ref = load_fixture();
+    rp_err err;
+    rp_load_options lo = {0};
+    static const char *names[] = {"block", "tensor-fp8", "channel-ct", "tensor-ct"};
+    for (int lay = Q_BLOCK; lay <= Q_TENSOR_CT; lay++) {
+        snprintf(sub, sizeof sub, "%s/%s", dir, names[lay]);
+        write_fp8(sub, (qlayout)lay, 0);
+        rp_model *m = rp_model_load(sub, &lo, &err);
+        if (!m) fail_msg("%s: %s", names[lay], err.msg);
+        assert_int_equal(m->cfg.quant.method, lay <= Q_TENSOR_FP8 ? RP_QUANT_FP8 : RP_QUANT_FP8_CT);
+        check_fp8_model(ref, m, (qlayout)lay);
+        /* the embedding (and the tied lm_head) stay as they were */
+        compare_bf16_exact(ref, m, RP_W_EMBED);
+        rp_model_free(m);
+    }
+    /* a missing scale, a scale of the wrong shape, no quantization_config */
+    const char *want[] = {"", "not in the checkpoint", "does not explain", "no quantization_config"};
+    for (int bad = 1; bad <= 3; bad++) {
+        snprintf(sub, sizeof sub, "%s/bad%d", dir, bad);
+        write_fp8(sub, bad == 2 ? Q_CHANNEL_CT : Q_BLOCK, bad);
+        assert_null(rp_model_load(sub, &lo, &err));
+        if (!strstr(err.msg, want[bad]) || !strstr(err.msg, "proj.weight")) fail_msg("bad %d: %s", bad, err.msg);
+    }
+    rp_model_free(ref);
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* quantization_config that replay refuses, each with the reason named */
+static void test_quant_config_errors(void **state) {
+    (void)state;
+    static const struct {
+        const char *q, *want;
+    } cases[] = {
+        {"{\"quant_method\": \"awq\", \"bits\": 4}", "quant_method \"awq\""},
+        {"{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}", "e5m2"},
+        {"{\"quant_method\": \"fp8\", \"weight_block_size\": [128]}", "weight_block_size"},
+        {"{\"quant_method\": \"compressed-tensors\", \"format\": \"pack-quantized\", \"config_groups\": {}}",
+         "pack-quantized"},
+        {"{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"g\": {\"weights\": {\"num_bits\": 4, "
+         "\"type\": \"int\", \"strategy\": \"group\"}}}}", "4-bit int"},
+        {"{\"quant_method\": \"compressed-tensors\", \"config_groups\": {\"g\": {\"weights\": {\"num_bits\": 8, "
+         "\"type\": \"float\", \"strategy\": \"group\"}}}}", "strategy \"group\""},
+    };
+    char base[1024], path[1300];
+    test_path(base, sizeof base, fixture);
+    snprintf(path, sizeof path, "%s/config.json", base);
+    json_error_t je;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *cfg = json_load_file(path, 0, &je);
+        assert_non_null(cfg);
+        json_object_set_new(cfg, "quantization_config", json_loads(cases[i].q, 0, &je));
+        char *text = json_dumps(cfg, 0);
+        rp_model_config c;
+        rp_err err;
+        assert_int_not_equal(rp_config_parse(&c, text, NULL, &err), 0);
+        if (!strstr(err.msg, cases[i].want)) fail_msg("case %zu: \"%s\" does not name %s", i, err.msg, cases[i].want);
+        free(text);
+        json_decref(cfg);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_and_f16),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_fp8),
+        cmocka_unit_test(test_quant_config_errors),
         cmocka_unit_test(test_dummy),
         cmocka_unit_test(test_dummy_distribution),
         cmocka_unit_test(test_dummy_golden),

@@ -97,7 +97,7 @@ static const struct {
     {"--trust-remote-code", "vLLM", NULL, "replay runs no model code, so it needs no --trust-remote-code"},
     {"--tensor-parallel-size", "vLLM", NULL, "replay runs a model on one GPU"},
     {"-tp", "vLLM", NULL, "replay runs a model on one GPU"},
-    {"--quantization", "vLLM", NULL, "replay runs bfloat16 weights only"},
+    {"--quantization", "vLLM", NULL, "replay reads FP8 checkpoints as they are (quantization_config) but does not quantize a bf16 checkpoint at load yet"},
     {"--kv-cache-dtype", "vLLM", NULL, "replay's KV cache is bfloat16"},
     {"--download-dir", "vLLM", NULL, "replay loads a local directory: download it first (README, 'Models')"},
     {"--revision", "vLLM", NULL, "replay loads a local directory: download the revision first (README, 'Models')"},

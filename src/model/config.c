@@ -5,6 +5,7 @@
  * transformers ignores them; fields replay cannot honour (attention bias,
  * unsupported rope scaling) are errors rather than silently wrong output. */
 #include "model/config.h"
+#include "model/quant.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -201,10 +202,8 @@ int rp_config_parse(rp_model_config *cfg, const char *config_json, const char *g
     /* a quantized checkpoint's tensors (qweight, scales) are not bf16 matrices:
      * say so now rather than fail on a missing tensor after the download */
     json_t *quant = json_object_get(root, "quantization_config");
-    if (quant) {
-        json_t *method = json_is_object(quant) ? json_object_get(quant, "quant_method") : NULL;
-        rp_errf(err, "config.json: a quantized checkpoint (%s) is not supported: replay runs bf16, fp16 or fp32 weights",
-                json_is_string(method) ? json_string_value(method) : "quantization_config");
+    if (quant && rp_quant_parse(quant, &cfg->quant, err)) {
+        rp_err_wrap(err, "config.json");
         goto out;
     }
     if (parse_common(cfg, root, err) || cfg->arch->parse_config(cfg, root, err)) goto out;

@@ -35,6 +35,15 @@ typedef struct rp_rope_config {
     int no_truncate;                  /* "truncate": false (the correction range is not rounded) */
 } rp_rope_config;
 
+/* How the checkpoint's weights are stored (model/quant.h). */
+typedef enum rp_quant_method { RP_QUANT_NONE = 0, RP_QUANT_FP8, RP_QUANT_FP8_CT } rp_quant_method;
+typedef struct rp_quant_config {
+    rp_quant_method method;
+    int block[2];     /* per-block scales' block (rows, cols), or 0 */
+    int static_input; /* activations with a static input_scale (read, not used: see quant.h) */
+    char desc[96];    /* for the startup log */
+} rp_quant_config;
+
 struct rp_arch;
 
 typedef struct rp_model_config {
@@ -57,6 +66,7 @@ typedef struct rp_model_config {
      * no windowed attention: rp_config_check_context refuses a context
      * longer than the window. */
     int sliding_window;
+    rp_quant_config quant; /* RP_QUANT_NONE: bf16, f16 or f32 weights */
     int bos_token_id; /* -1 when absent */
     int eos_token_ids[RP_MAX_EOS_IDS];
     int num_eos_token_ids;

@@ -17,6 +17,7 @@ static rp_dtype parse_dtype(const char *s) {
     if (!strcmp(s, "BF16")) return RP_DTYPE_BF16;
     if (!strcmp(s, "F16")) return RP_DTYPE_F16;
     if (!strcmp(s, "F32")) return RP_DTYPE_F32;
+    if (!strcmp(s, "F8_E4M3")) return RP_DTYPE_F8_E4M3;
     return DTYPE_UNSUPPORTED;
 }
 

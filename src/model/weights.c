@@ -5,6 +5,7 @@
  * are checked against the config so a mismatched checkpoint fails here, not
  * as garbage output later. */
 #include "model/model.h"
+#include "model/quant.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -239,13 +240,26 @@ static int bind_weight(rp_model *m, rp_weight_kind kind, int layer, rp_err *err)
                        (long long)rows, (long long)(t->ndim == 2 ? cols : 0), (long long)shape[0],
                        (long long)(shape[1] == 1 && t->ndim == 1 ? 0 : shape[1]));
     if ((int)t->dtype < 0)
-        return rp_errf(err, "weight \"%s\": dtype not supported (bf16, f16, f32 are)", name);
+        return rp_errf(err, "weight \"%s\": dtype not supported (bf16, f16, f32, and f8_e4m3 with its scales are)",
+                       name);
     rp_weight *w = slot(m, kind, layer);
     w->rows = rows;
     w->cols = cols;
     size_t n = (size_t)(rows * cols);
     if (t->dtype == RP_DTYPE_BF16) {
         w->data = t->data;
+    } else if (t->dtype == RP_DTYPE_F8_E4M3) {
+        /* an FP8 checkpoint's weight: dequantized with its scale (quant.h) */
+        if (cfg->quant.method == RP_QUANT_NONE)
+            return rp_errf(err, "weight \"%s\" is F8_E4M3 but config.json has no quantization_config", name);
+        char sname[300];
+        rp_quant_scale_name(&cfg->quant, name, sname, sizeof sname);
+        const rp_st_tensor *sc = find_tensor(m, sname);
+        if (!sc) return rp_errf(err, "weight \"%s\" is F8_E4M3 but its scale \"%s\" is not in the checkpoint", name, sname);
+        uint16_t *dst = own(m, n * 2);
+        if (!dst) return rp_errf(err, "out of memory dequantizing \"%s\"", name);
+        if (rp_quant_dequant(&cfg->quant, name, t, rows, cols, sc, dst, err)) return RP_ERR;
+        w->data = dst;
     } else {
         uint16_t *dst = own(m, n * 2);
         if (!dst) return rp_errf(err, "out of memory converting \"%s\" to bf16", name);
@@ -315,5 +329,7 @@ rp_model *rp_model_load(const char *dir, const rp_load_options *opts, rp_err *er
     }
     rp_progress_end(&prog);
     if (cfg.tie_word_embeddings) m->global[RP_W_LM_HEAD] = m->global[RP_W_EMBED];
+    if (cfg.quant.method != RP_QUANT_NONE)
+        rp_log_info("%s: %s weights, dequantized to bf16 at load (model/quant.h)", dir, cfg.quant.desc);
     return m;
 }

@@ -1,11 +1,14 @@
 /* dtype sizes and the IEEE half -> float conversion. */
 #include "util/dtype.h"
 
+#include <math.h>
+
 size_t rp_dtype_size(rp_dtype t) {
     switch (t) {
     case RP_DTYPE_BF16:
     case RP_DTYPE_F16: return 2;
     case RP_DTYPE_F32: return 4;
+    case RP_DTYPE_F8_E4M3: return 1;
     }
     return 0;
 }
@@ -30,4 +33,13 @@ float rp_f16_to_f32(uint16_t h) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+float rp_f8e4m3_to_f32(uint8_t v) {
+    const int sign = v >> 7, exp = (v >> 3) & 15, man = v & 7;
+    float f;
+    if (exp == 15 && man == 7) return sign ? -NAN : NAN;
+    if (exp == 0) f = ldexpf((float)man, -9); /* subnormal: man / 8 * 2^-6 */
+    else f = ldexpf((float)(8 + man), exp - 10);
+    return sign ? -f : f;
 }

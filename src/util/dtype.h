@@ -10,7 +10,9 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum rp_dtype { RP_DTYPE_BF16 = 0, RP_DTYPE_F16, RP_DTYPE_F32 } rp_dtype;
+/* F8_E4M3: FP8 checkpoints' weights (model/quant.c dequantizes them with
+ * their scales at load). */
+typedef enum rp_dtype { RP_DTYPE_BF16 = 0, RP_DTYPE_F16, RP_DTYPE_F32, RP_DTYPE_F8_E4M3 } rp_dtype;
 
 size_t rp_dtype_size(rp_dtype t);
 
@@ -30,5 +32,8 @@ static inline uint16_t rp_f32_to_bf16(float f) {
 }
 
 float rp_f16_to_f32(uint16_t h);
+/* OCP FP8 E4M3 (torch.float8_e4m3fn): bias 7, no infinities, S.1111.111 is
+ * NaN, 448 the largest finite value; exact in fp32. */
+float rp_f8e4m3_to_f32(uint8_t v);
 
 #endif

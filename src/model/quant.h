@@ -1,0 +1,48 @@
+/* FP8 checkpoints: what config.json's quantization_config says about them,
+ * and their weights dequantized with their scales.
+ *
+ * Two layouts, as their tools write them:
+ *  - quant_method "fp8" (the official Qwen3 FP8 releases, DeepSeek-V3):
+ *    e4m3 weights with `weight_scale_inv` per weight_block_size block
+ *    ([ceil(rows / b0), ceil(cols / b1)]), or, without a block size, one
+ *    `weight_scale` per tensor; activation_scheme "dynamic" or "static";
+ *  - quant_method "compressed-tensors" (llm-compressor's FP8 builds, the
+ *    FP8 Llama 3.1 models), format "float-quantized" or "naive-quantized":
+ *    e4m3 weights with `weight_scale` per tensor ([] or [1]), per output
+ *    channel ([rows, 1]) or per block (strategy "block", block_structure),
+ *    and `input_scale` where activations are static.
+ * In both, w = fp8 * scale. Layers the config leaves unquantized (ignore,
+ * modules_to_not_convert: lm_head, typically) are plain bf16 tensors, so
+ * the dtype of each tensor, not the list, says which is which.
+ *
+ * Today replay dequantizes them to bf16 at load (rp_quant_dequant): the
+ * checkpoint loads and runs on every backend, with the weights' bf16
+ * rounding once and activations unquantized (a weight-only reading of an
+ * FP8 model, as vLLM runs FP8 checkpoints on GPUs without FP8). The FP8
+ * kernels that read the bytes as they are come next (docs/models.md). */
+#ifndef RP_MODEL_QUANT_H
+#define RP_MODEL_QUANT_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "util/err.h"
+
+/* Reads quantization_config (a JSON object) into q: the supported FP8
+ * layouts, or an error naming what is not supported (int4, other bit
+ * widths, e5m2, another method). */
+int rp_quant_parse(const json_t *quant, rp_quant_config *q, rp_err *err);
+
+/* The name of weight `name`'s scale tensor in this layout
+ * ("...weight_scale_inv" or "...weight_scale"). */
+void rp_quant_scale_name(const rp_quant_config *q, const char *name, char *out, size_t out_size);
+
+/* w (F8_E4M3, [rows, cols]) times its scale tensor into bf16 dst: the
+ * scale's shape must be one of the layout's (per tensor, per row, per
+ * block); its dtype f32, bf16 or f16. */
+int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_tensor *w, int64_t rows, int64_t cols,
+                     const rp_st_tensor *scale, uint16_t *dst, rp_err *err);
+
+#endif
