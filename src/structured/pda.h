@@ -1,0 +1,82 @@
+/* The pushdown automaton over bytes that both the matcher and the mask
+ * precomputation run (pda.c).
+ *
+ * A parse hypothesis is a stack of grammar positions; stacks are persistent
+ * and hash-consed: a node is (position, parent node), so equal stacks are the
+ * same node id and a set of hypotheses is a sorted set of node ids (an
+ * "item set", itself interned as a state id). The top of every item is a
+ * byte-set element; advancing by a byte moves each item whose set holds it
+ * one element on and closes over rule references (push) and rule ends
+ * (pop). A reference in tail position pushes nothing (the rule returns
+ * straight to its caller's caller), so X* (right recursion) keeps the stack
+ * flat. Transitions (state, byte) -> state are memoised per state.
+ *
+ * For precomputation the bottom of a stack may be a marker "the unknown
+ * caller of rule r at level l" instead of the root: popping it continues at
+ * every place r is referenced (level l+1) up to the maximum level, where the
+ * walk "escapes" (what follows is unknown). Items above a level >= 1 marker
+ * are tainted: they are guesses about the caller. */
+#ifndef RP_STRUCTURED_PDA_H
+#define RP_STRUCTURED_PDA_H
+
+#include <stdint.h>
+
+#include "structured/sgrammar.h"
+
+enum {
+    PDA_ACCEPT = 1,     /* the root rule can end here */
+    PDA_POP0 = 2,       /* the level-0 marker was popped (the item's rule can end here) */
+    PDA_ESCAPE = 4,     /* a hypothesis popped past the last level */
+    PDA_TEND = 8,       /* a tainted hypothesis ended the root rule */
+    PDA_UNTAINTED = 16, /* some item sits above a root or level-0 marker */
+    PDA_TAINTED = 32,   /* some item sits above a level >= 1 marker */
+};
+#define PDA_DEAD (-1)
+#define PDA_ROOT 0 /* node id of the empty stack */
+
+typedef struct pda {
+    const sg_grammar *g;
+    int max_level;
+    /* nodes */
+    int32_t *npos, *npar;
+    uint8_t *nlev;
+    uint32_t *nvisit;
+    int n_nodes, cap_nodes;
+    int32_t *ntab; /* open addressing: node id + 1, 0 empty */
+    uint32_t ntab_mask;
+    uint32_t gen;
+    /* states */
+    int32_t *soff; /* items of state s: sitems[soff[s] .. soff[s+1]) */
+    int32_t *sitems;
+    uint8_t *sflags;
+    int32_t **trans; /* per state, 256 entries, lazily; -2 unknown */
+    int n_states, cap_states;
+    long n_sitems, cap_sitems;
+    int32_t *stab;
+    uint32_t stab_mask;
+    /* scratch */
+    int32_t *work;
+    long n_work, cap_work;
+    int32_t *items;
+    int n_items, cap_items;
+    int flags;
+    int oom;
+} pda;
+
+int pda_init(pda *p, const sg_grammar *g, int max_level);
+void pda_free(pda *p);
+/* The state of the whole grammar at its start. */
+int32_t pda_start(pda *p);
+/* The state {position pos, level-0 marker of its rule} (precomputation). */
+int32_t pda_start_at(pda *p, int32_t pos);
+/* The singleton state {node}. */
+int32_t pda_single(pda *p, int32_t node);
+/* Next state, or PDA_DEAD. Memoised. */
+int32_t pda_step(pda *p, int32_t s, uint8_t byte);
+
+static inline int pda_state_items(const pda *p, int32_t s, const int32_t **items) {
+    *items = p->sitems + p->soff[s];
+    return (int)(p->soff[s + 1] - p->soff[s]);
+}
+
+#endif
