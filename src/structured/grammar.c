@@ -404,9 +404,13 @@ static int inline_small_rules(sg_builder *b, int root, rp_err *err) {
             sg_brule *R = &b->rules[r];
             for (int a = 0; a < R->n_alts; a++) {
                 sg_ivec *alt = &R->alts[a];
+                /* a rule of several alternatives only where it starts the
+                 * alternative: inlined after a shared prefix it would make
+                 * several parse hypotheses (items) out of one */
                 int at = -1;
                 for (int i = 0; i < alt->n; i++)
-                    if (SG_IS_REF(alt->v[i]) && inl[SG_REF_RULE(alt->v[i])]) {
+                    if (SG_IS_REF(alt->v[i]) && inl[SG_REF_RULE(alt->v[i])] &&
+                        (i == 0 || b->rules[SG_REF_RULE(alt->v[i])].n_alts == 1)) {
                         at = i;
                         break;
                     }
