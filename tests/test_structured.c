@@ -169,6 +169,7 @@ static void test_gbnf_errors(void **state) {
     compile_err(v, RP_SKIND_GBNF, "root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"", "left recursion (expr -> expr)");
     compile_err(v, RP_SKIND_GBNF, "root ::= a\na ::= b? \"x\" | \"y\"\nb ::= a", "left recursion");
     compile_err(v, RP_SKIND_GBNF, "root ::= a\na ::= \"x\" a", "matches no string");
+    compile_err(v, RP_SKIND_GBNF, "root ::= (\"a\"*)* \"b\"", "repetition whose body can match the empty string");
     compile_err(v, RP_SKIND_GBNF, "root ::= \"a\" @", "1:14: unexpected '@'");
     compile_err(v, RP_SKIND_GBNF, "root ::= [^\\u0000-\\U0010FFFF]", "matches no character");
     compile_err(v, RP_SKIND_GBNF, "root ::= \"a\"{999999999}", "too large");
@@ -767,8 +768,18 @@ static void test_masks_qwen3(void **state) {
         free(ids);
         rp_sgrammar_release(g);
     }
-    rp_sgrammar *g = compile_ok(v, RP_SKIND_REGEX, "(\\d{3}-){2}[a-zé]+", 0);
+    /* whitespace mode, off the instance at random */
+    rp_sgrammar *g = compile_ok(v, RP_SKIND_JSON_SCHEMA, qwen_instances[0][0], 1);
+    for (int w = 0; w < 3; w++) walk_check(v, g, NULL, 0, 10, 1.0);
+    rp_sgrammar_release(g);
+    g = compile_ok(v, RP_SKIND_REGEX, "(\\d{3}-){2}[a-zé]+", 0);
     walk_check(v, g, NULL, 0, 6, 1.0);
+    rp_sgrammar_release(g);
+    g = compile_ok(v, RP_SKIND_CHOICE, "[\"positive\", \"negative\", \"neutral 😐\"]", 0);
+    for (int w = 0; w < 3; w++) walk_check(v, g, NULL, 0, 8, 1.0);
+    rp_sgrammar_release(g);
+    g = compile_ok(v, RP_SKIND_GBNF, "root ::= \"<\" [a-z]+ \">\" ([^<] | root)* \"</\" [a-z]+ \">\"", 0);
+    for (int w = 0; w < 2; w++) walk_check(v, g, NULL, 0, 10, 1.0);
     rp_sgrammar_release(g);
     /* the cache hands back the same grammar for the same text */
     rp_sgrammar *a = compile_ok(v, RP_SKIND_JSON_OBJECT, "", 0), *b = compile_ok(v, RP_SKIND_JSON_OBJECT, "", 0);

@@ -68,7 +68,7 @@ int sg_rule_aux(sg_builder *b, const char *base, rp_err *err) {
     char buf[96];
     snprintf(buf, sizeof buf, "%.60s-%d", base, ++b->aux_counter);
     int r = rule_add(b, strdup(buf), err);
-    if (r >= 0) b->rules[r].defined = 1;
+    if (r >= 0) b->rules[r].defined = 1, b->rules[r].aux = 1;
     return r;
 }
 
@@ -364,7 +364,11 @@ static int check_left_recursion(sg_builder *b, const uint8_t *nullable, rp_err *
                 for (int k = start; k <= depth && off < sizeof msg - 80; k++)
                     off += (size_t)snprintf(msg + off, sizeof msg - off, "%s -> ", b->rules[path[k]].name);
                 snprintf(msg + off, sizeof msg - off, "%s", b->rules[next].name);
-                rc = rp_errf(err, "left recursion (%s): rewrite the rule to recurse on the right", msg);
+                int all_aux = 1;
+                for (int k = start; k <= depth; k++) all_aux &= b->rules[path[k]].aux;
+                if (all_aux)
+                    rc = rp_errf(err, "left recursion (%s): a repetition whose body can match the empty string", msg);
+                else rc = rp_errf(err, "left recursion (%s): rewrite the rule to recurse on the right", msg);
                 break;
             }
             if (color[next] == 0) {

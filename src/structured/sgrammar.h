@@ -39,6 +39,7 @@ typedef struct sg_brule {
     sg_ivec *alts;
     int n_alts, cap_alts;
     int defined;   /* has a definition (GBNF: "name ::=" seen) */
+    int aux;       /* made for a group, repetition or class, not named by the user */
     int line, col; /* where it was first referenced or defined */
 } sg_brule;
 

@@ -83,9 +83,8 @@ struct rp_sgrammar {
 
 /* ---- vocabulary ---- */
 
-static const rp_svocab *sort_vocab;
-static int cmp_tok(const void *a, const void *b) {
-    const rp_svocab *v = sort_vocab;
+static int cmp_tok(const void *a, const void *b, void *ctx) {
+    const rp_svocab *v = ctx;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     uint32_t lx = v->tok_len[x], ly = v->tok_len[y], l = lx < ly ? lx : ly;
     int c = memcmp(v->tok[x], v->tok[y], l);
@@ -177,8 +176,7 @@ rp_svocab *rp_svocab_new(int n_tokens, const char *const *bytes, const size_t *l
     for (int i = 0; i < v->n_sorted; i++)
         if (!v->special[v->sorted[i]]) v->sorted[m++] = v->sorted[i];
     v->n_sorted = m;
-    sort_vocab = v; /* qsort has no context argument in C11; built once per vocabulary */
-    qsort(v->sorted, (size_t)v->n_sorted, sizeof(int32_t), cmp_tok);
+    qsort_r(v->sorted, (size_t)v->n_sorted, sizeof(int32_t), cmp_tok, v);
     for (int i = 0; i < v->n_sorted; i++) v->normal[v->sorted[i] >> 5] |= 1u << (v->sorted[i] & 31);
     if (build_trie(v)) goto oom;
     pthread_mutex_init(&v->lock, NULL);
