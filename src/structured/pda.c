@@ -279,6 +279,11 @@ int32_t pda_step(pda *p, int32_t s, uint8_t byte) {
     int32_t *t = p->trans[s];
     if (t && t[byte] != -2) return t[byte];
     if (!t) {
+        if (p->n_trans >= PDA_MAX_TRANS) {
+            for (int k = 0; k < p->n_states; k++) free(p->trans[k]), p->trans[k] = NULL;
+            p->n_trans = 0;
+        }
+        p->n_trans++;
         t = malloc(256 * sizeof(int32_t));
         if (!t) return PDA_DEAD;
         for (int i = 0; i < 256; i++) t[i] = -2;

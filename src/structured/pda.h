@@ -33,6 +33,10 @@ enum {
 };
 #define PDA_DEAD (-1)
 #define PDA_ROOT 0 /* node id of the empty stack */
+/* Memoised transition tables kept (1 KiB each): a walk through a long
+ * counted repetition makes a new state per byte, and memory stays bounded
+ * by dropping the memo (not the states) when it is full. */
+#define PDA_MAX_TRANS 65536
 
 typedef struct pda {
     const sg_grammar *g;
@@ -50,6 +54,7 @@ typedef struct pda {
     int32_t *sitems;
     uint8_t *sflags;
     int32_t **trans; /* per state, 256 entries, lazily; -2 unknown */
+    int n_trans;     /* tables allocated; past PDA_MAX_TRANS all are dropped */
     int n_states, cap_states;
     long n_sitems, cap_sitems;
     int32_t *stab;

@@ -37,7 +37,7 @@ typedef struct trie_node {
 
 typedef struct cache_entry {
     rp_skind kind;
-    int allow_ws;
+    rp_sopts opts;
     char *text;
     size_t len;
     rp_sgrammar *g;
@@ -52,6 +52,7 @@ struct rp_svocab {
     int32_t *eos;
     int n_eos;
     int n_sorted;
+    uint32_t max_len; /* the longest token, in bytes */
     int32_t *sorted; /* token ids of the trie, in byte order */
     trie_node *trie;
     int n_trie;
@@ -72,13 +73,32 @@ typedef struct pos_class {
     int32_t *unc; /* sorted indices */
 } pos_class;
 
+typedef struct walk_frame {
+    int32_t t, state;
+    int32_t child; /* next child to visit */
+    uint8_t esc;
+} walk_frame;
+
+typedef struct cls_scratch {
+    int32_t *acc, *unc;
+    int n_acc, n_unc;
+    uint8_t *mark;
+    walk_frame *stack;
+    int cap_stack;
+} cls_scratch;
+
 struct rp_sgrammar {
     int refs;
     rp_svocab *v;
     sg_grammar *g;
     char *gbnf;
     pos_class *cls; /* per element; only byte-set positions are filled */
-    int max_unc_len;
+    uint8_t *ready; /* per element: cls is computed (atomic; see ensure_class) */
+    /* for classes computed after compile: under lock */
+    pthread_mutex_t lock;
+    int lock_ok;
+    pda cpda;
+    cls_scratch cs;
 };
 
 /* ---- vocabulary ---- */
@@ -159,6 +179,7 @@ rp_svocab *rp_svocab_new(int n_tokens, const char *const *bytes, const size_t *l
             memcpy(v->blob + off, bytes[i], lens[i]);
             v->tok_len[i] = (uint32_t)lens[i];
             off += lens[i];
+            if (v->tok_len[i] > v->max_len) v->max_len = v->tok_len[i];
         }
         v->special[i] = is_special ? is_special[i] : 0;
         if (!v->special[i] && v->tok_len[i]) v->sorted[v->n_sorted++] = i;
@@ -205,20 +226,6 @@ int rp_svocab_n_tokens(const rp_svocab *v) { return v->n_tokens; }
 int rp_svocab_mask_words(const rp_svocab *v) { return v->mask_words; }
 
 /* ---- per-position token classes ---- */
-
-typedef struct walk_frame {
-    int32_t t, state;
-    int32_t child; /* next child to visit */
-    uint8_t esc;
-} walk_frame;
-
-typedef struct cls_scratch {
-    int32_t *acc, *unc;
-    int n_acc, n_unc;
-    uint8_t *mark;
-    walk_frame *stack;
-    int cap_stack;
-} cls_scratch;
 
 static int classify(rp_sgrammar *sg, pda *p, int32_t pos, cls_scratch *cs, rp_err *err) {
     const rp_svocab *v = sg->v;
@@ -269,10 +276,6 @@ static int classify(rp_sgrammar *sg, pda *p, int32_t pos, cls_scratch *cs, rp_er
         pc->unc = malloc((size_t)cs->n_unc * sizeof(int32_t));
         if (!pc->unc) return rp_errf(err, "out of memory");
         memcpy(pc->unc, cs->unc, (size_t)cs->n_unc * sizeof(int32_t));
-        for (int i = 0; i < cs->n_unc; i++) {
-            int len = (int)v->tok_len[v->sorted[cs->unc[i]]];
-            if (len > sg->max_unc_len) sg->max_unc_len = len;
-        }
     }
     if (cs->n_acc <= LIST_MAX || cs->n_acc <= n_rej) {
         pc->mode = CLS_ACCEPT_LIST;
@@ -308,28 +311,54 @@ bits:
     return 0;
 }
 
-static int precompute(rp_sgrammar *sg, rp_err *err) {
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Classes of the byte-set positions, in element order, until budget_ms is
+ * spent (< 0: none); the rest are classified when a mask first needs them
+ * (ensure_class), so that a grammar with many positions (a long counted
+ * repetition) compiles quickly and pays only for the positions it visits. */
+static int precompute(rp_sgrammar *sg, double budget_ms, rp_err *err) {
     const sg_grammar *g = sg->g;
     sg->cls = calloc((size_t)g->n_elems, sizeof *sg->cls);
-    if (!sg->cls) return rp_errf(err, "out of memory");
-    pda p;
-    cls_scratch cs = {0};
-    int rc = 0;
-    if (pda_init(&p, g, FOLLOW_LEVELS)) {
-        pda_free(&p);
-        return rp_errf(err, "out of memory");
-    }
+    sg->ready = calloc((size_t)g->n_elems, 1);
+    if (!sg->cls || !sg->ready) return rp_errf(err, "out of memory");
+    if (pda_init(&sg->cpda, g, FOLLOW_LEVELS)) return rp_errf(err, "out of memory");
     int n = sg->v->n_sorted + 1;
-    cs.acc = malloc((size_t)n * sizeof(int32_t));
-    cs.unc = malloc((size_t)n * sizeof(int32_t));
-    cs.mark = malloc((size_t)n);
-    cs.cap_stack = 256;
-    cs.stack = malloc((size_t)cs.cap_stack * sizeof *cs.stack);
-    if (!cs.acc || !cs.unc || !cs.mark || !cs.stack) rc = rp_errf(err, "out of memory");
-    for (int32_t pos = 0; pos < g->n_elems && !rc; pos++)
-        if (g->ekind[pos] == SG_E_SET) rc = classify(sg, &p, pos, &cs, err);
-    free(cs.acc), free(cs.unc), free(cs.mark), free(cs.stack);
-    pda_free(&p);
+    cls_scratch *cs = &sg->cs;
+    cs->acc = malloc((size_t)n * sizeof(int32_t));
+    cs->unc = malloc((size_t)n * sizeof(int32_t));
+    cs->mark = malloc((size_t)n);
+    cs->cap_stack = 256;
+    cs->stack = malloc((size_t)cs->cap_stack * sizeof *cs->stack);
+    if (!cs->acc || !cs->unc || !cs->mark || !cs->stack) return rp_errf(err, "out of memory");
+    pthread_mutex_init(&sg->lock, NULL);
+    sg->lock_ok = 1;
+    double t0 = now_ms();
+    for (int32_t pos = 0; pos < g->n_elems && budget_ms >= 0; pos++) {
+        if (g->ekind[pos] != SG_E_SET) continue;
+        if (classify(sg, &sg->cpda, pos, cs, err)) return -1;
+        sg->ready[pos] = 1;
+        if (now_ms() - t0 > budget_ms) break;
+    }
+    return 0;
+}
+
+/* The classes of pos, computed now if compile left them for later. 0, or -1
+ * when out of memory (the position's tokens then stay masked: safe). */
+static int ensure_class(rp_sgrammar *sg, int32_t pos) {
+    if (__atomic_load_n(&sg->ready[pos], __ATOMIC_ACQUIRE)) return 0;
+    pthread_mutex_lock(&sg->lock);
+    int rc = 0;
+    if (!sg->ready[pos]) {
+        rp_err err = {0};
+        rc = classify(sg, &sg->cpda, pos, &sg->cs, &err);
+        if (!rc) __atomic_store_n(&sg->ready[pos], 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&sg->lock);
     return rc;
 }
 
@@ -337,7 +366,10 @@ static void grammar_destroy(rp_sgrammar *g) {
     if (!g) return;
     if (g->cls && g->g)
         for (int i = 0; i < g->g->n_elems; i++) free(g->cls[i].ids), free(g->cls[i].bits), free(g->cls[i].unc);
-    free(g->cls);
+    free(g->cls), free(g->ready);
+    free(g->cs.acc), free(g->cs.unc), free(g->cs.mark), free(g->cs.stack);
+    pda_free(&g->cpda);
+    if (g->lock_ok) pthread_mutex_destroy(&g->lock);
     sg_grammar_free(g->g);
     free(g->gbnf);
     free(g);
@@ -408,7 +440,8 @@ static rp_sgrammar *compile_new(rp_svocab *v, rp_skind kind, const char *text, s
     g->v = v;
     g->gbnf = gb.s ? gb.s : strdup("");
     g->g = sg_parse_gbnf(g->gbnf, strlen(g->gbnf), max_el, err);
-    if (!g->g || precompute(g, err)) {
+    double budget = !o || !o->precompute_ms ? 100.0 : o->precompute_ms < 0 ? -1.0 : (double)o->precompute_ms;
+    if (!g->g || precompute(g, budget, err)) {
         grammar_destroy(g);
         return NULL;
     }
@@ -417,12 +450,14 @@ static rp_sgrammar *compile_new(rp_svocab *v, rp_skind kind, const char *text, s
 
 rp_sgrammar *rp_sgrammar_compile(rp_svocab *v, rp_skind kind, const char *text, size_t len, const rp_sopts *opts,
                                  rp_err *err) {
-    int ws = opts ? opts->allow_whitespace : 0;
+    rp_sopts key = {0};
+    if (opts) key = *opts;
+    key.precompute_ms = 0; /* timing only: the classes are the same */
     if (!text) text = "", len = 0;
     pthread_mutex_lock(&v->lock);
     for (int i = 0; i < v->n_cache; i++) {
         cache_entry *e = &v->cache[i];
-        if (e->kind == kind && e->allow_ws == ws && e->len == len && !memcmp(e->text, text, len)) {
+        if (e->kind == kind && !memcmp(&e->opts, &key, sizeof key) && e->len == len && !memcmp(e->text, text, len)) {
             rp_sgrammar *g = e->g;
             __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL);
             pthread_mutex_unlock(&v->lock);
@@ -445,7 +480,7 @@ rp_sgrammar *rp_sgrammar_compile(rp_svocab *v, rp_skind kind, const char *text, 
         v->n_cache--;
     }
     __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL);
-    v->cache[v->n_cache++] = (cache_entry){.kind = kind, .allow_ws = ws, .text = copy, .len = len, .g = g};
+    v->cache[v->n_cache++] = (cache_entry){.kind = kind, .opts = key, .text = copy, .len = len, .g = g};
     pthread_mutex_unlock(&v->lock);
     return g;
 }
@@ -478,7 +513,7 @@ rp_smatcher *rp_smatcher_new(rp_sgrammar *g, rp_err *err) {
     m->cap_hist = 64;
     m->hist = malloc((size_t)m->cap_hist * sizeof *m->hist);
     m->tmp = malloc((size_t)g->v->mask_words * sizeof *m->tmp);
-    m->walk = malloc(((size_t)g->max_unc_len + 2) * sizeof *m->walk);
+    m->walk = malloc(((size_t)g->v->max_len + 2) * sizeof *m->walk);
     if (!m->hist || !m->tmp || !m->walk || pda_init(&m->p, g->g, 0)) goto oom;
     int32_t s = pda_start(&m->p);
     if (s == PDA_DEAD) goto oom;
@@ -602,6 +637,7 @@ void rp_smatcher_fill_mask(rp_smatcher *m, uint32_t *mask) {
     int n = pda_state_items(&m->p, s, &items);
     for (int k = 0; k < n; k++) {
         int32_t node = m->p.sitems[m->p.soff[s] + k]; /* re-read: uncertain_for may grow sitems */
+        if (ensure_class(m->g, m->p.npos[node])) continue;
         const pos_class *pc = &m->g->cls[m->p.npos[node]];
         if (pc->mode == CLS_ACCEPT_LIST) {
             for (int i = 0; i < pc->n; i++) mask[pc->ids[i] >> 5] |= 1u << (pc->ids[i] & 31);

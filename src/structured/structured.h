@@ -40,6 +40,10 @@ typedef struct rp_sopts {
      * elements (1,000,000). Past a limit, compile fails naming it. */
     int max_depth;
     int max_elements;
+    /* Compile classifies the vocabulary at each grammar position for up to
+     * this long (0 = the default, 100 ms; < 0 = none), in element order; the
+     * positions left are classified when a mask first reaches them. */
+    int precompute_ms;
 } rp_sopts;
 
 /* The tokens as byte strings (what each id decodes to; may be part of a
