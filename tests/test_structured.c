@@ -702,6 +702,19 @@ static void test_masks_synthetic(void **state) {
         for (int w = 0; w < 6; w++) walk_check(v, g, NULL, 0, 25, 1.0);
         rp_sgrammar_release(g);
     }
+    { /* no classes at compile: every one made when a mask first needs it */
+        int n2;
+        rp_svocab *lazy = synth_vocab(&n2);
+        rp_err err = {0};
+        rp_sopts o = {.precompute_ms = -1};
+        for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i += 3) {
+            rp_sgrammar *g = rp_sgrammar_compile(lazy, RP_SKIND_JSON_SCHEMA, schemas[i], strlen(schemas[i]), &o, &err);
+            assert_non_null(g);
+            for (int w = 0; w < 4; w++) walk_check(lazy, g, NULL, 0, 25, 1.0);
+            rp_sgrammar_release(g);
+        }
+        rp_svocab_free(lazy);
+    }
     /* a UTF-8 character split across tokens: C3 then A9 */
     rp_sgrammar *g = compile_ok(v, RP_SKIND_GBNF, "root ::= \"é\" \"a\"", 0);
     rp_err err = {0};
@@ -784,6 +797,18 @@ static void test_masks_qwen3(void **state) {
     /* the cache hands back the same grammar for the same text */
     rp_sgrammar *a = compile_ok(v, RP_SKIND_JSON_OBJECT, "", 0), *b = compile_ok(v, RP_SKIND_JSON_OBJECT, "", 0);
     assert_ptr_equal(a, b);
+    rp_sgrammar *c = compile_ok(v, RP_SKIND_JSON_OBJECT, "", 1); /* other options: another grammar */
+    assert_ptr_not_equal(a, c);
+    rp_sgrammar_release(c);
+    { /* a counted string, classified lazily, on the real vocabulary */
+        rp_err err = {0};
+        rp_sopts o = {.precompute_ms = -1};
+        const char *sch = "{\"type\":\"string\",\"minLength\":3,\"maxLength\":12}";
+        rp_sgrammar *counted = rp_sgrammar_compile(v, RP_SKIND_JSON_SCHEMA, sch, strlen(sch), &o, &err);
+        assert_non_null(counted);
+        walk_check(v, counted, NULL, 0, 8, 1.0);
+        rp_sgrammar_release(counted);
+    }
     walk_check(v, a, NULL, 0, 8, 1.0);
     rp_sgrammar_release(a), rp_sgrammar_release(b);
 }
