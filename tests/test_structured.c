@@ -616,9 +616,29 @@ static void test_json_schema(void **state) {
     }
     rp_err err = {0};
     rp_sopts small = {.max_elements = 2000};
-    const char *big = "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":5000}";
+    char *big = malloc(20000);
+    size_t off = (size_t)sprintf(big, "{\"enum\":[");
+    for (int i = 0; i < 400; i++) off += (size_t)sprintf(big + off, "%s\"value-%d\"", i ? "," : "", i);
+    sprintf(big + off, "]}");
     assert_null(rp_sgrammar_compile(v, RP_SKIND_JSON_SCHEMA, big, strlen(big), &small, &err));
     assert_non_null(strstr(err.msg, "too large"));
+    free(big);
+    /* long counts are one counted element, not thousands of rules */
+    const char *counted = "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":3,\"maxItems\":5000}";
+    rp_sgrammar *cg = rp_sgrammar_compile(v, RP_SKIND_JSON_SCHEMA, counted, strlen(counted), &small, &err);
+    assert_non_null(cg);
+    assert_true(accepts(cg, "[1,2,3]", 7));
+    assert_false(accepts(cg, "[1,2]", 5));
+    char *many = malloc(20000);
+    off = 0;
+    many[off++] = '[';
+    for (int i = 0; i < 5001; i++) off += (size_t)sprintf(many + off, "%s%d", i ? "," : "", i % 10);
+    many[off++] = ']';
+    assert_false(accepts(cg, many, off)); /* 5001 items */
+    memmove(many + off - 3, "]", 1);      /* 5000 items: drop ",0" at the end */
+    assert_true(accepts(cg, many, off - 2));
+    free(many);
+    rp_sgrammar_release(cg);
     rp_svocab_free(v);
 }
 

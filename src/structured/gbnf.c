@@ -225,8 +225,21 @@ static int32_t wrap(gp *p, const sg_ivec *seq) {
     return SG_REF(r);
 }
 
-/* X repeated min..max times (max < 0: unbounded), appended to out. */
+/* X repeated min..max times (max < 0: unbounded), appended to out. Short
+ * counts are spelled out; long ones are one counted element. */
 static int repeat(gp *p, int32_t x, long min, long max, sg_ivec *out) {
+    if (min > 4 || max > 4) {
+        int body;
+        if (SG_IS_REF(x)) body = SG_REF_RULE(x);
+        else {
+            body = sg_rule_aux(p->b, p->b->rules[p->cur_rule].name, p->err);
+            if (body < 0 || sg_add_alt(p->b, body, &x, 1, p->err)) return -1;
+        }
+        int32_t e = sg_elem_rep(p->b, body, (int32_t)min, (int32_t)max, p->err);
+        if (e < 0) return -1;
+        p->b->total_elems += 2;
+        return sg_ivec_push(out, e) ? rp_errf(p->err, "out of memory") : 0;
+    }
     for (long k = 0; k < min; k++)
         if (sg_ivec_push(out, x)) return rp_errf(p->err, "out of memory");
     p->b->total_elems += min;

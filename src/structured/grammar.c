@@ -37,6 +37,7 @@ static void brule_free(sg_brule *r) {
 void sg_builder_free(sg_builder *b) {
     for (int i = 0; i < b->n_rules; i++) brule_free(&b->rules[i]);
     free(b->rules);
+    free(b->reps);
     free(b->sets);
     memset(b, 0, sizeof *b);
 }
@@ -107,6 +108,25 @@ int32_t sg_elem_set(sg_builder *b, const sg_byteset *s, rp_err *err) {
     }
     b->sets[b->n_sets] = *s;
     return b->n_sets++;
+}
+
+int32_t sg_elem_rep(sg_builder *b, int rule, int32_t min, int32_t max, rp_err *err) {
+    if (b->n_reps == b->cap_reps) {
+        int cap = b->cap_reps ? b->cap_reps * 2 : 16;
+        sg_rep *nr = realloc(b->reps, (size_t)cap * sizeof *nr);
+        if (!nr) return rp_errf(err, "out of memory");
+        b->reps = nr;
+        b->cap_reps = cap;
+    }
+    b->reps[b->n_reps] = (sg_rep){rule, min, max};
+    return SG_REP_BASE + b->n_reps++;
+}
+
+/* The rule an element references (a reference or a repetition's body), or -1. */
+static int elem_rule(const sg_builder *b, int32_t e) {
+    if (SG_IS_REF(e)) return SG_REF_RULE(e);
+    if (SG_IS_REP(e)) return b->reps[e - SG_REP_BASE].rule;
+    return -1;
 }
 
 /* ---- code point ranges ---- */
@@ -280,9 +300,8 @@ static void scc_visit(scc_ctx *c, int v) {
     sg_brule *r = &c->b->rules[v];
     for (int a = 0; a < r->n_alts; a++)
         for (int i = 0; i < r->alts[a].n; i++) {
-            int32_t e = r->alts[a].v[i];
-            if (!SG_IS_REF(e)) continue;
-            int w = SG_REF_RULE(e);
+            int w = elem_rule(c->b, r->alts[a].v[i]);
+            if (w < 0) continue;
             if (w == v) c->recursive[v] = 1;
             if (c->index[w] < 0) {
                 scc_visit(c, w);
@@ -344,10 +363,12 @@ static int check_left_recursion(sg_builder *b, const uint8_t *nullable, rp_err *
                     continue;
                 }
                 int32_t e = a->v[iter_i[depth]];
-                if (SG_IS_REF(e) && nullable[SG_REF_RULE(e)]) iter_i[depth]++;
+                int er = elem_rule(b, e);
+                int e_nullable = SG_IS_REF(e) ? nullable[er] : SG_IS_REP(e) ? b->reps[e - SG_REP_BASE].min == 0 : 0;
+                if (e_nullable) iter_i[depth]++;
                 else iter_a[depth]++, iter_i[depth] = 0; /* stop this alternative after e */
-                if (SG_IS_REF(e)) {
-                    next = SG_REF_RULE(e);
+                if (er >= 0) {
+                    next = er;
                     break;
                 }
             }
@@ -490,6 +511,10 @@ sg_grammar *sg_grammar_finish(sg_builder *b, const char *root_name, rp_err *err)
                     if (SG_IS_REF(e)) {
                         p &= prod[SG_REF_RULE(e)];
                         nl &= nullable[SG_REF_RULE(e)];
+                    } else if (SG_IS_REP(e)) {
+                        const sg_rep *rp = &b->reps[e - SG_REP_BASE];
+                        p &= rp->min == 0 || prod[rp->rule];
+                        nl &= rp->min == 0;
                     } else nl = 0;
                 }
                 if (p && !prod[r]) prod[r] = 1, changed = 1;
@@ -501,14 +526,23 @@ sg_grammar *sg_grammar_finish(sg_builder *b, const char *root_name, rp_err *err)
         rp_errf(err, "the grammar matches no string (rule '%s' never completes)", root_name);
         goto fail;
     }
+    for (int i = 0; i < b->n_reps; i++)
+        if (nullable[b->reps[i].rule]) {
+            rp_errf(err, "a counted repetition {%d,%d} of '%s', which can match the empty string", b->reps[i].min,
+                    b->reps[i].max, b->rules[b->reps[i].rule].name);
+            goto fail;
+        }
     if (check_left_recursion(b, nullable, err)) goto fail;
     for (int r = 0; r < n; r++) { /* drop alternatives that can never complete */
         sg_brule *R = &b->rules[r];
         int m = 0;
         for (int a = 0; a < R->n_alts; a++) {
             int ok = 1;
-            for (int i = 0; i < R->alts[a].n; i++)
-                if (SG_IS_REF(R->alts[a].v[i]) && !prod[SG_REF_RULE(R->alts[a].v[i])]) ok = 0;
+            for (int i = 0; i < R->alts[a].n; i++) {
+                int32_t e = R->alts[a].v[i];
+                if (SG_IS_REF(e) && !prod[SG_REF_RULE(e)]) ok = 0;
+                if (SG_IS_REP(e) && b->reps[e - SG_REP_BASE].min > 0 && !prod[b->reps[e - SG_REP_BASE].rule]) ok = 0;
+            }
             if (ok) R->alts[m++] = R->alts[a];
             else free(R->alts[a].v);
         }
@@ -531,10 +565,10 @@ sg_grammar *sg_grammar_finish(sg_builder *b, const char *root_name, rp_err *err)
         for (int a = 0; a < R->n_alts; a++) {
             n_elems += R->alts[a].n + 1;
             for (int i = 0; i < R->alts[a].n; i++) {
-                int32_t e = R->alts[a].v[i];
-                if (SG_IS_REF(e) && newid[SG_REF_RULE(e)] < 0) {
-                    newid[SG_REF_RULE(e)] = qn;
-                    queue[qn++] = SG_REF_RULE(e);
+                int er = elem_rule(b, R->alts[a].v[i]);
+                if (er >= 0 && newid[er] < 0) {
+                    newid[er] = qn;
+                    queue[qn++] = er;
                 }
             }
         }
@@ -554,10 +588,12 @@ sg_grammar *sg_grammar_finish(sg_builder *b, const char *root_name, rp_err *err)
     g->ekind = malloc((size_t)n_elems + 1);
     g->earg = malloc(((size_t)n_elems + 1) * sizeof(int32_t));
     g->erule = malloc(((size_t)n_elems + 1) * sizeof(int32_t));
+    g->erep_min = calloc((size_t)n_elems + 1, sizeof(int32_t));
+    g->erep_max = calloc((size_t)n_elems + 1, sizeof(int32_t));
     g->sets = malloc(((size_t)b->n_sets + 1) * sizeof(sg_byteset));
     g->follow_off = calloc((size_t)qn + 2, sizeof(int32_t));
     g->follow_sites = malloc(((size_t)n_elems + 1) * sizeof(int32_t));
-    if (!g->rule_names || !g->rule_alt_off || !g->alt_start || !g->ekind || !g->earg || !g->erule || !g->sets ||
+    if (!g->rule_names || !g->rule_alt_off || !g->alt_start || !g->ekind || !g->earg || !g->erule || !g->erep_min || !g->erep_max || !g->sets ||
         !g->follow_off || !g->follow_sites)
         goto oom;
     memcpy(g->sets, b->sets, (size_t)b->n_sets * sizeof(sg_byteset));
@@ -572,8 +608,16 @@ sg_grammar *sg_grammar_finish(sg_builder *b, const char *root_name, rp_err *err)
             g->alt_start[ai++] = ei;
             for (int i = 0; i < R->alts[a].n; i++) {
                 int32_t e = R->alts[a].v[i];
-                g->ekind[ei] = SG_IS_REF(e) ? SG_E_REF : SG_E_SET;
-                g->earg[ei] = SG_IS_REF(e) ? newid[SG_REF_RULE(e)] : e;
+                if (SG_IS_REP(e)) {
+                    const sg_rep *rp = &b->reps[e - SG_REP_BASE];
+                    g->ekind[ei] = SG_E_REP;
+                    g->earg[ei] = newid[rp->rule];
+                    g->erep_min[ei] = rp->min;
+                    g->erep_max[ei] = rp->max;
+                } else {
+                    g->ekind[ei] = SG_IS_REF(e) ? SG_E_REF : SG_E_SET;
+                    g->earg[ei] = SG_IS_REF(e) ? newid[SG_REF_RULE(e)] : e;
+                }
                 g->erule[ei++] = r;
             }
             g->ekind[ei] = SG_E_END;
@@ -583,14 +627,15 @@ sg_grammar *sg_grammar_finish(sg_builder *b, const char *root_name, rp_err *err)
     }
     g->rule_alt_off[qn] = ai;
     /* reference sites; a rule's own tail call adds nothing to what follows it */
+#define FOLLOW_SITE(q)                                                                                   \
+    (g->ekind[q] == SG_E_REP || (g->ekind[q] == SG_E_REF && !(g->earg[q] == g->erule[q] && g->ekind[q + 1] == SG_E_END)))
     for (int q = 0; q < g->n_elems; q++)
-        if (g->ekind[q] == SG_E_REF && !(g->earg[q] == g->erule[q] && g->ekind[q + 1] == SG_E_END))
-            g->follow_off[g->earg[q] + 1]++;
+        if (FOLLOW_SITE(q)) g->follow_off[g->earg[q] + 1]++;
     for (int r = 0; r < qn; r++) g->follow_off[r + 1] += g->follow_off[r];
     int32_t *fill = calloc((size_t)qn + 1, sizeof(int32_t));
     if (!fill) goto oom;
     for (int q = 0; q < g->n_elems; q++)
-        if (g->ekind[q] == SG_E_REF && !(g->earg[q] == g->erule[q] && g->ekind[q + 1] == SG_E_END)) {
+        if (FOLLOW_SITE(q)) {
             int r = g->earg[q];
             g->follow_sites[g->follow_off[r] + fill[r]++] = q;
         }
@@ -612,7 +657,7 @@ void sg_grammar_free(sg_grammar *g) {
     if (g->rule_names)
         for (int i = 0; i < g->n_rules; i++) free(g->rule_names[i]);
     free(g->rule_names), free(g->rule_alt_off), free(g->alt_start), free(g->ekind), free(g->earg);
-    free(g->erule), free(g->sets), free(g->follow_off), free(g->follow_sites);
+    free(g->erule), free(g->erep_min), free(g->erep_max), free(g->sets), free(g->follow_off), free(g->follow_sites);
     free(g);
 }
 

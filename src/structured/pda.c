@@ -66,6 +66,55 @@ static int32_t node(pda *p, int32_t pos, int32_t par) {
     return id;
 }
 
+static int rehash_v(pda *p, uint32_t size) {
+    int32_t *t = calloc(size, sizeof *t);
+    if (!t) return -1;
+    for (int i = 0; i < p->n_v; i++) {
+        uint32_t h = hash2((uint32_t)p->vq[i], hash2((uint32_t)p->vneed[i], (uint32_t)p->vroom[i])) & (size - 1);
+        while (t[h]) h = (h + 1) & (size - 1);
+        t[h] = i + 1;
+    }
+    free(p->vtab);
+    p->vtab = t;
+    p->vtab_mask = size - 1;
+    return 0;
+}
+
+/* The position that stands for (q, need, room). */
+static int32_t vpos(pda *p, int32_t q, int32_t need, int32_t room) {
+    uint32_t h = hash2((uint32_t)q, hash2((uint32_t)need, (uint32_t)room)) & p->vtab_mask;
+    for (int32_t id; (id = p->vtab[h]); h = (h + 1) & p->vtab_mask)
+        if (p->vq[id - 1] == q && p->vneed[id - 1] == need && p->vroom[id - 1] == room) return p->g->n_elems + id - 1;
+    if (p->n_v == p->cap_v) {
+        int c = p->cap_v ? p->cap_v * 2 : 256;
+        int32_t *a = realloc(p->vq, (size_t)c * sizeof *a);
+        if (a) p->vq = a;
+        int32_t *b2 = realloc(p->vneed, (size_t)c * sizeof *b2);
+        if (b2) p->vneed = b2;
+        int32_t *c2 = realloc(p->vroom, (size_t)c * sizeof *c2);
+        if (c2) p->vroom = c2;
+        if (!a || !b2 || !c2) {
+            p->oom = 1;
+            return p->g->n_elems;
+        }
+        p->cap_v = c;
+    }
+    int v = p->n_v++;
+    p->vq[v] = q, p->vneed[v] = need, p->vroom[v] = room;
+    p->vtab[h] = v + 1;
+    if ((uint32_t)p->n_v * 2 > p->vtab_mask && rehash_v(p, (p->vtab_mask + 1) * 2)) p->oom = 1;
+    return p->g->n_elems + v;
+}
+
+static int32_t clip_count(const pda *p, int32_t x) {
+    if (!p->clip || x < 0 || (x & PDA_GE)) return x;
+    return x > p->clip ? (p->clip | PDA_GE) : x;
+}
+
+int32_t pda_rep_node(pda *p, int32_t q, int32_t need, int32_t room, int32_t par) {
+    return node(p, vpos(p, q, clip_count(p, need), clip_count(p, room)), par);
+}
+
 static void work_push(pda *p, int32_t pos, int32_t par) {
     if (p->n_work + 2 > p->cap_work) {
         long c = p->cap_work ? p->cap_work * 2 : 1024;
@@ -116,11 +165,32 @@ static void closure(pda *p) {
             if (r == g->root) p->flags |= lev == 0 ? 0 : PDA_TEND;
             for (int32_t k = g->follow_off[r]; k < g->follow_off[r + 1]; k++) {
                 int32_t q = g->follow_sites[k];
-                work_push(p, q + 1, node(p, -2 - g->erule[q], -1 - (lev + 1)));
+                int32_t m = node(p, -2 - g->erule[q], -1 - (lev + 1));
+                if (g->ekind[q] == SG_E_REP) work_push(p, vpos(p, q, 0, -1), m); /* count unknown: loop or leave */
+                else work_push(p, q + 1, m);
             }
             continue;
         }
+        if (pos >= g->n_elems) { /* a counted repetition: another iteration, or on */
+            int v = pos - g->n_elems;
+            int32_t q = p->vq[v], need = p->vneed[v], room = p->vroom[v];
+            int32_t nv = need & ~PDA_GE, rv = room < 0 ? -1 : room & ~PDA_GE;
+            if (rv == 0 && room > 0 && (room & PDA_GE)) p->flags |= PDA_ESCAPE; /* clipped: unknown */
+            else if (rv != 0) {
+                int32_t need2 = nv > 0 ? ((nv - 1) | (need & PDA_GE)) : need;
+                int32_t room2 = room < 0 ? -1 : ((rv - 1) | (room & PDA_GE));
+                int32_t ret = node(p, vpos(p, q, need2, room2), par);
+                int r = g->earg[q];
+                for (int32_t a = g->rule_alt_off[r]; a < g->rule_alt_off[r + 1]; a++) work_push(p, g->alt_start[a], ret);
+            }
+            if (nv == 0 && (need & PDA_GE)) p->flags |= PDA_ESCAPE; /* clipped: unknown */
+            else if (nv == 0) work_push(p, q + 1, par);
+            continue;
+        }
         switch (g->ekind[pos]) {
+        case SG_E_REP:
+            work_push(p, vpos(p, pos, clip_count(p, g->erep_min[pos]), clip_count(p, g->erep_max[pos])), par);
+            break;
         case SG_E_SET:
             item_add(p, n);
             break;
@@ -228,11 +298,12 @@ static void begin(pda *p) {
     p->n_work = 0;
 }
 
-int pda_init(pda *p, const sg_grammar *g, int max_level) {
+int pda_init(pda *p, const sg_grammar *g, int max_level, int clip) {
     memset(p, 0, sizeof *p);
     p->g = g;
     p->max_level = max_level;
-    if (rehash_nodes(p, 4096) || rehash_states(p, 4096)) return -1;
+    p->clip = clip;
+    if (rehash_nodes(p, 4096) || rehash_states(p, 4096) || rehash_v(p, 256)) return -1;
     p->soff = malloc(1025 * sizeof(int32_t));
     p->sflags = malloc(1024);
     p->trans = malloc(1024 * sizeof(int32_t *));
@@ -248,6 +319,7 @@ void pda_free(pda *p) {
     free(p->npos), free(p->npar), free(p->nlev), free(p->nvisit), free(p->ntab);
     free(p->soff), free(p->sitems), free(p->sflags), free(p->trans), free(p->stab);
     free(p->work), free(p->items);
+    free(p->vq), free(p->vneed), free(p->vroom), free(p->vtab);
     memset(p, 0, sizeof *p);
 }
 
@@ -264,6 +336,14 @@ int32_t pda_start_at(pda *p, int32_t pos) {
     begin(p);
     int32_t m = node(p, -2 - p->g->erule[pos], -1);
     item_add(p, node(p, pos, m));
+    return intern_state(p);
+}
+
+int32_t pda_start_in_rep(pda *p, int32_t pos, int32_t q, int32_t need, int32_t room) {
+    begin(p);
+    int32_t m = node(p, -2 - p->g->erule[q], -1);
+    int32_t r = pda_rep_node(p, q, need, room, m);
+    item_add(p, node(p, pos, r));
     return intern_state(p);
 }
 

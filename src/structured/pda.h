@@ -38,9 +38,22 @@ enum {
  * by dropping the memo (not the states) when it is full. */
 #define PDA_MAX_TRANS 65536
 
+/* A counted repetition in progress is a stack node whose position is
+ * n_elems + v: v names (repetition element q, iterations still needed,
+ * iterations still allowed). For classification (clip > 0) the counts are
+ * clipped to clip, with PDA_GE marking "at least": a walk reaching the end
+ * of a clipped count does not know what follows and escapes. */
+#define PDA_GE (1 << 24)
+
 typedef struct pda {
     const sg_grammar *g;
     int max_level;
+    int clip; /* 0: exact counts (matching); > 0: clipped (classification) */
+    /* counted-repetition nodes */
+    int32_t *vq, *vneed, *vroom; /* vroom -1: unbounded */
+    int n_v, cap_v;
+    int32_t *vtab;
+    uint32_t vtab_mask;
     /* nodes */
     int32_t *npos, *npar;
     uint8_t *nlev;
@@ -68,7 +81,12 @@ typedef struct pda {
     int oom;
 } pda;
 
-int pda_init(pda *p, const sg_grammar *g, int max_level);
+int pda_init(pda *p, const sg_grammar *g, int max_level, int clip);
+/* The node of a counted repetition (q, need, room) above parent par. */
+int32_t pda_rep_node(pda *p, int32_t q, int32_t need, int32_t room, int32_t par);
+/* The state {pos above the repetition node (q, need, room) above the level-0
+ * marker of q's rule} (classification of a repetition's body). */
+int32_t pda_start_in_rep(pda *p, int32_t pos, int32_t q, int32_t need, int32_t room);
 void pda_free(pda *p);
 /* The state of the whole grammar at its start. */
 int32_t pda_start(pda *p);

@@ -24,10 +24,20 @@ static inline int sg_set_has(const sg_byteset *s, unsigned b) { return (int)((s-
 static inline void sg_set_add(sg_byteset *s, unsigned b) { s->w[b >> 6] |= 1ull << (b & 63); }
 
 /* ---- builder ---- */
-/* An element value: >= 0 a byte set index, < 0 a rule reference. */
+/* An element value: >= 0 a byte set index, < 0 a rule reference, from
+ * SG_REP_BASE a counted repetition (an index into the builder's reps). */
 #define SG_REF(r) (-(int32_t)(r)-1)
 #define SG_IS_REF(e) ((e) < 0)
 #define SG_REF_RULE(e) (-(e)-1)
+#define SG_REP_BASE (1 << 28)
+#define SG_IS_REP(e) ((e) >= SG_REP_BASE)
+
+/* body{min,max} (max -1: unbounded) as one element: the matcher counts
+ * (a stack node holds the count), so a long repetition costs no more
+ * grammar than a short one. */
+typedef struct sg_rep {
+    int32_t rule, min, max;
+} sg_rep;
 
 typedef struct sg_ivec {
     int32_t *v;
@@ -48,6 +58,8 @@ typedef struct sg_builder {
     int n_rules, cap_rules;
     sg_byteset *sets;
     int n_sets, cap_sets;
+    sg_rep *reps;
+    int n_reps, cap_reps;
     long total_elems, max_elems;
     int aux_counter;
 } sg_builder;
@@ -62,6 +74,8 @@ int sg_rule_aux(sg_builder *b, const char *base, rp_err *err);
 int sg_add_alt(sg_builder *b, int rule, const int32_t *elems, int n, rp_err *err);
 /* The element for one byte from set s. */
 int32_t sg_elem_set(sg_builder *b, const sg_byteset *s, rp_err *err);
+/* The element for rule{min,max}; -1 on OOM. */
+int32_t sg_elem_rep(sg_builder *b, int rule, int32_t min, int32_t max, rp_err *err);
 
 /* Code point ranges [lo, hi], sorted and merged by sg_ranges_norm. */
 typedef struct sg_ranges {
@@ -77,7 +91,7 @@ void sg_ranges_free(sg_ranges *s);
 int sg_elem_ranges(sg_builder *b, sg_ranges *s, const char *rule_base, int32_t *elem, rp_err *err);
 
 /* ---- the flat grammar the matcher runs on ---- */
-enum { SG_E_SET = 0, SG_E_REF = 1, SG_E_END = 2 };
+enum { SG_E_SET = 0, SG_E_REF = 1, SG_E_END = 2, SG_E_REP = 3 };
 
 typedef struct sg_grammar {
     int n_rules, root;
@@ -86,7 +100,8 @@ typedef struct sg_grammar {
     int32_t *alt_start;
     int n_elems;
     uint8_t *ekind;    /* SG_E_* */
-    int32_t *earg;     /* set index or rule */
+    int32_t *earg;     /* set index or rule (REF, REP: the body) */
+    int32_t *erep_min, *erep_max; /* REP's counts (max -1: unbounded) */
     int32_t *erule;    /* the rule an element belongs to */
     sg_byteset *sets;
     int n_sets;

@@ -27,6 +27,11 @@
 #define FOLLOW_LEVELS 3 /* marker levels tried before a walk escapes */
 #define LIST_MAX 2048   /* past this many ids a class is stored as a bitmask */
 #define CACHE_MAX 32    /* compiled grammars kept per vocabulary */
+/* Counts of a repetition are told apart up to this many iterations when
+ * classifying its body (further is "at least"): tokens of more iterations
+ * than that are uncertain there, checked against the real count. */
+#define REP_CLIP 32
+#define KEYED_BUCKETS 4096
 
 typedef struct trie_node {
     int32_t first_child, n_children; /* children are contiguous */
@@ -87,6 +92,13 @@ typedef struct cls_scratch {
     int cap_stack;
 } cls_scratch;
 
+/* The classes of a position in a repetition's body, for one (clipped) count. */
+typedef struct keyed_class {
+    int32_t pos, q, need, room;
+    pos_class cls;
+    struct keyed_class *next;
+} keyed_class;
+
 struct rp_sgrammar {
     int refs;
     rp_svocab *v;
@@ -99,6 +111,7 @@ struct rp_sgrammar {
     int lock_ok;
     pda cpda;
     cls_scratch cs;
+    keyed_class **keyed; /* KEYED_BUCKETS chains, under lock */
 };
 
 /* ---- vocabulary ---- */
@@ -227,10 +240,11 @@ int rp_svocab_mask_words(const rp_svocab *v) { return v->mask_words; }
 
 /* ---- per-position token classes ---- */
 
-static int classify(rp_sgrammar *sg, pda *p, int32_t pos, cls_scratch *cs, rp_err *err) {
+/* Walks the trie from state s0 (one item: the position, its caller unknown)
+ * and stores the classes in *pc. */
+static int classify(rp_sgrammar *sg, pda *p, int32_t s0, pos_class *pc, cls_scratch *cs, rp_err *err) {
     const rp_svocab *v = sg->v;
     cs->n_acc = cs->n_unc = 0;
-    int32_t s0 = pda_start_at(p, pos);
     if (s0 == PDA_DEAD) return rp_errf(err, "out of memory");
     int sp = 0;
     cs->stack[sp++] = (walk_frame){.t = 0, .state = s0, .child = 0, .esc = 0};
@@ -269,7 +283,6 @@ static int classify(rp_sgrammar *sg, pda *p, int32_t pos, cls_scratch *cs, rp_er
         }
     }
     /* the uncertain list is in walk order (trie depth first = sorted order) */
-    pos_class *pc = &sg->cls[pos];
     int n_rej = v->n_sorted - cs->n_acc - cs->n_unc;
     pc->n_unc = cs->n_unc;
     if (cs->n_unc) {
@@ -325,8 +338,9 @@ static int precompute(rp_sgrammar *sg, double budget_ms, rp_err *err) {
     const sg_grammar *g = sg->g;
     sg->cls = calloc((size_t)g->n_elems, sizeof *sg->cls);
     sg->ready = calloc((size_t)g->n_elems, 1);
-    if (!sg->cls || !sg->ready) return rp_errf(err, "out of memory");
-    if (pda_init(&sg->cpda, g, FOLLOW_LEVELS)) return rp_errf(err, "out of memory");
+    sg->keyed = calloc(KEYED_BUCKETS, sizeof *sg->keyed);
+    if (!sg->cls || !sg->ready || !sg->keyed) return rp_errf(err, "out of memory");
+    if (pda_init(&sg->cpda, g, FOLLOW_LEVELS, REP_CLIP)) return rp_errf(err, "out of memory");
     int n = sg->v->n_sorted + 1;
     cls_scratch *cs = &sg->cs;
     cs->acc = malloc((size_t)n * sizeof(int32_t));
@@ -340,7 +354,7 @@ static int precompute(rp_sgrammar *sg, double budget_ms, rp_err *err) {
     double t0 = now_ms();
     for (int32_t pos = 0; pos < g->n_elems && budget_ms >= 0; pos++) {
         if (g->ekind[pos] != SG_E_SET) continue;
-        if (classify(sg, &sg->cpda, pos, cs, err)) return -1;
+        if (classify(sg, &sg->cpda, pda_start_at(&sg->cpda, pos), &sg->cls[pos], cs, err)) return -1;
         sg->ready[pos] = 1;
         if (now_ms() - t0 > budget_ms) break;
     }
@@ -355,7 +369,7 @@ static int ensure_class(rp_sgrammar *sg, int32_t pos) {
     int rc = 0;
     if (!sg->ready[pos]) {
         rp_err err = {0};
-        rc = classify(sg, &sg->cpda, pos, &sg->cs, &err);
+        rc = classify(sg, &sg->cpda, pda_start_at(&sg->cpda, pos), &sg->cls[pos], &sg->cs, &err);
         if (!rc) __atomic_store_n(&sg->ready[pos], 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&sg->lock);
@@ -364,6 +378,13 @@ static int ensure_class(rp_sgrammar *sg, int32_t pos) {
 
 static void grammar_destroy(rp_sgrammar *g) {
     if (!g) return;
+    if (g->keyed)
+        for (int b = 0; b < KEYED_BUCKETS; b++)
+            for (keyed_class *k = g->keyed[b], *nx; k; k = nx) {
+                nx = k->next;
+                free(k->cls.ids), free(k->cls.bits), free(k->cls.unc), free(k);
+            }
+    free(g->keyed);
     if (g->cls && g->g)
         for (int i = 0; i < g->g->n_elems; i++) free(g->cls[i].ids), free(g->cls[i].bits), free(g->cls[i].unc);
     free(g->cls), free(g->ready);
@@ -380,6 +401,33 @@ void rp_sgrammar_release(rp_sgrammar *g) {
 }
 
 const char *rp_sgrammar_gbnf(const rp_sgrammar *g) { return g->gbnf; }
+
+static int32_t clip_count(int32_t x) { return x < 0 ? x : x > REP_CLIP ? (REP_CLIP | PDA_GE) : x; }
+
+/* The classes of pos inside the body of repetition q with need/room
+ * iterations to go (exact counts, clipped here), made on first use. */
+static const pos_class *keyed_class_for(rp_sgrammar *sg, int32_t pos, int32_t q, int32_t need, int32_t room) {
+    need = clip_count(need), room = clip_count(room);
+    uint32_t h = ((uint32_t)pos * 2654435761u ^ (uint32_t)q * 40503u ^ (uint32_t)need * 97u ^ (uint32_t)room) %
+                 KEYED_BUCKETS;
+    pthread_mutex_lock(&sg->lock);
+    keyed_class *k = sg->keyed[h];
+    while (k && !(k->pos == pos && k->q == q && k->need == need && k->room == room)) k = k->next;
+    if (!k && (k = calloc(1, sizeof *k))) {
+        rp_err err = {0};
+        *k = (keyed_class){.pos = pos, .q = q, .need = need, .room = room};
+        int32_t s0 = pda_start_in_rep(&sg->cpda, pos, q, need, room);
+        if (classify(sg, &sg->cpda, s0, &k->cls, &sg->cs, &err)) {
+            free(k->cls.ids), free(k->cls.bits), free(k->cls.unc), free(k);
+            k = NULL;
+        } else {
+            k->next = sg->keyed[h];
+            sg->keyed[h] = k;
+        }
+    }
+    pthread_mutex_unlock(&sg->lock);
+    return k ? &k->cls : NULL;
+}
 
 /* ---- compile ---- */
 
@@ -492,6 +540,7 @@ rp_sgrammar *rp_sgrammar_compile(rp_svocab *v, rp_skind kind, const char *text, 
 typedef struct unc_memo {
     int32_t *ids; /* accepted uncertain token ids for this stack node */
     int32_t n;    /* -1: not computed */
+    const pos_class *cls; /* the node's classes; NULL: not looked up */
 } unc_memo;
 
 struct rp_smatcher {
@@ -514,7 +563,7 @@ rp_smatcher *rp_smatcher_new(rp_sgrammar *g, rp_err *err) {
     m->hist = malloc((size_t)m->cap_hist * sizeof *m->hist);
     m->tmp = malloc((size_t)g->v->mask_words * sizeof *m->tmp);
     m->walk = malloc(((size_t)g->v->max_len + 2) * sizeof *m->walk);
-    if (!m->hist || !m->tmp || !m->walk || pda_init(&m->p, g->g, 0)) goto oom;
+    if (!m->hist || !m->tmp || !m->walk || pda_init(&m->p, g->g, 0, 0)) goto oom;
     int32_t s = pda_start(&m->p);
     if (s == PDA_DEAD) goto oom;
     m->hist[m->n_hist++] = s;
@@ -592,17 +641,39 @@ void rp_smatcher_rollback(rp_smatcher *m, int n) {
 
 /* The uncertain tokens of node's position that the real stack accepts,
  * memoised per node (equal stacks are equal nodes). */
-static const unc_memo *uncertain_for(rp_smatcher *m, int32_t node, const pos_class *pc) {
+static unc_memo *memo_for(rp_smatcher *m, int32_t node) {
     if (node >= m->cap_memo) {
         int cap = m->cap_memo ? m->cap_memo : 1024;
         while (cap <= node) cap *= 2;
         unc_memo *nm = realloc(m->memo, (size_t)cap * sizeof *nm);
         if (!nm) return NULL;
-        for (int i = m->cap_memo; i < cap; i++) nm[i] = (unc_memo){NULL, -1};
+        for (int i = m->cap_memo; i < cap; i++) nm[i] = (unc_memo){NULL, -1, NULL};
         m->memo = nm;
         m->cap_memo = cap;
     }
-    unc_memo *u = &m->memo[node];
+    return &m->memo[node];
+}
+
+/* The classes of an item: by position, or, for a position in a counted
+ * repetition's body right above its count, by position and count. */
+static const pos_class *class_for(rp_smatcher *m, int32_t node) {
+    unc_memo *u = memo_for(m, node);
+    if (!u) return NULL;
+    if (u->cls) return u->cls;
+    const sg_grammar *g = m->g->g;
+    int32_t pos = m->p.npos[node], par = m->p.npar[node];
+    if (par >= 0 && m->p.npos[par] >= g->n_elems) {
+        int v = m->p.npos[par] - g->n_elems;
+        int32_t q = m->p.vq[v];
+        if (g->erule[pos] == g->earg[q]) return u->cls = keyed_class_for(m->g, pos, q, m->p.vneed[v], m->p.vroom[v]);
+    }
+    if (ensure_class(m->g, pos)) return NULL;
+    return u->cls = &m->g->cls[pos];
+}
+
+static const unc_memo *uncertain_for(rp_smatcher *m, int32_t node, const pos_class *pc) {
+    unc_memo *u = memo_for(m, node);
+    if (!u) return NULL;
     if (u->n >= 0) return u;
     const rp_svocab *v = m->g->v;
     u->ids = malloc(((size_t)pc->n_unc + 1) * sizeof(int32_t));
@@ -637,8 +708,8 @@ void rp_smatcher_fill_mask(rp_smatcher *m, uint32_t *mask) {
     int n = pda_state_items(&m->p, s, &items);
     for (int k = 0; k < n; k++) {
         int32_t node = m->p.sitems[m->p.soff[s] + k]; /* re-read: uncertain_for may grow sitems */
-        if (ensure_class(m->g, m->p.npos[node])) continue;
-        const pos_class *pc = &m->g->cls[m->p.npos[node]];
+        const pos_class *pc = class_for(m, node);
+        if (!pc) continue; /* out of memory: the item's tokens stay masked (safe) */
         if (pc->mode == CLS_ACCEPT_LIST) {
             for (int i = 0; i < pc->n; i++) mask[pc->ids[i] >> 5] |= 1u << (pc->ids[i] & 31);
         } else if (pc->mode == CLS_BITS) {
