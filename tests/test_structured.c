@@ -118,7 +118,7 @@ static char *generate(rp_sgrammar *g, int max, double stop_p) {
     while (n < max) {
         if (rp_smatcher_is_accepting(m) && (rnd() % 1000) < stop_p * 1000) break;
         int ok[256], nok = 0;
-        for (int b = 0; b < 256; b++) {
+        for (int b = 1; b < 256; b++) { /* not NUL: the strings are C strings */
             char c = (char)b;
             if (!rp_smatcher_accept_bytes(m, &c, 1)) {
                 ok[nok++] = b;
@@ -259,8 +259,11 @@ static void test_regex(void **state) {
         "x{3}y{0,2}z{2,}",
         "[^\\d\\s]{1,3}",
         "-?(0|[1-9]\\d*)(\\.\\d+)?",
+        "a{5,8}b{6}",
+        "(ab|c){3,6}d{7,}",
+        "[0-9a]{0,9}x?",
     };
-    static const char alphabet[] = "abcdexyz0123456789 -.@\t\n*+?()[]{}|\\";
+    static const char alphabet[] = "abcdexyz0123456789 -.@\t\n*+?()[]{}|\\aaaabbbbbbbcdddddd";
     for (size_t r = 0; r < sizeof res / sizeof *res; r++) {
         rp_sgrammar *g = compile_ok(v, RP_SKIND_REGEX, res[r], 0);
         /* strings the grammar generates: PCRE2 must match them */
@@ -272,8 +275,8 @@ static void test_regex(void **state) {
         }
         /* random strings: the two must agree */
         for (int k = 0; k < 400; k++) {
-            char s[16];
-            int len = (int)(rnd() % 10);
+            char s[32];
+            int len = (int)(rnd() % (k % 2 ? 10 : 24));
             for (int i = 0; i < len; i++) s[i] = alphabet[rnd() % (sizeof alphabet - 1)];
             if (k % 4 == 0 && len >= 2) s[0] = res[r][0] == '^' ? res[r][1] : res[r][0];
             s[len] = 0;
@@ -545,6 +548,7 @@ static void test_json_schema(void **state) {
         {5, "-20", 1}, {5, "-19", 0}, {5, "-100000", 1}, {5, "0", 0},
         {6, "0", 1}, {6, "10", 1}, {6, "10.0", 1}, {6, "10.5", 0}, {6, "9.99", 1}, {6, "-1", 0}, {6, "11", 0},
         {7, "2", 0}, {7, "2.01", 1}, {7, "3.9", 1}, {7, "4", 0}, {7, "4.0", 0},
+        {8, "\"\\ud83d\\ude00\"", 0}, {8, "\"a\\ud83d\\ude00\"", 1}, {8, "\"a\\ud83d\"", 0}, {8, "\"a\\udc00b\"", 0},
         {8, "\"a\"", 0}, {8, "\"ab\"", 1}, {8, "\"abcde\"", 1}, {8, "\"abcdef\"", 0}, {8, "\"éé\"", 1},
         {9, "\"abc-12\"", 1}, {9, "\"abc-1\"", 0}, {9, "\"-12\"", 0},
         {10, "\"xxab\\\"cyy\"", 1}, {10, "\"abc\"", 0},
@@ -827,6 +831,14 @@ static void test_masks_qwen3(void **state) {
         rp_sgrammar *counted = rp_sgrammar_compile(v, RP_SKIND_JSON_SCHEMA, sch, strlen(sch), &o, &err);
         assert_non_null(counted);
         walk_check(v, counted, NULL, 0, 8, 1.0);
+        rp_sgrammar_release(counted);
+        const char *sch2 = "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"minLength\":6,\"maxLength\":40},"
+                           "\"minItems\":7,\"maxItems\":9}";
+        counted = compile_ok(v, RP_SKIND_JSON_SCHEMA, sch2, 0);
+        for (int w = 0; w < 3; w++) walk_check(v, counted, NULL, 0, 12, 1.0);
+        rp_sgrammar_release(counted);
+        counted = compile_ok(v, RP_SKIND_REGEX, "[a-z ]{5,30}(, [0-9]{6,}){2,7}", 0);
+        for (int w = 0; w < 2; w++) walk_check(v, counted, NULL, 0, 12, 1.0);
         rp_sgrammar_release(counted);
     }
     walk_check(v, a, NULL, 0, 8, 1.0);

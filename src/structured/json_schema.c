@@ -916,7 +916,10 @@ static const char *const basics =
     "object ::= \"{\" ws ( string ws \":\" ws value ( ws \",\" ws string ws \":\" ws value )* ws )? \"}\"\n"
     "array ::= \"[\" ws ( value ( ws \",\" ws value )* ws )? \"]\"\n"
     "string ::= \"\\\"\" char* \"\\\"\"\n"
-    "char ::= [^\"\\\\\\u0000-\\u001F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4} )\n"
+    "char ::= [^\"\\\\\\u0000-\\u001F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" uesc )\n"
+    /* \\uXXXX: no lone surrogates (a high one must be followed by a low one) */
+    "uesc ::= [0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} | "
+    "[dD] [89abAB] [0-9a-fA-F]{2} \"\\\\u\" [dD] [c-fC-F] [0-9a-fA-F]{2}\n"
     "kchar ::= [^\"\\\\\\u0000-\\u001F]\n"
     "number ::= \"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
     "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]* )\n";

@@ -238,7 +238,8 @@ static int rx_alt(rx *r, int top);
 
 /* Any JSON string content character (for unanchored patterns). */
 static void emit_any_json_chars(sg_str *o) {
-    sg_str_cat(o, "([^\"\\\\\\u0000-\\u001F] | \"\\\\\" [\"\\\\/bfnrt] | \"\\\\u\" [0-9a-fA-F]{4})*");
+    sg_str_cat(o, "([^\"\\\\\\u0000-\\u001F] | \"\\\\\" [\"\\\\/bfnrt] | \"\\\\u\" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | "
+                  "[dD] [0-7] [0-9a-fA-F]{2} | [dD] [89abAB] [0-9a-fA-F]{2} \"\\\\u\" [dD] [c-fC-F] [0-9a-fA-F]{2}))*");
 }
 
 static int rx_seq(rx *r, int top) {
