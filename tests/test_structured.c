@@ -479,6 +479,8 @@ static const char *const schemas[] = {
     "{\"type\":\"array\"}",
     "{}",
     "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"}},\"required\":[\"s\"],\"additionalProperties\":true}",
+    "{\"type\":\"string\",\"minLength\":12,\"maxLength\":30}",
+    "{\"type\":\"array\",\"items\":{\"enum\":[1,22,\"ab\"]},\"minItems\":12,\"maxItems\":30}",
 };
 
 static void check_schema_strings(rp_sgrammar *g, json_t *schema, const char *text, int ws) {

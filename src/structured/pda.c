@@ -111,6 +111,8 @@ static int32_t clip_count(const pda *p, int32_t x) {
     return x > p->clip ? (p->clip | PDA_GE) : x;
 }
 
+int32_t pda_node(pda *p, int32_t pos, int32_t par) { return node(p, pos, par); }
+
 int32_t pda_rep_node(pda *p, int32_t q, int32_t need, int32_t room, int32_t par) {
     return node(p, vpos(p, q, clip_count(p, need), clip_count(p, room)), par);
 }

@@ -82,6 +82,8 @@ typedef struct pda {
 } pda;
 
 int pda_init(pda *p, const sg_grammar *g, int max_level, int clip);
+/* The node (pos, par), made if new. */
+int32_t pda_node(pda *p, int32_t pos, int32_t par);
 /* The node of a counted repetition (q, need, room) above parent par. */
 int32_t pda_rep_node(pda *p, int32_t q, int32_t need, int32_t room, int32_t par);
 /* The state {pos above the repetition node (q, need, room) above the level-0

@@ -671,8 +671,24 @@ static const pos_class *class_for(rp_smatcher *m, int32_t node) {
     return u->cls = &m->g->cls[pos];
 }
 
+/* The node the uncertain-token memo is kept under: node itself, or, above a
+ * repetition count, the same stack with counts past the longest token
+ * clipped (a walk of one token cannot tell them apart), so that a long
+ * counted string reuses the walk from one character to the next. */
+static int32_t memo_node(rp_smatcher *m, int32_t node) {
+    const sg_grammar *g = m->g->g;
+    int32_t par = m->p.npar[node];
+    if (par < 0 || m->p.npos[par] < g->n_elems) return node;
+    int v = m->p.npos[par] - g->n_elems;
+    int32_t lim = (int32_t)m->g->v->max_len + 1, need = m->p.vneed[v], room = m->p.vroom[v];
+    int32_t need2 = need > lim ? lim : need, room2 = room > lim ? lim : room;
+    if (need2 == need && room2 == room) return node;
+    int32_t canon = pda_rep_node(&m->p, m->p.vq[v], need2, room2, m->p.npar[par]);
+    return m->p.oom ? node : pda_node(&m->p, m->p.npos[node], canon);
+}
+
 static const unc_memo *uncertain_for(rp_smatcher *m, int32_t node, const pos_class *pc) {
-    unc_memo *u = memo_for(m, node);
+    unc_memo *u = memo_for(m, memo_node(m, node));
     if (!u) return NULL;
     if (u->n >= 0) return u;
     const rp_svocab *v = m->g->v;
