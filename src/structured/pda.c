@@ -240,7 +240,14 @@ static int32_t intern_state(pda *p) {
     if (!p->n_items && !(p->flags & (PDA_ACCEPT | PDA_POP0 | PDA_ESCAPE | PDA_TEND))) return PDA_DEAD;
     int n = p->n_items;
     if (n > 1) {
-        qsort(p->items, (size_t)n, sizeof(int32_t), cmp_i32);
+        if (n <= 16) {
+            for (int i = 1; i < n; i++) {
+                int32_t x = p->items[i];
+                int j = i;
+                while (j > 0 && p->items[j - 1] > x) p->items[j] = p->items[j - 1], j--;
+                p->items[j] = x;
+            }
+        } else qsort(p->items, (size_t)n, sizeof(int32_t), cmp_i32);
         int m = 1;
         for (int i = 1; i < n; i++)
             if (p->items[i] != p->items[m - 1]) p->items[m++] = p->items[i];
@@ -262,7 +269,11 @@ static int32_t intern_state(pda *p) {
         if (sf) p->sflags = sf;
         int32_t **tr = realloc(p->trans, (size_t)c * sizeof *tr);
         if (tr) p->trans = tr;
-        if (!so || !sf || !tr) {
+        int16_t *tb = realloc(p->t1_byte, (size_t)c * sizeof *tb);
+        if (tb) p->t1_byte = tb;
+        int32_t *tt = realloc(p->t1_to, (size_t)c * sizeof *tt);
+        if (tt) p->t1_to = tt;
+        if (!so || !sf || !tr || !tb || !tt) {
             p->oom = 1;
             return PDA_DEAD;
         }
@@ -285,6 +296,7 @@ static int32_t intern_state(pda *p) {
     p->soff[s + 1] = (int32_t)p->n_sitems;
     p->sflags[s] = flags;
     p->trans[s] = NULL;
+    p->t1_byte[s] = -1;
     p->stab[h] = s + 1;
     if ((uint32_t)p->n_states * 2 > p->stab_mask && rehash_states(p, (p->stab_mask + 1) * 2)) p->oom = 1;
     return s;
@@ -309,7 +321,9 @@ int pda_init(pda *p, const sg_grammar *g, int max_level, int clip) {
     p->soff = malloc(1025 * sizeof(int32_t));
     p->sflags = malloc(1024);
     p->trans = malloc(1024 * sizeof(int32_t *));
-    if (!p->soff || !p->sflags || !p->trans) return -1;
+    p->t1_byte = malloc(1024 * sizeof(int16_t));
+    p->t1_to = malloc(1024 * sizeof(int32_t));
+    if (!p->soff || !p->sflags || !p->trans || !p->t1_byte || !p->t1_to) return -1;
     p->cap_states = 1024;
     p->soff[0] = 0;
     node(p, -1, -1); /* PDA_ROOT */
@@ -319,7 +333,7 @@ int pda_init(pda *p, const sg_grammar *g, int max_level, int clip) {
 void pda_free(pda *p) {
     for (int s = 0; s < p->n_states; s++) free(p->trans[s]);
     free(p->npos), free(p->npar), free(p->nlev), free(p->nvisit), free(p->ntab);
-    free(p->soff), free(p->sitems), free(p->sflags), free(p->trans), free(p->stab);
+    free(p->soff), free(p->sitems), free(p->sflags), free(p->trans), free(p->stab), free(p->t1_byte), free(p->t1_to);
     free(p->work), free(p->items);
     free(p->vq), free(p->vneed), free(p->vroom), free(p->vtab);
     memset(p, 0, sizeof *p);
@@ -357,10 +371,32 @@ int32_t pda_single(pda *p, int32_t n) {
     return intern_state(p);
 }
 
+/* The transition itself, not memoised. */
+static int32_t step_new(pda *p, int32_t s, uint8_t byte) {
+    begin(p);
+    const sg_grammar *g = p->g;
+    for (int32_t k = p->soff[s]; k < p->soff[s + 1]; k++) {
+        int32_t n = p->sitems[k], pos = p->npos[n];
+        if (sg_set_has(&g->sets[g->earg[pos]], byte)) work_push(p, pos + 1, p->npar[n]);
+    }
+    closure(p);
+    return intern_state(p);
+}
+
 int32_t pda_step(pda *p, int32_t s, uint8_t byte) {
     int32_t *t = p->trans[s];
     if (t && t[byte] != -2) return t[byte];
     if (!t) {
+        /* most states are left by one byte only (a walk through a counted
+         * repetition): one remembered transition, a table from the second */
+        if (p->t1_byte[s] == byte) return p->t1_to[s];
+        if (p->t1_byte[s] < 0) {
+            int32_t r = step_new(p, s, byte);
+            if (p->oom) return PDA_DEAD;
+            p->t1_byte[s] = byte;
+            p->t1_to[s] = r;
+            return r;
+        }
         if (p->n_trans >= PDA_MAX_TRANS) {
             for (int k = 0; k < p->n_states; k++) free(p->trans[k]), p->trans[k] = NULL;
             p->n_trans = 0;
@@ -369,17 +405,10 @@ int32_t pda_step(pda *p, int32_t s, uint8_t byte) {
         t = malloc(256 * sizeof(int32_t));
         if (!t) return PDA_DEAD;
         for (int i = 0; i < 256; i++) t[i] = -2;
+        t[p->t1_byte[s]] = p->t1_to[s];
         p->trans[s] = t;
     }
-    begin(p);
-    const sg_grammar *g = p->g;
-    for (int32_t k = p->soff[s]; k < p->soff[s + 1]; k++) {
-        int32_t n = p->sitems[k], pos = p->npos[n];
-        if (sg_set_has(&g->sets[g->earg[pos]], byte)) work_push(p, pos + 1, p->npar[n]);
-    }
-    closure(p);
-    int32_t r = intern_state(p);
-    /* intern_state may have moved p->trans */
-    p->trans[s][byte] = r;
+    int32_t r = step_new(p, s, byte);
+    p->trans[s][byte] = r; /* step_new may have moved p->trans */
     return r;
 }

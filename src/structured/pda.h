@@ -66,7 +66,9 @@ typedef struct pda {
     int32_t *soff; /* items of state s: sitems[soff[s] .. soff[s+1]) */
     int32_t *sitems;
     uint8_t *sflags;
-    int32_t **trans; /* per state, 256 entries, lazily; -2 unknown */
+    int32_t **trans; /* per state, 256 entries, from its second byte stepped; -2 unknown */
+    int16_t *t1_byte; /* per state: the one byte stepped so far (-1 none) ... */
+    int32_t *t1_to;   /* ... and where it went */
     int n_trans;     /* tables allocated; past PDA_MAX_TRANS all are dropped */
     int n_states, cap_states;
     long n_sitems, cap_sitems;
