@@ -508,6 +508,29 @@ static void check_schema_strings(rp_sgrammar *g, json_t *schema, const char *tex
         }
         free(c);
         json_decref(x);
+        /* mutations: whatever the grammar still accepts must parse and validate */
+        size_t len = strlen(s);
+        static const char junk[] = "\"{}[],:0123456789.-eEtfnul\\ xaé";
+        for (int k2 = 0; k2 < 12 && len; k2++) {
+            char mut[400];
+            size_t at = rnd() % len, ml;
+            int kind = (int)(rnd() % 3);
+            if (kind == 0) { /* delete a byte */
+                memcpy(mut, s, at), memcpy(mut + at, s + at + 1, len - at - 1), ml = len - 1;
+            } else { /* replace or insert one */
+                char ch = junk[rnd() % (sizeof junk - 1)];
+                memcpy(mut, s, at), mut[at] = ch;
+                size_t rest = kind == 1 ? at + 1 : at;
+                memcpy(mut + at + 1, s + rest, len - rest), ml = at + 1 + len - rest;
+            }
+            mut[ml] = 0;
+            if (!accepts(g, mut, ml)) continue;
+            json_t *y = json_loadb(mut, ml, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+            if (!y && (strstr(je.text, "overflow") || strstr(je.text, "too big"))) continue;
+            if (!y) fail_msg("schema %s: accepts the mutation '%s', not JSON (%s)", text, mut, je.text);
+            if (!validate(schema, schema, y)) fail_msg("schema %s: accepts the mutation '%s', which does not validate", text, mut);
+            json_decref(y);
+        }
         free(s);
     }
 }
@@ -847,6 +870,56 @@ static void test_masks_qwen3(void **state) {
     rp_sgrammar_release(a), rp_sgrammar_release(b);
 }
 
+/* Random and mutated constraint texts: never a crash or a hang, an error or a grammar. */
+static void test_fuzz_parsers(void **state) {
+    (void)state;
+    int n;
+    rp_svocab *v = synth_vocab(&n);
+    static const char *const seeds[] = {
+        "root ::= \"a\" (b | [c-e]{2,7})* \"f\"?\nb ::= \"x\" root | \"y\"",
+        "(ab|[^x-z]{3,})+\\d{2}(?:e|f)*",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"$ref\":\"#\"},\"maxItems\":9}},"
+        "\"required\":[\"a\"]}",
+        "[\"a\",\"bc\"]",
+    };
+    static const rp_skind kinds[] = {RP_SKIND_GBNF, RP_SKIND_REGEX, RP_SKIND_JSON_SCHEMA, RP_SKIND_CHOICE};
+    static const char junk[] = "()[]{}|*+?^$\\\"':=,.-0123456789abcxyz#\n {}\"type\"";
+    rp_sopts o = {.precompute_ms = -1, .max_elements = 20000};
+    for (int k = 0; k < 4; k++)
+        for (int it = 0; it < 300; it++) {
+            char buf[512];
+            size_t len = strlen(seeds[k]);
+            memcpy(buf, seeds[k], len);
+            int edits = 1 + (int)(rnd() % 4);
+            for (int e = 0; e < edits && len < sizeof buf - 2; e++) {
+                size_t at = len ? rnd() % len : 0;
+                int kind = (int)(rnd() % 3);
+                if (kind == 0 && len) memmove(buf + at, buf + at + 1, len - at - 1), len--;
+                else if (kind == 1) buf[at] = junk[rnd() % (sizeof junk - 1)];
+                else memmove(buf + at + 1, buf + at, len - at), buf[at] = junk[rnd() % (sizeof junk - 1)], len++;
+            }
+            rp_err err = {0};
+            rp_sgrammar *g = rp_sgrammar_compile(v, kinds[k], buf, len, &o, &err);
+            if (!g) {
+                assert_true(err.msg[0] != 0); /* an error always says what */
+                continue;
+            }
+            rp_smatcher *m = rp_smatcher_new(g, &err);
+            uint32_t *mask = malloc((size_t)rp_svocab_mask_words(v) * 4);
+            for (int step = 0; step < 8; step++) { /* a few masks and tokens */
+                if (!rp_smatcher_fill_mask(m, mask)) break;
+                int32_t pick = -1;
+                for (int id = (int)(rnd() % (uint32_t)n), c = 0; c < n && pick < 0; c++, id = (id + 1) % n)
+                    if (mask[id >> 5] >> (id & 31) & 1) pick = id;
+                assert_int_equal(rp_smatcher_accept_token(m, pick), 0);
+            }
+            free(mask);
+            rp_smatcher_free(m);
+            rp_sgrammar_release(g);
+        }
+    rp_svocab_free(v);
+}
+
 static int teardown(void **state) {
     (void)state;
     rp_svocab_free(qwen_vocab);
@@ -858,7 +931,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gbnf_errors),  cmocka_unit_test(test_gbnf_language),   cmocka_unit_test(test_regex),
         cmocka_unit_test(test_choice),       cmocka_unit_test(test_json_schema),     cmocka_unit_test(test_masks_synthetic),
-        cmocka_unit_test(test_masks_qwen3),
+        cmocka_unit_test(test_masks_qwen3),  cmocka_unit_test(test_fuzz_parsers),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

@@ -714,12 +714,12 @@ static const unc_memo *uncertain_for(rp_smatcher *m, int32_t node, const pos_cla
     return u;
 }
 
-void rp_smatcher_fill_mask(rp_smatcher *m, uint32_t *mask) {
+int rp_smatcher_fill_mask(rp_smatcher *m, uint32_t *mask) {
     const rp_svocab *v = m->g->v;
     int W = v->mask_words;
     memset(mask, 0, (size_t)W * sizeof *mask);
     int32_t s = m->hist[m->n_hist - 1];
-    if (s == HIST_FINISHED) return;
+    if (s == HIST_FINISHED) return 0;
     const int32_t *items;
     int n = pda_state_items(&m->p, s, &items);
     for (int k = 0; k < n; k++) {
@@ -748,4 +748,7 @@ void rp_smatcher_fill_mask(rp_smatcher *m, uint32_t *mask) {
     (void)items;
     if (m->p.sflags[s] & PDA_ACCEPT)
         for (int i = 0; i < v->n_eos; i++) mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
+    for (int w = 0; w < W; w++)
+        if (mask[w]) return 1;
+    return 0;
 }

@@ -82,7 +82,9 @@ int rp_smatcher_is_accepting(const rp_smatcher *m); /* the output so far is comp
 int rp_smatcher_is_dead(const rp_smatcher *m);      /* no token can follow (and not accepting) */
 int rp_smatcher_is_finished(const rp_smatcher *m);  /* eos was accepted */
 /* Fills mask (rp_svocab_mask_words words; bit id%32 of word id/32, 1 =
- * allowed) for the current state. */
-void rp_smatcher_fill_mask(rp_smatcher *m, uint32_t *mask);
+ * allowed) for the current state. Returns 1 if some token is allowed, 0 if
+ * none is: the generation cannot go on (a state no token of this vocabulary
+ * continues, or the matcher is finished). */
+int rp_smatcher_fill_mask(rp_smatcher *m, uint32_t *mask);
 
 #endif
