@@ -171,6 +171,23 @@ static void test_gbnf_errors(void **state) {
     compile_err(v, RP_SKIND_GBNF, "root ::= a\na ::= \"x\" a", "matches no string");
     compile_err(v, RP_SKIND_GBNF, "root ::= (\"a\"*)* \"b\"", "repetition whose body can match the empty string");
     compile_err(v, RP_SKIND_GBNF, "root ::= \"a\" @", "1:14: unexpected '@'");
+    { /* a chain of 20,000 rules: parsed and checked in linear time, no deep recursion */
+        char *chain = malloc(1 << 20);
+        size_t off = (size_t)sprintf(chain, "root ::= r0\n");
+        for (int i = 0; i < 20000; i++) off += (size_t)sprintf(chain + off, "r%d ::= \"a\" r%d | \"b\"\n", i, i + 1);
+        sprintf(chain + off, "r20000 ::= \"c\"\n");
+        rp_sgrammar *g = compile_ok(v, RP_SKIND_GBNF, chain, 0);
+        assert_true(accepts(g, "aab", 3));
+        assert_false(accepts(g, "aa", 2));
+        rp_sgrammar_release(g);
+        free(chain);
+    }
+    { /* a user rule named like an auxiliary one stays the user's */
+        rp_sgrammar *g = compile_ok(v, RP_SKIND_GBNF, "root ::= (\"a\" | \"b\")+ root-1\nroot-1 ::= \"c\"", 0);
+        assert_true(accepts(g, "abac", 4));
+        assert_false(accepts(g, "aba", 3));
+        rp_sgrammar_release(g);
+    }
     compile_err(v, RP_SKIND_GBNF, "root ::= [^\\u0000-\\U0010FFFF]", "matches no character");
     compile_err(v, RP_SKIND_GBNF, "root ::= \"a\"{999999999}", "too large");
     rp_svocab_free(v);

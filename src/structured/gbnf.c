@@ -17,18 +17,25 @@
 typedef struct gp {
     const char *s;
     size_t n, i;
+    size_t w_at; /* where() resumes from here ... */
+    int w_line, w_col; /* ... at this line and column */
     sg_builder *b;
     rp_err *err;
     int cur_rule;
     int depth;
 } gp;
 
-static void where(const gp *p, size_t at, int *line, int *col) {
-    *line = 1, *col = 1;
-    for (size_t k = 0; k < at && k < p->n; k++) {
-        if (p->s[k] == '\n') (*line)++, *col = 1;
-        else (*col)++;
+/* line:col of offset at (1-based), scanning on from the last answer when
+ * at is past it, so that a long grammar is not rescanned per rule. */
+static void where(const gp *cp, size_t at, int *line, int *col) {
+    gp *p = (gp *)cp;
+    if (!p->w_line || at < p->w_at) p->w_at = 0, p->w_line = 1, p->w_col = 1;
+    for (size_t k = p->w_at; k < at && k < p->n; k++) {
+        if (p->s[k] == '\n') p->w_line++, p->w_col = 1;
+        else p->w_col++;
     }
+    p->w_at = at;
+    *line = p->w_line, *col = p->w_col;
 }
 
 #define GP_ERR(p, at, ...)                                                      \

@@ -38,6 +38,7 @@ void sg_builder_free(sg_builder *b) {
     for (int i = 0; i < b->n_rules; i++) brule_free(&b->rules[i]);
     free(b->rules);
     free(b->reps);
+    free(b->names);
     free(b->sets);
     memset(b, 0, sizeof *b);
 }
@@ -59,17 +60,49 @@ static int rule_add(sg_builder *b, char *name, rp_err *err) {
     return b->n_rules++;
 }
 
+static uint32_t name_hash(const char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+    return h;
+}
+
+static int names_insert(sg_builder *b, int r) {
+    if ((uint32_t)(b->n_rules + 1) * 2 > b->names_mask) { /* grow and rehash */
+        uint32_t size = b->names_mask ? (b->names_mask + 1) * 2 : 256;
+        int32_t *t = calloc(size, sizeof *t);
+        if (!t) return -1;
+        for (int i = 0; i < b->n_rules; i++) {
+            if (i == r || b->rules[i].aux) continue;
+            uint32_t h = name_hash(b->rules[i].name, strlen(b->rules[i].name)) & (size - 1);
+            while (t[h]) h = (h + 1) & (size - 1);
+            t[h] = i + 1;
+        }
+        free(b->names);
+        b->names = t;
+        b->names_mask = size - 1;
+    }
+    uint32_t h = name_hash(b->rules[r].name, strlen(b->rules[r].name)) & b->names_mask;
+    while (b->names[h]) h = (h + 1) & b->names_mask;
+    b->names[h] = r + 1;
+    return 0;
+}
+
 int sg_rule_named(sg_builder *b, const char *name, size_t len, rp_err *err) {
-    for (int i = 0; i < b->n_rules; i++)
-        if (strlen(b->rules[i].name) == len && !memcmp(b->rules[i].name, name, len)) return i;
-    return rule_add(b, strndup(name, len), err);
+    if (b->names)
+        for (uint32_t h = name_hash(name, len) & b->names_mask; b->names[h]; h = (h + 1) & b->names_mask) {
+            const char *nm = b->rules[b->names[h] - 1].name;
+            if (strlen(nm) == len && !memcmp(nm, name, len)) return b->names[h] - 1;
+        }
+    int r = rule_add(b, strndup(name, len), err);
+    if (r >= 0 && names_insert(b, r)) return rp_errf(err, "out of memory");
+    return r;
 }
 
 int sg_rule_aux(sg_builder *b, const char *base, rp_err *err) {
     char buf[96];
     snprintf(buf, sizeof buf, "%.60s-%d", base, ++b->aux_counter);
     int r = rule_add(b, strdup(buf), err);
-    if (r >= 0) b->rules[r].defined = 1, b->rules[r].aux = 1;
+    if (r >= 0) b->rules[r].defined = 1, b->rules[r].aux = 1; /* not in names: "a-1" may be a user's rule too */
     return r;
 }
 
@@ -291,9 +324,10 @@ typedef struct scc_ctx {
     int sp, counter;
 } scc_ctx;
 
-static void scc_visit(scc_ctx *c, int v) {
-    /* recursion depth is bounded by the number of rules; grammars past
-     * max_elements never get here */
+static void scc_visit(scc_ctx *c, int v, int depth) {
+    /* The result only decides what may be inlined, and inlining keeps the
+     * language whatever it decides; past this depth (a chain of thousands
+     * of rules) rules are taken as recursive rather than risk the stack. */
     c->index[v] = c->low[v] = c->counter++;
     c->stack[c->sp++] = v;
     c->on_stack[v] = 1;
@@ -303,8 +337,10 @@ static void scc_visit(scc_ctx *c, int v) {
             int w = elem_rule(c->b, r->alts[a].v[i]);
             if (w < 0) continue;
             if (w == v) c->recursive[v] = 1;
-            if (c->index[w] < 0) {
-                scc_visit(c, w);
+            if (c->index[w] < 0 && depth > 2000) {
+                c->recursive[v] = c->recursive[w] = 1;
+            } else if (c->index[w] < 0) {
+                scc_visit(c, w, depth + 1);
                 if (c->low[w] < c->low[v]) c->low[v] = c->low[w];
             } else if (c->on_stack[w] && c->index[w] < c->low[v]) c->low[v] = c->index[w];
         }
@@ -329,7 +365,7 @@ static int *find_recursive(sg_builder *b) {
     c.index = buf, c.low = buf + n, c.stack = buf + 2 * n, c.on_stack = buf + 3 * n, c.recursive = buf + 4 * n;
     for (int i = 0; i < n; i++) c.index[i] = -1, c.on_stack[i] = 0, c.recursive[i] = 0;
     for (int i = 0; i < n; i++)
-        if (c.index[i] < 0) scc_visit(&c, i);
+        if (c.index[i] < 0) scc_visit(&c, i, 0);
     int *rec = malloc((size_t)n * sizeof(int));
     if (rec) memcpy(rec, c.recursive, (size_t)n * sizeof(int));
     free(buf);

@@ -545,6 +545,11 @@ static int gen_object(js *j, json_t *s, int depth, sg_str *o) {
         }
         for (int q = 0; q < n; q++) {
             names[q] = p[q].name;
+            if (strlen(p[q].name) > 256) {
+                free(names);
+                rc = JS_ERR(j, "additionalProperties beside a property name longer than 256 bytes is not supported");
+                goto out;
+            }
             for (const char *c = p[q].name; *c; c++)
                 if ((unsigned char)*c >= 0x80 || (unsigned char)*c < 0x20 || *c == '"' || *c == '\\') {
                     free(names);

@@ -60,6 +60,8 @@ typedef struct sg_builder {
     int n_sets, cap_sets;
     sg_rep *reps;
     int n_reps, cap_reps;
+    int32_t *names; /* open addressing over rule names: rule + 1, 0 empty */
+    uint32_t names_mask;
     long total_elems, max_elems;
     int aux_counter;
 } sg_builder;
