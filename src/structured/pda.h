@@ -101,9 +101,5 @@ int32_t pda_single(pda *p, int32_t node);
 /* Next state, or PDA_DEAD. Memoised. */
 int32_t pda_step(pda *p, int32_t s, uint8_t byte);
 
-static inline int pda_state_items(const pda *p, int32_t s, const int32_t **items) {
-    *items = p->sitems + p->soff[s];
-    return (int)(p->soff[s + 1] - p->soff[s]);
-}
 
 #endif

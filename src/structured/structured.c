@@ -720,8 +720,7 @@ int rp_smatcher_fill_mask(rp_smatcher *m, uint32_t *mask) {
     memset(mask, 0, (size_t)W * sizeof *mask);
     int32_t s = m->hist[m->n_hist - 1];
     if (s == HIST_FINISHED) return 0;
-    const int32_t *items;
-    int n = pda_state_items(&m->p, s, &items);
+    int n = (int)(m->p.soff[s + 1] - m->p.soff[s]);
     for (int k = 0; k < n; k++) {
         int32_t node = m->p.sitems[m->p.soff[s] + k]; /* re-read: uncertain_for may grow sitems */
         const pos_class *pc = class_for(m, node);
@@ -745,7 +744,6 @@ int rp_smatcher_fill_mask(rp_smatcher *m, uint32_t *mask) {
             for (int i = 0; i < u->n; i++) mask[u->ids[i] >> 5] |= 1u << (u->ids[i] & 31);
         }
     }
-    (void)items;
     if (m->p.sflags[s] & PDA_ACCEPT)
         for (int i = 0; i < v->n_eos; i++) mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
     for (int w = 0; w < W; w++)
