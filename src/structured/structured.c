@@ -324,6 +324,8 @@ bits:
     return 0;
 }
 
+static const pos_class *keyed_class_for(rp_sgrammar *sg, int32_t pos, int32_t q, int32_t need, int32_t room);
+
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -352,11 +354,25 @@ static int precompute(rp_sgrammar *sg, double budget_ms, rp_err *err) {
     pthread_mutex_init(&sg->lock, NULL);
     sg->lock_ok = 1;
     double t0 = now_ms();
-    for (int32_t pos = 0; pos < g->n_elems && budget_ms >= 0; pos++) {
+    int32_t pos = 0;
+    for (; pos < g->n_elems && budget_ms >= 0; pos++) {
         if (g->ekind[pos] != SG_E_SET) continue;
         if (classify(sg, &sg->cpda, pda_start_at(&sg->cpda, pos), &sg->cls[pos], cs, err)) return -1;
         sg->ready[pos] = 1;
-        if (now_ms() - t0 > budget_ms) break;
+        if (now_ms() - t0 > budget_ms) return 0;
+    }
+    /* then each repetition's body at its starting count, which a long
+     * repetition keeps until it nears its bounds */
+    for (int32_t q = 0; q < g->n_elems && budget_ms >= 0; q++) {
+        if (g->ekind[q] != SG_E_REP) continue;
+        int r = g->earg[q];
+        int32_t lo = g->alt_start[g->rule_alt_off[r]];
+        int32_t hi = r + 1 < g->n_rules ? g->alt_start[g->rule_alt_off[r + 1]] : g->n_elems;
+        for (int32_t p = lo; p < hi; p++) {
+            if (g->ekind[p] != SG_E_SET) continue;
+            keyed_class_for(sg, p, q, g->erep_min[q], g->erep_max[q]);
+            if (now_ms() - t0 > budget_ms) return 0;
+        }
     }
     return 0;
 }
