@@ -4,10 +4,11 @@
  * becomes alternatives of byte-set sequences (its UTF-8 encodings), so the
  * matcher never decodes UTF-8.
  *
- * An element is a byte set (one byte from the set) or a reference to a rule.
- * Groups, repetition and multi-byte classes become auxiliary rules:
- * X* is R ::= X R | "" (right recursion; the matcher elides tail calls, so
- * repetition does not grow its stack). */
+ * An element is a byte set (one byte from the set), a reference to a rule,
+ * or a counted repetition of a rule (X{m,n} with a count above 4: the
+ * matcher keeps the count). Groups, short repetitions and multi-byte classes
+ * become auxiliary rules: X* is R ::= X R | "" (right recursion; the matcher
+ * elides tail calls, so repetition does not grow its stack). */
 #ifndef RP_STRUCTURED_SGRAMMAR_H
 #define RP_STRUCTURED_SGRAMMAR_H
 

@@ -7,12 +7,14 @@
  * walked from that position alone, with the caller unknown (pda.h's
  * markers). A token consumed entirely inside the position's rule (or ending
  * exactly where the rule may end) is accepted whatever the stack below; one
- * that dies inside the rule, or in every place the rule is referenced (two
+ * that dies inside the rule, or in every place the rule is referenced (three
  * levels of callers are tried), is rejected whatever the stack; the rest are
  * uncertain and checked at mask time against the real stack, a trie walk
  * over just those tokens whose result is memoised per stack node. The
  * classes are stored as whichever is smallest: accepted ids, rejected ids or
- * a bitmask. */
+ * a bitmask. Positions inside a counted repetition's body are classified per
+ * (clipped) count; classes not made within compile's budget are made when a
+ * mask first needs them. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
