@@ -182,6 +182,18 @@ static void test_gbnf_errors(void **state) {
         rp_sgrammar_release(g);
         free(chain);
     }
+    { /* an ambiguous grammar doubling its hypotheses every byte: dead past the cap, not a hang */
+        rp_sgrammar *g = compile_ok(v, RP_SKIND_GBNF, "root ::= s\ns ::= \"a\" s \"b\" | \"a\" s \"c\" | \"\"", 0);
+        assert_true(accepts(g, "aaabcb", 6));
+        assert_false(accepts(g, "aaabc", 5));
+        char many[64];
+        memset(many, 'a', 40);
+        rp_err err = {0};
+        rp_smatcher *m = rp_smatcher_new(g, &err);
+        assert_int_equal(rp_smatcher_accept_bytes(m, many, 40), -1);
+        rp_smatcher_free(m);
+        rp_sgrammar_release(g);
+    }
     { /* a user rule named like an auxiliary one stays the user's */
         rp_sgrammar *g = compile_ok(v, RP_SKIND_GBNF, "root ::= (\"a\" | \"b\")+ root-1\nroot-1 ::= \"c\"", 0);
         assert_true(accepts(g, "abac", 4));

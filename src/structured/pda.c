@@ -133,6 +133,10 @@ static void work_push(pda *p, int32_t pos, int32_t par) {
 }
 
 static void item_add(pda *p, int32_t n) {
+    if (p->n_items >= PDA_MAX_ITEMS) {
+        p->too_many = 1;
+        return;
+    }
     if (p->n_items + 1 > p->cap_items) {
         int c = p->cap_items;
         if (grow((void **)&p->items, sizeof(int32_t), p->n_items + 1, &c)) {
@@ -148,7 +152,7 @@ static void item_add(pda *p, int32_t n) {
 /* Closes the work list into p->items / p->flags. */
 static void closure(pda *p) {
     const sg_grammar *g = p->g;
-    while (p->n_work && !p->oom) {
+    while (p->n_work && !p->oom && !p->too_many) {
         int32_t par = p->work[--p->n_work], pos = p->work[--p->n_work];
         int32_t n = node(p, pos, par);
         if (p->nvisit[n] == p->gen) continue;
@@ -236,7 +240,7 @@ static int rehash_states(pda *p, uint32_t size) {
 
 /* Interns p->items / p->flags as a state. */
 static int32_t intern_state(pda *p) {
-    if (p->oom) return PDA_DEAD;
+    if (p->oom || p->too_many) return PDA_DEAD;
     if (!p->n_items && !(p->flags & (PDA_ACCEPT | PDA_POP0 | PDA_ESCAPE | PDA_TEND))) return PDA_DEAD;
     int n = p->n_items;
     if (n > 1) {
@@ -310,6 +314,7 @@ static void begin(pda *p) {
     p->n_items = 0;
     p->flags = 0;
     p->n_work = 0;
+    p->too_many = 0;
 }
 
 int pda_init(pda *p, const sg_grammar *g, int max_level, int clip) {

@@ -37,6 +37,10 @@ enum {
  * counted repetition makes a new state per byte, and memory stays bounded
  * by dropping the memo (not the states) when it is full. */
 #define PDA_MAX_TRANS 65536
+/* A state of more parse hypotheses than this is taken as dead: an ambiguous
+ * grammar (s ::= "a" s "b" | "a" s "c" | "") can double them every byte,
+ * and a generation then ends rather than the host's memory and time. */
+#define PDA_MAX_ITEMS 10000
 
 /* A counted repetition in progress is a stack node whose position is
  * n_elems + v: v names (repetition element q, iterations still needed,
@@ -81,6 +85,7 @@ typedef struct pda {
     int n_items, cap_items;
     int flags;
     int oom;
+    int too_many; /* this closure passed PDA_MAX_ITEMS */
 } pda;
 
 int pda_init(pda *p, const sg_grammar *g, int max_level, int clip);
