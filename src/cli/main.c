@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) {
         if (argc < 3) return bench_usage(stderr, RP_EXIT_USAGE);
         if (!strcmp(argv[2], "-h") || !strcmp(argv[2], "--help")) return bench_usage(stdout, RP_EXIT_OK);
-        return rp_cli_usage_error("bench", "unknown subcommand '%s' (decode, offline, serve, kernels)", argv[2]);
+        return rp_cli_usage_error("bench", "unknown subcommand '%s' (decode, offline, serve, kernels, structured)", argv[2]);
     }
     return rp_cli_usage_error(NULL, "unknown command '%s'", cmd);
 }
