@@ -404,15 +404,11 @@ static int run(int argc, char **argv) {
     int bad = rp_model_opts_check(&mo, CMD);
     if (bad || (bad = rp_spec_opts_check(&ec, CMD))) return bad;
     if (template_file && (bad = rp_cli_check_template_file(template_file, CMD))) return bad;
-    if ((bad = rp_generation_config_check(generation_config, CMD))) return bad;
-    rp_request_params defaults;
     char sampling_what[512];
     int sampling_taken;
-    if ((bad = rp_generation_config_defaults(mo.model_dir, generation_config, &defaults, sampling_what,
-                                             sizeof sampling_what, &sampling_taken, CMD)))
+    if ((bad = rp_sampling_opts_resolve(mo.model_dir, generation_config, &sp, sampling_what, sizeof sampling_what,
+                                        &sampling_taken, CMD)))
         return bad;
-    rp_sampling_opts_fill(&sp, &defaults);
-    if ((bad = rp_sampling_opts_check(&sp, CMD))) return bad;
     const long model_context = mo.cfg.max_position_embeddings;
     if (max_model_len > model_context)
         return rp_cli_usage_error(CMD, "--max-model-len %ld is more than the model's context of %ld tokens "

@@ -113,3 +113,13 @@ void rp_sampling_opts_fill(rp_sampling_params *sp, const rp_request_params *d) {
     if (isnan(sp->repetition_penalty)) sp->repetition_penalty = d->repetition_penalty;
     if (sp->top_k == INT32_MIN) sp->top_k = d->top_k;
 }
+
+int rp_sampling_opts_resolve(const char *model_dir, const char *mode, rp_sampling_params *sp, char *what,
+                             size_t what_size, int *taken, const char *cmd) {
+    rp_request_params defaults;
+    int bad = rp_generation_config_check(mode, cmd);
+    if (bad || (bad = rp_generation_config_defaults(model_dir, mode, &defaults, what, what_size, taken, cmd)))
+        return bad;
+    rp_sampling_opts_fill(sp, &defaults);
+    return rp_sampling_opts_check(sp, cmd);
+}

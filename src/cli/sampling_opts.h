@@ -39,4 +39,11 @@ void rp_sampling_opts_unset(struct rp_sampling_params *sp);
 /* After: the fields no flag gave take the defaults. */
 void rp_sampling_opts_fill(struct rp_sampling_params *sp, const struct rp_request_params *defaults);
 
+/* chat's and generate's whole sequence: mode checked, its defaults filled
+ * into the fields no flag gave, the result's ranges checked; what and
+ * *taken as rp_generation_config_defaults says. 0, or the exit status
+ * (the message printed). */
+int rp_sampling_opts_resolve(const char *model_dir, const char *mode, struct rp_sampling_params *sp, char *what,
+                             size_t what_size, int *taken, const char *cmd);
+
 #endif
