@@ -641,7 +641,8 @@ static void test_tools_render_as_fixtures(void **state) {
     static const char *names[] = {"hermes_tools", "llama31_json_tools", "mistral_v03_tools"};
     for (size_t n = 0; n < sizeof names / sizeof *names; n++) {
         rp_tokenizer *tok = load_tok_template(names[n]);
-        rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 1 << 20, .vocab_size = 151936};
+        rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 1 << 20, .vocab_size = 151936,
+                              .has_tool_parser = 1, .auto_tool_choice = 1};
         char path[4096];
         snprintf(path, sizeof path, "%s/tests/fixtures/templates/rendered/%s.json", test_source_dir(), names[n]);
         json_error_t je;
@@ -679,7 +680,9 @@ static void test_tools_render_as_fixtures(void **state) {
 static void test_tool_errors(void **state) {
     (void)state;
     rp_tokenizer *tok = load_tok();
-    rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 4096, .vocab_size = 151936};
+    /* a server with --tool-call-parser hermes --enable-auto-tool-choice */
+    rp_oai_context ctx = {.served_model = "m", .tok = tok, .max_context = 4096, .vocab_size = 151936,
+                          .has_tool_parser = 1, .tool_parser = RP_TOOL_PARSER_LLAMA3_JSON, .auto_tool_choice = 1};
 #define USER "{\"role\":\"user\",\"content\":\"x\"}"
 #define CALL(id, args)                                                                                               \
     "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"" id "\",\"type\":\"function\",\"function\":" \
@@ -764,6 +767,49 @@ static void test_tool_errors(void **state) {
     assert_int_equal(rp_oai_parse_tokenize(&ctx, bodies[4], strlen(bodies[4]), &t, &e), 0);
     assert_non_null(strstr(t.text, "<tools>"));
     rp_oai_tokenize_free(&t);
+    /* vLLM's rule: tools with tool_choice "auto" (or none given) need both
+     * flags; "none" is always taken and parses nothing; reasoning is per server */
+    const struct {
+        int parser, auto_choice, reasoning;
+        const char *body;
+        int status, parse_tools;
+    } rule[] = {
+        {0, 0, 0, "{\"messages\":[" USER "]," TOOLS "}", 400, 0},
+        {0, 0, 0, "{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"auto\"}", 400, 0},
+        {1, 0, 0, "{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"auto\"}", 400, 0},
+        {0, 0, 0, "{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"none\"}", 200, 0},
+        {1, 1, 0, "{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"none\"}", 200, 0},
+        {0, 0, 0, "{\"messages\":[" USER "],\"tools\":[]}", 200, 0},
+        {1, 1, 0, "{\"messages\":[" USER "],\"tools\":[],\"tool_choice\":\"auto\"}", 200, 0},
+        {1, 1, 0, "{\"messages\":[" USER "]," TOOLS "}", 200, 1},
+        {1, 1, 1, "{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"auto\"}", 200, 1},
+        {0, 0, 1, "{\"messages\":[" USER "]}", 200, 0},
+    };
+    for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++) {
+        rp_oai_context c2 = ctx;
+        c2.has_tool_parser = rule[i].parser, c2.auto_tool_choice = rule[i].auto_choice;
+        c2.has_reasoning_parser = rule[i].reasoning, c2.reasoning_parser = RP_REASONING_DEEPSEEK_R1;
+        int rc = rp_oai_parse(&c2, RP_OAI_CHAT, rule[i].body, strlen(rule[i].body), &q, &e);
+        if (rule[i].status == 400) {
+            if (rc == 0) fail_msg("rule %zu accepted", i);
+            assert_int_equal(e.status, 400);
+            assert_string_equal(e.param, "tool_choice");
+            assert_non_null(strstr(e.message, "--enable-auto-tool-choice and --tool-call-parser"));
+            continue;
+        }
+        if (rc) fail_msg("rule %zu: %s", i, e.message);
+        assert_int_equal(q.parse_tools, rule[i].parse_tools);
+        if (q.parse_tools) assert_int_equal(q.tool_parser, RP_TOOL_PARSER_LLAMA3_JSON);
+        assert_int_equal(q.parse_reasoning, rule[i].reasoning);
+        if (q.parse_reasoning) assert_int_equal(q.reasoning_parser, RP_REASONING_DEEPSEEK_R1);
+        rp_oai_request_free(&q);
+    }
+    /* completions never parse */
+    rp_oai_context c3 = ctx;
+    c3.has_reasoning_parser = 1;
+    assert_int_equal(rp_oai_parse(&c3, RP_OAI_COMPLETION, "{\"prompt\":\"x\"}", 14, &q, &e), 0);
+    assert_int_equal(q.parse_tools + q.parse_reasoning, 0);
+    rp_oai_request_free(&q);
 #undef USER
 #undef CALL
 #undef TOOLS
