@@ -24,6 +24,7 @@
 #include <jansson.h>
 
 #include "replay/engine.h"
+#include "server/chat_choice.h"
 #include "server/http.h"
 #include "util/log.h"
 #include "test_util.h"
@@ -459,9 +460,36 @@ static void test_chat_tools(void **state) {
         "\"content\":\"-3 C\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
         "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}],"
         "\"tool_choice\":\"auto\",\"parallel_tool_calls\":false,\"max_tokens\":2,\"ignore_eos\":true}";
+    /* without --enable-auto-tool-choice and --tool-call-parser: "auto" is a 400, "none" is taken */
     response r = request(port(), "POST", "/v1/chat/completions", NULL, round_trip);
-    if (r.status != 200) fail_msg("tool round trip: %d %s", r.status, r.body);
+    assert_non_null(strstr(r.body, "--enable-auto-tool-choice"));
+    expect_error("auto without the flags", r, 400, "tool_choice", NULL);
+    char *none = strdup(round_trip);
+    memcpy(strstr(none, "\"auto\""), "\"none\"", 6);
+    r = request(port(), "POST", "/v1/chat/completions", NULL, none);
+    if (r.status != 200) fail_msg("tool_choice none: %d %s", r.status, r.body);
     response_free(&r);
+    free(none);
+    /* with them (and a reasoning parser): the conversation is taken; the
+     * random model writes no call, so its text is content */
+    rp_server_config pc = {.host = "127.0.0.1", .served_model = "tiny", .tool_call_parser = "hermes",
+                           .enable_auto_tool_choice = 1, .reasoning_parser = "qwen3"};
+    char perr[512];
+    rp_server *ps = rp_server_start(eng, &pc, NULL, perr, sizeof perr);
+    if (!ps) fail_msg("server: %s", perr);
+    r = request(rp_server_port(ps), "POST", "/v1/chat/completions", NULL, round_trip);
+    if (r.status != 200) fail_msg("tool round trip: %d %s", r.status, r.body);
+    json_t *j = parse(r.body), *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    assert_non_null(json_object_get(msg, "reasoning_content")); /* the field is there (null: no <think>) */
+    assert_null(json_object_get(msg, "tool_calls"));
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                          "finish_reason")), "length");
+    json_decref(j);
+    response_free(&r);
+    rp_server_stop(ps);
+    pc.tool_call_parser = "yaml";
+    assert_null(rp_server_start(eng, &pc, NULL, perr, sizeof perr));
+    assert_non_null(strstr(perr, "unknown tool-call parser 'yaml'"));
     /* what the model saw: /tokenize renders the same conversation */
     r = request(port(), "POST", "/tokenize", NULL, round_trip);
     assert_int_equal(r.status, 200);
