@@ -267,7 +267,8 @@ static int add_event(rp_session *r, session_choice *c, const rp_token_event *ev)
         if (c->chat_stream) { /* the parsers decide the chunks; the finish comes after their rest */
             size_t mark = r->out.len;
             int rc = rp_chat_stream_feed(c->chat_stream, ev->text, ev->text_len, lp, &r->out);
-            if (!rc && ev->finish != RP_FINISH_REASON_NONE) rc = rp_chat_stream_finish(c->chat_stream, ev->finish, &r->out);
+            if (!rc && ev->finish != RP_FINISH_REASON_NONE)
+                rc = rp_chat_stream_finish(c->chat_stream, ev->finish, &r->out);
             if (rc) rp_sbuf_truncate(&r->out, mark);
             return rc;
         }
@@ -443,7 +444,8 @@ rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_f
     if (r->parse && q->prompt_texts[0]) /* where the rendered prompt leaves the model */
         parsing.prompt_state = rp_reasoning_prompt_state(q->prompt_texts[0], strlen(q->prompt_texts[0]));
     /* tool-call ids: reproducible with the request's seed, else differing per request */
-    uint64_t id_seed = q->params.has_seed ? rp_mix64(q->params.seed ^ 0x7001ca11ULL) : rp_mix64(rid ^ (uint64_t)resp->created);
+    uint64_t id_seed = q->params.has_seed ? rp_mix64(q->params.seed ^ 0x7001ca11ULL)
+                                          : rp_mix64(rid ^ (uint64_t)resp->created);
     for (int i = 0; i < nc; i++) {
         session_choice *c = &r->ch[i];
         c->r = r;
