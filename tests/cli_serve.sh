@@ -161,6 +161,25 @@ contains "bench offline: every request" "$out" "output tokens/s"
 out=$("$BIN" serve --dummy-weights tiny-qwen3 --port 0 2>&1); check "bad port" 2 $?
 out=$("$BIN" serve 2>&1); check "no model" 2 $?
 out=$("$BIN" serve --dummy-weights tiny-qwen3 --max-queued-requests 0 2>&1); check "--max-queued-requests 0" 2 $?
+# tool calls and reasoning (docs/tools.md): vLLM's flags
+out=$("$BIN" serve --dummy-weights tiny-qwen3 --tool-call-parser yaml 2>&1); check "bad --tool-call-parser" 2 $?
+contains "--tool-call-parser names the choices" "$out" "--tool-call-parser must be hermes, llama3_json or mistral, got 'yaml'"
+out=$("$BIN" serve --dummy-weights tiny-qwen3 --enable-auto-tool-choice 2>&1); check "auto tool choice alone" 2 $?
+contains "--enable-auto-tool-choice needs the parser" "$out" "--enable-auto-tool-choice needs --tool-call-parser"
+out=$("$BIN" serve --dummy-weights tiny-qwen3 --reasoning-parser r2 2>&1); check "bad --reasoning-parser" 2 $?
+contains "--reasoning-parser names the choices" "$out" "qwen3 or deepseek_r1"
+TOOLS='"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]'
+start --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3 || { echo "$pass passed, $((fail + 1)) failed"; exit 1; }
+check "tools, parsers on" 200 "$(post /v1/chat/completions -d '{"messages":[{"role":"user","content":"Weather?"}],'"$TOOLS"',"max_tokens":4}')"
+contains "reasoning_content in the message" "$(cat "$tmp/body")" '"reasoning_content":'
+check "tools, parsers on, streamed" 200 "$(post /v1/chat/completions -d '{"messages":[{"role":"user","content":"Weather?"}],'"$TOOLS"',"max_tokens":4,"ignore_eos":true,"stream":true}')"
+contains "streamed finish" "$(cat "$tmp/body")" '"delta":{},"logprobs":null,"finish_reason":"length"'
+kill -TERM "$pid"; wait "$pid"; pid=
+start || { echo "$pass passed, $((fail + 1)) failed"; exit 1; }
+check "tools without the flags: 400" 400 "$(post /v1/chat/completions -d '{"messages":[{"role":"user","content":"Weather?"}],'"$TOOLS"',"max_tokens":4}')"
+contains "the 400 names the flags" "$(cat "$tmp/body")" "--enable-auto-tool-choice and --tool-call-parser"
+check "tool_choice none without the flags" 200 "$(post /v1/chat/completions -d '{"messages":[{"role":"user","content":"Weather?"}],'"$TOOLS"',"tool_choice":"none","max_tokens":4}')"
+kill -TERM "$pid"; wait "$pid"; pid=
 
 # ---- logs, listening, signals (docs/server.md#logs) ----
 stop() { kill -TERM "$pid"; wait "$pid"; rc=$?; pid=; }

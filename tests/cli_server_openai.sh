@@ -6,7 +6,8 @@
 # key. The test stops the server with SIGTERM and expects exit status 0.
 # Then the prefix cache's side: its /metrics counters and bench serve's hit
 # rate, and a second server with --disable-prefix-caching where
-# cached_tokens and the counters stay 0.
+# cached_tokens and the counters stay 0; a third with the tool-call and
+# reasoning parsers (TOOLS=on).
 set -u
 BIN=$1
 SRC=$2
@@ -90,5 +91,9 @@ CACHE=off node "$cache/server_openai.mjs" "$URL" tiny-qwen3 test-key || rc=1
   { echo "FAIL: metrics with --disable-prefix-caching"; curl -s "$URL/metrics" | grep prefix; rc=1; }
 hit=$(bench_hit)
 [ "$hit" = "0.00" ] || { echo "FAIL: bench serve without the cache: hit rate '$hit'"; rc=1; }
+stop
+# tool calls and reasoning (docs/tools.md): vLLM's flags
+start --enable-auto-tool-choice --tool-call-parser hermes --reasoning-parser qwen3
+TOOLS=on node "$cache/server_openai.mjs" "$URL" tiny-qwen3 test-key || rc=1
 stop
 exit $rc

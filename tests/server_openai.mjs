@@ -1,9 +1,13 @@
 // The official `openai` npm client against `replay serve` (started by
 // tests/cli_server_openai.sh): completions and chat, streamed and not,
 // logprobs and top logprobs, n, stop, usage (with prompt_tokens_details.cached_tokens), and
-// the client's error classes for a bad request, an unknown model and a wrong API key.
-// Usage: [CACHE=off] node server_openai.mjs BASE_URL MODEL API_KEY (CACHE=off: a server with
-// --disable-prefix-caching; the test stops after the prefix cache's checks)
+// the client's error classes for a bad request, an unknown model and a wrong API key; tools:
+// refused without the parser flags, and (TOOLS=on, a server with --enable-auto-tool-choice
+// --tool-call-parser hermes --reasoning-parser qwen3) the answers' shapes, streamed and not, and a
+// tool-calling conversation sent back. The random model writes no call, so the client never sees
+// tool_calls here (tests/test_server.c scripts those).
+// Usage: [CACHE=off | TOOLS=on] node server_openai.mjs BASE_URL MODEL API_KEY (CACHE=off: a server
+// with --disable-prefix-caching; the test stops after the prefix cache's checks)
 import OpenAI from 'openai';
 
 const [baseURL, model, apiKey] = process.argv.slice(2);
@@ -16,6 +20,38 @@ function check(name, cond, detail) {
 async function expectError(name, fn, status, cls) {
   try { await fn(); check(name, false, 'no error'); }
   catch (e) { check(name, e instanceof cls && e.status === status, { status: e.status, name: e.constructor.name, message: e.message }); }
+}
+
+const tools = [{ type: 'function', function: { name: 'get_weather', description: 'The weather in a city',
+                 parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+const toolHistory = [{ role: 'user', content: 'Weather in Oslo?' },
+  { role: 'assistant', content: null, tool_calls: [{ id: 'call_abc', type: 'function',
+    function: { name: 'get_weather', arguments: '{"city":"Oslo"}' } }] },
+  { role: 'tool', tool_call_id: 'call_abc', content: '-3 C' }];
+if (process.env.TOOLS === 'on') {
+  let t = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Weather in Oslo?' }],
+                                                tools, max_tokens: 4, ignore_eos: true });
+  const msg = t.choices[0].message;
+  check('tools: message', msg.role === 'assistant' && 'reasoning_content' in msg && msg.tool_calls === undefined &&
+        typeof msg.content === 'string', msg);
+  check('tools: finish', t.choices[0].finish_reason === 'length', t.choices[0]);
+  let streamed = '', fin = null, roles = 0;
+  for await (const ch of await client.chat.completions.create({ model, tools, tool_choice: 'auto', max_tokens: 4,
+      ignore_eos: true, stream: true, messages: [{ role: 'user', content: 'Weather in Oslo?' }] })) {
+    for (const choice of ch.choices) {
+      if (choice.delta.role) roles++;
+      streamed += (choice.delta.content ?? '') + (choice.delta.reasoning_content ?? '');
+      check('tools, streamed: no tool_calls', choice.delta.tool_calls === undefined, choice.delta);
+      if (choice.finish_reason) fin = choice.finish_reason;
+    }
+  }
+  check('tools, streamed: role and finish', roles === 1 && fin === 'length', { roles, fin });
+  t = await client.chat.completions.create({ model, messages: toolHistory, tools, max_tokens: 2 });
+  check('tools: the round trip answered', t.choices.length === 1 && t.usage.prompt_tokens > 20, t);
+  await expectError('tool_choice required', () => client.chat.completions.create({ model, messages: toolHistory,
+                    tools, tool_choice: 'required' }), 400, OpenAI.BadRequestError);
+  console.log(`${passes} passed, ${failures} failed`);
+  process.exit(failures ? 1 : 0);
 }
 
 // models
@@ -156,6 +192,11 @@ await expectError('bad request', () => client.completions.create({ model, prompt
                   OpenAI.BadRequestError);
 await expectError('unknown model', () => client.chat.completions.create({ model: 'nope', messages }), 404,
                   OpenAI.NotFoundError);
+await expectError('tools without --enable-auto-tool-choice', () => client.chat.completions.create({ model,
+                  messages: toolHistory, tools }), 400, OpenAI.BadRequestError);
+r = await client.chat.completions.create({ model, messages: toolHistory, tools, tool_choice: 'none', max_tokens: 2 });
+check('tool_choice none without the flags', r.choices[0].message.tool_calls === undefined &&
+      !('reasoning_content' in r.choices[0].message), r.choices[0]);
 const wrong = new OpenAI({ baseURL: `${baseURL}/v1`, apiKey: 'wrong', maxRetries: 0 });
 await expectError('wrong key', () => wrong.models.list(), 401, OpenAI.AuthenticationError);
 

@@ -6,7 +6,10 @@
  * prefix cache in usage and /metrics, memory
  * running out while the answer is built (a 500 or an error event), and a
  * shutdown with a stream open (it ends with an error event and [DONE]);
- * the listener made before the server (a port in use, IPv6).
+ * the listener made before the server (a port in use, IPv6); tool calls
+ * and reasoning: the parser flags' 400s over HTTP, and scripted model text
+ * (random weights never write a call) through chat_choice.c whole and
+ * streamed at every cut, then fed back as a tool-calling conversation.
  * The model: a one-layer Qwen3 shape with random weights and the real
  * Qwen3 tokenizer (scripts/fetch-tokenizers.sh). */
 #include <arpa/inet.h>
@@ -24,6 +27,7 @@
 #include <jansson.h>
 
 #include "replay/engine.h"
+#include "server/chat_choice.h"
 #include "server/http.h"
 #include "util/log.h"
 #include "test_util.h"
@@ -459,9 +463,36 @@ static void test_chat_tools(void **state) {
         "\"content\":\"-3 C\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
         "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}],"
         "\"tool_choice\":\"auto\",\"parallel_tool_calls\":false,\"max_tokens\":2,\"ignore_eos\":true}";
+    /* without --enable-auto-tool-choice and --tool-call-parser: "auto" is a 400, "none" is taken */
     response r = request(port(), "POST", "/v1/chat/completions", NULL, round_trip);
-    if (r.status != 200) fail_msg("tool round trip: %d %s", r.status, r.body);
+    assert_non_null(strstr(r.body, "--enable-auto-tool-choice"));
+    expect_error("auto without the flags", r, 400, "tool_choice", NULL);
+    char *none = strdup(round_trip);
+    memcpy(strstr(none, "\"auto\""), "\"none\"", 6);
+    r = request(port(), "POST", "/v1/chat/completions", NULL, none);
+    if (r.status != 200) fail_msg("tool_choice none: %d %s", r.status, r.body);
     response_free(&r);
+    free(none);
+    /* with them (and a reasoning parser): the conversation is taken; the
+     * random model writes no call, so its text is content */
+    rp_server_config pc = {.host = "127.0.0.1", .served_model = "tiny", .tool_call_parser = "hermes",
+                           .enable_auto_tool_choice = 1, .reasoning_parser = "qwen3"};
+    char perr[512];
+    rp_server *ps = rp_server_start(eng, &pc, NULL, perr, sizeof perr);
+    if (!ps) fail_msg("server: %s", perr);
+    r = request(rp_server_port(ps), "POST", "/v1/chat/completions", NULL, round_trip);
+    if (r.status != 200) fail_msg("tool round trip: %d %s", r.status, r.body);
+    json_t *j = parse(r.body), *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    assert_non_null(json_object_get(msg, "reasoning_content")); /* the field is there (null: no <think>) */
+    assert_null(json_object_get(msg, "tool_calls"));
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+                                                          "finish_reason")), "length");
+    json_decref(j);
+    response_free(&r);
+    rp_server_stop(ps);
+    pc.tool_call_parser = "yaml";
+    assert_null(rp_server_start(eng, &pc, NULL, perr, sizeof perr));
+    assert_non_null(strstr(perr, "unknown tool-call parser 'yaml'"));
     /* what the model saw: /tokenize renders the same conversation */
     r = request(port(), "POST", "/tokenize", NULL, round_trip);
     assert_int_equal(r.status, 200);
@@ -510,6 +541,257 @@ static void test_chat_tools(void **state) {
     }
     rp_server_stop(s2);
     rp_engine_destroy(e2);
+}
+
+/* ---- a chat choice's text through the parsers, scripted (chat_choice.c) -------- */
+
+/* What a client makes of a choice's stream: the deltas put together. */
+typedef struct assembled {
+    rp_sbuf reasoning, content;
+    json_t *calls; /* [{id, type, function: {name, arguments}}] by index */
+    char finish[16];
+    int chunks, role_seen;
+} assembled;
+
+static void assemble(const char *sse, size_t len, assembled *a) {
+    *a = (assembled){.calls = json_array()};
+    const char *p = sse, *end = sse + len;
+    while (p < end) {
+        const char *nl = strstr(p, "\n\n");
+        assert_non_null(nl);
+        assert_memory_equal(p, "data: ", 6);
+        json_error_t je;
+        json_t *ev = json_loadb(p + 6, (size_t)(nl - p - 6), 0, &je);
+        if (!ev) fail_msg("bad event %.*s", (int)(nl - p), p);
+        assert_string_equal(json_string_value(json_object_get(ev, "object")), "chat.completion.chunk");
+        json_t *ch = json_array_get(json_object_get(ev, "choices"), 0), *d = json_object_get(ch, "delta");
+        assert_int_equal(json_integer_value(json_object_get(ch, "index")), 3);
+        json_t *fin = json_object_get(ch, "finish_reason"), *tc = json_object_get(d, "tool_calls");
+        if (json_is_string(fin)) snprintf(a->finish, sizeof a->finish, "%s", json_string_value(fin));
+        else assert_true(json_is_null(fin));
+        json_t *rc = json_object_get(d, "reasoning_content"), *c = json_object_get(d, "content");
+        if (rc) rp_sbuf_add(&a->reasoning, json_string_value(rc), json_string_length(rc));
+        if (c) rp_sbuf_add(&a->content, json_string_value(c), json_string_length(c));
+        assert_true(json_object_size(d) <= 1); /* one kind of piece per chunk */
+        for (size_t i = 0; i < json_array_size(tc); i++) {
+            json_t *t = json_array_get(tc, i), *fn = json_object_get(t, "function");
+            size_t idx = (size_t)json_integer_value(json_object_get(t, "index"));
+            const char *args = json_string_value(json_object_get(fn, "arguments"));
+            if (json_object_get(t, "id")) { /* a call starts: id, type, name, "" arguments */
+                assert_int_equal(idx, json_array_size(a->calls));
+                assert_string_equal(json_string_value(json_object_get(t, "type")), "function");
+                assert_string_equal(args, "");
+                json_array_append_new(a->calls, json_pack("{s:O, s:s, s:{s:O, s:s}}", "id", json_object_get(t, "id"),
+                                                          "type", "function", "function", "name",
+                                                          json_object_get(fn, "name"), "arguments", ""));
+            } else { /* then its arguments */
+                assert_true(idx < json_array_size(a->calls));
+                assert_null(json_object_get(fn, "name"));
+                json_t *f = json_object_get(json_array_get(a->calls, idx), "function");
+                rp_sbuf cat = {0};
+                rp_sbuf_add_str(&cat, json_string_value(json_object_get(f, "arguments")));
+                rp_sbuf_add_str(&cat, args);
+                json_object_set_new(f, "arguments", json_string(cat.p));
+                rp_sbuf_free(&cat);
+            }
+        }
+        a->chunks++;
+        json_decref(ev);
+        p = nl + 2;
+    }
+}
+
+static void assembled_free(assembled *a) {
+    rp_sbuf_free(&a->reasoning);
+    rp_sbuf_free(&a->content);
+    json_decref(a->calls);
+}
+
+/* message.<key> as the stream's text for it ("" for null or absent). */
+static const char *msg_text(json_t *msg, const char *key) {
+    json_t *v = json_object_get(msg, key);
+    return json_is_string(v) ? json_string_value(v) : "";
+}
+
+typedef struct scripted {
+    const char *name;
+    rp_chat_parsing p;
+    const char *text;
+    rp_finish finish;
+    /* the non-streamed message */
+    const char *content;   /* NULL: null */
+    const char *reasoning; /* NULL: null or absent */
+    int num_calls;
+    const char *first_name, *first_args;
+    const char *finish_reason;
+} scripted;
+
+/* The whole text, then the same text streamed cut at every byte (and
+ * token-sized pieces): the stream, put together, says what the message says. */
+static void check_scripted(const scripted *t) {
+    json_t *choice = rp_chat_choice_json(&t->p, 3, t->text, strlen(t->text), NULL, t->finish);
+    assert_non_null(choice);
+    json_t *msg = json_object_get(choice, "message"), *content = json_object_get(msg, "content");
+    assert_string_equal(json_string_value(json_object_get(msg, "role")), "assistant");
+    if (t->content) {
+        if (!json_is_string(content) || strcmp(json_string_value(content), t->content))
+            fail_msg("%s: content %s", t->name, json_dumps(msg, 0));
+    } else if (!json_is_null(content)) fail_msg("%s: content not null: %s", t->name, json_dumps(msg, 0));
+    json_t *rc = json_object_get(msg, "reasoning_content");
+    if (!t->p.reasoning) assert_null(rc);
+    else if (t->reasoning) assert_string_equal(json_string_value(rc), t->reasoning);
+    else assert_true(json_is_null(rc));
+    json_t *calls = json_object_get(msg, "tool_calls");
+    if (json_array_size(calls) != (size_t)t->num_calls) fail_msg("%s: calls %s", t->name, json_dumps(msg, 0));
+    if (t->num_calls) {
+        json_t *fn = json_object_get(json_array_get(calls, 0), "function");
+        assert_string_equal(json_string_value(json_object_get(fn, "name")), t->first_name);
+        assert_string_equal(json_string_value(json_object_get(fn, "arguments")), t->first_args);
+        assert_string_equal(json_string_value(json_object_get(json_array_get(calls, 0), "type")), "function");
+        assert_memory_equal(json_string_value(json_object_get(json_array_get(calls, 0), "id")), "call_", 5);
+    }
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), t->finish_reason);
+    json_t *again = rp_chat_choice_json(&t->p, 3, t->text, strlen(t->text), NULL, t->finish);
+    assert_true(json_equal(choice, again)); /* the same seed, the same ids */
+    json_decref(again);
+
+    rp_oai_response resp = {.kind = RP_OAI_CHAT, .id = "chatcmpl-t", .model = "m"};
+    size_t len = strlen(t->text);
+    for (size_t piece = 1; piece <= len + 1; piece = piece < 4 ? piece + 1 : piece * 3) {
+        rp_chat_stream *st = rp_chat_stream_new(&resp, &t->p, 3);
+        assert_non_null(st);
+        rp_sbuf out = {0};
+        for (size_t at = 0; at < len; at += piece) {
+            size_t n = len - at < piece ? len - at : piece;
+            assert_int_equal(rp_chat_stream_feed(st, t->text + at, n, NULL, &out), 0);
+        }
+        assert_int_equal(rp_chat_stream_finish(st, t->finish, &out), 0);
+        rp_chat_stream_free(st);
+        assembled a;
+        assemble(out.p, out.len, &a);
+        if (strcmp(a.content.p ? a.content.p : "", msg_text(msg, "content")) ||
+            strcmp(a.reasoning.p ? a.reasoning.p : "", msg_text(msg, "reasoning_content")))
+            fail_msg("%s, pieces of %zu: content '%s' reasoning '%s'", t->name, piece, a.content.p, a.reasoning.p);
+        if (calls ? !json_equal(a.calls, calls) : json_array_size(a.calls) != 0)
+            fail_msg("%s, pieces of %zu: calls %s vs %s", t->name, piece, json_dumps(a.calls, 0), json_dumps(calls, 0));
+        assert_string_equal(a.finish, t->finish_reason);
+        assembled_free(&a);
+        rp_sbuf_free(&out);
+    }
+    json_decref(choice);
+}
+
+static void test_chat_choice_scripted(void **state) {
+    (void)state;
+    const rp_chat_parsing hermes = {.tools = 1, .tool_parser = RP_TOOL_PARSER_HERMES, .id_seed = 7};
+    const rp_chat_parsing llama = {.tools = 1, .tool_parser = RP_TOOL_PARSER_LLAMA3_JSON, .id_seed = 7};
+    const rp_chat_parsing qwen3_both = {.tools = 1, .tool_parser = RP_TOOL_PARSER_HERMES, .reasoning = 1,
+                                        .reasoning_kind = RP_REASONING_QWEN3, .id_seed = 9};
+    const rp_chat_parsing think = {.reasoning = 1, .reasoning_kind = RP_REASONING_QWEN3};
+    const rp_chat_parsing r1_open = {.reasoning = 1, .reasoning_kind = RP_REASONING_DEEPSEEK_R1,
+                                     .prompt_state = RP_THINK_OPEN};
+    const rp_chat_parsing none = {0};
+    const scripted cases[] = {
+        {"hermes call", hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+         RP_FINISH_REASON_STOP, NULL, NULL, 1, "get_weather", "{\"city\":\"Oslo\"}", "tool_calls"},
+        {"hermes parallel with text", hermes,
+         "Checking both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n"
+         "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\": \"Asia/Tokyo\", \"n\": [1, 2.5, null]}}\n</tool_call>",
+         RP_FINISH_REASON_STOP, "Checking both.", NULL, 2, "get_weather", "{\"city\":\"Oslo\"}", "tool_calls"},
+        {"hermes malformed", hermes, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>",
+         RP_FINISH_REASON_STOP, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>", NULL,
+         0, NULL, NULL, "stop"},
+        {"hermes cut by length", hermes, "<tool_call>\n{\"name\": \"get_weather\", \"argum", RP_FINISH_REASON_LENGTH,
+         "<tool_call>\n{\"name\": \"get_weather\", \"argum", NULL, 0, NULL, NULL, "length"},
+        {"hermes plain text", hermes, "No tools needed: 2 + 2 = 4.", RP_FINISH_REASON_STOP,
+         "No tools needed: 2 + 2 = 4.", NULL, 0, NULL, NULL, "stop"},
+        {"llama3_json call", llama, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"days\": 3}}",
+         RP_FINISH_REASON_STOP, NULL, NULL, 1, "get_weather", "{\"city\":\"Oslo\",\"days\":3}", "tool_calls"},
+        {"llama3_json parallel", llama,
+         "<|python_tag|>{\"name\": \"a\", \"parameters\": {}}; {\"name\": \"b\", \"parameters\": {\"x\": true}}",
+         RP_FINISH_REASON_STOP, NULL, NULL, 2, "a", "{}", "tool_calls"},
+        {"llama3_json malformed", llama, "{\"name\": \"a\", \"parameters\": [1]", RP_FINISH_REASON_STOP,
+         "{\"name\": \"a\", \"parameters\": [1]", NULL, 0, NULL, NULL, "stop"},
+        {"reasoning then a call", qwen3_both,
+         "<think>\nOslo is cold.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+         "\"Oslo\"}}\n</tool_call>",
+         RP_FINISH_REASON_STOP, NULL, "\nOslo is cold.\n", 1, "get_weather", "{\"city\":\"Oslo\"}", "tool_calls"},
+        {"reasoning split", think, "<think>h\xc3\xa9las</think>\n\nIt is 4.", RP_FINISH_REASON_STOP, "\n\nIt is 4.",
+         "h\xc3\xa9las", 0, NULL, NULL, "stop"},
+        {"reasoning without think", think, "Just an answer.", RP_FINISH_REASON_STOP, "Just an answer.", NULL, 0, NULL,
+         NULL, "stop"},
+        {"deepseek_r1 cut while thinking", r1_open, "still thinking", RP_FINISH_REASON_LENGTH, NULL, "still thinking",
+         0, NULL, NULL, "length"},
+        {"no parsers", none, "<tool_call>x", RP_FINISH_REASON_STOP, "<tool_call>x", NULL, 0, NULL, NULL, "stop"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_scripted(&cases[i]);
+
+    /* a token's logprobs ride on its first chunk, or on an empty delta
+     * while the parser holds the text back */
+    rp_oai_response resp = {.kind = RP_OAI_CHAT, .id = "chatcmpl-t", .model = "m"};
+    rp_chat_stream *st = rp_chat_stream_new(&resp, &hermes, 3);
+    rp_sbuf out = {0};
+    assert_int_equal(rp_chat_stream_feed(st, "<tool_", 6, json_pack("{s:[]}", "content"), &out), 0);
+    assert_non_null(strstr(out.p, "\"delta\":{},\"logprobs\":{\"content\":[]}"));
+    rp_sbuf_truncate(&out, 0);
+    assert_int_equal(rp_chat_stream_feed(st, "x", 1, json_pack("{s:[]}", "content"), &out), 0);
+    assert_non_null(strstr(out.p, "\"delta\":{\"content\":\"<tool_x\"},\"logprobs\":{\"content\":[]}"));
+    rp_chat_stream_free(st);
+    rp_sbuf_free(&out);
+
+    /* different seeds (choices, requests) give different ids */
+    rp_chat_parsing other = hermes;
+    other.id_seed = 8;
+    const char *call = cases[0].text;
+    json_t *a = rp_chat_choice_json(&hermes, 0, call, strlen(call), NULL, RP_FINISH_REASON_STOP),
+           *b = rp_chat_choice_json(&other, 0, call, strlen(call), NULL, RP_FINISH_REASON_STOP);
+    json_t *ida = json_object_get(json_array_get(json_object_get(json_object_get(a, "message"), "tool_calls"), 0), "id"),
+           *idb = json_object_get(json_array_get(json_object_get(json_object_get(b, "message"), "tool_calls"), 0), "id");
+    assert_string_not_equal(json_string_value(ida), json_string_value(idb));
+
+    json_decref(a);
+    json_decref(b);
+
+    /* the round trip: the parsed calls go back as the assistant's message,
+     * their results as role "tool" messages; a server with the parser
+     * renders and takes the conversation */
+    json_t *choice = rp_chat_choice_json(&hermes, 0, cases[1].text, strlen(cases[1].text), NULL, RP_FINISH_REASON_STOP);
+    json_t *msg = json_object_get(choice, "message"), *calls = json_object_get(msg, "tool_calls");
+    json_t *tool = json_pack("{s:s, s:{s:s, s:{s:s}}}", "type", "function", "function", "name", "get_weather",
+                             "parameters", "type", "object");
+    json_t *tool2 = json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", "get_time");
+    json_t *body = json_pack("{s:[{s:s, s:s}, O, {s:s, s:O, s:s}, {s:s, s:O, s:s}], s:[o, o], s:i}", "messages",
+                             "role", "user", "content", "Weather in Oslo, time in Tokyo?", msg, "role", "tool",
+                             "tool_call_id", json_object_get(json_array_get(calls, 0), "id"), "content", "-3 C",
+                             "role", "tool", "tool_call_id", json_object_get(json_array_get(calls, 1), "id"),
+                             "content", "09:00", "tools", tool, tool2, "max_tokens", 2);
+    assert_non_null(body);
+    char *text = json_dumps(body, JSON_COMPACT);
+    rp_server_config pc = {.host = "127.0.0.1", .served_model = "tiny", .tool_call_parser = "hermes",
+                           .enable_auto_tool_choice = 1};
+    char perr[512];
+    rp_server *ps = rp_server_start(eng, &pc, NULL, perr, sizeof perr);
+    if (!ps) fail_msg("server: %s", perr);
+    response r = request(rp_server_port(ps), "POST", "/v1/chat/completions", NULL, text);
+    if (r.status != 200) fail_msg("round trip: %d %s", r.status, r.body);
+    response_free(&r);
+    r = request(rp_server_port(ps), "POST", "/tokenize", NULL, text); /* what the model saw */
+    assert_int_equal(r.status, 200);
+    response_free(&r);
+    /* streamed through the parsers: the role first, a finish chunk, [DONE] */
+    json_object_set_new(body, "stream", json_true());
+    free(text);
+    text = json_dumps(body, JSON_COMPACT);
+    r = request(rp_server_port(ps), "POST", "/v1/chat/completions", NULL, text);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"delta\":{\"role\":\"assistant\""));
+    assert_non_null(strstr(r.body, "\"delta\":{},\"logprobs\":null,\"finish_reason\":\"length\""));
+    assert_non_null(strstr(r.body, "data: [DONE]\n\n"));
+    response_free(&r);
+    rp_server_stop(ps);
+    free(text);
+    json_decref(body);
+    json_decref(choice);
 }
 
 static void test_completions(void **state) {
@@ -1258,7 +1540,7 @@ static void test_listener(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_listener),
-        cmocka_unit_test(test_errors),     cmocka_unit_test(test_chat_tools), cmocka_unit_test(test_completions), cmocka_unit_test(test_top_logprobs),
+        cmocka_unit_test(test_errors),     cmocka_unit_test(test_chat_tools), cmocka_unit_test(test_chat_choice_scripted), cmocka_unit_test(test_completions), cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_streaming),  cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_connection_flood), cmocka_unit_test(test_refused_before_body),
         cmocka_unit_test(test_pipelining_head_half_close), cmocka_unit_test(test_queue_full),

@@ -26,6 +26,8 @@
 #include "cli/sampling_opts.h"
 #include "replay/engine.h"
 #include "server/http.h"
+#include "server/reasoning.h"
+#include "server/tool_parse.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
 
@@ -59,6 +61,14 @@ static void help(FILE *f) {
             "                             model's generation_config.json (temperature, top_p, top_k, min_p,\n"
             "                             repetition_penalty), vllm = replay's defaults, or a directory with\n"
             "                             generation_config.json (default auto; as vLLM)\n"
+            "\n"
+            "Tool calls and reasoning (docs/tools.md; vLLM's flags):\n"
+            "  --tool-call-parser NAME    how the model writes tool calls: hermes (Qwen2.5, Qwen3),\n"
+            "                             llama3_json (Llama 3.1/3.2), mistral (default: none)\n"
+            "  --enable-auto-tool-choice  parse calls into tool_calls for requests with tools and tool_choice\n"
+            "                             \"auto\" (its default); without it they get 400 (needs the parser)\n"
+            "  --reasoning-parser NAME    split <think>...</think> into reasoning_content: qwen3 or\n"
+            "                             deepseek_r1 (default: none, thinking stays in content)\n"
             "\n"
             "Logs (docs/server.md#logs; lines go to stderr; --log-level and --log-format under Output):\n"
             "  --disable-access-log       no line per request (default: one at info; vLLM's\n"
@@ -136,6 +146,9 @@ static int check_options(const rp_server_config *sc, const char *tokenizer_dir, 
     if (sc->api_key && !sc->api_key[0])
         return rp_cli_usage_error(CMD, "--api-key must not be empty (leave it out to serve without a key)");
     if (!sc->host[0]) return rp_cli_usage_error(CMD, "--host must not be empty");
+    if (sc->enable_auto_tool_choice && !sc->tool_call_parser)
+        return rp_cli_usage_error(CMD, "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or "
+                                       "mistral): the parser that finds the calls in the model's output");
     if (tokenizer_dir) {
         char path[4096];
         snprintf(path, sizeof path, "%s/tokenizer.json", tokenizer_dir);
@@ -157,7 +170,7 @@ static const char *flag_name(const struct option *longopts, int opt) {
 enum {
     OPT_HOST = 0x1c0, /* past the common options (cli.h) */
     OPT_PORT, OPT_NAME, OPT_KEY, OPT_TOKENIZER, OPT_TEMPLATE, OPT_NO_ACCESS_LOG, OPT_STATS_INTERVAL, OPT_NO_STATS,
-    OPT_GENERATION_CONFIG,
+    OPT_GENERATION_CONFIG, OPT_TOOL_PARSER, OPT_AUTO_TOOL_CHOICE, OPT_REASONING_PARSER,
     OPT_LIMIT = 0x180 /* the limits, in the order of limits[] below */
 };
 
@@ -170,6 +183,9 @@ static const struct option options[] = {
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
     {"chat-template", required_argument, 0, OPT_TEMPLATE},
     {"generation-config", required_argument, 0, OPT_GENERATION_CONFIG},
+    {"tool-call-parser", required_argument, 0, OPT_TOOL_PARSER},
+    {"enable-auto-tool-choice", no_argument, 0, OPT_AUTO_TOOL_CHOICE},
+    {"reasoning-parser", required_argument, 0, OPT_REASONING_PARSER},
     {"disable-access-log", no_argument, 0, OPT_NO_ACCESS_LOG},
     {"disable-uvicorn-access-log", no_argument, 0, OPT_NO_ACCESS_LOG},
     {"log-stats-interval", required_argument, 0, OPT_STATS_INTERVAL},
@@ -213,6 +229,22 @@ static int run(int argc, char **argv) {
         case OPT_TOKENIZER: tokenizer_dir = optarg; break;
         case OPT_TEMPLATE: template_file = optarg; break;
         case OPT_GENERATION_CONFIG: generation_config = optarg; break;
+        case OPT_TOOL_PARSER: {
+            rp_tool_parser tp;
+            if (rp_tool_parser_from_name(optarg, &tp))
+                return rp_cli_usage_error(CMD, "--tool-call-parser must be hermes, llama3_json or mistral, got '%s'",
+                                          optarg);
+            sc.tool_call_parser = optarg;
+            break;
+        }
+        case OPT_AUTO_TOOL_CHOICE: sc.enable_auto_tool_choice = 1; break;
+        case OPT_REASONING_PARSER: {
+            rp_reasoning_kind rk;
+            if (rp_reasoning_from_name(optarg, &rk))
+                return rp_cli_usage_error(CMD, "--reasoning-parser must be qwen3 or deepseek_r1, got '%s'", optarg);
+            sc.reasoning_parser = optarg;
+            break;
+        }
         case OPT_PORT: dst = &port, lo = 1, hi = 65535; break;
         case OPT_NO_ACCESS_LOG: sc.access_log = 0; break;
         case OPT_NO_STATS: sc.log_stats_interval_s = 0; break;

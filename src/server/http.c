@@ -655,6 +655,17 @@ static void server_free(rp_server *s) {
 
 rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, rp_listener *listener, char *err,
                            size_t err_len) {
+    rp_tool_parser tool_parser = RP_TOOL_PARSER_HERMES;
+    rp_reasoning_kind reasoning_parser = RP_REASONING_QWEN3;
+    int bad = 0;
+    if ((bad = cfg->tool_call_parser && rp_tool_parser_from_name(cfg->tool_call_parser, &tool_parser)))
+        snprintf(err, err_len, "unknown tool-call parser '%s' (hermes, llama3_json, mistral)", cfg->tool_call_parser);
+    else if ((bad = cfg->reasoning_parser && rp_reasoning_from_name(cfg->reasoning_parser, &reasoning_parser)))
+        snprintf(err, err_len, "unknown reasoning parser '%s' (qwen3, deepseek_r1)", cfg->reasoning_parser);
+    if (bad) {
+        if (listener) rp_listener_free(listener);
+        return NULL;
+    }
     if (!listener && !(listener = rp_server_listen(cfg, err, err_len))) return NULL;
     rp_server *s = calloc(1, sizeof *s);
     if (!s) {
@@ -674,7 +685,13 @@ rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, rp_li
     s->sessions.max_queued_requests = s->cfg.max_queued_requests;
     s->oai = (rp_oai_context){.served_model = s->served_model, .tok = rp_engine_tokenizer(engine),
                               .max_context = rp_engine_max_context(engine), .vocab_size = rp_engine_vocab_size(engine),
-                              .sampling_defaults = &s->cfg.sampling_defaults};
+                              .sampling_defaults = &s->cfg.sampling_defaults,
+                              .auto_tool_choice = cfg->enable_auto_tool_choice};
+    s->oai.has_tool_parser = cfg->tool_call_parser != NULL;
+    s->oai.tool_parser = tool_parser;
+    s->oai.has_reasoning_parser = cfg->reasoning_parser != NULL;
+    s->oai.reasoning_parser = reasoning_parser;
+    s->cfg.tool_call_parser = s->cfg.reasoning_parser = NULL; /* the caller's strings may go */
     rp_stats_log_init(&s->stats, s->cfg.log_stats_interval_s);
     s->port = rp_listener_port(listener);
     snprintf(s->url, sizeof s->url, "%s", rp_listener_url(listener));

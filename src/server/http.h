@@ -37,6 +37,15 @@ typedef struct rp_server_config {
      * generation_config.json where the command read one; by default
      * rp_request_params_default's. */
     rp_request_params sampling_defaults;
+    /* Tool calls and reasoning (docs/tools.md), vLLM's flags: a parser's
+     * name or NULL for none. tool_call_parser: hermes, llama3_json or
+     * mistral; enable_auto_tool_choice: requests with tools and tool_choice
+     * "auto" (or none given) get their calls parsed (off: such a request is
+     * a 400, as vLLM); reasoning_parser: qwen3 or deepseek_r1.
+     * rp_server_start fails on an unknown name. */
+    const char *tool_call_parser;
+    int enable_auto_tool_choice;
+    const char *reasoning_parser;
 } rp_server_config;
 
 /* The defaults (what a public deployment can keep), in one place. */

@@ -192,17 +192,31 @@ static int check_tools(json_t *root, json_t **out, rp_oai_error *err) {
     return 0;
 }
 
-/* "tool_choice" and "parallel_tool_calls". "none" and "auto" are taken;
- * "required" and a named function would need the output constrained to a
- * call (structured output), which replay does not have yet. */
-static int check_tool_choice(json_t *root, json_t *tools, rp_oai_error *err) {
+/* "tool_choice" and "parallel_tool_calls". "none" and "auto" are taken:
+ * "auto" (the default when there are tools) only on a server with a
+ * tool-call parser and --enable-auto-tool-choice (as vLLM), and it sets
+ * out->parse_tools; "none" leaves the text alone. "required" and a named
+ * function would need the output constrained to a call (structured
+ * output), which replay does not have yet. parallel_tool_calls is taken
+ * and not enforced: every call the model writes is returned. */
+static int check_tool_choice(const rp_oai_context *ctx, json_t *root, json_t *tools, rp_oai_request *out,
+                             rp_oai_error *err) {
     int parallel = 1;
     if (get_bool(root, "parallel_tool_calls", &parallel, err)) return -1;
     json_t *tc = json_object_get(root, "tool_choice");
-    if (!tc || json_is_null(tc)) return 0;
+    int none = json_is_string(tc) && !strcmp(json_string_value(tc), "none");
+    int is_auto = !tc || json_is_null(tc) || (json_is_string(tc) && !strcmp(json_string_value(tc), "auto"));
+    if (is_auto && json_array_size(tools) > 0) { /* vLLM's rule: "auto" needs both flags */
+        if (!ctx->has_tool_parser || !ctx->auto_tool_choice)
+            return BAD("tool_choice", "\"auto\" tool choice (the default with 'tools') requires the server to run "
+                                      "with --enable-auto-tool-choice and --tool-call-parser (hermes, llama3_json "
+                                      "or mistral); or send \"tool_choice\": \"none\"");
+        out->parse_tools = 1;
+        out->tool_parser = ctx->tool_parser;
+    }
+    if (!tc || json_is_null(tc) || none || is_auto) return 0;
     if (json_is_string(tc)) {
         const char *c = json_string_value(tc);
-        if (!strcmp(c, "none") || !strcmp(c, "auto")) return 0;
         if (!strcmp(c, "required"))
             return BAD("tool_choice", "\"tool_choice\": \"required\" needs structured output (constraining the "
                                       "answer to a tool call), which replay does not support yet; use \"auto\"");
@@ -595,10 +609,12 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         int add_gen = 1;
         json_t *tools;
         if (get_bool(root, "add_generation_prompt", &add_gen, err) || check_tools(root, &tools, err) ||
-            check_tool_choice(root, tools, err) || alloc_prompts(out, 1, err) ||
+            check_tool_choice(ctx, root, tools, out, err) || alloc_prompts(out, 1, err) ||
             render_messages(ctx, root, add_gen, &out->prompt_texts[0], err))
             goto out;
         out->echo = 0; /* completions only */
+        out->parse_reasoning = ctx->has_reasoning_parser;
+        out->reasoning_parser = ctx->reasoning_parser;
         if (!p->ignore_eos) /* the model's end-of-turn tokens end the answer (ignore_eos: they do not) */
             p->num_stop_ids += rp_chat_stop_ids(ctx->tok, out->stop_ids + p->num_stop_ids, 8);
     } else if (parse_prompt(root, out, err)) {

@@ -9,6 +9,8 @@
 #include <stdint.h>
 
 #include "replay/engine.h"
+#include "server/reasoning.h"
+#include "server/tool_parse.h"
 
 #define RP_OAI_MAX_N 128       /* choices per prompt */
 #define RP_OAI_MAX_CHOICES 256 /* prompts x n in one request */
@@ -40,6 +42,13 @@ typedef struct rp_oai_request {
     rp_request_params params; /* sampling, max_tokens, ignore_eos; stop points into stop_buf */
     char *stop_buf[RP_OAI_MAX_STOP];
     int32_t stop_ids[16];
+    /* Chat: how each choice's text is parsed (docs/tools.md). parse_tools:
+     * the request has tools, tool_choice is "auto" (or absent) and the
+     * server has a tool-call parser with --enable-auto-tool-choice;
+     * parse_reasoning: the server has a reasoning parser. */
+    int parse_tools, parse_reasoning;
+    rp_tool_parser tool_parser;
+    rp_reasoning_kind reasoning_parser;
 } rp_oai_request;
 
 typedef struct rp_oai_context {
@@ -51,6 +60,10 @@ typedef struct rp_oai_context {
     const rp_request_params *sampling_defaults;
     int max_context;
     int vocab_size;
+    /* --tool-call-parser, --enable-auto-tool-choice, --reasoning-parser */
+    int has_tool_parser, auto_tool_choice, has_reasoning_parser;
+    rp_tool_parser tool_parser;
+    rp_reasoning_kind reasoning_parser;
 } rp_oai_context;
 
 /* Parses and validates a request body for the given endpoint. On failure

@@ -19,7 +19,7 @@ static const char *object_name(const rp_oai_response *r, int chunk) {
 /* "stop" for EOS, a stop id or a stop string; "length" for max_tokens or
  * the context; NULL while running (an abort or error never reaches a
  * client as a finish_reason). */
-static const char *finish_reason(rp_finish f) {
+const char *rp_oai_finish_reason(rp_finish f) {
     return f == RP_FINISH_REASON_STOP ? "stop" : f == RP_FINISH_REASON_LENGTH ? "length" : NULL;
 }
 
@@ -34,9 +34,9 @@ json_t *rp_oai_choice(const rp_oai_response *r, int index, const char *text, siz
     json_t *t = rp_oai_json_text(text, len), *lp = logprobs ? logprobs : json_null();
     if (r->kind == RP_OAI_CHAT)
         return json_pack("{s:i, s:{s:s, s:o}, s:o, s:s?}", "index", index, "message", "role", "assistant", "content",
-                         t, "logprobs", lp, "finish_reason", finish_reason(finish));
+                         t, "logprobs", lp, "finish_reason", rp_oai_finish_reason(finish));
     return json_pack("{s:i, s:o, s:o, s:s?}", "index", index, "text", t, "logprobs", lp, "finish_reason",
-                     finish_reason(finish));
+                     rp_oai_finish_reason(finish));
 }
 
 json_t *rp_oai_completion(const rp_oai_response *r, json_t *choices, json_t *usage) {
@@ -51,7 +51,7 @@ static json_t *chunk(const rp_oai_response *r, json_t *choice) {
 
 json_t *rp_oai_chunk(const rp_oai_response *r, int index, const char *text, size_t len, rp_finish finish,
                      json_t *logprobs) {
-    const char *fin = finish_reason(finish);
+    const char *fin = rp_oai_finish_reason(finish);
     json_t *lp = logprobs ? logprobs : json_null(), *choice;
     if (r->kind == RP_OAI_CHAT) {
         /* the last delta is empty when the finish brings no text */
@@ -68,6 +68,17 @@ json_t *rp_oai_chunk(const rp_oai_response *r, int index, const char *text, size
 json_t *rp_oai_role_chunk(const rp_oai_response *r, int index) {
     return chunk(r, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", index, "delta", "role", "assistant",
                               "content", "", "logprobs", "finish_reason"));
+}
+
+json_t *rp_oai_message_choice(int index, json_t *message, json_t *logprobs, const char *finish_reason) {
+    return json_pack("{s:i, s:o, s:o, s:s?}", "index", index, "message", message, "logprobs",
+                     logprobs ? logprobs : json_null(), "finish_reason", finish_reason);
+}
+
+json_t *rp_oai_delta_chunk(const rp_oai_response *r, int index, json_t *delta, json_t *logprobs,
+                           const char *finish_reason) {
+    return chunk(r, json_pack("{s:i, s:o, s:o, s:s?}", "index", index, "delta", delta, "logprobs",
+                              logprobs ? logprobs : json_null(), "finish_reason", finish_reason));
 }
 
 json_t *rp_oai_usage_chunk(const rp_oai_response *r, json_t *usage) {

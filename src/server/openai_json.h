@@ -45,6 +45,15 @@ json_t *rp_oai_completion(const rp_oai_response *r, json_t *choices, json_t *usa
 json_t *rp_oai_chunk(const rp_oai_response *r, int index, const char *text, size_t len, rp_finish finish,
                      json_t *logprobs);
 json_t *rp_oai_role_chunk(const rp_oai_response *r, int index);
+/* Chat's parts, for choices whose text the tool-call and reasoning parsers
+ * split (chat_choice.c): a choice with its message (taken; logprobs taken,
+ * NULL for null), and a chunk with its delta (taken). finish_reason: NULL
+ * for null, or rp_oai_finish_reason's, or "tool_calls". */
+json_t *rp_oai_message_choice(int index, json_t *message, json_t *logprobs, const char *finish_reason);
+json_t *rp_oai_delta_chunk(const rp_oai_response *r, int index, json_t *delta, json_t *logprobs,
+                           const char *finish_reason);
+/* "stop", "length", or NULL (running, or ended by an abort or error). */
+const char *rp_oai_finish_reason(rp_finish f);
 json_t *rp_oai_usage_chunk(const rp_oai_response *r, json_t *usage);
 
 /* A logprobs object with no tokens (chat: {"content": []}; completions:

@@ -30,6 +30,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "server/chat_choice.h"
 #include "server/openai_json.h"
 #include "server/sbuf.h"
 #include "tokenizer/tokenizer.h"
@@ -122,6 +123,8 @@ typedef struct session_choice {
     rp_sbuf text;       /* non-streaming: the whole text, echo included */
     size_t text_bytes;  /* text so far (offsets of completions' logprobs) */
     json_t *logprobs;   /* non-streaming with logprobs: the response's logprobs object */
+    rp_chat_parsing parsing;     /* with r->parse: how its text is split */
+    rp_chat_stream *chat_stream; /* streaming with r->parse: its parsers' state */
     rp_finish finish;
     char error[256];
     int completion_tokens;
@@ -139,6 +142,7 @@ struct rp_session {
     int stream, include_usage, logprobs;
     int num_choices, n_done, prompt_tokens;
     int n; /* choices per prompt: choice k*n+i is prompt k's i-th */
+    int parse; /* chat with a tool-call or reasoning parser: choices go through chat_choice.c */
     session_choice *ch;
     rp_sbuf out; /* streaming: SSE bytes not yet read */
     size_t out_off;
@@ -173,6 +177,7 @@ static void session_unref(rp_session *r) {
     for (int i = 0; i < r->num_choices; i++) {
         rp_sbuf_free(&r->ch[i].text);
         json_decref(r->ch[i].logprobs);
+        rp_chat_stream_free(r->ch[i].chat_stream);
     }
     free(r->ch);
     rp_sbuf_free(&r->out);
@@ -258,6 +263,14 @@ static int add_event(rp_session *r, session_choice *c, const rp_token_event *ev)
             (!(lp = rp_oai_logprobs_new(resp)) || rp_oai_logprobs_add(resp, lp, ev, c->text_bytes))) {
             json_decref(lp);
             return -1;
+        }
+        if (c->chat_stream) { /* the parsers decide the chunks; the finish comes after their rest */
+            size_t mark = r->out.len;
+            int rc = rp_chat_stream_feed(c->chat_stream, ev->text, ev->text_len, lp, &r->out);
+            if (!rc && ev->finish != RP_FINISH_REASON_NONE)
+                rc = rp_chat_stream_finish(c->chat_stream, ev->finish, &r->out);
+            if (rc) rp_sbuf_truncate(&r->out, mark);
+            return rc;
         }
         return rp_oai_sse_add(&r->out, rp_oai_chunk(resp, c->index, ev->text, ev->text_len, ev->finish, lp));
     }
@@ -425,10 +438,23 @@ rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_f
     snprintf(resp->id, sizeof resp->id, "%s-%016llx", q->kind == RP_OAI_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)rp_mix64(rid ^ ((uint64_t)resp->created << 20)));
     int failed = 0;
+    r->parse = q->kind == RP_OAI_CHAT && (q->parse_tools || q->parse_reasoning);
+    rp_chat_parsing parsing = {.tools = q->parse_tools, .tool_parser = q->tool_parser,
+                               .reasoning = q->parse_reasoning, .reasoning_kind = q->reasoning_parser};
+    if (r->parse && q->prompt_texts[0]) /* where the rendered prompt leaves the model */
+        parsing.prompt_state = rp_reasoning_prompt_state(q->prompt_texts[0], strlen(q->prompt_texts[0]));
+    /* tool-call ids: reproducible with the request's seed, else differing per request */
+    uint64_t id_seed = q->params.has_seed ? rp_mix64(q->params.seed ^ 0x7001ca11ULL)
+                                          : rp_mix64(rid ^ (uint64_t)resp->created);
     for (int i = 0; i < nc; i++) {
-        r->ch[i].r = r;
-        r->ch[i].index = i;
-        if (q->logprobs && !q->stream && !(r->ch[i].logprobs = rp_oai_logprobs_new(resp))) failed = 1;
+        session_choice *c = &r->ch[i];
+        c->r = r;
+        c->index = i;
+        if (q->logprobs && !q->stream && !(c->logprobs = rp_oai_logprobs_new(resp))) failed = 1;
+        if (!r->parse) continue;
+        c->parsing = parsing;
+        c->parsing.id_seed = rp_mix64(id_seed + (uint64_t)i);
+        if (q->stream && !(c->chat_stream = rp_chat_stream_new(resp, &c->parsing, i))) failed = 1;
     }
     if (failed) {
         session_unref(r);
@@ -567,7 +593,9 @@ static json_t *final_json(const rp_session *r) {
     for (int i = 0; i < r->num_choices; i++) {
         const session_choice *c = &r->ch[i];
         json_t *lp = c->logprobs ? json_incref(c->logprobs) : NULL;
-        json_t *choice = rp_oai_choice(&r->resp, i, c->text.p ? c->text.p : "", c->text.len, lp, c->finish);
+        const char *text = c->text.p ? c->text.p : "";
+        json_t *choice = r->parse ? rp_chat_choice_json(&c->parsing, i, text, c->text.len, lp, c->finish)
+                                  : rp_oai_choice(&r->resp, i, text, c->text.len, lp, c->finish);
         if (json_array_append_new(choices, choice)) {
             json_decref(choices);
             return NULL;

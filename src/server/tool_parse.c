@@ -272,9 +272,14 @@ static void call_free(call *c) {
 /* jansson's reading of s[0, n), which the scanner accepted. Integers are
  * read as reals, so that one past 64 bits is not refused (arguments keep
  * the digits as written; only the name is taken from jansson). */
-static json_t *load(const char *s, size_t n) {
-    json_error_t err;
-    return json_loadb(s, n, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &err);
+static json_t *load(const char *s, size_t n, int *oom) {
+    json_error_t err = {0};
+    json_t *v = json_loadb(s, n, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &err);
+    /* Out of memory is not the text's fault, so not "no call": jansson
+     * (2.14) reports some allocation failures as such and others with no
+     * error text at all, which a syntax error always has. */
+    *oom = !v && (json_error_code(&err) == json_error_out_of_memory || !err.text[0]);
+    return v;
 }
 
 /* A call's arguments from the value s[0, n): an object, or a string that
@@ -286,10 +291,11 @@ static int arguments(const char *s, size_t n, const json_t *value, char **out) {
     const char *text = json_string_value(value);
     size_t len = json_string_length(value), from = skip_ws(text, len, 0), k = from;
     if (k >= len || text[k] != '{' || scan_value(text, len, &k, 0) != J_OK || skip_ws(text, len, k) != len) return 0;
-    json_t *inner = load(text + from, k - from);
+    int oom;
+    json_t *inner = load(text + from, k - from, &oom);
     int ok = json_is_object(inner);
     json_decref(inner);
-    if (!ok) return 0;
+    if (!ok) return oom ? -1 : 0;
     return (*out = compact(text + from, k - from)) ? 1 : -1;
 }
 
@@ -297,8 +303,9 @@ static int arguments(const char *s, size_t n, const json_t *value, char **out) {
  * string, "arguments" or "parameters": object}; no arguments means {}. */
 static int call_from_object(const char *s, size_t n, call *out) {
     out->name = out->arguments = NULL;
-    json_t *root = load(s, n);
-    int rc = 0;
+    int oom;
+    json_t *root = load(s, n, &oom);
+    int rc = oom ? -1 : 0;
     if (!json_is_object(root)) goto done;
     json_t *name = json_object_get(root, "name");
     if (!json_is_string(name) || !json_string_length(name) || memchr(json_string_value(name), 0, json_string_length(name)))
@@ -507,9 +514,11 @@ static int step_mistral_call(rp_tool_stream *s, int final, rp_tool_emit emit, vo
         int rc = scan_held(s, k, final, &end);
         if (rc == J_MORE && !final) return STEP_WAIT;
         if (rc != J_OK) return fail_call(s, emit, ctx);
-        json_t *all = load(p + k, end - k);
+        int oom;
+        json_t *all = load(p + k, end - k, &oom);
         int good = json_is_array(all) && json_array_size(all) > 0;
         json_decref(all);
+        if (oom) return stop(s, -1);
         if (!good) return fail_call(s, emit, ctx);
         size_t count = 0, i = k + 1, ks, ke, vs, ve;
         while (next_item(p, n, 0, &i, &ks, &ke, &vs, &ve)) count++;
@@ -555,9 +564,11 @@ static int step_mistral_call(rp_tool_stream *s, int final, rp_tool_emit emit, vo
     int rc = scan_held(s, k, final, &end);
     if (rc == J_MORE && !final) return STEP_WAIT;
     if (rc != J_OK) return fail_call(s, emit, ctx);
-    json_t *args = load(p + k, end - k);
+    int oom;
+    json_t *args = load(p + k, end - k, &oom);
     int good = json_is_object(args);
     json_decref(args);
+    if (oom) return stop(s, -1);
     if (!good) return fail_call(s, emit, ctx);
     call c = {0};
     c.name = strndup(p + name_at, name_end - name_at);
