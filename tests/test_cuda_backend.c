@@ -518,7 +518,9 @@ static void test_decode_step(void **state) {
         int layers, heads, kv_heads, yarn;
     } shapes[] = {{"qwen3-0.6b", 4, 0, 0, 0},  {"llama3.2-1b", 3, 0, 0, 0},  {"qwen3-4b", 3, 0, 0, 0},
                   {"llama3-8b", 2, 0, 0, 0},   {"qwen3-0.6b", 2, 16, 16, 0}, {"qwen3-0.6b", 2, 24, 12, 0},
-                  {"qwen3-8b", 2, 0, 0, 1} /* yarn's cos/sin scale */, {"mistral-7b", 2, 0, 0, 0}};
+                  {"qwen3-8b", 2, 0, 0, 1} /* yarn's cos/sin scale */, {"mistral-7b", 2, 0, 0, 0},
+                  /* groups of 6 and 5 heads (Qwen2.5-1.5B, 14B and 32B) at qwen3-4b's widths */
+                  {"qwen3-4b", 2, 24, 4, 0}, {"qwen3-4b", 2, 20, 4, 0}};
     const int lens[] = {1, 7, 100, 1000};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         rp_model *m = real_shape_model_rope(shapes[k].name, shapes[k].layers, shapes[k].heads, shapes[k].kv_heads,

@@ -95,6 +95,12 @@ __device__ void norm_rope_head(const uint16_t *src, bool norm, const float (&na)
  * lane. The additions per head run in a fixed order. */
 template <int G>
 __device__ __forceinline__ void warp_sum_heads(float (&v)[G]) {
+    if constexpr ((G & (G - 1)) != 0) {
+        /* groups of 5 or 6 heads (Qwen2.5): each head's sum on its own */
+#pragma unroll
+        for (int g = 0; g < G; g++) v[g] = rp_warp_sum(v[g]);
+        return;
+    }
     const int lane = threadIdx.x & 31;
     int n = G, off = 16, steps = 0;
 #pragma unroll

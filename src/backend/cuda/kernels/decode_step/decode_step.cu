@@ -55,7 +55,7 @@
  * (grid barriers), attention.cuh, kernel.cuh (the kernel itself); this file
  * instantiates and launches it, plan.cu plans a launch on the host.
  *
- * Requirements (rp_decode_step_check): head_dim 64 or 128, GQA group 1/2/4/8,
+ * Requirements (rp_decode_step_check): head_dim 64 or 128, GQA group 1/2/4/8 (5/6 at 128),
  * hidden, q and intermediate sizes multiples of 256, hidden <= 8192, row
  * counts multiples of 8. Anything else runs the chain of kernels. */
 /* in the order the kernel's pieces build on each other */
@@ -79,11 +79,16 @@ extern "C" const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLO
 
 typedef void (*ds_kernel_fn)(const ds_args);
 
+/* GQA groups 1, 2, 4, 8 at both head sizes; 5 and 6 (Qwen2.5-14B/32B,
+ * 1.5B) at 128. Groups of 7 (Qwen2.5-0.5B, 7B) are not built: their
+ * attention scratch (8 warps x 7 heads x 128 floats) does not fit beside the
+ * ring. */
 #define DS_KERNELS(NB, D, P)                                                                                           \
     {{decode_step_kernel<1, 64, NB, D, P>, decode_step_kernel<2, 64, NB, D, P>,                                        \
-      decode_step_kernel<4, 64, NB, D, P>, decode_step_kernel<8, 64, NB, D, P>},                                       \
+      decode_step_kernel<4, 64, NB, D, P>, decode_step_kernel<8, 64, NB, D, P>, nullptr, nullptr},                     \
      {decode_step_kernel<1, 128, NB, D, P>, decode_step_kernel<2, 128, NB, D, P>,                                      \
-      decode_step_kernel<4, 128, NB, D, P>, decode_step_kernel<8, 128, NB, D, P>}}
+      decode_step_kernel<4, 128, NB, D, P>, decode_step_kernel<8, 128, NB, D, P>,                                      \
+      decode_step_kernel<5, 128, NB, D, P>, decode_step_kernel<6, 128, NB, D, P>}}
 
 /* The kernel for a GQA group, head size and sequence count, its dynamic
  * shared memory limit raised to smem (once per kernel and size). dyn: one
@@ -92,13 +97,17 @@ typedef void (*ds_kernel_fn)(const ds_args);
  * that the others carry none of its code: switched off but compiled in, it
  * costs the others 0.3-2% through code layout alone. */
 static ds_kernel_fn kernel_for(int G, int HD, int nb, bool dyn, bool pick, size_t smem, cudaError_t *e) {
-    static const ds_kernel_fn fns[6][2][4] = {DS_KERNELS(1, false, false), DS_KERNELS(2, false, false),
+    static const ds_kernel_fn fns[6][2][6] = {DS_KERNELS(1, false, false), DS_KERNELS(2, false, false),
                                               DS_KERNELS(4, false, false), DS_KERNELS(1, true, false),
                                               DS_KERNELS(1, false, true),  DS_KERNELS(1, true, true)};
-    static size_t set_for[6][2][4];
+    static size_t set_for[6][2][6];
     const int v = nb == 1 ? (pick ? (dyn ? 5 : 4) : dyn ? 3 : 0) : nb == 2 ? 1 : 2, h = HD == 128;
-    const int g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : 3;
+    const int g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : G - 1; /* 5, 6 -> 4, 5 */
     *e = cudaSuccess;
+    if (!fns[v][h][g]) {
+        *e = cudaErrorInvalidValue;
+        return nullptr;
+    }
     if (set_for[v][h][g] != smem) {
         *e = cudaFuncSetAttribute(fns[v][h][g], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (*e != cudaSuccess) return nullptr;

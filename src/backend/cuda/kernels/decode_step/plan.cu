@@ -30,14 +30,15 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
     if (s->hd != 64 && s->hd != DS_HD) return "head_dim is not 64 or 128";
     if (s->nkv <= 0 || s->nh % s->nkv) return "heads do not divide into kv groups";
     const int G = s->nh / s->nkv;
-    if (G != 1 && G != 2 && G != 4 && G != 8) return "GQA group is not 1, 2, 4 or 8";
+    if (G != 1 && G != 2 && G != 4 && G != 8 && !(s->hd == DS_HD && (G == 5 || G == 6)))
+        return "GQA group is not 1, 2, 4 or 8 (or 5 or 6 with head_dim 128)";
     if (s->H % DS_SEG || s->F % DS_SEG || (s->nh * s->hd) % DS_SEG) return "a matrix width is not a multiple of 256";
     if (s->H > DS_MAX_H) return "hidden size above 8192";
     if (4 * s->num_layers + 1 > DS_MAX_PHASES) return "more than 128 layers";
     /* a unit's pieces must fit the partial-sum slots (gemv_phase) */
     if (!ds_pieces_fit(s, DS_KC)) return "a matrix width above 24576";
     /* shared memory: the ring and x (227 KiB on Hopper) */
-    if (ds_plan(DS_STAGES, kmax_of(s), s->nh / s->nkv, 4 * s->num_layers + 1, 0).total > 227 * 1024)
+    if (ds_plan(DS_STAGES, kmax_of(s), G, 4 * s->num_layers + 1, 0).total > 227 * 1024)
         return "x does not fit beside the ring";
     if (s->V % DS_ROWS) return "vocabulary not a multiple of 8";
     return NULL;

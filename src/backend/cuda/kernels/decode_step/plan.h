@@ -8,6 +8,7 @@
 /* The kernel's sequence count for nb sequences: 1, 2 or 4. */
 static inline int ds_nb_kernel(int nb) { return nb <= 2 ? nb : 4; }
 
+
 /* Arguments for nb sequences (a->nb = nb, the kernel's count setting
  * everything but the loops over them) and the launch's shared memory;
  * -1 where they do not fit the device's shared memory. */
