@@ -136,14 +136,24 @@ static void test_errors(void **state) {
 
 static void test_presets(void **state) {
     (void)state;
-    const char *names[] = {"qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "llama3.2-1b", "llama3-8b",
-                           "qwen2.5-7b", "mistral-7b", "tiny-qwen3", "tiny-llama3", "tiny-qwen2"};
+    const char *names[] = {"qwen3-0.6b", "qwen3-1.7b", "qwen3-4b",   "qwen3-8b",   "qwen3-32b",   "llama3.2-1b",
+                           "llama3-8b",  "llama3-70b", "qwen2.5-7b", "mistral-7b", "tiny-qwen3", "tiny-llama3",
+                           "tiny-qwen2"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         rp_model_config c;
         rp_err err;
         if (rp_config_preset(&c, names[i], &err)) fail_msg("%s: %s", names[i], err.msg);
         assert_int_equal(rp_config_validate(&c, &err), 0);
+        assert_non_null(strstr(rp_config_preset_names(), names[i]));
     }
+    /* the two larger than one GPU: their published parameter counts */
+    rp_model_config c;
+    rp_err err;
+    assert_int_equal(rp_config_preset(&c, "llama3-70b", &err), 0);
+    assert_true(rp_config_num_params(&c) == 70553706496ull); /* Llama-3.1-70B-Instruct */
+    assert_true(c.rope.type == RP_ROPE_LLAMA3 && c.rope.factor == 8 && c.num_kv_heads == 8);
+    assert_int_equal(rp_config_preset(&c, "qwen3-32b", &err), 0);
+    assert_true(rp_config_num_params(&c) == 32762123264ull); /* Qwen3-32B: 32.8B */
 }
 
 /* Qwen2.5-7B-Instruct's published config.json. */

@@ -78,6 +78,16 @@ PRESETS = {
                    num_hidden_layers=2, num_attention_heads=7, num_key_value_heads=1,
                    tie_word_embeddings=False, max_position_embeddings=4096, rms_norm_eps=1e-6,
                    rope_theta=1e6, use_sliding_window=False)),
+    # Qwen3-32B and Llama-3.1-70B-Instruct (issue 42: more than one GPU at full depth)
+    "qwen3-32b": ("Qwen3Config", dict(vocab_size=151936, hidden_size=5120, intermediate_size=25600,
+                  num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                  tie_word_embeddings=False, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                  rope_theta=1e6)),
+    "llama3-70b": ("LlamaConfig", dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                   num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                   tie_word_embeddings=False, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                   rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0,
+                   low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192))),
     # Qwen2.5-7B-Instruct and Mistral-7B-Instruct-v0.3 (issue 39)
     "qwen2.5-7b": ("Qwen2Config", dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
                    num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,

@@ -336,6 +336,10 @@ static const preset presets[] = {
     {"qwen3-8b", &rp_arch_qwen3, 151936, 4096, 12288, 36, 32, 8, 128, 0, 40960, 1e-6, 1e6, 0, 0, 151643, {151645, 151643}, 2},
     {"llama3.2-1b", &rp_arch_llama, 128256, 2048, 8192, 16, 32, 8, 64, 1, 131072, 1e-5, 500000, 1, 32, 128000, {128001, 128008, 128009}, 3},
     {"llama3-8b", &rp_arch_llama, 128256, 4096, 14336, 32, 32, 8, 128, 0, 131072, 1e-5, 500000, 1, 8, 128000, {128001, 128008, 128009}, 3},
+    /* Qwen3-32B and Llama-3.1-70B-Instruct: larger than one GPU in bf16 (65.5 and 141 GB; tensor
+     * parallelism, issue 42), or a reduced depth of them */
+    {"qwen3-32b", &rp_arch_qwen3, 151936, 5120, 25600, 64, 64, 8, 128, 0, 40960, 1e-6, 1e6, 0, 0, 151643, {151645, 151643}, 2},
+    {"llama3-70b", &rp_arch_llama, 128256, 8192, 28672, 80, 64, 8, 128, 0, 131072, 1e-5, 500000, 1, 8, 128000, {128001, 128008, 128009}, 3},
     /* Qwen2.5-7B-Instruct (q/k/v biases; sliding_window is off there:
      * use_sliding_window false) and Mistral-7B-Instruct-v0.3 (sliding_window null) */
     {"qwen2.5-7b", &rp_arch_qwen2, 152064, 3584, 18944, 28, 28, 4, 128, 0, 32768, 1e-6, 1e6, 0, 0, 151643, {151645, 151643}, 2},
@@ -346,8 +350,8 @@ static const preset presets[] = {
 };
 
 const char *rp_config_preset_names(void) {
-    return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, llama3.2-1b, llama3-8b, qwen2.5-7b, mistral-7b, tiny-qwen3, "
-           "tiny-llama3, tiny-qwen2";
+    return "qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-32b, llama3.2-1b, llama3-8b, llama3-70b, qwen2.5-7b, "
+           "mistral-7b, tiny-qwen3, tiny-llama3, tiny-qwen2";
 }
 
 int rp_config_preset(rp_model_config *cfg, const char *name, rp_err *err) {
