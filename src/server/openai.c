@@ -1,7 +1,11 @@
 /* OpenAI request parsing (jansson): every field is checked for its type and
- * range, with vLLM's meaning; unknown fields are ignored, as vLLM and
- * OpenAI's own server do. A body that cannot be held in memory is a 500,
- * never a request parsed with a part missing. */
+ * range, with vLLM's meaning. Nothing a client sends is ignored unsaid: a
+ * field replay does not implement is a 400 naming it, and so is a field
+ * neither OpenAI nor vLLM knows (as OpenAI's API answers "Unrecognized
+ * request argument"); the few OpenAI fields with no effect on the answer
+ * are taken (check_fields lists them all, docs/server.md too). A body that
+ * cannot be held in memory is a 500, never a request parsed with a part
+ * missing. */
 #include "server/openai.h"
 
 #include <jansson.h>
@@ -55,6 +59,62 @@ static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) {
     return -1;
 }
 #define BAD(param, ...) bad(err, param, __VA_ARGS__)
+
+/* Which top-level fields a request may have (check_fields). */
+enum { F_ALL = 0, F_COMPLETION, F_CHAT, F_TOKENIZE, F_DETOKENIZE };
+static const struct {
+    const char *name;
+    int only; /* F_ALL: both generation endpoints */
+} known_fields[] = {
+    {"model", F_ALL}, {"stream", F_ALL}, {"stream_options", F_ALL}, {"n", F_ALL}, {"best_of", F_ALL},
+    {"max_tokens", F_ALL}, {"temperature", F_ALL}, {"top_p", F_ALL}, {"top_k", F_ALL}, {"min_p", F_ALL},
+    {"seed", F_ALL}, {"stop", F_ALL}, {"stop_token_ids", F_ALL}, {"presence_penalty", F_ALL},
+    {"frequency_penalty", F_ALL}, {"repetition_penalty", F_ALL}, {"ignore_eos", F_ALL}, {"logprobs", F_ALL},
+    {"echo", F_ALL}, {"include_stop_str_in_output", F_ALL}, {"skip_special_tokens", F_ALL},
+    {"spaces_between_special_tokens", F_ALL}, {"truncate_prompt_tokens", F_ALL}, {"min_tokens", F_ALL},
+    {"logit_bias", F_ALL},
+    /* OpenAI's fields that do not change the answer: taken, no effect */
+    {"user", F_ALL}, {"safety_identifier", F_ALL}, {"prompt_cache_key", F_ALL}, {"metadata", F_ALL},
+    {"service_tier", F_ALL},
+    {"prompt", F_COMPLETION},
+    {"messages", F_CHAT}, {"max_completion_tokens", F_CHAT}, {"top_logprobs", F_CHAT}, {"tools", F_CHAT},
+    {"tool_choice", F_CHAT}, {"parallel_tool_calls", F_CHAT}, {"chat_template_kwargs", F_CHAT},
+    {"add_generation_prompt", F_CHAT},
+    {"model", F_TOKENIZE}, {"prompt", F_TOKENIZE}, {"messages", F_TOKENIZE}, {"add_special_tokens", F_TOKENIZE},
+    {"add_generation_prompt", F_TOKENIZE}, {"return_token_strs", F_TOKENIZE}, {"tools", F_TOKENIZE},
+    {"chat_template_kwargs", F_TOKENIZE},
+    {"model", F_DETOKENIZE}, {"tokens", F_DETOKENIZE},
+};
+
+/* OpenAI's and vLLM's fields that replay does not implement (yet): a 400
+ * naming them, never a request answered as if they were not there. */
+static const char *const unsupported_fields[] = {
+    "response_format", "suffix", "functions", "function_call", "modalities", "audio", "prediction",
+    "reasoning_effort", "web_search_options", "verbosity", "store", "prompt_logprobs", "use_beam_search",
+    "length_penalty", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+    "allowed_token_ids", "bad_words", "chat_template", "continue_final_message", "documents", "priority",
+    "add_special_tokens", "return_tokens_as_token_ids",
+};
+
+/* Every top-level field of a request for endpoint `only` (F_COMPLETION,
+ * F_CHAT, F_TOKENIZE, F_DETOKENIZE) is one it takes. */
+static int check_fields(json_t *root, int only, rp_oai_error *err) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        int known = 0;
+        for (size_t i = 0; !known && i < sizeof known_fields / sizeof known_fields[0]; i++)
+            known = !strcmp(key, known_fields[i].name) &&
+                    (known_fields[i].only == only ||
+                     (known_fields[i].only == F_ALL && (only == F_COMPLETION || only == F_CHAT)));
+        if (known) continue;
+        for (size_t i = 0; i < sizeof unsupported_fields / sizeof unsupported_fields[0]; i++)
+            if (!strcmp(key, unsupported_fields[i]))
+                return BAD(key, "'%s' is not supported by replay yet", key);
+        return BAD(key, "Unrecognized request argument supplied: %s", key);
+    }
+    return 0;
+}
 
 /* A copy of a JSON string's text into *out; -1 (a 500) when memory runs out. */
 static int copy_string(json_t *str, char **out, rp_oai_error *err) {
@@ -456,6 +516,39 @@ static int parse_prompt(json_t *root, rp_oai_request *out, rp_oai_error *err) {
     return 0;
 }
 
+/* The fields that shape the output's text and the prompt, and those
+ * replay refuses unless they ask for nothing (docs/server.md's table). */
+static int parse_output_options(json_t *root, rp_oai_kind kind, rp_oai_request *out, rp_oai_error *err) {
+    rp_request_params *p = &out->params;
+    int skip_special = 1, spaces = 1, min_tokens = 0, best_of = out->n, set = 0;
+    if (get_bool(root, "include_stop_str_in_output", &p->include_stop_str_in_output, err) ||
+        get_bool(root, "skip_special_tokens", &skip_special, err) ||
+        get_bool(root, "spaces_between_special_tokens", &spaces, err) ||
+        get_int(root, "truncate_prompt_tokens", 1, 1 << 30, &out->truncate_prompt_tokens, NULL, err) ||
+        get_int(root, "min_tokens", 0, 1 << 24, &min_tokens, NULL, err) ||
+        get_int(root, "best_of", 1, RP_OAI_MAX_N, &best_of, &set, err))
+        return -1;
+    p->keep_special_tokens = !skip_special;
+    /* the tokenizers replay reads decode as HF's fast tokenizers do, which
+     * never put spaces between special tokens (vLLM's option acts only on
+     * slow tokenizers) */
+    if (!spaces)
+        return BAD("spaces_between_special_tokens", "\"spaces_between_special_tokens\": false is not supported: "
+                                                    "replay's tokenizers decode as Hugging Face's fast tokenizers, "
+                                                    "which do not put spaces between special tokens");
+    if (min_tokens > 0)
+        return BAD("min_tokens", "'min_tokens' is not supported by replay yet (the sampler has no minimum length)");
+    json_t *bias = json_object_get(root, "logit_bias");
+    if (bias && !json_is_null(bias) && !(json_is_object(bias) && json_object_size(bias) == 0))
+        return BAD("logit_bias", "'logit_bias' is not supported by replay yet (the sampler has no per-token bias)");
+    if (set && best_of != out->n) /* sampling best_of candidates and returning the n most likely */
+        return BAD("best_of", "'best_of' must equal 'n' (%d) or be left out: replay does not rank candidates, "
+                              "got %d", out->n, best_of);
+    if (kind == RP_OAI_CHAT && out->echo) /* vLLM's chat echo (the last message first) */
+        return BAD("echo", "'echo' in chat completions is not supported by replay yet");
+    return 0;
+}
+
 int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, size_t len, rp_oai_request *out,
                  rp_oai_error *err) {
     memset(out, 0, sizeof *out);
@@ -482,6 +575,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         BAD(NULL, "the request body must be a JSON object");
         goto out;
     }
+    if (check_fields(root, kind == RP_OAI_CHAT ? F_CHAT : F_COMPLETION, err)) goto out;
     json_t *model = json_object_get(root, "model");
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) {
@@ -519,6 +613,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         goto out;
     p->top_k = top_k;
     out->max_tokens_set |= out->max_completion_tokens;
+    if (parse_output_options(root, kind, out, err)) goto out;
     json_t *seed = json_object_get(root, "seed"); /* any 64-bit integer, as vLLM takes */
     if (seed && !json_is_null(seed)) {
         json_int_t sv;
@@ -535,7 +630,17 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
             BAD("stream_options", "'stream_options' must be an object");
             goto out;
         }
-        if (get_bool(so, "include_usage", &out->include_usage, err)) goto out;
+        const char *key;
+        json_t *v;
+        json_object_foreach(so, key, v) {
+            if (strcmp(key, "include_usage") != 0 && strcmp(key, "continuous_usage_stats") != 0) {
+                BAD("stream_options", "Unrecognized field in 'stream_options': %s", key);
+                goto out;
+            }
+        }
+        if (get_bool(so, "include_usage", &out->include_usage, err) ||
+            get_bool(so, "continuous_usage_stats", &out->continuous_usage, err))
+            goto out;
         if (!out->stream) { /* as vLLM: a likely client mistake, not something to ignore */
             BAD("stream_options", "'stream_options' is only allowed with \"stream\": true");
             goto out;
@@ -612,7 +717,6 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
             check_tool_choice(ctx, root, tools, out, err) || alloc_prompts(out, 1, err) ||
             render_messages(ctx, root, add_gen, &out->prompt_texts[0], err))
             goto out;
-        out->echo = 0; /* completions only */
         out->parse_reasoning = ctx->has_reasoning_parser;
         out->reasoning_parser = ctx->reasoning_parser;
         if (!p->ignore_eos) /* the model's end-of-turn tokens end the answer (ignore_eos: they do not) */
@@ -635,7 +739,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         goto out;
     }
     if (out->echo && out->logprobs) {
-        BAD("echo", "'echo' with 'logprobs' needs the prompt's logprobs, which replay does not compute");
+        BAD("echo", "'echo' with 'logprobs' needs the prompt's logprobs, which replay does not compute yet");
         goto out;
     }
     rc = 0;
@@ -681,7 +785,7 @@ int rp_oai_parse_tokenize(const rp_oai_context *ctx, const char *body, size_t le
     json_t *root = load_object(body, len, err);
     if (!root) return -1;
     int rc = -1, add_special = 1, add_gen = 1;
-    if (check_model(ctx, root, err) || get_bool(root, "add_special_tokens", &add_special, err) ||
+    if (check_fields(root, F_TOKENIZE, err) || check_model(ctx, root, err) || get_bool(root, "add_special_tokens", &add_special, err) ||
         get_bool(root, "add_generation_prompt", &add_gen, err) ||
         get_bool(root, "return_token_strs", &out->return_token_strs, err))
         goto out;
@@ -721,7 +825,7 @@ int rp_oai_parse_detokenize(const rp_oai_context *ctx, const char *body, size_t 
     int rc = -1;
     json_t *t = json_object_get(root, "tokens"), *v;
     size_t i;
-    if (check_model(ctx, root, err)) goto out;
+    if (check_fields(root, F_DETOKENIZE, err) || check_model(ctx, root, err)) goto out;
     if (!ctx->tok) {
         BAD(NULL, "this model has no tokenizer");
         goto out;

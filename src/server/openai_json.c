@@ -45,8 +45,15 @@ json_t *rp_oai_completion(const rp_oai_response *r, json_t *choices, json_t *usa
 }
 
 static json_t *chunk(const rp_oai_response *r, json_t *choice) {
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", r->id, "object", object_name(r, 1), "created",
-                     (json_int_t)r->created, "model", r->model, "choices", choice);
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", r->id, "object", object_name(r, 1), "created",
+                          (json_int_t)r->created, "model", r->model, "choices", choice);
+    if (c && r->continuous_usage &&
+        json_object_set_new(c, "usage", rp_oai_usage(r->usage_prompt_tokens, r->usage_cached_tokens,
+                                                     r->usage_completion_tokens))) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
 }
 
 json_t *rp_oai_chunk(const rp_oai_response *r, int index, const char *text, size_t len, rp_finish finish,
