@@ -93,7 +93,7 @@ check "prompt over the context" 400 "$(post /v1/completions -d "{\"prompt\":[$(s
 check "token id out of range" 400 "$(post /v1/completions -d '{"prompt":[1,999999]}')"
 check "bad message role" 400 "$(post /v1/chat/completions -d '{"messages":[{"role":"wizard","content":"x"}]}')"
 check "no messages" 400 "$(post /v1/chat/completions -d '{"messages":[]}')"
-check "unknown fields are ignored" 200 "$(post /v1/completions -d '{"prompt":"x","max_tokens":1,"foo":{"bar":1}}')"
+check "an unknown field is a 400" 400 "$(post /v1/completions -d '{"prompt":"x","max_tokens":1,"foo":{"bar":1}}')"
 check "GET on a POST route" 405 "$(code "$URL/v1/chat/completions")"
 check "unknown route" 404 "$(code "$URL/v2/nothing")"
 check "body too large" 413 "$(head -c 9000000 /dev/zero | tr '\0' ' ' | curl -s -o /dev/null -w '%{http_code}' "$URL/v1/completions" --data-binary @-)"

@@ -60,15 +60,17 @@ static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) {
 }
 #define BAD(param, ...) bad(err, param, __VA_ARGS__)
 
-/* Which top-level fields a request may have (check_fields). */
-enum { F_ALL = 0, F_COMPLETION, F_CHAT, F_TOKENIZE, F_DETOKENIZE };
+/* Which top-level fields a generation request may have (check_fields).
+ * /tokenize and /detokenize read theirs and take a chat request's body as
+ * it is (to show what a request's model sees), so they are not checked. */
+enum { F_ALL = 0, F_COMPLETION, F_CHAT };
 static const struct {
     const char *name;
     int only; /* F_ALL: both generation endpoints */
 } known_fields[] = {
     {"model", F_ALL}, {"stream", F_ALL}, {"stream_options", F_ALL}, {"n", F_ALL}, {"best_of", F_ALL},
     {"max_tokens", F_ALL}, {"temperature", F_ALL}, {"top_p", F_ALL}, {"top_k", F_ALL}, {"min_p", F_ALL},
-    {"seed", F_ALL}, {"stop", F_ALL}, {"stop_token_ids", F_ALL}, {"presence_penalty", F_ALL},
+    {"seed", F_ALL}, {"max_completion_tokens", F_ALL}, {"stop", F_ALL}, {"stop_token_ids", F_ALL}, {"presence_penalty", F_ALL},
     {"frequency_penalty", F_ALL}, {"repetition_penalty", F_ALL}, {"ignore_eos", F_ALL}, {"logprobs", F_ALL},
     {"echo", F_ALL}, {"include_stop_str_in_output", F_ALL}, {"skip_special_tokens", F_ALL},
     {"spaces_between_special_tokens", F_ALL}, {"truncate_prompt_tokens", F_ALL}, {"min_tokens", F_ALL},
@@ -77,13 +79,9 @@ static const struct {
     {"user", F_ALL}, {"safety_identifier", F_ALL}, {"prompt_cache_key", F_ALL}, {"metadata", F_ALL},
     {"service_tier", F_ALL},
     {"prompt", F_COMPLETION},
-    {"messages", F_CHAT}, {"max_completion_tokens", F_CHAT}, {"top_logprobs", F_CHAT}, {"tools", F_CHAT},
+    {"messages", F_CHAT}, {"top_logprobs", F_CHAT}, {"tools", F_CHAT},
     {"tool_choice", F_CHAT}, {"parallel_tool_calls", F_CHAT}, {"chat_template_kwargs", F_CHAT},
     {"add_generation_prompt", F_CHAT},
-    {"model", F_TOKENIZE}, {"prompt", F_TOKENIZE}, {"messages", F_TOKENIZE}, {"add_special_tokens", F_TOKENIZE},
-    {"add_generation_prompt", F_TOKENIZE}, {"return_token_strs", F_TOKENIZE}, {"tools", F_TOKENIZE},
-    {"chat_template_kwargs", F_TOKENIZE},
-    {"model", F_DETOKENIZE}, {"tokens", F_DETOKENIZE},
 };
 
 /* OpenAI's and vLLM's fields that replay does not implement (yet): a 400
@@ -96,8 +94,8 @@ static const char *const unsupported_fields[] = {
     "add_special_tokens", "return_tokens_as_token_ids",
 };
 
-/* Every top-level field of a request for endpoint `only` (F_COMPLETION,
- * F_CHAT, F_TOKENIZE, F_DETOKENIZE) is one it takes. */
+/* Every top-level field of a request for endpoint `only` (F_COMPLETION or
+ * F_CHAT) is one it takes. */
 static int check_fields(json_t *root, int only, rp_oai_error *err) {
     const char *key;
     json_t *v;
@@ -105,8 +103,7 @@ static int check_fields(json_t *root, int only, rp_oai_error *err) {
         int known = 0;
         for (size_t i = 0; !known && i < sizeof known_fields / sizeof known_fields[0]; i++)
             known = !strcmp(key, known_fields[i].name) &&
-                    (known_fields[i].only == only ||
-                     (known_fields[i].only == F_ALL && (only == F_COMPLETION || only == F_CHAT)));
+                    (known_fields[i].only == only || known_fields[i].only == F_ALL);
         if (known) continue;
         for (size_t i = 0; i < sizeof unsupported_fields / sizeof unsupported_fields[0]; i++)
             if (!strcmp(key, unsupported_fields[i]))
@@ -575,7 +572,6 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         BAD(NULL, "the request body must be a JSON object");
         goto out;
     }
-    if (check_fields(root, kind == RP_OAI_CHAT ? F_CHAT : F_COMPLETION, err)) goto out;
     json_t *model = json_object_get(root, "model");
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) {
@@ -742,6 +738,9 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         BAD("echo", "'echo' with 'logprobs' needs the prompt's logprobs, which replay does not compute yet");
         goto out;
     }
+    /* last, so that a known field's own error (a chat request with "prompt"
+     * and no "messages") is the one reported */
+    if (check_fields(root, kind == RP_OAI_CHAT ? F_CHAT : F_COMPLETION, err)) goto out;
     rc = 0;
 out:
     json_decref(root);
@@ -785,7 +784,7 @@ int rp_oai_parse_tokenize(const rp_oai_context *ctx, const char *body, size_t le
     json_t *root = load_object(body, len, err);
     if (!root) return -1;
     int rc = -1, add_special = 1, add_gen = 1;
-    if (check_fields(root, F_TOKENIZE, err) || check_model(ctx, root, err) || get_bool(root, "add_special_tokens", &add_special, err) ||
+    if (check_model(ctx, root, err) || get_bool(root, "add_special_tokens", &add_special, err) ||
         get_bool(root, "add_generation_prompt", &add_gen, err) ||
         get_bool(root, "return_token_strs", &out->return_token_strs, err))
         goto out;
@@ -825,7 +824,7 @@ int rp_oai_parse_detokenize(const rp_oai_context *ctx, const char *body, size_t 
     int rc = -1;
     json_t *t = json_object_get(root, "tokens"), *v;
     size_t i;
-    if (check_fields(root, F_DETOKENIZE, err) || check_model(ctx, root, err)) goto out;
+    if (check_model(ctx, root, err)) goto out;
     if (!ctx->tok) {
         BAD(NULL, "this model has no tokenizer");
         goto out;

@@ -84,6 +84,8 @@ json_t *rp_oai_json_text(const char *s, size_t n);
 json_t *rp_oai_tokenize_json(const struct rp_tokenizer *tok, int bos, const int32_t *ids, size_t n,
                              int return_token_strs, int max_model_len);
 /* GET /v1/models: the served model. */
+/* One model object (GET /v1/models/{id}), and the list of the one served. */
+json_t *rp_oai_model_json(const char *served_model, long created, int max_model_len, int vocab_size);
 json_t *rp_oai_models_json(const char *served_model, long created, int max_model_len, int vocab_size);
 
 /* {"error": {...}} as an object, or as a malloc'd string. */
