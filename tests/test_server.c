@@ -929,6 +929,7 @@ static void test_request_fields(void **state) {
         free(text);
         json_decref(body);
     }
+    free(full);
     /* truncate_prompt_tokens: the last k ids are fed (and echoed) */
     r = request(port(), "POST", "/v1/completions", NULL,
                 "{\"prompt\":[9707,1879,1879,9707],\"max_tokens\":1,\"truncate_prompt_tokens\":2,\"echo\":true}");
