@@ -93,7 +93,7 @@ check "prompt over the context" 400 "$(post /v1/completions -d "{\"prompt\":[$(s
 check "token id out of range" 400 "$(post /v1/completions -d '{"prompt":[1,999999]}')"
 check "bad message role" 400 "$(post /v1/chat/completions -d '{"messages":[{"role":"wizard","content":"x"}]}')"
 check "no messages" 400 "$(post /v1/chat/completions -d '{"messages":[]}')"
-check "unknown fields are ignored" 200 "$(post /v1/completions -d '{"prompt":"x","max_tokens":1,"foo":{"bar":1}}')"
+check "an unknown field is a 400" 400 "$(post /v1/completions -d '{"prompt":"x","max_tokens":1,"foo":{"bar":1}}')"
 check "GET on a POST route" 405 "$(code "$URL/v1/chat/completions")"
 check "unknown route" 404 "$(code "$URL/v2/nothing")"
 check "body too large" 413 "$(head -c 9000000 /dev/zero | tr '\0' ' ' | curl -s -o /dev/null -w '%{http_code}' "$URL/v1/completions" --data-binary @-)"
@@ -193,6 +193,10 @@ check "completion (logged)" 200 "$(post /v1/completions -d '{"prompt":[9707,1879
 id=$(sed -n 's/.*"id":"\(cmpl-[0-9a-f]*\)".*/\1/p' "$tmp/body")
 check "stream (logged)" 200 "$(post /v1/completions -d '{"prompt":[9707],"max_tokens":3,"ignore_eos":true,"stream":true}')"
 check "404 (logged)" 404 "$(code "$URL/nothing")"
+hdrs=$(curl -s -D - -o "$tmp/body" "$URL/v1/completions" -H 'Content-Type: application/json' -H 'X-Request-Id: my-req-1' \
+  -d '{"prompt":[9707],"max_tokens":1}')
+contains "X-Request-Id sent back" "$hdrs" "X-Request-Id: my-req-1"
+contains "X-Request-Id names the completion" "$(cat "$tmp/body")" '"id":"cmpl-my-req-1"'
 sleep 0.8
 log=$(cat "$tmp/serve.log")
 contains "startup line has the URL" "$log" "INFO  serving '$(basename "$tmp")' on http://127.0.0.1:$port"
@@ -205,6 +209,8 @@ check "access line: timestamp" 1 "$(echo "$line" | grep -cE '^[0-9]{4}-[0-9]{2}-
 contains "access line: a stream" "$log" "route=/v1/completions status=200 prompt_tokens=1 output_tokens=3 ttft_ms="
 contains "access line: a 404" "$log" "id=- client=127.0.0.1:"
 contains "access line: the 404's route" "$log" "method=GET route=/nothing status=404"
+contains "access line: the client's request id" "$log" "id=cmpl-my-req-1 client=127.0.0.1:"
+contains "access line: request_id" "$log" " cached_tokens=0 request_id=my-req-1"
 case "$log" in *"route=/health "*) fail=$((fail + 1)); echo "FAIL: /health logged at info" ;; *) pass=$((pass + 1)) ;; esac
 contains "engine line" "$log" "INFO  engine prompt_tokens_per_s="
 contains "engine line: fields" "$log" " running=0 waiting=0 kv_cache_used_pct="
@@ -325,6 +331,24 @@ else
   echo "SKIP: --host ::1 and --host :: (this machine has no IPv6 loopback address)"
 fi
 URLHOST=127.0.0.1
+# CORS: --allowed-origins; preflights answered, the header on allowed origins' answers only
+MODEL_ARGS=(--model "$tmp")
+start --allowed-origins 'http://app.example' || { echo "$pass passed, $((fail + 1)) failed"; exit 1; }
+pre=$(curl -s -D - -o /dev/null -X OPTIONS "$URL/v1/chat/completions" -H 'Origin: http://app.example' \
+  -H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: content-type')
+contains "CORS preflight: 204" "$pre" "HTTP/1.1 204"
+contains "CORS preflight: origin" "$pre" "Access-Control-Allow-Origin: http://app.example"
+contains "CORS preflight: headers" "$pre" "Access-Control-Allow-Headers: content-type"
+contains "CORS: answer has the origin" "$(curl -s -D - -o /dev/null "$URL/v1/models" -H 'Origin: http://app.example')" \
+  "Access-Control-Allow-Origin: http://app.example"
+case "$(curl -s -D - -o /dev/null "$URL/v1/models" -H 'Origin: http://other.example')" in
+  *Access-Control-Allow-Origin*) fail=$((fail + 1)); echo "FAIL: CORS header for an origin not allowed" ;;
+  *) pass=$((pass + 1)) ;;
+esac
+check "models.retrieve" 200 "$(code "$URL/v1/models/$(basename "$tmp")")"
+check "models.retrieve: another model" 404 "$(code "$URL/v1/models/gpt-4")"
+contains "models.retrieve: OpenAI's error" "$(cat "$tmp/body")" '"code":"model_not_found"'
+stop
 # usage errors name the flag and exit 2, before anything loads
 usage() { local want=$1; shift; out=$("$BIN" serve "$@" 2>&1); check "usage: $*" 2 $?; contains "usage: $* (message)" "$out" "$want"; }
 usage "--port must be an integer from 1 to 65535, got '70000'" --dummy-weights tiny-qwen3 --port 70000
@@ -337,6 +361,8 @@ usage "--chat-template takes a Jinja template file, and '/tmp' is not a file" --
 usage "--generation-config must be auto, vllm or a directory with generation_config.json, got 'x'" --dummy-weights tiny-qwen3 --generation-config x
 usage "--served-model-name must not be empty" --dummy-weights tiny-qwen3 --served-model-name ""
 usage "--api-key must not be empty" --dummy-weights tiny-qwen3 --api-key ""
+usage "--allowed-origins must not be empty" --dummy-weights tiny-qwen3 --allowed-origins ""
+usage "--allowed-methods needs --allowed-origins" --dummy-weights tiny-qwen3 --allowed-methods GET
 usage "the model is given twice" "$tmp" --model "$tmp"
 usage "unexpected argument 'b'" a b
 usage "give either --model or --dummy-weights" "$tmp" --dummy-weights tiny-qwen3

@@ -1,6 +1,7 @@
 // The official `openai` npm client against `replay serve` (started by
 // tests/cli_server_openai.sh): completions and chat, streamed and not,
-// logprobs and top logprobs, n, stop, usage (with prompt_tokens_details.cached_tokens), and
+// logprobs and top logprobs, n, stop (include_stop_str_in_output), usage (with
+// prompt_tokens_details.cached_tokens), models.retrieve, parameters refused by name, and
 // the client's error classes for a bad request, an unknown model and a wrong API key; tools:
 // refused without the parser flags, and (TOOLS=on, a server with --enable-auto-tool-choice
 // --tool-call-parser hermes --reasoning-parser qwen3) the answers' shapes, streamed and not, and a
@@ -57,6 +58,10 @@ if (process.env.TOOLS === 'on') {
 // models
 const models = await client.models.list();
 check('models.list', models.data.length === 1 && models.data[0].id === model, models.data);
+const one = await client.models.retrieve(model);
+check('models.retrieve', one.id === model && one.object === 'model', one);
+await expectError('models.retrieve of another model', () => client.models.retrieve('gpt-4'), 404,
+                  OpenAI.NotFoundError);
 
 // completions, not streamed
 let c = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 8, temperature: 0,
@@ -65,6 +70,30 @@ check('completion object', c.object === 'text_completion' && c.choices.length ==
 check('completion length', c.choices[0].finish_reason === 'length' && c.usage.completion_tokens === 8, c.usage);
 check('completion logprobs', c.choices[0].logprobs.token_logprobs.length === 8, c.choices[0].logprobs);
 const greedy = c.choices[0].text;
+
+// include_stop_str_in_output (vLLM's): a stop string from the greedy text, kept in the answer or not
+const at = [...greedy].findIndex((ch, i) => i >= 2 && /[A-Za-z]/.test(ch));
+if (at > 0) {
+  const stop = [...greedy][at];
+  const cut = greedy.indexOf(stop);
+  for (const keep of [false, true]) {
+    const s = await client.completions.create({ model, prompt: 'Once upon a time', max_tokens: 8, temperature: 0,
+                                               ignore_eos: true, stop, include_stop_str_in_output: keep });
+    check(`include_stop_str_in_output ${keep}`, s.choices[0].text === greedy.slice(0, cut + (keep ? stop.length : 0)) &&
+          s.choices[0].finish_reason === 'stop', { greedy, stop, got: s.choices[0].text });
+  }
+} else console.log(`note: no letter in the greedy text ${JSON.stringify(greedy)}; include_stop_str_in_output not checked`);
+// a parameter replay does not implement is a 400 naming it, never ignored
+for (const [name, extra] of [['min_tokens', { min_tokens: 4 }], ['logit_bias', { logit_bias: { '9707': 10 } }],
+                             ['best_of', { best_of: 2 }], ['made_up_field', { made_up_field: 1 }]]) {
+  try {
+    await client.completions.create({ model, prompt: 'x', max_tokens: 1, ...extra });
+    check(`${name} refused`, false, 'no error');
+  } catch (e) {
+    check(`${name} refused`, e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === name,
+          { status: e.status, param: e.param, message: e.message });
+  }
+}
 
 // completions, streamed: the same greedy text, usage at the end
 let text = '', chunks = 0, usage = null, finish = null;

@@ -892,6 +892,47 @@ static void test_template_raises(void **state) {
     rp_tokenizer_free(tok);
 }
 
+/* Issue 40 item 6: the output options reach the request; what replay does
+ * not implement is refused by name. */
+static void test_output_options(void **state) {
+    (void)state;
+    rp_oai_context ctx = {.served_model = "m", .max_context = 4096, .vocab_size = 151936};
+    rp_oai_request q;
+    rp_oai_error e;
+    const char *body = "{\"prompt\":[1,2,3],\"include_stop_str_in_output\":true,\"skip_special_tokens\":false,"
+                       "\"truncate_prompt_tokens\":2,\"best_of\":3,\"n\":3,\"stream\":true,"
+                       "\"stream_options\":{\"continuous_usage_stats\":true},\"user\":\"u\"}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e), 0);
+    assert_true(q.params.include_stop_str_in_output && q.params.keep_special_tokens);
+    assert_int_equal(q.truncate_prompt_tokens, 2);
+    assert_true(q.continuous_usage && !q.include_usage);
+    rp_oai_request_free(&q);
+    body = "{\"prompt\":[1]}"; /* the defaults: specials skipped, the stop string cut */
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e), 0);
+    assert_true(!q.params.include_stop_str_in_output && !q.params.keep_special_tokens && !q.truncate_prompt_tokens);
+    rp_oai_request_free(&q);
+    static const struct {
+        const char *body, *param, *msg;
+    } refused[] = {
+        {"{\"prompt\":[1],\"min_tokens\":1}", "min_tokens", "not supported by replay yet"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"5\":1}}", "logit_bias", "not supported by replay yet"},
+        {"{\"prompt\":[1],\"best_of\":2}", "best_of", "must equal 'n'"},
+        {"{\"prompt\":[1],\"truncate_prompt_tokens\":-1}", "truncate_prompt_tokens", "must be in"},
+        {"{\"prompt\":[1],\"spaces_between_special_tokens\":false}", "spaces_between_special_tokens", "not supported"},
+        {"{\"prompt\":[1],\"prompt_logprobs\":0}", "prompt_logprobs", "not supported by replay yet"},
+        {"{\"prompt\":[1],\"suffix\":\"x\"}", "suffix", "not supported by replay yet"},
+        {"{\"prompt\":[1],\"bogus\":null}", "bogus", "Unrecognized request argument supplied: bogus"},
+        {"{\"prompt\":[1],\"messages\":[]}", "messages", "Unrecognized request argument supplied: messages"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        if (rp_oai_parse(&ctx, RP_OAI_COMPLETION, refused[i].body, strlen(refused[i].body), &q, &e) == 0)
+            fail_msg("%s: taken", refused[i].body);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, refused[i].param);
+        if (!strstr(e.message, refused[i].msg)) fail_msg("%s: '%s'", refused[i].body, e.message);
+    }
+}
+
 /* generation_config.json's sampling (the context's defaults) fills only
  * what a request leaves unset. */
 static void test_sampling_defaults(void **state) {
@@ -931,6 +972,7 @@ int main(void) {
         cmocka_unit_test(test_tool_errors),
         cmocka_unit_test(test_template_raises),
         cmocka_unit_test(test_sampling_defaults),
+        cmocka_unit_test(test_output_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

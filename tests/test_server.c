@@ -796,10 +796,10 @@ static void test_chat_choice_scripted(void **state) {
 
 static void test_completions(void **state) {
     (void)state;
-    /* unknown fields are ignored; logprobs of the chosen tokens */
+    /* OpenAI's no-effect fields are taken (test_request_fields: unknown ones are not); logprobs of the chosen tokens */
     response r = request(port(), "POST", "/v1/completions", NULL,
                          "{\"model\":\"tiny\",\"prompt\":\"Hello\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":0,"
-                         "\"ignore_eos\":true,\"user\":\"u\",\"foo\":{\"bar\":[1]}}");
+                         "\"ignore_eos\":true,\"user\":\"u\",\"metadata\":{\"k\":\"v\"}}");
     assert_int_equal(r.status, 200);
     json_t *j = parse(r.body), *c = json_array_get(json_object_get(j, "choices"), 0);
     assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
@@ -855,6 +855,174 @@ static void test_completions(void **state) {
     assert_int_equal(r.status, 200);
     response_free(&r);
     wait_pool_full();
+}
+
+/* The text of choice 0 of a non-streaming answer (malloc'd). */
+static char *choice_text(const char *what, response r) {
+    if (r.status != 200) fail_msg("%s: %d %s", what, r.status, r.body);
+    json_t *j = parse(r.body), *c = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *t = json_object_get(c, "text");
+    if (!t) t = json_object_get(json_object_get(c, "message"), "content");
+    char *s = strdup(json_string_value(t));
+    json_decref(j);
+    response_free(&r);
+    return s;
+}
+
+/* Issue 40 item 6: every field is implemented, refused by name, or one of
+ * OpenAI's no-effect fields. */
+static void test_request_fields(void **state) {
+    (void)state;
+    static const struct {
+        const char *what, *path, *body, *param;
+    } refused[] = {
+        {"unknown field", "/v1/completions", "{\"prompt\":\"x\",\"foo\":{\"bar\":1}}", "foo"},
+        {"unknown chat field", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prompt\":\"x\"}", "prompt"},
+        {"min_tokens", "/v1/completions", "{\"prompt\":\"x\",\"min_tokens\":3}", "min_tokens"},
+        {"logit_bias", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"9707\":5}}", "logit_bias"},
+        {"spaces_between_special_tokens false", "/v1/completions",
+         "{\"prompt\":\"x\",\"spaces_between_special_tokens\":false}", "spaces_between_special_tokens"},
+        {"best_of > n", "/v1/completions", "{\"prompt\":\"x\",\"best_of\":3}", "best_of"},
+        {"truncate_prompt_tokens 0", "/v1/completions", "{\"prompt\":\"x\",\"truncate_prompt_tokens\":0}",
+         "truncate_prompt_tokens"},
+        {"echo with logprobs", "/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}", "echo"},
+        {"prompt_logprobs", "/v1/completions", "{\"prompt\":\"x\",\"prompt_logprobs\":1}", "prompt_logprobs"},
+        {"response_format", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}",
+         "response_format"},
+        {"chat echo", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}",
+         "echo"},
+        {"skip_special_tokens type", "/v1/completions", "{\"prompt\":\"x\",\"skip_special_tokens\":1}",
+         "skip_special_tokens"},
+        {"unknown stream option", "/v1/completions",
+         "{\"prompt\":\"x\",\"stream\":true,\"stream_options\":{\"include_usage\":true,\"foo\":1}}", "stream_options"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
+        expect_error(refused[i].what, request(port(), "POST", refused[i].path, NULL, refused[i].body), 400,
+                     refused[i].param, NULL);
+    response r = request(port(), "POST", "/v1/completions", NULL, "{\"prompt\":\"x\",\"foo\":1}");
+    assert_non_null(strstr(r.body, "Unrecognized request argument supplied: foo"));
+    response_free(&r);
+    /* what asks for nothing is taken */
+    free(choice_text("no-op values", request(port(), "POST", "/v1/completions", NULL,
+                                             "{\"prompt\":\"x\",\"max_tokens\":2,\"min_tokens\":0,\"logit_bias\":{},"
+                                             "\"best_of\":2,\"n\":2,\"spaces_between_special_tokens\":true,"
+                                             "\"skip_special_tokens\":false,\"user\":\"u\",\"service_tier\":\"auto\"}")));
+    /* include_stop_str_in_output: a stop string from the greedy text itself */
+    char *full = choice_text("greedy", request(port(), "POST", "/v1/completions", NULL,
+                                               "{\"prompt\":\"Hello\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true}"));
+    size_t fl = strlen(full), at = fl / 2;
+    while (at < fl && (unsigned char)full[at] >= 0x80) at++; /* an ASCII byte: never half a character */
+    if (at + 1 >= fl) fail_msg("no ASCII stop string in '%s'", full);
+    char stop[3] = {full[at], full[at + 1], 0};
+    if ((unsigned char)stop[1] >= 0x80) stop[1] = 0;
+    size_t first = (size_t)(strstr(full, stop) - full);
+    for (int inc = 0; inc < 2; inc++) {
+        json_t *body = json_pack("{s:s, s:i, s:i, s:b, s:s, s:b}", "prompt", "Hello", "max_tokens", 8, "temperature", 0,
+                                 "ignore_eos", 1, "stop", stop, "include_stop_str_in_output", inc);
+        char *text = json_dumps(body, JSON_COMPACT);
+        char *got = choice_text("stop string", request(port(), "POST", "/v1/completions", NULL, text));
+        size_t want = first + (inc ? strlen(stop) : 0);
+        if (strlen(got) != want || strncmp(got, full, want) != 0)
+            fail_msg("include_stop_str_in_output=%d, stop '%s': got '%s' of '%s'", inc, stop, got, full);
+        free(got);
+        free(text);
+        json_decref(body);
+    }
+    free(full);
+    /* truncate_prompt_tokens: the last k ids are fed (and echoed) */
+    r = request(port(), "POST", "/v1/completions", NULL,
+                "{\"prompt\":[9707,1879,1879,9707],\"max_tokens\":1,\"truncate_prompt_tokens\":2,\"echo\":true}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"text\":\" worldHello"));
+    assert_non_null(strstr(r.body, "\"prompt_tokens\":2"));
+    response_free(&r);
+    free(choice_text("truncate above the length", request(port(), "POST", "/v1/completions", NULL,
+                                                         "{\"prompt\":\"Hello\",\"max_tokens\":1,\"truncate_prompt_tokens\":100}")));
+    /* continuous_usage_stats: usage in every chunk, the last one's completion_tokens the total */
+    r = request(port(), "POST", "/v1/chat/completions", NULL,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3,\"ignore_eos\":true,"
+                "\"stream\":true,\"stream_options\":{\"continuous_usage_stats\":true}}");
+    assert_int_equal(r.status, 200);
+    int chunks = 0, with_usage = 0;
+    for (const char *p = r.body; (p = strstr(p, "data: {")); p++) {
+        chunks++;
+        const char *e = strstr(p, "\n\n");
+        const char *u = strstr(p, "\"usage\":{\"prompt_tokens\":");
+        with_usage += u && u < e;
+    }
+    assert_int_equal(chunks, 1 + 3); /* the role, three tokens (the last with the finish) */
+    assert_int_equal(with_usage, chunks);
+    assert_non_null(strstr(r.body, "\"completion_tokens\":3"));
+    response_free(&r);
+    wait_pool_full();
+}
+
+/* Issue 40 item 7: request ids, CORS, GET /v1/models/{id}. */
+static void test_serving_basics(void **state) {
+    (void)state;
+    /* X-Request-Id: the client's names the completion and comes back; one is made otherwise */
+    response r = request(port(), "POST", "/v1/completions", "X-Request-Id: abc-123\r\n",
+                         "{\"prompt\":\"x\",\"max_tokens\":1}");
+    assert_int_equal(r.status, 200);
+    assert_non_null(strcasestr(r.headers, "X-Request-Id: abc-123"));
+    assert_non_null(strstr(r.body, "\"id\":\"cmpl-abc-123\""));
+    assert_null(strcasestr(r.headers, "Access-Control-Allow-Origin")); /* no CORS without the flag */
+    response_free(&r);
+    r = request(port(), "GET", "/v1/models", NULL, NULL);
+    assert_non_null(strcasestr(r.headers, "X-Request-Id: "));
+    response_free(&r);
+    expect_error("bad X-Request-Id", request(port(), "GET", "/v1/models", "X-Request-Id: a\x01" "b\r\n", NULL), 400,
+                 "X-Request-Id", NULL);
+    expect_error("OPTIONS without CORS", request(port(), "OPTIONS", "/v1/models", NULL, NULL), 405, NULL, NULL);
+    /* models.retrieve */
+    r = request(port(), "GET", "/v1/models/tiny", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    json_t *j = parse(r.body);
+    assert_string_equal(json_string_value(json_object_get(j, "id")), "tiny");
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "model");
+    json_decref(j);
+    response_free(&r);
+    expect_error("another model", request(port(), "GET", "/v1/models/gpt-4", NULL, NULL), 404, "model",
+                 "model_not_found");
+    /* CORS: a server with two allowed origins */
+    rp_server_config pc = {.host = "127.0.0.1", .served_model = "org/tiny",
+                           .allowed_origins = "http://a.example, http://b.example"};
+    char perr[512];
+    rp_server *ps = rp_server_start(eng, &pc, NULL, perr, sizeof perr);
+    if (!ps) fail_msg("server: %s", perr);
+    int pp = rp_server_port(ps);
+    r = request(pp, "OPTIONS", "/v1/chat/completions",
+                "Origin: http://b.example\r\nAccess-Control-Request-Method: POST\r\n"
+                "Access-Control-Request-Headers: authorization, content-type\r\n", NULL);
+    assert_int_equal(r.status, 204);
+    assert_non_null(strcasestr(r.headers, "Access-Control-Allow-Origin: http://b.example"));
+    assert_non_null(strcasestr(r.headers, "Access-Control-Allow-Methods: GET, POST, HEAD, OPTIONS"));
+    assert_non_null(strcasestr(r.headers, "Access-Control-Allow-Headers: authorization, content-type"));
+    response_free(&r);
+    expect_error("preflight from another origin",
+                 request(pp, "OPTIONS", "/v1/models", "Origin: http://evil.example\r\n", NULL), 400, NULL, NULL);
+    r = request(pp, "GET", "/v1/models/org/tiny", "Origin: http://a.example\r\n", NULL); /* a name with '/' */
+    assert_int_equal(r.status, 200);
+    assert_non_null(strcasestr(r.headers, "Access-Control-Allow-Origin: http://a.example"));
+    assert_non_null(strcasestr(r.headers, "Vary: Origin"));
+    response_free(&r);
+    r = request(pp, "POST", "/v1/completions", "Origin: http://a.example\r\n", "{\"prompt\":\"x\",\"foo\":1}");
+    assert_int_equal(r.status, 400); /* refusals carry it too, so the page can read them */
+    assert_non_null(strcasestr(r.headers, "Access-Control-Allow-Origin: http://a.example"));
+    response_free(&r);
+    r = request(pp, "GET", "/v1/models", "Origin: http://evil.example\r\n", NULL);
+    assert_int_equal(r.status, 200);
+    assert_null(strcasestr(r.headers, "Access-Control-Allow-Origin"));
+    response_free(&r);
+    rp_server_stop(ps);
+    pc.allowed_origins = "*";
+    ps = rp_server_start(eng, &pc, NULL, perr, sizeof perr);
+    if (!ps) fail_msg("server: %s", perr);
+    r = request(rp_server_port(ps), "GET", "/v1/models", "Origin: http://any.example\r\n", NULL);
+    assert_non_null(strcasestr(r.headers, "Access-Control-Allow-Origin: *"));
+    response_free(&r);
+    rp_server_stop(ps);
 }
 
 /* One chat logprobs.content entry: n alternatives, sorted descending, each
@@ -1540,7 +1708,7 @@ static void test_listener(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_listener),
-        cmocka_unit_test(test_errors),     cmocka_unit_test(test_chat_tools), cmocka_unit_test(test_chat_choice_scripted), cmocka_unit_test(test_completions), cmocka_unit_test(test_top_logprobs),
+        cmocka_unit_test(test_errors),     cmocka_unit_test(test_chat_tools), cmocka_unit_test(test_chat_choice_scripted), cmocka_unit_test(test_completions), cmocka_unit_test(test_request_fields), cmocka_unit_test(test_serving_basics), cmocka_unit_test(test_top_logprobs),
         cmocka_unit_test(test_streaming),  cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_connection_flood), cmocka_unit_test(test_refused_before_body),
         cmocka_unit_test(test_pipelining_head_half_close), cmocka_unit_test(test_queue_full),

@@ -162,6 +162,11 @@ typedef struct rp_request_params {
     int num_prompt_ids;
     int max_tokens;             /* default 16 when 0 and max_tokens_set is 0 */
     int ignore_eos;
+    /* the output's text (vLLM's meanings): include_stop_str_in_output keeps
+     * the stop string that ended it (and a stop token's text) in the text;
+     * keep_special_tokens writes special tokens' text (vLLM's
+     * skip_special_tokens = false) */
+    int include_stop_str_in_output, keep_special_tokens;
     /* sampling, vLLM's meanings */
     float temperature, top_p, min_p;
     int top_k;

@@ -61,6 +61,10 @@ static void help(FILE *f) {
             "                             model's generation_config.json (temperature, top_p, top_k, min_p,\n"
             "                             repetition_penalty), vllm = replay's defaults, or a directory with\n"
             "                             generation_config.json (default auto; as vLLM)\n"
+            "  --allowed-origins LIST     CORS: origins browsers may call from, comma-separated, or '*'\n"
+            "                             (default: none, no CORS headers; OPTIONS preflights answered)\n"
+            "  --allowed-methods LIST     CORS: methods a preflight allows (default '*': GET, POST, HEAD)\n"
+            "  --allowed-headers LIST     CORS: headers a preflight allows (default '*': those asked for)\n"
             "\n"
             "Tool calls and reasoning (docs/tools.md; vLLM's flags):\n"
             "  --tool-call-parser NAME    how the model writes tool calls: hermes (Qwen2.5, Qwen3),\n"
@@ -146,6 +150,11 @@ static int check_options(const rp_server_config *sc, const char *tokenizer_dir, 
     if (sc->api_key && !sc->api_key[0])
         return rp_cli_usage_error(CMD, "--api-key must not be empty (leave it out to serve without a key)");
     if (!sc->host[0]) return rp_cli_usage_error(CMD, "--host must not be empty");
+    if (sc->allowed_origins && !sc->allowed_origins[0])
+        return rp_cli_usage_error(CMD, "--allowed-origins must not be empty (a comma list of origins, or '*')");
+    if ((sc->allowed_methods || sc->allowed_headers) && !sc->allowed_origins)
+        return rp_cli_usage_error(CMD, "--%s needs --allowed-origins (CORS is off without it)",
+                                  sc->allowed_methods ? "allowed-methods" : "allowed-headers");
     if (sc->enable_auto_tool_choice && !sc->tool_call_parser)
         return rp_cli_usage_error(CMD, "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or "
                                        "mistral): the parser that finds the calls in the model's output");
@@ -170,7 +179,8 @@ static const char *flag_name(const struct option *longopts, int opt) {
 enum {
     OPT_HOST = 0x1c0, /* past the common options (cli.h) */
     OPT_PORT, OPT_NAME, OPT_KEY, OPT_TOKENIZER, OPT_TEMPLATE, OPT_NO_ACCESS_LOG, OPT_STATS_INTERVAL, OPT_NO_STATS,
-    OPT_GENERATION_CONFIG, OPT_TOOL_PARSER, OPT_AUTO_TOOL_CHOICE, OPT_REASONING_PARSER,
+    OPT_GENERATION_CONFIG, OPT_TOOL_PARSER, OPT_AUTO_TOOL_CHOICE, OPT_REASONING_PARSER, OPT_ORIGINS, OPT_METHODS,
+    OPT_HEADERS,
     OPT_LIMIT = 0x180 /* the limits, in the order of limits[] below */
 };
 
@@ -186,6 +196,9 @@ static const struct option options[] = {
     {"tool-call-parser", required_argument, 0, OPT_TOOL_PARSER},
     {"enable-auto-tool-choice", no_argument, 0, OPT_AUTO_TOOL_CHOICE},
     {"reasoning-parser", required_argument, 0, OPT_REASONING_PARSER},
+    {"allowed-origins", required_argument, 0, OPT_ORIGINS},
+    {"allowed-methods", required_argument, 0, OPT_METHODS},
+    {"allowed-headers", required_argument, 0, OPT_HEADERS},
     {"disable-access-log", no_argument, 0, OPT_NO_ACCESS_LOG},
     {"disable-uvicorn-access-log", no_argument, 0, OPT_NO_ACCESS_LOG},
     {"log-stats-interval", required_argument, 0, OPT_STATS_INTERVAL},
@@ -238,6 +251,9 @@ static int run(int argc, char **argv) {
             break;
         }
         case OPT_AUTO_TOOL_CHOICE: sc.enable_auto_tool_choice = 1; break;
+        case OPT_ORIGINS: sc.allowed_origins = optarg; break;
+        case OPT_METHODS: sc.allowed_methods = optarg; break;
+        case OPT_HEADERS: sc.allowed_headers = optarg; break;
         case OPT_REASONING_PARSER: {
             rp_reasoning_kind rk;
             if (rp_reasoning_from_name(optarg, &rk))

@@ -117,6 +117,14 @@ void rp_engine_on_sampled(rp_engine *e, rp_request *r, int k, int32_t tok, float
     e->stats.generated_tokens++;
     if (is_stop_token(e, r, tok)) {
         r->num_output = k + 1; /* a provisional token after this one is dropped */
+        const char *piece;
+        size_t n;
+        rp_err err; /* its text (empty for a special token, unless kept) joins the output when asked */
+        if (r->has_detok && r->include_stop_str && rp_detok_push(&r->detok, tok, &piece, &n, &err) == 0 &&
+            held_append(r, piece, n)) {
+            rp_engine_finish(e, r, tok, lp, top, RP_FINISH_REASON_ERROR, "out of memory holding the output text");
+            return;
+        }
         rp_engine_finish(e, r, tok, lp, top, RP_FINISH_REASON_STOP, NULL);
         return;
     }
@@ -132,7 +140,8 @@ void rp_engine_on_sampled(rp_engine *e, rp_request *r, int k, int32_t tok, float
         for (int i = 0; i < r->num_stop; i++) {
             char *hit = r->held_len ? memmem(r->held, r->held_len, r->stop[i], strlen(r->stop[i])) : NULL;
             if (hit) {
-                r->held_len = (size_t)(hit - r->held); /* the stop string is not part of the output */
+                /* the stop string is not part of the output, unless asked */
+                r->held_len = (size_t)(hit - r->held) + (r->include_stop_str ? strlen(r->stop[i]) : 0);
                 r->held[r->held_len] = 0;
                 rp_detok_free(&r->detok);
                 r->has_detok = 0;

@@ -188,7 +188,8 @@ int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback
         return fail(err, RP_ERROR_OUT_OF_MEMORY, "", "out of memory");
     }
     if (e->tok) {
-        rp_detok_init(&r->detok, e->tok, 1);
+        rp_detok_init(&r->detok, e->tok, !p->keep_special_tokens);
+        r->include_stop_str = p->include_stop_str_in_output;
         r->has_detok = 1;
     }
     /* r belongs to the engine thread once queued: the id comes back from the queueing */

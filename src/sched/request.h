@@ -63,6 +63,7 @@ typedef struct rp_request {
      * turn out to be the start of a stop string */
     rp_detok detok;
     int has_detok;
+    int include_stop_str; /* the stop string or stop token's text stays in the output */
     char *held;
     size_t held_len, held_cap;
     struct rp_request *next; /* queue link */

@@ -31,6 +31,7 @@
 #include <math.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,7 @@
 #include "server/session.h"
 #include "tokenizer/tokenizer.h"
 #include "util/log.h"
+#include "util/rng.h"
 
 #define WATCH_MS 20           /* how soon a hang-up or shutdown aborts a session */
 #define SWEEP_EVERY 10        /* the timeouts are checked every SWEEP_EVERY watches */
@@ -98,6 +100,8 @@ struct rp_server {
     pthread_t guard;
     int guard_stop; /* atomic */
     rp_stats_log stats; /* the guard thread's */
+    char *allowed_origins, *allowed_methods, *allowed_headers; /* copies; origins NULL: no CORS */
+    uint64_t next_request_id; /* atomic: the ids made for requests without X-Request-Id */
 };
 
 /* What a client gets when even its error cannot be allocated. */
@@ -121,20 +125,28 @@ typedef struct conn_state {
     rp_session *logged;      /* a stream's session, held until the request is over */
     rp_session_summary sum;  /* a non-streaming request's, taken when it is answered */
     int have_sum;
+    char request_id[72];     /* X-Request-Id, the client's or made here: sent back and logged */
+    char cors_origin[256];   /* the allowed Origin to send back in Access-Control-Allow-Origin, or "" */
+    int model_match;         /* GET /v1/models/{id}: the id is the served model's name */
 } conn_state;
 
 /* ---- responses ------------------------------------------------------------------ */
 
-/* Queues resp (released here) with its headers (an Allow header when
- * allow is set, Retry-After on a 503); MHD_NO closes the connection when
- * even that fails. */
+/* Queues resp (released here) with its headers (Content-Type when type is
+ * set, an Allow header when allow is, Retry-After on a 503, X-Request-Id,
+ * and Access-Control-Allow-Origin for an allowed Origin); MHD_NO closes
+ * the connection when even that fails. */
 static enum MHD_Result queue(conn_state *cs, int status, struct MHD_Response *resp, const char *type,
                              const char *allow) {
     if (!resp) return MHD_NO;
     rp_server *s = cs->s;
     enum MHD_Result rc = MHD_NO;
-    if (MHD_add_response_header(resp, "Content-Type", type) == MHD_YES &&
+    if ((!type || MHD_add_response_header(resp, "Content-Type", type) == MHD_YES) &&
         (!allow || MHD_add_response_header(resp, "Allow", allow) == MHD_YES) &&
+        (!cs->request_id[0] || MHD_add_response_header(resp, "X-Request-Id", cs->request_id) == MHD_YES) &&
+        (!cs->cors_origin[0] || MHD_add_response_header(resp, "Access-Control-Allow-Origin", cs->cors_origin) == MHD_YES) &&
+        (!cs->cors_origin[0] || !strcmp(cs->cors_origin, "*") ||
+         MHD_add_response_header(resp, "Vary", "Origin") == MHD_YES) &&
         (status != 503 || MHD_add_response_header(resp, "Retry-After", RETRY_AFTER_S) == MHD_YES)) {
         rp_metrics_count_http(s->metrics, status);
         rc = MHD_queue_response(cs->conn, (unsigned)status, resp);
@@ -235,6 +247,7 @@ static enum MHD_Result handle_generate(conn_state *cs, rp_oai_kind kind, const c
     rp_oai_error e;
     const double t_body = rp_now_s();
     if (rp_oai_parse(&s->oai, kind, body, len, &q, &e)) return send_error(cs, &e);
+    snprintf(q.request_id, sizeof q.request_id, "%s", cs->request_id);
     const double t_parsed = rp_now_s();
     rp_session_waker waker = {conn_sleep, conn_wake, cs->conn};
     rp_session *sess = rp_session_new(&s->sessions, &q, connection_fd(cs->conn), &waker, &e);
@@ -313,6 +326,20 @@ static enum MHD_Result handle_models(conn_state *cs) {
                      rp_oai_models_json(s->served_model, (long)time(NULL), s->oai.max_context, s->oai.vocab_size));
 }
 
+/* GET /v1/models/{id} (the openai client's models.retrieve): the served
+ * model's object, or 404 model_not_found. A name may hold '/'. */
+static enum MHD_Result handle_model(conn_state *cs, const char *id) {
+    rp_server *s = cs->s;
+    if (!cs->model_match) { /* compared whole when the headers came; id may be cut */
+        rp_oai_error e;
+        rp_oai_set_error(&e, 404, "invalid_request_error", "model", "model_not_found",
+                         "The model '%s' does not exist (this server serves '%s')", id, s->served_model);
+        return send_error(cs, &e);
+    }
+    return send_json(cs, 200, rp_oai_model_json(s->served_model, (long)time(NULL), s->oai.max_context,
+                                                s->oai.vocab_size));
+}
+
 /* ---- connections: tracked for the header and body timeouts ---------------------------- */
 
 static void set_phase(rp_server *s, struct MHD_Connection *conn, enum conn_phase ph) {
@@ -382,8 +409,10 @@ static void *guard_main(void *arg) {
 }
 
 enum route {
-    R_COMPLETIONS, R_CHAT, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_HEALTH_GENERATE, R_HEALTH, R_METRICS, R_VERSION
+    R_COMPLETIONS, R_CHAT, R_MODELS, R_TOKENIZE, R_DETOKENIZE, R_HEALTH_GENERATE, R_HEALTH, R_METRICS, R_VERSION,
+    R_MODEL /* /v1/models/{id}: matched by its prefix */
 };
+#define MODEL_PREFIX "/v1/models/"
 static const struct {
     const char *path;
     int post, auth;
@@ -392,7 +421,7 @@ static const struct {
     [R_MODELS] = {"/v1/models", 0, 1},           [R_TOKENIZE] = {"/tokenize", 1, 1},
     [R_DETOKENIZE] = {"/detokenize", 1, 1},      [R_HEALTH_GENERATE] = {"/health_generate", 0, 1},
     [R_HEALTH] = {"/health", 0, 0},              [R_METRICS] = {"/metrics", 0, 0},
-    [R_VERSION] = {"/version", 0, 0},
+    [R_VERSION] = {"/version", 0, 0},            [R_MODEL] = {"/v1/models/{id}", 0, 1},
 };
 
 /* How a request ended, when not with its whole answer sent. */
@@ -425,6 +454,7 @@ static void access_line(struct MHD_Connection *conn, conn_state *cs, enum MHD_Re
         .ttft_ms = sum && sum->first_token_s > 0 ? (sum->first_token_s - cs->t_start) * 1e3 : NAN,
         .total_ms = (now - cs->t_start) * 1e3,
         .end = ending(toe),
+        .request_id = cs->request_id[0] ? cs->request_id : NULL,
     };
     /* probes and scrapes come every few seconds: only their failures are news */
     int routine = (cs->rt == R_HEALTH || cs->rt == R_METRICS) && cs->status == 200 && !a.end;
@@ -514,6 +544,7 @@ static enum MHD_Result route(conn_state *cs, const char *body, size_t len) {
     case R_COMPLETIONS: return handle_generate(cs, RP_OAI_COMPLETION, body, len);
     case R_CHAT: return handle_generate(cs, RP_OAI_CHAT, body, len);
     case R_MODELS: return handle_models(cs);
+    case R_MODEL: return handle_model(cs, cs->path + strlen(MODEL_PREFIX));
     case R_TOKENIZE: return handle_tokenize(cs, body, len);
     case R_DETOKENIZE: return handle_detokenize(cs, body, len);
     case R_HEALTH_GENERATE: { /* one greedy token through the whole engine */
@@ -526,6 +557,81 @@ static enum MHD_Result route(conn_state *cs, const char *body, size_t len) {
     }
 }
 
+/* Whether item is in a comma-separated list (spaces around items ignored;
+ * case-sensitive, as origins are compared). */
+static int in_list(const char *list, const char *item) {
+    size_t n = strlen(item);
+    for (const char *p = list; *p;) {
+        while (*p == ' ' || *p == ',') p++;
+        const char *e = p;
+        while (*e && *e != ',') e++;
+        const char *t = e;
+        while (t > p && t[-1] == ' ') t--;
+        if ((size_t)(t - p) == n && !memcmp(p, item, n)) return 1;
+        p = e;
+    }
+    return 0;
+}
+
+/* CORS: the Origin a response may name in Access-Control-Allow-Origin
+ * ("*" when any is allowed), or 0 when the request has none allowed. */
+static int cors_origin(conn_state *cs) {
+    rp_server *s = cs->s;
+    const char *origin = MHD_lookup_connection_value(cs->conn, MHD_HEADER_KIND, "Origin");
+    if (!s->allowed_origins || !origin) return 0;
+    if (in_list(s->allowed_origins, "*")) snprintf(cs->cors_origin, sizeof cs->cors_origin, "*");
+    else if (in_list(s->allowed_origins, origin) && strlen(origin) < sizeof cs->cors_origin)
+        snprintf(cs->cors_origin, sizeof cs->cors_origin, "%s", origin);
+    return cs->cors_origin[0] != 0;
+}
+
+/* An OPTIONS preflight of a known route (with --allowed-origins): 204 with
+ * what may follow, as Starlette's CORSMiddleware (vLLM's) answers; a
+ * preflight from an origin not allowed is a 400. "*" for the headers
+ * echoes the ones the browser asks for. */
+static enum MHD_Result preflight(conn_state *cs) {
+    rp_server *s = cs->s;
+    if (!cs->cors_origin[0]) {
+        rp_oai_error e;
+        rp_oai_set_error(&e, 400, "invalid_request_error", NULL, NULL, "Disallowed CORS origin");
+        return send_error(cs, &e);
+    }
+    const char *methods = s->allowed_methods && strcmp(s->allowed_methods, "*") != 0 ? s->allowed_methods
+                                                                                      : "GET, POST, HEAD, OPTIONS";
+    const char *asked = MHD_lookup_connection_value(cs->conn, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    const char *headers = s->allowed_headers && strcmp(s->allowed_headers, "*") != 0 ? s->allowed_headers
+                          : asked                                                     ? asked
+                                                                                      : "*";
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    if (!resp) return MHD_NO;
+    if (MHD_add_response_header(resp, "Access-Control-Allow-Methods", methods) != MHD_YES ||
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", headers) != MHD_YES ||
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "600") != MHD_YES) {
+        MHD_destroy_response(resp);
+        return MHD_NO;
+    }
+    return queue(cs, 204, resp, NULL, NULL);
+}
+
+/* X-Request-Id: the client's (printable ASCII without spaces, at most 64
+ * bytes, since it is sent back and logged), or one made here. -1: the
+ * client's is not usable (a 400 names it). */
+static int take_request_id(conn_state *cs) {
+    const char *h = MHD_lookup_connection_value(cs->conn, MHD_HEADER_KIND, "X-Request-Id");
+    if (!h) {
+        uint64_t k = __atomic_add_fetch(&cs->s->next_request_id, 1, __ATOMIC_RELAXED);
+        snprintf(cs->request_id, sizeof cs->request_id, "%016llx",
+                 (unsigned long long)rp_mix64(k ^ ((uint64_t)time(NULL) << 20) ^ (uint64_t)(uintptr_t)cs->s));
+        return 0;
+    }
+    size_t n = strlen(h);
+    int ok = n >= 1 && n <= 64;
+    for (size_t i = 0; ok && i < n; i++) ok = h[i] > 0x20 && h[i] < 0x7f;
+    if (!ok) return -1;
+    memcpy(cs->request_id, h, n + 1);
+    return 0;
+}
+
 /* The headers are in: method, route, key and announced size are checked
  * before any of the body is read. A refusal queued now is sent at once and
  * the connection closed (libmicrohttpd reads no body after an early
@@ -535,6 +641,12 @@ static enum MHD_Result check_headers(conn_state *cs, const char *url, const char
     struct MHD_Connection *conn = cs->conn;
     rp_oai_error e;
     cl_scan cl = {0};
+    cors_origin(cs); /* refusals carry the CORS header too, so a browser can read them */
+    if (take_request_id(cs)) {
+        rp_oai_set_error(&e, 400, "invalid_request_error", "X-Request-Id", NULL,
+                         "the X-Request-Id header must be 1 to 64 printable ASCII characters without spaces");
+        return send_error(cs, &e);
+    }
     MHD_get_connection_values(conn, MHD_HEADER_KIND, scan_content_length, &cl);
     if (cl.conflict) {
         rp_oai_set_error(&e, 400, "invalid_request_error", NULL, NULL, "conflicting Content-Length headers");
@@ -542,6 +654,11 @@ static enum MHD_Result check_headers(conn_state *cs, const char *url, const char
     }
     for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++)
         if (!strcmp(url, routes[i].path)) cs->rt = i;
+    if (cs->rt < 0 && !strncmp(url, MODEL_PREFIX, strlen(MODEL_PREFIX)) && url[strlen(MODEL_PREFIX)]) {
+        cs->rt = R_MODEL;
+        cs->model_match = !strcmp(url + strlen(MODEL_PREFIX), s->served_model);
+    }
+    if (cs->rt >= 0 && s->allowed_origins && !strcmp(method, "OPTIONS")) return preflight(cs);
     if (cs->rt < 0) {
         rp_oai_set_error(&e, 404, "invalid_request_error", NULL, "not_found", "no route for %s %s", method, url);
         return send_error(cs, &e);
@@ -650,6 +767,9 @@ static void server_free(rp_server *s) {
     pthread_mutex_destroy(&s->conn_mu);
     free(s->served_model);
     free(s->api_key);
+    free(s->allowed_origins);
+    free(s->allowed_methods);
+    free(s->allowed_headers);
     free(s);
 }
 
@@ -679,6 +799,15 @@ rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, rp_li
     pthread_mutex_init(&s->conn_mu, NULL);
     s->served_model = strdup(cfg->served_model ? cfg->served_model : "replay");
     s->api_key = cfg->api_key && cfg->api_key[0] ? strdup(cfg->api_key) : NULL;
+    int cors_oom = 0;
+    if (cfg->allowed_origins) {
+        s->allowed_origins = strdup(cfg->allowed_origins);
+        s->allowed_methods = cfg->allowed_methods ? strdup(cfg->allowed_methods) : NULL;
+        s->allowed_headers = cfg->allowed_headers ? strdup(cfg->allowed_headers) : NULL;
+        cors_oom = !s->allowed_origins || (cfg->allowed_methods && !s->allowed_methods) ||
+                   (cfg->allowed_headers && !s->allowed_headers);
+    }
+    s->cfg.allowed_origins = s->cfg.allowed_methods = s->cfg.allowed_headers = NULL; /* copied */
     s->cfg.served_model = s->cfg.api_key = NULL; /* the caller's strings may go */
     s->metrics = rp_metrics_new();
     rp_sessions_init(&s->sessions, engine, s->metrics);
@@ -695,7 +824,7 @@ rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, rp_li
     rp_stats_log_init(&s->stats, s->cfg.log_stats_interval_s);
     s->port = rp_listener_port(listener);
     snprintf(s->url, sizeof s->url, "%s", rp_listener_url(listener));
-    if (!s->metrics || !s->served_model || (cfg->api_key && cfg->api_key[0] && !s->api_key)) {
+    if (!s->metrics || !s->served_model || (cfg->api_key && cfg->api_key[0] && !s->api_key) || cors_oom) {
         snprintf(err, err_len, "out of memory");
         rp_listener_free(listener);
         server_free(s);

@@ -46,6 +46,10 @@ typedef struct rp_server_config {
     const char *tool_call_parser;
     int enable_auto_tool_choice;
     const char *reasoning_parser;
+    /* CORS (docs/server.md#cors), vLLM's flags: comma lists, "*" for any.
+     * allowed_origins NULL: no CORS headers at all (and OPTIONS is a 405);
+     * methods and headers NULL: "*". */
+    const char *allowed_origins, *allowed_methods, *allowed_headers;
 } rp_server_config;
 
 /* The defaults (what a public deployment can keep), in one place. */

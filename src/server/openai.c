@@ -1,7 +1,11 @@
 /* OpenAI request parsing (jansson): every field is checked for its type and
- * range, with vLLM's meaning; unknown fields are ignored, as vLLM and
- * OpenAI's own server do. A body that cannot be held in memory is a 500,
- * never a request parsed with a part missing. */
+ * range, with vLLM's meaning. Nothing a client sends is ignored unsaid: a
+ * field replay does not implement is a 400 naming it, and so is a field
+ * neither OpenAI nor vLLM knows (as OpenAI's API answers "Unrecognized
+ * request argument"); the few OpenAI fields with no effect on the answer
+ * are taken (check_fields lists them all, docs/server.md too). A body that
+ * cannot be held in memory is a 500, never a request parsed with a part
+ * missing. */
 #include "server/openai.h"
 
 #include <jansson.h>
@@ -55,6 +59,59 @@ static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) {
     return -1;
 }
 #define BAD(param, ...) bad(err, param, __VA_ARGS__)
+
+/* Which top-level fields a generation request may have (check_fields).
+ * /tokenize and /detokenize read theirs and take a chat request's body as
+ * it is (to show what a request's model sees), so they are not checked. */
+enum { F_ALL = 0, F_COMPLETION, F_CHAT };
+static const struct {
+    const char *name;
+    int only; /* F_ALL: both generation endpoints */
+} known_fields[] = {
+    {"model", F_ALL}, {"stream", F_ALL}, {"stream_options", F_ALL}, {"n", F_ALL}, {"best_of", F_ALL},
+    {"max_tokens", F_ALL}, {"temperature", F_ALL}, {"top_p", F_ALL}, {"top_k", F_ALL}, {"min_p", F_ALL},
+    {"seed", F_ALL}, {"max_completion_tokens", F_ALL}, {"stop", F_ALL}, {"stop_token_ids", F_ALL}, {"presence_penalty", F_ALL},
+    {"frequency_penalty", F_ALL}, {"repetition_penalty", F_ALL}, {"ignore_eos", F_ALL}, {"logprobs", F_ALL},
+    {"echo", F_ALL}, {"include_stop_str_in_output", F_ALL}, {"skip_special_tokens", F_ALL},
+    {"spaces_between_special_tokens", F_ALL}, {"truncate_prompt_tokens", F_ALL}, {"min_tokens", F_ALL},
+    {"logit_bias", F_ALL},
+    /* OpenAI's fields that do not change the answer: taken, no effect */
+    {"user", F_ALL}, {"safety_identifier", F_ALL}, {"prompt_cache_key", F_ALL}, {"metadata", F_ALL},
+    {"service_tier", F_ALL},
+    {"prompt", F_COMPLETION},
+    {"messages", F_CHAT}, {"top_logprobs", F_CHAT}, {"tools", F_CHAT},
+    {"tool_choice", F_CHAT}, {"parallel_tool_calls", F_CHAT}, {"chat_template_kwargs", F_CHAT},
+    {"add_generation_prompt", F_CHAT},
+};
+
+/* OpenAI's and vLLM's fields that replay does not implement (yet): a 400
+ * naming them, never a request answered as if they were not there. */
+static const char *const unsupported_fields[] = {
+    "response_format", "suffix", "functions", "function_call", "modalities", "audio", "prediction",
+    "reasoning_effort", "web_search_options", "verbosity", "store", "prompt_logprobs", "use_beam_search",
+    "length_penalty", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+    "allowed_token_ids", "bad_words", "chat_template", "continue_final_message", "documents", "priority",
+    "add_special_tokens", "return_tokens_as_token_ids",
+};
+
+/* Every top-level field of a request for endpoint `only` (F_COMPLETION or
+ * F_CHAT) is one it takes. */
+static int check_fields(json_t *root, int only, rp_oai_error *err) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        int known = 0;
+        for (size_t i = 0; !known && i < sizeof known_fields / sizeof known_fields[0]; i++)
+            known = !strcmp(key, known_fields[i].name) &&
+                    (known_fields[i].only == only || known_fields[i].only == F_ALL);
+        if (known) continue;
+        for (size_t i = 0; i < sizeof unsupported_fields / sizeof unsupported_fields[0]; i++)
+            if (!strcmp(key, unsupported_fields[i]))
+                return BAD(key, "'%s' is not supported by replay yet", key);
+        return BAD(key, "Unrecognized request argument supplied: %s", key);
+    }
+    return 0;
+}
 
 /* A copy of a JSON string's text into *out; -1 (a 500) when memory runs out. */
 static int copy_string(json_t *str, char **out, rp_oai_error *err) {
@@ -456,6 +513,39 @@ static int parse_prompt(json_t *root, rp_oai_request *out, rp_oai_error *err) {
     return 0;
 }
 
+/* The fields that shape the output's text and the prompt, and those
+ * replay refuses unless they ask for nothing (docs/server.md's table). */
+static int parse_output_options(json_t *root, rp_oai_kind kind, rp_oai_request *out, rp_oai_error *err) {
+    rp_request_params *p = &out->params;
+    int skip_special = 1, spaces = 1, min_tokens = 0, best_of = out->n, set = 0;
+    if (get_bool(root, "include_stop_str_in_output", &p->include_stop_str_in_output, err) ||
+        get_bool(root, "skip_special_tokens", &skip_special, err) ||
+        get_bool(root, "spaces_between_special_tokens", &spaces, err) ||
+        get_int(root, "truncate_prompt_tokens", 1, 1 << 30, &out->truncate_prompt_tokens, NULL, err) ||
+        get_int(root, "min_tokens", 0, 1 << 24, &min_tokens, NULL, err) ||
+        get_int(root, "best_of", 1, RP_OAI_MAX_N, &best_of, &set, err))
+        return -1;
+    p->keep_special_tokens = !skip_special;
+    /* the tokenizers replay reads decode as HF's fast tokenizers do, which
+     * never put spaces between special tokens (vLLM's option acts only on
+     * slow tokenizers) */
+    if (!spaces)
+        return BAD("spaces_between_special_tokens", "\"spaces_between_special_tokens\": false is not supported: "
+                                                    "replay's tokenizers decode as Hugging Face's fast tokenizers, "
+                                                    "which do not put spaces between special tokens");
+    if (min_tokens > 0)
+        return BAD("min_tokens", "'min_tokens' is not supported by replay yet (the sampler has no minimum length)");
+    json_t *bias = json_object_get(root, "logit_bias");
+    if (bias && !json_is_null(bias) && !(json_is_object(bias) && json_object_size(bias) == 0))
+        return BAD("logit_bias", "'logit_bias' is not supported by replay yet (the sampler has no per-token bias)");
+    if (set && best_of != out->n) /* sampling best_of candidates and returning the n most likely */
+        return BAD("best_of", "'best_of' must equal 'n' (%d) or be left out: replay does not rank candidates, "
+                              "got %d", out->n, best_of);
+    if (kind == RP_OAI_CHAT && out->echo) /* vLLM's chat echo (the last message first) */
+        return BAD("echo", "'echo' in chat completions is not supported by replay yet");
+    return 0;
+}
+
 int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, size_t len, rp_oai_request *out,
                  rp_oai_error *err) {
     memset(out, 0, sizeof *out);
@@ -519,6 +609,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         goto out;
     p->top_k = top_k;
     out->max_tokens_set |= out->max_completion_tokens;
+    if (parse_output_options(root, kind, out, err)) goto out;
     json_t *seed = json_object_get(root, "seed"); /* any 64-bit integer, as vLLM takes */
     if (seed && !json_is_null(seed)) {
         json_int_t sv;
@@ -535,7 +626,17 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
             BAD("stream_options", "'stream_options' must be an object");
             goto out;
         }
-        if (get_bool(so, "include_usage", &out->include_usage, err)) goto out;
+        const char *key;
+        json_t *v;
+        json_object_foreach(so, key, v) {
+            if (strcmp(key, "include_usage") != 0 && strcmp(key, "continuous_usage_stats") != 0) {
+                BAD("stream_options", "Unrecognized field in 'stream_options': %s", key);
+                goto out;
+            }
+        }
+        if (get_bool(so, "include_usage", &out->include_usage, err) ||
+            get_bool(so, "continuous_usage_stats", &out->continuous_usage, err))
+            goto out;
         if (!out->stream) { /* as vLLM: a likely client mistake, not something to ignore */
             BAD("stream_options", "'stream_options' is only allowed with \"stream\": true");
             goto out;
@@ -612,7 +713,6 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
             check_tool_choice(ctx, root, tools, out, err) || alloc_prompts(out, 1, err) ||
             render_messages(ctx, root, add_gen, &out->prompt_texts[0], err))
             goto out;
-        out->echo = 0; /* completions only */
         out->parse_reasoning = ctx->has_reasoning_parser;
         out->reasoning_parser = ctx->reasoning_parser;
         if (!p->ignore_eos) /* the model's end-of-turn tokens end the answer (ignore_eos: they do not) */
@@ -635,9 +735,12 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         goto out;
     }
     if (out->echo && out->logprobs) {
-        BAD("echo", "'echo' with 'logprobs' needs the prompt's logprobs, which replay does not compute");
+        BAD("echo", "'echo' with 'logprobs' needs the prompt's logprobs, which replay does not compute yet");
         goto out;
     }
+    /* last, so that a known field's own error (a chat request with "prompt"
+     * and no "messages") is the one reported */
+    if (check_fields(root, kind == RP_OAI_CHAT ? F_CHAT : F_COMPLETION, err)) goto out;
     rc = 0;
 out:
     json_decref(root);

@@ -37,6 +37,9 @@ typedef struct rp_oai_request {
     int *num_prompt_ids;   /* [num_prompts] */
     int n;
     int stream, include_usage, echo, logprobs;
+    int continuous_usage;       /* stream_options.continuous_usage_stats: usage in every chunk */
+    int truncate_prompt_tokens; /* > 0: only the prompt's last this many tokens are fed */
+    char request_id[72];        /* the client's X-Request-Id (http.c sets it), or "" */
     int max_tokens_set;
     int max_completion_tokens; /* the limit came as "max_completion_tokens" (errors name it so) */
     rp_request_params params; /* sampling, max_tokens, ignore_eos; stop points into stop_buf */

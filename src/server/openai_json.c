@@ -45,8 +45,15 @@ json_t *rp_oai_completion(const rp_oai_response *r, json_t *choices, json_t *usa
 }
 
 static json_t *chunk(const rp_oai_response *r, json_t *choice) {
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", r->id, "object", object_name(r, 1), "created",
-                     (json_int_t)r->created, "model", r->model, "choices", choice);
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", r->id, "object", object_name(r, 1), "created",
+                          (json_int_t)r->created, "model", r->model, "choices", choice);
+    if (c && r->continuous_usage &&
+        json_object_set_new(c, "usage", rp_oai_usage(r->usage_prompt_tokens, r->usage_cached_tokens,
+                                                     r->usage_completion_tokens))) {
+        json_decref(c);
+        return NULL;
+    }
+    return c;
 }
 
 json_t *rp_oai_chunk(const rp_oai_response *r, int index, const char *text, size_t len, rp_finish finish,
@@ -243,10 +250,15 @@ json_t *rp_oai_tokenize_json(const rp_tokenizer *tok, int bos, const int32_t *id
     return out;
 }
 
+json_t *rp_oai_model_json(const char *served_model, long created, int max_model_len, int vocab_size) {
+    return json_pack("{s:s, s:s, s:I, s:s, s:s, s:I, s:I}", "id", served_model, "object", "model", "created",
+                     (json_int_t)created, "owned_by", "replay", "root", served_model, "max_model_len",
+                     (json_int_t)max_model_len, "vocab_size", (json_int_t)vocab_size);
+}
+
 json_t *rp_oai_models_json(const char *served_model, long created, int max_model_len, int vocab_size) {
-    return json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:I, s:I}]}", "object", "list", "data", "id", served_model,
-                     "object", "model", "created", (json_int_t)created, "owned_by", "replay", "root", served_model,
-                     "max_model_len", (json_int_t)max_model_len, "vocab_size", (json_int_t)vocab_size);
+    return json_pack("{s:s, s:[o]}", "object", "list", "data",
+                     rp_oai_model_json(served_model, created, max_model_len, vocab_size));
 }
 
 /* Length of the valid UTF-8 character at s (at most n bytes), 0 if invalid. */

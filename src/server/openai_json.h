@@ -21,11 +21,15 @@ struct rp_tokenizer;
 /* What the objects of one response share. */
 typedef struct rp_oai_response {
     rp_oai_kind kind;
-    char id[48]; /* cmpl-... or chatcmpl-... */
+    char id[96]; /* cmpl-... or chatcmpl-..., with the client's X-Request-Id when it sent one */
     long created;
     char model[256];
     const struct rp_tokenizer *tok; /* token texts in logprobs; NULL: "token_id:N" */
     int top_logprobs;               /* alternatives per token */
+    /* stream_options.continuous_usage_stats: every chunk carries usage, these
+     * numbers (of the choice the chunk belongs to, as vLLM counts them) */
+    int continuous_usage;
+    int usage_prompt_tokens, usage_cached_tokens, usage_completion_tokens;
 } rp_oai_response;
 
 /* usage: prompt_tokens (cached_tokens among them, OpenAI's
@@ -80,6 +84,8 @@ json_t *rp_oai_json_text(const char *s, size_t n);
 json_t *rp_oai_tokenize_json(const struct rp_tokenizer *tok, int bos, const int32_t *ids, size_t n,
                              int return_token_strs, int max_model_len);
 /* GET /v1/models: the served model. */
+/* One model object (GET /v1/models/{id}), and the list of the one served. */
+json_t *rp_oai_model_json(const char *served_model, long created, int max_model_len, int vocab_size);
 json_t *rp_oai_models_json(const char *served_model, long created, int max_model_len, int vocab_size);
 
 /* {"error": {...}} as an object, or as a malloc'd string. */

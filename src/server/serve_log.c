@@ -4,7 +4,7 @@
 #include <math.h>
 
 void rp_access_log(enum rp_log_level level, const rp_access *a) {
-    rp_log_field f[12];
+    rp_log_field f[14];
     int n = 0;
     f[n++] = rp_log_str("id", a->id);
     f[n++] = rp_log_str("client", a->client);
@@ -17,6 +17,7 @@ void rp_access_log(enum rp_log_level level, const rp_access *a) {
     f[n++] = rp_log_double("total_ms", a->total_ms);
     /* after the timings, so the line's older fields keep their places */
     f[n++] = rp_log_int("cached_tokens", a->cached_tokens);
+    f[n++] = rp_log_str("request_id", a->request_id);
     if (a->end) f[n++] = rp_log_str("end", a->end);
     rp_log_fields(level, "request", f, n);
 }

@@ -20,6 +20,7 @@ typedef struct rp_access {
     double ttft_ms;       /* from the request's headers to its first token; NAN: no token */
     double total_ms;      /* from the request's headers to its last byte sent */
     const char *end;      /* NULL: answered whole; else why it ended (client_abort, timeout, ...) */
+    const char *request_id; /* X-Request-Id: the client's, or the one made for it; NULL: none */
 } rp_access;
 
 void rp_access_log(enum rp_log_level level, const rp_access *a);

@@ -303,6 +303,10 @@ static void on_event(void *user, const rp_token_event *ev) {
     }
     int ended_badly = ev->finish == RP_FINISH_REASON_ABORT || ev->finish == RP_FINISH_REASON_ERROR;
     if (!ended_badly && !r->failed) {
+        /* continuous usage: this choice's numbers so far, in its chunks */
+        r->resp.usage_prompt_tokens = ev->prompt_tokens;
+        r->resp.usage_cached_tokens = ev->cached_tokens;
+        r->resp.usage_completion_tokens = ev->completion_tokens;
         if (add_event(r, c, ev)) {
             r->failed = 1; /* the HTTP side aborts the session within a wait slice */
             rp_log_error("out of memory answering %s", r->resp.id);
@@ -435,8 +439,13 @@ rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_f
     if (h->head) h->head->prev = r;
     h->head = r;
     pthread_mutex_unlock(&h->mu);
-    snprintf(resp->id, sizeof resp->id, "%s-%016llx", q->kind == RP_OAI_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)rp_mix64(rid ^ ((uint64_t)resp->created << 20)));
+    /* the client's X-Request-Id names the completion (as vLLM's), else one is made */
+    if (q->request_id[0])
+        snprintf(resp->id, sizeof resp->id, "%s-%s", q->kind == RP_OAI_CHAT ? "chatcmpl" : "cmpl", q->request_id);
+    else
+        snprintf(resp->id, sizeof resp->id, "%s-%016llx", q->kind == RP_OAI_CHAT ? "chatcmpl" : "cmpl",
+                 (unsigned long long)rp_mix64(rid ^ ((uint64_t)resp->created << 20)));
+    resp->continuous_usage = q->stream && q->continuous_usage;
     int failed = 0;
     r->parse = q->kind == RP_OAI_CHAT && (q->parse_tools || q->parse_reasoning);
     rp_chat_parsing parsing = {.tools = q->parse_tools, .tool_parser = q->tool_parser,
@@ -473,6 +482,16 @@ static int engine_fail(rp_error *err, rp_error_code code, const char *param, con
     return -1;
 }
 
+/* truncate_prompt_tokens: only the prompt's last tokens are kept (BOS
+ * included in the count, as vLLM cuts the encoded prompt). */
+static void truncate_prompt(const rp_oai_request *q, int32_t **ids, size_t *n, int own) {
+    size_t keep = (size_t)q->truncate_prompt_tokens;
+    if (!keep || *n <= keep) return;
+    if (own) memmove(*ids, *ids + (*n - keep), keep * sizeof **ids);
+    else *ids += *n - keep; /* the request's own ids: a view of their end */
+    *n = keep;
+}
+
 /* Prompt k as token ids: given, or the text encoded (completions add BOS as
  * HF's tokenizer(text) does; a chat template writes its own). *own says
  * whether *ids must be freed. */
@@ -482,6 +501,7 @@ static int prompt_ids(const rp_session *r, const rp_oai_request *q, int k, int32
     if (!q->prompt_texts[k]) {
         *ids = q->prompt_ids[k];
         *n = (size_t)q->num_prompt_ids[k];
+        truncate_prompt(q, ids, n, *own);
         return 0;
     }
     const rp_tokenizer *tok = r->h->tok;
@@ -503,6 +523,7 @@ static int prompt_ids(const rp_session *r, const rp_oai_request *q, int k, int32
         *ids = w;
         (*n)++;
     }
+    truncate_prompt(q, ids, n, *own);
     return 0;
 }
 
@@ -510,7 +531,8 @@ static int prompt_ids(const rp_session *r, const rp_oai_request *q, int k, int32
  * decoded; without a tokenizer there is no text). */
 static int add_echo(rp_session *r, const rp_oai_request *q, int k, const int32_t *ids, size_t n, rp_error *err) {
     char *decoded = NULL;
-    const char *echo = q->prompt_texts[k];
+    /* a truncated prompt echoes what was fed */
+    const char *echo = q->truncate_prompt_tokens ? NULL : q->prompt_texts[k];
     if (!echo && r->h->tok) {
         rp_err de;
         if (rp_tokenizer_decode(r->h->tok, ids, n, 0, &decoded, NULL, &de))
@@ -518,6 +540,10 @@ static int add_echo(rp_session *r, const rp_oai_request *q, int k, const int32_t
         echo = decoded;
     }
     int rc = 0;
+    /* the choices of earlier prompts already run: their events add to r->out too */
+    pthread_mutex_lock(&r->mu);
+    r->resp.usage_prompt_tokens = (int)n;
+    r->resp.usage_cached_tokens = r->resp.usage_completion_tokens = 0;
     for (int i = 0; echo && !rc && i < q->n; i++) {
         session_choice *c = &r->ch[k * q->n + i];
         size_t len = strlen(echo);
@@ -525,6 +551,7 @@ static int add_echo(rp_session *r, const rp_oai_request *q, int k, const int32_t
         else rc = rp_sbuf_add(&c->text, echo, len);
         c->text_bytes += len;
     }
+    pthread_mutex_unlock(&r->mu);
     free(decoded);
     /* the server's own memory: mapped to a 500 like an internal failure */
     return rc ? engine_fail(err, RP_ERROR_INTERNAL, "", "out of memory") : 0;
@@ -561,9 +588,6 @@ static int submit_prompt(rp_session *r, const rp_oai_request *q, int k, const in
 int rp_session_submit(rp_session *r, const rp_oai_request *q, rp_oai_error *err) {
     rp_error eerr = {0};
     int rc = 0;
-    for (int i = 0; r->stream && q->kind == RP_OAI_CHAT && !rc && i < r->num_choices; i++)
-        rc = rp_oai_sse_add(&r->out, rp_oai_role_chunk(&r->resp, i)); /* each choice starts with the role */
-    if (rc) return rp_oai_set_out_of_memory(err);
     for (int k = 0; k < q->num_prompts && !rc; k++) {
         int32_t *ids;
         size_t n;
@@ -573,6 +597,12 @@ int rp_session_submit(rp_session *r, const rp_oai_request *q, rp_oai_error *err)
             break;
         }
         r->prompt_tokens += (int)n;
+        r->resp.usage_prompt_tokens = (int)n; /* chat has one prompt: nothing runs yet */
+        for (int i = 0; r->stream && q->kind == RP_OAI_CHAT && i < r->num_choices; i++)
+            if (rp_oai_sse_add(&r->out, rp_oai_role_chunk(&r->resp, i))) { /* each choice starts with the role */
+                if (own) free(ids);
+                return rp_oai_set_out_of_memory(err);
+            }
         rc = q->echo ? add_echo(r, q, k, ids, n, &eerr) : 0;
         if (!rc) rc = submit_prompt(r, q, k, ids, n, &eerr);
         if (own) free(ids);

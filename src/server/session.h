@@ -94,7 +94,7 @@ void rp_session_hold(rp_session *s);
 
 /* What the access line says about a generation request. */
 typedef struct rp_session_summary {
-    char id[48];            /* the completion id */
+    char id[96];            /* the completion id */
     int prompt_tokens;      /* over all prompts, counted once each */
     int cached_tokens;      /* of those, found in the prefix cache (usage's cached_tokens) */
     int completion_tokens;  /* over all choices */
