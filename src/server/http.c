@@ -822,6 +822,10 @@ rp_server *rp_server_start(rp_engine *engine, const rp_server_config *cfg, rp_li
     s->oai.reasoning_parser = reasoning_parser;
     s->cfg.tool_call_parser = s->cfg.reasoning_parser = NULL; /* the caller's strings may go */
     rp_stats_log_init(&s->stats, s->cfg.log_stats_interval_s);
+    /* the counters' starting point, read before the daemon takes a request:
+     * primed by the guard's first tick instead, a request served before that
+     * tick would be counted in the baseline and never reported */
+    rp_stats_log_tick(&s->stats, engine, rp_now_s());
     s->port = rp_listener_port(listener);
     snprintf(s->url, sizeof s->url, "%s", rp_listener_url(listener));
     if (!s->metrics || !s->served_model || (cfg->api_key && cfg->api_key[0] && !s->api_key) || cors_oom) {
