@@ -291,5 +291,21 @@ out=$("$BIN" generate --model "$fx" --prompt-ids 1,2,3 --max-tokens 4 --speculat
 check "draft model of another vocabulary" 1 $?
 contains "draft model of another vocabulary" "$out" "the draft model's vocabulary has 1031 tokens, the target's 503"
 
+# --quantization fp8: the layer matrices in e4m3 (the CPU computes with their
+# dequantized values: tests/test_weights.c checks them); it generates, the
+# same tokens twice; a bad value is a usage error
+out=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 8 --quantization int4 2>&1)
+check "--quantization int4" 2 $?
+contains "--quantization message" "$out" "--quantization must be none or fp8, got 'int4'"
+q8=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 12 --ignore-eos --print-ids -q --temperature 0 \
+     --quantization fp8 2>/dev/null)
+check "--quantization fp8" 0 $?
+[ "$(echo "$q8" | wc -w)" -eq 12 ]; check "--quantization fp8: 12 tokens" 0 $?
+q8b=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 12 --ignore-eos --print-ids -q --temperature 0 \
+      --quantization fp8 2>/dev/null)
+[ "$q8" = "$q8b" ]; check "--quantization fp8 is deterministic" 0 $?
+out=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 2 --quantization none -q 2>&1)
+check "--quantization none" 0 $?
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

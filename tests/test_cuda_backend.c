@@ -1143,11 +1143,87 @@ static void test_families_vs_cpu(void **state) {
     }
 }
 
+/* --quantization fp8 on the CUDA backend (the fp8 GEMV at 1-32 tokens,
+ * dequantized matrices through cuBLASLt above) against the CPU backend
+ * on the same quantized model (its dequantized bf16 weights): prompt
+ * logits within bf16 noise, greedy decodes alike alone and batched. Then
+ * the same model generated and quantized on the GPU (lazy dummy weights)
+ * gives bit-identical logits: the GPU's quantizer makes the host's bytes. */
+static void test_fp8_vs_cpu(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    rp_model_config c;
+    rp_err err;
+    assert_int_equal(rp_config_preset(&c, "tiny-qwen3", &err), 0);
+    c.head_dim = 128, c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2, c.intermediate_size = 512;
+    c.vocab_size = 1024;
+    rp_load_options lo = {.seed = 9, .quantize_fp8 = 1};
+    rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
+    lo.lazy_dummy = 1;
+    rp_model *lazy = rp_model_dummy_from_config(&c, &lo, &err);
+    if (!m || !lazy) fail_msg("%s", err.msg);
+    /* prompts of 1 and 7 tokens: the fused and the 8-token GEMV; 16 and 27:
+     * its 8-token groups; 33 and 300: dequantized through cuBLASLt */
+    enum { NP = 6, STEPS = 16 };
+    const int plen[NP] = {1, 7, 16, 27, 33, 300};
+    const int V = c.vocab_size;
+    static int32_t ids[NP][300];
+    int32_t out_cpu[NP][STEPS], out_one[NP][STEPS], out_all[NP][STEPS], out_lazy[NP][STEPS];
+    const int32_t *idp[NP];
+    float *lc[NP], *lg[NP], *ll[NP];
+    for (int p = 0; p < NP; p++) {
+        for (int i = 0; i < plen[p]; i++) ids[p][i] = (int32_t)((p * 131 + i * 17 + 3) % V);
+        idp[p] = ids[p];
+        lc[p] = malloc((size_t)plen[p] * V * 4);
+        lg[p] = malloc((size_t)plen[p] * V * 4);
+        ll[p] = malloc((size_t)plen[p] * V * 4);
+    }
+    setup cpu, gpu, gpu_lazy;
+    make(&cpu, m, 0, NP, 512, 0);
+    make(&gpu, m, 1, NP, 512, 1);
+    make(&gpu_lazy, lazy, 1, NP, 512, 1);
+    if (rp_runner_run_prompts(cpu.run, NP, idp, plen, lc, STEPS, &out_cpu[0][0], &err)) fail_msg("cpu: %s", err.msg);
+    for (int p = 0; p < NP; p++) {
+        if (rp_runner_run_prompts(gpu.run, 1, &idp[p], &plen[p], &lg[p], STEPS, out_one[p], &err))
+            fail_msg("cuda: %s", err.msg);
+        if (rp_runner_run_prompts(gpu_lazy.run, 1, &idp[p], &plen[p], &ll[p], STEPS, out_lazy[p], &err))
+            fail_msg("cuda lazy: %s", err.msg);
+    }
+    if (rp_runner_run_prompts(gpu.run, NP, idp, plen, NULL, STEPS, &out_all[0][0], &err)) fail_msg("cuda: %s", err.msg);
+    double worst = 0;
+    for (int p = 0; p < NP; p++) {
+        for (int pos = 0; pos < plen[p]; pos++) {
+            const double e = test_rel_l2(lg[p] + (size_t)pos * V, lc[p] + (size_t)pos * V, (size_t)V);
+            if (!(e < 2e-2)) fail_msg("fp8 prompt %d pos %d: rel L2 %.3g vs the CPU", p, pos, e);
+            if (e > worst) worst = e;
+        }
+        if (memcmp(lg[p], ll[p], (size_t)plen[p] * V * 4))
+            fail_msg("fp8 prompt %d: weights quantized on the GPU give other logits than the host's", p);
+        assert_memory_equal(out_one[p], out_lazy[p], sizeof out_one[p]);
+        char what[64];
+        snprintf(what, sizeof what, "fp8 prompt %d alone", p);
+        expect_greedy_like_cpu(&cpu, what, ids[p], plen[p], out_cpu[p], out_one[p], STEPS);
+        snprintf(what, sizeof what, "fp8 prompt %d batched", p);
+        expect_greedy_like_cpu(&cpu, what, ids[p], plen[p], out_cpu[p], out_all[p], STEPS);
+        free(lc[p]);
+        free(lg[p]);
+        free(ll[p]);
+    }
+    printf("fp8: prompt logits within %.2e of the CPU's; the GPU's quantization is the host's, byte for byte\n",
+           worst);
+    unmake(&cpu);
+    unmake(&gpu);
+    unmake(&gpu_lazy);
+    rp_model_free(m);
+    rp_model_free(lazy);
+}
+
 int main(void) {
     if (!have_gpu()) printf("no CUDA device: the GPU tests are skipped\n");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_families_vs_cpu),
+        cmocka_unit_test(test_fp8_vs_cpu),
         cmocka_unit_test(test_graph_equals_eager),
         cmocka_unit_test(test_step_graph_equals_eager),
         cmocka_unit_test(test_decode_step),

@@ -54,6 +54,7 @@ typedef struct rp_engine_config {
     const char *dummy_name;
     int load_dummy;        /* model_dir's config with random weights */
     uint64_t weight_seed;
+    int quantize_fp8; /* --quantization fp8: the target's layer matrices in e4m3, per-row scales */
     const char *tokenizer_dir; /* default: model_dir */
     const char *chat_template; /* a Jinja file: overrides the model's chat template */
     const char *device;    /* "auto" (default), "cpu", "cuda" */

@@ -220,7 +220,7 @@ static void cuda_destroy(rp_backend *b) {
     rp_cuda_decode_step_trace_finish(cb);
     rp_cuda_graphs_destroy(cb);
     rp_gemm_destroy(&cb->gemm);
-    void *dev[] = {cb->w.mem, cb->kv_mem, cb->act_mem, cb->meta.dev, cb->d_layers};
+    void *dev[] = {cb->w.mem, cb->w.deq, cb->kv_mem, cb->act_mem, cb->meta.dev, cb->d_layers};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) rp_cuda_free(dev[i]);
     for (int k = 0; k < 2; k++) {
         rp_cuda_slot *sl = &cb->slots[k];

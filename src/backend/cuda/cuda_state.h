@@ -13,17 +13,29 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 
+/* A layer's projection matrix [N][K]: bf16, or with --quantization fp8
+ * e4m3 bytes and one fp32 scale per row (rp_k_gemv_fused_fp8). */
+typedef struct rp_cuda_mat {
+    void *w;
+    float *scale; /* [N]; NULL: w is bf16 */
+} rp_cuda_mat;
+
 typedef struct rp_cuda_layer {
-    rp_bf16 *attn_norm, *wqkv, *wo, *q_norm, *k_norm, *mlp_norm, *wgu, *wdown;
+    rp_bf16 *attn_norm, *q_norm, *k_norm, *mlp_norm;
+    rp_cuda_mat qkv, o, gu, down; /* q|k|v and gate|up side by side (one product each) */
     rp_bf16 *bqkv; /* the q, k and v biases side by side, [(nh + 2 nkv) hd]; NULL without (all but Qwen2) */
 } rp_cuda_layer;
 
 /* Every weight, in one device allocation (cuda_weights.c). */
 typedef struct rp_cuda_weights {
-    rp_bf16 *mem;
+    void *mem;
     size_t bytes;
     rp_bf16 *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     rp_cuda_layer *layers;                 /* [num_layers], host array of device pointers */
+    int fp8;                               /* the layer matrices are e4m3 (rp_cuda_mat) */
+    /* fp8: one matrix dequantized to bf16 for cuBLASLt (more tokens than the
+     * GEMV takes), the largest's size (gate_up) */
+    rp_bf16 *deq;
 } rp_cuda_weights;
 
 /* The step's metadata block on the device, at fixed addresses that every
