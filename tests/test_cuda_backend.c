@@ -1143,8 +1143,8 @@ static void test_families_vs_cpu(void **state) {
     }
 }
 
-/* --quantization fp8 on the CUDA backend (the fp8 GEMV at 1-32 tokens,
- * dequantized matrices through cuBLASLt above) against the CPU backend
+/* --quantization fp8 on the CUDA backend (the fp8 GEMV at 1-16 tokens,
+ * cuBLASLt's FP8 matmul or dequantized matrices above) against the CPU backend
  * on the same quantized model (its dequantized bf16 weights): prompt
  * logits within bf16 noise, greedy decodes alike alone and batched. Then
  * the same model generated and quantized on the GPU (lazy dummy weights)
@@ -1162,8 +1162,8 @@ static void test_fp8_vs_cpu(void **state) {
     lo.lazy_dummy = 1;
     rp_model *lazy = rp_model_dummy_from_config(&c, &lo, &err);
     if (!m || !lazy) fail_msg("%s", err.msg);
-    /* prompts of 1 and 7 tokens: the fused and the 8-token GEMV; 16 and 27:
-     * its 8-token groups; 33 and 300: dequantized through cuBLASLt */
+    /* prompts of 1 and 7 tokens: the fused and the 8-token fp8 GEMV; 16: its
+     * 8-token groups; 27, 33 and 300: cuBLASLt (FP8, or dequantized) */
     enum { NP = 6, STEPS = 16 };
     const int plen[NP] = {1, 7, 16, 27, 33, 300};
     const int V = c.vocab_size;
@@ -1190,16 +1190,50 @@ static void test_fp8_vs_cpu(void **state) {
             fail_msg("cuda lazy: %s", err.msg);
     }
     if (rp_runner_run_prompts(gpu.run, NP, idp, plen, NULL, STEPS, &out_all[0][0], &err)) fail_msg("cuda: %s", err.msg);
-    double worst = 0;
+    /* W8A16 rows (the fp8 GEMV, or dequantized weights): bf16 noise against
+     * the CPU's dequantized weights. W8A8 rows (past RP_GEMV_FP8_MAX_T
+     * tokens where cuBLASLt has FP8): the activations' per-token e4m3
+     * rounding on top, which a random 2-layer model does not average out
+     * (bench/RESULTS.md has the distribution): a mean within 4e-2, no row
+     * past 1.5e-1, argmax agreement >= 95%. */
+    double worst = 0, worst_a8 = 0, sum_a8 = 0;
+    int agree = 0, rows_a8 = 0;
     for (int p = 0; p < NP; p++) {
+        const int a8 = plen[p] > RP_GEMV_FP8_MAX_T && ((const rp_cuda_backend *)gpu.be)->w.fp8_lt;
         for (int pos = 0; pos < plen[p]; pos++) {
-            const double e = test_rel_l2(lg[p] + (size_t)pos * V, lc[p] + (size_t)pos * V, (size_t)V);
-            if (!(e < 2e-2)) fail_msg("fp8 prompt %d pos %d: rel L2 %.3g vs the CPU", p, pos, e);
-            if (e > worst) worst = e;
+            const float *g = lg[p] + (size_t)pos * V, *r = lc[p] + (size_t)pos * V;
+            const double e = test_rel_l2(g, r, (size_t)V);
+            if (!a8) {
+                if (!(e < 2e-2)) fail_msg("fp8 prompt %d pos %d: rel L2 %.3g vs the CPU", p, pos, e);
+                if (e > worst) worst = e;
+                continue;
+            }
+            int ag = 0, ar = 0;
+            for (int v = 1; v < V; v++) ag = g[v] > g[ag] ? v : ag, ar = r[v] > r[ar] ? v : ar;
+            agree += ag == ar;
+            rows_a8++;
+            sum_a8 += e;
+            if (!(e <= worst_a8)) worst_a8 = e; /* NaN too */
         }
+    }
+    printf("fp8: prompt logits within %.2e of the CPU's; W8A8 rows: mean %.2e, worst %.2e, argmax agrees at %d of "
+           "%d\n",
+           worst, rows_a8 ? sum_a8 / rows_a8 : 0.0, worst_a8, agree, rows_a8);
+    if (rows_a8 && (!(sum_a8 / rows_a8 < 4e-2) || !(worst_a8 < 1.5e-1) || agree < rows_a8 * 95 / 100))
+        fail_msg("W8A8 rows against the CPU: mean %.3g, worst %.3g, argmax %d of %d", sum_a8 / rows_a8, worst_a8, agree,
+                 rows_a8);
+    for (int p = 0; p < NP; p++) {
         if (memcmp(lg[p], ll[p], (size_t)plen[p] * V * 4))
             fail_msg("fp8 prompt %d: weights quantized on the GPU give other logits than the host's", p);
         assert_memory_equal(out_one[p], out_lazy[p], sizeof out_one[p]);
+        /* greedy against the CPU where the prompt's logits are bf16 noise
+         * apart (a W8A8 prefill's first token may part further) */
+        if (plen[p] > RP_GEMV_FP8_MAX_T && ((const rp_cuda_backend *)gpu.be)->w.fp8_lt) {
+            free(lc[p]);
+            free(lg[p]);
+            free(ll[p]);
+            continue;
+        }
         char what[64];
         snprintf(what, sizeof what, "fp8 prompt %d alone", p);
         expect_greedy_like_cpu(&cpu, what, ids[p], plen[p], out_cpu[p], out_one[p], STEPS);
@@ -1209,8 +1243,7 @@ static void test_fp8_vs_cpu(void **state) {
         free(lg[p]);
         free(ll[p]);
     }
-    printf("fp8: prompt logits within %.2e of the CPU's; the GPU's quantization is the host's, byte for byte\n",
-           worst);
+    printf("fp8: the GPU's quantization is the host's, byte for byte\n");
     unmake(&cpu);
     unmake(&gpu);
     unmake(&gpu_lazy);

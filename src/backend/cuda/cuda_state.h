@@ -33,8 +33,14 @@ typedef struct rp_cuda_weights {
     rp_bf16 *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     rp_cuda_layer *layers;                 /* [num_layers], host array of device pointers */
     int fp8;                               /* the layer matrices are e4m3 (rp_cuda_mat) */
-    /* fp8: one matrix dequantized to bf16 for cuBLASLt (more tokens than the
-     * GEMV takes), the largest's size (gate_up) */
+    /* fp8, more tokens than the GEMV takes (rp_cuda_fp8_setup): with
+     * cuBLASLt's FP8 matmul (fp8_lt), the activations quantized per token
+     * (xq [max tokens][widest K], x_scale [max tokens]); without it, one
+     * matrix dequantized to bf16 (deq, the largest's size: gate_up; also
+     * the upload's staging for generated weights) */
+    int fp8_lt;
+    uint8_t *xq;
+    float *x_scale;
     rp_bf16 *deq;
 } rp_cuda_weights;
 
@@ -216,6 +222,9 @@ void rp_cuda_decode_step_trace_finish(rp_cuda_backend *cb);
 
 /* cuda_weights.c: every weight in one allocation (cb->w.mem) */
 int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err);
+/* fp8 weights, after the upload and cuBLASLt's init: the larger products'
+ * path (cuBLASLt FP8 where it exists) and its buffers. */
+int rp_cuda_fp8_setup(rp_cuda_backend *cb, rp_err *err);
 
 /* cuda_meta.c */
 int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err);

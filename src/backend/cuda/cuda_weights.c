@@ -7,8 +7,11 @@
  * Real weights are copied from the host (quantized there too, by the
  * loader); dummy weights are generated on the GPU with the CPU generator's
  * values, and quantized there with the loader's arithmetic. */
+#include <stdio.h>
+
 #include "backend/cuda/cuda_state.h"
 #include "backend/cuda/cuda_util.h"
+#include "util/log.h"
 
 /* Copies weight (kind, layer) into dst as bf16, or generates it there when
  * the model has lazy dummy weights. */
@@ -151,3 +154,30 @@ int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err) {
     RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
     return 0;
 }
+
+int rp_cuda_fp8_setup(rp_cuda_backend *cb, rp_err *err) {
+    if (!cb->w.fp8) return 0;
+    const rp_model_config *c = &cb->base.model->cfg;
+    const int H = c->hidden_size, T = cb->base.cfg.max_batched_tokens;
+    int kmax = H > cb->q_dim ? H : cb->q_dim;
+    if (c->intermediate_size > kmax) kmax = c->intermediate_size;
+    rp_err why;
+    cb->w.fp8_lt = rp_gemm_fp8_supported(&cb->gemm, T, H, H, &why);
+    if (cb->w.fp8_lt && 2 * c->intermediate_size < cb->qkv_dim) { /* qkv's raw sums go to gate_up's buffer */
+        cb->w.fp8_lt = 0;
+        snprintf(why.msg, sizeof why.msg, "the qkv product is wider than gate_up's");
+    }
+    if (!cb->w.fp8_lt) {
+        rp_log_warn("cuda: %s: with fp8 weights, products of more than %d tokens dequantize each matrix to bf16 "
+                    "(slower than bf16 weights)",
+                    why.msg, RP_GEMV_FP8_MAX_T);
+        return 0;
+    }
+    if (rp_cuda_malloc((void **)&cb->w.xq, (size_t)T * (size_t)kmax, "fp8 activations", err) ||
+        rp_cuda_malloc((void **)&cb->w.x_scale, (size_t)T * sizeof(float), "fp8 activation scales", err))
+        return RP_ERR;
+    rp_cuda_free(cb->w.deq); /* the upload's staging: cuBLASLt reads the fp8 bytes as they are */
+    cb->w.deq = NULL;
+    return 0;
+}
+

@@ -78,15 +78,27 @@ int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
 
 /* y = x W^T for T tokens through layer matrix mat [N][K] (gemm.h's rules
  * for bf16). fp8 weights: the fp8 GEMV up to RP_GEMV_FP8_MAX_T tokens (it
- * reads half the bytes of bf16, once for all the tokens); more tokens
- * dequantize the matrix to bf16 and take cuBLASLt (correct, but the
- * dequantization costs more than fp8 saves: cuBLASLt's own FP8 matmul is
- * the next step, docs/models.md). */
+ * reads half the bytes of bf16, once for all the tokens, activations
+ * unquantized); more tokens take cuBLASLt's FP8 matmul with the
+ * activations quantized per token, or, where cuBLASLt has none, the
+ * matrix dequantized to bf16 (correct, but slower than bf16 weights). Only
+ * the qkv product has a bf16 y, and gate_up's buffer is wider (checked in
+ * rp_cuda_fp8_setup). */
 static int mat_product(rp_cuda_backend *cb, const rp_cuda_mat *mat, const rp_bf16 *x, void *y, int T, int N, int K,
                        int out_f32, rp_err *err) {
     if (!mat->scale) return rp_gemm_run(&cb->gemm, mat->w, x, y, T, N, K, out_f32, cb->stream, err);
     if (T <= RP_GEMV_FP8_MAX_T) {
         RP_LAUNCH(rp_k_gemv_fp8(mat->w, mat->scale, x, y, out_f32, T, N, K, cb->stream), err);
+        return 0;
+    }
+    if (cb->w.fp8_lt) {
+        /* W8A8: x quantized per token (vLLM's dynamic FP8), the raw sums in
+         * fp32 (in y itself, or in gate_up's buffer, free until the gate_up
+         * product, for qkv's bf16 y), then both scales */
+        float *raw = out_f32 ? y : cb->gate_up;
+        RP_LAUNCH(rp_k_quant_fp8_rows(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
+        if (rp_gemm_run_fp8(&cb->gemm, mat->w, cb->w.xq, raw, T, N, K, cb->stream, err)) return RP_ERR;
+        RP_LAUNCH(rp_k_scale_outer(raw, cb->w.x_scale, mat->scale, y, out_f32, T, N, cb->stream), err);
         return 0;
     }
     RP_LAUNCH(rp_k_dequant_fp8_rows(mat->w, mat->scale, N, K, cb->w.deq, cb->stream), err);

@@ -281,12 +281,13 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict
     }
 }
 
-/* fp8 weights, 9 to 32 tokens (RP_GEMV_FP8_MAX_T; bf16 x in, bf16 or fp32
+/* fp8 weights, 9 to 16 tokens (RP_GEMV_FP8_MAX_T; bf16 x in, bf16 or fp32
  * out): the weights are still read once, each 8-token group of x its own
  * mma on the same widened fragments. x is read through L2 once per block
- * and group (T / 8 bytes of x per weight byte at 16 rows a block), which
- * the weights' halved bytes leave room for; past 32 tokens cuBLASLt takes
- * the product (forward_chain.c). */
+ * and group (T / 8 bytes of x per weight byte at 16 rows a block): at 16
+ * tokens the step is even with bf16 weights, at 24 and 32 well behind
+ * cuBLASLt's FP8 matmul, which takes those (forward_chain.c). NG, the
+ * groups, is a parameter for that measurement; 2 is built. */
 template <int WARPS, int OUT, int NG>
 __global__ void __launch_bounds__(WARPS * 32) gemv8_groups_kernel(const uint8_t *__restrict__ W, gemv_params p) {
     __shared__ float red[NG][WARPS][GEMV_ROWS][8];
@@ -506,11 +507,8 @@ static int gemv8_groups_launch(const uint8_t *W, const gemv_params &p, cudaStrea
 
 template <int OUT>
 static int gemv8_groups_out(const uint8_t *W, const gemv_params &p, cudaStream_t stream) {
-    switch ((p.T + 7) / 8) {
-    case 2: return gemv8_groups_launch<OUT, 2>(W, p, stream);
-    case 3: return gemv8_groups_launch<OUT, 3>(W, p, stream);
-    default: return gemv8_groups_launch<OUT, 4>(W, p, stream);
-    }
+    static_assert(RP_GEMV_FP8_MAX_T == 16, "one instantiation: two groups of 8 tokens");
+    return gemv8_groups_launch<OUT, 2>(W, p, stream);
 }
 
 extern "C" int rp_k_gemv_fp8(const uint8_t *W, const float *scale, const rp_bf16 *x, void *y, int out_f32, int T,
