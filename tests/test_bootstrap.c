@@ -104,6 +104,8 @@ typedef struct node {
     int timeout_ms;
     int delay_ms; /* node 0: before listening (others must retry) */
     uint8_t id[RP_BS_UNIQUE_ID_BYTES];
+    int keep_links;                /* leave the connections open */
+    int links[RP_BS_MAX_NODES];    /* node 0: one per node; others: links[0], to node 0 */
     int rc;
     rp_err err;
     pthread_t th;
@@ -120,9 +122,12 @@ static void *node_main(void *arg) {
         nap(n->delay_ms);
         int bound;
         n->rc = n->t->listen(n->t, n->host, n->port, &bound, &n->err);
-        if (!n->rc) n->rc = rp_bootstrap_serve(n->t, "test:4242", &n->w, n->id, n->timeout_ms, &n->err);
+        if (!n->rc)
+            n->rc = rp_bootstrap_serve(n->t, "test:4242", &n->w, n->id, n->timeout_ms, n->keep_links ? n->links : NULL,
+                                       &n->err);
     } else {
-        n->rc = rp_bootstrap_join(n->t, n->host, n->port, &n->w, n->timeout_ms, n->id, &n->err);
+        n->rc = rp_bootstrap_join(n->t, n->host, n->port, &n->w, n->timeout_ms, n->id,
+                                  n->keep_links ? &n->links[0] : NULL, &n->err);
     }
     return NULL;
 }
@@ -188,7 +193,7 @@ static void tcp_world(int nnodes) {
     }
     set_id(n[0].id, 11);
     for (int k = 1; k < nnodes; k++) start(&n[k]);
-    n[0].rc = rp_bootstrap_serve(srv, "127.0.0.1", &n[0].w, n[0].id, 5000, &n[0].err);
+    n[0].rc = rp_bootstrap_serve(srv, "127.0.0.1", &n[0].w, n[0].id, 5000, NULL, &n[0].err);
     for (int k = 1; k < nnodes; k++) finish(&n[k]);
     for (int k = 0; k < nnodes; k++) {
         if (n[k].rc) fail_msg("tcp node %d of %d: %s", k, nnodes, n[k].err.msg);
@@ -436,6 +441,95 @@ static void test_bad_node0(void **state) {
     client_against(m, "node 0 speaks bootstrap protocol version 3, this node version 1");
 }
 
+/* The connections kept open carry messages both ways: node 0 to each
+ * node and back, empty and 1 MiB ones, over socketpairs and TCP; a receive
+ * with nothing sent times out; a message larger than the buffer and a
+ * closed link are errors. */
+typedef struct big_send {
+    int fd;
+    const void *buf;
+    size_t n;
+    int rc;
+} big_send;
+
+static void *send_big(void *arg) {
+    big_send *b = arg;
+    b->rc = rp_bs_send_msg(b->fd, b->buf, b->n, 5000, NULL);
+    return NULL;
+}
+
+static void exchange(node *n, int count) {
+    static uint8_t big[1 << 20], got[1 << 20];
+    for (size_t i = 0; i < sizeof big; i++) big[i] = (uint8_t)(i * 31 + 7);
+    rp_err err;
+    size_t len;
+    for (int k = 1; k < count; k++) {
+        assert_true(n[0].links[k] >= 0 && n[k].links[0] >= 0);
+        char msg[32];
+        snprintf(msg, sizeof msg, "step for node %d", k);
+        assert_int_equal(rp_bs_send_msg(n[0].links[k], msg, strlen(msg), 1000, &err), 0);
+        assert_int_equal(rp_bs_send_msg(n[0].links[k], NULL, 0, 1000, &err), 0);
+        char buf[64];
+        assert_int_equal(rp_bs_recv_msg(n[k].links[0], buf, sizeof buf, &len, 1000, &err), 0);
+        assert_int_equal(len, strlen(msg));
+        assert_memory_equal(buf, msg, len);
+        assert_int_equal(rp_bs_recv_msg(n[k].links[0], buf, sizeof buf, &len, 1000, &err), 0);
+        assert_int_equal(len, 0);
+        assert_int_equal(rp_bs_recv_msg(n[k].links[0], buf, sizeof buf, &len, 50, &err), RP_BS_TIMEOUT);
+    }
+    /* 1 MiB from node 1 on its own thread: the socket buffers cannot hold
+     * it, so the receiver reads while the sender writes */
+    big_send bs = {.fd = n[1].links[0], .buf = big, .n = sizeof big};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, send_big, &bs), 0);
+    assert_int_equal(rp_bs_recv_msg(n[0].links[1], got, sizeof got, &len, 5000, &err), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(bs.rc, 0);
+    assert_int_equal(len, sizeof big);
+    assert_memory_equal(got, big, sizeof big);
+    /* too large for the receiver's buffer */
+    char small[4];
+    assert_int_equal(rp_bs_send_msg(n[0].links[1], "12345678", 8, 1000, &err), 0);
+    assert_int_equal(rp_bs_recv_msg(n[1].links[0], small, sizeof small, &len, 1000, &err), RP_ERR);
+    assert_non_null(strstr(err.msg, "a message of 8 bytes, room for 4"));
+    /* node 1 goes away: node 0 sees the link closed */
+    close(n[1].links[0]);
+    assert_int_equal(rp_bs_recv_msg(n[0].links[1], small, sizeof small, &len, 1000, &err), RP_ERR);
+    assert_non_null(strstr(err.msg, "closed"));
+    for (int k = 1; k < count; k++) {
+        close(n[0].links[k]);
+        if (k > 1) close(n[k].links[0]);
+    }
+}
+
+static void test_links(void **state) {
+    (void)state;
+    fake *f = fake_new();
+    node n[4];
+    for (int k = 0; k < 4; k++) n[k] = make_node(&f->base, k, 4, 2, FP, 5000), n[k].keep_links = 1;
+    for (int k = 0; k < 4; k++) start(&n[k]);
+    for (int k = 0; k < 4; k++) finish(&n[k]);
+    for (int k = 0; k < 4; k++)
+        if (n[k].rc) fail_msg("node %d: %s", k, n[k].err.msg);
+    assert_int_equal(n[0].links[0], -1);
+    exchange(n, 4);
+    f->base.destroy(&f->base);
+
+    rp_err err;
+    rp_bs_transport *srv = rp_bs_tcp_new(&err), *cli = rp_bs_tcp_new(&err);
+    int port = 0;
+    assert_int_equal(srv->listen(srv, "127.0.0.1", 0, &port, &err), 0);
+    node t[2] = {make_node(srv, 0, 2, 1, FP, 5000), make_node(cli, 1, 2, 1, FP, 5000)};
+    t[1].host = "127.0.0.1", t[1].port = port, t[1].keep_links = 1;
+    start(&t[1]);
+    t[0].rc = rp_bootstrap_serve(srv, "127.0.0.1", &t[0].w, t[0].id, 5000, t[0].links, &t[0].err);
+    finish(&t[1]);
+    if (t[0].rc || t[1].rc) fail_msg("tcp: %s / %s", t[0].err.msg, t[1].err.msg);
+    exchange(t, 2);
+    srv->destroy(srv);
+    cli->destroy(cli);
+}
+
 static void test_parse_addr(void **state) {
     (void)state;
     char host[64];
@@ -476,7 +570,8 @@ int main(void) {
         cmocka_unit_test(test_version_mismatch), cmocka_unit_test(test_world_mismatch),
         cmocka_unit_test(test_duplicate_rank), cmocka_unit_test(test_other_model),
         cmocka_unit_test(test_timeouts),       cmocka_unit_test(test_bad_node0),
-        cmocka_unit_test(test_parse_addr),     cmocka_unit_test(test_world_check),
+        cmocka_unit_test(test_links),          cmocka_unit_test(test_parse_addr),
+        cmocka_unit_test(test_world_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -41,6 +41,8 @@
 #define RETRY_MAX_MS 1000
 #define CONNECT_ATTEMPT_MS 2000
 
+_Static_assert(RP_BS_MAX_NODES >= RP_TP_MAX_SIZE, "a launch has at most one node per rank");
+
 static const uint8_t magic[4] = {'r', 'p', 'T', 'P'};
 
 static int64_t now_ms(void) {
@@ -71,19 +73,20 @@ static uint64_t get64(const uint8_t *p) {
     return v;
 }
 
-/* Sends or receives exactly n bytes before the deadline: 0, RP_BS_TIMEOUT,
- * or RP_ERR (closed by the peer, a socket error). */
+/* Sends or receives exactly n bytes before the deadline (< 0: none): 0,
+ * RP_BS_TIMEOUT, or RP_ERR (closed by the peer, a socket error). */
 static int io_all(int fd, void *buf, size_t n, int sending, int64_t deadline, rp_err *err) {
     size_t done = 0;
     while (done < n) {
         struct pollfd pfd = {.fd = fd, .events = sending ? POLLOUT : POLLIN};
-        int pr = poll(&pfd, 1, left_ms(deadline));
+        int pr = poll(&pfd, 1, deadline < 0 ? -1 : left_ms(deadline));
         if (pr < 0 && errno == EINTR) continue;
         if (pr < 0) return rp_errf(err, "poll: %s", strerror(errno));
         if (pr == 0) return RP_BS_TIMEOUT;
         ssize_t k = sending ? send(fd, (const char *)buf + done, n - done, MSG_NOSIGNAL)
                             : recv(fd, (char *)buf + done, n - done, 0);
         if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+        if (k < 0 && (errno == ECONNRESET || errno == EPIPE)) return rp_errf(err, "the connection was closed (reset)");
         if (k < 0) return rp_errf(err, "%s", strerror(errno));
         if (k == 0) return rp_errf(err, "the connection was closed");
         done += (size_t)k;
@@ -203,13 +206,16 @@ static int check_hello(const uint8_t *m, const rp_bs_world *w, const int *held, 
 }
 
 int rp_bootstrap_serve(rp_bs_transport *t, const char *addr, const rp_bs_world *w,
-                       const uint8_t unique_id[RP_BS_UNIQUE_ID_BYTES], int timeout_ms, rp_err *err) {
+                       const uint8_t unique_id[RP_BS_UNIQUE_ID_BYTES], int timeout_ms, int links[RP_BS_MAX_NODES],
+                       rp_err *err) {
     rp_err local;
     if (!err) err = &local; /* abort_launch passes the reason on */
     if (rp_bs_world_check(w, err)) return RP_ERR;
-    RP_ASSERT(w->node_rank == 0 && w->nnodes <= RP_TP_MAX_SIZE);
-    int held[RP_TP_MAX_SIZE];
-    for (int k = 0; k < RP_TP_MAX_SIZE; k++) held[k] = -1;
+    RP_ASSERT(w->node_rank == 0 && w->nnodes <= RP_BS_MAX_NODES);
+    int held[RP_BS_MAX_NODES];
+    for (int k = 0; k < RP_BS_MAX_NODES; k++) held[k] = -1;
+    if (links)
+        for (int k = 0; k < RP_BS_MAX_NODES; k++) links[k] = -1;
     const int64_t deadline = now_ms() + timeout_ms;
     int arrived = 0, dropped = 0;
     while (arrived < w->nnodes - 1) {
@@ -253,7 +259,10 @@ int rp_bootstrap_serve(rp_bs_transport *t, const char *addr, const rp_bs_world *
             return abort_launch(-1, 0, held, w, err);
         }
     }
-    for (int k = 1; k < w->nnodes; k++) close(held[k]);
+    for (int k = 1; k < w->nnodes; k++) {
+        if (links) links[k] = held[k];
+        else close(held[k]);
+    }
     return 0;
 }
 
@@ -301,7 +310,8 @@ static int read_welcome(const uint8_t *m, const char *host, int port, const rp_b
 }
 
 int rp_bootstrap_join(rp_bs_transport *t, const char *host, int port, const rp_bs_world *w, int timeout_ms,
-                      uint8_t unique_id[RP_BS_UNIQUE_ID_BYTES], rp_err *err) {
+                      uint8_t unique_id[RP_BS_UNIQUE_ID_BYTES], int *link, rp_err *err) {
+    if (link) *link = -1;
     if (rp_bs_world_check(w, err)) return RP_ERR;
     RP_ASSERT(w->node_rank > 0);
     const int64_t deadline = now_ms() + timeout_ms;
@@ -311,10 +321,46 @@ int rp_bootstrap_join(rp_bs_transport *t, const char *host, int port, const rp_b
     encode_hello(hello, w);
     int rc = io_all(fd, hello, sizeof hello, 1, deadline, err);
     if (!rc) rc = io_all(fd, m, sizeof m, 0, deadline, err);
-    close(fd);
     if (rc == RP_BS_TIMEOUT)
-        return rp_errf(err, "node 0 at %s:%d took this node's hello but sent no NCCL unique id within %.1f s (are all "
-                            "%d nodes started?)", host, port, timeout_ms / 1000.0, w->nnodes);
-    if (rc) return rp_err_wrap(err, "node 0 at %s:%d", host, port);
-    return read_welcome(m, host, port, w, unique_id, err);
+        rc = rp_errf(err, "node 0 at %s:%d took this node's hello but sent no NCCL unique id within %.1f s (are all "
+                          "%d nodes started?)", host, port, timeout_ms / 1000.0, w->nnodes);
+    else if (rc) rc = rp_err_wrap(err, "node 0 at %s:%d", host, port);
+    else rc = read_welcome(m, host, port, w, unique_id, err);
+    if (!rc && link) *link = fd;
+    else close(fd);
+    return rc;
+}
+
+/* ---- messages on a link ---------------------------------------------------- */
+
+/* Once a message has begun, the rest must follow within this. */
+#define MSG_REST_MS 30000
+
+int rp_bs_send_msg(int fd, const void *buf, size_t n, int timeout_ms, rp_err *err) {
+    if (n > RP_BS_MAX_MSG_BYTES) return rp_errf(err, "a message of %zu bytes (at most %u)", n, RP_BS_MAX_MSG_BYTES);
+    uint8_t len[4];
+    put32(len, (uint32_t)n);
+    const int64_t deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int rc = io_all(fd, len, sizeof len, 1, deadline, err);
+    if (!rc && n) rc = io_all(fd, (void *)buf, n, 1, deadline, err);
+    if (rc == RP_BS_TIMEOUT) return rp_errf(err, "sending a message: timed out");
+    return rc;
+}
+
+int rp_bs_recv_msg(int fd, void *buf, size_t cap, size_t *n, int timeout_ms, rp_err *err) {
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int pr;
+    while ((pr = poll(&pfd, 1, timeout_ms < 0 ? -1 : timeout_ms)) < 0 && errno == EINTR) {}
+    if (pr < 0) return rp_errf(err, "poll: %s", strerror(errno));
+    if (pr == 0) return RP_BS_TIMEOUT;
+    uint8_t len[4];
+    const int64_t rest = now_ms() + MSG_REST_MS;
+    int rc = io_all(fd, len, sizeof len, 0, rest, err);
+    const uint32_t size = rc ? 0 : get32(len);
+    if (!rc && size > cap) return rp_errf(err, "a message of %u bytes, room for %zu", size, cap);
+    if (!rc && size) rc = io_all(fd, buf, size, 0, rest, err);
+    if (rc == RP_BS_TIMEOUT) return rp_errf(err, "a message stopped halfway");
+    if (rc) return RP_ERR;
+    *n = size;
+    return 0;
 }

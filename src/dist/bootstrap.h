@@ -14,6 +14,10 @@
  * connected, each with the reason; a connection that does not start with
  * the magic is not replay and is dropped. The wire format is in bootstrap.c.
  *
+ * The connections stay open where the caller asks for them: they are the
+ * control channel over which node 0 sends each step to the other nodes
+ * (length-prefixed messages, rp_bs_send_msg / rp_bs_recv_msg).
+ *
  * Sockets come from a transport (listen, accept, connect) so tests can run
  * the same protocol code over socketpairs as over loopback TCP. */
 #ifndef RP_DIST_BOOTSTRAP_H
@@ -29,6 +33,8 @@
 /* What a transport's accept and connect return besides 0 and RP_ERR. */
 #define RP_BS_TIMEOUT (-2) /* no connection within the time given */
 #define RP_BS_RETRY (-3)   /* the peer is not listening yet */
+#define RP_BS_MAX_NODES 8  /* nodes of one launch: at most one per tensor-parallel rank */
+#define RP_BS_MAX_MSG_BYTES (64u << 20)
 
 /* How a launch is laid out, as each node was told on its command line. */
 typedef struct rp_bs_world {
@@ -65,13 +71,27 @@ int rp_bs_world_check(const rp_bs_world *w, rp_err *err);
 
 /* Node 0, its transport already listening: waits up to timeout_ms for
  * nodes 1 .. nnodes - 1, checks them against w, sends each the unique id.
- * addr (for messages) is what the other nodes were told to connect to. */
+ * addr (for messages) is what the other nodes were told to connect to.
+ * links: NULL closes the connections; else links[k] is node k's open
+ * socket (k in 1 .. nnodes - 1, the others -1), the caller's to close. */
 int rp_bootstrap_serve(rp_bs_transport *t, const char *addr, const rp_bs_world *w,
-                       const uint8_t unique_id[RP_BS_UNIQUE_ID_BYTES], int timeout_ms, rp_err *err);
+                       const uint8_t unique_id[RP_BS_UNIQUE_ID_BYTES], int timeout_ms, int links[RP_BS_MAX_NODES],
+                       rp_err *err);
 
 /* Node w->node_rank > 0: connects to host:port (retrying until timeout_ms),
- * says hello, and waits for the unique id, all within timeout_ms. */
+ * says hello, and waits for the unique id, all within timeout_ms. link:
+ * NULL closes the connection; else *link is the open socket to node 0. */
 int rp_bootstrap_join(rp_bs_transport *t, const char *host, int port, const rp_bs_world *w, int timeout_ms,
-                      uint8_t unique_id[RP_BS_UNIQUE_ID_BYTES], rp_err *err);
+                      uint8_t unique_id[RP_BS_UNIQUE_ID_BYTES], int *link, rp_err *err);
+
+/* One message on a link: its byte count (u32, little-endian), then its
+ * bytes, at most RP_BS_MAX_MSG_BYTES. timeout_ms < 0 waits as long as it
+ * takes (a node waiting for node 0's next step). */
+int rp_bs_send_msg(int fd, const void *buf, size_t n, int timeout_ms, rp_err *err);
+/* Receives one message into buf (cap bytes), its size in *n: 0;
+ * RP_BS_TIMEOUT when none began within timeout_ms; RP_ERR when the link
+ * closed (the peer is gone), the message is larger than cap, or it stopped
+ * halfway (the link is then unusable). */
+int rp_bs_recv_msg(int fd, void *buf, size_t cap, size_t *n, int timeout_ms, rp_err *err);
 
 #endif
