@@ -38,6 +38,17 @@
 
 static int have_gpu(void) { return rp_cuda_device_count() > 0; }
 
+/* Whether a product of T tokens on fp8 weights quantizes its activations
+ * too (W8A8: cuBLASLt's FP8 matmul past the fp8 GEMV's tokens). */
+static int fp8_w8a8(const rp_backend *be, int T) {
+#ifdef REPLAY_HAVE_CUDA
+    return T > RP_GEMV_FP8_MAX_T && ((const rp_cuda_backend *)be)->w.fp8_lt;
+#else
+    (void)be, (void)T;
+    return 0;
+#endif
+}
+
 
 /* A runner over a borrowed model, with its parts at hand. */
 typedef struct setup {
@@ -1191,15 +1202,14 @@ static void test_fp8_vs_cpu(void **state) {
     }
     if (rp_runner_run_prompts(gpu.run, NP, idp, plen, NULL, STEPS, &out_all[0][0], &err)) fail_msg("cuda: %s", err.msg);
     /* W8A16 rows (the fp8 GEMV, or dequantized weights): bf16 noise against
-     * the CPU's dequantized weights. W8A8 rows (past RP_GEMV_FP8_MAX_T
-     * tokens where cuBLASLt has FP8): the activations' per-token e4m3
+     * the CPU's dequantized weights. W8A8 rows (fp8_w8a8): the activations' per-token e4m3
      * rounding on top, which a random 2-layer model does not average out
      * (bench/RESULTS.md has the distribution): a mean within 4e-2, no row
      * past 1.5e-1, argmax agreement >= 95%. */
     double worst = 0, worst_a8 = 0, sum_a8 = 0;
     int agree = 0, rows_a8 = 0;
     for (int p = 0; p < NP; p++) {
-        const int a8 = plen[p] > RP_GEMV_FP8_MAX_T && ((const rp_cuda_backend *)gpu.be)->w.fp8_lt;
+        const int a8 = fp8_w8a8(gpu.be, plen[p]);
         for (int pos = 0; pos < plen[p]; pos++) {
             const float *g = lg[p] + (size_t)pos * V, *r = lc[p] + (size_t)pos * V;
             const double e = test_rel_l2(g, r, (size_t)V);
@@ -1228,7 +1238,7 @@ static void test_fp8_vs_cpu(void **state) {
         assert_memory_equal(out_one[p], out_lazy[p], sizeof out_one[p]);
         /* greedy against the CPU where the prompt's logits are bf16 noise
          * apart (a W8A8 prefill's first token may part further) */
-        if (plen[p] > RP_GEMV_FP8_MAX_T && ((const rp_cuda_backend *)gpu.be)->w.fp8_lt) {
+        if (fp8_w8a8(gpu.be, plen[p])) {
             free(lc[p]);
             free(lg[p]);
             free(ll[p]);
