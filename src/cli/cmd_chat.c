@@ -339,8 +339,9 @@ static int turn(chat *ch, const char *line, uint64_t seed, const rp_sampling_par
         fprintf(stderr, "[%d tokens, %.1f tok/s%s]\n", cs.generated,
                 cs.t_last > cs.t_first ? (cs.generated - 1) / (cs.t_last - cs.t_first) : 0.0,
                 cs.finish == RP_FINISH_REASON_ABORT    ? ", stopped"
-                : cs.finish == RP_FINISH_REASON_LENGTH ? ", cut at --max-tokens"
-                                                       : "");
+                : cs.finish == RP_FINISH_REASON_LENGTH  ? ", cut at --max-tokens"
+                : cs.finish == RP_FINISH_REASON_GRAMMAR ? ", grammar dead end"
+                                                        : "");
     const int oom = cs.oom || conv_add(c, "assistant", cs.text ? cs.text : "");
     free(cs.text);
     if (oom) return rp_cli_runtime_error(CMD, "out of memory");

@@ -229,6 +229,7 @@ static const char *finish_name(rp_finish f) {
     case RP_FINISH_REASON_STOP: return "stop";
     case RP_FINISH_REASON_LENGTH: return "length";
     case RP_FINISH_REASON_ABORT: return "interrupted";
+    case RP_FINISH_REASON_GRAMMAR: return "grammar dead end";
     default: return "error";
     }
 }

@@ -22,6 +22,7 @@ void rp_engine_propose_drafts(rp_engine *e) {
         const int len = rp_request_len(r);
         if (rp_request_pending(r) != 1 || !rp_request_can_run(r, e->max_context)) continue;
         if (r->tokens[len - 1] < 0) continue; /* still a reference to a row on the device */
+        if (r->matcher) continue;             /* structured output: drafts are not checked against the grammar */
         int want = r->max_tokens - r->num_output - 1; /* the round's last token is the target's own */
         if (want > e->spec_k) want = e->spec_k;
         if (want <= 0 || !rp_spec_track_wants(&r->spec)) continue;

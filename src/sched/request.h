@@ -46,6 +46,9 @@ typedef struct rp_request {
     int prompt_inserted;
     int cached_prompt_tokens;
     rp_sampling_params sampling;
+    /* structured output: the grammar's matcher, advanced by each output
+     * token (NULL: unconstrained; engine/constraint.h) */
+    struct rp_smatcher *matcher;
     int ignore_eos, want_logprobs;
     int32_t *stop_ids;
     int num_stop_ids;
