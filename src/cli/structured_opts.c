@@ -74,7 +74,8 @@ static int read_file(const char *flag, const char *path, char **out, const char 
         if (len + 1 >= cap) {
             char *t = cap > MAX_CONSTRAINT_FILE_BYTES ? NULL : realloc(text, cap * 2);
             if (!t) {
-                rc = rp_cli_usage_error(cmd, "%s %s is larger than %u MiB", flag, path, MAX_CONSTRAINT_FILE_BYTES >> 20);
+                rc = rp_cli_usage_error(cmd, "%s %s is larger than %u MiB", flag, path,
+                                        MAX_CONSTRAINT_FILE_BYTES >> 20);
                 break;
             }
             text = t;

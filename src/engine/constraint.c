@@ -24,7 +24,9 @@ static int fail(rp_error *err, rp_error_code code, const char *param, const char
     return -1;
 }
 
-static const char *param_of(const rp_constraint *c) { return c->param && c->param[0] ? c->param : "structured_outputs"; }
+static const char *param_of(const rp_constraint *c) {
+    return c->param && c->param[0] ? c->param : "structured_outputs";
+}
 
 static rp_skind skind_of(rp_constraint_kind k) {
     switch (k) {

@@ -116,7 +116,8 @@ static int structured_outputs(json_t *so, found *f, rp_oai_error *err) {
             if (!json_is_boolean(v)) return bad(err, P, "'structured_outputs.json_object' must be a boolean");
             if (json_is_true(v)) rc = take(f, P, RP_CONSTRAINT_JSON_OBJECT, NULL, err);
         } else if (!strcmp(key, "disable_any_whitespace")) {
-            if (!json_is_boolean(v)) return bad(err, P, "'structured_outputs.disable_any_whitespace' must be a boolean");
+            if (!json_is_boolean(v))
+                return bad(err, P, "'structured_outputs.disable_any_whitespace' must be a boolean");
             f->compact = json_is_true(v);
         } else if (!strcmp(key, "disable_fallback")) { /* replay has one backend: there is nothing to fall back to */
             if (!json_is_boolean(v)) return bad(err, P, "'structured_outputs.disable_fallback' must be a boolean");
