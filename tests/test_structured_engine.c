@@ -9,8 +9,8 @@
  * tokens they give alone. A grammar that needs a byte no token has ends
  * with the grammar finish reason; a bad constraint is a submit error naming
  * its field; logprobs are those of the masked distribution; speculative
- * decoding leaves constrained requests alone; the pool is full after each
- * test. */
+ * decoding leaves constrained requests alone; aborts free everything; the
+ * pool is full after each test. */
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -506,6 +506,49 @@ static void test_speculative_skips_constrained(void **state) {
     rp_engine_destroy(e);
 }
 
+/* A constrained request aborted while it decodes (from its own callback, on
+ * the engine thread) and one aborted while it waits: each ends once with
+ * ABORT, its matcher freed with it and its pages back in the pool. */
+typedef struct abort_ctx {
+    rp_engine *e;
+    result r;
+    int at;
+} abort_ctx;
+
+static void abort_cb(void *user, const rp_token_event *ev) {
+    abort_ctx *a = user;
+    collect(&a->r, ev);
+    if (ev->finish == RP_FINISH_REASON_NONE && a->r.n == a->at) rp_engine_abort(a->e, ev->id);
+}
+
+static void test_abort(void **state) {
+    (void)state;
+    rp_engine *e = make_engine(0);
+    static abort_ctx a[2];
+    memset(a, 0, sizeof a);
+    rp_constraint c = {.kind = RP_CONSTRAINT_JSON_OBJECT};
+    rp_request_params p;
+    rp_error err;
+    rp_request_id waiting;
+    rp_engine_hold(e, 1);
+    for (int i = 0; i < 2; i++) {
+        a[i].e = e;
+        a[i].at = i ? 0 : 3;
+        params(&p, &c, (uint64_t)i, 1.0f);
+        if (rp_engine_submit(e, &p, abort_cb, &a[i], i ? &waiting : NULL, &err)) fail_msg("%s", err.message);
+    }
+    assert_int_equal(rp_engine_abort(e, waiting), 0);
+    rp_engine_hold(e, 0);
+    expect_pool_full(e);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(a[i].r.finals, 1);
+        assert_int_equal(a[i].r.finish, RP_FINISH_REASON_ABORT);
+    }
+    assert_int_equal(a[0].r.n, 3);
+    assert_int_equal(a[1].r.n, 0);
+    rp_engine_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_constrained_batches),
@@ -514,6 +557,7 @@ int main(void) {
         cmocka_unit_test(test_bad_constraints),
         cmocka_unit_test(test_masked_logprobs),
         cmocka_unit_test(test_speculative_skips_constrained),
+        cmocka_unit_test(test_abort),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
