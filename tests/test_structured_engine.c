@@ -9,7 +9,7 @@
  * tokens they give alone. A grammar that needs a byte no token has ends
  * with the grammar finish reason; a bad constraint is a submit error naming
  * its field; logprobs are those of the masked distribution; speculative
- * decoding leaves constrained requests alone; aborts free everything; the
+ * decoding changes no constrained output; aborts free everything; the
  * pool is full after each test. */
 #include <jansson.h>
 #include <math.h>
@@ -128,7 +128,9 @@ static int teardown(void **state) {
     return 0;
 }
 
-static rp_engine *make_engine(int spec_k) {
+/* spec_k > 0: n-gram speculative decoding with k drafts a round, or with
+ * draft_model, drafts from the model itself (its greedy tokens, unmasked) */
+static rp_engine *make_engine_spec(int spec_k, int draft_model) {
     rp_engine_config c;
     rp_engine_config_default(&c);
     c.model_dir = g_dir;
@@ -146,12 +148,20 @@ static rp_engine *make_engine(int spec_k) {
         c.num_speculative_tokens = spec_k;
         c.prompt_lookup_min = 1;
         c.prompt_lookup_max = 2;
+        if (draft_model) {
+            c.speculative_method = RP_SPEC_DRAFT_MODEL;
+            c.prompt_lookup_min = c.prompt_lookup_max = 0;
+            c.speculative_model = g_dir;
+            c.speculative_load_dummy = 1;
+        }
     }
     rp_error err;
     rp_engine *e = rp_engine_create(&c, &err);
     if (!e) fail_msg("engine: %s", err.message);
     return e;
 }
+
+static rp_engine *make_engine(int spec_k) { return make_engine_spec(spec_k, 0); }
 
 static void expect_pool_full(rp_engine *e) {
     rp_engine_stats st;
@@ -476,34 +486,54 @@ static void test_masked_logprobs(void **state) {
     rp_engine_destroy(e);
 }
 
-/* With n-gram speculative decoding on, constrained requests get no drafts
- * and stay in their language; unconstrained ones beside them still draft. */
-static void test_speculative_skips_constrained(void **state) {
-    (void)state;
-    rp_engine *e = make_engine(3);
-    static result res[SEEDS], plain[2];
-    memset(res, 0, sizeof res);
-    memset(plain, 0, sizeof plain);
-    rp_constraint c = constraint(0);
+/* Speculative decoding (n-gram drafts, and a draft model's unmasked greedy
+ * drafts) gives constrained requests, greedy and sampled, the tokens they
+ * get without it, with drafts taken; unconstrained requests beside them too. */
+static void run_spec(int spec_k, int draft_model, result *res, int n, rp_engine_stats *st) {
+    rp_engine *e = make_engine_spec(spec_k, draft_model);
     rp_request_params p;
     rp_error err;
     rp_engine_hold(e, 1);
-    for (int s = 0; s < SEEDS; s++) {
-        params(&p, &c, (uint64_t)s, s ? 1.0f : 0.0f);
+    for (int s = 0; s < n; s++) {
+        rp_constraint c = constraint(s % 3 == 2 ? 4 : 0);
+        if (s % 3 == 1) c = (rp_constraint){.kind = RP_CONSTRAINT_CHOICE, .text = "[\"abababababab\", \"abababababa\"]"};
+        params(&p, s == n - 1 ? NULL : &c, (uint64_t)s, s % 2 ? 1.0f : 0.0f);
+        if (s == n - 1) {
+            p.max_tokens = 40;
+            p.ignore_eos = 1;
+        }
         if (rp_engine_submit(e, &p, collect, &res[s], NULL, &err)) fail_msg("%s", err.message);
-    }
-    for (int i = 0; i < 2; i++) {
-        params(&p, NULL, (uint64_t)i, 0.0f);
-        p.max_tokens = 48;
-        p.ignore_eos = 1;
-        if (rp_engine_submit(e, &p, collect, &plain[i], NULL, &err)) fail_msg("%s", err.message);
     }
     rp_engine_hold(e, 0);
     expect_pool_full(e);
-    int complete = 0;
-    for (int s = 0; s < SEEDS; s++) check_output(&c, &res[s], &complete);
-    assert_true(complete >= 2);
+    rp_engine_get_stats(e, st);
     rp_engine_destroy(e);
+}
+
+static void test_speculative_constrained(void **state) {
+    (void)state;
+    enum { N = 10 };
+    static result plain[N], spec[N];
+    for (int draft_model = 0; draft_model < 2; draft_model++) {
+        memset(plain, 0, sizeof plain);
+        memset(spec, 0, sizeof spec);
+        rp_engine_stats st;
+        run_spec(0, 0, plain, N, &st);
+        run_spec(3, draft_model, spec, N, &st);
+        for (int s = 0; s < N; s++) {
+            if (spec[s].n != plain[s].n || memcmp(spec[s].tokens, plain[s].tokens, sizeof(int32_t) * (size_t)plain[s].n))
+                fail_msg("%s drafts, request %d: '%.*s' against '%.*s' without", draft_model ? "draft model" : "n-gram",
+                         s, (int)spec[s].text_len, spec[s].text, (int)plain[s].text_len, plain[s].text);
+            assert_int_equal(spec[s].finish, plain[s].finish);
+        }
+        int complete = 0;
+        for (int s = 0; s < N - 1; s++) {
+            rp_constraint c = constraint(s % 3 == 2 ? 4 : 0);
+            if (s % 3 == 1) c = (rp_constraint){.kind = RP_CONSTRAINT_CHOICE, .text = "[\"abababababab\", \"abababababa\"]"};
+            check_output(&c, &spec[s], &complete);
+        }
+        assert_true(st.spec_rounds > 0 && st.spec_accepted_tokens > 0);
+    }
 }
 
 /* A constrained request aborted while it decodes (from its own callback, on
@@ -556,7 +586,7 @@ int main(void) {
         cmocka_unit_test(test_dead_end),
         cmocka_unit_test(test_bad_constraints),
         cmocka_unit_test(test_masked_logprobs),
-        cmocka_unit_test(test_speculative_skips_constrained),
+        cmocka_unit_test(test_speculative_constrained),
         cmocka_unit_test(test_abort),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -171,29 +171,45 @@ int rp_engine_constraint_matcher(rp_engine *e, const rp_constraint *c, rp_smatch
     return 0;
 }
 
-/* Ends r without a token at output index k (a slot reserved for it by an
- * overlapped launch is dropped). */
-static void finish_without_token(rp_engine *e, rp_request *r, int k, rp_finish fin, const char *error) {
+const char rp_constraint_refused_msg[] =
+    "structured output: the model gave no finite logit to any token the grammar allows";
+
+void rp_engine_constraint_end(rp_engine *e, rp_request *r, int k, rp_finish fin, const char *error) {
     r->num_output = k;
     rp_engine_finish(e, r, -1, 0, NULL, fin, error);
 }
 
-int rp_engine_constraint_mask(rp_engine *e, rp_request *r, int k, float *logits) {
+rp_finish rp_engine_constraint_apply(rp_engine *e, rp_request *r, float *logits) {
     if (rp_smatcher_fill_mask(r->matcher, e->mask)) {
         rp_sampler_apply_mask(logits, e->run->model->cfg.vocab_size, e->mask);
-        return 0;
+        return RP_FINISH_REASON_NONE;
     }
     /* complete (EOS taken, or the vocabulary has no EOS to end it) or dead */
     const int done = rp_smatcher_is_accepting(r->matcher) || rp_smatcher_is_finished(r->matcher);
-    finish_without_token(e, r, k, done ? RP_FINISH_REASON_STOP : RP_FINISH_REASON_GRAMMAR, NULL);
+    return done ? RP_FINISH_REASON_STOP : RP_FINISH_REASON_GRAMMAR;
+}
+
+int rp_engine_constraint_mask(rp_engine *e, rp_request *r, int k, float *logits) {
+    const rp_finish fin = rp_engine_constraint_apply(e, r, logits);
+    if (fin == RP_FINISH_REASON_NONE) return 0;
+    rp_engine_constraint_end(e, r, k, fin, NULL);
     return 1;
 }
 
 int rp_engine_constraint_accept(rp_engine *e, rp_request *r, int k, int32_t tok) {
-    if (rp_smatcher_accept_token(r->matcher, tok) == 0) return 0;
-    finish_without_token(e, r, k, RP_FINISH_REASON_ERROR,
-                         "structured output: the model gave no finite logit to any token the grammar allows");
+    if (rp_engine_constraint_take(r, tok) == 0) return 0;
+    rp_engine_constraint_end(e, r, k, RP_FINISH_REASON_ERROR, rp_constraint_refused_msg);
     return 1;
+}
+
+int rp_engine_constraint_take(rp_request *r, int32_t tok) { return rp_smatcher_accept_token(r->matcher, tok); }
+
+int rp_engine_constraint_drafts(rp_request *r) {
+    const int32_t *draft = r->tokens + rp_request_len(r);
+    int n = 0;
+    while (n < r->num_draft && rp_smatcher_accept_token(r->matcher, draft[n]) == 0) n++;
+    rp_smatcher_rollback(r->matcher, n);
+    return n;
 }
 
 void rp_engine_constraint_free(rp_engine *e) {
