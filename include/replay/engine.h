@@ -141,7 +141,9 @@ typedef struct rp_constraint {
     rp_constraint_kind kind;
     const char *text;
     size_t text_len;      /* 0: strlen(text) */
-    int allow_whitespace; /* JSON kinds: 1 allows JSON whitespace between tokens; 0 (default) is compact */
+    /* JSON kinds: 1 allows JSON whitespace between tokens, 0 none (compact).
+     * The server and the CLI ask for 1 unless told otherwise, as vLLM does. */
+    int allow_whitespace;
     /* the request field it came from ("response_format", "guided_json",
      * ...), named by errors; NULL: "structured_outputs" */
     const char *param;

@@ -94,8 +94,8 @@ static const struct {
 static const char *const unsupported_fields[] = {
     "suffix", "functions", "function_call", "modalities", "audio", "prediction",
     "reasoning_effort", "web_search_options", "verbosity", "store", "prompt_logprobs", "use_beam_search",
-    "length_penalty", "allowed_token_ids", "bad_words", "chat_template", "continue_final_message", "documents", "priority",
-    "add_special_tokens", "return_tokens_as_token_ids",
+    "length_penalty", "allowed_token_ids", "bad_words", "chat_template", "continue_final_message", "documents",
+    "priority", "add_special_tokens", "return_tokens_as_token_ids",
 };
 
 /* Every top-level field of a request for endpoint `only` (F_COMPLETION or
@@ -613,7 +613,8 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         goto out;
     p->top_k = top_k;
     out->max_tokens_set |= out->max_completion_tokens;
-    if (parse_output_options(root, kind, out, err) || rp_oai_parse_structured(root, out, err)) goto out;
+    if (parse_output_options(root, kind, out, err)) goto out;
+    if (rp_oai_parse_structured(root, out, err)) goto out;
     json_t *seed = json_object_get(root, "seed"); /* any 64-bit integer, as vLLM takes */
     if (seed && !json_is_null(seed)) {
         json_int_t sv;
