@@ -1039,6 +1039,9 @@ static void test_structured_fields(void **state) {
         free(text);
     }
     assert_true(ok > 0);
+    /* a dead end is told apart from a complete output */
+    assert_string_equal(rp_oai_finish_reason(RP_FINISH_REASON_GRAMMAR), "grammar_dead_end");
+    assert_string_equal(rp_oai_finish_reason(RP_FINISH_REASON_STOP), "stop");
 }
 
 /* generation_config.json's sampling (the context's defaults) fills only
