@@ -51,6 +51,17 @@ if (process.env.TOOLS === 'on') {
   check('tools: the round trip answered', t.choices.length === 1 && t.usage.prompt_tokens > 20, t);
   await expectError('tool_choice required', () => client.chat.completions.create({ model, messages: toolHistory,
                     tools, tool_choice: 'required' }), 400, OpenAI.BadRequestError);
+  // structured output after the thinking (vLLM's rule with a reasoning parser): thinking off in the
+  // template (its prompt closes </think>), the answer is a choice at once; thinking on, the random
+  // model thinks freely (it never writes </think>) until max_tokens
+  const pick = { model, messages: [{ role: 'user', content: 'Pick one' }], guided_choice: ['yes', 'no way'] };
+  t = await client.chat.completions.create({ ...pick, max_tokens: 8,
+                                            chat_template_kwargs: { enable_thinking: false } });
+  check('choice with thinking off', ['yes', 'no way'].includes(t.choices[0].message.content) &&
+        t.choices[0].finish_reason === 'stop', t.choices[0]);
+  t = await client.chat.completions.create({ ...pick, max_tokens: 8, seed: 1 });
+  check('choice after free thinking', t.choices[0].finish_reason === 'length' &&
+        t.usage.completion_tokens === 8, t.choices[0]);
   console.log(`${passes} passed, ${failures} failed`);
   process.exit(failures ? 1 : 0);
 }

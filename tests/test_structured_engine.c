@@ -8,7 +8,8 @@
  * request that stops is complete. Unconstrained requests in the mix give the
  * tokens they give alone. A grammar that needs a byte no token has ends
  * with the grammar finish reason; a bad constraint is a submit error naming
- * its field; logprobs are those of the masked distribution; speculative
+ * its field; logprobs are those of the masked distribution; a reasoning
+ * model's thinking is left free; speculative
  * decoding changes no constrained output; aborts free everything; the
  * pool is full after each test. */
 #include <jansson.h>
@@ -63,7 +64,8 @@ static void collect(void *user, const rp_token_event *ev) {
 /* ---- the tiny model and vocabulary -------------------------------------- */
 
 enum { VOCAB = 128 };
-static int g_end_id; /* the special end token, the model's EOS */
+static int g_end_id;   /* the special end token, the model's EOS */
+static int g_think_id; /* "</think>", a plain token: the end of a reasoning model's thinking */
 
 /* tokenizer.json: GPT-2's byte-level alphabet for the printable bytes (space
  * is "Ġ"), some multi-character tokens, and <|end|>. No merges: encoding
@@ -79,6 +81,8 @@ static void write_tokenizer(const char *dir) {
     json_object_set_new(vocab, "\xc4\xa0", json_integer(id++)); /* U+0120, byte-level space */
     static const char *multi[] = {"true", "false", "null", "\":", "{\"", "\",\"", "12", "ab", "}]", "red", "re"};
     for (size_t i = 0; i < sizeof multi / sizeof *multi; i++) json_object_set_new(vocab, multi[i], json_integer(id++));
+    g_think_id = id;
+    json_object_set_new(vocab, "</think>", json_integer(id++));
     g_end_id = id;
     json_t *tok = json_pack(
         "{s:s, s:[{s:i, s:s, s:b, s:b, s:b, s:b, s:b}], s:n, s:{s:s, s:b, s:b, s:b}, s:n, s:{s:s}, "
@@ -489,14 +493,22 @@ static void test_masked_logprobs(void **state) {
 /* Speculative decoding (n-gram drafts, and a draft model's unmasked greedy
  * drafts) gives constrained requests, greedy and sampled, the tokens they
  * get without it, with drafts taken; unconstrained requests beside them too. */
+/* Request s of run_spec: a schema, a choice list with repeats (which
+ * n-gram drafts guess), a grammar; request 3 reasons first. */
+static rp_constraint spec_constraint(int s) {
+    rp_constraint c = constraint(s % 3 == 2 ? 4 : 0);
+    if (s % 3 == 1) c = (rp_constraint){.kind = RP_CONSTRAINT_CHOICE, .text = "[\"abababababab\", \"abababababa\"]"};
+    if (s == 3) c.has_reasoning_end = 1, c.reasoning_end_id = g_think_id;
+    return c;
+}
+
 static void run_spec(int spec_k, int draft_model, result *res, int n, rp_engine_stats *st) {
     rp_engine *e = make_engine_spec(spec_k, draft_model);
     rp_request_params p;
     rp_error err;
     rp_engine_hold(e, 1);
     for (int s = 0; s < n; s++) {
-        rp_constraint c = constraint(s % 3 == 2 ? 4 : 0);
-        if (s % 3 == 1) c = (rp_constraint){.kind = RP_CONSTRAINT_CHOICE, .text = "[\"abababababab\", \"abababababa\"]"};
+        rp_constraint c = spec_constraint(s);
         params(&p, s == n - 1 ? NULL : &c, (uint64_t)s, s % 2 ? 1.0f : 0.0f);
         if (s == n - 1) {
             p.max_tokens = 40;
@@ -528,12 +540,62 @@ static void test_speculative_constrained(void **state) {
         }
         int complete = 0;
         for (int s = 0; s < N - 1; s++) {
-            rp_constraint c = constraint(s % 3 == 2 ? 4 : 0);
-            if (s % 3 == 1) c = (rp_constraint){.kind = RP_CONSTRAINT_CHOICE, .text = "[\"abababababab\", \"abababababa\"]"};
-            check_output(&c, &spec[s], &complete);
+            rp_constraint c = spec_constraint(s);
+            if (!c.has_reasoning_end) check_output(&c, &spec[s], &complete);
         }
         assert_true(st.spec_rounds > 0 && st.spec_accepted_tokens > 0);
     }
+}
+
+/* A reasoning model's thinking is free: with a reasoning end token the
+ * output is constrained only after it (at once where the prompt holds it). */
+static void test_reasoning_first(void **state) {
+    (void)state;
+    rp_engine *e = make_engine(0);
+    enum { N = 12 };
+    static result res[N], closed;
+    memset(res, 0, sizeof res);
+    memset(&closed, 0, sizeof closed);
+    rp_constraint c = {.kind = RP_CONSTRAINT_CHOICE, .text = "[\"red\", \"green\"]", .has_reasoning_end = 1,
+                       .reasoning_end_id = g_think_id};
+    rp_request_params p;
+    rp_error err;
+    for (int s = 0; s < N; s++) {
+        params(&p, &c, (uint64_t)s, 1.0f);
+        p.max_tokens = 300;
+        if (rp_engine_submit(e, &p, collect, &res[s], NULL, &err)) fail_msg("%s", err.message);
+    }
+    const int32_t thought[] = {40, 41, g_think_id};
+    params(&p, &c, 1, 1.0f);
+    p.prompt_ids = thought;
+    p.num_prompt_ids = 3;
+    if (rp_engine_submit(e, &p, collect, &closed, NULL, &err)) fail_msg("%s", err.message);
+    expect_pool_full(e);
+    assert_int_equal(closed.finish, RP_FINISH_REASON_STOP);
+    assert_true((closed.text_len == 3 && !memcmp(closed.text, "red", 3)) ||
+                (closed.text_len == 5 && !memcmp(closed.text, "green", 5)));
+    int answered = 0, free_text = 0;
+    for (int s = 0; s < N; s++) {
+        const result *r = &res[s];
+        int at = -1;
+        for (int i = 0; i < r->n && at < 0; i++)
+            if (r->tokens[i] == g_think_id) at = i;
+        if (at < 0) { /* still thinking at the end: any text */
+            assert_true(r->finish == RP_FINISH_REASON_STOP || r->finish == RP_FINISH_REASON_LENGTH);
+            free_text += r->n > 3;
+            continue;
+        }
+        const char *after = memmem(r->text, r->text_len, "</think>", 8);
+        assert_non_null(after);
+        after += 8;
+        const size_t len = r->text_len - (size_t)(after - r->text);
+        assert_int_equal(r->finish, RP_FINISH_REASON_STOP);
+        if (!((len == 3 && !memcmp(after, "red", 3)) || (len == 5 && !memcmp(after, "green", 5))))
+            fail_msg("after the thinking: '%.*s'", (int)len, after);
+        answered++;
+    }
+    if (!answered || !free_text) fail_msg("%d answers after thinking, %d free texts of %d", answered, free_text, N);
+    rp_engine_destroy(e);
 }
 
 /* A constrained request aborted while it decodes (from its own callback, on
@@ -587,6 +649,7 @@ int main(void) {
         cmocka_unit_test(test_bad_constraints),
         cmocka_unit_test(test_masked_logprobs),
         cmocka_unit_test(test_speculative_constrained),
+        cmocka_unit_test(test_reasoning_first),
         cmocka_unit_test(test_abort),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

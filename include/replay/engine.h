@@ -147,6 +147,12 @@ typedef struct rp_constraint {
     /* the request field it came from ("response_format", "guided_json",
      * ...), named by errors; NULL: "structured_outputs" */
     const char *param;
+    /* A reasoning model's thinking is left free (vLLM's rule where a
+     * reasoning parser is on): with has_reasoning_end the constraint starts
+     * after the token reasoning_end_id (`</think>`), or at once where the
+     * prompt holds it (a template that closed the thinking). */
+    int has_reasoning_end;
+    int32_t reasoning_end_id;
 } rp_constraint;
 
 /* What the callback receives: one event per sampled token, and a final one

@@ -154,9 +154,16 @@ static int ensure_vocab(rp_engine *e, rp_error *err) {
     return rc;
 }
 
-int rp_engine_constraint_matcher(rp_engine *e, const rp_constraint *c, rp_smatcher **out, rp_error *err) {
-    *out = NULL;
+int rp_engine_constraint_start(rp_engine *e, const rp_constraint *c, rp_request *r, rp_error *err) {
     if (c->kind == RP_CONSTRAINT_NONE) return 0;
+    if (c->has_reasoning_end) {
+        if (c->reasoning_end_id < 0 || c->reasoning_end_id >= e->run->model->cfg.vocab_size)
+            return fail(err, RP_ERROR_INVALID_REQUEST, param_of(c),
+                        "the reasoning end token is outside the vocabulary");
+        r->reasoning_end = c->reasoning_end_id;
+        r->reasoning = 1;
+        for (int i = 0; i < r->num_prompt && r->reasoning; i++) r->reasoning = r->tokens[i] != r->reasoning_end;
+    }
     if (!e->tok)
         return fail(err, RP_ERROR_UNSUPPORTED, param_of(c),
                     "structured output needs the model's tokenizer (this model has none)");
@@ -167,7 +174,7 @@ int rp_engine_constraint_matcher(rp_engine *e, const rp_constraint *c, rp_smatch
     rp_smatcher *m = rp_smatcher_new(g, &merr);
     rp_sgrammar_release(g); /* the matcher holds its own reference */
     if (!m) return fail(err, RP_ERROR_OUT_OF_MEMORY, "", "out of memory");
-    *out = m;
+    r->matcher = m;
     return 0;
 }
 
@@ -180,6 +187,7 @@ void rp_engine_constraint_end(rp_engine *e, rp_request *r, int k, rp_finish fin,
 }
 
 rp_finish rp_engine_constraint_apply(rp_engine *e, rp_request *r, float *logits) {
+    if (r->reasoning) return RP_FINISH_REASON_NONE;
     if (rp_smatcher_fill_mask(r->matcher, e->mask)) {
         rp_sampler_apply_mask(logits, e->run->model->cfg.vocab_size, e->mask);
         return RP_FINISH_REASON_NONE;
@@ -202,13 +210,24 @@ int rp_engine_constraint_accept(rp_engine *e, rp_request *r, int k, int32_t tok)
     return 1;
 }
 
-int rp_engine_constraint_take(rp_request *r, int32_t tok) { return rp_smatcher_accept_token(r->matcher, tok); }
+int rp_engine_constraint_take(rp_request *r, int32_t tok) {
+    if (!r->reasoning) return rp_smatcher_accept_token(r->matcher, tok);
+    r->reasoning = tok != r->reasoning_end;
+    return 0;
+}
 
 int rp_engine_constraint_drafts(rp_request *r) {
     const int32_t *draft = r->tokens + rp_request_len(r);
-    int n = 0;
-    while (n < r->num_draft && rp_smatcher_accept_token(r->matcher, draft[n]) == 0) n++;
-    rp_smatcher_rollback(r->matcher, n);
+    int n = 0, taken = 0, reasoning = r->reasoning;
+    for (; n < r->num_draft; n++) {
+        if (reasoning) {
+            reasoning = draft[n] != r->reasoning_end;
+            continue;
+        }
+        if (rp_smatcher_accept_token(r->matcher, draft[n])) break;
+        taken++;
+    }
+    rp_smatcher_rollback(r->matcher, taken);
     return n;
 }
 

@@ -20,13 +20,15 @@
 struct rp_request;
 struct rp_smatcher;
 
-/* On the caller's thread, at submit: the constraint compiled and a matcher
- * for one request in *out (NULL for RP_CONSTRAINT_NONE). 0, or -1 with err
- * naming the constraint's param; nothing to free then. */
-int rp_engine_constraint_matcher(rp_engine *e, const rp_constraint *c, struct rp_smatcher **out, rp_error *err);
+/* On the caller's thread, at submit, once r's prompt is in place: the
+ * constraint compiled, r's matcher made (none for RP_CONSTRAINT_NONE) and
+ * whether r starts in its reasoning. 0, or -1 with err naming the
+ * constraint's param; what it made is freed with r. */
+int rp_engine_constraint_start(rp_engine *e, const rp_constraint *c, struct rp_request *r, rp_error *err);
 
 /* On the engine thread, before r's next token is drawn from logits (one
- * row): sets the logits of the tokens the grammar does not allow to -inf.
+ * row): sets the logits of the tokens the grammar does not allow to -inf
+ * (none while r is reasoning).
  * Returns RP_FINISH_REASON_NONE, or, when no token is allowed, how r must
  * end: STOP where the output is complete, GRAMMAR where it is not. */
 rp_finish rp_engine_constraint_apply(rp_engine *e, struct rp_request *r, float *logits);
@@ -46,13 +48,13 @@ extern const char rp_constraint_refused_msg[];
 int rp_engine_constraint_mask(rp_engine *e, struct rp_request *r, int k, float *logits);
 int rp_engine_constraint_accept(rp_engine *e, struct rp_request *r, int k, int32_t tok);
 
-/* Advances r's matcher by tok: 0, or -1 when the grammar refuses it (the
- * matcher unchanged). */
+/* Advances r's matcher by tok (while reasoning, watches for its end): 0,
+ * or -1 when the grammar refuses it (the matcher unchanged). */
 int rp_engine_constraint_take(struct rp_request *r, int32_t tok);
 
 /* The number of r's drafts (r->num_draft of them after its tokens) that the
- * grammar takes in a row from its current state; the matcher is left as it
- * was. */
+ * grammar takes in a row from its current state (the reasoning's free);
+ * the matcher is left as it was. */
 int rp_engine_constraint_drafts(struct rp_request *r);
 
 /* At destroy, after every request is freed. */

@@ -188,7 +188,7 @@ int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback
         rp_request_free(r);
         return fail(err, RP_ERROR_OUT_OF_MEMORY, "", "out of memory");
     }
-    if (rp_engine_constraint_matcher(e, &p->constraint, &r->matcher, err)) {
+    if (rp_engine_constraint_start(e, &p->constraint, r, err)) {
         rp_request_free(r);
         return -1;
     }

@@ -614,7 +614,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
     p->top_k = top_k;
     out->max_tokens_set |= out->max_completion_tokens;
     if (parse_output_options(root, kind, out, err)) goto out;
-    if (rp_oai_parse_structured(root, out, err)) goto out;
+    if (rp_oai_parse_structured(ctx, kind, root, out, err)) goto out;
     json_t *seed = json_object_get(root, "seed"); /* any 64-bit integer, as vLLM takes */
     if (seed && !json_is_null(seed)) {
         json_int_t sv;

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tokenizer/tokenizer.h"
+
 static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) {
     char msg[512];
@@ -148,7 +150,8 @@ static int constraint_text(const found *f, char **out, rp_oai_error *err) {
     return *out ? 0 : rp_oai_set_out_of_memory(err);
 }
 
-int rp_oai_parse_structured(json_t *root, rp_oai_request *out, rp_oai_error *err) {
+int rp_oai_parse_structured(const rp_oai_context *ctx, rp_oai_kind kind, json_t *root, rp_oai_request *out,
+                            rp_oai_error *err) {
     found f = {0};
     json_t *v;
     if ((v = json_object_get(root, "response_format")) && !json_is_null(v) && response_format(v, &f, err)) return -1;
@@ -180,5 +183,13 @@ int rp_oai_parse_structured(json_t *root, rp_oai_request *out, rp_oai_error *err
                                              .text = out->constraint_text,
                                              .allow_whitespace = !f.compact,
                                              .param = f.param};
+    /* both parsers (qwen3, deepseek_r1) end the thinking with this tag */
+    const int end = kind == RP_OAI_CHAT && ctx->has_reasoning_parser && ctx->tok
+                        ? rp_tokenizer_token_id(ctx->tok, "</think>")
+                        : -1;
+    if (end >= 0) {
+        out->params.constraint.has_reasoning_end = 1;
+        out->params.constraint.reasoning_end_id = end;
+    }
     return 0;
 }

@@ -10,9 +10,11 @@
 #include "server/openai.h"
 
 /* Sets out->params.constraint from the request's fields (its text owned by
- * out->constraint_text); none: RP_CONSTRAINT_NONE. Two constraints, a
- * malformed field or an option replay does not have: -1, a 400 naming the
- * field. */
-int rp_oai_parse_structured(json_t *root, rp_oai_request *out, rp_oai_error *err);
+ * out->constraint_text); none: RP_CONSTRAINT_NONE. A chat answer under a
+ * reasoning parser is constrained after its `</think>` (vLLM's rule). Two
+ * constraints, a malformed field or an option replay does not have: -1, a
+ * 400 naming the field. */
+int rp_oai_parse_structured(const rp_oai_context *ctx, rp_oai_kind kind, json_t *root, rp_oai_request *out,
+                            rp_oai_error *err);
 
 #endif
