@@ -144,10 +144,12 @@ static int ensure_vocab(rp_engine *e, rp_error *err) {
         if (v && mask) {
             e->svocab = v;
             e->mask = mask;
-        } else {
+        } else if (v) {
             rp_svocab_free(v);
-            rp_log_error("structured output: %s", v ? "out of memory" : verr.msg);
-            rc = fail(err, RP_ERROR_OUT_OF_MEMORY, "", "out of memory building the structured output vocabulary");
+            rc = fail(err, RP_ERROR_OUT_OF_MEMORY, "", "out of memory");
+        } else { /* the tokenizer's vocabulary as the matcher cannot take it: replay's fault, not the request's */
+            rp_log_error("structured output: %s", verr.msg);
+            rc = fail(err, RP_ERROR_INTERNAL, "", verr.msg);
         }
     }
     pthread_mutex_unlock(&e->constraint_mu);
