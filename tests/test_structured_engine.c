@@ -543,7 +543,9 @@ static void test_speculative_constrained(void **state) {
             rp_constraint c = spec_constraint(s);
             if (!c.has_reasoning_end) check_output(&c, &spec[s], &complete);
         }
-        assert_true(st.spec_rounds > 0 && st.spec_accepted_tokens > 0);
+        /* rounds ran; n-gram drafts of the repeated choices are taken (a
+         * random draft model's unmasked guesses may all be refused) */
+        assert_true(st.spec_rounds > 0 && (draft_model || st.spec_accepted_tokens > 0));
     }
 }
 
