@@ -49,8 +49,39 @@ if (process.env.TOOLS === 'on') {
   check('tools, streamed: role and finish', roles === 1 && fin === 'length', { roles, fin });
   t = await client.chat.completions.create({ model, messages: toolHistory, tools, max_tokens: 2 });
   check('tools: the round trip answered', t.choices.length === 1 && t.usage.prompt_tokens > 20, t);
-  await expectError('tool_choice required', () => client.chat.completions.create({ model, messages: toolHistory,
-                    tools, tool_choice: 'required' }), 400, OpenAI.BadRequestError);
+  // forced calls: the answer held to the calls' JSON (thinking off: the constraint starts at once)
+  const wtools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object',
+      properties: { city: { enum: ['Oslo', 'Paris'] } }, required: ['city'], additionalProperties: false } } },
+    { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {},
+      additionalProperties: false } } }];
+  const forced = { model, messages: [{ role: 'user', content: 'Weather?' }], tools: wtools, max_tokens: 48,
+                   chat_template_kwargs: { enable_thinking: false } };
+  const named = { type: 'function', function: { name: 'get_weather' } };
+  t = await client.chat.completions.create({ ...forced, tool_choice: named });
+  let fc = t.choices[0];
+  check('named tool_choice', fc.finish_reason === 'tool_calls' && fc.message.content === null &&
+        fc.message.tool_calls.length === 1 && fc.message.tool_calls[0].function.name === 'get_weather' &&
+        ['Oslo', 'Paris'].includes(JSON.parse(fc.message.tool_calls[0].function.arguments).city) &&
+        fc.message.tool_calls[0].id.length > 0, fc);
+  let fname = null, fargs = '', ffin = null;
+  for await (const ch of await client.chat.completions.create({ ...forced, tool_choice: named, stream: true })) {
+    for (const choice of ch.choices) {
+      for (const tc of choice.delta.tool_calls ?? []) {
+        if (tc.function?.name) fname = tc.function.name;
+        fargs += tc.function?.arguments ?? '';
+      }
+      if (choice.finish_reason) ffin = choice.finish_reason;
+    }
+  }
+  check('named tool_choice streamed', fname === 'get_weather' && ffin === 'tool_calls' &&
+        ['Oslo', 'Paris'].includes(JSON.parse(fargs).city), { fname, fargs, ffin });
+  t = await client.chat.completions.create({ ...forced, tool_choice: 'required', parallel_tool_calls: false, seed: 3 });
+  fc = t.choices[0];
+  check('required tool_choice, one call', fc.finish_reason === 'tool_calls' && fc.message.tool_calls.length === 1 &&
+        ['get_weather', 'get_time'].includes(fc.message.tool_calls[0].function.name) &&
+        typeof JSON.parse(fc.message.tool_calls[0].function.arguments) === 'object', fc);
+  await expectError('tool_choice required with response_format', () => client.chat.completions.create({ ...forced,
+                    tool_choice: 'required', response_format: { type: 'json_object' } }), 400, OpenAI.BadRequestError);
   // structured output after the thinking (vLLM's rule with a reasoning parser): thinking off in the
   // template (its prompt closes </think>), the answer is a choice at once; thinking on, the random
   // model thinks freely (it never writes </think>) until max_tokens

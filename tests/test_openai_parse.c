@@ -761,9 +761,13 @@ static void test_tool_errors(void **state) {
         {"{\"messages\":[" USER "],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
          "\"string\"}}]}",
          "tools.[0].function.parameters", "JSON Schema"},
-        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"required\"}", "tool_choice", "structured output"},
-        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}",
-         "tool_choice", "structured output"},
+        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"required\",\"response_format\":{\"type\":"
+         "\"json_object\"}}",
+         "tool_choice", "both constrain"},
+        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}},"
+         "\"guided_regex\":\"a\"}",
+         "tool_choice", "both constrain"},
+        {"{\"messages\":[" USER "],\"tools\":[],\"tool_choice\":\"required\"}", "tool_choice", "needs 'tools'"},
         {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}",
          "tool_choice", "not in 'tools'"},
         {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"sometimes\"}", "tool_choice", "sometimes"},
@@ -811,6 +815,37 @@ static void test_tool_errors(void **state) {
         if (rp_oai_parse(&ctx, RP_OAI_CHAT, ok[i], strlen(ok[i]), &q, &e))
             fail_msg("ok case %zu: %s (%s)", i, e.message, e.param);
         rp_oai_request_free(&q);
+    }
+    /* forced calls (any server): the constraint is the named function's
+     * parameters, or an array of {name, parameters} (one at most without
+     * parallel_tool_calls), compact */
+    const struct {
+        const char *body;
+        rp_forced_tools forced;
+        const char *schema;
+    } forced[] = {
+        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}",
+         RP_FORCED_NAMED, "{\"type\":\"object\"}"},
+        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"required\"}", RP_FORCED_REQUIRED,
+         "{\"type\":\"array\",\"minItems\":1,\"items\":{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"name\":"
+         "{\"const\":\"f\"},\"parameters\":{\"type\":\"object\"}},\"required\":[\"name\",\"parameters\"],"
+         "\"additionalProperties\":false}]}}"},
+        {"{\"messages\":[" USER "]," TOOLS ",\"tool_choice\":\"required\",\"parallel_tool_calls\":false}",
+         RP_FORCED_REQUIRED, "\"maxItems\":1"},
+    };
+    for (size_t i = 0; i < sizeof forced / sizeof forced[0]; i++) {
+        rp_oai_request fq;
+        rp_oai_error fe;
+        if (rp_oai_parse(&ctx, RP_OAI_CHAT, forced[i].body, strlen(forced[i].body), &fq, &fe))
+            fail_msg("forced case %zu: %s (%s)", i, fe.message, fe.param);
+        assert_int_equal(fq.forced_tools, forced[i].forced);
+        assert_int_equal(fq.params.constraint.kind, RP_CONSTRAINT_JSON_SCHEMA);
+        assert_int_equal(fq.params.constraint.allow_whitespace, 0);
+        assert_int_equal(fq.parse_tools, 0);
+        if (!strstr(fq.params.constraint.text, forced[i].schema))
+            fail_msg("forced case %zu: %s", i, fq.params.constraint.text);
+        if (forced[i].forced == RP_FORCED_NAMED) assert_string_equal(fq.forced_name, "f");
+        rp_oai_request_free(&fq);
     }
     /* Qwen3's own template: the tools in the system turn, the call and its result */
     rp_oai_request q;
@@ -1046,6 +1081,106 @@ static void test_structured_fields(void **state) {
 
 /* generation_config.json's sampling (the context's defaults) fills only
  * what a request leaves unset. */
+/* The SSE events in out, each's "choices"[0] (a new reference), in order;
+ * how many into ch. */
+static int sse_choices(const rp_sbuf *out, json_t **ch, int max) {
+    int n = 0;
+    const char *p = out->p ? out->p : "";
+    while (n < max && (p = strstr(p, "data: "))) {
+        p += 6;
+        const char *end = strstr(p, "\n\n");
+        json_t *j = json_loadb(p, (size_t)(end - p), 0, NULL);
+        assert_non_null(j);
+        ch[n++] = json_incref(json_array_get(json_object_get(j, "choices"), 0));
+        json_decref(j);
+        p = end;
+    }
+    return n;
+}
+
+/* tool_choice "required" and named: the JSON the grammar held the model to
+ * becomes tool_calls, whole and streamed; text that is not that JSON (cut
+ * by max_tokens) stays content. */
+static void test_forced_calls(void **state) {
+    (void)state;
+    rp_oai_response r = {.kind = RP_OAI_CHAT, .id = "chatcmpl-1", .created = 7, .model = "m"};
+    static const struct {
+        rp_forced_tools forced;
+        const char *text;
+        int calls;
+        const char *names[2], *args[2];
+        rp_finish finish;
+        const char *fin;
+    } cases[] = {
+        {RP_FORCED_NAMED, "{\"city\":\"Oslo\"}", 1, {"get"}, {"{\"city\":\"Oslo\"}"}, RP_FINISH_REASON_STOP,
+         "tool_calls"},
+        {RP_FORCED_REQUIRED, "[{\"name\":\"a\",\"parameters\":{\"x\":[1,2]}},{\"name\":\"b\",\"parameters\":{}}]", 2,
+         {"a", "b"}, {"{\"x\":[1,2]}", "{}"}, RP_FINISH_REASON_STOP, "tool_calls"},
+        {RP_FORCED_REQUIRED, "[{\"name\":\"a\",\"para", 0, {0}, {0}, RP_FINISH_REASON_LENGTH, "length"},
+        {RP_FORCED_NAMED, "{\"city\":\"Os", 1, {"get"}, {"{\"city\":\"Os"}, RP_FINISH_REASON_LENGTH, "tool_calls"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        rp_chat_parsing p = {.forced = cases[k].forced, .id_seed = 42, .id_style = RP_TOOL_PARSER_HERMES};
+        snprintf(p.forced_name, sizeof p.forced_name, "get");
+        const char *text = cases[k].text;
+        const size_t len = strlen(text);
+        json_t *c = rp_chat_choice_json(&p, 0, text, len, NULL, cases[k].finish);
+        assert_non_null(c);
+        json_t *msg = json_object_get(c, "message"), *calls = json_object_get(msg, "tool_calls");
+        assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), cases[k].fin);
+        assert_int_equal(json_array_size(calls), cases[k].calls);
+        if (!cases[k].calls) assert_string_equal(json_string_value(json_object_get(msg, "content")), text);
+        else assert_true(json_is_null(json_object_get(msg, "content")));
+        for (int i = 0; i < cases[k].calls; i++) {
+            json_t *fn = json_object_get(json_array_get(calls, (size_t)i), "function");
+            assert_string_equal(json_string_value(json_object_get(fn, "name")), cases[k].names[i]);
+            assert_string_equal(json_string_value(json_object_get(fn, "arguments")), cases[k].args[i]);
+            assert_int_equal(strncmp(json_string_value(json_object_get(json_array_get(calls, (size_t)i), "id")),
+                                     "call_", 5),
+                             0);
+        }
+        /* streamed in 3-byte pieces: the same calls, a named call's
+         * arguments as they came, the same finish */
+        rp_sbuf out = {0};
+        rp_chat_stream *st = rp_chat_stream_new(&r, &p, 0);
+        assert_non_null(st);
+        for (size_t at = 0; at < len; at += 3)
+            assert_int_equal(rp_chat_stream_feed(st, text + at, len - at < 3 ? len - at : 3, NULL, &out), 0);
+        assert_int_equal(rp_chat_stream_finish(st, cases[k].finish, &out), 0);
+        rp_chat_stream_free(st);
+        json_t *ch[64];
+        const int n = sse_choices(&out, ch, 64);
+        int starts = 0;
+        char args[2][256] = {"", ""}, content[256] = "", fin[32] = "";
+        for (int e = 0; e < n; e++) {
+            json_t *delta = json_object_get(ch[e], "delta"), *tc;
+            size_t i;
+            json_array_foreach(json_object_get(delta, "tool_calls"), i, tc) {
+                const int idx = (int)json_integer_value(json_object_get(tc, "index"));
+                json_t *fn = json_object_get(tc, "function");
+                if (json_object_get(fn, "name")) {
+                    assert_string_equal(json_string_value(json_object_get(fn, "name")), cases[k].names[idx]);
+                    assert_string_equal(json_string_value(json_object_get(tc, "id")),
+                                        json_string_value(json_object_get(json_array_get(calls, (size_t)idx), "id")));
+                    starts++;
+                }
+                strcat(args[idx], json_string_value(json_object_get(fn, "arguments")));
+            }
+            if (json_is_string(json_object_get(delta, "content")))
+                strcat(content, json_string_value(json_object_get(delta, "content")));
+            if (json_is_string(json_object_get(ch[e], "finish_reason")))
+                snprintf(fin, sizeof fin, "%s", json_string_value(json_object_get(ch[e], "finish_reason")));
+            json_decref(ch[e]);
+        }
+        assert_int_equal(starts, cases[k].calls);
+        for (int i = 0; i < cases[k].calls; i++) assert_string_equal(args[i], cases[k].args[i]);
+        if (!cases[k].calls) assert_string_equal(content, text);
+        assert_string_equal(fin, cases[k].fin);
+        rp_sbuf_free(&out);
+        json_decref(c);
+    }
+}
+
 static void test_sampling_defaults(void **state) {
     (void)state;
     rp_request_params d;
@@ -1085,6 +1220,7 @@ int main(void) {
         cmocka_unit_test(test_sampling_defaults),
         cmocka_unit_test(test_output_options),
         cmocka_unit_test(test_structured_fields),
+        cmocka_unit_test(test_forced_calls),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

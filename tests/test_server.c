@@ -366,9 +366,9 @@ static void test_errors(void **state) {
          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
          "{\"name\":\"f\",\"parameters\":[1]}}]}",
          "tools.[0].function.parameters", NULL, 400},
-        {"tool_choice required", "/v1/chat/completions",
+        {"tool_choice required with response_format", "/v1/chat/completions",
          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
-         "{\"name\":\"f\"}}],\"tool_choice\":\"required\"}",
+         "{\"name\":\"f\"}}],\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}",
          "tool_choice", NULL, 400},
         {"tool_choice naming no tool", "/v1/chat/completions",
          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":{\"type\":\"function\","

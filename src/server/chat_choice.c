@@ -42,6 +42,47 @@ static json_t *message_json(const rp_reasoning_split *rs, int have_split, const 
     return message;
 }
 
+/* Forced calls from the text (chat_choice.h): into t as a parser would
+ * leave them (calls, or, for "required", the text as content when it is
+ * not the JSON expected). -1 when memory runs out. */
+static int forced_calls(const rp_chat_parsing *p, const char *text, size_t len, rp_tool_parsed *t) {
+    memset(t, 0, sizeof *t);
+    /* a named call is the call whatever its arguments (the stream sent them
+     * as they came, cut or not); "required" must be the array */
+    json_t *root = p->forced == RP_FORCED_NAMED ? NULL : json_loadb(text, len, JSON_DECODE_ANY, NULL);
+    size_t n = 0;
+    if (p->forced == RP_FORCED_NAMED) n = len > 0;
+    else if (json_is_array(root)) n = json_array_size(root);
+    for (size_t i = 0; p->forced == RP_FORCED_REQUIRED && i < n; i++) {
+        json_t *c = json_array_get(root, i);
+        if (!json_is_string(json_object_get(c, "name")) || !json_object_get(c, "parameters")) n = 0;
+    }
+    if (n == 0) {
+        json_decref(root);
+        t->content = strndup(text, len);
+        return t->content ? 0 : -1;
+    }
+    t->calls = calloc(n, sizeof *t->calls);
+    int rc = t->calls ? 0 : -1;
+    for (size_t i = 0; !rc && i < n; i++) {
+        rp_tool_call *c = &t->calls[t->num_calls++];
+        char id[32];
+        rp_tool_call_id(p->id_style, p->id_seed, (int)i, id);
+        c->id = strdup(id);
+        if (p->forced == RP_FORCED_NAMED) {
+            c->name = strdup(p->forced_name);
+            c->arguments = strndup(text, len); /* as written, as the stream sent it */
+        } else {
+            json_t *call = json_array_get(root, i);
+            c->name = strdup(json_string_value(json_object_get(call, "name")));
+            c->arguments = json_dumps(json_object_get(call, "parameters"), JSON_COMPACT | JSON_ENCODE_ANY);
+        }
+        if (!c->id || !c->name || !c->arguments) rc = -1;
+    }
+    json_decref(root);
+    return rc;
+}
+
 json_t *rp_chat_choice_json(const rp_chat_parsing *p, int index, const char *text, size_t len, json_t *logprobs,
                             rp_finish finish) {
     rp_reasoning_split rs = {0};
@@ -52,7 +93,11 @@ json_t *rp_chat_choice_json(const rp_chat_parsing *p, int index, const char *tex
         text = rs.content ? rs.content : "";
         len = strlen(text);
     }
-    if (!failed && p->tools) {
+    if (!failed && p->forced) {
+        failed = forced_calls(p, text, len, &tp) != 0;
+        text = tp.content ? tp.content : "";
+        len = strlen(text);
+    } else if (!failed && p->tools) {
         failed = rp_tool_parse(p->tool_parser, text, len, p->id_seed, &tp) != 0;
         text = tp.content ? tp.content : "";
         len = strlen(text);
@@ -76,6 +121,8 @@ struct rp_chat_stream {
     int index;
     rp_reasoning_stream *reasoning; /* NULL: no reasoning parser */
     rp_tool_stream *tools;          /* NULL: no tool parser */
+    rp_sbuf forced_text;            /* forced calls: the text so far */
+    int forced_sent;                /* a named call's first chunk went out */
     /* during one feed or finish */
     rp_sbuf *out;
     json_t *logprobs; /* the token's, for the first chunk */
@@ -97,6 +144,7 @@ void rp_chat_stream_free(rp_chat_stream *s) {
     if (!s) return;
     rp_reasoning_stream_free(s->reasoning);
     rp_tool_stream_free(s->tools);
+    rp_sbuf_free(&s->forced_text);
     free(s);
 }
 
@@ -129,9 +177,48 @@ static int on_tool_event(void *ctx, const rp_tool_event *ev) {
     return send_delta(s, delta);
 }
 
+/* Forced calls' text: a named call's arguments go out as they come (its
+ * id and name first); "required" keeps the text for finish. */
+static int forced_feed(rp_chat_stream *s, const char *text, size_t len) {
+    if (rp_sbuf_add(&s->forced_text, text, len)) return -1;
+    if (s->p.forced != RP_FORCED_NAMED) return 0;
+    if (!s->forced_sent) {
+        char id[32];
+        rp_tool_call_id(s->p.id_style, s->p.id_seed, 0, id);
+        rp_tool_event ev = {.kind = RP_TOOL_EVENT_CALL, .index = 0, .id = id, .name = s->p.forced_name};
+        if (on_tool_event(s, &ev)) return -1;
+        s->forced_sent = 1;
+    }
+    rp_tool_event ev = {.kind = RP_TOOL_EVENT_ARGUMENTS, .index = 0, .text = text, .len = len};
+    return on_tool_event(s, &ev);
+}
+
+/* Forced calls at the end: "required"'s calls, one chunk each; text that
+ * is not the JSON expected (cut by max_tokens) as content. The number of
+ * calls sent, or -1 when memory runs out. */
+static int forced_finish(rp_chat_stream *s) {
+    if (s->p.forced == RP_FORCED_NAMED) return s->forced_sent;
+    rp_tool_parsed t;
+    if (forced_calls(&s->p, s->forced_text.p ? s->forced_text.p : "", s->forced_text.len, &t)) {
+        rp_tool_parsed_free(&t);
+        return -1;
+    }
+    int rc = 0;
+    if (t.content && *t.content) rc = send_delta(s, text_delta("content", t.content, strlen(t.content)));
+    for (int i = 0; !rc && i < t.num_calls; i++) {
+        const rp_tool_call *c = &t.calls[i];
+        rc = send_delta(s, json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", i, "id", c->id,
+                                     "type", "function", "function", "name", c->name, "arguments", c->arguments));
+    }
+    const int n = t.num_calls;
+    rp_tool_parsed_free(&t);
+    return rc ? -1 : n;
+}
+
 static int on_reasoning(void *ctx, int is_reasoning, const char *text, size_t len) {
     rp_chat_stream *s = ctx;
     if (is_reasoning) return send_delta(s, text_delta("reasoning_content", text, len));
+    if (s->p.forced) return forced_feed(s, text, len);
     if (s->tools) return rp_tool_stream_feed(s->tools, text, len, on_tool_event, s);
     return send_delta(s, text_delta("content", text, len));
 }
@@ -152,6 +239,7 @@ int rp_chat_stream_feed(rp_chat_stream *s, const char *text, size_t len, json_t 
     s->logprobs = logprobs;
     int rc = 0;
     if (len && s->reasoning) rc = rp_reasoning_stream_feed(s->reasoning, text, len, on_reasoning, s);
+    else if (len && s->p.forced) rc = forced_feed(s, text, len);
     else if (len && s->tools) rc = rp_tool_stream_feed(s->tools, text, len, on_tool_event, s);
     else if (len) rc = send_delta(s, text_delta("content", text, len));
     return end_call(s, rc, mark);
@@ -164,7 +252,11 @@ int rp_chat_stream_finish(rp_chat_stream *s, rp_finish finish, rp_sbuf *out) {
     int rc = 0;
     if (s->reasoning) rc = rp_reasoning_stream_finish(s->reasoning, on_reasoning, s);
     if (!rc && s->tools) rc = rp_tool_stream_finish(s->tools, on_tool_event, s);
-    const char *fin = s->tools && rp_tool_stream_num_calls(s->tools) > 0 ? "tool_calls" : rp_oai_finish_reason(finish);
+    int forced_n = 0;
+    if (!rc && s->p.forced && (forced_n = forced_finish(s)) < 0) rc = -1;
+    const char *fin = forced_n > 0 || (s->tools && rp_tool_stream_num_calls(s->tools) > 0)
+                          ? "tool_calls"
+                          : rp_oai_finish_reason(finish);
     if (!rc) rc = rp_oai_sse_add(out, rp_oai_delta_chunk(s->r, s->index, json_object(), NULL, fin));
     return end_call(s, rc, mark);
 }

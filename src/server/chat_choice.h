@@ -5,6 +5,14 @@
  * non-streaming answer) or as the text streams (Server-Sent Events, one
  * rp_chat_stream per choice).
  *
+ * Forced calls (tool_choice "required" or a named function): the text is
+ * JSON the grammar held to, so it is read, not parsed for a model's call
+ * syntax. A named call streams its arguments as they come; "required"
+ * streams its calls when the array is complete (each call one chunk with
+ * its whole arguments). A named call is a call even when max_tokens cut
+ * its arguments (they streamed as they came); "required" text that is not
+ * the array (cut) is returned as content.
+ *
  * Text in, JSON out: it knows neither the engine nor the network.
  * session.c feeds it the text the client would otherwise get as content
  * (after stop strings and detokenisation), so tests can drive it with
@@ -28,6 +36,11 @@ typedef struct rp_chat_parsing {
     rp_reasoning_kind reasoning_kind;
     rp_think_prompt prompt_state; /* rp_reasoning_prompt_state of the rendered prompt */
     uint64_t id_seed;             /* this choice's tool-call ids are drawn from it */
+    /* tool_choice "required" or named: the text (after any thinking) is the
+     * calls as JSON, read back into tool_calls; ids in id_style's form */
+    rp_forced_tools forced;
+    char forced_name[65];
+    rp_tool_parser id_style;
 } rp_chat_parsing;
 
 /* The choice of the non-streaming answer, from its whole text (logprobs

@@ -253,13 +253,14 @@ static int check_tools(json_t *root, json_t **out, rp_oai_error *err) {
     return 0;
 }
 
-/* "tool_choice" and "parallel_tool_calls". "none" and "auto" are taken:
- * "auto" (the default when there are tools) only on a server with a
- * tool-call parser and --enable-auto-tool-choice (as vLLM), and it sets
- * out->parse_tools; "none" leaves the text alone. "required" and a named
- * function would need the output constrained to a call (structured
- * output), which replay does not have yet. parallel_tool_calls is taken
- * and not enforced: every call the model writes is returned. */
+/* "tool_choice" and "parallel_tool_calls". "auto" (the default when there
+ * are tools) only on a server with a tool-call parser and
+ * --enable-auto-tool-choice (as vLLM), and it sets out->parse_tools;
+ * "none" leaves the text alone; "required" and a named function constrain
+ * the answer to calls as JSON (rp_oai_force_tools: any server, as vLLM),
+ * "required" to one call when parallel_tool_calls is false. Under "auto"
+ * parallel_tool_calls is not enforced: every call the model writes is
+ * returned. */
 static int check_tool_choice(const rp_oai_context *ctx, json_t *root, json_t *tools, rp_oai_request *out,
                              rp_oai_error *err) {
     int parallel = 1;
@@ -278,9 +279,10 @@ static int check_tool_choice(const rp_oai_context *ctx, json_t *root, json_t *to
     if (!tc || json_is_null(tc) || none || is_auto) return 0;
     if (json_is_string(tc)) {
         const char *c = json_string_value(tc);
-        if (!strcmp(c, "required"))
-            return BAD("tool_choice", "\"tool_choice\": \"required\" needs structured output (constraining the "
-                                      "answer to a tool call), which replay does not support yet; use \"auto\"");
+        if (!strcmp(c, "required")) {
+            if (json_array_size(tools) == 0) return BAD("tool_choice", "\"tool_choice\": \"required\" needs 'tools'");
+            return rp_oai_force_tools(ctx, tools, NULL, parallel, out, err);
+        }
         return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
                                   "{\"type\": \"function\", \"function\": {\"name\": ...}}, got \"%s\"", c);
     }
@@ -297,8 +299,7 @@ static int check_tool_choice(const rp_oai_context *ctx, json_t *root, json_t *to
         found |= n && !strcmp(n, name);
     }
     if (!found) return BAD("tool_choice", "'tool_choice' names the function '%s', which is not in 'tools'", name);
-    return BAD("tool_choice", "a named function in 'tool_choice' needs structured output (constraining the answer "
-                              "to a call of '%s'), which replay does not support yet; use \"auto\"", name);
+    return rp_oai_force_tools(ctx, tools, name, parallel, out, err);
 }
 
 /* An assistant message's "tool_calls", checked, into m; their ids are added

@@ -53,6 +53,11 @@ typedef struct rp_oai_request {
     int parse_tools, parse_reasoning;
     rp_tool_parser tool_parser;
     rp_reasoning_kind reasoning_parser;
+    /* tool_choice "required" or a named function: the answer is constrained
+     * to tool calls written as JSON (rp_oai_force_tools), and read back
+     * into tool_calls (chat_choice.h) */
+    rp_forced_tools forced_tools;
+    char forced_name[65]; /* RP_FORCED_NAMED's function (OpenAI's names: at most 64 characters) */
 } rp_oai_request;
 
 typedef struct rp_oai_context {

@@ -6,6 +6,7 @@
 #include "server/openai_structured.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -150,6 +151,84 @@ static int constraint_text(const found *f, char **out, rp_oai_error *err) {
     return *out ? 0 : rp_oai_set_out_of_memory(err);
 }
 
+/* The request's constraint: kind over text (owned by out), param the
+ * field it came from. A chat answer under a reasoning parser is
+ * constrained after its `</think>`. */
+static void set_constraint(const rp_oai_context *ctx, rp_oai_kind kind, rp_oai_request *out, rp_constraint_kind ck,
+                           char *text, int compact, const char *param) {
+    out->constraint_text = text;
+    out->params.constraint =
+        (rp_constraint){.kind = ck, .text = out->constraint_text, .allow_whitespace = !compact, .param = param};
+    /* both parsers (qwen3, deepseek_r1) end the thinking with this tag */
+    const int end = kind == RP_OAI_CHAT && ctx->has_reasoning_parser && ctx->tok
+                        ? rp_tokenizer_token_id(ctx->tok, "</think>")
+                        : -1;
+    if (end >= 0) {
+        out->params.constraint.has_reasoning_end = 1;
+        out->params.constraint.reasoning_end_id = end;
+    }
+}
+
+/* A tool's parameters schema: its "parameters", or any object. */
+static json_t *tool_params(json_t *fn) {
+    json_t *p = json_object_get(fn, "parameters");
+    return json_is_object(p) ? json_incref(p) : json_pack("{s:s}", "type", "object");
+}
+
+int rp_oai_force_tools(const rp_oai_context *ctx, json_t *tools, const char *name, int parallel, rp_oai_request *out,
+                       rp_oai_error *err) {
+    const char *P = "tool_choice";
+    if (out->params.constraint.kind != RP_CONSTRAINT_NONE)
+        return bad(err, P, "'%s' and a forced 'tool_choice' both constrain the output: give one of them",
+                   out->params.constraint.param);
+    json_t *schema = NULL;
+    size_t i;
+    json_t *tool;
+    if (name) {
+        if (strlen(name) >= sizeof out->forced_name)
+            return bad(err, P, "'tool_choice' names a function of more than 64 characters");
+        json_array_foreach(tools, i, tool) {
+            json_t *fn = json_object_get(tool, "function");
+            const char *n = json_string_value(json_object_get(fn, "name"));
+            if (n && !strcmp(n, name)) {
+                schema = tool_params(fn);
+                break;
+            }
+        }
+        if (!schema) return rp_oai_set_out_of_memory(err); /* the caller checked that the name is in tools */
+        snprintf(out->forced_name, sizeof out->forced_name, "%s", name);
+        out->forced_tools = RP_FORCED_NAMED;
+    } else {
+        json_t *any = json_array();
+        json_array_foreach(tools, i, tool) {
+            json_t *fn = json_object_get(tool, "function");
+            json_t *one = json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s], s:b}", "type", "object", "properties", "name",
+                                    "const", json_object_get(fn, "name"), "parameters", tool_params(fn), "required",
+                                    "name", "parameters", "additionalProperties", 0);
+            if (!any || !one || json_array_append_new(any, one)) {
+                json_decref(any);
+                return rp_oai_set_out_of_memory(err);
+            }
+        }
+        schema = json_pack("{s:s, s:i, s:{s:o}}", "type", "array", "minItems", 1, "items", "anyOf", any);
+        if (schema && !parallel && json_object_set_new(schema, "maxItems", json_integer(1))) {
+            json_decref(schema);
+            schema = NULL;
+        }
+        if (!schema) return rp_oai_set_out_of_memory(err);
+        out->forced_tools = RP_FORCED_REQUIRED;
+    }
+    /* the ids in the server's parser's form (Mistral's templates want 9 characters) */
+    out->tool_parser = ctx->has_tool_parser ? ctx->tool_parser : RP_TOOL_PARSER_HERMES;
+    char *text = json_dumps(schema, JSON_COMPACT);
+    json_decref(schema);
+    if (!text) return rp_oai_set_out_of_memory(err);
+    /* compact: a call is read by a program, and no whitespace keeps a weak
+     * model from padding it until max_tokens */
+    set_constraint(ctx, RP_OAI_CHAT, out, RP_CONSTRAINT_JSON_SCHEMA, text, 1, P);
+    return 0;
+}
+
 int rp_oai_parse_structured(const rp_oai_context *ctx, rp_oai_kind kind, json_t *root, rp_oai_request *out,
                             rp_oai_error *err) {
     found f = {0};
@@ -178,18 +257,8 @@ int rp_oai_parse_structured(const rp_oai_context *ctx, rp_oai_kind kind, json_t 
                    "'guided_whitespace_pattern' is not supported by replay: JSON whitespace is any JSON whitespace, "
                    "or none with \"structured_outputs\": {\"disable_any_whitespace\": true}");
     if (!f.param) return 0;
-    if (constraint_text(&f, &out->constraint_text, err)) return -1;
-    out->params.constraint = (rp_constraint){.kind = f.kind,
-                                             .text = out->constraint_text,
-                                             .allow_whitespace = !f.compact,
-                                             .param = f.param};
-    /* both parsers (qwen3, deepseek_r1) end the thinking with this tag */
-    const int end = kind == RP_OAI_CHAT && ctx->has_reasoning_parser && ctx->tok
-                        ? rp_tokenizer_token_id(ctx->tok, "</think>")
-                        : -1;
-    if (end >= 0) {
-        out->params.constraint.has_reasoning_end = 1;
-        out->params.constraint.reasoning_end_id = end;
-    }
+    char *text;
+    if (constraint_text(&f, &text, err)) return -1;
+    set_constraint(ctx, kind, out, f.kind, text, f.compact, f.param);
     return 0;
 }

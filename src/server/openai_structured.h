@@ -17,4 +17,15 @@
 int rp_oai_parse_structured(const rp_oai_context *ctx, rp_oai_kind kind, json_t *root, rp_oai_request *out,
                             rp_oai_error *err);
 
+/* tool_choice "required" (name NULL) or a named function: the answer is
+ * constrained to JSON (vLLM's way, whatever the model's own call format):
+ * the named function's arguments, an object of its "parameters" schema;
+ * or, for "required", an array of at least one (exactly one when
+ * parallel_tool_calls is false) {"name": ..., "parameters": ...} of the
+ * tools', written as compact JSON. Sets out->params.constraint and
+ * out->forced_tools (and out->tool_parser, the ids' form). A request
+ * that also asks for structured output: -1, a 400. */
+int rp_oai_force_tools(const rp_oai_context *ctx, json_t *tools, const char *name, int parallel, rp_oai_request *out,
+                       rp_oai_error *err);
+
 #endif

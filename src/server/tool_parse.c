@@ -354,16 +354,16 @@ enum { STOP = -1, STEP_WAIT = 0, GO_ON = 1 };
 
 static const char ALNUM[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 
-static void make_id(const rp_tool_stream *s, int index, char out[32]) {
+void rp_tool_call_id(rp_tool_parser parser, uint64_t id_seed, int index, char out[32]) {
     int n = 0, len = 24;
-    if (s->parser == RP_TOOL_PARSER_MISTRAL) {
+    if (parser == RP_TOOL_PARSER_MISTRAL) {
         len = 9; /* Mistral's templates refuse any other id in the history */
     } else {
         memcpy(out, "call_", 5);
         n = 5;
     }
     for (int j = 0; j < len; j++)
-        out[n++] = ALNUM[rp_rand_u64(s->id_seed, 0x746f6f6c63616c6cull, (uint64_t)index * 64 + (uint64_t)j) % 62];
+        out[n++] = ALNUM[rp_rand_u64(id_seed, 0x746f6f6c63616c6cull, (uint64_t)index * 64 + (uint64_t)j) % 62];
     out[n] = 0;
 }
 
@@ -410,7 +410,7 @@ static int emit_content(rp_tool_stream *s, size_t n, rp_tool_emit emit, void *ct
 static int emit_call(rp_tool_stream *s, call *c, rp_tool_emit emit, void *ctx) {
     char id[32];
     int index = s->num_calls++;
-    make_id(s, index, id);
+    rp_tool_call_id(s->parser, s->id_seed, index, id);
     rp_tool_event ev = {.kind = RP_TOOL_EVENT_CALL, .index = index, .id = id, .name = c->name};
     int rc = emit(ctx, &ev);
     if (!rc) {

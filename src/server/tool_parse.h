@@ -41,6 +41,14 @@ typedef struct rp_tool_parsed {
     rp_tool_call *calls;
     int num_calls;
 } rp_tool_parsed;
+/* tool_choice that forces calls, written as JSON (docs/tools.md): a named
+ * function's arguments object, or ("required") an array of {"name",
+ * "parameters"} objects. */
+typedef enum { RP_FORCED_NONE = 0, RP_FORCED_NAMED, RP_FORCED_REQUIRED } rp_forced_tools;
+
+/* Call index's id, drawn from id_seed: "call_" and 24 letters and digits,
+ * or 9 of them for Mistral (whose templates refuse any other id). */
+void rp_tool_call_id(rp_tool_parser parser, uint64_t id_seed, int index, char out[32]);
 /* 0, or -1 when memory runs out (nothing to free then). */
 int rp_tool_parse(rp_tool_parser parser, const char *text, size_t len, uint64_t id_seed, rp_tool_parsed *out);
 void rp_tool_parsed_free(rp_tool_parsed *p);
