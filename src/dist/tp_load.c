@@ -50,16 +50,7 @@ static void convert(const rp_tp_slice *s, const rp_st_tensor *t, uint16_t *dst) 
     slice_shape(s, &rows, &cols);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++) {
-            const int64_t i = src_index(s, r, c);
-            float f;
-            if (t->dtype == RP_DTYPE_F32) {
-                memcpy(&f, (const char *)t->data + 4 * i, 4);
-            } else {
-                uint16_t h;
-                memcpy(&h, (const char *)t->data + 2 * i, 2);
-                f = rp_f16_to_f32(h);
-            }
-            dst[r * cols + c] = rp_f32_to_bf16(f);
+            dst[r * cols + c] = rp_f32_to_bf16(rp_dtype_elem_f32(t->data, t->dtype, (size_t)src_index(s, r, c)));
         }
 }
 

@@ -305,17 +305,7 @@ static int bind_weight(rp_model *m, rp_weight_kind kind, int layer, rp_err *err)
     } else {
         uint16_t *dst = own(m, n * 2);
         if (!dst) return rp_errf(err, "out of memory converting \"%s\" to bf16", name);
-        for (size_t i = 0; i < n; i++) {
-            float f;
-            if (t->dtype == RP_DTYPE_F32) {
-                memcpy(&f, (const char *)t->data + 4 * i, 4);
-            } else {
-                uint16_t h;
-                memcpy(&h, (const char *)t->data + 2 * i, 2);
-                f = rp_f16_to_f32(h);
-            }
-            dst[i] = rp_f32_to_bf16(f);
-        }
+        for (size_t i = 0; i < n; i++) dst[i] = rp_f32_to_bf16(rp_dtype_elem_f32(t->data, t->dtype, i));
         w->data = dst;
     }
     m->weight_bytes += n * 2;

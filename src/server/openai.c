@@ -50,8 +50,7 @@ void rp_oai_request_free(rp_oai_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) {
+int rp_oai_bad(rp_oai_error *err, const char *param, const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -60,7 +59,7 @@ static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) {
     rp_oai_set_error(err, 400, "invalid_request_error", param, NULL, "%s", msg);
     return -1;
 }
-#define BAD(param, ...) bad(err, param, __VA_ARGS__)
+#define BAD(param, ...) rp_oai_bad(err, param, __VA_ARGS__)
 
 /* Which top-level fields a generation request may have (check_fields).
  * /tokenize and /detokenize read theirs and take a chat request's body as

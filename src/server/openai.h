@@ -96,6 +96,8 @@ void rp_oai_tokenize_free(rp_oai_tokenize *t);
 int rp_oai_parse_detokenize(const rp_oai_context *ctx, const char *body, size_t len, int32_t **ids_out, int *n_out,
                             rp_oai_error *err);
 
+/* A 400 invalid_request_error naming param; returns -1. */
+int rp_oai_bad(rp_oai_error *err, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void rp_oai_set_error(rp_oai_error *err, int status, const char *type, const char *param, const char *code,
                       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* The server could not allocate: 500 server_error, "out of memory". Returns -1. */

@@ -5,23 +5,12 @@
  * implement are refused by name rather than ignored. */
 #include "server/openai_structured.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tokenizer/tokenizer.h"
 
-static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad(rp_oai_error *err, const char *param, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    rp_oai_set_error(err, 400, "invalid_request_error", param, NULL, "%s", msg);
-    return -1;
-}
 
 /* What one field asks for, before it becomes the request's. */
 typedef struct found {
@@ -34,7 +23,7 @@ typedef struct found {
 /* Records field's constraint; a second one is an error naming both. */
 static int take(found *f, const char *param, rp_constraint_kind kind, json_t *value, rp_oai_error *err) {
     if (f->param)
-        return bad(err, param, "'%s' and '%s' both constrain the output: give one structured output option", f->param,
+        return rp_oai_bad(err, param, "'%s' and '%s' both constrain the output: give one structured output option", f->param,
                    param);
     f->param = param;
     f->kind = kind;
@@ -45,13 +34,13 @@ static int take(found *f, const char *param, rp_constraint_kind kind, json_t *va
 /* A schema given as an object or as its JSON text. */
 static int take_schema(found *f, const char *param, json_t *v, rp_oai_error *err) {
     if (!json_is_object(v) && !json_is_boolean(v) && !json_is_string(v))
-        return bad(err, param, "'%s' must be a JSON schema (an object, or its JSON text)", param);
+        return rp_oai_bad(err, param, "'%s' must be a JSON schema (an object, or its JSON text)", param);
     return take(f, param, RP_CONSTRAINT_JSON_SCHEMA, v, err);
 }
 
 static int take_string(found *f, const char *param, rp_constraint_kind kind, json_t *v, rp_oai_error *err) {
     if (!json_is_string(v) || json_string_length(v) == 0)
-        return bad(err, param, "'%s' must be a non-empty string", param);
+        return rp_oai_bad(err, param, "'%s' must be a non-empty string", param);
     return take(f, param, kind, v, err);
 }
 
@@ -59,45 +48,45 @@ static int take_choice(found *f, const char *param, json_t *v, rp_oai_error *err
     size_t i;
     json_t *s;
     if (!json_is_array(v) || json_array_size(v) == 0)
-        return bad(err, param, "'%s' must be a non-empty list of strings", param);
-    json_array_foreach(v, i, s) if (!json_is_string(s)) return bad(err, param, "'%s' must hold strings only", param);
+        return rp_oai_bad(err, param, "'%s' must be a non-empty list of strings", param);
+    json_array_foreach(v, i, s) if (!json_is_string(s)) return rp_oai_bad(err, param, "'%s' must hold strings only", param);
     return take(f, param, RP_CONSTRAINT_CHOICE, v, err);
 }
 
 /* OpenAI's response_format: text (nothing), json_object, json_schema. */
 static int response_format(json_t *rf, found *f, rp_oai_error *err) {
     const char *P = "response_format";
-    if (!json_is_object(rf)) return bad(err, P, "'response_format' must be an object with a \"type\"");
+    if (!json_is_object(rf)) return rp_oai_bad(err, P, "'response_format' must be an object with a \"type\"");
     json_t *type = json_object_get(rf, "type");
-    if (!json_is_string(type)) return bad(err, P, "'response_format.type' must be a string");
+    if (!json_is_string(type)) return rp_oai_bad(err, P, "'response_format.type' must be a string");
     const char *t = json_string_value(type);
     const char *key;
     json_t *v;
-    json_object_foreach(rf, key, v) if (strcmp(key, "type") != 0 && strcmp(key, "json_schema") != 0) return bad(
+    json_object_foreach(rf, key, v) if (strcmp(key, "type") != 0 && strcmp(key, "json_schema") != 0) return rp_oai_bad(
         err, P, "Unrecognized field in 'response_format': %s", key);
     if (!strcmp(t, "text")) return 0;
     if (!strcmp(t, "json_object")) return take(f, P, RP_CONSTRAINT_JSON_OBJECT, NULL, err);
     if (strcmp(t, "json_schema") != 0)
-        return bad(err, P, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got \"%s\"",
+        return rp_oai_bad(err, P, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got \"%s\"",
                    t);
     json_t *js = json_object_get(rf, "json_schema");
     if (!json_is_object(js))
-        return bad(err, P, "'response_format' of type \"json_schema\" needs a \"json_schema\" object");
+        return rp_oai_bad(err, P, "'response_format' of type \"json_schema\" needs a \"json_schema\" object");
     json_object_foreach(js, key, v) {
         if (!strcmp(key, "schema")) continue;
         if (!strcmp(key, "name") || !strcmp(key, "description")) {
-            if (!json_is_string(v)) return bad(err, P, "'response_format.json_schema.%s' must be a string", key);
+            if (!json_is_string(v)) return rp_oai_bad(err, P, "'response_format.json_schema.%s' must be a string", key);
         } else if (!strcmp(key, "strict")) { /* replay always enforces the schema */
             if (!json_is_boolean(v) && !json_is_null(v))
-                return bad(err, P, "'response_format.json_schema.strict' must be a boolean");
+                return rp_oai_bad(err, P, "'response_format.json_schema.strict' must be a boolean");
         } else {
-            return bad(err, P, "Unrecognized field in 'response_format.json_schema': %s", key);
+            return rp_oai_bad(err, P, "Unrecognized field in 'response_format.json_schema': %s", key);
         }
     }
     json_t *schema = json_object_get(js, "schema");
-    if (!schema) return bad(err, P, "'response_format.json_schema' needs a \"schema\"");
+    if (!schema) return rp_oai_bad(err, P, "'response_format.json_schema' needs a \"schema\"");
     if (!json_is_object(schema) && !json_is_boolean(schema))
-        return bad(err, P, "'response_format.json_schema.schema' must be a JSON schema object");
+        return rp_oai_bad(err, P, "'response_format.json_schema.schema' must be a JSON schema object");
     return take(f, P, RP_CONSTRAINT_JSON_SCHEMA, schema, err);
 }
 
@@ -105,7 +94,7 @@ static int response_format(json_t *rf, found *f, rp_oai_error *err) {
  * json_object, with disable_any_whitespace. */
 static int structured_outputs(json_t *so, found *f, rp_oai_error *err) {
     const char *P = "structured_outputs";
-    if (!json_is_object(so)) return bad(err, P, "'structured_outputs' must be an object");
+    if (!json_is_object(so)) return rp_oai_bad(err, P, "'structured_outputs' must be an object");
     const char *key;
     json_t *v;
     json_object_foreach(so, key, v) {
@@ -116,25 +105,25 @@ static int structured_outputs(json_t *so, found *f, rp_oai_error *err) {
         else if (!strcmp(key, "choice")) rc = take_choice(f, P, v, err);
         else if (!strcmp(key, "grammar")) rc = take_string(f, P, RP_CONSTRAINT_GRAMMAR, v, err);
         else if (!strcmp(key, "json_object")) {
-            if (!json_is_boolean(v)) return bad(err, P, "'structured_outputs.json_object' must be a boolean");
+            if (!json_is_boolean(v)) return rp_oai_bad(err, P, "'structured_outputs.json_object' must be a boolean");
             if (json_is_true(v)) rc = take(f, P, RP_CONSTRAINT_JSON_OBJECT, NULL, err);
         } else if (!strcmp(key, "disable_any_whitespace")) {
             if (!json_is_boolean(v))
-                return bad(err, P, "'structured_outputs.disable_any_whitespace' must be a boolean");
+                return rp_oai_bad(err, P, "'structured_outputs.disable_any_whitespace' must be a boolean");
             f->compact = json_is_true(v);
         } else if (!strcmp(key, "disable_fallback")) { /* replay has one backend: there is nothing to fall back to */
-            if (!json_is_boolean(v)) return bad(err, P, "'structured_outputs.disable_fallback' must be a boolean");
+            if (!json_is_boolean(v)) return rp_oai_bad(err, P, "'structured_outputs.disable_fallback' must be a boolean");
         } else if (!strcmp(key, "disable_additional_properties")) {
             if (!json_is_boolean(v))
-                return bad(err, P, "'structured_outputs.disable_additional_properties' must be a boolean");
+                return rp_oai_bad(err, P, "'structured_outputs.disable_additional_properties' must be a boolean");
             if (json_is_true(v))
-                return bad(err, P, "'structured_outputs.disable_additional_properties' is not supported by replay: "
+                return rp_oai_bad(err, P, "'structured_outputs.disable_additional_properties' is not supported by replay: "
                                    "set \"additionalProperties\": false in the schema (replay's default where "
                                    "\"properties\" is given)");
         } else if (!strcmp(key, "whitespace_pattern") || !strcmp(key, "structural_tag")) {
-            return bad(err, P, "'structured_outputs.%s' is not supported by replay", key);
+            return rp_oai_bad(err, P, "'structured_outputs.%s' is not supported by replay", key);
         } else {
-            return bad(err, P, "Unrecognized field in 'structured_outputs': %s", key);
+            return rp_oai_bad(err, P, "Unrecognized field in 'structured_outputs': %s", key);
         }
         if (rc) return -1;
     }
@@ -179,14 +168,14 @@ int rp_oai_force_tools(const rp_oai_context *ctx, json_t *tools, const char *nam
                        rp_oai_error *err) {
     const char *P = "tool_choice";
     if (out->params.constraint.kind != RP_CONSTRAINT_NONE)
-        return bad(err, P, "'%s' and a forced 'tool_choice' both constrain the output: give one of them",
+        return rp_oai_bad(err, P, "'%s' and a forced 'tool_choice' both constrain the output: give one of them",
                    out->params.constraint.param);
     json_t *schema = NULL;
     size_t i;
     json_t *tool;
     if (name) {
         if (strlen(name) >= sizeof out->forced_name)
-            return bad(err, P, "'tool_choice' names a function of more than 64 characters");
+            return rp_oai_bad(err, P, "'tool_choice' names a function of more than 64 characters");
         json_array_foreach(tools, i, tool) {
             json_t *fn = json_object_get(tool, "function");
             const char *n = json_string_value(json_object_get(fn, "name"));
@@ -253,7 +242,7 @@ int rp_oai_parse_structured(const rp_oai_context *ctx, rp_oai_kind kind, json_t 
     }
     v = json_object_get(root, "guided_whitespace_pattern");
     if (v && !json_is_null(v))
-        return bad(err, "guided_whitespace_pattern",
+        return rp_oai_bad(err, "guided_whitespace_pattern",
                    "'guided_whitespace_pattern' is not supported by replay: JSON whitespace is any JSON whitespace, "
                    "or none with \"structured_outputs\": {\"disable_any_whitespace\": true}");
     if (!f.param) return 0;

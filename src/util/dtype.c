@@ -61,3 +61,14 @@ uint8_t rp_f32_to_f8e4m3(float f) {
     if (e + 7 > 15 || (e + 7 == 15 && r - 8 == 7)) return sign | 0x7e;
     return sign | (uint8_t)(((e + 7) << 3) | (r - 8));
 }
+
+float rp_dtype_elem_f32(const void *data, rp_dtype t, size_t i) {
+    if (t == RP_DTYPE_F32) {
+        float f;
+        memcpy(&f, (const char *)data + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, (const char *)data + 2 * i, 2);
+    return t == RP_DTYPE_F16 ? rp_f16_to_f32(h) : rp_bf16_to_f32(h);
+}

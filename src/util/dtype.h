@@ -32,6 +32,8 @@ static inline uint16_t rp_f32_to_bf16(float f) {
 }
 
 float rp_f16_to_f32(uint16_t h);
+/* Element i of an f32, f16 or bf16 array (unaligned: memcpy), as fp32. */
+float rp_dtype_elem_f32(const void *data, rp_dtype t, size_t i);
 /* OCP FP8 E4M3 (torch.float8_e4m3fn): bias 7, no infinities, S.1111.111 is
  * NaN, 448 the largest finite value; exact in fp32. */
 float rp_f8e4m3_to_f32(uint8_t v);
