@@ -84,7 +84,7 @@ if (at > 0) {
   }
 } else console.log(`note: no letter in the greedy text ${JSON.stringify(greedy)}; include_stop_str_in_output not checked`);
 // a parameter replay does not implement is a 400 naming it, never ignored
-for (const [name, extra] of [['min_tokens', { min_tokens: 4 }], ['logit_bias', { logit_bias: { '9707': 10 } }],
+for (const [name, extra] of [['min_tokens', { min_tokens: 4 }], ['logit_bias', { logit_bias: { '999999': 10 } }],
                              ['best_of', { best_of: 2 }], ['made_up_field', { made_up_field: 1 }]]) {
   try {
     await client.completions.create({ model, prompt: 'x', max_tokens: 1, ...extra });

@@ -911,15 +911,57 @@ static void test_output_options(void **state) {
     assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e), 0);
     assert_true(!q.params.include_stop_str_in_output && !q.params.keep_special_tokens && !q.truncate_prompt_tokens);
     rp_oai_request_free(&q);
+    /* min_tokens, logit_bias and prompt logprobs reach the engine's params */
+    body = "{\"prompt\":[1,2],\"min_tokens\":3,\"logit_bias\":{\"7\":-100,\"9\":2.5},\"prompt_logprobs\":2,"
+           "\"echo\":true,\"logprobs\":4}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e), 0);
+    assert_int_equal(q.params.min_tokens, 3);
+    assert_int_equal(q.params.num_logit_bias, 2);
+    assert_true(q.params.logit_bias_ids[0] == 7 && q.params.logit_bias[0] == -100.0f);
+    assert_true(q.params.logit_bias_ids[1] == 9 && q.params.logit_bias[1] == 2.5f);
+    assert_true(q.params.prompt_logprobs && q.echo_logprobs && q.prompt_logprobs == 2);
+    assert_int_equal(q.params.prompt_top_logprobs, 4); /* the larger of echo's 4 and prompt_logprobs' 2 */
+    rp_oai_request_free(&q);
+    body = "{\"prompt\":[1],\"echo\":true}"; /* echo alone: no prompt logprobs */
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e), 0);
+    assert_true(!q.params.prompt_logprobs && !q.echo_logprobs && q.prompt_logprobs == -1);
+    rp_oai_request_free(&q);
+    {
+        /* RP_MAX_LOGIT_BIAS entries are taken, one more is not */
+        char big[32 * (RP_MAX_LOGIT_BIAS + 2)];
+        for (int extra = 0; extra < 2; extra++) {
+            size_t o = (size_t)snprintf(big, sizeof big, "{\"prompt\":[1],\"logit_bias\":{");
+            for (int i = 0; i < RP_MAX_LOGIT_BIAS + extra; i++)
+                o += (size_t)snprintf(big + o, sizeof big - o, "%s\"%d\":1", i ? "," : "", i);
+            snprintf(big + o, sizeof big - o, "}}");
+            int rc = rp_oai_parse(&ctx, RP_OAI_COMPLETION, big, strlen(big), &q, &e);
+            assert_int_equal(rc, extra ? -1 : 0);
+            if (rc == 0) {
+                assert_int_equal(q.params.num_logit_bias, RP_MAX_LOGIT_BIAS);
+                rp_oai_request_free(&q);
+            } else {
+                assert_string_equal(e.param, "logit_bias");
+            }
+        }
+    }
     static const struct {
         const char *body, *param, *msg;
     } refused[] = {
-        {"{\"prompt\":[1],\"min_tokens\":1}", "min_tokens", "not supported by replay yet"},
-        {"{\"prompt\":[1],\"logit_bias\":{\"5\":1}}", "logit_bias", "not supported by replay yet"},
+        {"{\"prompt\":[1],\"min_tokens\":-1}", "min_tokens", "must be in"},
+        {"{\"prompt\":[1],\"min_tokens\":1.5}", "min_tokens", "must be an integer"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"5\":\"1\"}}", "logit_bias", "must be numbers"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"5\":100.5}}", "logit_bias", "[-100, 100]"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"151936\":1}}", "logit_bias", "token ids in [0, 151936)"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"-1\":1}}", "logit_bias", "token ids"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"5x\":1}}", "logit_bias", "token ids"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"\":1}}", "logit_bias", "token ids"},
+        {"{\"prompt\":[1],\"logit_bias\":[1]}", "logit_bias", "must be an object"},
+        {"{\"prompt\":[1],\"prompt_logprobs\":21}", "prompt_logprobs", "must be in"},
+        {"{\"prompt\":[1],\"prompt_logprobs\":-1}", "prompt_logprobs", "must be in"},
+        {"{\"prompt\":[1],\"prompt_logprobs\":1,\"stream\":true}", "prompt_logprobs", "stream"},
         {"{\"prompt\":[1],\"best_of\":2}", "best_of", "must equal 'n'"},
         {"{\"prompt\":[1],\"truncate_prompt_tokens\":-1}", "truncate_prompt_tokens", "must be in"},
         {"{\"prompt\":[1],\"spaces_between_special_tokens\":false}", "spaces_between_special_tokens", "not supported"},
-        {"{\"prompt\":[1],\"prompt_logprobs\":0}", "prompt_logprobs", "not supported by replay yet"},
         {"{\"prompt\":[1],\"suffix\":\"x\"}", "suffix", "not supported by replay yet"},
         {"{\"prompt\":[1],\"bogus\":null}", "bogus", "Unrecognized request argument supplied: bogus"},
         {"{\"prompt\":[1],\"messages\":[]}", "messages", "Unrecognized request argument supplied: messages"},

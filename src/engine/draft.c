@@ -3,6 +3,7 @@
 
 #include "engine/draft_model.h"
 #include "engine/engine_internal.h"
+#include "engine/logit_proc.h"
 #include "engine/ngram.h"
 #include "util/log.h"
 
@@ -62,6 +63,7 @@ void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
             top[j] = &e->dev_top[row0 + j];
         } else {
             /* the output before position k + j is the kept drafts: the penalties see them */
+            rp_logit_proc_apply(r, &e->run->model->cfg, k + j, e->run->logits + (size_t)(row0 + j) * vocab);
             tok[j] = rp_sampler_sample_top(e->sampler, &r->sampling, e->run->logits + (size_t)(row0 + j) * vocab,
                                            r->tokens, r->num_prompt, r->tokens + r->num_prompt, k + j,
                                            (uint64_t)(k + j), &lp[j], &e->spec_top[j]);
