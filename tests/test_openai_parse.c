@@ -435,6 +435,20 @@ static int build_responses(const rp_tokenizer *tok, rp_sbuf *out) {
             rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "", 0, RP_FINISH_REASON_LENGTH, NULL)) ||
             rp_oai_sse_add(out, rp_oai_usage_chunk(&r, rp_oai_usage(3, 0, 2))))
             return -1;
+        /* prompt logprobs: an echo's (the prompt's tokens first) and vLLM's list */
+        const rp_prompt_logprob plp[3] = {
+            {.token = 9707, .logprob = NAN},
+            {.token = 11, .logprob = -2.5f, .rank = 4, .num_top = 2, .top_ids = {9707, 151643}, .top_logprobs = {-0.5f, -1.0f}},
+            {.token = 9707, .logprob = -0.25f, .rank = 1, .num_top = 2, .top_ids = {9707, 11}, .top_logprobs = {-0.25f, -3.0f}}};
+        size_t offset = 0;
+        lp = rp_oai_logprobs_new(&r);
+        if (!lp || (kind == RP_OAI_COMPLETION && rp_oai_logprobs_add_prompt(&r, lp, plp, 3, &offset))) {
+            json_decref(lp);
+            return -1;
+        }
+        if (rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "Hello,Hello", 11, RP_FINISH_REASON_NONE, lp)) ||
+            rp_oai_sse_add(out, rp_oai_prompt_logprobs_json(&r, plp, 3, 2)))
+            return -1;
     }
     int32_t ids[] = {9707, 11};
     rp_oai_error e;
@@ -454,6 +468,8 @@ static void test_out_of_memory(void **state) {
     rp_sbuf want = {0};
     assert_int_equal(build_responses(tok, &want), 0);
     assert_non_null(strstr(want.p, "\"top_logprobs\":[{\"token\":\"Hello\""));
+    assert_non_null(strstr(want.p, "\"token_logprobs\":[null,-2.5,-0.25]"));
+    assert_non_null(strstr(want.p, "[null,{\"9707\":{\"logprob\":-0.5,\"rank\":1,\"decoded_token\":\"Hello\"}"));
     int whole = 0;
     for (long budget = 0; !whole; budget++) {
         rp_sbuf out = {0};
