@@ -703,7 +703,7 @@ static void test_min_tokens(void **state) {
 /* What a request's events said of its prompt. */
 typedef struct plp_result {
     rp_prompt_logprob *lp; /* [prompt_tokens], copied from the one event that carried them */
-    int num, carried, tokens, cached;
+    int num, carried, tokens, cached, preemptions;
     int32_t out[16];
 } plp_result;
 
@@ -718,7 +718,7 @@ static void plp_collect(void *user, const rp_token_event *ev) {
         if (r->carried == 1 && r->tokens) r->carried = 100; /* not on the first event */
     }
     if (ev->token >= 0 && r->tokens < 16) r->out[r->tokens++] = ev->token;
-    if (ev->finish != RP_FINISH_REASON_NONE) r->cached = ev->cached_tokens;
+    if (ev->finish != RP_FINISH_REASON_NONE) r->cached = ev->cached_tokens, r->preemptions = ev->preemptions;
     pthread_mutex_unlock(&mu);
 }
 
@@ -828,9 +828,46 @@ static void test_prompt_logprobs(void **state) {
         expect_pool_full(e);
         rp_engine_destroy(e);
     }
+    /* preempted mid-prompt: a pool of 12 pages, steps of 32 tokens, three
+     * older requests decoding beside a 150-token prompt; the prompt's chunks
+     * soon find no pages, the decodes then preempt it (the newest), and it is
+     * computed again from its start once they are done */
+    g_no_reserve = 1;
+    g_step_tokens = 32;
+    rp_engine *e = make_engine("qwen3-tied", 12, 0, 4);
+    g_no_reserve = 0;
+    g_step_tokens = 0;
+    rp_request_params p, q;
+    int32_t others[3][8];
+    plp_result dec[3], a = {0};
+    memset(dec, 0, sizeof dec);
+    hold h;
+    hold_engine(e, &h);
+    for (int i = 0; i < 3; i++) {
+        bias_params(&q, others[i], 0);
+        others[i][0] = (int32_t)(40 + i); /* no shared prefix */
+        q.max_tokens = 60;
+        submit_or_fail_cb(e, &q, &dec[i]);
+    }
+    rp_request_params_default(&p);
+    p.prompt_ids = prompt;
+    p.num_prompt_ids = 150;
+    p.max_tokens = 4;
+    p.ignore_eos = 1;
+    p.temperature = 0;
+    p.prompt_logprobs = 1;
+    p.prompt_top_logprobs = TOP;
+    submit_or_fail_cb(e, &p, &a);
+    release_engine(&h);
+    rp_engine_wait_idle(e);
+    if (a.preemptions == 0) fail_msg("the prompt was never preempted");
+    check_prompt_logprobs(&a, prompt, 150, ref, vocab, TOP, "preempted mid-prompt");
+    assert_int_equal(a.tokens, 4);
+    free(a.lp);
+    expect_pool_full(e);
+    rp_engine_destroy(e);
     free(ref);
-    rp_engine *e = make_engine("qwen3-tied", 0, 0, 4);
-    rp_request_params p;
+    e = make_engine("qwen3-tied", 0, 0, 4);
     rp_request_params_default(&p);
     p.prompt_ids = prompt;
     p.num_prompt_ids = 4;
