@@ -80,6 +80,9 @@ for stage in $stages; do
         --steps 2 --warmup 1 --no-eager
       sanitize memcheck-prefill memcheck "$B/replay" logits --dummy-weights qwen3-0.6b \
         --prompt-ids "@$OUT/sanitize-ids.txt" --last 2 --out "$OUT/sanitize-logits.bin"
+      # --quantization fp8: the fp8 GEMV at 1 and 16 tokens, 8-token groups at 16, cuBLASLt past 32
+      sanitize memcheck-decode-fp8 memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b --batch 1,16,40 \
+        --ctx 40 --steps 2 --warmup 1 --no-eager --quantization fp8
       fi
       if [ "$stage" != sanitize-main ]; then
       # racecheck on the sampler (16-block clusters) took over 8 minutes at

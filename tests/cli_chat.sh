@@ -60,6 +60,8 @@ early "max-model-len past the model's" "more than the model's context of 40960" 
 early "max-tokens fills the context" "leaves no room for the conversation" --tokenizer "$tok" --max-model-len 512 \
   --max-tokens 512
 early "chat template name" "--chat-template" --tokenizer "$tok" --chat-template nope
+early "two constraints" "--json-object and --regex both constrain" --tokenizer "$tok" --json-object --regex a
+early "bad regex" "invalid --regex" --tokenizer "$tok" --regex '(a)\1'
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -76,6 +78,10 @@ chat() { exec "$BIN" chat --model "$m" --load-format dummy --seed 2 "$@"; }
 
 out=$(printf 'x\n' | "$BIN" chat --dummy-weights tiny-qwen3 2>&1); check "chat without tokenizer" 2 $?
 out=$(printf 'x\n' | chat --temperature -3 2>&1); check "chat bad temperature" 2 $?
+# structured output: every reply one of the choices; a bad constraint before the weights load
+out=$(printf 'Pick one\nAgain\n' | chat --choice yes --choice "no way" --max-tokens 8 2>/dev/null)
+check "chat --choice" 0 $?
+[ "$(printf '%s\n' "$out" | grep -cxE 'yes|no way')" = 2 ]; check "chat --choice replies: $out" 0 $?
 
 # Two turns, a reset, a third turn; EOF ends the session with 0.
 printf 'Hello\nAnd then?\n/reset\nAgain\n' | chat --max-tokens 4 --temperature 0 >"$tmp/out" 2>"$tmp/err"

@@ -267,6 +267,62 @@ early "9 drafts" "--num-speculative-tokens must be an integer from 1 to 8" --pro
   --speculative-method ngram --num-speculative-tokens 9
 early "match lengths reversed" "--prompt-lookup-min 5 is more than --prompt-lookup-max 3" --prompt-ids 1 \
   --speculative-method ngram --prompt-lookup-min 5 --prompt-lookup-max 3
+# Structured output (docs/structured.md): the flags' usage errors before the weights load, then
+# a random model's outputs in their language (compact JSON: random weights would fill any
+# whitespace allowed)
+if [ -f "$tok/tokenizer.json" ]; then
+  so() { early "$1" "$2" --prompt-ids 1 --tokenizer "$tok" "${@:3}"; }
+  so "two constraints" "--json-object and --regex both constrain the output" --json-object --regex a
+  so "choice and a schema" "--choice and --json-schema both constrain" --choice a --json-schema /dev/null
+  so "a flag twice" "--regex is given twice" --regex a --regex b
+  so "schema file missing" "--json-schema /nonexistent: No such file or directory" --json-schema /nonexistent
+  so "empty schema file" "--json-schema /dev/null is empty" --json-schema /dev/null
+  echo '{"type": "object", "patternProperties": {}}' >"$tmp/bad-schema.json"
+  so "unsupported keyword" "invalid --json-schema: unsupported JSON Schema keyword 'patternProperties'" \
+    --json-schema "$tmp/bad-schema.json"
+  echo '{"type": ' >"$tmp/torn-schema.json"
+  so "schema not JSON" "invalid --json-schema" --json-schema "$tmp/torn-schema.json"
+  so "bad regex" "invalid --regex" --regex '(a)\1'
+  printf 'root ::= item\n' >"$tmp/bad.gbnf"
+  so "bad grammar" "invalid --grammar" --grammar "$tmp/bad.gbnf"
+  so "bad whitespace mode" "--structured-whitespace must be any or compact, got 'some'" --regex a \
+    --structured-whitespace some
+  early "constraint without a tokenizer" "--regex needs a tokenizer" --prompt-ids 1 --regex a
+  sm="$tmp/qwen3-structured"
+  mkdir -p "$sm"
+  cp "$tok"/tokenizer.json "$tok"/tokenizer_config.json "$sm/"
+  cat > "$sm/config.json" <<'JSON'
+{"architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
+ "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+ "tie_word_embeddings": false, "eos_token_id": 151645}
+JSON
+  sgen() { "$BIN" generate --model "$sm" --load-format dummy --prompt "Answer:" --max-tokens 200 -q "$@"; }
+  echo '{"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+         "n": {"type": "integer", "minimum": 1, "maximum": 99}, "ok": {"type": "boolean"}},
+         "required": ["name", "n", "ok"]}' >"$tmp/schema.json"
+  for seed in 1 2 3; do
+    out=$(sgen --json-schema "$tmp/schema.json" --structured-whitespace compact --seed $seed 2>"$tmp/s.err")
+    check "--json-schema (seed $seed)" 0 $?
+    contains "--json-schema stops (seed $seed)" "$(cat "$tmp/s.err")" "(stop)"
+    node -e 'const o = JSON.parse(process.argv[1]);
+      if (Object.keys(o).join() !== "name,n,ok" || typeof o.name !== "string" || [...o.name].length > 6 ||
+          !Number.isInteger(o.n) || o.n < 1 || o.n > 99 || typeof o.ok !== "boolean") process.exit(1)' "$out"
+    check "--json-schema output valid (seed $seed): $out" 0 $?
+  done
+  out=$(sgen --json-object --structured-whitespace compact --seed 4 --max-tokens 64 2>/dev/null)
+  check "--json-object" 0 $?
+  [ "${out:0:1}" = "{" ]; check "--json-object starts an object: $out" 0 $?
+  out=$(sgen --choice "yes" --choice "no way" --seed 5 --temperature 0 2>/dev/null); check "--choice" 0 $?
+  [ "$out" = "yes" ] || [ "$out" = "no way" ]; check "--choice output is a choice: $out" 0 $?
+  out=$(sgen --regex '[0-9]{3}-[a-z]{2}' --seed 6 2>/dev/null); check "--regex" 0 $?
+  [[ "$out" =~ ^[0-9]{3}-[a-z]{2}$ ]]; check "--regex output matches: $out" 0 $?
+  printf 'root ::= "(" [0-9] ("," [0-9])* ")"\n' >"$tmp/list.gbnf"
+  out=$(sgen --grammar "$tmp/list.gbnf" --seed 7 2>/dev/null); check "--grammar" 0 $?
+  [[ "$out" =~ ^\([0-9](,[0-9])*\)$ ]]; check "--grammar output matches: $out" 0 $?
+  out=$(sgen --chat --choice "yes" --choice "no" --seed 8 2>/dev/null); check "--chat --choice" 0 $?
+  [ "$out" = "yes" ] || [ "$out" = "no" ]; check "--chat --choice output is a choice: $out" 0 $?
+fi
+
 fx="$SRC/tests/fixtures/models/qwen3-tied"
 for s in "--temperature 0" "--seed 7 --repetition-penalty 1.3 --top-k 20"; do
   # shellcheck disable=SC2086
@@ -290,6 +346,22 @@ contains "self-draft keeps every greedy draft" "$("$BIN" generate --model "$fx" 
 out=$("$BIN" generate --model "$fx" --prompt-ids 1,2,3 --max-tokens 4 --speculative-dummy-weights tiny-qwen3 2>&1)
 check "draft model of another vocabulary" 1 $?
 contains "draft model of another vocabulary" "$out" "the draft model's vocabulary has 1031 tokens, the target's 503"
+
+# --quantization fp8: the layer matrices in e4m3 (the CPU computes with their
+# dequantized values: tests/test_weights.c checks them); it generates, the
+# same tokens twice; a bad value is a usage error
+out=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 8 --quantization int4 2>&1)
+check "--quantization int4" 2 $?
+contains "--quantization message" "$out" "--quantization must be none or fp8, got 'int4'"
+q8=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 12 --ignore-eos --print-ids -q --temperature 0 \
+     --quantization fp8 2>/dev/null)
+check "--quantization fp8" 0 $?
+[ "$(echo "$q8" | wc -w)" -eq 12 ]; check "--quantization fp8: 12 tokens" 0 $?
+q8b=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 12 --ignore-eos --print-ids -q --temperature 0 \
+      --quantization fp8 2>/dev/null)
+[ "$q8" = "$q8b" ]; check "--quantization fp8 is deterministic" 0 $?
+out=$("$BIN" generate --dummy-weights tiny-llama3 --prompt-ids 5,6,7 --max-tokens 2 --quantization none -q 2>&1)
+check "--quantization none" 0 $?
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -52,6 +52,17 @@ if (process.env.TOOLS === 'on') {
   check('tools: the round trip answered', t.choices.length === 1 && t.usage.prompt_tokens > 20, t);
   await expectError('tool_choice required', () => client.chat.completions.create({ model, messages: toolHistory,
                     tools, tool_choice: 'required' }), 400, OpenAI.BadRequestError);
+  // structured output after the thinking (vLLM's rule with a reasoning parser): thinking off in the
+  // template (its prompt closes </think>), the answer is a choice at once; thinking on, the random
+  // model thinks freely (it never writes </think>) until max_tokens
+  const pick = { model, messages: [{ role: 'user', content: 'Pick one' }], guided_choice: ['yes', 'no way'] };
+  t = await client.chat.completions.create({ ...pick, max_tokens: 8,
+                                            chat_template_kwargs: { enable_thinking: false } });
+  check('choice with thinking off', ['yes', 'no way'].includes(t.choices[0].message.content) &&
+        t.choices[0].finish_reason === 'stop', t.choices[0]);
+  t = await client.chat.completions.create({ ...pick, max_tokens: 8, seed: 1 });
+  check('choice after free thinking', t.choices[0].finish_reason === 'length' &&
+        t.usage.completion_tokens === 8, t.choices[0]);
   console.log(`${passes} passed, ${failures} failed`);
   process.exit(failures ? 1 : 0);
 }
@@ -262,6 +273,62 @@ check('chat cached_tokens', cacheOn ? chatCached >= 16 && chatCached < r.usage.p
 if (process.env.CACHE === 'off') {
   console.log(`${passes} passed, ${failures} failed`);
   process.exit(failures ? 1 : 0);
+}
+
+// structured output (docs/structured.md): a JSON schema through response_format, vLLM's
+// structured_outputs (compact whitespace, n = 3, each choice its own matcher) and guided_* fields,
+// streamed and not; a bad schema or two constraints is a 400 naming the field. The random model
+// fills whatever whitespace is allowed, so the checks that need a complete output ask for compact JSON.
+const schema = { type: 'object', properties: { name: { type: 'string', maxLength: 6 },
+  n: { type: 'integer', minimum: 1, maximum: 99 }, ok: { type: 'boolean' } }, required: ['name', 'n', 'ok'] };
+const valid = (o) => Object.keys(o).join() === 'name,n,ok' && typeof o.name === 'string' &&
+  [...o.name].length <= 6 && Number.isInteger(o.n) && o.n >= 1 && o.n <= 99 && typeof o.ok === 'boolean';
+const parsed = (text) => { try { return JSON.parse(text); } catch { return null; } };
+r = await client.chat.completions.create({ model, messages, max_tokens: 200, seed: 3, n: 3,
+  structured_outputs: { json: schema, disable_any_whitespace: true } });
+for (const ch of r.choices)
+  check('structured_outputs json: valid', ch.finish_reason === 'stop' && valid(parsed(ch.message.content) ?? {}), ch);
+const cs = await client.completions.create({ model, prompt: 'JSON:', max_tokens: 200, seed: 4,
+  response_format: { type: 'json_schema', json_schema: { name: 'thing', schema, strict: true } },
+  structured_outputs: { disable_any_whitespace: true } });
+check('completions response_format json_schema: valid',
+      cs.choices[0].finish_reason === 'stop' && valid(parsed(cs.choices[0].text) ?? {}), cs.choices[0]);
+let enumText = '', enumFin = null;
+for await (const ch of await client.chat.completions.create({ model, messages, max_tokens: 300, seed: 5, stream: true,
+    response_format: { type: 'json_schema', json_schema: { name: 'c', schema: { type: 'object',
+      properties: { c: { enum: ['x', 'y'] } }, required: ['c'] } } } })) {
+  for (const choice of ch.choices) {
+    enumText += choice.delta.content ?? '';
+    if (choice.finish_reason) enumFin = choice.finish_reason;
+  }
+}
+const enumObj = enumFin === 'stop' ? parsed(enumText) : null;
+check('streamed response_format json_schema (any whitespace)', enumFin === 'length' ||
+      (enumObj && ['x', 'y'].includes(enumObj.c) && Object.keys(enumObj).length === 1), { enumText, enumFin });
+r = await client.chat.completions.create({ model, messages, max_tokens: 8, seed: 6, guided_choice: ['yes', 'no way'] });
+check('guided_choice', ['yes', 'no way'].includes(r.choices[0].message.content) &&
+      r.choices[0].finish_reason === 'stop', r.choices[0]);
+let regexText = '';
+for await (const ch of await client.completions.create({ model, prompt: 'Code:', max_tokens: 16, seed: 7,
+    stream: true, guided_regex: '[0-9]{3}-[a-z]{2}' })) regexText += ch.choices[0]?.text ?? '';
+check('streamed guided_regex', /^[0-9]{3}-[a-z]{2}$/.test(regexText), regexText);
+r = await client.chat.completions.create({ model, messages, max_tokens: 4, response_format: { type: 'text' } });
+check('response_format text', typeof r.choices[0].message.content === 'string', r.choices[0]);
+for (const [name, param, extra] of [
+  ['unsupported keyword', 'response_format', { response_format: { type: 'json_schema', json_schema: { name: 'x',
+    schema: { type: 'object', patternProperties: { a: {} } } } } }],
+  ['bad regex', 'guided_regex', { guided_regex: '(a)\\1' }],
+  ['two constraints', 'guided_json', { response_format: { type: 'json_object' }, guided_json: schema }],
+  ['guided_whitespace_pattern', 'guided_whitespace_pattern', { guided_json: schema, guided_whitespace_pattern: ' *' }],
+  ['unknown response_format type', 'response_format', { response_format: { type: 'xml' } }]]) {
+  try {
+    await client.chat.completions.create({ model, messages, max_tokens: 4, ...extra });
+    check(`structured ${name} refused`, false, 'no error');
+  } catch (e) {
+    check(`structured ${name} refused`, e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === param,
+          { status: e.status, param: e.param, message: e.message });
+    if (name === 'unsupported keyword') check('bad schema message', /patternProperties/.test(e.message), e.message);
+  }
 }
 
 // errors through the client's classes

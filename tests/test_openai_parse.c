@@ -991,6 +991,117 @@ static void test_output_options(void **state) {
     }
 }
 
+/* Structured output fields (openai_structured.c): each form read into one
+ * constraint with vLLM's whitespace default and the field's name for the
+ * engine's errors; two constraints, malformed values and options replay
+ * does not have are 400s naming the field; random values never crash. */
+static void test_structured_fields(void **state) {
+    (void)state;
+    rp_oai_context ctx = {.served_model = "m", .max_context = 4096, .vocab_size = 151936};
+    static const struct {
+        const char *fields, *param, *text;
+        rp_constraint_kind kind;
+        int whitespace;
+    } taken[] = {
+        {"\"response_format\":{\"type\":\"text\"}", NULL, NULL, RP_CONSTRAINT_NONE, 0},
+        {"\"response_format\":{\"type\":\"json_object\"}", "response_format", NULL, RP_CONSTRAINT_JSON_OBJECT, 1},
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"strict\":true,"
+         "\"schema\":{\"type\":\"integer\"}}}",
+         "response_format", "{\"type\":\"integer\"}", RP_CONSTRAINT_JSON_SCHEMA, 1},
+        {"\"structured_outputs\":{\"json\":{\"type\":\"string\"},\"disable_any_whitespace\":true}", "structured_outputs",
+         "{\"type\":\"string\"}", RP_CONSTRAINT_JSON_SCHEMA, 0},
+        {"\"structured_outputs\":{\"json\":\"{\\\"type\\\":\\\"string\\\"}\"}", "structured_outputs",
+         "{\"type\":\"string\"}", RP_CONSTRAINT_JSON_SCHEMA, 1},
+        {"\"structured_outputs\":{\"regex\":\"a+\",\"json\":null}", "structured_outputs", "a+", RP_CONSTRAINT_REGEX, 1},
+        {"\"structured_outputs\":{\"choice\":[\"a\",\"b c\"]}", "structured_outputs", "[\"a\",\"b c\"]",
+         RP_CONSTRAINT_CHOICE, 1},
+        {"\"structured_outputs\":{\"grammar\":\"root ::= \\\"x\\\"\"}", "structured_outputs", "root ::= \"x\"",
+         RP_CONSTRAINT_GRAMMAR, 1},
+        {"\"structured_outputs\":{\"json_object\":true}", "structured_outputs", NULL, RP_CONSTRAINT_JSON_OBJECT, 1},
+        {"\"guided_json\":{\"enum\":[1,2]}", "guided_json", "{\"enum\":[1,2]}", RP_CONSTRAINT_JSON_SCHEMA, 1},
+        {"\"guided_regex\":\"[0-9]+\",\"guided_whitespace_pattern\":null", "guided_regex", "[0-9]+",
+         RP_CONSTRAINT_REGEX, 1},
+        {"\"guided_choice\":[\"x\"]", "guided_choice", "[\"x\"]", RP_CONSTRAINT_CHOICE, 1},
+        {"\"guided_grammar\":\"root ::= [a-z]\"", "guided_grammar", "root ::= [a-z]", RP_CONSTRAINT_GRAMMAR, 1},
+    };
+    char body[1024];
+    rp_oai_request q;
+    rp_oai_error e;
+    for (size_t i = 0; i < sizeof taken / sizeof taken[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":[1],%s}", taken[i].fields);
+        if (rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e))
+            fail_msg("%s: %s", taken[i].fields, e.message);
+        const rp_constraint *c = &q.params.constraint;
+        assert_int_equal(c->kind, taken[i].kind);
+        if (taken[i].param) {
+            assert_string_equal(c->param, taken[i].param);
+            assert_int_equal(c->allow_whitespace, taken[i].whitespace);
+        }
+        if (taken[i].text) assert_string_equal(c->text, taken[i].text);
+        rp_oai_request_free(&q);
+    }
+    static const struct {
+        const char *fields, *param, *msg;
+    } refused[] = {
+        {"\"response_format\":{\"type\":\"json_object\"},\"guided_regex\":\"a\"", "guided_regex", "both constrain"},
+        {"\"structured_outputs\":{\"regex\":\"a\",\"choice\":[\"b\"]}", "structured_outputs", "both constrain"},
+        {"\"response_format\":{\"type\":\"xml\"}", "response_format", "\"text\", \"json_object\" or \"json_schema\""},
+        {"\"response_format\":{\"type\":\"json_schema\"}", "response_format", "needs a \"json_schema\" object"},
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}", "response_format",
+         "needs a \"schema\""},
+        {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{},\"extra\":1}}", "response_format",
+         "Unrecognized field"},
+        {"\"response_format\":\"json\"", "response_format", "must be an object"},
+        {"\"structured_outputs\":{\"choice\":[]}", "structured_outputs", "non-empty list"},
+        {"\"structured_outputs\":{\"choice\":[1]}", "structured_outputs", "strings only"},
+        {"\"structured_outputs\":{\"regex\":\"\"}", "structured_outputs", "non-empty string"},
+        {"\"structured_outputs\":{\"structural_tag\":\"x\"}", "structured_outputs", "not supported"},
+        {"\"structured_outputs\":{\"whitespace_pattern\":\" \"}", "structured_outputs", "not supported"},
+        {"\"structured_outputs\":{\"disable_additional_properties\":true,\"json\":{}}", "structured_outputs",
+         "not supported"},
+        {"\"structured_outputs\":{\"bogus\":1}", "structured_outputs", "Unrecognized field"},
+        {"\"guided_json\":5", "guided_json", "JSON schema"},
+        {"\"guided_choice\":\"a\"", "guided_choice", "non-empty list"},
+        {"\"guided_regex\":\"a\",\"guided_whitespace_pattern\":\" \"", "guided_whitespace_pattern", "not supported"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":[1],%s}", refused[i].fields);
+        if (rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e) == 0) fail_msg("%s: taken", body);
+        assert_int_equal(e.status, 400);
+        assert_string_equal(e.param, refused[i].param);
+        if (!strstr(e.message, refused[i].msg)) fail_msg("%s: '%s'", body, e.message);
+    }
+    static const char *fields[] = {"response_format", "structured_outputs", "guided_json", "guided_regex",
+                                   "guided_choice", "guided_grammar", "guided_whitespace_pattern"};
+    int ok = 0;
+    for (uint64_t it = 0; it < 5000; it++) {
+        json_t *root = json_pack("{s:[i]}", "prompt", 1);
+        json_t *v = random_value(it, 7, 0);
+        if (it % 3 == 0) { /* the shapes the fields take, with random insides */
+            json_t *o = json_object();
+            static const char *keys[] = {"type", "json_schema", "schema", "json", "regex", "choice", "grammar",
+                                         "json_object", "disable_any_whitespace", "name"};
+            json_object_set_new(o, keys[rp_rand_u64(19, it, 1) % 10], v);
+            json_object_set_new(o, keys[rp_rand_u64(19, it, 2) % 10], random_value(it, 8, 0));
+            v = o;
+        }
+        json_object_set_new(root, fields[rp_rand_u64(19, it, 0) % 7], v);
+        char *text = json_dumps(root, JSON_COMPACT);
+        json_decref(root);
+        if (rp_oai_parse(&ctx, RP_OAI_COMPLETION, text, strlen(text), &q, &e) == 0) {
+            ok++;
+            rp_oai_request_free(&q);
+        } else {
+            assert_true(e.status == 400 && e.message[0] && e.param[0]);
+        }
+        free(text);
+    }
+    assert_true(ok > 0);
+    /* a dead end is told apart from a complete output */
+    assert_string_equal(rp_oai_finish_reason(RP_FINISH_REASON_GRAMMAR), "grammar_dead_end");
+    assert_string_equal(rp_oai_finish_reason(RP_FINISH_REASON_STOP), "stop");
+}
+
 /* generation_config.json's sampling (the context's defaults) fills only
  * what a request leaves unset. */
 static void test_sampling_defaults(void **state) {
@@ -1031,6 +1142,7 @@ int main(void) {
         cmocka_unit_test(test_template_raises),
         cmocka_unit_test(test_sampling_defaults),
         cmocka_unit_test(test_output_options),
+        cmocka_unit_test(test_structured_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "model/model.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 #include "util/dtype.h"
 #include "util/rng.h"
@@ -576,6 +577,143 @@ static void test_fp8(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* The nearest e4m3 code to x >= 0 by search over the table (ties to the
+ * even code), saturating at 448: the reference for rp_f32_to_f8e4m3. */
+static uint8_t e4m3_nearest(double x) {
+    if (x >= 448.0) return 0x7e;
+    int best = 0;
+    for (int c = 1; c <= 0x7e; c++) {
+        const double d = fabs(e4m3_value((uint8_t)c) - x), db = fabs(e4m3_value((uint8_t)best) - x);
+        if (d < db || (d == db && (c & 1) == 0)) best = c;
+    }
+    return (uint8_t)best;
+}
+
+/* fp32 -> e4m3: every code round-trips; halfway points go to the even
+ * code, points beside them to the nearer; saturation; random values agree
+ * with the search. */
+static void test_f8_encode(void **state) {
+    (void)state;
+    for (int c = 0; c < 256; c++) {
+        if ((c & 0x7f) == 0x7f) continue;
+        assert_int_equal(rp_f32_to_f8e4m3(rp_f8e4m3_to_f32((uint8_t)c)), c);
+    }
+    for (int c = 0; c < 0x7e; c++) {
+        const float lo = rp_f8e4m3_to_f32((uint8_t)c), hi = rp_f8e4m3_to_f32((uint8_t)(c + 1));
+        const float mid = (lo + hi) / 2; /* exact in fp32 */
+        assert_int_equal(rp_f32_to_f8e4m3(mid), (c & 1) ? c + 1 : c);
+        assert_int_equal(rp_f32_to_f8e4m3(nextafterf(mid, 0.0f)), c);
+        assert_int_equal(rp_f32_to_f8e4m3(nextafterf(mid, 1000.0f)), c + 1);
+        assert_int_equal(rp_f32_to_f8e4m3(-mid), 0x80 | ((c & 1) ? c + 1 : c));
+    }
+    assert_int_equal(rp_f32_to_f8e4m3(449.0f), 0x7e);
+    assert_int_equal(rp_f32_to_f8e4m3(1e30f), 0x7e);
+    assert_int_equal(rp_f32_to_f8e4m3(-INFINITY), 0xfe);
+    assert_int_equal(rp_f32_to_f8e4m3(NAN) & 0x7f, 0x7f);
+    uint64_t r = 88172645463325252ull;
+    for (int i = 0; i < 20000; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        const float x = ldexpf((float)(r >> 40) / (float)(1u << 24), (int)(r % 28) - 18); /* 2^-18 .. 2^10 */
+        assert_int_equal(rp_f32_to_f8e4m3(x), e4m3_nearest(x));
+    }
+}
+
+/* --quantization fp8's rows: the scale is max|w| / 448, every byte the
+ * nearest code to w / scale, the largest element at +-448, deq their
+ * product in bf16; a zero row has scale 1 and zero bytes. */
+static void test_quant_rows(void **state) {
+    (void)state;
+    enum { ROWS = 6, COLS = 200 };
+    uint16_t w[ROWS * COLS], deq[ROWS * COLS];
+    uint8_t q[ROWS * COLS];
+    float scale[ROWS];
+    uint64_t r = 1234567;
+    for (int i = 0; i < ROWS * COLS; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        const double z = ((double)(r >> 11) / 9007199254740992.0 - 0.5) * ldexp(1, (int)(i / COLS) * 3 - 8);
+        w[i] = i / COLS == 2 ? 0 : rp_f32_to_bf16((float)z);
+    }
+    rp_quant_fp8_rows(w, ROWS, COLS, q, scale, deq);
+    for (int row = 0; row < ROWS; row++) {
+        float amax = 0;
+        for (int c = 0; c < COLS; c++) amax = fmaxf(amax, fabsf(rp_bf16_to_f32(w[row * COLS + c])));
+        assert_true(scale[row] == (amax > 0 ? amax / 448.0f : 1.0f));
+        int saw_max = 0;
+        for (int c = 0; c < COLS; c++) {
+            const int i = row * COLS + c;
+            const float x = rp_bf16_to_f32(w[i]) / scale[row];
+            const uint8_t want = (uint8_t)((x < 0 ? 0x80 : 0) | e4m3_nearest(fabs((double)x)));
+            if (q[i] != want && !(x == 0 && (q[i] & 0x7f) == 0)) fail_msg("row %d col %d: %02x, want %02x", row, c, q[i], want);
+            saw_max |= (q[i] & 0x7f) == 0x7e;
+            assert_int_equal(deq[i], rp_f32_to_bf16(rp_f8e4m3_to_f32(q[i]) * scale[row]));
+        }
+        assert_int_equal(saw_max, amax > 0);
+    }
+}
+
+/* A model loaded with --quantization fp8: each layer matrix has its bytes,
+ * scales and dequantized values, the rest is untouched, weight_bytes
+ * counts a byte an element; lazy dummy weights only carry the flag; an FP8
+ * checkpoint is refused. */
+static void test_quantize_model(void **state) {
+    (void)state;
+    rp_err err;
+    rp_load_options lo = {.seed = 3};
+    rp_model *a = rp_model_dummy("tiny-llama3", &lo, &err);
+    lo.quantize_fp8 = 1;
+    rp_model *b = rp_model_dummy("tiny-llama3", &lo, &err);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(b->fp8, 1);
+    uint64_t saved = 0;
+    for (int l = 0; l < a->cfg.num_layers; l++)
+        for (int k = RP_W_FIRST_LAYER_KIND; k < RP_W_COUNT; k++) {
+            const rp_weight *wa = rp_model_weight(a, (rp_weight_kind)k, l), *wb = rp_model_weight(b, (rp_weight_kind)k, l);
+            if (!wa->data) continue;
+            const size_t n = (size_t)(wa->rows * wa->cols);
+            if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)k)) {
+                assert_null(wb->fp8);
+                assert_memory_equal(wa->data, wb->data, n * 2);
+                continue;
+            }
+            assert_non_null(wb->fp8);
+            assert_non_null(wb->scale);
+            saved += n - (uint64_t)wa->rows * 4;
+            uint8_t *q = malloc(n);
+            uint16_t *deq = malloc(n * 2);
+            float *sc = malloc((size_t)wa->rows * sizeof(float));
+            rp_quant_fp8_rows(wa->data, wa->rows, wa->cols, q, sc, deq);
+            assert_memory_equal(q, wb->fp8, n);
+            assert_memory_equal(sc, wb->scale, (size_t)wa->rows * sizeof(float));
+            assert_memory_equal(deq, wb->data, n * 2);
+            free(q);
+            free(deq);
+            free(sc);
+        }
+    assert_int_equal(b->weight_bytes, a->weight_bytes - saved);
+    assert_null(rp_model_weight(b, RP_W_EMBED, 0)->fp8);
+    lo.lazy_dummy = 1;
+    rp_model *c = rp_model_dummy("tiny-llama3", &lo, &err);
+    assert_non_null(c);
+    assert_true(c->fp8 && !rp_model_weight(c, RP_W_Q, 0)->data && !rp_model_weight(c, RP_W_Q, 0)->fp8);
+    assert_int_equal(c->weight_bytes, b->weight_bytes);
+    rp_model_free(a);
+    rp_model_free(b);
+    rp_model_free(c);
+    /* an FP8 checkpoint */
+    char dir[] = "/tmp/rp_test_weights_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char sub[1200];
+    snprintf(sub, sizeof sub, "%s/block", dir);
+    write_fp8(sub, Q_BLOCK, 0);
+    rp_load_options q8 = {.quantize_fp8 = 1};
+    assert_null(rp_model_load(sub, &q8, &err));
+    if (!strstr(err.msg, "already quantized")) fail_msg("%s", err.msg);
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* quantization_config that replay refuses, each with the reason named */
 static void test_quant_config_errors(void **state) {
     (void)state;
@@ -616,6 +754,9 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_quant_config_errors),
+        cmocka_unit_test(test_f8_encode),
+        cmocka_unit_test(test_quant_rows),
+        cmocka_unit_test(test_quantize_model),
         cmocka_unit_test(test_dummy),
         cmocka_unit_test(test_dummy_distribution),
         cmocka_unit_test(test_dummy_golden),

@@ -55,6 +55,7 @@ typedef struct rp_engine_config {
     const char *dummy_name;
     int load_dummy;        /* model_dir's config with random weights */
     uint64_t weight_seed;
+    int quantize_fp8; /* --quantization fp8: the target's layer matrices in e4m3, per-row scales */
     const char *tokenizer_dir; /* default: model_dir */
     const char *chat_template; /* a Jinja file: overrides the model's chat template */
     const char *device;    /* "auto" (default), "cpu", "cuda" */
@@ -122,7 +123,39 @@ typedef enum rp_finish {
     RP_FINISH_REASON_LENGTH, /* max_tokens or the context limit */
     RP_FINISH_REASON_ABORT,  /* aborted by the caller */
     RP_FINISH_REASON_ERROR,  /* the engine failed; message in the event */
+    /* structured output: the grammar reached a state that no token of the
+     * vocabulary continues, before the output was complete (the output so
+     * far is a prefix of a valid one, never a complete one) */
+    RP_FINISH_REASON_GRAMMAR,
 } rp_finish;
+
+/* Structured output (docs/structured.md): what the output must be. */
+typedef enum rp_constraint_kind {
+    RP_CONSTRAINT_NONE = 0,
+    RP_CONSTRAINT_JSON_SCHEMA, /* text: a JSON Schema document */
+    RP_CONSTRAINT_JSON_OBJECT, /* any JSON object; text ignored */
+    RP_CONSTRAINT_REGEX,       /* text: a regular expression the whole output matches */
+    RP_CONSTRAINT_CHOICE,      /* text: a JSON array of strings; the output is one of them */
+    RP_CONSTRAINT_GRAMMAR,     /* text: a GBNF grammar with a rule named root */
+} rp_constraint_kind;
+
+typedef struct rp_constraint {
+    rp_constraint_kind kind;
+    const char *text;
+    size_t text_len;      /* 0: strlen(text) */
+    /* JSON kinds: 1 allows JSON whitespace between tokens, 0 none (compact).
+     * The server and the CLI ask for 1 unless told otherwise, as vLLM does. */
+    int allow_whitespace;
+    /* the request field it came from ("response_format", "guided_json",
+     * ...), named by errors; NULL: "structured_outputs" */
+    const char *param;
+    /* A reasoning model's thinking is left free (vLLM's rule where a
+     * reasoning parser is on): with has_reasoning_end the constraint starts
+     * after the token reasoning_end_id (`</think>`), or at once where the
+     * prompt holds it (a template that closed the thinking). */
+    int has_reasoning_end;
+    int32_t reasoning_end_id;
+} rp_constraint;
 
 /* What the callback receives: one event per sampled token, and a final one
  * (finish != NONE) that may carry a last token. text is the newly complete
@@ -219,7 +252,17 @@ typedef struct rp_request_params {
      * from the prefix cache. */
     int prompt_logprobs;
     int prompt_top_logprobs;
+    /* structured output (kind RP_CONSTRAINT_NONE: none): compiled at submit,
+     * where a bad constraint is an RP_ERROR_INVALID_REQUEST naming
+     * constraint.param; the text need not outlive the submit */
+    rp_constraint constraint;
 } rp_request_params;
+
+/* Whether a constraint compiles (schema keywords, regex syntax, grammar
+ * rules, limits), without an engine: the same check submit makes, against
+ * a byte-level vocabulary, so a command can refuse a bad one before it
+ * loads a model. 0, or -1 with err (code, param, message). */
+int rp_constraint_validate(const rp_constraint *c, rp_error *err);
 
 /* The defaults, defined once (src/engine/engine.c): 256 running requests,
  * 16,384 batched tokens, chunks of 8,192 (on the CPU, also steps of about

@@ -97,7 +97,6 @@ static const struct {
     {"--trust-remote-code", "vLLM", NULL, "replay runs no model code, so it needs no --trust-remote-code"},
     {"--tensor-parallel-size", "vLLM", NULL, "replay runs a model on one GPU"},
     {"-tp", "vLLM", NULL, "replay runs a model on one GPU"},
-    {"--quantization", "vLLM", NULL, "replay reads FP8 checkpoints as they are (quantization_config) but does not quantize a bf16 checkpoint at load yet"},
     {"--kv-cache-dtype", "vLLM", NULL, "replay's KV cache is bfloat16"},
     {"--download-dir", "vLLM", NULL, "replay loads a local directory: download it first (README, 'Models')"},
     {"--revision", "vLLM", NULL, "replay loads a local directory: download the revision first (README, 'Models')"},
@@ -256,6 +255,13 @@ int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *
         o->threads = (int)v;
         return 1;
     case 0x106: o->disable_decode_step = 1; return 1;
+    case 0x108:
+        if (strcmp(arg, "none") && strcmp(arg, "fp8")) {
+            rp_cli_usage_error(cmd, "--quantization must be none or fp8, got '%s'", arg);
+            return -1;
+        }
+        o->quantize_fp8 = !strcmp(arg, "fp8");
+        return 1;
     case 0x107:
         /* vLLM's --dtype: replay's weights and activations are bfloat16, and
          * a float16 or float32 checkpoint is converted as it loads */
@@ -414,6 +420,7 @@ void rp_cli_runner_config(const rp_model_opts *o, rp_runner_config *rc) {
     rc->dummy_name = o->dummy_name;
     rc->load_dummy = !strcmp(o->load_format, "dummy");
     rc->weight_seed = o->weight_seed;
+    rc->quantize_fp8 = o->quantize_fp8;
     rc->load_progress = 1;
     rc->device = rp_cli_device(o);
     rc->threads = o->threads;
@@ -583,6 +590,7 @@ void rp_cli_engine_model(const rp_model_opts *o, rp_engine_config *ec) {
     ec->load_dummy = !strcmp(o->load_format, "dummy");
     ec->speculative_load_dummy = ec->load_dummy; /* --load-format applies to a draft model too (vLLM's rule) */
     ec->weight_seed = o->weight_seed;
+    ec->quantize_fp8 = o->quantize_fp8;
     ec->device = rp_cli_device(o);
     ec->threads = o->threads;
     ec->disable_decode_step = o->disable_decode_step;

@@ -609,6 +609,9 @@ static int run(int argc, char **argv) {
         return RP_EXIT_OK;
     }
     if (optind < argc) return rp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (mo.quantize_fp8)
+        return rp_cli_usage_error(CMD, "--quantization fp8: bench kernels times the bf16 kernels; 'replay bench "
+                                       "decode --quantization fp8' times fp8 steps");
     int no_gpu = rp_bench_need_gpu(&mo, CMD);
     if (no_gpu) return no_gpu;
     mo.load_format = "dummy"; /* the config alone: a directory without weights will do */

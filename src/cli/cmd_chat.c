@@ -36,6 +36,7 @@
 #include "cli/interrupt.h"
 #include "cli/lineedit.h"
 #include "cli/sampling_opts.h"
+#include "cli/structured_opts.h"
 #include "engine/sampler.h"
 #include "replay/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -70,6 +71,7 @@ static void help(FILE *f) {
             "  --max-model-len N      tokens of conversation, replies included, kept in the KV cache\n"
             "                         (default %d, or the model's max_position_embeddings if less)\n"
             "\n" RP_SAMPLING_OPTIONS_HELP RP_GENERATION_CONFIG_HELP
+            "\n" RP_STRUCTURED_OPTIONS_HELP
             "\n",
             DEFAULT_MAX_TOKENS, DEFAULT_CONTEXT);
     rp_spec_opts_help(f);
@@ -179,6 +181,7 @@ typedef struct chat {
     int no_thinking;
     long max_tokens, context;
     int told_dropping; /* the first drop is announced; later ones only logged */
+    rp_constraint constraint; /* every reply's structured output (kind NONE: none) */
 } chat;
 
 enum { FIT_OK, FIT_TOO_LONG, FIT_ERROR };
@@ -307,6 +310,7 @@ static int turn(chat *ch, const char *line, uint64_t seed, const rp_sampling_par
     rq.has_seed = 1;
     rq.stop_ids = stop_ids;
     rq.num_stop_ids = num_stop_ids;
+    rq.constraint = ch->constraint;
     chat_stream cs = {0};
     append(&cs, "", 0);
     rp_request_id id = 0;
@@ -339,8 +343,9 @@ static int turn(chat *ch, const char *line, uint64_t seed, const rp_sampling_par
         fprintf(stderr, "[%d tokens, %.1f tok/s%s]\n", cs.generated,
                 cs.t_last > cs.t_first ? (cs.generated - 1) / (cs.t_last - cs.t_first) : 0.0,
                 cs.finish == RP_FINISH_REASON_ABORT    ? ", stopped"
-                : cs.finish == RP_FINISH_REASON_LENGTH ? ", cut at --max-tokens"
-                                                       : "");
+                : cs.finish == RP_FINISH_REASON_LENGTH  ? ", cut at --max-tokens"
+                : cs.finish == RP_FINISH_REASON_GRAMMAR ? ", grammar dead end"
+                                                        : "");
     const int oom = cs.oom || conv_add(c, "assistant", cs.text ? cs.text : "");
     free(cs.text);
     if (oom) return rp_cli_runtime_error(CMD, "out of memory");
@@ -350,6 +355,7 @@ static int turn(chat *ch, const char *line, uint64_t seed, const rp_sampling_par
 static const struct option options[] = {
     RP_MODEL_LONG_OPTIONS,
     RP_SAMPLING_LONG_OPTIONS,
+    RP_STRUCTURED_LONG_OPTIONS,
     {"tokenizer", required_argument, 0, 'T'},
     {"system", required_argument, 0, 'S'},
     {"chat-template", required_argument, 0, 'M'},
@@ -373,6 +379,8 @@ static int run(int argc, char **argv) {
     long max_tokens = DEFAULT_MAX_TOKENS, max_model_len = 0;
     rp_engine_config ec;
     rp_engine_config_default(&ec);
+    rp_structured_opts so;
+    rp_structured_opts_init(&so);
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, &sp, CMD)) != RP_OPT_END) {
@@ -395,6 +403,9 @@ static int run(int argc, char **argv) {
             break;
         case 0x14a: case 0x14b: case 0x14c: case 0x14d: case 0x14e: case 0x14f:
             if (rp_engine_opts_parse(&ec, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
+            break;
+        case 0x1e0: case 0x1e1: case 0x1e2: case 0x1e3: case 0x1e4: case 0x1e5:
+            if (rp_structured_opts_parse(&so, opt, optarg, CMD)) return RP_EXIT_USAGE; /* reported */
             break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
@@ -426,6 +437,10 @@ static int run(int argc, char **argv) {
         return rp_cli_usage_error(CMD, "chat needs a tokenizer, and %s: use --tokenizer DIR",
                                   mo.model_dir ? "the model directory has no tokenizer.json"
                                                : "--dummy-weights come without one");
+    if ((bad = rp_structured_opts_check(&so, CMD))) {
+        rp_structured_opts_free(&so);
+        return bad;
+    }
     rp_sampling_seed_if_unset(&sp);
 
     rp_cli_engine_model(&mo, &ec);
@@ -437,12 +452,15 @@ static int run(int argc, char **argv) {
     rp_error eerr;
     /* Loading: SIGINT and SIGTERM still have their default action here. */
     rp_engine *eng = rp_engine_create(&ec, &eerr);
-    if (!eng) return rp_cli_runtime_error(CMD, "%s", eerr.message);
+    if (!eng) {
+        rp_structured_opts_free(&so);
+        return rp_cli_runtime_error(CMD, "%s", eerr.message);
+    }
     int rc = RP_EXIT_RUNTIME;
     if (sampling_taken) rp_log_info("%s", sampling_what);
     else rp_log_debug("%s", sampling_what);
     chat ch = {.eng = eng, .tok = rp_engine_tokenizer(eng), .no_thinking = no_thinking,
-               .max_tokens = max_tokens, .context = rp_engine_max_context(eng)};
+               .max_tokens = max_tokens, .context = rp_engine_max_context(eng), .constraint = so.constraint};
     rp_lineedit *le = NULL;
     if (rp_interrupt_install()) {
         rc = rp_cli_runtime_error(CMD, "cannot watch for Ctrl-C: %s", strerror(errno));
@@ -502,6 +520,7 @@ out:
     conv_free(&ch.conv);
     rp_engine_destroy(eng);
     rp_interrupt_uninstall();
+    rp_structured_opts_free(&so);
     return rc;
 }
 

@@ -20,6 +20,7 @@
 #include "cli/chat_opts.h"
 #include "cli/interrupt.h"
 #include "cli/sampling_opts.h"
+#include "cli/structured_opts.h"
 #include "engine/sampler.h"
 #include "replay/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -64,6 +65,7 @@ static void help(FILE *f) {
             "                         \"stop\" (default: none; needs a tokenizer)\n"
             "  --ignore-eos           keep going past end-of-sequence tokens\n"
             "\n" RP_SAMPLING_OPTIONS_HELP RP_GENERATION_CONFIG_HELP
+            "\n" RP_STRUCTURED_OPTIONS_HELP
             "\n"
             "Engine:\n"
             "  --max-model-len N      context in tokens, prompt and output together, at most the model's\n"
@@ -229,6 +231,7 @@ static const char *finish_name(rp_finish f) {
     case RP_FINISH_REASON_STOP: return "stop";
     case RP_FINISH_REASON_LENGTH: return "length";
     case RP_FINISH_REASON_ABORT: return "interrupted";
+    case RP_FINISH_REASON_GRAMMAR: return "grammar dead end";
     default: return "error";
     }
 }
@@ -242,6 +245,7 @@ static const struct option options[] = {
     {"stop", required_argument, 0, 's'},
     {"ignore-eos", no_argument, 0, 'E'},
     RP_SAMPLING_LONG_OPTIONS,
+    RP_STRUCTURED_LONG_OPTIONS,
     /* the engine options' codes: rp_engine_opts_parse reads them */
     {"max-model-len", required_argument, 0, 0x145},
     {"max-num-batched-tokens", required_argument, 0, 0x141},
@@ -274,6 +278,8 @@ static int run(int argc, char **argv) {
     long max_tokens = DEFAULT_MAX_TOKENS;
     int ignore_eos = 0, chat = 0, no_thinking = 0, print_ids = 0;
     const char *tokenizer_dir = NULL, *system_prompt = NULL, *template_file = NULL, *generation_config = "auto";
+    rp_structured_opts so;
+    rp_structured_opts_init(&so);
     rp_cli_opts_begin();
     int opt;
     while ((opt = rp_cli_next_opt(argc, argv, ":hq", options, &mo, &sp, CMD)) != RP_OPT_END) {
@@ -303,6 +309,9 @@ static int run(int argc, char **argv) {
             break;
         case 0x141: case 0x144: case 0x145: case 0x14a: case 0x14b: case 0x14c: case 0x14d: case 0x14e: case 0x14f:
             if (rp_engine_opts_parse(&ec, opt, optarg, CMD) != 1) return RP_EXIT_USAGE; /* reported */
+            break;
+        case 0x1e0: case 0x1e1: case 0x1e2: case 0x1e3: case 0x1e4: case 0x1e5:
+            if (rp_structured_opts_parse(&so, opt, optarg, CMD)) return RP_EXIT_USAGE; /* reported */
             break;
         default: return RP_EXIT_USAGE; /* reported by rp_cli_next_opt */
         }
@@ -338,6 +347,10 @@ static int run(int argc, char **argv) {
                                   mo.model_dir ? "the model directory has no tokenizer.json"
                                                : "--dummy-weights come without one",
                                   num_stops ? "" : ", or --prompt-ids");
+    if (so.flag && !rp_cli_tokenizer_dir(&mo, tokenizer_dir))
+        return rp_cli_usage_error(CMD, "%s needs a tokenizer (the vocabulary's bytes), and %s: use --tokenizer DIR",
+                                  so.flag, mo.model_dir ? "the model directory has no tokenizer.json"
+                                                        : "--dummy-weights come without one");
     int32_t *ids = NULL;
     int n_ids = 0;
     if (prompt_ids && (bad = parse_ids(prompt_ids, mo.cfg.vocab_size, &ids, &n_ids))) return bad;
@@ -352,8 +365,17 @@ static int run(int argc, char **argv) {
     }
     char *file_text = NULL;
     if (prompt_file) {
-        if ((bad = read_prompt_file(prompt_file, &file_text))) return bad;
+        if ((bad = read_prompt_file(prompt_file, &file_text))) {
+            free(ids);
+            return bad;
+        }
         prompt = file_text;
+    }
+    if ((bad = rp_structured_opts_check(&so, CMD))) {
+        rp_structured_opts_free(&so);
+        free(ids);
+        free(file_text);
+        return bad;
     }
     rp_sampling_seed_if_unset(&sp);
 
@@ -372,6 +394,7 @@ static int run(int argc, char **argv) {
     if (!eng) {
         free(ids);
         free(file_text);
+        rp_structured_opts_free(&so);
         return rp_cli_runtime_error(CMD, "%s", eerr.message);
     }
     if (rp_interrupt_install()) {
@@ -416,6 +439,7 @@ static int run(int argc, char **argv) {
     rq.num_stop_ids = num_stop_ids;
     rq.stop = stops;
     rq.num_stop = num_stops;
+    rq.constraint = so.constraint;
     stream_ctx sc = {.print_ids = print_ids || !tok, .t_submit = rp_now_s()};
     rp_request_id id = 0;
     if (rp_engine_submit(eng, &rq, on_event, &sc, &id, &eerr)) {
@@ -456,6 +480,7 @@ out:
     free(rendered);
     free(ids);
     free(file_text);
+    rp_structured_opts_free(&so);
     return rc;
 }
 

@@ -1,6 +1,7 @@
 /* Drafting and verifying speculative rounds in the engine (draft.h). */
 #include "engine/draft.h"
 
+#include "engine/constraint.h"
 #include "engine/draft_model.h"
 #include "engine/engine_internal.h"
 #include "engine/logit_proc.h"
@@ -34,6 +35,7 @@ void rp_engine_propose_drafts(rp_engine *e) {
         rp_err err;
         if (!r->ngram || rp_ngram_append(r->ngram, r->tokens, len, &err)) continue;
         r->num_draft = rp_ngram_propose(r->ngram, r->tokens, len, want, r->tokens + len);
+        if (r->matcher) r->num_draft = rp_engine_constraint_drafts(r);
     }
     if (!n) return;
     rp_err err;
@@ -45,8 +47,15 @@ void rp_engine_propose_drafts(rp_engine *e) {
         for (int i = 0; i < n; i++) e->draft_reqs[i]->num_draft = 0;
         e->spec_k = 0;
     }
+    /* structured output: no position is spent on a draft the grammar refuses */
+    for (int i = 0; i < n; i++)
+        if (e->draft_reqs[i]->matcher) e->draft_reqs[i]->num_draft = rp_engine_constraint_drafts(e->draft_reqs[i]);
 }
 
+/* Structured output: each position is drawn from its row masked by the
+ * matcher after the tokens before it (the kept drafts), so the round
+ * emits what decoding one token a step would have. A position where the
+ * grammar allows nothing ends the request after the tokens before it. */
 void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
     rp_request *r = st->items[i].req;
     const int d = st->items[i].draft, k = st->out_index[i], row0 = st->logit_row[i];
@@ -54,6 +63,7 @@ void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
     int32_t tok[RP_SPEC_MAX_K + 1];
     float lp[RP_SPEC_MAX_K + 1];
     int n = 0;
+    rp_finish end = RP_FINISH_REASON_NONE; /* the grammar ends r after the n tokens */
     RP_ASSERT(d <= RP_SPEC_MAX_K);
     const rp_top_logprobs *top[RP_SPEC_MAX_K + 1];
     for (int j = 0; j <= d; j++) {
@@ -62,17 +72,25 @@ void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
             lp[j] = e->dev_logprobs[row0 + j];
             top[j] = &e->dev_top[row0 + j];
         } else {
+            float *logits = e->run->logits + (size_t)(row0 + j) * vocab;
+            if (r->matcher && (end = rp_engine_constraint_apply(e, r, logits))) break;
             /* the output before position k + j is the kept drafts: the penalties see them */
-            rp_logit_proc_apply(r, &e->run->model->cfg, k + j, e->run->logits + (size_t)(row0 + j) * vocab);
-            tok[j] = rp_sampler_sample_top(e->sampler, &r->sampling, e->run->logits + (size_t)(row0 + j) * vocab,
-                                           r->tokens, r->num_prompt, r->tokens + r->num_prompt, k + j,
-                                           (uint64_t)(k + j), &lp[j], &e->spec_top[j]);
+            rp_logit_proc_apply(r, &e->run->model->cfg, k + j, logits);
+            tok[j] = rp_sampler_sample_top(e->sampler, &r->sampling, logits, r->tokens, r->num_prompt,
+                                           r->tokens + r->num_prompt, k + j, (uint64_t)(k + j), &lp[j],
+                                           &e->spec_top[j]);
             top[j] = &e->spec_top[j];
+            if (r->matcher && rp_engine_constraint_take(r, tok[j])) {
+                end = RP_FINISH_REASON_ERROR;
+                break;
+            }
         }
         n = j + 1;
         if (j == d || tok[j] != r->tokens[r->num_prompt + k + j]) break;
     }
-    const int kept = n - 1;
+    /* the emitted tokens but the last are kept drafts; when the grammar ends
+     * r, every emitted token is one (their K/V are in the cache) */
+    const int kept = end ? n : n - 1;
     r->cached -= d - kept;
     rp_draft_model_rollback(r);
     rp_spec_track_round(&r->spec, kept);
@@ -80,4 +98,6 @@ void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
     e->stats.spec_draft_tokens += (uint64_t)d;
     e->stats.spec_accepted_tokens += (uint64_t)kept;
     for (int j = 0; j < n && !r->retiring; j++) rp_engine_on_sampled(e, r, k + j, tok[j], lp[j], top[j]);
+    if (end && !r->retiring)
+        rp_engine_constraint_end(e, r, k + n, end, end == RP_FINISH_REASON_ERROR ? rp_constraint_refused_msg : NULL);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/constraint.h"
 #include "engine/draft.h"
 #include "engine/draft_model.h"
 #include "engine/engine_internal.h"
@@ -350,6 +351,7 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     int backend_seqs = derive_running ? RP_SCHED_MAX_RUNNING : cfg->max_running_requests;
     if (backend_seqs > cfg->max_batched_tokens) backend_seqs = cfg->max_batched_tokens;
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->constraint_mu, NULL);
     pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->idle, NULL);
     e->next_id = 1;
@@ -363,7 +365,7 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
      * one-token sequence of the step (batch.h's rp_batch_add_positions) */
     const int spec_rows = cfg->speculative_method ? RP_SPEC_MAX_ROWS : 0;
     rp_runner_config rc = {.model_dir = cfg->model_dir, .dummy_name = cfg->dummy_name, .load_dummy = cfg->load_dummy,
-                           .weight_seed = cfg->weight_seed, .load_progress = 1, .device = cfg->device,
+                           .weight_seed = cfg->weight_seed, .quantize_fp8 = cfg->quantize_fp8, .load_progress = 1, .device = cfg->device,
                            .threads = cfg->threads, .page_size = cfg->page_size, .num_pages = cfg->num_pages,
                            .memory_ratio = cfg->memory_ratio, .max_seqs = backend_seqs + spec_rows,
                            .max_context = cfg->max_context, .max_batched_tokens = cfg->max_batched_tokens,
@@ -513,8 +515,10 @@ void rp_engine_destroy(rp_engine *e) {
     rp_prefix_cache_free(e->cache); /* its pages go back to the runner's pool */
     rp_draft_model_free(e->draft);
     rp_runner_free(e->run);
+    rp_engine_constraint_free(e); /* after every request and its matcher */
     rp_tokenizer_free(e->tok);
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->constraint_mu);
     pthread_cond_destroy(&e->work);
     pthread_cond_destroy(&e->idle);
     free(e);

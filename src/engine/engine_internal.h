@@ -3,6 +3,7 @@
  *   submit.c  validating a request and handing it to the engine thread
  *   step.c    one step: schedule, build the batch, launch, collect, overlap
  *   output.c  a sampled token's way out: detokenise, stop strings, finish
+ *   constraint.c  structured output: compiling constraints, masking logits
  * Fields marked "under mu" are shared with callers' threads; the rest belong
  * to the engine thread. */
 #ifndef RP_ENGINE_ENGINE_INTERNAL_H
@@ -78,6 +79,13 @@ struct rp_engine {
     int num_retiring, cap_retiring;
     rp_engine_stats stats; /* engine thread only */
     double cpu_ms_total;
+    /* structured output (constraint.c): the vocabulary as the matchers see
+     * it, built at the first constrained submit (under constraint_mu; the
+     * engine thread reads it only through requests queued after that), and
+     * the engine thread's mask of one logit row */
+    pthread_mutex_t constraint_mu;
+    struct rp_svocab *svocab;
+    uint32_t *mask;
     /* a synchronous backend's steps are sized to take about step_ms (0: not
      * sized), feeding at least step_min_tokens prompt tokens */
     int step_ms, step_min_tokens;

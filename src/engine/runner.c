@@ -39,7 +39,7 @@ static int load_model(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
     if ((!cfg->model_dir) == (!cfg->dummy_name))
         return rp_errf(err, "give exactly one of a model directory or a dummy model name");
     rp_load_options lo = {.format = cfg->load_dummy ? RP_LOAD_DUMMY : RP_LOAD_AUTO, .seed = cfg->weight_seed,
-                          .progress = cfg->load_progress, .lazy_dummy = !strcmp(r->device, "cuda")};
+                          .progress = cfg->load_progress, .lazy_dummy = !strcmp(r->device, "cuda"), .quantize_fp8 = cfg->quantize_fp8};
     double t0 = rp_now_s();
     r->model = cfg->model_dir ? rp_model_load(cfg->model_dir, &lo, err) : rp_model_dummy(cfg->dummy_name, &lo, err);
     if (!r->model) return RP_ERR;

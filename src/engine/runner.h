@@ -28,6 +28,7 @@ typedef struct rp_runner_config {
     const char *dummy_name;
     int load_dummy;
     uint64_t weight_seed;
+    int quantize_fp8; /* --quantization fp8 (rp_load_options) */
     int load_progress; /* a progress bar while the weights load */
     const char *device; /* "auto" (NULL too): the GPU when there is one; "cpu"; "cuda" */
     int threads;        /* CPU backend; 0 = all cores */

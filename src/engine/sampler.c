@@ -107,6 +107,15 @@ int rp_sampling_params_validate(const rp_sampling_params *p, int vocab_size, rp_
 
 int rp_sampling_is_greedy(const rp_sampling_params *p) { return p->temperature == 0.0f; }
 
+void rp_sampler_apply_mask(float *logits, int vocab_size, const uint32_t *mask) {
+    for (int w = 0; w < (vocab_size + 31) / 32; w++) {
+        if (mask[w] == 0xffffffffu) continue;
+        const int end = w * 32 + 32 < vocab_size ? w * 32 + 32 : vocab_size;
+        for (int id = w * 32; id < end; id++)
+            if (!(mask[w] >> (id % 32) & 1u)) logits[id] = -INFINITY;
+    }
+}
+
 rp_sampler *rp_sampler_new(int vocab_size) {
     if (vocab_size < 1) return NULL;
     rp_sampler *s = calloc(1, sizeof *s);

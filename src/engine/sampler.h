@@ -42,6 +42,12 @@ int rp_sampling_params_validate(const rp_sampling_params *p, int vocab_size, rp_
 /* Greedy (argmax) decoding: temperature == 0. */
 int rp_sampling_is_greedy(const rp_sampling_params *p);
 
+/* Structured output's mask, applied before a row is sampled: the logit of
+ * every token whose bit in mask is 0 (bit id % 32 of word id / 32) becomes
+ * -inf, so the draw, the logprobs and the top logprobs are those of the
+ * masked distribution (docs/structured.md). */
+void rp_sampler_apply_mask(float *logits, int vocab_size, const uint32_t *mask);
+
 typedef struct rp_sampler rp_sampler;
 
 /* Scratch for one vocabulary size; O(vocab) memory, allocated here once.

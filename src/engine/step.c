@@ -11,6 +11,7 @@
  * until step N + 1 has completed (output.c's retiring list). */
 #include <string.h>
 
+#include "engine/constraint.h"
 #include "engine/draft.h"
 #include "engine/engine_internal.h"
 #include "engine/logit_proc.h"
@@ -23,10 +24,12 @@ static int needs_host_logits(const rp_request *r) {
     return rp_logit_proc_active(r, r->num_output) || rp_request_wants_prompt_logits(r);
 }
 
+/* Penalties over the request's history, structured output's mask
+ * (constraint.h) and the logit processors are applied on the host. */
 static int needs_host_sampler(const rp_request *r) {
     const rp_sampling_params *p = &r->sampling;
     return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
-           needs_host_logits(r);
+           r->matcher != NULL || needs_host_logits(r);
 }
 
 /* Whether any request's sampling needs the host sampler (penalties over its
@@ -210,9 +213,12 @@ void rp_engine_collect_step(rp_engine *e, int slot) {
             lp = e->dev_logprobs[row];
             top = &e->dev_top[row];
         } else {
-            rp_logit_proc_apply(r, &e->run->model->cfg, k, e->run->logits + (size_t)row * vocab);
-            tok = rp_sampler_sample_top(e->sampler, &r->sampling, e->run->logits + (size_t)row * vocab, r->tokens,
-                                        r->num_prompt, r->tokens + r->num_prompt, k, (uint64_t)k, &lp, &host_top);
+            float *logits = e->run->logits + (size_t)row * vocab;
+            rp_logit_proc_apply(r, &e->run->model->cfg, k, logits);
+            if (r->matcher && rp_engine_constraint_mask(e, r, k, logits)) continue; /* finished: nothing allowed */
+            tok = rp_sampler_sample_top(e->sampler, &r->sampling, logits, r->tokens, r->num_prompt,
+                                        r->tokens + r->num_prompt, k, (uint64_t)k, &lp, &host_top);
+            if (r->matcher && rp_engine_constraint_accept(e, r, k, tok)) continue;
         }
         rp_engine_on_sampled(e, r, k, tok, lp, top);
     }

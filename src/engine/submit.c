@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/constraint.h"
 #include "engine/engine_internal.h"
 #include "engine/logit_proc.h"
 #include "engine/ngram.h"
@@ -191,6 +192,10 @@ int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback
                                                                     (int)n + p->max_tokens + 1)))) {
         rp_request_free(r);
         return fail(err, RP_ERROR_OUT_OF_MEMORY, "", "out of memory");
+    }
+    if (rp_engine_constraint_start(e, &p->constraint, r, err)) {
+        rp_request_free(r);
+        return -1;
     }
     if (e->tok) {
         rp_detok_init(&r->detok, e->tok, !p->keep_special_tokens);

@@ -38,6 +38,11 @@ int rp_weight_kind_is_norm(rp_weight_kind kind) {
            kind == RP_W_K_NORM;
 }
 
+int rp_weight_kind_is_layer_matrix(rp_weight_kind kind) {
+    return kind == RP_W_Q || kind == RP_W_K || kind == RP_W_V || kind == RP_W_O || kind == RP_W_GATE ||
+           kind == RP_W_UP || kind == RP_W_DOWN;
+}
+
 void rp_weight_shape(const rp_model_config *c, rp_weight_kind kind, int64_t shape[2]) {
     int64_t h = c->hidden_size, q = (int64_t)c->num_heads * c->head_dim,
             kv = (int64_t)c->num_kv_heads * c->head_dim, f = c->intermediate_size;

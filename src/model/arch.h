@@ -61,6 +61,9 @@ const char *rp_weight_kind_name(rp_weight_kind kind);
 int rp_arch_has_weight(const rp_arch *arch, rp_weight_kind kind);
 /* RMSNorm weights (initialised to 1), as opposed to matrices and biases. */
 int rp_weight_kind_is_norm(rp_weight_kind kind);
+/* A layer's projection matrices (q, k, v, o, gate, up, down): what
+ * --quantization fp8 quantizes. */
+int rp_weight_kind_is_layer_matrix(rp_weight_kind kind);
 
 /* Shared by the architectures: the HF LlamaModel naming scheme (every
  * family replay loads uses it). */

@@ -18,6 +18,12 @@
 typedef struct rp_weight {
     const uint16_t *data; /* bf16, row-major [rows, cols]; NULL when absent */
     int64_t rows, cols;
+    /* --quantization fp8, a layer's matrices: the e4m3 bytes [rows, cols]
+     * and one fp32 scale per row (model/quant.h); data then holds their
+     * dequantized values. NULL otherwise, and with lazy dummy weights (the
+     * backend quantizes what it generates). */
+    const uint8_t *fp8;
+    const float *scale;
 } rp_weight;
 
 typedef enum rp_load_format { RP_LOAD_AUTO = 0, RP_LOAD_DUMMY } rp_load_format;
@@ -29,7 +35,9 @@ typedef struct rp_model {
     char *dir;                               /* model directory, NULL for presets */
     int dummy;                               /* weights are random */
     uint64_t dummy_seed;
-    uint64_t weight_bytes;                   /* bf16 bytes of distinct weights */
+    uint64_t weight_bytes;                   /* bytes of distinct weights as held (--quantization fp8: its
+                                              * matrices at a byte an element and a float a row) */
+    int fp8;                                 /* --quantization fp8: the layer matrices are e4m3 (rp_weight) */
     /* ownership */
     rp_safetensors **files;
     int num_files;
@@ -45,6 +53,10 @@ typedef struct rp_load_options {
      * generate the same values where they live (the GPU fills 16 GB in
      * milliseconds; the host would take seconds and the memory). */
     int lazy_dummy;
+    /* --quantization fp8: each layer's q/k/v/o/gate/up/down matrices
+     * quantized to e4m3 with per-row scales at load (vLLM's option);
+     * embeddings, lm_head, norms and biases stay bf16. */
+    int quantize_fp8;
 } rp_load_options;
 
 /* Loads DIR (config, generation config, weights per options->format). */

@@ -2,6 +2,8 @@
  * (quant.h says which layouts and why bf16 for now). */
 #include "model/quant.h"
 
+#include <math.h>
+
 #include <stdio.h>
 #include <string.h>
 
@@ -158,4 +160,20 @@ int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_ten
         }
     }
     return 0;
+}
+
+void rp_quant_fp8_rows(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q, float *scale, uint16_t *deq) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *wr = w + r * cols;
+        float amax = 0.0f;
+        for (int64_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(rp_bf16_to_f32(wr[c])));
+        const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+        scale[r] = s;
+        for (int64_t c = 0; c < cols; c++) {
+            const uint8_t v = rp_f32_to_f8e4m3(rp_bf16_to_f32(wr[c]) / s);
+            q[r * cols + c] = v;
+            deq[r * cols + c] = rp_f32_to_bf16(rp_f8e4m3_to_f32(v) * s);
+        }
+    }
 }

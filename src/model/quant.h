@@ -45,4 +45,12 @@ void rp_quant_scale_name(const rp_quant_config *q, const char *name, char *out, 
 int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_tensor *w, int64_t rows, int64_t cols,
                      const rp_st_tensor *scale, uint16_t *dst, rp_err *err);
 
+/* --quantization fp8 (vLLM's): a bf16 matrix [rows, cols] quantized at
+ * load with one scale per output channel (row): scale = max|w| / 448 (1 for
+ * a row of zeros), q = e4m3(w / scale) rounded to nearest even, and deq =
+ * bf16(q * scale), the values the quantized model computes with (the CPU
+ * backend's weights). Every step is exactly rounded fp32, so the CUDA
+ * backend's kernel (rp_k_quant_fp8_rows) makes the same bytes. */
+void rp_quant_fp8_rows(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q, float *scale, uint16_t *deq);
+
 #endif

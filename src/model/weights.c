@@ -69,6 +69,40 @@ static rp_weight *slot(rp_model *m, rp_weight_kind kind, int layer) {
         for (int layer = 0; layer < (kind < RP_W_FIRST_LAYER_KIND ? 1 : (cfg)->num_layers); layer++) \
             if (kind_present((cfg), (rp_weight_kind)kind))
 
+/* --quantization fp8: each layer matrix's e4m3 bytes and row scales, and its
+ * dequantized values in place of the bf16 ones (model/quant.h). With lazy
+ * dummy weights there are no host values: the backend quantizes what it
+ * generates, the same way. */
+static int quantize_fp8(rp_model *m, const rp_load_options *opts, rp_err *err) {
+    if (!opts || !opts->quantize_fp8) return 0;
+    if (m->cfg.quant.method != RP_QUANT_NONE)
+        return rp_errf(err, "--quantization fp8: the checkpoint is already quantized (%s); replay dequantizes its "
+                            "weights to bf16 at load and does not re-quantize them",
+                       m->cfg.quant.desc);
+    m->fp8 = 1;
+    FOR_EACH_WEIGHT(&m->cfg, kind, layer) { /* weight_bytes: as held, a byte per element and a scale per row */
+        if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
+        int64_t shape[2];
+        rp_weight_shape(&m->cfg, (rp_weight_kind)kind, shape);
+        m->weight_bytes -= (uint64_t)(shape[0] * shape[1]) - (uint64_t)shape[0] * sizeof(float);
+    }
+    if (opts->lazy_dummy) return 0;
+    FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
+        if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
+        rp_weight *w = slot(m, (rp_weight_kind)kind, layer);
+        const size_t n = (size_t)(w->rows * w->cols);
+        uint8_t *q = own(m, n);
+        float *scale = own(m, (size_t)w->rows * sizeof(float));
+        uint16_t *deq = own(m, n * 2);
+        if (!q || !scale || !deq) return rp_errf(err, "out of memory quantizing the weights to fp8");
+        rp_quant_fp8_rows(w->data, w->rows, w->cols, q, scale, deq);
+        w->data = deq;
+        w->fp8 = q;
+        w->scale = scale;
+    }
+    return 0;
+}
+
 /* ---- dummy weights ---------------------------------------------------- */
 
 /* transformers' initialisation (PreTrainedModel._init_weights): every
@@ -111,6 +145,10 @@ rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_o
             w->cols = shape[1];
         }
         if (cfg->tie_word_embeddings) m->global[RP_W_LM_HEAD] = m->global[RP_W_EMBED];
+        if (quantize_fp8(m, opts, err)) {
+            rp_model_free(m);
+            return NULL;
+        }
         return m;
     }
     uint16_t *buf = own(m, total * sizeof(uint16_t));
@@ -155,6 +193,10 @@ rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_o
     }
     rp_progress_end(&prog);
     if (cfg->tie_word_embeddings) m->global[RP_W_LM_HEAD] = m->global[RP_W_EMBED];
+    if (quantize_fp8(m, opts, err)) {
+        rp_model_free(m);
+        return NULL;
+    }
     return m;
 }
 
@@ -331,5 +373,10 @@ rp_model *rp_model_load(const char *dir, const rp_load_options *opts, rp_err *er
     if (cfg.tie_word_embeddings) m->global[RP_W_LM_HEAD] = m->global[RP_W_EMBED];
     if (cfg.quant.method != RP_QUANT_NONE)
         rp_log_info("%s: %s weights, dequantized to bf16 at load (model/quant.h)", dir, cfg.quant.desc);
+    if (quantize_fp8(m, opts, err)) {
+        rp_err_wrap(err, "%s", dir);
+        rp_model_free(m);
+        return NULL;
+    }
     return m;
 }

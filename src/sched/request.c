@@ -4,11 +4,13 @@
 #include <stdlib.h>
 
 #include "engine/ngram.h"
+#include "structured/structured.h"
 
 void rp_request_free(rp_request *r) {
     if (!r) return;
     if (r->has_detok) rp_detok_free(&r->detok);
     rp_ngram_free(r->ngram);
+    rp_smatcher_free(r->matcher);
     for (int i = 0; i < r->num_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->stop_ids);

@@ -46,6 +46,12 @@ typedef struct rp_request {
     int prompt_inserted;
     int cached_prompt_tokens;
     rp_sampling_params sampling;
+    /* structured output: the grammar's matcher, advanced by each output
+     * token (NULL: unconstrained; engine/constraint.h); while reasoning,
+     * the output is free until the token reasoning_end */
+    struct rp_smatcher *matcher;
+    int reasoning;
+    int32_t reasoning_end;
     int ignore_eos, want_logprobs;
     /* logit processors before sampling (engine/logit_proc.h): the logit
      * bias (owned) and min_tokens */

@@ -31,7 +31,7 @@ typedef struct hist {
 struct rp_metrics {
     pthread_mutex_t mu;
     hist ttft, itl, e2e;
-    unsigned long long finished[5]; /* by rp_finish */
+    unsigned long long finished[RP_FINISH_REASON_GRAMMAR + 1]; /* by rp_finish */
     unsigned long long http[6];     /* 1xx..5xx by status / 100 */
     unsigned long long rejected_queue_full; /* 503s: --max-queued-requests reached */
 };
@@ -67,7 +67,7 @@ void rp_metrics_observe_itl(rp_metrics *m, double s) { observe(m, &m->itl, s); }
 void rp_metrics_observe_e2e(rp_metrics *m, double s) { observe(m, &m->e2e, s); }
 
 void rp_metrics_count_finish(rp_metrics *m, rp_finish reason) {
-    if ((int)reason < 0 || reason > RP_FINISH_REASON_ERROR) return;
+    if ((int)reason < 0 || reason > RP_FINISH_REASON_GRAMMAR) return;
     pthread_mutex_lock(&m->mu);
     m->finished[reason]++;
     pthread_mutex_unlock(&m->mu);
@@ -166,8 +166,8 @@ char *rp_metrics_render(rp_metrics *m, const rp_engine_stats *st) {
     put(&o, "replay_cuda_graph_hit_ratio %.6f\n", st->forwards ? (double)st->graph_replays / st->forwards : 0.0);
     pthread_mutex_lock(&m->mu);
     metric(&o, "replay_requests_finished_total", "counter", "Engine requests (choices) finished, by reason.");
-    static const char *reasons[] = {NULL, "stop", "length", "abort", "error"};
-    for (int r = 1; r <= 4; r++)
+    static const char *reasons[] = {NULL, "stop", "length", "abort", "error", "grammar"};
+    for (int r = 1; r <= RP_FINISH_REASON_GRAMMAR; r++)
         put(&o, "replay_requests_finished_total{reason=\"%s\"} %llu\n", reasons[r], m->finished[r]);
     metric(&o, "replay_http_requests_total", "counter", "HTTP requests answered, by status class.");
     for (int c = 2; c <= 5; c++) put(&o, "replay_http_requests_total{status=\"%dxx\"} %llu\n", c, m->http[c]);

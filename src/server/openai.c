@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "server/json_ids.h"
+#include "server/openai_structured.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -47,6 +48,7 @@ void rp_oai_request_free(rp_oai_request *r) {
     for (int i = 0; i < RP_OAI_MAX_STOP; i++) free(r->stop_buf[i]);
     free(r->bias_ids);
     free(r->bias_values);
+    free(r->constraint_text);
     memset(r, 0, sizeof *r);
 }
 
@@ -77,6 +79,9 @@ static const struct {
     {"echo", F_ALL}, {"include_stop_str_in_output", F_ALL}, {"skip_special_tokens", F_ALL},
     {"spaces_between_special_tokens", F_ALL}, {"truncate_prompt_tokens", F_ALL}, {"min_tokens", F_ALL},
     {"logit_bias", F_ALL}, {"prompt_logprobs", F_ALL},
+    /* structured output (openai_structured.c) */
+    {"response_format", F_ALL}, {"structured_outputs", F_ALL}, {"guided_json", F_ALL}, {"guided_regex", F_ALL},
+    {"guided_choice", F_ALL}, {"guided_grammar", F_ALL}, {"guided_whitespace_pattern", F_ALL},
     /* OpenAI's fields that do not change the answer: taken, no effect */
     {"user", F_ALL}, {"safety_identifier", F_ALL}, {"prompt_cache_key", F_ALL}, {"metadata", F_ALL},
     {"service_tier", F_ALL},
@@ -89,11 +94,10 @@ static const struct {
 /* OpenAI's and vLLM's fields that replay does not implement (yet): a 400
  * naming them, never a request answered as if they were not there. */
 static const char *const unsupported_fields[] = {
-    "response_format", "suffix", "functions", "function_call", "modalities", "audio", "prediction",
+    "suffix", "functions", "function_call", "modalities", "audio", "prediction",
     "reasoning_effort", "web_search_options", "verbosity", "store", "use_beam_search",
-    "length_penalty", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-    "allowed_token_ids", "bad_words", "chat_template", "continue_final_message", "documents", "priority",
-    "add_special_tokens", "return_tokens_as_token_ids",
+    "length_penalty", "allowed_token_ids", "bad_words", "chat_template", "continue_final_message", "documents",
+    "priority", "add_special_tokens", "return_tokens_as_token_ids",
 };
 
 /* Every top-level field of a request for endpoint `only` (F_COMPLETION or
@@ -670,6 +674,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
     p->top_k = top_k;
     out->max_tokens_set |= out->max_completion_tokens;
     if (parse_output_options(root, kind, out, err)) goto out;
+    if (rp_oai_parse_structured(ctx, kind, root, out, err)) goto out;
     json_t *seed = json_object_get(root, "seed"); /* any 64-bit integer, as vLLM takes */
     if (seed && !json_is_null(seed)) {
         json_int_t sv;

@@ -44,6 +44,7 @@ typedef struct rp_oai_request {
     int max_completion_tokens; /* the limit came as "max_completion_tokens" (errors name it so) */
     rp_request_params params; /* sampling, max_tokens, ignore_eos; stop points into stop_buf */
     char *stop_buf[RP_OAI_MAX_STOP];
+    char *constraint_text; /* params.constraint's text (openai_structured.h) */
     int32_t stop_ids[16];
     /* logit_bias, owned (params.logit_bias_* point here) */
     int32_t *bias_ids;

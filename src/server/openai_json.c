@@ -16,11 +16,21 @@ static const char *object_name(const rp_oai_response *r, int chunk) {
     return "text_completion";
 }
 
-/* "stop" for EOS, a stop id or a stop string; "length" for max_tokens or
- * the context; NULL while running (an abort or error never reaches a
- * client as a finish_reason). */
+/* "stop" for EOS, a stop id or a stop string (and a structured output
+ * complete); "length" for max_tokens or the context; "grammar_dead_end" for
+ * a structured output no token could continue (docs/structured.md); NULL
+ * while running (an abort or error never reaches a client as a
+ * finish_reason). */
 const char *rp_oai_finish_reason(rp_finish f) {
-    return f == RP_FINISH_REASON_STOP ? "stop" : f == RP_FINISH_REASON_LENGTH ? "length" : NULL;
+    switch (f) {
+    case RP_FINISH_REASON_STOP: return "stop";
+    case RP_FINISH_REASON_LENGTH: return "length";
+    case RP_FINISH_REASON_GRAMMAR: return "grammar_dead_end";
+    case RP_FINISH_REASON_NONE:
+    case RP_FINISH_REASON_ABORT:
+    case RP_FINISH_REASON_ERROR: break;
+    }
+    return NULL;
 }
 
 json_t *rp_oai_usage(int prompt_tokens, int cached_tokens, int completion_tokens) {

@@ -43,3 +43,21 @@ float rp_f8e4m3_to_f32(uint8_t v) {
     else f = ldexpf((float)(8 + man), exp - 10);
     return sign ? -f : f;
 }
+
+uint8_t rp_f32_to_f8e4m3(float f) {
+    if (isnan(f)) return 0x7f;
+    const uint8_t sign = signbit(f) ? 0x80 : 0;
+    const float a = fabsf(f);
+    if (a >= 448.0f) return sign | 0x7e; /* satfinite */
+    if (a < 0x1p-6f) /* subnormal: m * 2^-9; m = 8 is the smallest normal's code */
+        return sign | (uint8_t)nearbyintf(a * 0x1p9f);
+    int e2;
+    frexpf(a, &e2); /* a = fr * 2^e2, fr in [0.5, 1): the exponent is e2 - 1 */
+    int e = e2 - 1, r = (int)nearbyintf(ldexpf(a, 3 - e)); /* in [8, 16] */
+    if (r == 16) {
+        r = 8;
+        e++;
+    }
+    if (e + 7 > 15 || (e + 7 == 15 && r - 8 == 7)) return sign | 0x7e;
+    return sign | (uint8_t)(((e + 7) << 3) | (r - 8));
+}

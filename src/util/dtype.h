@@ -35,5 +35,9 @@ float rp_f16_to_f32(uint16_t h);
 /* OCP FP8 E4M3 (torch.float8_e4m3fn): bias 7, no infinities, S.1111.111 is
  * NaN, 448 the largest finite value; exact in fp32. */
 float rp_f8e4m3_to_f32(uint8_t v);
+/* fp32 -> E4M3, round to nearest even, saturating to +-448 (NaN -> NaN):
+ * what the GPU's cvt.rn.satfinite.e4m3x2.f32 does, so that weights
+ * quantized on the host and on the GPU are the same bytes. */
+uint8_t rp_f32_to_f8e4m3(float f);
 
 #endif

@@ -220,7 +220,7 @@ static void cuda_destroy(rp_backend *b) {
     rp_cuda_decode_step_trace_finish(cb);
     rp_cuda_graphs_destroy(cb);
     rp_gemm_destroy(&cb->gemm);
-    void *dev[] = {cb->w.mem, cb->kv_mem, cb->act_mem, cb->meta.dev, cb->d_layers};
+    void *dev[] = {cb->w.mem, cb->w.deq, cb->w.xq, cb->w.x_scale, cb->kv_mem, cb->act_mem, cb->meta.dev, cb->d_layers};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) rp_cuda_free(dev[i]);
     for (int k = 0; k < 2; k++) {
         rp_cuda_slot *sl = &cb->slots[k];
@@ -416,7 +416,8 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     rp_log_info("cuda: %s, %d SMs; weights %.2f GiB uploaded in %.2fs%s", prop.name, cb->num_sms,
                 (double)cb->w.bytes / (1 << 30), rp_now_s() - t0,
                 model->dummy ? " (dummy, made on the GPU)" : "");
-    if (alloc_activations(cb, err) || rp_gemm_init(&cb->gemm, LT_WORKSPACE_BYTES, err)) goto fail;
+    if (alloc_activations(cb, err) || rp_gemm_init(&cb->gemm, LT_WORKSPACE_BYTES, err) || rp_cuda_fp8_setup(cb, err))
+        goto fail;
     /* The KV pool takes memory_ratio of what is left after weights,
      * activations and workspaces (mini-sglang's sizing), less a reserve for
      * the metadata block, graphs and the CUDA/cuBLAS runtime. */

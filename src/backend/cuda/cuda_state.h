@@ -13,17 +13,35 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 
+/* A layer's projection matrix [N][K]: bf16, or with --quantization fp8
+ * e4m3 bytes and one fp32 scale per row (rp_k_gemv_fused_fp8). */
+typedef struct rp_cuda_mat {
+    void *w;
+    float *scale; /* [N]; NULL: w is bf16 */
+} rp_cuda_mat;
+
 typedef struct rp_cuda_layer {
-    rp_bf16 *attn_norm, *wqkv, *wo, *q_norm, *k_norm, *mlp_norm, *wgu, *wdown;
+    rp_bf16 *attn_norm, *q_norm, *k_norm, *mlp_norm;
+    rp_cuda_mat qkv, o, gu, down; /* q|k|v and gate|up side by side (one product each) */
     rp_bf16 *bqkv; /* the q, k and v biases side by side, [(nh + 2 nkv) hd]; NULL without (all but Qwen2) */
 } rp_cuda_layer;
 
 /* Every weight, in one device allocation (cuda_weights.c). */
 typedef struct rp_cuda_weights {
-    rp_bf16 *mem;
+    void *mem;
     size_t bytes;
     rp_bf16 *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     rp_cuda_layer *layers;                 /* [num_layers], host array of device pointers */
+    int fp8;                               /* the layer matrices are e4m3 (rp_cuda_mat) */
+    /* fp8, more tokens than the GEMV takes (rp_cuda_fp8_setup): with
+     * cuBLASLt's FP8 matmul (fp8_lt), the activations quantized per token
+     * (xq [max tokens][widest K], x_scale [max tokens]); without it, one
+     * matrix dequantized to bf16 (deq, the largest's size: gate_up; also
+     * the upload's staging for generated weights) */
+    int fp8_lt;
+    uint8_t *xq;
+    float *x_scale;
+    rp_bf16 *deq;
 } rp_cuda_weights;
 
 /* The step's metadata block on the device, at fixed addresses that every
@@ -204,6 +222,9 @@ void rp_cuda_decode_step_trace_finish(rp_cuda_backend *cb);
 
 /* cuda_weights.c: every weight in one allocation (cb->w.mem) */
 int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err);
+/* fp8 weights, after the upload and cuBLASLt's init: the larger products'
+ * path (cuBLASLt FP8 where it exists) and its buffers. */
+int rp_cuda_fp8_setup(rp_cuda_backend *cb, rp_err *err);
 
 /* cuda_meta.c */
 int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err);

@@ -1,14 +1,20 @@
 /* The CUDA backend's weights: every matrix and norm of the model in one
- * device allocation (256-byte aligned pieces), bf16, with each layer's q, k
- * and v side by side (one [(nh + 2 nkv) hd][H] matrix, one GEMV), their
- * biases likewise (Qwen2: one vector laid out as a row of the product), and
- * gate and up likewise. Real weights are copied from the host; dummy weights are
- * generated on the GPU with the CPU generator's values. */
+ * device allocation (256-byte aligned pieces), with each layer's q, k and v
+ * side by side (one [(nh + 2 nkv) hd][H] matrix, one GEMV), their biases
+ * likewise (Qwen2: one vector laid out as a row of the product), and gate
+ * and up likewise. Everything is bf16, except that with --quantization fp8
+ * the layer matrices are e4m3 bytes with a scale per row (rp_cuda_mat).
+ * Real weights are copied from the host (quantized there too, by the
+ * loader); dummy weights are generated on the GPU with the CPU generator's
+ * values, and quantized there with the loader's arithmetic. */
+#include <stdio.h>
+
 #include "backend/cuda/cuda_state.h"
 #include "backend/cuda/cuda_util.h"
+#include "util/log.h"
 
-/* Copies weight (kind, layer) into dst, or generates it there when the model
- * has lazy dummy weights. */
+/* Copies weight (kind, layer) into dst as bf16, or generates it there when
+ * the model has lazy dummy weights. */
 static int put_weight(rp_cuda_backend *cb, rp_bf16 *dst, rp_weight_kind kind, int layer, rp_err *err) {
     const rp_model *m = cb->base.model;
     const rp_weight *w = rp_model_weight(m, kind, layer);
@@ -28,82 +34,150 @@ static int put_weight(rp_cuda_backend *cb, rp_bf16 *dst, rp_weight_kind kind, in
     return 0;
 }
 
+/* A layer matrix's rows [row0, row0 + rows) of mat: bf16 as put_weight, or
+ * e4m3 and scales (the loader's bytes, or generated into staging and
+ * quantized here). */
+static int put_matrix(rp_cuda_backend *cb, const rp_cuda_mat *mat, int64_t row0, rp_weight_kind kind, int layer,
+                      rp_bf16 *staging, rp_err *err) {
+    const rp_weight *w = rp_model_weight(cb->base.model, kind, layer);
+    if (!mat->scale) return put_weight(cb, (rp_bf16 *)mat->w + row0 * w->cols, kind, layer, err);
+    uint8_t *q = (uint8_t *)mat->w + row0 * w->cols;
+    float *scale = mat->scale + row0;
+    if (w->fp8) {
+        RP_CUDA_TRY(cudaMemcpyAsync(q, w->fp8, (size_t)(w->rows * w->cols), cudaMemcpyHostToDevice, cb->stream),
+                    err);
+        RP_CUDA_TRY(cudaMemcpyAsync(scale, w->scale, (size_t)w->rows * sizeof(float), cudaMemcpyHostToDevice,
+                                    cb->stream),
+                    err);
+        return 0;
+    }
+    if (put_weight(cb, staging, kind, layer, err)) return RP_ERR;
+    RP_LAUNCH(rp_k_quant_fp8_rows(staging, w->rows, w->cols, q, scale, cb->stream), err);
+    return 0;
+}
+
+static int64_t weight_rows(const rp_model *m, rp_weight_kind kind) { return rp_model_weight(m, kind, 0)->rows; }
 static size_t weight_elems(const rp_model *m, rp_weight_kind kind) {
     const rp_weight *w = rp_model_weight(m, kind, 0);
     return (size_t)(w->rows * w->cols);
 }
 
-/* Lays out all weights in one allocation (256-byte aligned pieces). */
-int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err) {
+/* Bump allocation in 256-byte aligned pieces: a first pass with base NULL
+ * only measures, the second places. */
+typedef struct {
+    uint8_t *base;
+    size_t off;
+} layout;
+static void *take(layout *l, size_t bytes) {
+    void *p = l->base ? l->base + l->off : NULL;
+    l->off += (bytes + 255) & ~(size_t)255;
+    return p;
+}
+
+/* A matrix of rows x cols: bf16, or e4m3 and a scale per row. */
+static rp_cuda_mat take_mat(layout *l, int64_t rows, int64_t cols, int fp8) {
+    rp_cuda_mat m = {0};
+    m.w = take(l, (size_t)(rows * cols) * (fp8 ? 1 : 2));
+    if (fp8) m.scale = take(l, (size_t)rows * sizeof(float));
+    return m;
+}
+
+/* Where every weight goes (the first pass: only how much room). */
+static void place(rp_cuda_backend *cb, layout *l) {
     const rp_model *m = cb->base.model;
     const rp_model_config *c = &m->cfg;
     const int has_qk = c->arch->has_qk_norm, has_bias = c->arch->has_qkv_bias, tied = c->tie_word_embeddings;
-    size_t per_layer[RP_W_COUNT] = {0}, total = 0;
-#define ALIGN_UP(x) (((x) + 127) & ~(size_t)127) /* elements: 256 bytes */
-    for (int k = RP_W_FIRST_LAYER_KIND; k < RP_W_COUNT; k++) {
-        if (!rp_arch_has_weight(c->arch, (rp_weight_kind)k)) continue;
-        if (k == RP_W_Q_BIAS || k == RP_W_K_BIAS || k == RP_W_V_BIAS) continue; /* one piece, below */
-        per_layer[k] = ALIGN_UP(weight_elems(m, (rp_weight_kind)k));
-        total += per_layer[k] * (size_t)c->num_layers;
+    const int fp8 = cb->w.fp8;
+    const int64_t H = c->hidden_size;
+    cb->w.embed = take(l, weight_elems(m, RP_W_EMBED) * 2);
+    cb->w.final_norm = take(l, (size_t)H * 2);
+    cb->w.lm_head = tied ? cb->w.embed : take(l, weight_elems(m, RP_W_LM_HEAD) * 2);
+    for (int li = 0; li < c->num_layers; li++) {
+        rp_cuda_layer *ly = &cb->w.layers[li];
+        ly->attn_norm = take(l, (size_t)H * 2);
+        ly->qkv = take_mat(l, weight_rows(m, RP_W_Q) + 2 * weight_rows(m, RP_W_K), H, fp8);
+        ly->o = take_mat(l, H, weight_rows(m, RP_W_Q), fp8);
+        ly->q_norm = has_qk ? take(l, weight_elems(m, RP_W_Q_NORM) * 2) : NULL;
+        ly->k_norm = has_qk ? take(l, weight_elems(m, RP_W_K_NORM) * 2) : NULL;
+        ly->mlp_norm = take(l, (size_t)H * 2);
+        ly->gu = take_mat(l, 2 * weight_rows(m, RP_W_GATE), H, fp8);
+        ly->down = take_mat(l, H, weight_rows(m, RP_W_GATE), fp8);
+        /* q, k, v in that order, as in a row of the qkv product */
+        ly->bqkv = has_bias ? take(l, (weight_elems(m, RP_W_Q_BIAS) + 2 * weight_elems(m, RP_W_K_BIAS)) * 2) : NULL;
     }
-    const size_t bqkv_n = has_bias ? ALIGN_UP(weight_elems(m, RP_W_Q_BIAS) + 2 * weight_elems(m, RP_W_K_BIAS)) : 0;
-    total += bqkv_n * (size_t)c->num_layers;
-    size_t embed_n = ALIGN_UP(weight_elems(m, RP_W_EMBED)), norm_n = ALIGN_UP((size_t)c->hidden_size);
-    total += embed_n + norm_n + (tied ? 0 : embed_n);
-    cb->w.bytes = total * 2;
-    if (rp_cuda_malloc((void **)&cb->w.mem, cb->w.bytes, "weights", err)) return RP_ERR;
-    rp_bf16 *p = cb->w.mem;
-    cb->w.embed = p;
-    p += embed_n;
-    cb->w.final_norm = p;
-    p += norm_n;
-    cb->w.lm_head = tied ? cb->w.embed : p;
-    if (!tied) p += embed_n;
+}
+
+int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err) {
+    const rp_model *m = cb->base.model;
+    const rp_model_config *c = &m->cfg;
+    const int tied = c->tie_word_embeddings;
+    cb->w.fp8 = m->fp8;
+    layout l = {0};
+    place(cb, &l);
+    cb->w.bytes = l.off;
+    if (rp_cuda_malloc(&cb->w.mem, cb->w.bytes, "weights", err)) return RP_ERR;
+    l = (layout){.base = cb->w.mem};
+    place(cb, &l);
+    /* fp8 with lazy dummy weights: each matrix is generated in bf16, then
+     * quantized; the buffer then serves the cuBLASLt path's dequantized
+     * matrix (the largest, gate_up, is two of the largest single weights) */
+    const size_t deq_elems = 2 * weight_elems(m, RP_W_GATE) > weight_elems(m, RP_W_Q) + 2 * weight_elems(m, RP_W_K)
+                                 ? 2 * weight_elems(m, RP_W_GATE)
+                                 : weight_elems(m, RP_W_Q) + 2 * weight_elems(m, RP_W_K);
+    if (cb->w.fp8 && rp_cuda_malloc((void **)&cb->w.deq, deq_elems * 2, "fp8 weights' dequantized matrix", err))
+        return RP_ERR;
+    rp_bf16 *staging = cb->w.deq; /* one matrix at a time: the stream orders its uses */
     if (put_weight(cb, cb->w.embed, RP_W_EMBED, 0, err) || put_weight(cb, cb->w.final_norm, RP_W_FINAL_NORM, 0, err) ||
         (!tied && put_weight(cb, cb->w.lm_head, RP_W_LM_HEAD, 0, err)))
         return RP_ERR;
-    for (int l = 0; l < c->num_layers; l++) {
-        rp_cuda_layer *ly = &cb->w.layers[l];
-        /* q, k, v are contiguous (in that order) so that they form one
-         * [(nh + 2 nkv) hd][H] matrix: they were given adjacent slots. */
-        ly->attn_norm = p;
-        p += per_layer[RP_W_ATTN_NORM];
-        ly->wqkv = p;
-        if (put_weight(cb, p, RP_W_Q, l, err)) return RP_ERR;
-        p += weight_elems(m, RP_W_Q);
-        if (put_weight(cb, p, RP_W_K, l, err)) return RP_ERR;
-        p += weight_elems(m, RP_W_K);
-        if (put_weight(cb, p, RP_W_V, l, err)) return RP_ERR;
-        p += weight_elems(m, RP_W_V);
-        p = ly->wqkv + ALIGN_UP(weight_elems(m, RP_W_Q) + weight_elems(m, RP_W_K) + weight_elems(m, RP_W_V));
-        ly->wo = p;
-        p += per_layer[RP_W_O];
-        ly->q_norm = has_qk ? p : NULL;
-        p += per_layer[RP_W_Q_NORM];
-        ly->k_norm = has_qk ? p : NULL;
-        p += per_layer[RP_W_K_NORM];
-        ly->mlp_norm = p;
-        p += per_layer[RP_W_MLP_NORM];
-        ly->wgu = p;
-        if (put_weight(cb, p, RP_W_GATE, l, err)) return RP_ERR;
-        if (put_weight(cb, p + weight_elems(m, RP_W_GATE), RP_W_UP, l, err)) return RP_ERR;
-        p += per_layer[RP_W_GATE] + per_layer[RP_W_UP];
-        ly->wdown = p;
-        p += per_layer[RP_W_DOWN];
-        ly->bqkv = has_bias ? p : NULL; /* q, k, v in that order, as in a row of the qkv product */
-        if (has_bias && (put_weight(cb, p, RP_W_Q_BIAS, l, err) ||
-                         put_weight(cb, p + weight_elems(m, RP_W_Q_BIAS), RP_W_K_BIAS, l, err) ||
-                         put_weight(cb, p + weight_elems(m, RP_W_Q_BIAS) + weight_elems(m, RP_W_K_BIAS), RP_W_V_BIAS,
-                                    l, err)))
+    const int64_t q_rows = weight_rows(m, RP_W_Q), kv_rows = weight_rows(m, RP_W_K), f = weight_rows(m, RP_W_GATE);
+    for (int li = 0; li < c->num_layers; li++) {
+        const rp_cuda_layer *ly = &cb->w.layers[li];
+        if (put_weight(cb, ly->attn_norm, RP_W_ATTN_NORM, li, err) ||
+            put_matrix(cb, &ly->qkv, 0, RP_W_Q, li, staging, err) ||
+            put_matrix(cb, &ly->qkv, q_rows, RP_W_K, li, staging, err) ||
+            put_matrix(cb, &ly->qkv, q_rows + kv_rows, RP_W_V, li, staging, err) ||
+            put_matrix(cb, &ly->o, 0, RP_W_O, li, staging, err) ||
+            (ly->q_norm && put_weight(cb, ly->q_norm, RP_W_Q_NORM, li, err)) ||
+            (ly->k_norm && put_weight(cb, ly->k_norm, RP_W_K_NORM, li, err)) ||
+            put_weight(cb, ly->mlp_norm, RP_W_MLP_NORM, li, err) ||
+            put_matrix(cb, &ly->gu, 0, RP_W_GATE, li, staging, err) ||
+            put_matrix(cb, &ly->gu, f, RP_W_UP, li, staging, err) ||
+            put_matrix(cb, &ly->down, 0, RP_W_DOWN, li, staging, err))
             return RP_ERR;
-        p += bqkv_n;
-        if (put_weight(cb, ly->attn_norm, RP_W_ATTN_NORM, l, err) || put_weight(cb, ly->wo, RP_W_O, l, err) ||
-            put_weight(cb, ly->mlp_norm, RP_W_MLP_NORM, l, err) || put_weight(cb, ly->wdown, RP_W_DOWN, l, err) ||
-            (has_qk && (put_weight(cb, ly->q_norm, RP_W_Q_NORM, l, err) ||
-                        put_weight(cb, ly->k_norm, RP_W_K_NORM, l, err))))
+        if (ly->bqkv && (put_weight(cb, ly->bqkv, RP_W_Q_BIAS, li, err) ||
+                         put_weight(cb, ly->bqkv + weight_elems(m, RP_W_Q_BIAS), RP_W_K_BIAS, li, err) ||
+                         put_weight(cb, ly->bqkv + weight_elems(m, RP_W_Q_BIAS) + weight_elems(m, RP_W_K_BIAS),
+                                    RP_W_V_BIAS, li, err)))
             return RP_ERR;
     }
-#undef ALIGN_UP
     RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
     return 0;
 }
+
+int rp_cuda_fp8_setup(rp_cuda_backend *cb, rp_err *err) {
+    if (!cb->w.fp8) return 0;
+    const rp_model_config *c = &cb->base.model->cfg;
+    const int H = c->hidden_size, T = cb->base.cfg.max_batched_tokens;
+    int kmax = H > cb->q_dim ? H : cb->q_dim;
+    if (c->intermediate_size > kmax) kmax = c->intermediate_size;
+    rp_err why;
+    cb->w.fp8_lt = rp_gemm_fp8_supported(&cb->gemm, T, H, H, &why);
+    if (cb->w.fp8_lt && 2 * c->intermediate_size < cb->qkv_dim) { /* qkv's raw sums go to gate_up's buffer */
+        cb->w.fp8_lt = 0;
+        snprintf(why.msg, sizeof why.msg, "the qkv product is wider than gate_up's");
+    }
+    if (!cb->w.fp8_lt) {
+        rp_log_warn("cuda: %s: with fp8 weights, products of more than %d tokens dequantize each matrix to bf16 "
+                    "(slower than bf16 weights)",
+                    why.msg, RP_GEMV_FP8_MAX_T);
+        return 0;
+    }
+    if (rp_cuda_malloc((void **)&cb->w.xq, (size_t)T * (size_t)kmax, "fp8 activations", err) ||
+        rp_cuda_malloc((void **)&cb->w.x_scale, (size_t)T * sizeof(float), "fp8 activation scales", err))
+        return RP_ERR;
+    rp_cuda_free(cb->w.deq); /* the upload's staging: cuBLASLt reads the fp8 bytes as they are */
+    cb->w.deq = NULL;
+    return 0;
+}
+

@@ -76,6 +76,46 @@ int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
     return 0;
 }
 
+/* y = x W^T for T tokens through layer matrix mat [N][K] (gemm.h's rules
+ * for bf16). fp8 weights: the fp8 GEMV up to RP_GEMV_FP8_MAX_T tokens (it
+ * reads half the bytes of bf16, once for all the tokens, activations
+ * unquantized); more tokens take cuBLASLt's FP8 matmul with the
+ * activations quantized per token, or, where cuBLASLt has none, the
+ * matrix dequantized to bf16 (correct, but slower than bf16 weights). Only
+ * the qkv product has a bf16 y, and gate_up's buffer is wider (checked in
+ * rp_cuda_fp8_setup). */
+static int mat_product(rp_cuda_backend *cb, const rp_cuda_mat *mat, const rp_bf16 *x, void *y, int T, int N, int K,
+                       int out_f32, rp_err *err) {
+    if (!mat->scale) return rp_gemm_run(&cb->gemm, mat->w, x, y, T, N, K, out_f32, cb->stream, err);
+    if (T <= RP_GEMV_FP8_MAX_T) {
+        RP_LAUNCH(rp_k_gemv_fp8(mat->w, mat->scale, x, y, out_f32, T, N, K, cb->stream), err);
+        return 0;
+    }
+    if (cb->w.fp8_lt) {
+        /* W8A8: x quantized per token (vLLM's dynamic FP8), the raw sums in
+         * fp32 (in y itself, or in gate_up's buffer, free until the gate_up
+         * product, for qkv's bf16 y), then both scales */
+        float *raw = out_f32 ? y : cb->gate_up;
+        RP_LAUNCH(rp_k_quant_fp8_rows(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
+        if (rp_gemm_run_fp8(&cb->gemm, mat->w, cb->w.xq, raw, T, N, K, cb->stream, err)) return RP_ERR;
+        RP_LAUNCH(rp_k_scale_outer(raw, cb->w.x_scale, mat->scale, y, out_f32, T, N, cb->stream), err);
+        return 0;
+    }
+    RP_LAUNCH(rp_k_dequant_fp8_rows(mat->w, mat->scale, N, K, cb->w.deq, cb->stream), err);
+    return rp_gemm_run(&cb->gemm, cb->w.deq, x, y, T, N, K, out_f32, cb->stream, err);
+}
+
+/* Whether mat_product runs a GEMV (the profile's labels). */
+static int mat_uses_gemv(const rp_cuda_backend *cb, const rp_cuda_mat *mat, int T, int N, int K) {
+    return mat->scale ? T <= RP_GEMV_FP8_MAX_T : rp_gemm_uses_gemv(&cb->gemm, T, N, K);
+}
+
+/* The fused GEMV on a layer matrix, bf16 or fp8. */
+static int gemv_mat(const rp_cuda_mat *mat, rp_gemv_in in, rp_gemv_out out, int T, int N, int K, cudaStream_t st) {
+    return mat->scale ? rp_k_gemv_fused_fp8(mat->w, mat->scale, in, out, T, N, K, st)
+                      : rp_k_gemv_fused(mat->w, in, out, T, N, K, st);
+}
+
 /* The fused path, for one token (T = 1: a decode step of one sequence
  * where the one-kernel step does not run, because the model's shapes or the
  * GPU do not allow it or rp_tuning.disable_decode_step is set, and prefill
@@ -108,29 +148,29 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
         const rp_cuda_layer *ly = &cb->w.layers[l];
         rp_cuda_prof_mark(cb, "gemv qkv (+rmsnorm)");
         normed.norm_w = ly->attn_norm;
-        RP_LAUNCH(rp_k_gemv_fused(ly->wqkv, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_BF16, .y = cb->qkv}, T,
+        RP_LAUNCH(gemv_mat(&ly->qkv, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_BF16, .y = cb->qkv}, T,
                                   cb->qkv_dim, H, st),
                   err);
         if (launch_attention(cb, l, T, S, step, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, "gemv o (+residual)");
-        RP_LAUNCH(rp_k_gemv_fused(ly->wo, (rp_gemv_in){.mode = RP_GEMV_IN_BF16, .x = cb->attn}, to_residual, T, H,
+        RP_LAUNCH(gemv_mat(&ly->o, (rp_gemv_in){.mode = RP_GEMV_IN_BF16, .x = cb->attn}, to_residual, T, H,
                                   cb->q_dim, st),
                   err);
         rp_cuda_prof_mark(cb, "gemv gate_up (+rmsnorm)");
         normed.norm_w = ly->mlp_norm;
-        RP_LAUNCH(rp_k_gemv_fused(ly->wgu, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_F32, .y = cb->gate_up}, T,
+        RP_LAUNCH(gemv_mat(&ly->gu, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_F32, .y = cb->gate_up}, T,
                                   2 * F, H, st),
                   err);
         if (rp_gemv_stage_fits(T, F)) {
             rp_cuda_prof_mark(cb, "gemv down (+silu, residual)");
-            RP_LAUNCH(rp_k_gemv_fused(ly->wdown, (rp_gemv_in){.mode = RP_GEMV_IN_SILU, .gate_up = cb->gate_up},
+            RP_LAUNCH(gemv_mat(&ly->down, (rp_gemv_in){.mode = RP_GEMV_IN_SILU, .gate_up = cb->gate_up},
                                       to_residual, T, H, F, st),
                       err);
         } else { /* the SwiGLU rows do not fit in a block's shared memory */
             rp_cuda_prof_mark(cb, "silu_mul");
             RP_LAUNCH(rp_k_silu_mul(cb->gate_up, cb->act, T, F, st), err);
             rp_cuda_prof_mark(cb, "gemv down (+residual)");
-            RP_LAUNCH(rp_k_gemv_fused(ly->wdown, (rp_gemv_in){.mode = RP_GEMV_IN_BF16, .x = cb->act}, to_residual, T,
+            RP_LAUNCH(gemv_mat(&ly->down, (rp_gemv_in){.mode = RP_GEMV_IN_BF16, .x = cb->act}, to_residual, T,
                                       H, F, st),
                       err);
         }
@@ -177,19 +217,19 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
         const rp_cuda_layer *ly = &cb->w.layers[l];
         rp_cuda_prof_mark(cb, "add_rmsnorm");
         RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, l ? cb->tmp : NULL, ly->attn_norm, cb->xn, T, H, eps, st), err);
-        rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, cb->qkv_dim, H) ? "gemv qkv" : "gemm qkv");
-        if (rp_gemm_run(&cb->gemm, ly->wqkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, st, err)) return RP_ERR;
+        rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->qkv, T, cb->qkv_dim, H) ? "gemv qkv" : "gemm qkv");
+        if (mat_product(cb, &ly->qkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, err)) return RP_ERR;
         if (launch_attention(cb, l, T, S, step, err)) return RP_ERR;
-        rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, H, cb->q_dim) ? "gemv o" : "gemm o");
-        if (rp_gemm_run(&cb->gemm, ly->wo, cb->attn, cb->tmp, T, H, cb->q_dim, 1, st, err)) return RP_ERR;
+        rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->o, T, H, cb->q_dim) ? "gemv o" : "gemm o");
+        if (mat_product(cb, &ly->o, cb->attn, cb->tmp, T, H, cb->q_dim, 1, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, "add_rmsnorm");
         RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, ly->mlp_norm, cb->xn, T, H, eps, st), err);
-        rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, 2 * F, H) ? "gemv gate_up" : "gemm gate_up");
-        if (rp_gemm_run(&cb->gemm, ly->wgu, cb->xn, cb->gate_up, T, 2 * F, H, 1, st, err)) return RP_ERR;
+        rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->gu, T, 2 * F, H) ? "gemv gate_up" : "gemm gate_up");
+        if (mat_product(cb, &ly->gu, cb->xn, cb->gate_up, T, 2 * F, H, 1, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, "silu_mul");
         RP_LAUNCH(rp_k_silu_mul(cb->gate_up, cb->act, T, F, st), err);
-        rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, T, H, F) ? "gemv down" : "gemm down");
-        if (rp_gemm_run(&cb->gemm, ly->wdown, cb->act, cb->tmp, T, H, F, 1, st, err)) return RP_ERR;
+        rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->down, T, H, F) ? "gemv down" : "gemm down");
+        if (mat_product(cb, &ly->down, cb->act, cb->tmp, T, H, F, 1, err)) return RP_ERR;
     }
     rp_cuda_prof_mark(cb, "add_rmsnorm");
     RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, cb->w.final_norm, cb->xn, T, H, eps, st), err);

@@ -38,18 +38,25 @@ void rp_gemm_destroy(rp_gemm *g) {
 /* Row-major y[T][N] = x[T][K] W[N][K]^T is, in cuBLAS's column-major terms,
  * C(N x T) = op(A) B with A = W viewed as K x N (transposed) and B = x
  * viewed as K x T. */
-static int make_plan(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int out_f32, rp_err *err) {
+/* FP8 (fp8 = 1): A and B are e4m3 without scales and the output fp32 (the
+ * raw sums: the caller applies the per-row and per-token scales, which
+ * cuBLASLt's outer-vector mode would, but it has no Hopper algorithm for
+ * it), in the layout cuBLASLt's FP8 takes on Hopper (A transposed, B not:
+ * "TN"). */
+static int make_plan_in(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int out_f32, int fp8, rp_err *err) {
     memset(p, 0, sizeof *p);
     p->T = T;
     p->N = N;
     p->K = K;
     p->out_f32 = out_f32;
+    p->fp8 = fp8;
     LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), err);
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), err);
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), err);
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K), err);
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, (uint64_t)K, (uint64_t)T, K), err);
+    const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->a, in, (uint64_t)K, (uint64_t)N, K), err);
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->b, in, (uint64_t)K, (uint64_t)T, K), err);
     LT_TRY(cublasLtMatrixLayoutCreate(&p->c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)N, (uint64_t)T, N), err);
     cublasLtMatmulPreference_t pref;
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref), err);
@@ -59,18 +66,23 @@ static int make_plan(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int out_f
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-        plan_destroy(p);
-        return rp_errf(err, "cuBLASLt has no algorithm for %dx%dx%d", T, N, K);
-    }
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+        return rp_errf(err, "cuBLASLt has no %salgorithm for %dx%dx%d (status %d)", fp8 ? "FP8 " : "", T, N, K,
+                       (int)st);
     p->algo = res.algo;
     return 0;
 }
 
-static rp_gemm_plan *find_plan(rp_gemm *g, int T, int N, int K, int out_f32, rp_err *err) {
+static int make_plan(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int out_f32, int fp8, rp_err *err) {
+    if (!make_plan_in(g, p, T, N, K, out_f32, fp8, err)) return 0;
+    plan_destroy(p); /* what was made before the failure */
+    return RP_ERR;
+}
+
+static rp_gemm_plan *find_plan(rp_gemm *g, int T, int N, int K, int out_f32, int fp8, rp_err *err) {
     for (int i = 0; i < g->num_plans; i++) {
         rp_gemm_plan *p = &g->plans[i];
-        if (p->T == T && p->N == N && p->K == K && p->out_f32 == out_f32) return p;
+        if (p->T == T && p->N == N && p->K == K && p->out_f32 == out_f32 && p->fp8 == fp8) return p;
     }
     rp_gemm_plan *p;
     if (g->num_plans < RP_GEMM_CACHE) {
@@ -80,7 +92,7 @@ static rp_gemm_plan *find_plan(rp_gemm *g, int T, int N, int K, int out_f32, rp_
         g->next_evict = (g->next_evict + 1) % RP_GEMM_CACHE;
         plan_destroy(p);
     }
-    if (make_plan(g, p, T, N, K, out_f32, err)) {
+    if (make_plan(g, p, T, N, K, out_f32, fp8, err)) {
         memset(p, 0, sizeof *p);
         p->T = -1;
         return NULL;
@@ -93,7 +105,7 @@ int rp_gemm_algo_sweep(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, 
     enum { MAX_ALGOS = 32, WARM = 3, REPS = 20 };
     if (max > MAX_ALGOS) max = MAX_ALGOS;
     rp_gemm_plan p;
-    if (make_plan(g, &p, T, N, K, out_f32, err)) return -1;
+    if (make_plan(g, &p, T, N, K, out_f32, 0, err)) return -1;
     cublasLtMatmulPreference_t pref;
     cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
     int found = 0, n = -1;
@@ -161,11 +173,29 @@ int rp_gemm_run(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, 
         else RP_LAUNCH(rp_k_gemv(W, x, y, T, N, K, stream), err);
         return 0;
     }
-    rp_gemm_plan *p = find_plan(g, T, N, K, out_f32, err);
+    rp_gemm_plan *p = find_plan(g, T, N, K, out_f32, 0, err);
     if (!p) return RP_ERR;
     const float alpha = 1.0f, beta = 0.0f;
     LT_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, W, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
                           g->workspace, g->workspace_bytes, stream),
            err);
     return 0;
+}
+
+int rp_gemm_run_fp8(rp_gemm *g, const uint8_t *W, const uint8_t *xq, float *y, int T, int N, int K,
+                    cudaStream_t stream, rp_err *err) {
+    rp_gemm_plan *p = find_plan(g, T, N, K, 1, 1, err);
+    if (!p) return RP_ERR;
+    const float alpha = 1.0f, beta = 0.0f;
+    LT_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, W, p->a, xq, p->b, &beta, y, p->c, y, p->c, &p->algo,
+                          g->workspace, g->workspace_bytes, stream),
+           err);
+    return 0;
+}
+
+int rp_gemm_fp8_supported(rp_gemm *g, int T, int N, int K, rp_err *err) {
+    rp_gemm_plan p;
+    if (make_plan(g, &p, T, N, K, 1, 1, err)) return 0;
+    plan_destroy(&p);
+    return 1;
 }

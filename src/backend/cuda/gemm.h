@@ -24,7 +24,7 @@
 #define RP_GEMM_LT_ELEMS (8LL << 20)
 
 typedef struct rp_gemm_plan {
-    int T, N, K, out_f32;
+    int T, N, K, out_f32, fp8;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -53,5 +53,13 @@ int rp_gemm_algo_sweep(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, 
 /* y is bf16 ([T][N]) unless out_f32, then fp32. */
 int rp_gemm_run(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,
                 cudaStream_t stream, rp_err *err);
+/* FP8 tensor cores (cuBLASLt, always): the raw sums y[t][n] = sum_k
+ * xq[t][k] W[n][k] in fp32, W and xq e4m3 ([N][K], [T][K]) without scales
+ * (the caller's: rp_k_scale_outer). K % 16 == 0. */
+int rp_gemm_run_fp8(rp_gemm *g, const uint8_t *W, const uint8_t *xq, float *y, int T, int N, int K,
+                    cudaStream_t stream, rp_err *err);
+/* Whether cuBLASLt has such an FP8 algorithm for this product: 0 with err
+ * saying why not. */
+int rp_gemm_fp8_supported(rp_gemm *g, int T, int N, int K, rp_err *err);
 
 #endif

@@ -85,6 +85,31 @@ typedef struct rp_gemv_out {
     float *ss_parts;
 } rp_gemv_out;
 int rp_k_gemv_fused(const rp_bf16 *W, rp_gemv_in in, rp_gemv_out out, int T, int N, int K, cudaStream_t stream);
+/* The same with e4m3 weights W [N][K] (bytes) and scale[n] per row:
+ * y[t][n] = scale[n] * sum_k x[t][k] * W[n][k]. K % 16 == 0. */
+int rp_k_gemv_fused_fp8(const uint8_t *W, const float *scale, rp_gemv_in in, rp_gemv_out out, int T, int N, int K,
+                        cudaStream_t stream);
+/* The fp8 product of 1 to RP_GEMV_FP8_MAX_T tokens, bf16 x in, y bf16 or
+ * (out_f32) fp32 out: weights read once for every token (9 and more in
+ * 8-token groups on the same fragments). Past 16 tokens cuBLASLt's FP8
+ * matmul is faster (llama3-8b, H200: 32 tokens 9.08 ms a step here, 33
+ * tokens 5.43 there; bench/RESULTS.md). */
+#define RP_GEMV_FP8_MAX_T 16
+int rp_k_gemv_fp8(const uint8_t *W, const float *scale, const rp_bf16 *x, void *y, int out_f32, int T, int N, int K,
+                  cudaStream_t stream);
+/* --quantization fp8 (model/quant.h's rp_quant_fp8_rows, the same bytes):
+ * q[r][:] = e4m3(w[r][:] / scale[r]), scale[r] = max|w[r][:]| / 448 (1 for
+ * a zero row), rows x cols. */
+int rp_k_quant_fp8_rows(const rp_bf16 *w, int64_t rows, int64_t cols, uint8_t *q, float *scale, cudaStream_t stream);
+/* y[t][n] = raw[t][n] * sx[t] * sw[n] ([T][N]; y bf16, or fp32 with
+ * out_f32, and then may be raw itself): an FP8 matmul's raw sums scaled
+ * per token and per weight row. */
+int rp_k_scale_outer(const float *raw, const float *sx, const float *sw, void *y, int out_f32, int T, int N,
+                     cudaStream_t stream);
+/* out[r][c] = bf16(e4m3(q[r][c]) * scale[r]): the weights as the CPU backend
+ * holds them, for the cuBLASLt path of larger batches. */
+int rp_k_dequant_fp8_rows(const uint8_t *q, const float *scale, int64_t rows, int64_t cols, rp_bf16 *out,
+                          cudaStream_t stream);
 /* Partial sums a RESIDUAL-output GEMV with N rows writes. */
 int rp_gemv_ss_parts(int N);
 /* RMSNORM and SILU inputs are made once per block into shared memory

@@ -35,8 +35,17 @@
  *  - RESIDUAL output: residual[t][n] += y in fp32 (as the chain adds a
  *    projection's fp32 output), and the block's partial sums of squares of
  *    the new residual for the next norm.
- * Requires K % 8 == 0 and 16-byte aligned W and inputs (true for every
- * model shape replay loads); N is arbitrary. */
+ * FP8 weights (--quantization fp8; rp_k_gemv_fused_fp8): W is e4m3 bytes
+ * with one fp32 scale per row. A lane's 16-byte load is then 16 k instead
+ * of 8 (a chunk is 64 k), widened in registers to bf16 (exact: e4m3 is a
+ * subset of f16 and of bf16) and fed to the same mma, two per 8 k; the
+ * row's scale multiplies the finished sum. The step reads half the bytes,
+ * the arithmetic is the bf16 path's.
+ *
+ * Requires K % 8 == 0 (fp8: K % 16 == 0) and 16-byte aligned W and inputs
+ * (true for every model shape replay loads); N is arbitrary. */
+#include <cuda_fp8.h>
+
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -48,23 +57,54 @@ struct gemv_params {
     rp_gemv_in in;
     rp_gemv_out out;
     int T, N, K;
-    int pf_bytes; /* L2 prefetch per weight row before the PDL wait (multiple of 16) */
+    int pf_bytes;       /* L2 prefetch per weight row before the PDL wait (multiple of 16) */
+    const float *scale; /* fp8 weights: [N], each row's scale */
+};
+
+/* k per chunk: a lane group's 4 lanes load 16 bytes each, 8 bf16 or 16 e4m3. */
+template <bool W8>
+__host__ __device__ constexpr int chunk_k() { return W8 ? 64 : 32; }
+/* A weight element: bf16 bits or an e4m3 byte. */
+template <bool W8>
+struct wtype {
+    typedef uint16_t t;
+};
+template <>
+struct wtype<true> {
+    typedef uint8_t t;
 };
 
 /* The weight batch starting at chunk ch0 (this warp's chunks ch0 + u *
- * WARPS): rows g and g + 8 of the block's 16. */
-template <int WARPS>
-__device__ __forceinline__ void load_w(uint4 (&va)[GEMV_UNROLL], uint4 (&vb)[GEMV_UNROLL], const uint16_t *wa,
-                                       const uint16_t *wb, int ch0, int ch_end, int K, int c, bool ra, bool rb) {
+ * WARPS): rows g and g + 8 of the block's 16. wa/wb point at the rows'
+ * first byte of this lane's k. */
+template <int WARPS, bool W8>
+__device__ __forceinline__ void load_w(uint4 (&va)[GEMV_UNROLL], uint4 (&vb)[GEMV_UNROLL],
+                                       const typename wtype<W8>::t *wa, const typename wtype<W8>::t *wb, int ch0,
+                                       int ch_end, int K, int c, bool ra, bool rb) {
     const uint4 zero = make_uint4(0, 0, 0, 0);
+    constexpr int CK = chunk_k<W8>();
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; u++) {
         const int ch = ch0 + u * WARPS;
-        const int k = ch * 32 + c * 8;
+        const int k = ch * CK + c * (CK / 4);
         const bool kin = ch < ch_end && k < K;
-        va[u] = kin && ra ? rp_ld_stream(wa + ch * 32) : zero;
-        vb[u] = kin && rb ? rp_ld_stream(wb + ch * 32) : zero;
+        va[u] = kin && ra ? rp_ld_stream(wa + ch * CK) : zero;
+        vb[u] = kin && rb ? rp_ld_stream(wb + ch * CK) : zero;
     }
+}
+
+/* Two e4m3 (the low and high byte of v) as a bf16 pair, exactly: through
+ * f16, which holds every e4m3 value as a normal number. */
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint16_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+    return rp_pack_bf16x2(f.x, f.y);
+}
+
+/* 8 e4m3 weights (one uint2) as 8 bf16 (one uint4), in k order. */
+__device__ __forceinline__ uint4 e4m3x8_bf16x8(uint32_t lo, uint32_t hi) {
+    return make_uint4(e4m3x2_bf16x2((uint16_t)lo), e4m3x2_bf16x2((uint16_t)(lo >> 16)),
+                      e4m3x2_bf16x2((uint16_t)hi), e4m3x2_bf16x2((uint16_t)(hi >> 16)));
 }
 
 /* 8 consecutive x values of token row xrow at k, as 4 bf16 pairs, made
@@ -138,8 +178,8 @@ __device__ __forceinline__ void stage_x(const rp_gemv_in &in, uint16_t *xs, floa
     __syncthreads();
 }
 
-template <int WARPS, int IN, int OUT>
-__global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__restrict__ W, gemv_params p) {
+template <int WARPS, int IN, int OUT, bool W8>
+__global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict__ W, gemv_params p) {
     __shared__ float red[WARPS][GEMV_ROWS][8];
     __shared__ float s_inv[RP_GEMV_MAX_T];
     extern __shared__ __align__(16) uint16_t xs[]; /* staged x: [T][stage_ld(K rounded up to 32)] */
@@ -149,41 +189,60 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__rest
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* mma groupID / thread-in-group */
     const int tile = blockIdx.x, row0 = tile * GEMV_ROWS; /* the block's 16 rows */
-    const int c0 = 0, c1 = (K + 31) / 32; /* the block's 32-wide k chunks: all of them */
+    typedef typename wtype<W8>::t WT;
+    constexpr int CK = chunk_k<W8>(), EB = sizeof(WT); /* k per chunk, bytes per weight */
+    const int c0 = 0, c1 = (K + CK - 1) / CK; /* the block's k chunks: all of them */
     const int kb = 0, kr = K;
     const bool ra = row0 + g < N, rb = row0 + g + 8 < N, xt = g < T;
-    const uint16_t *wa = W + (int64_t)(ra ? row0 + g : 0) * K + c * 8;
-    const uint16_t *wb = W + (int64_t)(rb ? row0 + g + 8 : 0) * K + c * 8;
+    const WT *Wt = static_cast<const WT *>(W);
+    const WT *wa = Wt + (int64_t)(ra ? row0 + g : 0) * K + c * (CK / 4);
+    const WT *wb = Wt + (int64_t)(rb ? row0 + g + 8 : 0) * K + c * (CK / 4);
     constexpr int STEP = WARPS * GEMV_UNROLL;
 
     /* Constant data only until the wait (see common.cuh). */
     if (warp == 0 && lane < GEMV_ROWS && row0 + lane < N && kr > 0) {
-        const int bytes = min(kr * 2, p.pf_bytes); /* kr * 2: a multiple of 16 */
-        if (bytes > 0) rp_prefetch_l2(W + (int64_t)(row0 + lane) * K + kb, bytes);
+        const int bytes = min(kr * EB, p.pf_bytes); /* kr * EB: a multiple of 16 */
+        if (bytes > 0) rp_prefetch_l2(Wt + (int64_t)(row0 + lane) * K + kb, bytes);
     }
     uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
-    load_w<WARPS>(va, vb, wa, wb, c0 + warp, c1, K, c, ra, rb);
+    load_w<WARPS, W8>(va, vb, wa, wb, c0 + warp, c1, K, c, ra, rb);
     rp_pdl_wait();
-    const int ld = stage_ld(c1 * 32);
+    const int ld = stage_ld(c1 * CK);
     if (STAGED) stage_x<IN>(p.in, xs, s_inv, T, K, kb, kr, ld);
     const uint16_t *xrow = xs + (xt ? g : 0) * ld;
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int ch0 = c0 + warp; ch0 < c1; ch0 += STEP) {
-        if (ch0 != c0 + warp) load_w<WARPS>(va, vb, wa, wb, ch0, c1, K, c, ra, rb);
-        uint4 vx[GEMV_UNROLL];
+        if (ch0 != c0 + warp) load_w<WARPS, W8>(va, vb, wa, wb, ch0, c1, K, c, ra, rb);
+        constexpr int XV = W8 ? 2 : 1; /* uint4s of x (8 k each) per lane per chunk */
+        uint4 vx[GEMV_UNROLL][XV];
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             const int ch = ch0 + u * WARPS;
-            const int k = ch * 32 + c * 8;
-            const bool ok = ch < c1 && k < K && xt;
-            if (STAGED) vx[u] = ok ? *reinterpret_cast<const uint4 *>(xrow + (k - kb)) : make_uint4(0, 0, 0, 0);
-            else vx[u] = ok ? make_x<IN>(p.in, g, k, K, 1.0f) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int h = 0; h < XV; h++) {
+                const int k = ch * CK + c * (CK / 4) + h * 8;
+                const bool ok = ch < c1 && k < K && xt;
+                if (STAGED) vx[u][h] = ok ? *reinterpret_cast<const uint4 *>(xrow + (k - kb)) : make_uint4(0, 0, 0, 0);
+                else vx[u][h] = ok ? make_x<IN>(p.in, g, k, K, 1.0f) : make_uint4(0, 0, 0, 0);
+            }
         }
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
-            rp_mma_16816(acc, va[u].x, vb[u].x, va[u].y, vb[u].y, vx[u].x, vx[u].y);
-            rp_mma_16816(acc, va[u].z, vb[u].z, va[u].w, vb[u].w, vx[u].z, vx[u].w);
+            if (W8) {
+                /* k 0-7 of the lane's 16 from .x/.y, k 8-15 from .z/.w */
+#pragma unroll
+                for (int h = 0; h < XV; h++) {
+                    const uint32_t alo = h ? va[u].z : va[u].x, ahi = h ? va[u].w : va[u].y;
+                    const uint32_t blo = h ? vb[u].z : vb[u].x, bhi = h ? vb[u].w : vb[u].y;
+                    const uint4 a = e4m3x8_bf16x8(alo, ahi), b = e4m3x8_bf16x8(blo, bhi);
+                    rp_mma_16816(acc, a.x, b.x, a.y, b.y, vx[u][h].x, vx[u][h].y);
+                    rp_mma_16816(acc, a.z, b.z, a.w, b.w, vx[u][h].z, vx[u][h].w);
+                }
+            } else {
+                rp_mma_16816(acc, va[u].x, vb[u].x, va[u].y, vb[u].y, vx[u][0].x, vx[u][0].y);
+                rp_mma_16816(acc, va[u].z, vb[u].z, va[u].w, vb[u].w, vx[u][0].z, vx[u][0].w);
+            }
         }
     }
     /* acc: rows g and g + 8, tokens 2c and 2c + 1 */
@@ -203,6 +262,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__rest
         for (int w = 0; w < WARPS; w++) s += red[w][r][t];
     if (!owner) return;
     const bool valid = t < T && row0 + r < N;
+    if (W8 && valid) s *= __ldg(p.scale + row0 + r);
     const int64_t o = (int64_t)t * N + row0 + r;
     if (OUT == RP_GEMV_OUT_BF16) {
         if (valid) static_cast<uint16_t *>(p.out.y)[o] = rp_f32_bf16(s);
@@ -221,6 +281,78 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const uint16_t *__rest
     }
 }
 
+/* fp8 weights, 9 to 16 tokens (RP_GEMV_FP8_MAX_T; bf16 x in, bf16 or fp32
+ * out): the weights are still read once, each 8-token group of x its own
+ * mma on the same widened fragments. x is read through L2 once per block
+ * and group (T / 8 bytes of x per weight byte at 16 rows a block): at 16
+ * tokens the step is even with bf16 weights, at 24 and 32 well behind
+ * cuBLASLt's FP8 matmul, which takes those (forward_chain.c). NG, the
+ * groups, is a parameter for that measurement; 2 is built. */
+template <int WARPS, int OUT, int NG>
+__global__ void __launch_bounds__(WARPS * 32) gemv8_groups_kernel(const uint8_t *__restrict__ W, gemv_params p) {
+    __shared__ float red[NG][WARPS][GEMV_ROWS][8];
+    rp_pdl_trigger();
+    const int T = p.T, N = p.N, K = p.K;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int tile = blockIdx.x, row0 = tile * GEMV_ROWS;
+    constexpr int CK = chunk_k<true>();
+    const int c1 = (K + CK - 1) / CK;
+    const bool ra = row0 + g < N, rb = row0 + g + 8 < N;
+    const uint8_t *wa = W + (int64_t)(ra ? row0 + g : 0) * K + c * (CK / 4);
+    const uint8_t *wb = W + (int64_t)(rb ? row0 + g + 8 : 0) * K + c * (CK / 4);
+    constexpr int STEP = WARPS * GEMV_UNROLL;
+    uint4 va[GEMV_UNROLL], vb[GEMV_UNROLL];
+    load_w<WARPS, true>(va, vb, wa, wb, warp, c1, K, c, ra, rb);
+    rp_pdl_wait();
+    float acc[NG][4] = {};
+    for (int ch0 = warp; ch0 < c1; ch0 += STEP) {
+        if (ch0 != warp) load_w<WARPS, true>(va, vb, wa, wb, ch0, c1, K, c, ra, rb);
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++) {
+            const int ch = ch0 + u * WARPS;
+            uint4 vx[NG][2];
+#pragma unroll
+            for (int j = 0; j < NG; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int k = ch * CK + c * (CK / 4) + h * 8, t = g + 8 * j;
+                    vx[j][h] = ch < c1 && k < K && t < T ? make_x<RP_GEMV_IN_BF16>(p.in, t, k, K, 1.0f)
+                                                         : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint4 a = e4m3x8_bf16x8(h ? va[u].z : va[u].x, h ? va[u].w : va[u].y);
+                const uint4 b = e4m3x8_bf16x8(h ? vb[u].z : vb[u].x, h ? vb[u].w : vb[u].y);
+#pragma unroll
+                for (int j = 0; j < NG; j++) {
+                    rp_mma_16816(acc[j], a.x, b.x, a.y, b.y, vx[j][h].x, vx[j][h].y);
+                    rp_mma_16816(acc[j], a.z, b.z, a.w, b.w, vx[j][h].z, vx[j][h].w);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NG; j++) {
+        red[j][warp][g][2 * c] = acc[j][0];
+        red[j][warp][g][2 * c + 1] = acc[j][1];
+        red[j][warp][g + 8][2 * c] = acc[j][2];
+        red[j][warp][g + 8][2 * c + 1] = acc[j][3];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < NG * GEMV_ROWS * 8; i += blockDim.x) {
+        const int j = i / (GEMV_ROWS * 8), t = (i / GEMV_ROWS) & 7, r = i % GEMV_ROWS, tt = 8 * j + t;
+        if (tt >= T || row0 + r >= N) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) s += red[j][w][r][t];
+        s *= __ldg(p.scale + row0 + r);
+        const int64_t o = (int64_t)tt * N + row0 + r;
+        if (OUT == RP_GEMV_OUT_BF16) static_cast<uint16_t *>(p.out.y)[o] = rp_f32_bf16(s);
+        else static_cast<float *>(p.out.y)[o] = s;
+    }
+}
+
 static int sm_count(void) {
     static int sms = 0;
     if (!sms) {
@@ -236,35 +368,38 @@ static int sm_count(void) {
 
 extern "C" int rp_gemv_ss_parts(int N) { return (N + GEMV_ROWS - 1) / GEMV_ROWS; }
 
-extern "C" int rp_gemv_stage_fits(int T, int K) {
-    return (size_t)T * stage_ld(K) * 2 <= RP_GEMV_STAGE_BYTES;
+
+/* The staged x's shared memory: T rows of K rounded up to whole chunks. */
+template <bool W8>
+static size_t stage_bytes(int IN, int T, int K) {
+    constexpr int CK = chunk_k<W8>();
+    return IN == RP_GEMV_IN_BF16 ? 0 : (size_t)T * stage_ld((K + CK - 1) / CK * CK) * 2;
 }
 
-template <int WARPS, int IN, int OUT>
-static int gemv_launch_w(const rp_bf16 *W, const gemv_params &p, int blocks, cudaStream_t stream) {
-    const size_t smem = IN == RP_GEMV_IN_BF16 ? 0 : (size_t)p.T * stage_ld((p.K + 31) / 32 * 32) * 2;
+template <int WARPS, int IN, int OUT, bool W8>
+static int gemv_launch_w(const void *W, const gemv_params &p, int blocks, cudaStream_t stream) {
+    const size_t smem = stage_bytes<W8>(IN, p.T, p.K);
     /* Above 48 KiB a kernel needs the opt-in; once per instantiation, at the
      * first (eager, warm-up) launch, never first inside a capture. */
     static bool opted_in = false;
     if (smem > 48 * 1024 && !opted_in) {
-        cudaError_t e = cudaFuncSetAttribute(gemv_kernel<WARPS, IN, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             RP_GEMV_STAGE_BYTES);
+        cudaError_t e = cudaFuncSetAttribute(gemv_kernel<WARPS, IN, OUT, W8>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, RP_GEMV_STAGE_BYTES);
         if (e != cudaSuccess) return (int)e;
         opted_in = true;
     }
-    return rp_launch(gemv_kernel<WARPS, IN, OUT>, dim3(blocks), dim3(WARPS * 32), smem, stream, W,
-                             p);
+    return rp_launch(gemv_kernel<WARPS, IN, OUT, W8>, dim3(blocks), dim3(WARPS * 32), smem, stream, W, p);
 }
 
 /* Resident blocks per SM of the WARPS-wide kernel, from the CUDA occupancy
  * calculator (registers and threads: cached per instantiation) and the
  * staged x's shared memory. */
-template <int WARPS, int IN, int OUT>
+template <int WARPS, int IN, int OUT, bool W8>
 static int gemv_occupancy(size_t smem) {
     static int regs_threads = 0;
     if (!regs_threads) {
         int n = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<WARPS, IN, OUT>, WARPS * 32, 0) !=
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<WARPS, IN, OUT, W8>, WARPS * 32, 0) !=
                 cudaSuccess ||
             n < 1) {
             cudaGetLastError();
@@ -276,22 +411,22 @@ static int gemv_occupancy(size_t smem) {
     const int n = regs_threads < by_smem ? regs_threads : by_smem;
     return n < 1 ? 1 : n;
 }
-template <int IN, int OUT>
+template <int IN, int OUT, bool W8>
 static int gemv_blocks_per_sm(int warps, size_t smem) {
-    if (warps <= 4) return gemv_occupancy<4, IN, OUT>(smem);
-    if (warps <= 8) return gemv_occupancy<8, IN, OUT>(smem);
-    return gemv_occupancy<16, IN, OUT>(smem);
+    if (warps <= 4) return gemv_occupancy<4, IN, OUT, W8>(smem);
+    if (warps <= 8) return gemv_occupancy<8, IN, OUT, W8>(smem);
+    return gemv_occupancy<16, IN, OUT, W8>(smem);
 }
 
-template <int IN, int OUT>
-static int gemv_launch_io(const rp_bf16 *W, gemv_params p, cudaStream_t stream) {
+template <int IN, int OUT, bool W8>
+static int gemv_launch_io(const void *W, gemv_params p, cudaStream_t stream) {
     const int tiles = (p.N + GEMV_ROWS - 1) / GEMV_ROWS;
-    const int nch = (p.K + 31) / 32;
+    const int nch = (p.K + chunk_k<W8>() - 1) / chunk_k<W8>();
     const int blocks = tiles;
     /* Enough warps in flight to cover HBM latency (~16 per SM), but each
      * warp keeps at least one full unrolled batch of chunks. */
     const int want = 16 * sm_count();
-    const size_t smem = IN == RP_GEMV_IN_BF16 ? 0 : (size_t)p.T * stage_ld(nch * 32) * 2;
+    const size_t smem = stage_bytes<W8>(IN, p.T, p.K);
     int warps = 4;
     while (warps < 16 && blocks * warps < want && nch >= 2 * warps * GEMV_UNROLL) {
         /* Wider blocks fit fewer per SM (at ~80 registers: 6 of 4 warps, 3 of
@@ -299,46 +434,97 @@ static int gemv_launch_io(const rp_bf16 *W, gemv_params p, cudaStream_t stream) 
          * last wave is nearly full: qwen3-4b's N = 2560 (160 tiles) in
          * 16-warp blocks ran 132 + 28, the 28 alone at the end (its down
          * GEMV at 1.5 TB/s). */
-        const int per_sm = gemv_blocks_per_sm<IN, OUT>(2 * warps, smem);
+        const int per_sm = gemv_blocks_per_sm<IN, OUT, W8>(2 * warps, smem);
         const int wave = per_sm * sm_count(), waves = (blocks + wave - 1) / wave;
         if (waves > 1 && 4 * blocks < 3 * waves * wave) break;
         warps *= 2;
     }
     /* The prefetch budget, spread over the launch's weight rows. */
     p.pf_bytes = (int)((int64_t)GEMV_PF_BUDGET_BYTES / ((int64_t)blocks * GEMV_ROWS) / 16 * 16);
-    if (warps == 4) return gemv_launch_w<4, IN, OUT>(W, p, blocks, stream);
-    if (warps == 8) return gemv_launch_w<8, IN, OUT>(W, p, blocks, stream);
-    return gemv_launch_w<16, IN, OUT>(W, p, blocks, stream);
+    if (warps == 4) return gemv_launch_w<4, IN, OUT, W8>(W, p, blocks, stream);
+    if (warps == 8) return gemv_launch_w<8, IN, OUT, W8>(W, p, blocks, stream);
+    return gemv_launch_w<16, IN, OUT, W8>(W, p, blocks, stream);
 }
 
-template <int IN>
-static int gemv_launch_in(const rp_bf16 *W, const gemv_params &p, cudaStream_t stream) {
+template <int IN, bool W8>
+static int gemv_launch_in(const void *W, const gemv_params &p, cudaStream_t stream) {
     switch (p.out.mode) {
-    case RP_GEMV_OUT_BF16: return gemv_launch_io<IN, RP_GEMV_OUT_BF16>(W, p, stream);
-    case RP_GEMV_OUT_F32: return gemv_launch_io<IN, RP_GEMV_OUT_F32>(W, p, stream);
-    case RP_GEMV_OUT_RESIDUAL: return gemv_launch_io<IN, RP_GEMV_OUT_RESIDUAL>(W, p, stream);
+    case RP_GEMV_OUT_BF16: return gemv_launch_io<IN, RP_GEMV_OUT_BF16, W8>(W, p, stream);
+    case RP_GEMV_OUT_F32: return gemv_launch_io<IN, RP_GEMV_OUT_F32, W8>(W, p, stream);
+    case RP_GEMV_OUT_RESIDUAL: return gemv_launch_io<IN, RP_GEMV_OUT_RESIDUAL, W8>(W, p, stream);
     default: return (int)cudaErrorInvalidValue;
     }
 }
 
-extern "C" int rp_k_gemv_fused(const rp_bf16 *W, rp_gemv_in in, rp_gemv_out out, int T, int N, int K,
-                               cudaStream_t stream) {
+template <bool W8>
+static int gemv_fused(const void *W, const float *scale, rp_gemv_in in, rp_gemv_out out, int T, int N, int K,
+                      cudaStream_t stream) {
     if (T <= 0 || N <= 0) return cudaSuccess;
     const uintptr_t align =
         (uintptr_t)W | (uintptr_t)in.x | (uintptr_t)in.residual | (uintptr_t)in.norm_w | (uintptr_t)in.gate_up;
-    if (T > RP_GEMV_MAX_T || K <= 0 || K % 8 != 0 || align % 16 != 0) return (int)cudaErrorInvalidValue;
+    if (T > RP_GEMV_MAX_T || K <= 0 || K % (W8 ? 16 : 8) != 0 || align % 16 != 0 || (W8 && !scale))
+        return (int)cudaErrorInvalidValue;
     if (in.mode == RP_GEMV_IN_RMSNORM && (!in.residual || !in.ss_parts || !in.norm_w || in.num_parts <= 0))
         return (int)cudaErrorInvalidValue;
     if (out.mode == RP_GEMV_OUT_RESIDUAL && (!out.residual || !out.ss_parts)) return (int)cudaErrorInvalidValue;
     if (in.mode == RP_GEMV_IN_SILU && !in.gate_up) return (int)cudaErrorInvalidValue;
-    if (in.mode != RP_GEMV_IN_BF16 && !rp_gemv_stage_fits(T, K)) return (int)cudaErrorInvalidValue;
-    gemv_params p = {in, out, T, N, K, 0};
+    if (in.mode != RP_GEMV_IN_BF16 && stage_bytes<W8>(in.mode, T, K) > RP_GEMV_STAGE_BYTES)
+        return (int)cudaErrorInvalidValue;
+    gemv_params p = {in, out, T, N, K, 0, scale};
     switch (in.mode) {
-    case RP_GEMV_IN_BF16: return gemv_launch_in<RP_GEMV_IN_BF16>(W, p, stream);
-    case RP_GEMV_IN_RMSNORM: return gemv_launch_in<RP_GEMV_IN_RMSNORM>(W, p, stream);
-    case RP_GEMV_IN_SILU: return gemv_launch_in<RP_GEMV_IN_SILU>(W, p, stream);
+    case RP_GEMV_IN_BF16: return gemv_launch_in<RP_GEMV_IN_BF16, W8>(W, p, stream);
+    case RP_GEMV_IN_RMSNORM: return gemv_launch_in<RP_GEMV_IN_RMSNORM, W8>(W, p, stream);
+    case RP_GEMV_IN_SILU: return gemv_launch_in<RP_GEMV_IN_SILU, W8>(W, p, stream);
     default: return (int)cudaErrorInvalidValue;
     }
+}
+
+/* For both weight types (the fp8 kernel stages K rounded up to 64). */
+extern "C" int rp_gemv_stage_fits(int T, int K) {
+    return stage_bytes<true>(RP_GEMV_IN_RMSNORM, T, K) <= RP_GEMV_STAGE_BYTES;
+}
+
+extern "C" int rp_k_gemv_fused(const rp_bf16 *W, rp_gemv_in in, rp_gemv_out out, int T, int N, int K,
+                               cudaStream_t stream) {
+    return gemv_fused<false>(W, NULL, in, out, T, N, K, stream);
+}
+
+extern "C" int rp_k_gemv_fused_fp8(const uint8_t *W, const float *scale, rp_gemv_in in, rp_gemv_out out, int T,
+                                   int N, int K, cudaStream_t stream) {
+    return gemv_fused<true>(W, scale, in, out, T, N, K, stream);
+}
+
+template <int OUT, int NG>
+static int gemv8_groups_launch(const uint8_t *W, const gemv_params &p, cudaStream_t stream) {
+    const int blocks = (p.N + GEMV_ROWS - 1) / GEMV_ROWS, nch = (p.K + chunk_k<true>() - 1) / chunk_k<true>();
+    /* as gemv_launch_io: enough warps to cover HBM latency, each with whole batches */
+    const int want = 16 * sm_count();
+    int warps = 4;
+    while (warps < 8 && blocks * warps < want && nch >= 2 * warps * GEMV_UNROLL) warps *= 2;
+    if (warps == 4) return rp_launch(gemv8_groups_kernel<4, OUT, NG>, dim3(blocks), dim3(128), 0, stream, W, p);
+    return rp_launch(gemv8_groups_kernel<8, OUT, NG>, dim3(blocks), dim3(256), 0, stream, W, p);
+}
+
+template <int OUT>
+static int gemv8_groups_out(const uint8_t *W, const gemv_params &p, cudaStream_t stream) {
+    static_assert(RP_GEMV_FP8_MAX_T == 16, "one instantiation: two groups of 8 tokens");
+    return gemv8_groups_launch<OUT, 2>(W, p, stream);
+}
+
+extern "C" int rp_k_gemv_fp8(const uint8_t *W, const float *scale, const rp_bf16 *x, void *y, int out_f32, int T,
+                             int N, int K, cudaStream_t stream) {
+    if (T <= 0 || N <= 0) return cudaSuccess;
+    rp_gemv_in in = {};
+    in.mode = RP_GEMV_IN_BF16;
+    in.x = x;
+    rp_gemv_out out = {};
+    out.mode = out_f32 ? RP_GEMV_OUT_F32 : RP_GEMV_OUT_BF16;
+    out.y = y;
+    if (T <= RP_GEMV_MAX_T) return gemv_fused<true>(W, scale, in, out, T, N, K, stream);
+    if (T > RP_GEMV_FP8_MAX_T || K % 16 != 0 || ((uintptr_t)W | (uintptr_t)x) % 16 != 0 || !scale)
+        return (int)cudaErrorInvalidValue;
+    const gemv_params p = {in, out, T, N, K, 0, scale};
+    return out_f32 ? gemv8_groups_out<RP_GEMV_OUT_F32>(W, p, stream) : gemv8_groups_out<RP_GEMV_OUT_BF16>(W, p, stream);
 }
 
 extern "C" int rp_k_gemv(const rp_bf16 *W, const rp_bf16 *x, rp_bf16 *y, int T, int N, int K, cudaStream_t stream) {

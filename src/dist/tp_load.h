@@ -1,0 +1,45 @@
+/* One rank's slice of a checkpoint tensor, read from the mmap'd safetensors
+ * file without touching the rest of it (tensor parallelism, tp_plan.h).
+ *
+ * A slice of rows (column-parallel weights, vocabulary shards, and every
+ * replicated tensor) is one contiguous range of the file: bf16 stays a view
+ * of the mapping. A slice of columns (row-parallel o_proj, down_proj) is a
+ * strided range: its runs are copied into a buffer of the slice's size. f16
+ * and f32 are converted to bf16 element by element from the file, as
+ * model/weights.c converts whole tensors; FP8 e4m3 weights are dequantized
+ * with the part of their scale tensor that covers the slice, by
+ * rp_quant_dequant, where the slice starts on a scale block boundary (the
+ * error says which block size and offset do not fit otherwise). */
+#ifndef RP_DIST_TP_LOAD_H
+#define RP_DIST_TP_LOAD_H
+
+#include <stdint.h>
+
+#include "dist/tp_plan.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "util/err.h"
+
+/* A rank's weight: bf16 row-major [rows, cols], the slice's own shape
+ * (count rows of a row slice, count columns of a column slice; the
+ * vocabulary's padding rows are not included: the backend zero-fills
+ * them). */
+typedef struct rp_tp_weight {
+    const uint16_t *data;
+    int64_t rows, cols;
+    uint16_t *owned; /* the buffer data points into when copied or converted; NULL for a view of the mapping */
+} rp_tp_weight;
+
+/* The slice's elements in the tensor's own dtype, copied to dst
+ * (count * cols or rows * count elements of rp_dtype_size(t->dtype)). */
+int rp_tp_slice_copy(const rp_tp_slice *s, const rp_st_tensor *t, void *dst, rp_err *err);
+
+/* The slice of tensor t (named `name` in messages) as bf16. scale is the
+ * weight's scale tensor for an F8_E4M3 t (q describes the layout), NULL
+ * otherwise. Checks t's shape against the slice's whole-tensor shape. */
+int rp_tp_slice_load(const rp_tp_slice *s, const char *name, const rp_st_tensor *t, const rp_st_tensor *scale,
+                     const rp_quant_config *q, rp_tp_weight *out, rp_err *err);
+
+void rp_tp_weight_release(rp_tp_weight *w);
+
+#endif

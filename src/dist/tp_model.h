@@ -1,0 +1,36 @@
+/* One GPU's shard of a model under tensor parallelism, as an ordinary
+ * rp_model: its config has the rank's local shapes (query and KV heads,
+ * MLP width, vocabulary rows) and its weights are the rank's slices
+ * (tp_load.h), so a backend built on it allocates, uploads and computes
+ * exactly the rank's part without knowing about ranks. What it cannot know
+ * is where the partial sums meet (the all-reduces after o_proj, down_proj
+ * and the embedding) and that its logits are one vocabulary shard: that is
+ * the tensor-parallel backend's business (docs/tensor-parallel.md).
+ *
+ * The vocabulary shard is vocab_per_rank rows: the rank's real rows, then
+ * zero rows up to the padded size (a view of the file where there is no
+ * padding, else a buffer of the shard's size). */
+#ifndef RP_DIST_TP_MODEL_H
+#define RP_DIST_TP_MODEL_H
+
+#include "dist/tp_plan.h"
+#include "model/model.h"
+#include "util/err.h"
+
+/* The config a rank's shard runs with: plan->cfg with num_heads,
+ * num_kv_heads, intermediate_size and vocab_size those of one rank. Token
+ * ids (bos, eos) keep their global values: they index the whole
+ * vocabulary, not the shard. */
+void rp_tp_shard_config(const rp_tp_plan *plan, rp_model_config *out);
+
+/* Rank `rank`'s shard of the checkpoint in dir, reading only its slices
+ * from the mmap'd safetensors files. The directory's config.json must be
+ * the one the plan was made from. */
+rp_model *rp_tp_model_load(const char *dir, const rp_tp_plan *plan, int rank, rp_err *err);
+
+/* Rank `rank`'s shard of a model already loaded (or dummy weights made on
+ * the host): bf16 row slices are views into `full`, which must outlive the
+ * shard. Lazy dummy weights (no data on the host) are refused. */
+rp_model *rp_tp_model_slice(const rp_model *full, const rp_tp_plan *plan, int rank, rp_err *err);
+
+#endif
