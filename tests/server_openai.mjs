@@ -1,7 +1,8 @@
 // The official `openai` npm client against `replay serve` (started by
 // tests/cli_server_openai.sh): completions and chat, streamed and not,
 // logprobs and top logprobs, n, stop (include_stop_str_in_output), usage (with
-// prompt_tokens_details.cached_tokens), models.retrieve, parameters refused by name, and
+// prompt_tokens_details.cached_tokens), models.retrieve, logit_bias, min_tokens, prompt logprobs (echo with
+// logprobs, vLLM's prompt_logprobs, checked against greedy decoding), parameters refused by name, and
 // the client's error classes for a bad request, an unknown model and a wrong API key; tools:
 // refused without the parser flags, and (TOOLS=on, a server with --enable-auto-tool-choice
 // --tool-call-parser hermes --reasoning-parser qwen3) the answers' shapes, streamed and not, and a
@@ -126,7 +127,7 @@ if (at > 0) {
   }
 } else console.log(`note: no letter in the greedy text ${JSON.stringify(greedy)}; include_stop_str_in_output not checked`);
 // a parameter replay does not implement is a 400 naming it, never ignored
-for (const [name, extra] of [['min_tokens', { min_tokens: 4 }], ['logit_bias', { logit_bias: { '9707': 10 } }],
+for (const [name, extra] of [['min_tokens', { min_tokens: 4 }], ['logit_bias', { logit_bias: { '999999': 10 } }],
                              ['best_of', { best_of: 2 }], ['made_up_field', { made_up_field: 1 }]]) {
   try {
     await client.completions.create({ model, prompt: 'x', max_tokens: 1, ...extra });
@@ -136,6 +137,53 @@ for (const [name, extra] of [['min_tokens', { min_tokens: 4 }], ['logit_bias', {
           { status: e.status, param: e.param, message: e.message });
   }
 }
+
+let cr;
+// logit_bias (OpenAI's): +100 makes greedy write the token (9707 is "Hello"), -100 bans it
+c = await client.completions.create({ model, prompt: 'x', max_tokens: 3, temperature: 0, ignore_eos: true,
+                                      logit_bias: { '9707': 100 } });
+check('logit_bias +100', c.choices[0].text === 'HelloHelloHello', c.choices[0]);
+c = await client.completions.create({ model, prompt: 'x', max_tokens: 1, temperature: 0,
+                                      logit_bias: { '9707': 100, '1879': 100 } });
+const helloWon = c.choices[0].text === 'Hello';
+check('logit_bias: one of two at +100', helloWon || c.choices[0].text === ' world', c.choices[0]);
+cr = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }], max_tokens: 1,
+  temperature: 0, logit_bias: helloWon ? { '9707': -100, '1879': 100 } : { '9707': 100, '1879': -100 } });
+check('logit_bias -100 (chat)', cr.choices[0].message.content === (helloWon ? ' world' : 'Hello'), cr.choices[0]);
+// min_tokens (vLLM's): EOS made certain ends the answer at once, not before min_tokens
+c = await client.completions.create({ model, prompt: 'x', max_tokens: 10, logit_bias: { '151645': 100 } });
+check('EOS biased', c.usage.completion_tokens === 1 && c.choices[0].finish_reason === 'stop', c);
+c = await client.completions.create({ model, prompt: 'x', max_tokens: 10, min_tokens: 5, logit_bias: { '151645': 100 } });
+check('min_tokens 5', c.usage.completion_tokens === 6 && c.choices[0].finish_reason === 'stop', c);
+cr = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }], min_tokens: 3,
+                                          logit_bias: { '151645': 100 } });
+check('min_tokens 3 (chat)', cr.usage.completion_tokens === 4 && cr.choices[0].finish_reason === 'stop', cr);
+// prompt logprobs: echo with logprobs, and vLLM's prompt_logprobs, whose most likely token at position i is what
+// greedy decoding of the first i tokens makes
+const P = [9707, 1879, 374, 264, 1273];
+c = await client.completions.create({ model, prompt: P, max_tokens: 1, temperature: 0, echo: true, logprobs: 1,
+                                      prompt_logprobs: 1 });
+const elp = c.choices[0].logprobs, plp = c.choices[0].prompt_logprobs;
+check('echo logprobs: the prompt first', elp.tokens.length === P.length + 1 && elp.token_logprobs[0] === null &&
+      elp.top_logprobs[0] === null && c.choices[0].text.startsWith('Hello world'), elp);
+check('prompt_logprobs shape', Array.isArray(plp) && plp.length === P.length && plp[0] === null, plp);
+for (let i = 1; i < P.length && Array.isArray(plp); i++) {
+  const mine = plp[i][String(P[i])];
+  check(`prompt_logprobs[${i}]: the prompt token, as echo has it`, mine && mine.rank >= 1 &&
+        mine.logprob === elp.token_logprobs[i], { entry: plp[i], echo: elp.token_logprobs[i] });
+  const best = Object.values(plp[i]).find(e => e.rank === 1);
+  const ref = await client.completions.create({ model, prompt: P.slice(0, i), max_tokens: 1, temperature: 0,
+                                                logprobs: 0, ignore_eos: true });
+  const rl = ref.choices[0].logprobs;
+  check(`prompt_logprobs[${i}]: the most likely = greedy decoding`, best && best.decoded_token === rl.tokens[0] &&
+        Math.abs(best.logprob - rl.token_logprobs[0]) < 1e-4, { best, greedy: rl });
+}
+cr = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'x' }], max_tokens: 1,
+                                          prompt_logprobs: 0 });
+check('chat prompt_logprobs', cr.prompt_logprobs.length === cr.usage.prompt_tokens && cr.prompt_logprobs[0] === null,
+      cr.prompt_logprobs);
+await expectError('prompt_logprobs streamed', () => client.completions.create({ model, prompt: 'x', stream: true,
+                  prompt_logprobs: 1 }), 400, OpenAI.BadRequestError);
 
 // completions, streamed: the same greedy text, usage at the end
 let text = '', chunks = 0, usage = null, finish = null;

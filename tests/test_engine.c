@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include "engine/runner.h"
 #include "replay/engine.h"
 #include "test_util.h"
 #include "engine_hold.h"
@@ -178,6 +179,13 @@ static void expect_error(const rp_error *err, rp_error_code code, const char *pa
 static void submit_or_fail(rp_engine *e, const rp_request_params *p, result *r) {
     rp_error err;
     if (rp_engine_submit(e, p, collect, r, NULL, &err)) fail_msg("submit: %s", err.message);
+}
+
+static void plp_collect(void *user, const rp_token_event *ev);
+typedef struct plp_result plp_result;
+static void submit_or_fail_cb(rp_engine *e, const rp_request_params *p, plp_result *r) {
+    rp_error err;
+    if (rp_engine_submit(e, p, plp_collect, r, NULL, &err)) fail_msg("submit: %s", err.message);
 }
 
 /* Requests which[k] (k when which is NULL), each alone, one at a time: the
@@ -527,6 +535,348 @@ static void test_top_logprobs(void **state) {
     assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
     expect_error(&err, RP_ERROR_INVALID_REQUEST, "top_logprobs", "top_logprobs");
     expect_pool_full(e);
+    rp_engine_destroy(e);
+}
+
+
+/* ---- min_tokens, logit_bias, prompt logprobs ---------------------------- */
+
+/* Runs one request alone on e and returns what it made. */
+static result run_one(rp_engine *e, const rp_request_params *p) {
+    result r;
+    memset(&r, 0, sizeof r);
+    submit_or_fail(e, p, &r);
+    rp_engine_wait_idle(e);
+    return r;
+}
+
+static void bias_params(rp_request_params *p, int32_t *prompt, int sampled) {
+    rp_request_params_default(p);
+    for (int k = 0; k < 8; k++) prompt[k] = (int32_t)(11 + k * 37);
+    p->prompt_ids = prompt;
+    p->num_prompt_ids = 8;
+    p->max_tokens = 6;
+    p->ignore_eos = 1;
+    p->temperature = sampled ? 0.9f : 0.0f;
+    p->seed = 3;
+    p->has_seed = 1;
+}
+
+/* logit_bias: +100 makes a token certain (greedy and sampled), -100 bans
+ * the greedy one; the bias is a request's alone (a batch-mate unchanged). */
+static void test_logit_bias(void **state) {
+    (void)state;
+    rp_engine *e = make_engine("qwen3-tied", 0, 0, 4);
+    int32_t prompt[8];
+    rp_request_params p;
+    bias_params(&p, prompt, 0);
+    result ref = run_one(e, &p);
+    assert_int_equal(ref.n, 6);
+    const int32_t forced_id[1] = {77}, banned_id[1] = {ref.tokens[0]};
+    const float plus[1] = {100.0f}, minus[1] = {-100.0f};
+    for (int sampled = 0; sampled < 2; sampled++) {
+        bias_params(&p, prompt, sampled);
+        p.logit_bias_ids = forced_id;
+        p.logit_bias = plus;
+        p.num_logit_bias = 1;
+        result r = run_one(e, &p);
+        assert_int_equal(r.n, 6);
+        for (int i = 0; i < r.n; i++) assert_int_equal(r.tokens[i], 77);
+    }
+    bias_params(&p, prompt, 0);
+    p.logit_bias_ids = banned_id;
+    p.logit_bias = minus;
+    p.num_logit_bias = 1;
+    result r = run_one(e, &p);
+    for (int i = 0; i < r.n; i++) assert_int_not_equal(r.tokens[i], banned_id[0]);
+    /* beside a biased request, an unbiased one makes its tokens (one step samples both paths) */
+    result a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    rp_request_params q;
+    int32_t prompt_q[8];
+    bias_params(&q, prompt_q, 0);
+    bias_params(&p, prompt, 0);
+    p.logit_bias_ids = forced_id;
+    p.logit_bias = plus;
+    p.num_logit_bias = 1;
+    hold h;
+    hold_engine(e, &h);
+    submit_or_fail(e, &p, &a);
+    submit_or_fail(e, &q, &b);
+    release_engine(&h);
+    rp_engine_wait_idle(e);
+    for (int i = 0; i < 6; i++) assert_int_equal(a.tokens[i], 77);
+    assert_int_equal(b.n, ref.n);
+    for (int i = 0; i < ref.n; i++) assert_int_equal(b.tokens[i], ref.tokens[i]);
+    /* refusals name logit_bias */
+    int32_t ids[RP_MAX_LOGIT_BIAS + 1];
+    float vals[RP_MAX_LOGIT_BIAS + 1];
+    for (int i = 0; i <= RP_MAX_LOGIT_BIAS; i++) ids[i] = i % 500, vals[i] = 1.0f;
+    p.logit_bias_ids = ids;
+    p.logit_bias = vals;
+    rp_error err;
+    struct {
+        int n;
+        int32_t id;
+        float v;
+        const char *words;
+    } bad[] = {{1, 503, 1.0f, "vocabulary"}, {1, -1, 1.0f, "vocabulary"}, {1, 4, 100.5f, "[-100, 100]"},
+               {1, 4, NAN, "[-100, 100]"}, {RP_MAX_LOGIT_BIAS + 1, 4, 1.0f, "at most"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ids[0] = bad[i].id;
+        vals[0] = bad[i].v;
+        p.num_logit_bias = bad[i].n;
+        assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+        expect_error(&err, RP_ERROR_INVALID_REQUEST, "logit_bias", bad[i].words);
+    }
+    expect_pool_full(e);
+    rp_engine_destroy(e);
+}
+
+/* min_tokens: with EOS (ids 2 and 5 in generation_config.json) made certain
+ * by a bias, a request ends at its first token; with min_tokens = 4 its first
+ * four are anything but EOS and the fifth is EOS. Stop ids likewise; with
+ * ignore_eos EOS ends nothing, so min_tokens leaves it alone. */
+static void test_min_tokens(void **state) {
+    (void)state;
+    for (int overlap = 0; overlap < 2; overlap++) {
+        g_no_overlap = !overlap;
+        rp_engine *e = make_engine("qwen3-tied", 0, 0, 4);
+        g_no_overlap = 0;
+        int32_t prompt[8];
+        rp_request_params p;
+        const int32_t eos[1] = {2}, stop_tok[1] = {77};
+        const float plus[1] = {100.0f};
+        for (int sampled = 0; sampled < 2; sampled++) {
+            bias_params(&p, prompt, sampled);
+            p.ignore_eos = 0;
+            p.max_tokens = 10;
+            p.logit_bias_ids = eos;
+            p.logit_bias = plus;
+            p.num_logit_bias = 1;
+            result r = run_one(e, &p);
+            expect_final_once(&r, RP_FINISH_REASON_STOP, 1, "EOS biased", sampled);
+            assert_int_equal(r.tokens[0], 2);
+            p.min_tokens = 4;
+            r = run_one(e, &p);
+            expect_final_once(&r, RP_FINISH_REASON_STOP, 5, "min_tokens 4", sampled);
+            for (int i = 0; i < 4; i++) assert_true(r.tokens[i] != 2 && r.tokens[i] != 5);
+            assert_int_equal(r.tokens[4], 2);
+            /* a stop id, EOS ignored */
+            p.ignore_eos = 1;
+            p.stop_ids = stop_tok;
+            p.num_stop_ids = 1;
+            p.logit_bias_ids = stop_tok;
+            p.min_tokens = 3;
+            r = run_one(e, &p);
+            expect_final_once(&r, RP_FINISH_REASON_STOP, 4, "min_tokens 3, stop id", sampled);
+            for (int i = 0; i < 3; i++) assert_int_not_equal(r.tokens[i], 77);
+            assert_int_equal(r.tokens[3], 77);
+            /* ignore_eos: EOS is no stop, so not masked either */
+            p.stop_ids = NULL;
+            p.num_stop_ids = 0;
+            p.logit_bias_ids = eos;
+            r = run_one(e, &p);
+            expect_final_once(&r, RP_FINISH_REASON_LENGTH, 10, "min_tokens with ignore_eos", sampled);
+            for (int i = 0; i < 10; i++) assert_int_equal(r.tokens[i], 2);
+            /* min_tokens = max_tokens: no stop at all */
+            p.ignore_eos = 0;
+            p.min_tokens = 10;
+            r = run_one(e, &p);
+            expect_final_once(&r, RP_FINISH_REASON_LENGTH, 10, "min_tokens = max_tokens", sampled);
+        }
+        rp_error err;
+        result r = {0};
+        bias_params(&p, prompt, 0);
+        p.min_tokens = 7; /* past max_tokens 6 */
+        assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+        expect_error(&err, RP_ERROR_INVALID_REQUEST, "min_tokens", "max_tokens");
+        p.min_tokens = -1;
+        assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+        expect_error(&err, RP_ERROR_INVALID_REQUEST, "min_tokens", "min_tokens");
+        expect_pool_full(e);
+        rp_engine_destroy(e);
+    }
+}
+
+/* What a request's events said of its prompt. */
+typedef struct plp_result {
+    rp_prompt_logprob *lp; /* [prompt_tokens], copied from the one event that carried them */
+    int num, carried, tokens, cached, preemptions;
+    int32_t out[16];
+} plp_result;
+
+static void plp_collect(void *user, const rp_token_event *ev) {
+    plp_result *r = user;
+    pthread_mutex_lock(&mu);
+    if (ev->prompt_logprobs) {
+        r->carried++;
+        r->num = ev->prompt_tokens;
+        r->lp = malloc((size_t)ev->prompt_tokens * sizeof *r->lp);
+        memcpy(r->lp, ev->prompt_logprobs, (size_t)ev->prompt_tokens * sizeof *r->lp);
+        if (r->carried == 1 && r->tokens) r->carried = 100; /* not on the first event */
+    }
+    if (ev->token >= 0 && r->tokens < 16) r->out[r->tokens++] = ev->token;
+    if (ev->finish != RP_FINISH_REASON_NONE) r->cached = ev->cached_tokens, r->preemptions = ev->preemptions;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Checks r's prompt logprobs against the prompt's logits from the runner
+ * (ref, [n][vocab]): log-softmax in double, vLLM's rank, the top ids. */
+static void check_prompt_logprobs(const plp_result *r, const int32_t *prompt, int n, const float *ref, int vocab,
+                                  int top, const char *what) {
+    if (r->carried != 1 || r->num != n) fail_msg("%s: carried %d times, %d entries of %d", what, r->carried, r->num, n);
+    assert_int_equal(r->lp[0].token, prompt[0]);
+    assert_int_equal(r->lp[0].rank, 0);
+    assert_true(isnan(r->lp[0].logprob) && r->lp[0].num_top == 0);
+    for (int i = 1; i < n; i++) {
+        const float *row = ref + (size_t)(i - 1) * vocab;
+        double max = -INFINITY, sum = 0;
+        for (int v = 0; v < vocab; v++) max = row[v] > max ? row[v] : max;
+        for (int v = 0; v < vocab; v++) sum += exp((double)row[v] - max);
+        const double lse = max + log(sum);
+        const rp_prompt_logprob *e = &r->lp[i];
+        int rank = 0;
+        for (int v = 0; v < vocab; v++) rank += row[v] >= row[prompt[i]];
+        if (e->token != prompt[i] || fabs(e->logprob - (row[prompt[i]] - lse)) > 1e-5 || e->rank != rank)
+            fail_msg("%s: position %d: token %d logprob %g rank %d; expected %d, %g, %d", what, i, e->token,
+                     e->logprob, e->rank, prompt[i], row[prompt[i]] - lse, rank);
+        assert_int_equal(e->num_top, top);
+        for (int j = 0; j < top; j++) {
+            int above = 0; /* tokens before top j in the order (logit desc, id asc): exactly j */
+            const float lj = row[e->top_ids[j]];
+            for (int v = 0; v < vocab; v++) above += row[v] > lj || (row[v] == lj && v < e->top_ids[j]);
+            if (above != j || fabs(e->top_logprobs[j] - (lj - lse)) > 1e-5)
+                fail_msg("%s: position %d top %d: id %d has %d before it, logprob %g vs %g", what, i, j,
+                         e->top_ids[j], above, e->top_logprobs[j], lj - lse);
+        }
+    }
+}
+
+/* Prompt logprobs equal the log-softmax of the prompt's logits as the
+ * runner computes them alone: a prompt in chunks of 7, one longer than a
+ * step's spare logit rows (chunks held to them), one whose prefix is in the
+ * cache (computed again all the same), one beside a request sampled on the
+ * device; the tokens after the prompt are those made without prompt
+ * logprobs (the sampling row is the chunk's last). */
+static void test_prompt_logprobs(void **state) {
+    (void)state;
+    enum { LONG = 300, TOP = 5 };
+    static int32_t prompt[LONG];
+    for (int k = 0; k < LONG; k++) prompt[k] = (int32_t)((k * 131 + 17) % 500);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/models/qwen3-tied", test_source_dir());
+    rp_err rerr;
+    rp_runner_config rc = {.model_dir = dir, .device = "cpu", .threads = 2, .page_size = 16, .num_pages = 40,
+                           .max_seqs = 1, .max_context = 512, .max_batched_tokens = 64, .max_logit_rows = 64};
+    rp_runner *run = rp_runner_new(&rc, &rerr);
+    if (!run) fail_msg("runner: %s", rerr.msg);
+    const int vocab = run->model->cfg.vocab_size;
+    float *ref = malloc((size_t)LONG * vocab * sizeof *ref);
+    const int32_t *prompts[1] = {prompt};
+    float *logits[1] = {ref};
+    int len = LONG;
+    if (rp_runner_run_prompts(run, 1, prompts, &len, logits, 0, NULL, &rerr)) fail_msg("logits: %s", rerr.msg);
+    rp_runner_free(run);
+    struct {
+        const char *what;
+        int n, chunk, top, step_tokens;
+    } cases[] = {{"40 tokens in chunks of 7", 40, 7, TOP, 0},
+                 /* steps of 512 tokens: the chunks are held to the 4 + 128 logit rows alone */
+                 {"300 tokens, rows held", LONG, 0, TOP, 512},
+                 {"2 tokens, no alternatives", 2, 0, 0, 0},
+                 {"1 token", 1, 0, 0, 0}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        g_step_tokens = cases[c].step_tokens;
+        rp_engine *e = make_engine("qwen3-tied", 0, cases[c].chunk, 4);
+        g_step_tokens = 0;
+        rp_request_params p;
+        rp_request_params_default(&p);
+        p.prompt_ids = prompt;
+        p.num_prompt_ids = cases[c].n;
+        p.max_tokens = 4;
+        p.ignore_eos = 1;
+        p.temperature = 0;
+        plp_result plain = {0};
+        submit_or_fail_cb(e, &p, &plain); /* its prompt goes to the prefix cache */
+        rp_engine_wait_idle(e);
+        p.prompt_logprobs = 1;
+        p.prompt_top_logprobs = cases[c].top;
+        plp_result a = {0}, b = {0};
+        rp_request_params q;
+        int32_t other[8];
+        bias_params(&q, other, 1);
+        hold h;
+        hold_engine(e, &h);
+        submit_or_fail_cb(e, &p, &a);
+        submit_or_fail_cb(e, &q, &b); /* sampled on the device beside it */
+        release_engine(&h);
+        rp_engine_wait_idle(e);
+        check_prompt_logprobs(&a, prompt, cases[c].n, ref, vocab, cases[c].top, cases[c].what);
+        assert_int_equal(a.cached, 0); /* never from the cache, which has the prompt: */
+        p.prompt_logprobs = 0;
+        plp_result again = {0};
+        submit_or_fail_cb(e, &p, &again);
+        rp_engine_wait_idle(e);
+        assert_true(again.cached > 0 || cases[c].n <= 16);
+        assert_int_equal(a.tokens, 4);
+        for (int i = 0; i < 4; i++) assert_int_equal(a.out[i], plain.out[i]);
+        assert_int_equal(b.tokens, 6);
+        assert_int_equal(b.carried, 0);
+        free(a.lp);
+        expect_pool_full(e);
+        rp_engine_destroy(e);
+    }
+    /* preempted mid-prompt: a pool of 12 pages, steps of 32 tokens, three
+     * older requests decoding beside a 150-token prompt; the prompt's chunks
+     * soon find no pages, the decodes then preempt it (the newest), and it is
+     * computed again from its start once they are done */
+    g_no_reserve = 1;
+    g_step_tokens = 32;
+    rp_engine *e = make_engine("qwen3-tied", 12, 0, 4);
+    g_no_reserve = 0;
+    g_step_tokens = 0;
+    rp_request_params p, q;
+    int32_t others[3][8];
+    plp_result dec[3], a = {0};
+    memset(dec, 0, sizeof dec);
+    hold h;
+    hold_engine(e, &h);
+    for (int i = 0; i < 3; i++) {
+        bias_params(&q, others[i], 0);
+        others[i][0] = (int32_t)(40 + i); /* no shared prefix */
+        q.max_tokens = 60;
+        submit_or_fail_cb(e, &q, &dec[i]);
+    }
+    rp_request_params_default(&p);
+    p.prompt_ids = prompt;
+    p.num_prompt_ids = 150;
+    p.max_tokens = 4;
+    p.ignore_eos = 1;
+    p.temperature = 0;
+    p.prompt_logprobs = 1;
+    p.prompt_top_logprobs = TOP;
+    submit_or_fail_cb(e, &p, &a);
+    release_engine(&h);
+    rp_engine_wait_idle(e);
+    if (a.preemptions == 0) fail_msg("the prompt was never preempted");
+    check_prompt_logprobs(&a, prompt, 150, ref, vocab, TOP, "preempted mid-prompt");
+    assert_int_equal(a.tokens, 4);
+    free(a.lp);
+    expect_pool_full(e);
+    rp_engine_destroy(e);
+    free(ref);
+    e = make_engine("qwen3-tied", 0, 0, 4);
+    rp_request_params_default(&p);
+    p.prompt_ids = prompt;
+    p.num_prompt_ids = 4;
+    p.prompt_logprobs = 1;
+    p.prompt_top_logprobs = RP_MAX_TOP_LOGPROBS + 1;
+    rp_error err;
+    result r = {0};
+    assert_int_equal(rp_engine_submit(e, &p, collect, &r, NULL, &err), -1);
+    expect_error(&err, RP_ERROR_INVALID_REQUEST, "prompt_logprobs", "prompt_logprobs");
     rp_engine_destroy(e);
 }
 
@@ -1012,6 +1362,9 @@ int main(void) {
         cmocka_unit_test(test_default_max_running),
         cmocka_unit_test(test_rejections),
         cmocka_unit_test(test_top_logprobs),
+        cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_min_tokens),
+        cmocka_unit_test(test_prompt_logprobs),
         cmocka_unit_test(test_abort_everywhere),
         cmocka_unit_test(test_newcomer_during_long_prefill),
         cmocka_unit_test(test_abort_long_prefill),

@@ -435,6 +435,20 @@ static int build_responses(const rp_tokenizer *tok, rp_sbuf *out) {
             rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "", 0, RP_FINISH_REASON_LENGTH, NULL)) ||
             rp_oai_sse_add(out, rp_oai_usage_chunk(&r, rp_oai_usage(3, 0, 2))))
             return -1;
+        /* prompt logprobs: an echo's (the prompt's tokens first) and vLLM's list */
+        const rp_prompt_logprob plp[3] = {
+            {.token = 9707, .logprob = NAN},
+            {.token = 11, .logprob = -2.5f, .rank = 4, .num_top = 2, .top_ids = {9707, 151643}, .top_logprobs = {-0.5f, -1.0f}},
+            {.token = 9707, .logprob = -0.25f, .rank = 1, .num_top = 2, .top_ids = {9707, 11}, .top_logprobs = {-0.25f, -3.0f}}};
+        size_t offset = 0;
+        lp = rp_oai_logprobs_new(&r);
+        if (!lp || (kind == RP_OAI_COMPLETION && rp_oai_logprobs_add_prompt(&r, lp, plp, 3, &offset))) {
+            json_decref(lp);
+            return -1;
+        }
+        if (rp_oai_sse_add(out, rp_oai_chunk(&r, 0, "Hello,Hello", 11, RP_FINISH_REASON_NONE, lp)) ||
+            rp_oai_sse_add(out, rp_oai_prompt_logprobs_json(&r, plp, 3, 2)))
+            return -1;
     }
     int32_t ids[] = {9707, 11};
     rp_oai_error e;
@@ -454,6 +468,8 @@ static void test_out_of_memory(void **state) {
     rp_sbuf want = {0};
     assert_int_equal(build_responses(tok, &want), 0);
     assert_non_null(strstr(want.p, "\"top_logprobs\":[{\"token\":\"Hello\""));
+    assert_non_null(strstr(want.p, "\"token_logprobs\":[null,-2.5,-0.25]"));
+    assert_non_null(strstr(want.p, "[null,{\"9707\":{\"logprob\":-0.5,\"rank\":1,\"decoded_token\":\"Hello\"}"));
     int whole = 0;
     for (long budget = 0; !whole; budget++) {
         rp_sbuf out = {0};
@@ -946,15 +962,57 @@ static void test_output_options(void **state) {
     assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e), 0);
     assert_true(!q.params.include_stop_str_in_output && !q.params.keep_special_tokens && !q.truncate_prompt_tokens);
     rp_oai_request_free(&q);
+    /* min_tokens, logit_bias and prompt logprobs reach the engine's params */
+    body = "{\"prompt\":[1,2],\"min_tokens\":3,\"logit_bias\":{\"7\":-100,\"9\":2.5},\"prompt_logprobs\":2,"
+           "\"echo\":true,\"logprobs\":4}";
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e), 0);
+    assert_int_equal(q.params.min_tokens, 3);
+    assert_int_equal(q.params.num_logit_bias, 2);
+    assert_true(q.params.logit_bias_ids[0] == 7 && q.params.logit_bias[0] == -100.0f);
+    assert_true(q.params.logit_bias_ids[1] == 9 && q.params.logit_bias[1] == 2.5f);
+    assert_true(q.params.prompt_logprobs && q.echo_logprobs && q.prompt_logprobs == 2);
+    assert_int_equal(q.params.prompt_top_logprobs, 4); /* the larger of echo's 4 and prompt_logprobs' 2 */
+    rp_oai_request_free(&q);
+    body = "{\"prompt\":[1],\"echo\":true}"; /* echo alone: no prompt logprobs */
+    assert_int_equal(rp_oai_parse(&ctx, RP_OAI_COMPLETION, body, strlen(body), &q, &e), 0);
+    assert_true(!q.params.prompt_logprobs && !q.echo_logprobs && q.prompt_logprobs == -1);
+    rp_oai_request_free(&q);
+    {
+        /* RP_MAX_LOGIT_BIAS entries are taken, one more is not */
+        char big[32 * (RP_MAX_LOGIT_BIAS + 2)];
+        for (int extra = 0; extra < 2; extra++) {
+            size_t o = (size_t)snprintf(big, sizeof big, "{\"prompt\":[1],\"logit_bias\":{");
+            for (int i = 0; i < RP_MAX_LOGIT_BIAS + extra; i++)
+                o += (size_t)snprintf(big + o, sizeof big - o, "%s\"%d\":1", i ? "," : "", i);
+            snprintf(big + o, sizeof big - o, "}}");
+            int rc = rp_oai_parse(&ctx, RP_OAI_COMPLETION, big, strlen(big), &q, &e);
+            assert_int_equal(rc, extra ? -1 : 0);
+            if (rc == 0) {
+                assert_int_equal(q.params.num_logit_bias, RP_MAX_LOGIT_BIAS);
+                rp_oai_request_free(&q);
+            } else {
+                assert_string_equal(e.param, "logit_bias");
+            }
+        }
+    }
     static const struct {
         const char *body, *param, *msg;
     } refused[] = {
-        {"{\"prompt\":[1],\"min_tokens\":1}", "min_tokens", "not supported by replay yet"},
-        {"{\"prompt\":[1],\"logit_bias\":{\"5\":1}}", "logit_bias", "not supported by replay yet"},
+        {"{\"prompt\":[1],\"min_tokens\":-1}", "min_tokens", "must be in"},
+        {"{\"prompt\":[1],\"min_tokens\":1.5}", "min_tokens", "must be an integer"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"5\":\"1\"}}", "logit_bias", "must be numbers"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"5\":100.5}}", "logit_bias", "[-100, 100]"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"151936\":1}}", "logit_bias", "token ids in [0, 151936)"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"-1\":1}}", "logit_bias", "token ids"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"5x\":1}}", "logit_bias", "token ids"},
+        {"{\"prompt\":[1],\"logit_bias\":{\"\":1}}", "logit_bias", "token ids"},
+        {"{\"prompt\":[1],\"logit_bias\":[1]}", "logit_bias", "must be an object"},
+        {"{\"prompt\":[1],\"prompt_logprobs\":21}", "prompt_logprobs", "must be in"},
+        {"{\"prompt\":[1],\"prompt_logprobs\":-1}", "prompt_logprobs", "must be in"},
+        {"{\"prompt\":[1],\"prompt_logprobs\":1,\"stream\":true}", "prompt_logprobs", "stream"},
         {"{\"prompt\":[1],\"best_of\":2}", "best_of", "must equal 'n'"},
         {"{\"prompt\":[1],\"truncate_prompt_tokens\":-1}", "truncate_prompt_tokens", "must be in"},
         {"{\"prompt\":[1],\"spaces_between_special_tokens\":false}", "spaces_between_special_tokens", "not supported"},
-        {"{\"prompt\":[1],\"prompt_logprobs\":0}", "prompt_logprobs", "not supported by replay yet"},
         {"{\"prompt\":[1],\"suffix\":\"x\"}", "suffix", "not supported by replay yet"},
         {"{\"prompt\":[1],\"bogus\":null}", "bogus", "Unrecognized request argument supplied: bogus"},
         {"{\"prompt\":[1],\"messages\":[]}", "messages", "Unrecognized request argument supplied: messages"},

@@ -19,6 +19,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/logit_proc.h"
+#include "engine/prompt_logprobs.h"
 #include "engine/sampler.h"
 #include "util/rng.h"
 
@@ -1133,6 +1135,117 @@ static void test_huge_vocab(void **state) {
     rp_sampler_free(s);
 }
 
+
+/* The logit processors before the sampler (engine/logit_proc.c): the bias
+ * adds (a repeated id adds twice), min_tokens sets EOS (unless ignore_eos)
+ * and the stop ids to -inf while the output is short, and only then; +100
+ * makes greedy pick a token with logprob ~0, -100 bans the argmax. */
+static void test_logit_proc(void **state) {
+    (void)state;
+    enum { V = 16 };
+    rp_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.vocab_size = V;
+    cfg.num_eos_token_ids = 2;
+    cfg.eos_token_ids[0] = 3;
+    cfg.eos_token_ids[1] = 9;
+    int32_t stop[1] = {5}, ids[2] = {7, 7};
+    float bias[2] = {1.5f, 2.0f};
+    rp_request r;
+    memset(&r, 0, sizeof r);
+    r.min_tokens = 2;
+    r.stop_ids = stop;
+    r.num_stop_ids = 1;
+    r.bias_ids = ids;
+    r.bias = bias;
+    r.num_bias = 2;
+    float l[V];
+    for (int k = 0; k < 3; k++)
+        for (int ignore = 0; ignore < 2; ignore++) {
+            r.ignore_eos = ignore;
+            for (int i = 0; i < V; i++) l[i] = 0.25f * (float)i;
+            rp_logit_proc_apply(&r, &cfg, k, l);
+            for (int i = 0; i < V; i++) {
+                float want = 0.25f * (float)i + (i == 7 ? 3.5f : 0.0f);
+                if (k < 2 && (i == 5 || (!ignore && (i == 3 || i == 9)))) want = -INFINITY;
+                if (l[i] != want) fail_msg("k %d ignore_eos %d: token %d is %g, expected %g", k, ignore, i, l[i], want);
+            }
+        }
+    assert_true(rp_logit_proc_active(&r, 5)); /* a bias: always */
+    r.num_bias = 0;
+    assert_true(rp_logit_proc_active(&r, 1) && !rp_logit_proc_active(&r, 2)); /* min_tokens: while short */
+    /* through the greedy sampler */
+    rp_sampler *s = rp_sampler_new(V);
+    rp_sampling_params p;
+    rp_sampling_params_default(&p);
+    p.temperature = 0;
+    r.min_tokens = 0;
+    r.num_bias = 1;
+    bias[0] = 100.0f;
+    ids[0] = 2;
+    for (int i = 0; i < V; i++) l[i] = 0.25f * (float)i;
+    rp_logit_proc_apply(&r, &cfg, 0, l);
+    float lp;
+    assert_int_equal(rp_sampler_sample(s, &p, l, NULL, 0, NULL, 0, 0, &lp), 2);
+    assert_true(lp <= 0 && lp > -1e-6f);
+    bias[0] = -100.0f;
+    ids[0] = V - 1; /* the argmax, banned */
+    for (int i = 0; i < V; i++) l[i] = 0.25f * (float)i;
+    rp_logit_proc_apply(&r, &cfg, 0, l);
+    assert_int_equal(rp_sampler_sample(s, &p, l, NULL, 0, NULL, 0, 0, &lp), V - 2);
+    rp_sampler_free(s);
+    /* validation names the field */
+    rp_request_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.max_tokens = 4;
+    rp.min_tokens = 5;
+    rp_err err;
+    assert_int_equal(rp_logit_proc_validate(&rp, V, &err), RP_ERR);
+    assert_string_equal(err.param, "min_tokens");
+    rp.min_tokens = 4;
+    rp.logit_bias_ids = ids;
+    rp.logit_bias = bias;
+    rp.num_logit_bias = 1;
+    ids[0] = V;
+    assert_int_equal(rp_logit_proc_validate(&rp, V, &err), RP_ERR);
+    assert_string_equal(err.param, "logit_bias");
+    ids[0] = 0;
+    bias[0] = -100.01f;
+    assert_int_equal(rp_logit_proc_validate(&rp, V, &err), RP_ERR);
+    bias[0] = -100.0f;
+    assert_int_equal(rp_logit_proc_validate(&rp, V, &err), RP_OK);
+}
+
+/* A prompt token's entry (engine/prompt_logprobs.c) against float64 on a
+ * row with ties, -inf and NaN: log-softmax, vLLM's rank (ties count), the
+ * top list in (logit desc, id asc) order, capped by the vocabulary. */
+static void test_prompt_logprob_entry(void **state) {
+    (void)state;
+    enum { V = 10 };
+    float l[V] = {1.0f, 3.0f, 3.0f, -INFINITY, 0.5f, NAN, 2.0f, 3.0f, -1.0f, 0.0f};
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        if (isfinite(l[i])) sum += exp((double)l[i] - 3.0);
+    const double lse = 3.0 + log(sum);
+    rp_prompt_logprob e;
+    rp_prompt_logprob_compute(l, V, 6, 4, &e);
+    assert_int_equal(e.token, 6);
+    assert_true(fabs(e.logprob - (2.0 - lse)) < 1e-6);
+    assert_int_equal(e.rank, 4); /* three at 3.0, and itself */
+    assert_int_equal(e.num_top, 4);
+    const int32_t order[4] = {1, 2, 7, 6};
+    for (int j = 0; j < 4; j++) {
+        assert_int_equal(e.top_ids[j], order[j]);
+        assert_true(fabs(e.top_logprobs[j] - ((double)l[order[j]] - lse)) < 1e-6);
+    }
+    rp_prompt_logprob_compute(l, V, 5, 0, &e); /* NaN: -inf, last in rank */
+    assert_true(e.logprob == -INFINITY && e.rank == V && e.num_top == 0);
+    rp_prompt_logprob_compute(l, V, 1, 30, &e); /* more alternatives than the vocabulary */
+    assert_int_equal(e.num_top, V);
+    assert_int_equal(e.rank, 3);
+    assert_true(e.top_logprobs[V - 1] == -INFINITY);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
@@ -1157,6 +1270,8 @@ int main(void) {
         cmocka_unit_test(test_probs_match_reference),
         cmocka_unit_test(test_draw_weights),
         cmocka_unit_test(test_huge_vocab),
+        cmocka_unit_test(test_logit_proc),
+        cmocka_unit_test(test_prompt_logprob_entry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1025,6 +1025,70 @@ static void test_default_max_running(void **state) {
     assert_int_equal(rp_sched_default_max_running(8192, 0), 16);
 }
 
+
+/* The plan's items, pages aside. */
+static void expect_items(rp_scheduler *s, const want *w, int n, int line) {
+    assert_int_equal(rp_scheduler_schedule(s), n);
+    for (int i = 0; i < n; i++) {
+        const rp_sched_item *it = &s->plan[i];
+        if (it->req != w[i].req || it->num_tokens != w[i].num_tokens || it->samples != w[i].samples)
+            fail_msg("line %d: plan item %d is (request %d, %d tokens, samples %d), expected (request %d, %d, %d)", line,
+                     i, (int)it->req->id, it->num_tokens, it->samples, (int)w[i].req->id, w[i].num_tokens,
+                     w[i].samples);
+    }
+}
+#define ITEMS(s, ...)                                                                     \
+    do {                                                                                  \
+        const want w_[] = {__VA_ARGS__};                                                  \
+        expect_items(s, w_, (int)(sizeof w_ / sizeof w_[0]), __LINE__);                   \
+    } while (0)
+
+/* What the engine records after a step: the logits of every position fed. */
+static void record_prompt_logits(rp_request *r) {
+    if (!r->prompt_lp) return;
+    r->prompt_lp_done = r->cached < r->num_prompt - 1 ? r->cached : r->num_prompt - 1;
+}
+
+/* Requests that want every prompt position's logits (prompt logprobs): a
+ * chunk takes a logit row per token, one of them the row any request has,
+ * the rest from the step's spare rows (3 here), shared in plan order; such a
+ * request is admitted without the prefix cache, even with its whole prompt
+ * cached, and is an ordinary one once its prompt's logits are recorded. */
+static void test_prompt_logit_rows(void **state) {
+    (void)state;
+    fixture f;
+    rp_sched_config cfg = sched_config(4, 64, 0);
+    cfg.prompt_logit_rows = 3;
+    setup_cached(&f, 16, 4, cfg);
+    rp_request *a = add_req(&f, 10, 8);
+    STEP(f.s, 13, {a, 10, 1});
+    rp_prompt_logprob lp[10];
+    rp_request *b = make_req(&f, 10, 4), *c = make_req(&f, 6, 4);
+    share_prompt(b, a, 10); /* a's prompt, 8 tokens of it cached */
+    b->prompt_lp = c->prompt_lp = lp;
+    rp_scheduler_enqueue(f.s, b);
+    rp_scheduler_enqueue(f.s, c);
+    /* b: 1 + 3 rows; c: the row it has anyway */
+    ITEMS(f.s, {a, 1, 1}, {b, 4, 0}, {c, 1, 0});
+    assert_int_equal(b->row >= 0 ? f.table->row_shared[b->row] : -1, 0);
+    finish_step(f.s);
+    assert_int_equal(b->cached_prompt_tokens, 0);
+    record_prompt_logits(b);
+    record_prompt_logits(c);
+    ITEMS(f.s, {a, 1, 1}, {b, 4, 0}, {c, 1, 0});
+    finish_step(f.s);
+    record_prompt_logits(b);
+    record_prompt_logits(c);
+    ITEMS(f.s, {a, 1, 1}, {b, 2, 1}, {c, 3, 0}); /* b's last 2 take 1 spare row, c 1 + the other 2 */
+    finish_step(f.s);
+    record_prompt_logits(b);
+    record_prompt_logits(c);
+    assert_false(rp_request_wants_prompt_logits(b));
+    ITEMS(f.s, {a, 1, 1}, {b, 1, 1}, {c, 1, 1}); /* b decodes; c's last prompt token */
+    finish_step(f.s);
+    teardown(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pages_for),
@@ -1048,6 +1112,7 @@ int main(void) {
         cmocka_unit_test(test_reserve_learns_early_stops),
         cmocka_unit_test(test_reserve_wrong_estimate),
         cmocka_unit_test(test_default_max_running),
+        cmocka_unit_test(test_prompt_logit_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

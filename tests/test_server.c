@@ -333,7 +333,6 @@ static void test_errors(void **state) {
         {"top_logprobs with logprobs false", "/v1/chat/completions",
          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":false,\"top_logprobs\":1}",
          "top_logprobs", NULL, 400},
-        {"echo with logprobs", "/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":0}", "echo", NULL, 400},
         {"token id past the vocabulary", "/v1/completions", "{\"prompt\":[1,999999]}", "prompt", NULL, 400},
         {"negative token id", "/v1/completions", "{\"prompt\":[-1]}", "prompt", NULL, 400},
         {"max_tokens past the context", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":100000}", "max_tokens",
@@ -878,15 +877,26 @@ static void test_request_fields(void **state) {
     } refused[] = {
         {"unknown field", "/v1/completions", "{\"prompt\":\"x\",\"foo\":{\"bar\":1}}", "foo"},
         {"unknown chat field", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prompt\":\"x\"}", "prompt"},
-        {"min_tokens", "/v1/completions", "{\"prompt\":\"x\",\"min_tokens\":3}", "min_tokens"},
-        {"logit_bias", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"9707\":5}}", "logit_bias"},
+        {"min_tokens past max_tokens", "/v1/completions", "{\"prompt\":\"x\",\"min_tokens\":3,\"max_tokens\":2}",
+         "min_tokens"},
+        {"min_tokens past chat max_tokens", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"min_tokens\":3,\"max_completion_tokens\":2}",
+         "min_tokens"},
+        {"logit_bias past the vocabulary", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"999999\":5}}",
+         "logit_bias"},
+        {"logit_bias not a number", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logit_bias\":{\"5\":null}}", "logit_bias"},
+        {"logit_bias out of range", "/v1/completions", "{\"prompt\":\"x\",\"logit_bias\":{\"5\":-101}}",
+         "logit_bias"},
+        {"prompt_logprobs streamed", "/v1/completions", "{\"prompt\":\"x\",\"prompt_logprobs\":1,\"stream\":true}",
+         "prompt_logprobs"},
+        {"prompt_logprobs 21", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prompt_logprobs\":21}", "prompt_logprobs"},
         {"spaces_between_special_tokens false", "/v1/completions",
          "{\"prompt\":\"x\",\"spaces_between_special_tokens\":false}", "spaces_between_special_tokens"},
         {"best_of > n", "/v1/completions", "{\"prompt\":\"x\",\"best_of\":3}", "best_of"},
         {"truncate_prompt_tokens 0", "/v1/completions", "{\"prompt\":\"x\",\"truncate_prompt_tokens\":0}",
          "truncate_prompt_tokens"},
-        {"echo with logprobs", "/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}", "echo"},
-        {"prompt_logprobs", "/v1/completions", "{\"prompt\":\"x\",\"prompt_logprobs\":1}", "prompt_logprobs"},
         {"two constraints", "/v1/chat/completions",
          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"},\"guided_regex\":\"a\"}",
          "guided_regex"},
@@ -955,6 +965,198 @@ static void test_request_fields(void **state) {
     assert_int_equal(with_usage, chunks);
     assert_non_null(strstr(r.body, "\"completion_tokens\":3"));
     response_free(&r);
+    wait_pool_full();
+}
+
+
+/* The JSON of a 200 answer (the test fails on anything else). */
+static json_t *ok_json(const char *what, response r) {
+    if (r.status != 200) fail_msg("%s: %d %s", what, r.status, r.body);
+    json_t *j = parse(r.body);
+    response_free(&r);
+    return j;
+}
+
+static json_t *choice0(json_t *j) { return json_array_get(json_object_get(j, "choices"), 0); }
+
+/* Prompt logprobs against the engine's own greedy decoding: the most likely
+ * token at prompt position i (prompt_logprobs, computed for the whole prompt
+ * in one prefill) is the token and logprob a greedy completion of the first i
+ * tokens makes; echo with logprobs puts the prompt's tokens first, the first
+ * without a logprob, each with prompt_logprobs' value; streamed, the echo's
+ * chunk carries the same; chat has prompt_logprobs beside its choices. */
+static void test_prompt_logprobs(void **state) {
+    (void)state;
+    const int P[] = {9707, 1879, 374, 264, 1273, 315};
+    const int n = 6;
+    json_t *ids = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(ids, json_integer(P[i]));
+    json_t *body = json_pack("{s:O, s:i, s:i, s:b, s:i, s:i, s:b}", "prompt", ids, "max_tokens", 2, "temperature", 0,
+                             "echo", 1, "logprobs", 2, "prompt_logprobs", 2, "ignore_eos", 1);
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_t *a = ok_json("echo + prompt_logprobs", request(port(), "POST", "/v1/completions", NULL, text));
+    json_t *lp = json_object_get(choice0(a), "logprobs"), *plp = json_object_get(choice0(a), "prompt_logprobs");
+    json_t *tokens = json_object_get(lp, "tokens"), *tlp = json_object_get(lp, "token_logprobs");
+    json_t *tops = json_object_get(lp, "top_logprobs"), *offs = json_object_get(lp, "text_offset");
+    assert_int_equal(json_array_size(tokens), n + 2);
+    assert_int_equal(json_array_size(plp), n);
+    assert_true(json_is_null(json_array_get(plp, 0)) && json_is_null(json_array_get(tlp, 0)) &&
+                json_is_null(json_array_get(tops, 0)));
+    for (size_t i = 1; i < json_array_size(offs); i++)
+        assert_true(json_integer_value(json_array_get(offs, i)) >= json_integer_value(json_array_get(offs, i - 1)));
+    for (int i = 1; i < n; i++) {
+        json_t *entry = json_array_get(plp, (size_t)i);
+        char key[16];
+        snprintf(key, sizeof key, "%d", P[i]);
+        json_t *mine = json_object_get(entry, key);
+        if (!mine) fail_msg("prompt_logprobs[%d] has no entry for its token %s", i, key);
+        const double l = json_real_value(json_object_get(mine, "logprob"));
+        assert_true(json_integer_value(json_object_get(mine, "rank")) >= 1);
+        assert_true(l == json_real_value(json_array_get(tlp, (size_t)i))); /* echo's logprob is the same one */
+        assert_true(json_object_size(json_array_get(tops, (size_t)i)) >= 2);
+        /* the rank-1 entry against a greedy completion of the first i tokens */
+        const char *k1;
+        json_t *v, *best = NULL;
+        json_object_foreach(entry, k1, v) if (json_integer_value(json_object_get(v, "rank")) == 1) best = v;
+        assert_non_null(best);
+        json_t *prefix = json_array();
+        for (int k = 0; k < i; k++) json_array_append_new(prefix, json_integer(P[k]));
+        json_t *rb = json_pack("{s:o, s:i, s:i, s:i, s:b}", "prompt", prefix, "max_tokens", 1, "temperature", 0,
+                               "logprobs", 1, "ignore_eos", 1);
+        char *rt = json_dumps(rb, JSON_COMPACT);
+        json_t *ref = ok_json("greedy reference", request(port(), "POST", "/v1/completions", NULL, rt));
+        json_t *rlp = json_object_get(choice0(ref), "logprobs");
+        const char *want_tok = json_string_value(json_array_get(json_object_get(rlp, "tokens"), 0));
+        const double want_lp = json_real_value(json_array_get(json_object_get(rlp, "token_logprobs"), 0));
+        const char *got_tok = json_string_value(json_object_get(best, "decoded_token"));
+        const double got_lp = json_real_value(json_object_get(best, "logprob"));
+        if (strcmp(got_tok, want_tok) || fabs(got_lp - want_lp) > 1e-4)
+            fail_msg("position %d: prompt_logprobs' most likely '%s' (%g), greedy decoding '%s' (%g)", i, got_tok,
+                     got_lp, want_tok, want_lp);
+        json_decref(ref);
+        json_decref(rb);
+        free(rt);
+    }
+    /* streamed (echo with logprobs; prompt_logprobs is not streamed): the same tokens and logprobs */
+    json_object_del(body, "prompt_logprobs");
+    json_object_set_new(body, "stream", json_true());
+    free(text);
+    text = json_dumps(body, JSON_COMPACT);
+    response r = request(port(), "POST", "/v1/completions", NULL, text);
+    assert_int_equal(r.status, 200);
+    json_t *st_tokens = json_array(), *st_lp = json_array();
+    int chunk = 0;
+    for (const char *q = r.body; (q = strstr(q, "data: {")); q++) {
+        const char *end = strstr(q, "\n\n");
+        json_error_t jerr;
+        json_t *c = json_loadb(q + 6, (size_t)(end - q - 6), 0, &jerr), *clp = json_object_get(choice0(c), "logprobs");
+        if (chunk++ == 0) { /* the echo: the prompt's text and tokens */
+            assert_int_equal(json_array_size(json_object_get(clp, "tokens")), n);
+            assert_string_equal(json_string_value(json_object_get(choice0(c), "text")), "Hello world is a test of");
+        }
+        json_array_extend(st_tokens, json_object_get(clp, "tokens"));
+        json_array_extend(st_lp, json_object_get(clp, "token_logprobs"));
+        json_decref(c);
+    }
+    response_free(&r);
+    assert_int_equal(chunk, 3);
+    assert_true(json_equal(st_tokens, tokens) && json_equal(st_lp, tlp));
+    json_decref(st_tokens);
+    json_decref(st_lp);
+    /* logprobs = 0 with echo: the prompt's logprobs, no alternatives */
+    json_object_set_new(body, "stream", json_false());
+    json_object_set_new(body, "logprobs", json_integer(0));
+    free(text);
+    text = json_dumps(body, JSON_COMPACT);
+    json_t *z = ok_json("echo, logprobs 0", request(port(), "POST", "/v1/completions", NULL, text));
+    json_t *zlp = json_object_get(choice0(z), "logprobs");
+    assert_true(json_is_null(json_object_get(zlp, "top_logprobs")));
+    assert_true(json_equal(json_object_get(zlp, "token_logprobs"), tlp));
+    assert_null(json_object_get(choice0(z), "prompt_logprobs"));
+    json_decref(z);
+    free(text);
+    json_decref(body);
+    json_decref(ids);
+    json_decref(a);
+    /* chat: beside the choices, one entry per prompt token (the token alone at 0 alternatives) */
+    json_t *c = ok_json("chat prompt_logprobs",
+                        request(port(), "POST", "/v1/chat/completions", NULL,
+                                "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":1,"
+                                "\"prompt_logprobs\":0,\"n\":2}"));
+    plp = json_object_get(c, "prompt_logprobs");
+    const json_int_t pt = json_integer_value(json_object_get(json_object_get(c, "usage"), "prompt_tokens"));
+    assert_int_equal(json_array_size(plp), pt);
+    assert_true(json_is_null(json_array_get(plp, 0)));
+    for (size_t i = 1; i < json_array_size(plp); i++) assert_int_equal(json_object_size(json_array_get(plp, i)), 1);
+    assert_null(json_object_get(choice0(c), "prompt_logprobs"));
+    json_decref(c);
+    wait_pool_full();
+}
+
+/* logit_bias and min_tokens through the server, completions and chat. */
+static void test_bias_and_min_tokens(void **state) {
+    (void)state;
+    /* +100: greedy writes the token (9707 is "Hello") */
+    char *got = choice_text("bias +100", request(port(), "POST", "/v1/completions", NULL,
+                                                 "{\"prompt\":\"x\",\"max_tokens\":3,\"temperature\":0,"
+                                                 "\"ignore_eos\":true,\"logit_bias\":{\"9707\":100}}"));
+    assert_string_equal(got, "HelloHelloHello");
+    free(got);
+    /* two at +100: one wins; -100 on it, the other */
+    got = choice_text("two at +100", request(port(), "POST", "/v1/completions", NULL,
+                                             "{\"prompt\":\"x\",\"max_tokens\":1,\"temperature\":0,"
+                                             "\"logit_bias\":{\"9707\":100,\"1879\":100}}"));
+    const int hello = !strcmp(got, "Hello");
+    assert_true(hello || !strcmp(got, " world"));
+    free(got);
+    got = choice_text("-100", request(port(), "POST", "/v1/chat/completions", NULL,
+                                      hello ? "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1,"
+                                              "\"temperature\":0,\"logit_bias\":{\"9707\":-100,\"1879\":100}}"
+                                            : "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":1,"
+                                              "\"temperature\":0,\"logit_bias\":{\"9707\":100,\"1879\":-100}}"));
+    assert_string_equal(got, hello ? " world" : "Hello");
+    free(got);
+    /* EOS (151645) made certain: the answer ends at once, unless min_tokens */
+    struct {
+        const char *path, *body;
+        json_int_t tokens;
+    } eos[] = {
+        {"/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":10,\"logit_bias\":{\"151645\":100}}", 1},
+        {"/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":10,\"min_tokens\":5,\"logit_bias\":{\"151645\":100}}", 6},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"min_tokens\":4,\"logit_bias\":{\"151645\":100}}", 5},
+    };
+    for (size_t i = 0; i < sizeof eos / sizeof eos[0]; i++) {
+        json_t *j = ok_json("EOS biased", request(port(), "POST", eos[i].path, NULL, eos[i].body));
+        json_t *u = json_object_get(j, "usage");
+        if (json_integer_value(json_object_get(u, "completion_tokens")) != eos[i].tokens ||
+            strcmp(json_string_value(json_object_get(choice0(j), "finish_reason")), "stop"))
+            fail_msg("%s: %s", eos[i].body, json_dumps(j, 0));
+        json_decref(j);
+    }
+    /* a stop string in the first token's text ends the answer at once, not within min_tokens */
+    json_t *g = ok_json("greedy", request(port(), "POST", "/v1/completions", NULL,
+                                          "{\"prompt\":\"Hello\",\"max_tokens\":8,\"temperature\":0,\"ignore_eos\":true,"
+                                          "\"logprobs\":0}"));
+    json_t *glp = json_object_get(choice0(g), "logprobs");
+    const char *first = json_string_value(json_array_get(json_object_get(glp, "tokens"), 0));
+    const size_t third_end = (size_t)json_integer_value(json_array_get(json_object_get(glp, "text_offset"), 3));
+    const char *full = json_string_value(json_object_get(choice0(g), "text"));
+    if (!first[0] || strlen(full) <= third_end) fail_msg("greedy text '%s' of no use here", full);
+    for (int min = 0; min < 2; min++) {
+        json_t *b = json_pack("{s:s, s:i, s:i, s:b, s:s, s:i}", "prompt", "Hello", "max_tokens", 8, "temperature", 0,
+                              "ignore_eos", 1, "stop", first, "min_tokens", min ? 3 : 0);
+        char *t = json_dumps(b, JSON_COMPACT);
+        json_t *j = ok_json("stop string with min_tokens", request(port(), "POST", "/v1/completions", NULL, t));
+        const char *out = json_string_value(json_object_get(choice0(j), "text"));
+        const json_int_t made = json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+        if (min ? made <= 3 || strlen(out) < third_end || strncmp(out, full, third_end) : made != 1 || out[0])
+            fail_msg("stop '%s', min_tokens %d: '%s' (%d tokens) of '%s'", first, min ? 3 : 0, out, (int)made, full);
+        json_decref(j);
+        free(t);
+        json_decref(b);
+    }
+    json_decref(g);
     wait_pool_full();
 }
 
@@ -1709,6 +1911,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_listener),
         cmocka_unit_test(test_errors),     cmocka_unit_test(test_chat_tools), cmocka_unit_test(test_chat_choice_scripted), cmocka_unit_test(test_completions), cmocka_unit_test(test_request_fields), cmocka_unit_test(test_serving_basics), cmocka_unit_test(test_top_logprobs),
+        cmocka_unit_test(test_prompt_logprobs), cmocka_unit_test(test_bias_and_min_tokens),
         cmocka_unit_test(test_streaming),  cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_connection_flood), cmocka_unit_test(test_refused_before_body),
         cmocka_unit_test(test_pipelining_head_half_close), cmocka_unit_test(test_queue_full),

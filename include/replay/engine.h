@@ -40,7 +40,8 @@ typedef struct rp_error {
     /* the rp_request_params field at fault, by its OpenAI name ("prompt",
      * "max_tokens", "stop", "temperature", "top_p", "top_k", "min_p",
      * "repetition_penalty", "presence_penalty", "frequency_penalty",
-     * "top_logprobs", "seed"), or "" when no single one is */
+     * "top_logprobs", "seed", "min_tokens", "logit_bias", "prompt_logprobs"),
+     * or "" when no single one is */
     char param[48];
     char message[512];
 } rp_error;
@@ -165,6 +166,22 @@ typedef struct rp_constraint {
  * likely tokens of that same distribution, most likely first (ties: lower id
  * first): top_ids[i], top_logprobs[i] for i < num_top_logprobs. A token the
  * sampler could not have drawn (cut by top-k, top-p or min-p) has -inf. */
+/* One prompt token's logprob (prompt logprobs, vLLM's prompt_logprobs):
+ * the log-softmax of the model's logits at the position before it, at
+ * temperature 1, before any bias or penalty (what the model says of the
+ * prompt, whatever the request samples with). rank: 1 + the tokens with a
+ * larger logit (vLLM's rank). The first prompt token has none: rank 0,
+ * logprob NaN, no alternatives. top_*: the num_top most likely tokens at
+ * that position, most likely first (ties: lower id first). */
+typedef struct rp_prompt_logprob {
+    int32_t token;
+    float logprob;
+    int32_t rank;
+    int32_t num_top;
+    int32_t top_ids[RP_MAX_TOP_LOGPROBS];
+    float top_logprobs[RP_MAX_TOP_LOGPROBS];
+} rp_prompt_logprob;
+
 typedef struct rp_token_event {
     rp_request_id id;
     int32_t token;   /* -1 when the event carries no token */
@@ -185,6 +202,11 @@ typedef struct rp_token_event {
      * the pool ran out and recomputed later, its tokens unchanged. The final
      * event carries the total. */
     int preemptions;
+    /* with rp_request_params.prompt_logprobs: the prompt's logprobs
+     * ([prompt_tokens], entry i for prompt token i), on the request's first
+     * event only (a final event without a token when it ends before one);
+     * valid during the callback. NULL otherwise. */
+    const rp_prompt_logprob *prompt_logprobs;
 } rp_token_event;
 
 typedef void (*rp_token_callback)(void *user, const rp_token_event *ev);
@@ -212,6 +234,24 @@ typedef struct rp_request_params {
     int num_stop_ids;
     int logprobs;               /* fill rp_token_event.logprob */
     int top_logprobs;           /* 0..RP_MAX_TOP_LOGPROBS: fill rp_token_event.top_* with that many */
+    /* vLLM's min_tokens: the first min_tokens output tokens are never EOS
+     * (unless ignore_eos, where EOS is no stop) nor a stop id (their logits
+     * are -inf), and no stop string ends the output inside them. 0: off;
+     * at most max_tokens. */
+    int min_tokens;
+    /* OpenAI's logit_bias: bias[i] (in [-100, 100]) is added to the logit of
+     * token logit_bias_ids[i] before sampling (and before the penalties);
+     * at most RP_MAX_LOGIT_BIAS entries, ids in the vocabulary. A repeated
+     * id adds up. docs/sampling.md. */
+    const int32_t *logit_bias_ids;
+    const float *logit_bias;
+    int num_logit_bias;
+    /* vLLM's prompt_logprobs: 1 to compute the prompt tokens' logprobs
+     * (rp_prompt_logprob) with prompt_top_logprobs (0..RP_MAX_TOP_LOGPROBS)
+     * alternatives each. The prompt is then computed whole, not taken
+     * from the prefix cache. */
+    int prompt_logprobs;
+    int prompt_top_logprobs;
     /* structured output (kind RP_CONSTRAINT_NONE: none): compiled at submit,
      * where a bad constraint is an RP_ERROR_INVALID_REQUEST naming
      * constraint.param; the text need not outlive the submit */

@@ -4,6 +4,7 @@
 #include "engine/constraint.h"
 #include "engine/draft_model.h"
 #include "engine/engine_internal.h"
+#include "engine/logit_proc.h"
 #include "engine/ngram.h"
 #include "util/log.h"
 
@@ -74,6 +75,7 @@ void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
             float *logits = e->run->logits + (size_t)(row0 + j) * vocab;
             if (r->matcher && (end = rp_engine_constraint_apply(e, r, logits))) break;
             /* the output before position k + j is the kept drafts: the penalties see them */
+            rp_logit_proc_apply(r, &e->run->model->cfg, k + j, logits);
             tok[j] = rp_sampler_sample_top(e->sampler, &r->sampling, logits, r->tokens, r->num_prompt,
                                            r->tokens + r->num_prompt, k + j, (uint64_t)(k + j), &lp[j],
                                            &e->spec_top[j]);

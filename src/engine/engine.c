@@ -369,7 +369,7 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
                            .threads = cfg->threads, .page_size = cfg->page_size, .num_pages = cfg->num_pages,
                            .memory_ratio = cfg->memory_ratio, .max_seqs = backend_seqs + spec_rows,
                            .max_context = cfg->max_context, .max_batched_tokens = cfg->max_batched_tokens,
-                           .max_logit_rows = backend_seqs + spec_rows,
+                           .max_logit_rows = backend_seqs + spec_rows + RP_SCHED_PROMPT_LOGIT_ROWS,
                            .disable_cuda_graph = cfg->disable_cuda_graph,
                            .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
                            .tuning = {.disable_decode_step = cfg->disable_decode_step}};
@@ -404,6 +404,7 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     }
     rp_sched_config sc = {.max_running = cfg->max_running_requests, .max_batched_tokens = cfg->max_batched_tokens,
                           .max_context = e->max_context, .max_long_prefills = RP_SCHED_LONG_PREFILLS,
+                          .prompt_logit_rows = RP_SCHED_PROMPT_LOGIT_ROWS,
                           .chunk = cfg->chunked_prefill_size > 0 ? cfg->chunked_prefill_size : cfg->max_batched_tokens,
                           .policy = RP_SCHED_POLICY_DEFAULT};
     if (cfg->disable_decode_reservation) sc.policy.reserve_decode = 0;
@@ -413,7 +414,11 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
         e->steps[k].items = calloc((size_t)cfg->max_running_requests, sizeof *e->steps[k].items);
         e->steps[k].logit_row = calloc((size_t)cfg->max_running_requests, sizeof(int));
         e->steps[k].out_index = calloc((size_t)cfg->max_running_requests, sizeof(int));
-        if (!e->steps[k].items || !e->steps[k].logit_row || !e->steps[k].out_index) goto oom;
+        e->steps[k].chunk_start = calloc((size_t)cfg->max_running_requests, sizeof(int));
+        e->steps[k].prompt_row = calloc((size_t)cfg->max_running_requests, sizeof(int));
+        if (!e->steps[k].items || !e->steps[k].logit_row || !e->steps[k].out_index || !e->steps[k].chunk_start ||
+            !e->steps[k].prompt_row)
+            goto oom;
     }
     /* a speculative round's drafts come from its tokens: each step is read
      * before the next one is launched */
@@ -495,6 +500,8 @@ void rp_engine_destroy(rp_engine *e) {
         free(e->steps[k].items);
         free(e->steps[k].logit_row);
         free(e->steps[k].out_index);
+        free(e->steps[k].chunk_start);
+        free(e->steps[k].prompt_row);
     }
     free(e->dev_params);
     free(e->dev_tokens);

@@ -26,6 +26,10 @@ typedef struct rp_step {
     rp_sched_item *items; /* [max_running] */
     int *logit_row;       /* [max_running] */
     int *out_index;       /* [max_running]: output index of the token each sampling item makes */
+    /* [max_running]: the position of each item's first token, and, for a
+     * chunk with every position's logits (prompt logprobs), its first logit
+     * row (-1: none) */
+    int *chunk_start, *prompt_row;
     int device_sampling;
     /* for the stats by kind, counted when the step completes */
     int kind, tokens, prompt_tokens, graph;

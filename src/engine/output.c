@@ -47,6 +47,10 @@ static void deliver(rp_request *r, int32_t tok, float lp, const rp_top_logprobs 
     rp_token_event ev = {.id = r->id, .token = tok, .logprob = lp, .text = text ? text : "", .text_len = len,
                          .finish = fin, .error = error, .prompt_tokens = r->num_prompt,
                          .cached_tokens = r->cached_prompt_tokens, .completion_tokens = r->num_output, .preemptions = r->preemptions};
+    if (r->prompt_lp && !r->prompt_lp_sent && !rp_request_wants_prompt_logits(r)) {
+        ev.prompt_logprobs = r->prompt_lp; /* once, with the first event after they are complete */
+        r->prompt_lp_sent = 1;
+    }
     if (top && tok >= 0 && top->n > 0) {
         ev.num_top_logprobs = top->n < RP_MAX_TOP_LOGPROBS ? top->n : RP_MAX_TOP_LOGPROBS;
         memcpy(ev.top_ids, top->ids, (size_t)ev.num_top_logprobs * sizeof *ev.top_ids);
@@ -115,7 +119,7 @@ void rp_engine_on_sampled(rp_engine *e, rp_request *r, int k, int32_t tok, float
     r->tokens[r->num_prompt + k] = tok;
     if (k >= r->num_output) r->num_output = k + 1;
     e->stats.generated_tokens++;
-    if (is_stop_token(e, r, tok)) {
+    if (k >= r->min_tokens && is_stop_token(e, r, tok)) { /* min_tokens: masked before (logit_proc.h) */
         r->num_output = k + 1; /* a provisional token after this one is dropped */
         const char *piece;
         size_t n;
@@ -137,7 +141,9 @@ void rp_engine_on_sampled(rp_engine *e, rp_request *r, int k, int32_t tok, float
             rp_engine_finish(e, r, tok, lp, top, RP_FINISH_REASON_ERROR, "out of memory holding the output text");
             return;
         }
-        for (int i = 0; i < r->num_stop; i++) {
+        /* min_tokens: no stop string ends the output inside its first
+         * min_tokens tokens (vLLM checks stop strings from the token after) */
+        for (int i = 0; k >= r->min_tokens && i < r->num_stop; i++) {
             char *hit = r->held_len ? memmem(r->held, r->held_len, r->stop[i], strlen(r->stop[i])) : NULL;
             if (hit) {
                 /* the stop string is not part of the output, unless asked */

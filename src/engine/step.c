@@ -14,14 +14,22 @@
 #include "engine/constraint.h"
 #include "engine/draft.h"
 #include "engine/engine_internal.h"
+#include "engine/logit_proc.h"
+#include "engine/prompt_logprobs.h"
 #include "util/log.h"
 
-/* Penalties over the request's history, and structured output's mask
- * (constraint.h), are applied on the host. */
+/* Whether r's next step needs its logits on the host for more than the
+ * sampler: a logit processor, or prompt logprobs still to record. */
+static int needs_host_logits(const rp_request *r) {
+    return rp_logit_proc_active(r, r->num_output) || rp_request_wants_prompt_logits(r);
+}
+
+/* Penalties over the request's history, structured output's mask
+ * (constraint.h) and the logit processors are applied on the host. */
 static int needs_host_sampler(const rp_request *r) {
     const rp_sampling_params *p = &r->sampling;
     return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
-           r->matcher != NULL;
+           r->matcher != NULL || needs_host_logits(r);
 }
 
 /* Whether any request's sampling needs the host sampler (penalties over its
@@ -104,12 +112,22 @@ static int launch_step(rp_engine *e) {
         rp_sched_item *it = &s->plan[i];
         rp_request *r = it->req;
         if (rp_request_pending(r) > 1) prompt_tokens += it->num_tokens;
+        /* prompt logprobs: every position's logits, read on the host (the
+         * scheduler left the step logit rows for them) */
+        const int all = rp_request_wants_prompt_logits(r);
+        st->chunk_start[i] = r->cached;
+        st->prompt_row[i] = -1;
         /* a round with drafts: its positions as one-token sequences, each with logits */
         st->logit_row[i] = it->draft ? rp_batch_add_positions(run->bb, r->row, r->tokens + r->cached, it->num_tokens,
                                                               r->cached)
                                      : rp_batch_add(run->bb, r->row, r->tokens + r->cached, it->num_tokens, r->cached,
-                                                    it->samples);
-        RP_ASSERT(st->logit_row[i] >= 0 || !it->samples);
+                                                    all ? 2 : it->samples);
+        RP_ASSERT(st->logit_row[i] >= 0 || (!it->samples && !all));
+        if (all) {
+            st->prompt_row[i] = st->logit_row[i];
+            st->logit_row[i] += it->num_tokens - 1; /* the sampling row is the chunk's last */
+            st->device_sampling = 0;
+        }
         st->out_index[i] = r->num_output;
         if (it->samples) {
             if (needs_host_sampler(r)) st->device_sampling = 0;
@@ -175,8 +193,11 @@ void rp_engine_collect_step(rp_engine *e, int slot) {
     count_step(e, st);
     const int vocab = e->run->model->cfg.vocab_size;
     for (int i = 0; i < st->n; i++) {
-        if (!st->items[i].samples) continue;
         rp_request *r = st->items[i].req;
+        if (st->prompt_row[i] >= 0 && !r->retiring) /* before the sampler rewrites the last row */
+            rp_prompt_logprobs_record(r, e->run->logits + (size_t)st->prompt_row[i] * vocab, st->chunk_start[i],
+                                      st->items[i].num_tokens, vocab);
+        if (!st->items[i].samples) continue;
         int row = st->logit_row[i], k = st->out_index[i];
         int32_t tok;
         float lp = 0;
@@ -193,6 +214,7 @@ void rp_engine_collect_step(rp_engine *e, int slot) {
             top = &e->dev_top[row];
         } else {
             float *logits = e->run->logits + (size_t)row * vocab;
+            rp_logit_proc_apply(r, &e->run->model->cfg, k, logits);
             if (r->matcher && rp_engine_constraint_mask(e, r, k, logits)) continue; /* finished: nothing allowed */
             tok = rp_sampler_sample_top(e->sampler, &r->sampling, logits, r->tokens, r->num_prompt,
                                         r->tokens + r->num_prompt, k, (uint64_t)k, &lp, &host_top);

@@ -9,7 +9,9 @@
 
 #include "engine/constraint.h"
 #include "engine/engine_internal.h"
+#include "engine/logit_proc.h"
 #include "engine/ngram.h"
+#include "engine/prompt_logprobs.h"
 #include "util/log.h"
 #include "util/rng.h"
 
@@ -153,6 +155,9 @@ int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback
             return fail(err, RP_ERROR_INVALID_REQUEST, "stop_token_ids",
                         "stop token id %d is outside the vocabulary (0..%d)", p->stop_ids[i],
                         e->run->model->cfg.vocab_size - 1);
+    rp_err perr;
+    if (rp_logit_proc_validate(p, e->run->model->cfg.vocab_size, &perr) || rp_prompt_logprobs_validate(p, &perr))
+        return fail(err, RP_ERROR_INVALID_REQUEST, perr.param, "%s", perr.msg);
     int32_t *ids = NULL;
     size_t n = 0;
     if (prompt_ids(e, p, &ids, &n, err)) return -1;
@@ -183,7 +188,7 @@ int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback
     r->draft_row = -1;
     rp_spec_track_init(&r->spec);
     /* the n-gram drafter's index, for every token the request can hold */
-    if (copy_stops(r, p) || (e->spec_k && !e->draft && !(r->ngram = rp_ngram_new(e->cfg.prompt_lookup_min, e->cfg.prompt_lookup_max,
+    if (copy_stops(r, p) || rp_logit_proc_init(r, p) || rp_prompt_logprobs_init(r, p) || (e->spec_k && !e->draft && !(r->ngram = rp_ngram_new(e->cfg.prompt_lookup_min, e->cfg.prompt_lookup_max,
                                                                     (int)n + p->max_tokens + 1)))) {
         rp_request_free(r);
         return fail(err, RP_ERROR_OUT_OF_MEMORY, "", "out of memory");

@@ -16,5 +16,8 @@ void rp_request_free(rp_request *r) {
     free(r->stop_ids);
     free(r->tokens);
     free(r->held);
+    free(r->bias_ids);
+    free(r->bias);
+    free(r->prompt_lp);
     free(r);
 }

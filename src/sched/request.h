@@ -53,6 +53,16 @@ typedef struct rp_request {
     int reasoning;
     int32_t reasoning_end;
     int ignore_eos, want_logprobs;
+    /* logit processors before sampling (engine/logit_proc.h): the logit
+     * bias (owned) and min_tokens */
+    int32_t *bias_ids;
+    float *bias;
+    int num_bias, min_tokens;
+    /* prompt logprobs (engine/prompt_logprobs.h): [num_prompt] (owned) or
+     * NULL; the alternatives asked; logit positions recorded so far (from
+     * 0; complete at num_prompt - 1); whether an event carried them */
+    rp_prompt_logprob *prompt_lp;
+    int prompt_top, prompt_lp_done, prompt_lp_sent;
     int32_t *stop_ids;
     int num_stop_ids;
     char **stop;      /* stop strings (owned) */
@@ -83,6 +93,13 @@ static inline int rp_request_pending(const rp_request *r) { return rp_request_le
  * token still in flight) below its output and context limits. */
 static inline int rp_request_can_run(const rp_request *r, int max_context) {
     return !r->retiring && r->num_output < r->max_tokens && rp_request_len(r) < max_context;
+}
+
+/* Whether the prompt's chunks still need the logits of every position
+ * (prompt logprobs): such a request is computed whole, never from the
+ * prefix cache, until they are all recorded. */
+static inline int rp_request_wants_prompt_logits(const rp_request *r) {
+    return r->prompt_lp && r->prompt_lp_done < r->num_prompt - 1;
 }
 
 void rp_request_free(rp_request *r);

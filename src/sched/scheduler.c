@@ -222,6 +222,19 @@ static rp_request *preempt_newest(rp_scheduler *s) {
     return v;
 }
 
+/* n tokens more of r's chunk (have already planned), held to the step's
+ * spare logit rows where r wants every position's logits: its first token
+ * has the row every request may take, the others take spare ones. */
+static int logit_rows_cap(const rp_scheduler *s, const rp_request *r, int have, int n) {
+    if (!rp_request_wants_prompt_logits(r)) return n;
+    const int rows = s->logit_rows_left + (have == 0);
+    return n < rows ? n : rows;
+}
+
+static void take_logit_rows(rp_scheduler *s, const rp_request *r, int have, int n) {
+    if (rp_request_wants_prompt_logits(r)) s->logit_rows_left -= n - (have == 0);
+}
+
 static void plan_add(rp_scheduler *s, rp_request *r, int n) {
     s->plan[s->plan_len++] = (rp_sched_item){r, n, r->cached + n == rp_request_len(r), 0};
 }
@@ -248,7 +261,9 @@ static void feed_prefills(rp_scheduler *s, int *budget, int keep) {
         int have = planned_tokens(s, r, &at);
         int n = (pending < s->cfg.chunk ? pending : s->cfg.chunk) - have;
         if (n > *budget - keep) n = *budget - keep;
+        n = logit_rows_cap(s, r, have, n);
         if (n <= 0 || reserve(s, r->row, r->cached + have + n)) continue;
+        take_logit_rows(s, r, have, n);
         if (at < 0) plan_add(s, r, n);
         else s->plan[at] = (rp_sched_item){r, have + n, r->cached + have + n == rp_request_len(r), 0};
         *budget -= n;
@@ -316,14 +331,17 @@ static int waits_for_prefill(const rp_scheduler *s, const rp_request *r, int mat
  * costs the cache nothing. */
 static int admit(rp_scheduler *s, rp_request *r, int budget, int *expected, int *num_long, int *waits) {
     const int ps = s->table->pool->page_size, len = rp_request_len(r);
+    /* every position's logits are wanted: none may come from the cache */
+    const int use_cache = s->cache && !rp_request_wants_prompt_logits(r);
     int matched = 0;
     *waits = 0;
-    if (s->cache) {
+    if (use_cache) {
         matched = rp_prefix_cache_match(s->cache, r->tokens, len, len - 1, s->cache_pages, NULL);
         if ((*waits = waits_for_prefill(s, r, matched))) return 0;
     }
     int n = len - matched < s->cfg.chunk ? len - matched : s->cfg.chunk;
     if (n > budget) n = budget;
+    n = logit_rows_cap(s, r, 0, n);
     /* a prompt of several chunks waits for the running long ones */
     if (matched + n < len && s->cfg.max_long_prefills > 0 && *num_long >= s->cfg.max_long_prefills)
         return *waits = 1, 0;
@@ -339,7 +357,7 @@ static int admit(rp_scheduler *s, rp_request *r, int budget, int *expected, int 
     }
     int row = rp_page_table_acquire_row(s->table);
     if (row < 0) return 0;
-    if (s->cache) {
+    if (use_cache) {
         /* the same match: nothing was evicted since the peek */
         int locked = rp_prefix_cache_match(s->cache, r->tokens, len, len - 1, s->cache_pages, &r->prefix);
         RP_ASSERT(locked == matched);
@@ -347,7 +365,7 @@ static int admit(rp_scheduler *s, rp_request *r, int budget, int *expected, int 
     }
     /* locking the matched pages may have taken the evictable ones counted above */
     if (reserve(s, row, matched + n)) {
-        if (s->cache) rp_prefix_cache_unlock(s->cache, &r->prefix);
+        if (use_cache) rp_prefix_cache_unlock(s->cache, &r->prefix);
         rp_page_table_release_row(s->table, row);
         return 0;
     }
@@ -357,6 +375,7 @@ static int admit(rp_scheduler *s, rp_request *r, int budget, int *expected, int 
     r->row = row;
     unlink_waiting(s, r);
     add_running(s, r);
+    take_logit_rows(s, r, 0, n);
     plan_add(s, r, n);
     *expected += expected_pages(s, r);
     if (matched + n < len) ++*num_long;
@@ -365,6 +384,7 @@ static int admit(rp_scheduler *s, rp_request *r, int budget, int *expected, int 
 
 static int schedule_once(rp_scheduler *s) {
     s->plan_len = 0;
+    s->logit_rows_left = s->cfg.prompt_logit_rows;
     int budget = s->cfg.max_batched_tokens;
     /* 1. decodes, oldest first; preempt the newest when pages run out */
     for (int i = 0; i < s->num_running && budget > 0; i++) {

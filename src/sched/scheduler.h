@@ -22,6 +22,10 @@
  *     prompts go one at a time, first come first served, which finishes
  *     the first sooner and none later;
  *  4. budget the admissions left goes back to the running prefills.
+ * A request that wants the logits of every prompt position (prompt
+ * logprobs: rp_request_wants_prompt_logits) takes a logit row per token:
+ * its chunks are held to the step's spare rows (cfg.prompt_logit_rows, at
+ * least one token a step), and it is admitted without the prefix cache.
  * Prompt tokens (2-4) are also held to prefill_cap, which the engine sets
  * each step so that a step on a slow backend stays short.
  *
@@ -101,6 +105,12 @@ enum { RP_SCHED_TOKENS_PER_REQUEST = 512, RP_SCHED_MIN_RUNNING = 16, RP_SCHED_MA
 /* The engine's max_long_prefills: one long prompt at a time (8 prompts of
  * 30,000 tokens on an H100: bench/RESULTS.md, "Issue 37") */
 enum { RP_SCHED_LONG_PREFILLS = 1 };
+/* Logit rows a step has beyond one per request, for the prompt chunks of
+ * requests that want every position's logits (prompt logprobs): such a
+ * chunk feeds at most this many tokens + 1. The engine's backend has this
+ * many more rows. 128: a prompt of 2,000 tokens in 16 steps, for 128 x
+ * vocab more floats of logits memory (78 MB at Qwen's 151,936). */
+enum { RP_SCHED_PROMPT_LOGIT_ROWS = 128 };
 int rp_sched_default_max_running(long pool_tokens, int max_context);
 
 typedef struct rp_sched_config {
@@ -111,6 +121,10 @@ typedef struct rp_sched_config {
     int max_long_prefills;    /* prompts of more than one chunk prefilled at a time (vLLM's
                                * max_long_partial_prefills); 0: no limit. The engine's: 1 */
     rp_sched_policy policy;   /* zero: no reservation; the engine's is RP_SCHED_POLICY_DEFAULT */
+    /* logit rows a step has beyond one per request (the engine's:
+     * RP_SCHED_PROMPT_LOGIT_ROWS); 0: a request that wants every
+     * position's logits is fed one token a step */
+    int prompt_logit_rows;
 } rp_sched_config;
 
 typedef struct rp_sched_item {
@@ -123,6 +137,7 @@ typedef struct rp_sched_item {
 
 typedef struct rp_scheduler {
     rp_sched_config cfg;
+    int logit_rows_left; /* of cfg.prompt_logit_rows, in the step being planned */
     rp_page_table *table; /* not owned */
     rp_prefix_cache *cache; /* not owned; NULL: no prefix caching */
     int32_t *cache_pages; /* [max_pages_per_row]: pages a match or insert reports */

@@ -46,6 +46,8 @@ void rp_oai_request_free(rp_oai_request *r) {
     free(r->prompt_ids);
     free(r->num_prompt_ids);
     for (int i = 0; i < RP_OAI_MAX_STOP; i++) free(r->stop_buf[i]);
+    free(r->bias_ids);
+    free(r->bias_values);
     free(r->constraint_text);
     memset(r, 0, sizeof *r);
 }
@@ -75,7 +77,7 @@ static const struct {
     {"frequency_penalty", F_ALL}, {"repetition_penalty", F_ALL}, {"ignore_eos", F_ALL}, {"logprobs", F_ALL},
     {"echo", F_ALL}, {"include_stop_str_in_output", F_ALL}, {"skip_special_tokens", F_ALL},
     {"spaces_between_special_tokens", F_ALL}, {"truncate_prompt_tokens", F_ALL}, {"min_tokens", F_ALL},
-    {"logit_bias", F_ALL},
+    {"logit_bias", F_ALL}, {"prompt_logprobs", F_ALL},
     /* structured output (openai_structured.c) */
     {"response_format", F_ALL}, {"structured_outputs", F_ALL}, {"guided_json", F_ALL}, {"guided_regex", F_ALL},
     {"guided_choice", F_ALL}, {"guided_grammar", F_ALL}, {"guided_whitespace_pattern", F_ALL},
@@ -92,7 +94,7 @@ static const struct {
  * naming them, never a request answered as if they were not there. */
 static const char *const unsupported_fields[] = {
     "suffix", "functions", "function_call", "modalities", "audio", "prediction",
-    "reasoning_effort", "web_search_options", "verbosity", "store", "prompt_logprobs", "use_beam_search",
+    "reasoning_effort", "web_search_options", "verbosity", "store", "use_beam_search",
     "length_penalty", "allowed_token_ids", "bad_words", "chat_template", "continue_final_message", "documents",
     "priority", "add_special_tokens", "return_tokens_as_token_ids",
 };
@@ -517,6 +519,68 @@ static int parse_prompt(json_t *root, rp_oai_request *out, rp_oai_error *err) {
     return 0;
 }
 
+/* A logit_bias key: a token id written as a decimal integer ("50256"). */
+static int bias_key(const char *key, long *id) {
+    char *end;
+    if (!*key || (*key != '-' && (*key < '0' || *key > '9'))) return 0;
+    *id = strtol(key, &end, 10);
+    return *end == 0;
+}
+
+/* "logit_bias": null, or {"token id": bias} with at most RP_MAX_LOGIT_BIAS
+ * entries, ids in the vocabulary, biases numbers in [-100, 100] (OpenAI's
+ * range; vLLM clamps instead). */
+static int parse_logit_bias(const rp_oai_context *ctx, json_t *root, rp_oai_request *out, rp_oai_error *err) {
+    json_t *bias = json_object_get(root, "logit_bias");
+    if (!bias || json_is_null(bias)) return 0;
+    if (!json_is_object(bias))
+        return BAD("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+    const size_t n = json_object_size(bias);
+    if (n > RP_MAX_LOGIT_BIAS)
+        return BAD("logit_bias", "'logit_bias' may have at most %d entries, got %zu", RP_MAX_LOGIT_BIAS, n);
+    if (n == 0) return 0;
+    out->bias_ids = malloc(n * sizeof *out->bias_ids);
+    out->bias_values = malloc(n * sizeof *out->bias_values);
+    if (!out->bias_ids || !out->bias_values) return rp_oai_set_out_of_memory(err);
+    const char *key;
+    json_t *v;
+    int i = 0;
+    json_object_foreach(bias, key, v) {
+        long id;
+        if (!bias_key(key, &id) || id < 0 || id >= ctx->vocab_size)
+            return BAD("logit_bias", "'logit_bias' keys must be token ids in [0, %d), got '%s'", ctx->vocab_size,
+                       key);
+        if (!json_is_number(v)) return BAD("logit_bias", "'logit_bias' values must be numbers (token %s)", key);
+        double d = json_number_value(v);
+        if (!isfinite(d) || d < -100 || d > 100)
+            return BAD("logit_bias", "'logit_bias' values must be in [-100, 100], got %g for token %s", d, key);
+        out->bias_ids[i] = (int32_t)id;
+        out->bias_values[i++] = (float)d;
+    }
+    out->params.logit_bias_ids = out->bias_ids;
+    out->params.logit_bias = out->bias_values;
+    out->params.num_logit_bias = i;
+    return 0;
+}
+
+/* Prompt logprobs: vLLM's "prompt_logprobs" = N (not streamed, as vLLM),
+ * and a completion's echo with logprobs; the engine computes the larger
+ * number of alternatives the two ask. */
+static int parse_prompt_logprobs(json_t *root, rp_oai_request *out, rp_oai_error *err) {
+    int set = 0, n = 0;
+    out->prompt_logprobs = -1;
+    if (get_int(root, "prompt_logprobs", 0, RP_MAX_TOP_LOGPROBS, &n, &set, err)) return -1;
+    if (set && out->stream)
+        return BAD("prompt_logprobs", "'prompt_logprobs' is not available with \"stream\": true");
+    if (set) out->prompt_logprobs = n;
+    out->echo_logprobs = out->kind == RP_OAI_COMPLETION && out->echo && out->logprobs;
+    rp_request_params *p = &out->params;
+    p->prompt_logprobs = set || out->echo_logprobs;
+    p->prompt_top_logprobs = set ? n : 0;
+    if (out->echo_logprobs && p->top_logprobs > p->prompt_top_logprobs) p->prompt_top_logprobs = p->top_logprobs;
+    return 0;
+}
+
 /* The fields that shape the output's text and the prompt, and those
  * replay refuses unless they ask for nothing (docs/server.md's table). */
 static int parse_output_options(json_t *root, rp_oai_kind kind, rp_oai_request *out, rp_oai_error *err) {
@@ -537,11 +601,7 @@ static int parse_output_options(json_t *root, rp_oai_kind kind, rp_oai_request *
         return BAD("spaces_between_special_tokens", "\"spaces_between_special_tokens\": false is not supported: "
                                                     "replay's tokenizers decode as Hugging Face's fast tokenizers, "
                                                     "which do not put spaces between special tokens");
-    if (min_tokens > 0)
-        return BAD("min_tokens", "'min_tokens' is not supported by replay yet (the sampler has no minimum length)");
-    json_t *bias = json_object_get(root, "logit_bias");
-    if (bias && !json_is_null(bias) && !(json_is_object(bias) && json_object_size(bias) == 0))
-        return BAD("logit_bias", "'logit_bias' is not supported by replay yet (the sampler has no per-token bias)");
+    p->min_tokens = min_tokens; /* at most max_tokens: the engine checks, once chat's default is known */
     if (set && best_of != out->n) /* sampling best_of candidates and returning the n most likely */
         return BAD("best_of", "'best_of' must equal 'n' (%d) or be left out: replay does not rank candidates, "
                               "got %d", out->n, best_of);
@@ -739,10 +799,7 @@ int rp_oai_parse(const rp_oai_context *ctx, rp_oai_kind kind, const char *body, 
         BAD("n", "prompts x n must be at most %d, got %d x %d", RP_OAI_MAX_CHOICES, out->num_prompts, out->n);
         goto out;
     }
-    if (out->echo && out->logprobs) {
-        BAD("echo", "'echo' with 'logprobs' needs the prompt's logprobs, which replay does not compute yet");
-        goto out;
-    }
+    if (parse_logit_bias(ctx, root, out, err) || parse_prompt_logprobs(root, out, err)) goto out;
     /* last, so that a known field's own error (a chat request with "prompt"
      * and no "messages") is the one reported */
     if (check_fields(root, kind == RP_OAI_CHAT ? F_CHAT : F_COMPLETION, err)) goto out;

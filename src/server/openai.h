@@ -46,6 +46,14 @@ typedef struct rp_oai_request {
     char *stop_buf[RP_OAI_MAX_STOP];
     char *constraint_text; /* params.constraint's text (openai_structured.h) */
     int32_t stop_ids[16];
+    /* logit_bias, owned (params.logit_bias_* point here) */
+    int32_t *bias_ids;
+    float *bias_values;
+    /* prompt logprobs: vLLM's prompt_logprobs = N (-1: not asked), and a
+     * completion's echo with logprobs (the prompt's tokens lead its
+     * logprobs); either sets params.prompt_logprobs */
+    int prompt_logprobs;
+    int echo_logprobs;
     /* Chat: how each choice's text is parsed (docs/tools.md). parse_tools:
      * the request has tools, tool_choice is "auto" (or absent) and the
      * server has a tool-call parser with --enable-auto-tool-choice;

@@ -197,6 +197,63 @@ int rp_oai_logprobs_add(const rp_oai_response *r, json_t *logprobs, const rp_tok
     return json_is_array(tops) ? json_array_append_new(tops, cmpl_top(r, ev)) : 0;
 }
 
+/* Completions: a prompt token's {text: logprob}: its top alternatives, then the token. */
+static json_t *cmpl_prompt_top(const rp_oai_response *r, const rp_prompt_logprob *e) {
+    json_t *top = json_object();
+    int rc = top ? 0 : -1;
+    for (int i = 0; !rc && i < e->num_top && i < r->top_logprobs; i++)
+        rc = cmpl_top_add(r, top, e->top_ids[i], e->top_logprobs[i]);
+    if (!rc) rc = cmpl_top_add(r, top, e->token, e->logprob);
+    if (rc) {
+        json_decref(top);
+        return NULL;
+    }
+    return top;
+}
+
+int rp_oai_logprobs_add_prompt(const rp_oai_response *r, json_t *logprobs, const rp_prompt_logprob *plp, int n,
+                               size_t *offset) {
+    json_t *tops = json_object_get(logprobs, "top_logprobs");
+    for (int i = 0; i < n; i++) {
+        const rp_prompt_logprob *e = &plp[i];
+        json_t *text = token_text(r->tok, e->token);
+        size_t len = text ? json_string_length(text) : 0;
+        if (json_array_append_new(json_object_get(logprobs, "tokens"), text) ||
+            json_array_append_new(json_object_get(logprobs, "token_logprobs"), i ? lp_real(e->logprob) : json_null()) ||
+            json_array_append_new(json_object_get(logprobs, "text_offset"), json_integer((json_int_t)*offset)) ||
+            (json_is_array(tops) && json_array_append_new(tops, i ? cmpl_prompt_top(r, e) : json_null())))
+            return -1;
+        *offset += len;
+    }
+    return 0;
+}
+
+/* {"id": {"logprob", "rank", "decoded_token"}} gains one token, unless it has it. */
+static int prompt_lp_add(const rp_oai_response *r, json_t *obj, int32_t id, float lp, int rank) {
+    char key[16];
+    snprintf(key, sizeof key, "%d", id);
+    if (json_object_get(obj, key)) return 0;
+    return json_object_set_new(obj, key, json_pack("{s:o, s:i, s:o}", "logprob", lp_real(lp), "rank", rank,
+                                                   "decoded_token", token_text(r->tok, id)));
+}
+
+json_t *rp_oai_prompt_logprobs_json(const rp_oai_response *r, const rp_prompt_logprob *plp, int n, int top) {
+    json_t *list = json_array();
+    if (!list || (n > 0 && json_array_append_new(list, json_null()))) goto fail;
+    for (int i = 1; i < n; i++) {
+        const rp_prompt_logprob *e = &plp[i];
+        json_t *obj = json_object();
+        if (json_array_append_new(list, obj)) goto fail;
+        for (int j = 0; j < e->num_top && j < top; j++)
+            if (prompt_lp_add(r, obj, e->top_ids[j], e->top_logprobs[j], j + 1)) goto fail;
+        if (prompt_lp_add(r, obj, e->token, e->logprob, e->rank)) goto fail;
+    }
+    return list;
+fail:
+    json_decref(list);
+    return NULL;
+}
+
 /* ---- framing, other endpoints ------------------------------------------------------ */
 
 /* Where json_dump_callback writes. The failure is remembered here because

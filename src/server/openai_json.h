@@ -67,6 +67,19 @@ json_t *rp_oai_usage_chunk(const rp_oai_response *r, json_t *usage);
 json_t *rp_oai_logprobs_new(const rp_oai_response *r);
 int rp_oai_logprobs_add(const rp_oai_response *r, json_t *logprobs, const rp_token_event *ev, size_t text_offset);
 
+/* Prompt logprobs (entries [n], entry i for prompt token i, the first
+ * without a logprob; rp_prompt_logprob). A completion's echo: the prompt's
+ * tokens appended to a completions logprobs object as its first tokens
+ * (token_logprobs and top_logprobs null for the first; top_logprobs the
+ * response's top_logprobs alternatives and the token; text_offset from
+ * *offset, which advances by each token's bytes). -1 when memory runs out. */
+int rp_oai_logprobs_add_prompt(const rp_oai_response *r, json_t *logprobs, const rp_prompt_logprob *plp, int n,
+                               size_t *offset);
+/* vLLM's prompt_logprobs list: null, then for each later token {"id":
+ * {"logprob", "rank", "decoded_token"}} of its top alternatives (ranks 1..
+ * top) and the token itself (its own rank). NULL when memory runs out. */
+json_t *rp_oai_prompt_logprobs_json(const rp_oai_response *r, const rp_prompt_logprob *plp, int n, int top);
+
 /* Compact JSON text of obj (takes obj) as a malloc'd string; NULL when obj
  * is NULL or memory runs out. Use it, not json_dumps, which can drop a key
  * when memory runs out. */

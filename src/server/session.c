@@ -123,6 +123,8 @@ typedef struct session_choice {
     rp_sbuf text;       /* non-streaming: the whole text, echo included */
     size_t text_bytes;  /* text so far (offsets of completions' logprobs) */
     json_t *logprobs;   /* non-streaming with logprobs: the response's logprobs object */
+    json_t *prompt_lp;  /* vLLM's prompt_logprobs list, once its first event brought them */
+    char *echo_pending; /* streaming echo with logprobs: the echo, sent with the prompt's logprobs */
     rp_chat_parsing parsing;     /* with r->parse: how its text is split */
     rp_chat_stream *chat_stream; /* streaming with r->parse: its parsers' state */
     rp_finish finish;
@@ -140,6 +142,8 @@ struct rp_session {
     rp_sessions *h;
     rp_oai_response resp;
     int stream, include_usage, logprobs;
+    int echo_logprobs;   /* a completion's echo with logprobs: the prompt's tokens lead its logprobs */
+    int prompt_logprobs; /* vLLM's prompt_logprobs = N, or -1 */
     int num_choices, n_done, prompt_tokens;
     int n; /* choices per prompt: choice k*n+i is prompt k's i-th */
     int parse; /* chat with a tool-call or reasoning parser: choices go through chat_choice.c */
@@ -177,6 +181,8 @@ static void session_unref(rp_session *r) {
     for (int i = 0; i < r->num_choices; i++) {
         rp_sbuf_free(&r->ch[i].text);
         json_decref(r->ch[i].logprobs);
+        json_decref(r->ch[i].prompt_lp);
+        free(r->ch[i].echo_pending);
         rp_chat_stream_free(r->ch[i].chat_stream);
     }
     free(r->ch);
@@ -249,11 +255,32 @@ static void stream_end(rp_session *r) {
     }
 }
 
+/* The prompt's logprobs, which come with a choice's first event: vLLM's
+ * prompt_logprobs list, and an echo's logprobs (streaming: the echo's
+ * chunk, held back until now). -1 when memory ran out. */
+static int add_prompt_logprobs(rp_session *r, session_choice *c, const rp_token_event *ev) {
+    const rp_oai_response *resp = &r->resp;
+    if (r->prompt_logprobs >= 0 &&
+        !(c->prompt_lp = rp_oai_prompt_logprobs_json(resp, ev->prompt_logprobs, ev->prompt_tokens, r->prompt_logprobs)))
+        return -1;
+    if (!r->echo_logprobs) return 0;
+    size_t offset = 0;
+    if (!r->stream) return rp_oai_logprobs_add_prompt(resp, c->logprobs, ev->prompt_logprobs, ev->prompt_tokens, &offset);
+    json_t *lp = rp_oai_logprobs_new(resp);
+    if (!lp || rp_oai_logprobs_add_prompt(resp, lp, ev->prompt_logprobs, ev->prompt_tokens, &offset)) {
+        json_decref(lp);
+        return -1;
+    }
+    const char *echo = c->echo_pending ? c->echo_pending : "";
+    return rp_oai_sse_add(&r->out, rp_oai_chunk(resp, c->index, echo, strlen(echo), RP_FINISH_REASON_NONE, lp));
+}
+
 /* Adds one event's text and logprobs to the answer; -1 when memory ran out
  * (a chunk is added whole or not at all). */
 static int add_event(rp_session *r, session_choice *c, const rp_token_event *ev) {
     const rp_oai_response *resp = &r->resp;
     int with_logprobs = r->logprobs && ev->token >= 0;
+    if (ev->prompt_logprobs && add_prompt_logprobs(r, c, ev)) return -1;
     if (r->stream) {
         /* a chunk per token, as OpenAI streams (empty text while it is held
          * back for a stop string or an unfinished character) */
@@ -421,6 +448,8 @@ rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_f
     r->stream = q->stream;
     r->include_usage = q->include_usage;
     r->logprobs = q->logprobs;
+    r->echo_logprobs = q->echo_logprobs;
+    r->prompt_logprobs = q->prompt_logprobs;
     r->num_choices = nc;
     r->n = q->n;
     r->fd = client_fd;
@@ -549,7 +578,8 @@ static int add_echo(rp_session *r, const rp_oai_request *q, int k, const int32_t
     for (int i = 0; echo && !rc && i < q->n; i++) {
         session_choice *c = &r->ch[k * q->n + i];
         size_t len = strlen(echo);
-        if (r->stream) rc = rp_oai_sse_add(&r->out, rp_oai_chunk(&r->resp, c->index, echo, len, RP_FINISH_REASON_NONE, NULL));
+        if (r->stream && r->echo_logprobs) rc = (c->echo_pending = strdup(echo)) ? 0 : -1; /* sent with its logprobs */
+        else if (r->stream) rc = rp_oai_sse_add(&r->out, rp_oai_chunk(&r->resp, c->index, echo, len, RP_FINISH_REASON_NONE, NULL));
         else rc = rp_sbuf_add(&c->text, echo, len);
         c->text_bytes += len;
     }
@@ -628,12 +658,22 @@ static json_t *final_json(const rp_session *r) {
         const char *text = c->text.p ? c->text.p : "";
         json_t *choice = r->parse ? rp_chat_choice_json(&c->parsing, i, text, c->text.len, lp, c->finish)
                                   : rp_oai_choice(&r->resp, i, text, c->text.len, lp, c->finish);
-        if (json_array_append_new(choices, choice)) {
+        /* vLLM's prompt_logprobs: a completion's in each choice (its prompt's) */
+        if (json_array_append_new(choices, choice) ||
+            (r->resp.kind == RP_OAI_COMPLETION && r->prompt_logprobs >= 0 &&
+             json_object_set(choice, "prompt_logprobs", c->prompt_lp ? c->prompt_lp : json_null()))) {
             json_decref(choices);
             return NULL;
         }
     }
-    return rp_oai_completion(&r->resp, choices, usage_json(r));
+    json_t *answer = rp_oai_completion(&r->resp, choices, usage_json(r));
+    /* ... and a chat's beside its choices (one prompt) */
+    if (answer && r->resp.kind == RP_OAI_CHAT && r->prompt_logprobs >= 0 &&
+        json_object_set(answer, "prompt_logprobs", r->ch[0].prompt_lp ? r->ch[0].prompt_lp : json_null())) {
+        json_decref(answer);
+        return NULL;
+    }
+    return answer;
 }
 
 int rp_session_wait(rp_session *r, json_t **out, rp_oai_error *err) {
