@@ -1239,6 +1239,48 @@ static void test_forced_calls(void **state) {
     }
 }
 
+/* parallel_tool_calls false under "auto": two hermes calls written, the
+ * first returned, whole and streamed; true: both. */
+static void test_single_call(void **state) {
+    (void)state;
+    rp_oai_response r = {.kind = RP_OAI_CHAT, .id = "chatcmpl-1", .created = 7, .model = "m"};
+    const char *text = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": "
+                       "\"b\", \"arguments\": {}}\n</tool_call>";
+    const size_t len = strlen(text);
+    for (int single = 0; single < 2; single++) {
+        rp_chat_parsing p = {.tools = 1, .tool_parser = RP_TOOL_PARSER_HERMES, .id_seed = 5, .single_call = single};
+        json_t *c = rp_chat_choice_json(&p, 0, text, len, NULL, RP_FINISH_REASON_STOP);
+        assert_non_null(c);
+        json_t *calls = json_object_get(json_object_get(c, "message"), "tool_calls");
+        assert_int_equal(json_array_size(calls), single ? 1 : 2);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(calls, 0), "function"),
+                                                               "name")),
+                            "a");
+        json_decref(c);
+        rp_sbuf out = {0};
+        rp_chat_stream *st = rp_chat_stream_new(&r, &p, 0);
+        assert_non_null(st);
+        for (size_t at = 0; at < len; at += 5)
+            assert_int_equal(rp_chat_stream_feed(st, text + at, len - at < 5 ? len - at : 5, NULL, &out), 0);
+        assert_int_equal(rp_chat_stream_finish(st, RP_FINISH_REASON_STOP, &out), 0);
+        rp_chat_stream_free(st);
+        json_t *ch[128];
+        const int n = sse_choices(&out, ch, 128);
+        int starts = 0;
+        for (int e = 0; e < n; e++) {
+            size_t i;
+            json_t *tc;
+            json_array_foreach(json_object_get(json_object_get(ch[e], "delta"), "tool_calls"), i, tc) {
+                assert_true(!single || json_integer_value(json_object_get(tc, "index")) == 0);
+                starts += json_object_get(tc, "id") != NULL;
+            }
+            json_decref(ch[e]);
+        }
+        assert_int_equal(starts, single ? 1 : 2);
+        rp_sbuf_free(&out);
+    }
+}
+
 static void test_sampling_defaults(void **state) {
     (void)state;
     rp_request_params d;
@@ -1279,6 +1321,7 @@ int main(void) {
         cmocka_unit_test(test_output_options),
         cmocka_unit_test(test_structured_fields),
         cmocka_unit_test(test_forced_calls),
+        cmocka_unit_test(test_single_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

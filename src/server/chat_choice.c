@@ -101,6 +101,12 @@ json_t *rp_chat_choice_json(const rp_chat_parsing *p, int index, const char *tex
         failed = rp_tool_parse(p->tool_parser, text, len, p->id_seed, &tp) != 0;
         text = tp.content ? tp.content : "";
         len = strlen(text);
+        for (; !failed && p->single_call && tp.num_calls > 1; tp.num_calls--) { /* parallel_tool_calls false */
+            rp_tool_call *c = &tp.calls[tp.num_calls - 1];
+            free(c->id);
+            free(c->name);
+            free(c->arguments);
+        }
     }
     json_t *message = failed ? NULL : message_json(&rs, p->reasoning, &tp, text, len);
     const char *fin = tp.num_calls ? "tool_calls" : rp_oai_finish_reason(finish);
@@ -162,6 +168,7 @@ static json_t *text_delta(const char *key, const char *text, size_t len) {
 
 static int on_tool_event(void *ctx, const rp_tool_event *ev) {
     rp_chat_stream *s = ctx;
+    if (s->p.single_call && ev->kind != RP_TOOL_EVENT_CONTENT && ev->index > 0) return 0; /* parallel_tool_calls false */
     json_t *delta;
     switch (ev->kind) {
     case RP_TOOL_EVENT_CONTENT: delta = text_delta("content", ev->text, ev->len); break;

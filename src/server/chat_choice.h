@@ -39,6 +39,7 @@ typedef struct rp_chat_parsing {
     /* tool_choice "required" or named: the text (after any thinking) is the
      * calls as JSON, read back into tool_calls; ids in id_style's form */
     rp_forced_tools forced;
+    int single_call; /* parallel_tool_calls false: the parser's first call only, later ones dropped */
     char forced_name[65];
     rp_tool_parser id_style;
 } rp_chat_parsing;

@@ -260,8 +260,8 @@ static int check_tools(json_t *root, json_t **out, rp_oai_error *err) {
  * "none" leaves the text alone; "required" and a named function constrain
  * the answer to calls as JSON (rp_oai_force_tools: any server, as vLLM),
  * "required" to one call when parallel_tool_calls is false. Under "auto"
- * parallel_tool_calls is not enforced: every call the model writes is
- * returned. */
+ * with parallel_tool_calls false the first call the model writes is
+ * returned and any later one dropped (out->single_call). */
 static int check_tool_choice(const rp_oai_context *ctx, json_t *root, json_t *tools, rp_oai_request *out,
                              rp_oai_error *err) {
     int parallel = 1;
@@ -276,6 +276,7 @@ static int check_tool_choice(const rp_oai_context *ctx, json_t *root, json_t *to
                                       "or mistral); or send \"tool_choice\": \"none\"");
         out->parse_tools = 1;
         out->tool_parser = ctx->tool_parser;
+        out->single_call = !parallel;
     }
     if (!tc || json_is_null(tc) || none || is_auto) return 0;
     if (json_is_string(tc)) {

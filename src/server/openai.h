@@ -65,6 +65,7 @@ typedef struct rp_oai_request {
      * to tool calls written as JSON (rp_oai_force_tools), and read back
      * into tool_calls (chat_choice.h) */
     rp_forced_tools forced_tools;
+    int single_call; /* "auto" with parallel_tool_calls false: the first parsed call only */
     char forced_name[65]; /* RP_FORCED_NAMED's function (OpenAI's names: at most 64 characters) */
 } rp_oai_request;
 

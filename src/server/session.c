@@ -479,7 +479,8 @@ rp_session *rp_session_new(rp_sessions *h, const rp_oai_request *q, int client_f
     r->parse = q->kind == RP_OAI_CHAT && (q->parse_tools || q->parse_reasoning || q->forced_tools);
     rp_chat_parsing parsing = {.tools = q->parse_tools, .tool_parser = q->tool_parser,
                                .reasoning = q->parse_reasoning, .reasoning_kind = q->reasoning_parser,
-                               .forced = q->forced_tools, .id_style = q->tool_parser};
+                               .forced = q->forced_tools, .id_style = q->tool_parser,
+                               .single_call = q->single_call};
     memcpy(parsing.forced_name, q->forced_name, sizeof parsing.forced_name);
     if (r->parse && q->prompt_texts[0]) /* where the rendered prompt leaves the model */
         parsing.prompt_state = rp_reasoning_prompt_state(q->prompt_texts[0], strlen(q->prompt_texts[0]));
