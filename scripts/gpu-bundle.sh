@@ -36,6 +36,11 @@ copy_libs() {
 # Libraries the GPU image lacks (it has libgomp, libjansson, libpcre2-8, CUDA 13).
 copy_libs "$G/lib" libutf8proc.so.2 libcmocka.so.0 libmicrohttpd.so.12 libcjson.so.1 libedit.so.2 libbsd.so.0 libmd.so.0
 cp scripts/gpu-check.sh "$G/" 2>/dev/null || true
+# Qwen3's tokenizer (scripts/fetch-tokenizers.sh), xz-compressed, for the server stage's
+# structured output (a constraint needs token bytes)
+if [ -f .cache/tokenizers/qwen3/tokenizer.json ]; then
+  tar -C .cache/tokenizers -cJf "$G/qwen3-tokenizer.tar.xz" qwen3
+fi
 # AB_BASE="NAME=REV ..." packs several, each as $G/NAME/replay.
 for spec in ${AB_BASE:-}; do
   name=old rev=$spec

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after scripts/gpu-bundle.sh
 # packed .gpu/ here and the device tool carried it there:
-#   bash scripts/gpu-check.sh [tests] [sanitize] [compare] [bench] [bench-quick]
-# (no argument: tests compare bench). sanitize is sanitize-main (the kernel tests, the
+#   bash scripts/gpu-check.sh [tests] [server] [sanitize] [compare] [bench] [bench-quick]
+# (no argument: tests server compare bench). sanitize is sanitize-main (the kernel tests, the
 # sampler's memcheck, a decode and a prefill forward) then sanitize-race (the sampler's
 # tests under racecheck, ~8 minutes): apart, each fits one 10-minute device call. Prints one table per stage; logs go to $OUT.
 set -uo pipefail
@@ -12,7 +12,7 @@ export REPLAY_SOURCE_DIR="$PWD" PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
-stages=${*:-tests compare bench}
+stages=${*:-tests server compare bench}
 B=$G/bin
 status=0
 summary=()
@@ -47,6 +47,48 @@ for stage in $stages; do
         if [ -n "$plain" ] && [ "$plain" = "$spec" ] && grep -q "drafts accepted" "$OUT/draft-$d.err"; then
           summary+=("draft model $d for qwen3-0.6b, greedy: plain decoding's tokens; $(grep -o '[0-9]* of [0-9]* drafts accepted' "$OUT/draft-$d.err")")
         else summary+=("draft model $d for qwen3-0.6b: DIFFERS from plain decoding (see draft-$d.err)"); status=1; fi
+      done
+      ;;
+    server)
+      # The OpenAI server on the GPU, with its graphs and without: prompt logprobs, logit_bias
+      # and min_tokens (tools/check_prompt_logprobs.py), then structured output (the host
+      # sampler's mask on the CUDA backend's logits): a schema's answers parse and match it.
+      tokdir=$OUT/tokenizers
+      [ -d "$tokdir/qwen3" ] || { mkdir -p "$tokdir" && tar -C "$tokdir" -xJf "$G/qwen3-tokenizer.tar.xz"; }
+      for g in "" --disable-cuda-graph; do
+        port=$((18000 + RANDOM % 1000))
+        "$B/replay" serve --dummy-weights qwen3-0.6b --tokenizer "$tokdir/qwen3" --port $port $g \
+          >"$OUT/serve$g.log" 2>&1 &
+        pid=$!
+        python3 - "$port" <<'PY'
+import sys, time, urllib.request
+for _ in range(120):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2); break
+    except Exception:
+        time.sleep(0.5)
+PY
+        if python3 tools/check_prompt_logprobs.py "http://127.0.0.1:$port" >"$OUT/prompt-logprobs$g.txt" 2>&1; then
+          summary+=("server$g: prompt logprobs, logit_bias, min_tokens ok")
+        else summary+=("server$g: prompt logprobs FAILED (see prompt-logprobs$g.txt)"); status=1; tail -20 "$OUT/prompt-logprobs$g.txt"; fi
+        if python3 - "$port" >"$OUT/structured$g.txt" 2>&1 <<'PY'
+import json, sys, urllib.request
+schema = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99},
+          "tag": {"enum": ["a", "b"]}}, "required": ["id", "tag"], "additionalProperties": False}
+for seed in range(8):
+    body = {"prompt": "x", "max_tokens": 40, "seed": seed, "temperature": 1.0, "n": 2,
+            "structured_outputs": {"json": schema, "disable_any_whitespace": True}}
+    req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    for c in json.load(urllib.request.urlopen(req, timeout=120))["choices"]:
+        v = json.loads(c["text"])
+        assert set(v) == {"id", "tag"} and 0 <= v["id"] <= 99 and v["tag"] in "ab", c
+        assert c["finish_reason"] == "stop", c
+print("ok: 16 constrained answers parse and match")
+PY
+        then summary+=("server$g: structured output ok")
+        else summary+=("server$g: structured output FAILED (see structured$g.txt)"); status=1; tail -5 "$OUT/structured$g.txt"; fi
+        kill "$pid"; wait "$pid" 2>/dev/null
       done
       ;;
     sanitize|sanitize-main|sanitize-race)
