@@ -4,6 +4,7 @@
 # progress, and reject bad options before anything loads.
 set -u
 BIN=$1
+SRC=${2:-.}
 pass=0
 fail=0
 check() { if [ "$2" = "$3" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $1 (rc $3, expected $2)"; fi; }
@@ -215,5 +216,25 @@ for c in "profile" "bench kernels"; do
   # shellcheck disable=SC2086
   out=$("$BIN" $c $Q8 --threads 2 2>&1); check "$c takes no --threads" 2 $?
 done
+# structured output in bench offline: every request constrained; what needs a tokenizer says so
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --json-object 2>&1); check "offline constraint, no tokenizer" 2 $?
+contains "offline constraint, no tokenizer" "$out" "--json-object needs a tokenizer"
+out=$("$BIN" bench offline --dummy-weights tiny-qwen3 --json-object --regex a 2>&1); check "offline two constraints" 2 $?
+tok="$SRC/.cache/tokenizers/qwen3"
+if [ -f "$tok/tokenizer.json" ]; then
+  sm=$(mktemp -d)
+  cat > "$sm/config.json" <<'JSON'
+{"architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128,
+ "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+ "tie_word_embeddings": false, "eos_token_id": 151645}
+JSON
+  printf '{"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}}' >"$sm/arr.json"
+  out=$("$BIN" bench offline --model "$sm" --load-format dummy --tokenizer "$tok" --num-prompts 8 --input-len 6 \
+        --output-len 24 --json-schema "$sm/arr.json" --structured-whitespace compact --device cpu 2>/dev/null)
+  check "bench offline --json-schema" 0 $?
+  contains "bench offline names the constraint" "$out" "--json-schema (every request)"
+  contains "bench offline: every output token counted" "$out" "output tokens/s"
+  rm -rf "$sm"
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -24,6 +24,7 @@
 #include "cli/bench_common.h"
 #include "cli/bench_workload.h"
 #include "cli/cli.h"
+#include "cli/structured_opts.h"
 #include "engine/runner.h"
 #include "engine/spec_policy.h"
 #include "util/log.h"
@@ -690,6 +691,11 @@ static void offline_help(FILE *f) {
             RP_BENCH_RANGE_RATIO_HELP
             RP_BENCH_WORKLOAD_HELP
             "  --seed N                 workload seed (default 0)\n"
+            "\n"
+            "Structured output: with one of these every request is constrained (the cost of the masks;\n"
+            "random weights need a bounded language: compact whitespace, bounded strings):\n"
+            RP_STRUCTURED_OPTIONS_HELP
+            "  --tokenizer DIR        the tokenizer a constraint needs, from DIR (default: the model's)\n"
             "\n");
     rp_engine_opts_help(f);
     fprintf(f, "\n");
@@ -700,6 +706,8 @@ static void offline_help(FILE *f) {
 
 static const struct option offline_options[] = {
     RP_MODEL_LONG_OPTIONS,
+    RP_STRUCTURED_LONG_OPTIONS,
+    {"tokenizer", required_argument, 0, 'T'},
     {"num-prompts", required_argument, 0, 'n'},
     {"input-len", required_argument, 0, 'i'},
     {"output-len", required_argument, 0, 'o'},
@@ -754,8 +762,8 @@ static int offline_check_context(const rp_model_opts *mo, const rp_engine_config
 
 /* Submits the next turn of conversation c: its history (the last prompt
  * and its answer) and the turn's new tokens. */
-static int offline_submit(rp_engine *eng, const rp_bench_workload *w, offline_conv *c, offline_req *r,
-                          int32_t *scratch, int vocab, rp_error *err) {
+static int offline_submit(rp_engine *eng, const rp_bench_workload *w, const rp_constraint *constraint,
+                          offline_conv *c, offline_req *r, int32_t *scratch, int vocab, rp_error *err) {
     int32_t *prompt = c->history ? c->history : scratch;
     if (!c->history) c->len = 0;
     c->len += rp_bench_workload_new_tokens(w, c->index, c->turn, vocab, prompt + c->len);
@@ -766,6 +774,7 @@ static int offline_submit(rp_engine *eng, const rp_bench_workload *w, offline_co
     p.max_tokens = rp_bench_workload_output(w, c->index, c->turn);
     p.ignore_eos = 1;
     p.temperature = 0;
+    p.constraint = *constraint;
     r->conv = c;
     r->turn = c->turn;
     r->prompt_len = c->len;
@@ -792,8 +801,9 @@ static void print_step_kinds(const rp_engine_stats *st, double elapsed) {
     if (gpu_ms > 0) printf("  %-34s %11.1f%%\n", "device busy (forwards' time / time)", 100.0 * gpu_ms / 1e3 / elapsed);
 }
 
-static int bench_offline(int argc, char **argv) {
+static int bench_offline_with(int argc, char **argv, rp_structured_opts *so) {
     const char *cmd = "bench offline";
+    const char *tokenizer_dir = NULL;
     rp_model_opts mo;
     rp_model_opts_init(&mo);
     double interval = RP_BENCH_PROGRESS_INTERVAL;
@@ -821,7 +831,12 @@ static int bench_offline(int argc, char **argv) {
         case 's':
             if (rp_parse_u64(optarg, &w.seed)) return rp_cli_usage_error(cmd, "--seed must be a non-negative integer");
             break;
+        case 'T': tokenizer_dir = optarg; break;
         default: {
+            if (opt >= RP_STRUCTURED_OPT_FIRST && opt <= RP_STRUCTURED_OPT_LAST) {
+                if (rp_structured_opts_parse(so, opt, optarg, cmd)) return RP_EXIT_USAGE; /* reported */
+                break;
+            }
             int r = rp_bench_workload_parse(&w, opt, optarg, cmd);
             if (r == 0) r = rp_engine_opts_parse(&ec, opt, optarg, cmd);
             if (r != 1) return RP_EXIT_USAGE; /* reported */
@@ -836,6 +851,13 @@ static int bench_offline(int argc, char **argv) {
     int bad_model = rp_model_opts_check(&mo, cmd);
     if (bad_model) return bad_model;
     if (offline_check_context(&mo, &ec, &w, cmd)) return RP_EXIT_USAGE;
+    if (tokenizer_dir && (bad_model = rp_cli_check_dir_file("--tokenizer", tokenizer_dir, "tokenizer.json", cmd)))
+        return bad_model;
+    if ((bad_model = rp_structured_opts_check(so, cmd))) return bad_model;
+    if (so->flag && !rp_cli_tokenizer_dir(&mo, tokenizer_dir))
+        return rp_cli_usage_error(cmd, "%s needs a tokenizer (--tokenizer DIR, or a model directory with one)",
+                                  so->flag);
+    ec.tokenizer_dir = tokenizer_dir;
     const long num = w.num_prompts, total_reqs = rp_bench_workload_requests(&w);
     const char *dev = rp_cli_device(&mo);
     if (!strcmp(dev, "cpu")) { /* about requests x output / (requests at once) decode steps */
@@ -902,7 +924,7 @@ static int bench_offline(int argc, char **argv) {
         offline_req *r = &reqs[c->turn * num + c->index];
         r->queue = &queue;
         r->prog = &prog;
-        if (offline_submit(eng, &w, c, r, scratch, vocab, &eerr)) {
+        if (offline_submit(eng, &w, &so->constraint, c, r, scratch, vocab, &eerr)) {
             rc = rp_cli_runtime_error(cmd, "request %ld: %s", c->turn * num + c->index, eerr.message);
             goto out;
         }
@@ -948,6 +970,7 @@ static int bench_offline(int argc, char **argv) {
     printf("  %-30s %16s\n", "input length min / mean / max", lens);
     snprintf(lens, sizeof lens, "%ld / %.1f / %ld", min_out, (double)total_out_planned / submitted, max_out);
     printf("  %-30s %16s\n", "output length min / mean / max", lens);
+    if (so->flag) printf("  %-34s %12s (every request)\n", "structured output", so->flag);
     printf("  %-34s %12.2f s\n", "time", elapsed);
     printf("  %-34s %12.2f\n", "requests/s", submitted / elapsed);
     printf("  %-34s %12.1f\n", "input tokens/s", total_in / elapsed);
@@ -1029,6 +1052,14 @@ out:
     free(reqs);
     free(convs);
     free(scratch);
+    return rc;
+}
+
+static int bench_offline(int argc, char **argv) {
+    rp_structured_opts so;
+    rp_structured_opts_init(&so);
+    const int rc = bench_offline_with(argc, argv, &so);
+    rp_structured_opts_free(&so);
     return rc;
 }
 
