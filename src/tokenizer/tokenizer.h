@@ -87,6 +87,14 @@ typedef struct rp_detok {
     int n_pending;
     char *buf; /* output of the last call, owned */
     size_t buf_cap;
+    /* SentencePiece-style decoders: a run of <0xNN> byte tokens is decoded
+     * as a whole when it ends (one invalid byte turns the whole run into
+     * U+FFFDs), so it is held back until then; the decoder treats the first
+     * token and the output's leading characters specially. */
+    unsigned char *run;
+    size_t n_run, run_cap;
+    size_t n_tokens; /* tokens the decoder has seen (special ones skipped) */
+    int strip_left;  /* leading characters the Strip decoder may still drop */
 } rp_detok;
 
 void rp_detok_init(rp_detok *d, const rp_tokenizer *t, int skip_special);
