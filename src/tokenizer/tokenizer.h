@@ -7,8 +7,12 @@
  * (merges as "a b" strings or ["a","b"] pairs, ignore_merges), added/special
  * tokens, normalizer NFC / Sequence of NFC / null, pre-tokenizer Split (regex,
  * Isolated) and ByteLevel (with or without its own regex), decoder ByteLevel.
- * That is what Qwen2/Qwen3 and Llama 3 ship. Anything else is a load error
- * that names the unsupported piece. docs/tokenizer.md has the details.
+ * That is what Qwen2/Qwen3 and Llama 3 ship. Also SentencePiece-style BPE
+ * (Llama 2, Mistral 7B): Prepend/Replace normalizers or a Metaspace
+ * pre-tokenizer, byte_fallback, fuse_unk, and the Replace/Metaspace,
+ * ByteFallback, Fuse, Strip decoders (sentencepiece.c). Anything else is a
+ * load error that names the unsupported piece. docs/tokenizer.md has the
+ * details.
  *
  * A loaded rp_tokenizer is immutable: encode/decode from several threads at
  * once is fine (each call keeps its own scratch). */
