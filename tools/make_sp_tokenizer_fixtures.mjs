@@ -123,6 +123,24 @@ const CORPUS = [
   "The year 2024: 50% off!!! ???", "UPPER lower MiXeD", "x".repeat(300), "word ".repeat(40),
 ];
 
+// plus texts put together at random (a fixed seed) from pieces that meet at
+// every kind of boundary: spaces, specials, characters in and out of the vocab
+let seed = 20261128;
+const rnd = (n) => {
+  seed = (seed * 1103515245 + 12345) % 2147483648;
+  return seed % n;
+};
+const PIECES = [" ", "  ", "\n", "\t", "\r\n", "a", "the", "Hello", "world", "é", "ñ", "你", "好", "🦙", "€", "<s>", "</s>",
+  "[INST]", "[/INST]", "ꙮ", "Ω", "ß", "x", "1", "23", ".", ",", "!", "?", "'", "\"", "(", ")", "-", "—", "über", "naïve",
+  "😀", "👍🏽", "한", "ع", "\u00a0", "\u3000", "<", ">", "s", "INST", "▁"];
+for (let i = 0; i < 600; i++) {
+  let t = "";
+  const k = rnd(16);
+  // code points below U+3020 make no lone surrogates
+  for (let j = 0; j < k; j++) t += rnd(8) === 0 ? String.fromCodePoint(0x20 + rnd(0x3000)) : PIECES[rnd(PIECES.length)];
+  CORPUS.push(t);
+}
+
 function run(name, dir) {
   const tok = new Tokenizer(readJson(path.join(dir, "tokenizer.json")), readJson(path.join(dir, "tokenizer_config.json")));
   return CORPUS.map((text) => {
