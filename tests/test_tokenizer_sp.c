@@ -415,6 +415,20 @@ static void test_bad_files(void **state) {
     expect_tiny_error(dec, "\"decoder\": {\"type\": \"WordPiece\"}, \"unused\": {", "unsupported decoder 'WordPiece'");
     expect_tiny_error("\"replacement\": \"\xe2\x96\x81\"", "\"replacement\": \"ab\"", "not one character");
     expect_tiny_error("\"prepend_scheme\": \"first\"", "\"prepend_scheme\": \"sometimes\"", "prepend_scheme 'sometimes'");
+    /* metaspace.rs: add_prefix_space false needs prepend_scheme "never" (the default is "always") */
+    expect_tiny_error("\"prepend_scheme\": \"first\"", "\"add_prefix_space\": false", "does not match");
+    expect_tiny_error("\"prepend_scheme\": \"first\"", "\"add_prefix_space\": false, \"prepend_scheme\": \"first\"",
+                      "does not match");
+    rp_err err;
+    rp_tokenizer *never = tiny_variant("\"prepend_scheme\": \"first\"",
+                                       "\"add_prefix_space\": false, \"prepend_scheme\": \"never\"", &err);
+    if (!never) fail_msg("%s", err.msg);
+    size_t n;
+    int32_t *a = encode(never, "the", 0, &n);
+    assert_true(n >= 1);
+    assert_true(strncmp(rp_tokenizer_token_text(never, a[0]), "\xe2\x96\x81", 3) != 0);
+    free(a);
+    rp_tokenizer_free(never);
     /* byte_fallback with a ByteLevel decoder stays refused */
     expect_tiny_error(dec, "\"decoder\": {\"type\": \"ByteLevel\"}, \"unused\": {", "byte_fallback is not supported");
 }

@@ -103,8 +103,9 @@ static int load_normalizer(rp_tokenizer *t, const tj_doc *d, const tj_node *n, i
     return 0;
 }
 
-/* Metaspace's settings, in both spellings: prepend_scheme (tokenizers >= 0.15)
- * or the older add_prefix_space (true = "always"); split defaults to true. */
+/* Metaspace's settings as metaspace.rs deserializes them: prepend_scheme
+ * (default "always"); the older add_prefix_space, when false, must come with
+ * "never" or it is an error; split defaults to true. */
 static int metaspace_settings(const tj_doc *d, const tj_node *n, char *rep, size_t *rep_len, int *prepend,
                               int *split, const char *what, rp_err *err) {
     size_t l = 0;
@@ -115,16 +116,17 @@ static int metaspace_settings(const tj_doc *d, const tj_node *n, char *rep, size
     rep[l] = '\0';
     *rep_len = l;
     const char *scheme = tj_get_str(d, n, "prepend_scheme");
+    *prepend = TOK_PREPEND_ALWAYS;
     if (scheme) {
         if (strcmp(scheme, "always") == 0) *prepend = TOK_PREPEND_ALWAYS;
         else if (strcmp(scheme, "first") == 0) *prepend = TOK_PREPEND_FIRST;
         else if (strcmp(scheme, "never") == 0) *prepend = TOK_PREPEND_NEVER;
         else return rp_errf(err, "tokenizer.json: %s Metaspace prepend_scheme '%s' is unknown", what, scheme);
-    } else {
-        int aps = tj_get_bool(d, n, "add_prefix_space", 1);
-        if (aps < 0) return rp_errf(err, "tokenizer.json: %s Metaspace add_prefix_space is not a boolean", what);
-        *prepend = aps ? TOK_PREPEND_ALWAYS : TOK_PREPEND_NEVER;
     }
+    int aps = tj_get_bool(d, n, "add_prefix_space", 1);
+    if (aps < 0) return rp_errf(err, "tokenizer.json: %s Metaspace add_prefix_space is not a boolean", what);
+    if (!aps && *prepend != TOK_PREPEND_NEVER)
+        return rp_errf(err, "tokenizer.json: %s Metaspace add_prefix_space does not match declared prepend_scheme", what);
     *split = tj_get_bool(d, n, "split", 1);
     if (*split < 0) return rp_errf(err, "tokenizer.json: %s Metaspace split is not a boolean", what);
     return 0;
@@ -321,7 +323,9 @@ void tok_sp_free(tok_sp *sp) {
  * <0xNN> token; otherwise unk (consecutive ones fused into one with fuse_unk).
  * Like HF, a pending unk is written only when the next known character (or
  * the end) comes, so byte-fallback symbols in between land before it. A
- * character that is none of these (no unk token) is dropped, as HF does. */
+ * character that is none of these is dropped when there is no unk token (HF
+ * drops it too; when unk_token names a token missing from the vocab, HF's
+ * encode fails instead). */
 size_t tok_sp_init_symbols(const rp_tokenizer *t, const unsigned char *s, size_t n, int32_t *sym) {
     const tok_sp *sp = &t->sp;
     size_t m = 0, i = 0;
