@@ -270,8 +270,11 @@ static int load_model(loader *L, const tj_node *model) {
     t->bytes_len = calloc(nv, sizeof *t->bytes_len);
     t->is_special = calloc(nv, 1);
     t->is_added = calloc(nv, 1);
-    if (t->is_sp && !(t->sp.dec_byte = malloc(nv * sizeof *t->sp.dec_byte)))
-        return rp_errf(L->err, "out of memory loading tokenizer");
+    if (t->is_sp) {
+        if (!(t->sp.dec_byte = malloc(nv * sizeof *t->sp.dec_byte)))
+            return rp_errf(L->err, "out of memory loading tokenizer");
+        memset(t->sp.dec_byte, 0xFF, nv * sizeof *t->sp.dec_byte); /* -1: no byte token */
+    }
     if (!t->text_off || !t->bytes_off || !t->bytes_len || !t->is_special || !t->is_added)
         return rp_errf(L->err, "out of memory loading tokenizer");
     memset(t->text_off, 0xFF, nv * sizeof *t->text_off);
