@@ -389,6 +389,56 @@ static void test_unk(void **state) {
     rp_tokenizer_free(unfused);
 }
 
+/* Added tokens marked "normalized" are matched in normalized text, with
+ * their content normalized too (added_vocabulary.rs; transformers.js agrees):
+ * after a Prepend normalizer "<s>" is "▁<s>". The npm file's tokens are not
+ * normalized; this makes them so. Ids as transformers.js gives them. */
+static void test_normalized_added_tokens(void **state) {
+    (void)state;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/.cache/tokenizers/llama2/tokenizer.json", test_source_dir());
+    size_t len;
+    char *j = test_read_file(path, &len);
+    size_t o = 0;
+    const char *from = "\"normalized\": false", *to = "\"normalized\": true";
+    char *m = malloc(len * 2);
+    for (size_t i = 0; i < len;) {
+        if (strncmp(j + i, from, strlen(from)) == 0) {
+            memcpy(m + o, to, strlen(to));
+            o += strlen(to);
+            i += strlen(from);
+        } else {
+            m[o++] = j[i++];
+        }
+    }
+    rp_err err;
+    rp_tokenizer *t = rp_tokenizer_load_json(m, o, NULL, 0, &err);
+    if (!t) fail_msg("%s", err.msg);
+    static const struct {
+        const char *text;
+        int32_t ids[8];
+        size_t n;
+    } cases[] = {
+        {"<s>Hello", {1, 16230}, 2},
+        {"Hello <s> world", {22557, 1, 1526}, 3},
+        {"Hello<s>world", {22557, 28789, 28713, 28767, 9471}, 5},
+        {"a</s>", {264, 700, 28713, 28767}, 4},
+        {"<s>", {1}, 1},
+        {" <s>", {28705, 1}, 2},
+        {"x <unk>y", {1318, 0, 28724}, 3},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        size_t n;
+        int32_t *ids = encode(t, cases[c].text, 0, &n);
+        assert_int_equal(n, cases[c].n);
+        assert_memory_equal(ids, cases[c].ids, n * sizeof *ids);
+        free(ids);
+    }
+    rp_tokenizer_free(t);
+    free(m);
+    free(j);
+}
+
 static void expect_tiny_error(const char *from, const char *to, const char *needle) {
     rp_err err = {0};
     rp_tokenizer *t = tiny_variant(from, to, &err);
@@ -595,6 +645,7 @@ int main(void) {
         cmocka_unit_test(test_token_bytes),
         cmocka_unit_test(test_prepend_schemes),
         cmocka_unit_test(test_unk),
+        cmocka_unit_test(test_normalized_added_tokens),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_fuzz_file),
         cmocka_unit_test(test_fuzz_tiny),

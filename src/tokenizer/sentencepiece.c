@@ -449,10 +449,9 @@ static int on_piece(void *ctx, int32_t id, const char *s, size_t n) {
     return rc;
 }
 
-int tok_sp_encode_piece(const rp_tokenizer *t, const char *s, size_t n, int at_start, int skip_special,
-                        tok_scratch *sc, tok_ids *out, rp_err *err) {
+int tok_sp_normalize(const rp_tokenizer *t, const char *s, size_t n, char **out, size_t *out_n, rp_err *err) {
     const tok_sp *sp = &t->sp;
-    /* the normalizers in order; `cur` is s or the last buffer made */
+    /* the steps in order; `cur` is s or the last buffer made */
     char *owned = NULL;
     const char *cur = s;
     size_t cn = n;
@@ -481,13 +480,27 @@ int tok_sp_encode_piece(const rp_tokenizer *t, const char *s, size_t n, int at_s
         free(owned);
         if (rc) {
             free(b.p);
-            return rp_errf(err, "out of memory encoding");
+            return rp_errf(err, "out of memory normalizing text");
         }
+        /* an empty result still needs a buffer: NULL means "unchanged" */
+        if (!b.p && nb_put(&b, "", 0)) return rp_errf(err, "out of memory normalizing text");
         owned = b.p;
-        cur = b.p ? b.p : "";
+        cur = b.p;
         cn = b.n;
     }
+    *out = owned;
+    *out_n = cn;
+    return 0;
+}
+
+int tok_sp_encode_piece(const rp_tokenizer *t, const char *s, size_t n, int at_start, int skip_special,
+                        tok_scratch *sc, tok_ids *out, rp_err *err) {
+    char *owned = NULL;
+    size_t cn = n;
+    if (tok_sp_normalize(t, s, n, &owned, &cn, err)) return RP_ERR;
+    const char *cur = owned ? owned : s;
     piece_ctx c = {.t = t, .norm = cur, .at_start = at_start, .sc = sc, .out = out, .err = err};
+    /* added tokens marked "normalized" are found in the normalized text */
     int rc = t->any_normalized_added ? tok_split_added(t, cur, cn, 1, skip_special, on_piece, &c)
                                      : on_piece(&c, -1, cur, cn);
     free(owned);

@@ -117,6 +117,13 @@ int tok_cp_to_byte(uint32_t cp);
 typedef struct tok_added {
     char *content;
     uint32_t len;
+    /* what is matched in the text: the content, or for a "normalized" token
+     * of a SentencePiece-style tokenizer the content normalized (HF's
+     * AddedVocabulary matches those on normalized text, e.g. "▁<s>" after a
+     * Prepend normalizer); match_owned when it is a copy */
+    const char *match;
+    uint32_t match_len;
+    char *match_owned;
     int32_t id;
     unsigned char special, single_word, lstrip, rstrip, normalized;
 } tok_added;
@@ -269,6 +276,9 @@ int tok_sp_load_model(rp_tokenizer *t, const struct tj_doc *d, const struct tj_n
 size_t tok_sp_token_bytes(rp_tokenizer *t, int32_t id, const char *text, size_t text_len, char *out);
 /* Encodes one piece of text between added tokens; at_start: the piece begins
  * at offset 0 of the original text (Metaspace prepend_scheme "first"). */
+/* The normalizer steps on s[0..n): *out is NULL when nothing changed, else a
+ * malloc'd buffer of *out_n bytes. */
+int tok_sp_normalize(const rp_tokenizer *t, const char *s, size_t n, char **out, size_t *out_n, rp_err *err);
 int tok_sp_encode_piece(const rp_tokenizer *t, const char *s, size_t n, int at_start, int skip_special,
                         tok_scratch *sc, tok_ids *out, rp_err *err);
 /* BPE of one pre-token on characters, with byte fallback and unk, as HF's

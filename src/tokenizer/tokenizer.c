@@ -424,6 +424,8 @@ static int load_model(loader *L, const tj_node *model) {
         const tj_node *c = tj_get(d, a, "content");
         x->content = t->text_blob + added_off[i];
         x->len = c->len;
+        x->match = x->content;
+        x->match_len = x->len;
         x->id = id;
         int sw = tj_get_bool(d, a, "single_word", 0), ls = tj_get_bool(d, a, "lstrip", 0);
         int rs = tj_get_bool(d, a, "rstrip", 0), no = tj_get_bool(d, a, "normalized", 0);
@@ -440,7 +442,20 @@ static int load_model(loader *L, const tj_node *model) {
         t->is_added[id] = 1;
         t->is_special[id] = (unsigned char)sp;
         if (no) t->any_normalized_added = 1;
-        if (x->len) t->added_first_byte[(unsigned char)x->content[0]] = 1;
+        if (no && t->is_sp) {
+            char *nc = NULL;
+            size_t nn = x->len;
+            if (tok_sp_normalize(t, x->content, x->len, &nc, &nn, L->err)) return RP_ERR;
+            if (nc) {
+                if (nn > UINT32_MAX) {
+                    free(nc);
+                    return rp_errf(L->err, "tokenizer.json: added token too long");
+                }
+                x->match = x->match_owned = nc;
+                x->match_len = (uint32_t)nn;
+            }
+        }
+        if (x->match_len) t->added_first_byte[(unsigned char)x->match[0]] = 1;
         if (tok_map_put(&t->text_to_id, t->text_blob, added_off[i], x->len, id))
             return rp_errf(L->err, "out of memory loading tokenizer");
     }
@@ -448,7 +463,7 @@ static int load_model(loader *L, const tj_node *model) {
     for (int i = 1; i < t->n_added; i++) {
         tok_added x = t->added[i];
         int j = i - 1;
-        while (j >= 0 && t->added[j].len < x.len) {
+        while (j >= 0 && t->added[j].match_len < x.match_len) {
             t->added[j + 1] = t->added[j];
             j--;
         }
@@ -584,6 +599,7 @@ void rp_tokenizer_free(rp_tokenizer *t) {
     tok_map_free(&t->text_to_id);
     tok_map_free(&t->bytes_to_id);
     tok_pairmap_free(&t->merges);
+    for (int i = 0; t->added && i < t->n_added; i++) free(t->added[i].match_owned);
     free(t->added);
     for (int i = 0; i < t->n_splits; i++) tok_split_free(&t->splits[i]);
     tok_sp_free(&t->sp);
