@@ -67,7 +67,11 @@ int rp_tokenizer_vocab_size(const rp_tokenizer *t);
 int rp_tokenizer_token_id(const rp_tokenizer *t, const char *token_text);
 /* The token's tokenizer.json text, NULL if id is out of range or unused. */
 const char *rp_tokenizer_token_text(const rp_tokenizer *t, int id);
-/* The bytes the token decodes to (may be a partial UTF-8 character); 0 or -1. */
+/* The bytes the token decodes to (may be a partial UTF-8 character): the
+ * byte-level alphabet mapped back, or for SentencePiece-style tokens "▁" as a
+ * space and <0xNN> as that byte; added tokens their text. A whole decode can
+ * still differ at its start (a Strip or Metaspace decoder drops the first
+ * space) and where byte tokens are not valid UTF-8. 0 or -1. */
 int rp_tokenizer_token_bytes(const rp_tokenizer *t, int id, const char **bytes, size_t *len);
 /* 1 for special added tokens (skipped by skip_special), else 0. */
 int rp_tokenizer_is_special(const rp_tokenizer *t, int id);
