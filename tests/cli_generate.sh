@@ -159,6 +159,23 @@ if [ -n "$prompt" ]; then
   [ "$got" = "$want" ]; check "CLI greedy equals transformers" 0 $?
 fi
 
+# Text in and out through a SentencePiece-style tokenizer: the tiny Mistral-v0.3-style fixture
+# (its chat template writes [INST] ... [/INST]) on dummy Mistral weights.
+m="$tmp/mistral-text"
+mkdir -p "$m"
+cp "$SRC"/tests/fixtures/tokenizer/mistral_tiny/tokenizer*.json "$m/"
+cat > "$m/config.json" <<'JSON'
+{"architectures": ["MistralForCausalLM"], "vocab_size": 700, "hidden_size": 64, "intermediate_size": 128,
+ "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+ "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2}
+JSON
+out=$("$BIN" generate --model "$m" --load-format dummy --prompt "Hello there" --max-tokens 8 --seed 1 -q 2>&1)
+check "sentencepiece generate" 0 $?
+[ -n "$out" ]; check "sentencepiece output not empty" 0 $?
+out=$("$BIN" generate --model "$m" --load-format dummy --chat --prompt "Hi" --max-tokens 8 --seed 1 2>&1)
+check "sentencepiece chat generate" 0 $?
+contains "sentencepiece chat prompt" "$out" "prompt 5 tokens"
+
 # Text in and out through the real Qwen3 tokenizer (scripts/fetch-tokenizers.sh puts it in .cache).
 tok="$SRC/.cache/tokenizers/qwen3"
 if [ -f "$tok/tokenizer.json" ]; then

@@ -349,6 +349,25 @@ check "models.retrieve" 200 "$(code "$URL/v1/models/$(basename "$tmp")")"
 check "models.retrieve: another model" 404 "$(code "$URL/v1/models/gpt-4")"
 contains "models.retrieve: OpenAI's error" "$(cat "$tmp/body")" '"code":"model_not_found"'
 stop
+# a SentencePiece-style tokenizer (the tiny Mistral-v0.3-style fixture, its [INST] template) on
+# dummy Mistral weights: completions, chat, streaming, logprobs' token bytes
+sp="$tmp/mistral"
+mkdir -p "$sp"
+cp "$SRC"/tests/fixtures/tokenizer/mistral_tiny/tokenizer*.json "$sp/"
+cat > "$sp/config.json" <<'JSON'
+{"architectures": ["MistralForCausalLM"], "vocab_size": 700, "hidden_size": 64, "intermediate_size": 128,
+ "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+ "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 512}
+JSON
+MODEL_ARGS=(--model "$sp")
+start || { echo "$pass passed, $((fail + 1)) failed"; exit 1; }
+check "sentencepiece completion" 200 "$(post /v1/completions -d '{"prompt":"Hello world","max_tokens":6,"temperature":0,"logprobs":1}')"
+contains "sentencepiece completion: prompt tokens" "$(cat "$tmp/body")" '"prompt_tokens":7'
+check "sentencepiece chat" 200 "$(post /v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":6}')"
+contains "sentencepiece chat: [INST] prompt" "$(cat "$tmp/body")" '"prompt_tokens":5'
+check "sentencepiece stream" 200 "$(post /v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":6,"stream":true}')"
+contains "sentencepiece stream: done" "$(cat "$tmp/body")" "data: [DONE]"
+stop
 # usage errors name the flag and exit 2, before anything loads
 usage() { local want=$1; shift; out=$("$BIN" serve "$@" 2>&1); check "usage: $*" 2 $?; contains "usage: $* (message)" "$out" "$want"; }
 usage "--port must be an integer from 1 to 65535, got '70000'" --dummy-weights tiny-qwen3 --port 70000

@@ -7,6 +7,11 @@ BIN=$1
 SRC=$2
 Q="$SRC/.cache/tokenizers/qwen3"
 L="$SRC/.cache/tokenizers/llama3"
+# SentencePiece-style BPE: the npm llama2 package's file (Mistral 7B v0.1's
+# tokenizer.json) and the tiny Mistral-v0.3-style fixture; ids as in
+# tests/fixtures/tokenizer/sp_parity.json
+M="$SRC/.cache/tokenizers/llama2"
+T="$SRC/tests/fixtures/tokenizer/mistral_tiny"
 pass=0
 fail=0
 check() { # name, expected, actual
@@ -30,6 +35,13 @@ out=$("$BIN" tokenize --model "$Q" --split-special "<|im_end|>"); check "split s
 out=$(printf 'Hello world' | "$BIN" tokenize --model "$Q"); check "stdin" "9707 1879" "$out"
 out=$("$BIN" tokenize --model "$Q" --verbose " world"); contains "verbose piece" "$out" "Ġworld"
 contains "verbose bytes" "$out" '" world"'
+out=$("$BIN" tokenize --model "$M" "Hello world"); check "sp ids" "22557 1526" "$out"
+out=$("$BIN" tokenize --model "$M" "<s>[INST] What is 2+2? [/INST] 4</s>")
+check "sp specials" "1 733 16289 28793 1824 349 28705 28750 28806 28750 28804 733 28748 16289 28793 28705 28781 2" "$out"
+out=$("$BIN" tokenize --model "$M" "🦙🦙 llama"); check "sp byte fallback" "28705 243 162 169 156 243 162 169 156 8814 2786" "$out"
+out=$("$BIN" tokenize --model "$M" --verbose " x"); contains "sp verbose piece" "$out" "▁x"
+contains "sp verbose bytes" "$out" '" x"'
+out=$("$BIN" tokenize --model "$T" " Hello"); check "metaspace first" "486 582 345" "$out"
 out=$("$BIN" tokenize "x" 2>&1); check "no model rc" 2 $?; contains "no model msg" "$out" "--model"
 out=$("$BIN" tokenize --model 2>&1); check "missing value rc" 2 $?
 out=$("$BIN" tokenize --model "$Q" --bogus x 2>&1); check "unknown option rc" 2 $?

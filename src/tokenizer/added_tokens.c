@@ -36,8 +36,8 @@ static const tok_added *longest_at(const rp_tokenizer *t, const char *s, size_t 
                                    int normalized_pass) {
     for (int k = 0; k < t->n_added; k++) {
         const tok_added *a = &t->added[k];
-        if (a->normalized != normalized_pass || a->len == 0 || a->len > n - i) continue;
-        if (memcmp(s + i, a->content, a->len) == 0) return a;
+        if (a->normalized != normalized_pass || a->match_len == 0 || a->match_len > n - i) continue;
+        if (memcmp(s + i, a->match, a->match_len) == 0) return a;
     }
     return NULL;
 }
@@ -55,7 +55,7 @@ int tok_split_added(const rp_tokenizer *t, const char *s, size_t n, int normaliz
             i++;
             continue;
         }
-        size_t start = i, stop = i + a->len;
+        size_t start = i, stop = i + a->match_len;
         i = stop;
         if (skip_special && a->special) continue;
         if (a->single_word) {

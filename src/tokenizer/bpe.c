@@ -217,14 +217,15 @@ static int cache_put(tok_scratch *sc, const unsigned char *s, size_t n, const in
 int tok_bpe_word(const rp_tokenizer *t, const unsigned char *s, size_t n, tok_scratch *sc,
                  int force, tok_ids *out) {
     if (n == 0) return 0;
-    if (n == 1 && !force) {
+    if (n == 1 && !force && !t->is_sp) {
         int32_t id = t->byte_id[s[0]];
         if (id < 0) id = t->unk_id;
         return id >= 0 ? tok_ids_push(out, id) : 0;
     }
     if (t->ignore_merges) {
         /* HF: a word that is itself in the vocab is emitted whole */
-        int32_t id = tok_map_get(&t->bytes_to_id, t->bytes_blob, (const char *)s, n, -1);
+        int32_t id = t->is_sp ? tok_map_get(&t->sp.vocab, t->text_blob, (const char *)s, n, -1)
+                              : tok_map_get(&t->bytes_to_id, t->bytes_blob, (const char *)s, n, -1);
         if (id >= 0) return tok_ids_push(out, id);
     }
     int cacheable = n <= CACHE_MAX_WORD && !force;
@@ -240,7 +241,7 @@ int tok_bpe_word(const rp_tokenizer *t, const unsigned char *s, size_t n, tok_sc
     int32_t small[SHORT_WORD];
     int32_t *sym = n <= SHORT_WORD ? small : malloc(n * sizeof *sym);
     if (!sym) return -1;
-    size_t m = init_symbols(t, s, n, sym);
+    size_t m = t->is_sp ? tok_sp_init_symbols(t, s, n, sym) : init_symbols(t, s, n, sym);
     int use_heap = force == 2 || (force == 0 && m > SHORT_WORD);
     if (force == 1 && m > SHORT_WORD) use_heap = 1; /* the short scan has fixed arrays */
     m = use_heap ? bpe_heap(t, sc, sym, m) : bpe_short(t, sym, m);

@@ -2,7 +2,10 @@
  * rp_tokenizer struct, the hash maps, the UTF-8 helpers, and the stage
  * functions of the encode pipeline
  *   sanitize UTF-8 -> split off added tokens (added_tokens.c) -> NFC
- *   (normalize.c) -> regex split (pretokenize.c) -> byte-level BPE (bpe.c).
+ *   (normalize.c) -> regex split (pretokenize.c) -> byte-level BPE (bpe.c),
+ * or, for a SentencePiece-style tokenizer (sentencepiece.c),
+ *   sanitize UTF-8 -> split off added tokens -> Prepend/Replace/NFC ->
+ *   Metaspace -> BPE on characters with byte fallback (bpe.c).
  * Tests include this header to reach the stages directly. */
 #ifndef RP_TOKENIZER_TOK_INTERNAL_H
 #define RP_TOKENIZER_TOK_INTERNAL_H
@@ -114,6 +117,13 @@ int tok_cp_to_byte(uint32_t cp);
 typedef struct tok_added {
     char *content;
     uint32_t len;
+    /* what is matched in the text: the content, or for a "normalized" token
+     * of a SentencePiece-style tokenizer the content normalized (HF's
+     * AddedVocabulary matches those on normalized text, e.g. "▁<s>" after a
+     * Prepend normalizer); match_owned when it is a copy */
+    const char *match;
+    uint32_t match_len;
+    char *match_owned;
     int32_t id;
     unsigned char special, single_word, lstrip, rstrip, normalized;
 } tok_added;
@@ -127,6 +137,48 @@ typedef struct tok_split {
 #define TOK_MAX_SPLITS 4
 
 typedef struct tok_chat tok_chat;
+
+/* SentencePiece-style BPE (sentencepiece.c): what Llama 2 and Mistral ship.
+ * The normalizer is a list of steps run in order on each piece of text
+ * between added tokens; the decoder is per-token string replacements, then
+ * ByteFallback, then a Strip of leading characters of the whole output. */
+enum { TOK_NORM_NFC, TOK_NORM_PREPEND, TOK_NORM_REPLACE };
+typedef struct tok_norm_step {
+    int kind;
+    char *from, *to; /* REPLACE: every `from` becomes `to`; PREPEND: `to` */
+    size_t from_len, to_len;
+} tok_norm_step;
+
+#define TOK_MAX_NORM_STEPS 8
+#define TOK_MAX_DEC_REPLACES 4
+
+enum { TOK_PREPEND_NEVER, TOK_PREPEND_FIRST, TOK_PREPEND_ALWAYS };
+
+typedef struct tok_sp {
+    tok_norm_step norm[TOK_MAX_NORM_STEPS];
+    int n_norm;
+    /* the Metaspace pre-tokenizer */
+    int metaspace;
+    char ms_rep[8]; /* the replacement character ("▁"), UTF-8 */
+    size_t ms_rep_len;
+    int ms_prepend; /* TOK_PREPEND_* */
+    int ms_split;
+    /* the model */
+    int byte_fallback, fuse_unk;
+    int32_t ascii_id[128];        /* vocab id of each ASCII character, -1 if none */
+    int32_t fallback_id[256];     /* the <0xNN> tokens, -1 if missing */
+    tok_map vocab;                /* model vocab only (added tokens excluded), text -> id */
+    /* the decoder */
+    struct { char from[8], to[8]; size_t from_len, to_len; } dec_rep[TOK_MAX_DEC_REPLACES];
+    int n_dec_rep;
+    int dec_metaspace_first;  /* a Metaspace decoder that drops the first token's replacement chars */
+    char dec_ms_rep[8];
+    size_t dec_ms_rep_len;
+    int dec_byte_fallback;    /* <0xNN> tokens decode to that byte, runs as UTF-8 */
+    int dec_strip;            /* Strip: how many leading dec_strip_char to drop from the output */
+    uint32_t dec_strip_char;
+    int16_t *dec_byte;        /* per id: the byte of a ByteFallback token, or -1 */
+} tok_sp;
 
 struct rp_tokenizer {
     int32_t vocab_size; /* max id + 1 */
@@ -155,6 +207,9 @@ struct rp_tokenizer {
     int nfc;
     tok_split splits[TOK_MAX_SPLITS];
     int n_splits;
+
+    int is_sp;  /* SentencePiece-style (sp below), else byte-level */
+    tok_sp sp;
 
     char *bos_token, *eos_token;
     int32_t bos_id, eos_id;
@@ -204,6 +259,37 @@ int tok_split_added(const rp_tokenizer *t, const char *s, size_t n, int normaliz
 
 /* Decode one token's bytes (tokenizer.c): the ByteLevel decoder's per-token step. */
 int tok_token_bytes(const rp_tokenizer *t, int32_t id, const char **b, size_t *n);
+
+/* ---- SentencePiece-style BPE (sentencepiece.c) ---------------------------- */
+
+struct tj_doc;
+struct tj_node;
+/* Reads normalizer, pre_tokenizer and decoder for a SentencePiece-style
+ * tokenizer into t->sp; refuses what it cannot reproduce. */
+int tok_sp_load_pipeline(rp_tokenizer *t, const struct tj_doc *d, const struct tj_node *root, rp_err *err);
+/* Model fields (byte_fallback, fuse_unk) and the lookup tables, once the
+ * vocab is in t->text_blob; vocab_off[i] is the blob offset of vocab entry i. */
+int tok_sp_load_model(rp_tokenizer *t, const struct tj_doc *d, const struct tj_node *model,
+                      const uint32_t *vocab_off, rp_err *err);
+/* The bytes one token stands for (decoder's Replace and ByteFallback), into
+ * out (at most text_len bytes); sets t->sp.dec_byte[id]. */
+size_t tok_sp_token_bytes(rp_tokenizer *t, int32_t id, const char *text, size_t text_len, char *out);
+/* Encodes one piece of text between added tokens; at_start: the piece begins
+ * at offset 0 of the original text (Metaspace prepend_scheme "first"). */
+/* The normalizer steps on s[0..n): *out is NULL when nothing changed, else a
+ * malloc'd buffer of *out_n bytes. */
+int tok_sp_normalize(const rp_tokenizer *t, const char *s, size_t n, char **out, size_t *out_n, rp_err *err);
+int tok_sp_encode_piece(const rp_tokenizer *t, const char *s, size_t n, int at_start, int skip_special,
+                        tok_scratch *sc, tok_ids *out, rp_err *err);
+/* BPE of one pre-token on characters, with byte fallback and unk, as HF's
+ * BPE::merge_word; bpe.c's tok_bpe_word calls it to make the first symbols. */
+size_t tok_sp_init_symbols(const rp_tokenizer *t, const unsigned char *s, size_t n, int32_t *sym);
+void tok_sp_free(tok_sp *sp);
+/* Whole decode of a SentencePiece-style tokenizer (detok_stream.c): the
+ * streamer run over all ids, so that streaming equals it by construction.
+ * Ids must already be checked to be in range. */
+int tok_sp_decode(const rp_tokenizer *t, const int32_t *ids, size_t n, int skip_special, char **out,
+                  size_t *out_len, rp_err *err);
 
 /* Frees a loaded chat template (chat_template.c). */
 void tok_chat_free(tok_chat *c);

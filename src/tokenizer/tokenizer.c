@@ -230,8 +230,8 @@ static int load_model(loader *L, const tj_node *model) {
     const tj_node *dropout = tj_get(d, model, "dropout");
     if (dropout && !(dropout->type == TJ_NULL || (dropout->type == TJ_NUMBER && dropout->num == 0)))
         return rp_errf(L->err, "tokenizer.json: BPE dropout is not supported (it is random)");
-    if (tj_get_bool(d, model, "byte_fallback", 0) != 0)
-        return rp_errf(L->err, "tokenizer.json: BPE byte_fallback is not supported");
+    if (!t->is_sp && tj_get_bool(d, model, "byte_fallback", 0) != 0)
+        return rp_errf(L->err, "tokenizer.json: BPE byte_fallback is not supported with a ByteLevel decoder");
     const char *csp = tj_get_str(d, model, "continuing_subword_prefix");
     const char *ews = tj_get_str(d, model, "end_of_word_suffix");
     if ((csp && *csp) || (ews && *ews))
@@ -270,6 +270,11 @@ static int load_model(loader *L, const tj_node *model) {
     t->bytes_len = calloc(nv, sizeof *t->bytes_len);
     t->is_special = calloc(nv, 1);
     t->is_added = calloc(nv, 1);
+    if (t->is_sp) {
+        if (!(t->sp.dec_byte = malloc(nv * sizeof *t->sp.dec_byte)))
+            return rp_errf(L->err, "out of memory loading tokenizer");
+        memset(t->sp.dec_byte, 0xFF, nv * sizeof *t->sp.dec_byte); /* -1: no byte token */
+    }
     if (!t->text_off || !t->bytes_off || !t->bytes_len || !t->is_special || !t->is_added)
         return rp_errf(L->err, "out of memory loading tokenizer");
     memset(t->text_off, 0xFF, nv * sizeof *t->text_off);
@@ -313,7 +318,9 @@ static int load_model(loader *L, const tj_node *model) {
     size_t nb = 0;
     for (size_t i = 0; i < nv && !rc; i++) {
         if (t->text_off[i] == UINT32_MAX) continue;
-        size_t bl = bytelevel_decode(t->text_blob + t->text_off[i], text_len[i], t->bytes_blob + nb);
+        size_t bl = t->is_sp ? tok_sp_token_bytes(t, (int32_t)i, t->text_blob + t->text_off[i], text_len[i],
+                                                  t->bytes_blob + nb)
+                             : bytelevel_decode(t->text_blob + t->text_off[i], text_len[i], t->bytes_blob + nb);
         t->bytes_off[i] = (uint32_t)nb;
         t->bytes_len[i] = (uint32_t)bl;
         nb += bl;
@@ -327,19 +334,23 @@ static int load_model(loader *L, const tj_node *model) {
                  tok_map_put(&t->bytes_to_id, t->bytes_blob, t->bytes_off[id], t->bytes_len[id], id))
             rc = rp_errf(L->err, "out of memory loading tokenizer");
     }
+    if (!rc && t->is_sp) rc = tok_sp_load_model(t, d, model, vocab_off, L->err);
     free(vocab_off);
     free(text_len);
     if (rc) return RP_ERR;
 
-    /* single-byte tokens: the vocab entry spelled by the byte's character */
-    for (int b = 0; b < 256; b++) {
+    /* single-byte tokens: the vocab entry spelled by the byte's character
+     * (SentencePiece-style: the <0xNN> token) */
+    for (int b = 0; b < 256 && t->is_sp; b++) t->byte_id[b] = t->sp.fallback_id[b];
+    for (int b = 0; b < 256 && !t->is_sp; b++) {
         char u[4];
         int l = tok_utf8_encode(tok_byte_to_cp((unsigned char)b), u);
         t->byte_id[b] = (int32_t)tok_map_get(&t->text_to_id, t->text_blob, u, (size_t)l, -1);
     }
     t->unk_id = -1;
     const char *unk = tj_get_str(d, model, "unk_token");
-    if (unk) t->unk_id = (int32_t)tok_map_get(&t->text_to_id, t->text_blob, unk, strlen(unk), -1);
+    if (unk)
+        t->unk_id = (int32_t)tok_map_get(t->is_sp ? &t->sp.vocab : &t->text_to_id, t->text_blob, unk, strlen(unk), -1);
 
     /* merges: "a b" strings or ["a", "b"] pairs; rank = position */
     const tj_node *merges = tj_get(d, model, "merges");
@@ -413,6 +424,8 @@ static int load_model(loader *L, const tj_node *model) {
         const tj_node *c = tj_get(d, a, "content");
         x->content = t->text_blob + added_off[i];
         x->len = c->len;
+        x->match = x->content;
+        x->match_len = x->len;
         x->id = id;
         int sw = tj_get_bool(d, a, "single_word", 0), ls = tj_get_bool(d, a, "lstrip", 0);
         int rs = tj_get_bool(d, a, "rstrip", 0), no = tj_get_bool(d, a, "normalized", 0);
@@ -429,7 +442,20 @@ static int load_model(loader *L, const tj_node *model) {
         t->is_added[id] = 1;
         t->is_special[id] = (unsigned char)sp;
         if (no) t->any_normalized_added = 1;
-        if (x->len) t->added_first_byte[(unsigned char)x->content[0]] = 1;
+        if (no && t->is_sp) {
+            char *nc = NULL;
+            size_t nn = x->len;
+            if (tok_sp_normalize(t, x->content, x->len, &nc, &nn, L->err)) return RP_ERR;
+            if (nc) {
+                if (nn > UINT32_MAX) {
+                    free(nc);
+                    return rp_errf(L->err, "tokenizer.json: added token too long");
+                }
+                x->match = x->match_owned = nc;
+                x->match_len = (uint32_t)nn;
+            }
+        }
+        if (x->match_len) t->added_first_byte[(unsigned char)x->match[0]] = 1;
         if (tok_map_put(&t->text_to_id, t->text_blob, added_off[i], x->len, id))
             return rp_errf(L->err, "out of memory loading tokenizer");
     }
@@ -437,7 +463,7 @@ static int load_model(loader *L, const tj_node *model) {
     for (int i = 1; i < t->n_added; i++) {
         tok_added x = t->added[i];
         int j = i - 1;
-        while (j >= 0 && t->added[j].len < x.len) {
+        while (j >= 0 && t->added[j].match_len < x.match_len) {
             t->added[j + 1] = t->added[j];
             j--;
         }
@@ -489,19 +515,31 @@ rp_tokenizer *rp_tokenizer_load_json(const char *json, size_t len, const char *c
         rp_errf(err, "tokenizer.json: not a JSON object");
         goto fail;
     }
-    if (load_model(&L, tj_get(&L.doc, root, "model"))) goto fail;
-    if (check_normalizer(&L, tj_get(&L.doc, root, "normalizer"), 0)) goto fail;
-    int byte_level = 0;
-    if (check_pretok(&L, tj_get(&L.doc, root, "pre_tokenizer"), 0, &byte_level)) goto fail;
-    if (!byte_level) {
-        rp_errf(err, "tokenizer.json: unsupported pre_tokenizer: BPE without ByteLevel (replay supports byte-level BPE)");
-        goto fail;
-    }
+    /* The decoder tells the two families apart: ByteLevel for GPT-2-style
+     * byte-level BPE, Replace/Metaspace/ByteFallback/... for SentencePiece-style
+     * BPE (sentencepiece.c), whose decoder must be known before the vocab is
+     * read (it says what bytes each token stands for). */
     const tj_node *dec = tj_get(&L.doc, root, "decoder");
     const char *dtype = tj_get_str(&L.doc, dec, "type");
-    if (!dtype || strcmp(dtype, "ByteLevel") != 0) {
-        rp_errf(err, "tokenizer.json: unsupported decoder '%s' (replay supports ByteLevel)", dtype ? dtype : "(none)");
+    static const char *const sp_decoders[] = {"Sequence", "Replace", "Metaspace", "ByteFallback", "Fuse", "Strip"};
+    for (size_t i = 0; dtype && i < sizeof sp_decoders / sizeof *sp_decoders; i++)
+        if (strcmp(dtype, sp_decoders[i]) == 0) t->is_sp = 1;
+    if (!t->is_sp && (!dtype || strcmp(dtype, "ByteLevel") != 0)) {
+        rp_errf(err, "tokenizer.json: unsupported decoder '%s' (replay supports ByteLevel, and SentencePiece-style "
+                     "Replace/Metaspace, ByteFallback, Fuse, Strip)",
+                dtype ? dtype : "(none)");
         goto fail;
+    }
+    if (t->is_sp && tok_sp_load_pipeline(t, &L.doc, root, err)) goto fail;
+    if (load_model(&L, tj_get(&L.doc, root, "model"))) goto fail;
+    if (!t->is_sp) {
+        if (check_normalizer(&L, tj_get(&L.doc, root, "normalizer"), 0)) goto fail;
+        int byte_level = 0;
+        if (check_pretok(&L, tj_get(&L.doc, root, "pre_tokenizer"), 0, &byte_level)) goto fail;
+        if (!byte_level) {
+            rp_errf(err, "tokenizer.json: unsupported pre_tokenizer: BPE without ByteLevel (replay supports byte-level BPE)");
+            goto fail;
+        }
     }
     tj_free(&L.doc);
     free(L.added_off);
@@ -561,8 +599,10 @@ void rp_tokenizer_free(rp_tokenizer *t) {
     tok_map_free(&t->text_to_id);
     tok_map_free(&t->bytes_to_id);
     tok_pairmap_free(&t->merges);
+    for (int i = 0; t->added && i < t->n_added; i++) free(t->added[i].match_owned);
     free(t->added);
     for (int i = 0; i < t->n_splits; i++) tok_split_free(&t->splits[i]);
+    tok_sp_free(&t->sp);
     free(t->bos_token);
     free(t->eos_token);
     tok_chat_free(t->chat);
@@ -577,6 +617,7 @@ typedef struct enc_ctx {
     pcre2_match_data *md[TOK_MAX_SPLITS];
     tok_ids ids;
     int skip_special;
+    const char *text; /* the whole (sanitized) text: where offset 0 is */
     rp_err *err;
 } enc_ctx;
 
@@ -589,6 +630,7 @@ static int on_normalized(void *ctx, int32_t id, const char *s, size_t n) {
 static int on_raw(void *ctx, int32_t id, const char *s, size_t n) {
     enc_ctx *c = ctx;
     if (id >= 0) return tok_ids_push(&c->ids, id) ? rp_errf(c->err, "out of memory encoding") : 0;
+    if (c->t->is_sp) return tok_sp_encode_piece(c->t, s, n, s == c->text, c->skip_special, c->sc, &c->ids, c->err);
     char *norm = NULL;
     size_t nn = n;
     if (c->t->nfc && tok_nfc(s, n, &norm, &nn, c->err)) return RP_ERR;
@@ -621,7 +663,7 @@ int rp_tokenizer_encode_ex(const rp_tokenizer *t, const char *text, size_t len, 
         text = clean;
         len = cl;
     }
-    enc_ctx c = {.t = t, .skip_special = (flags & RP_ENCODE_SPLIT_SPECIAL) != 0, .err = err};
+    enc_ctx c = {.t = t, .skip_special = (flags & RP_ENCODE_SPLIT_SPECIAL) != 0, .text = text, .err = err};
     int rc = 0;
     c.sc = tok_scratch_new();
     if (!c.sc) rc = rp_errf(err, "out of memory encoding");
@@ -669,6 +711,7 @@ int rp_tokenizer_decode(const rp_tokenizer *t, const int32_t *ids, size_t n, int
             return rp_errf(err, "token id %d out of range (vocab size %d)", ids[i], t->vocab_size);
         if (!(skip_special && t->is_special[ids[i]])) raw_len += bl;
     }
+    if (t->is_sp) return tok_sp_decode(t, ids, n, skip_special, out, out_len, err);
     char *raw = malloc(raw_len ? raw_len : 1);
     if (!raw) return rp_errf(err, "out of memory decoding");
     size_t o = 0;

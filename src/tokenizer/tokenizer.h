@@ -7,8 +7,12 @@
  * (merges as "a b" strings or ["a","b"] pairs, ignore_merges), added/special
  * tokens, normalizer NFC / Sequence of NFC / null, pre-tokenizer Split (regex,
  * Isolated) and ByteLevel (with or without its own regex), decoder ByteLevel.
- * That is what Qwen2/Qwen3 and Llama 3 ship. Anything else is a load error
- * that names the unsupported piece. docs/tokenizer.md has the details.
+ * That is what Qwen2/Qwen3 and Llama 3 ship. Also SentencePiece-style BPE
+ * (Llama 2, Mistral 7B): Prepend/Replace normalizers or a Metaspace
+ * pre-tokenizer, byte_fallback, fuse_unk, and the Replace/Metaspace,
+ * ByteFallback, Fuse, Strip decoders (sentencepiece.c). Anything else is a
+ * load error that names the unsupported piece. docs/tokenizer.md has the
+ * details.
  *
  * A loaded rp_tokenizer is immutable: encode/decode from several threads at
  * once is fine (each call keeps its own scratch). */
@@ -63,7 +67,11 @@ int rp_tokenizer_vocab_size(const rp_tokenizer *t);
 int rp_tokenizer_token_id(const rp_tokenizer *t, const char *token_text);
 /* The token's tokenizer.json text, NULL if id is out of range or unused. */
 const char *rp_tokenizer_token_text(const rp_tokenizer *t, int id);
-/* The bytes the token decodes to (may be a partial UTF-8 character); 0 or -1. */
+/* The bytes the token decodes to (may be a partial UTF-8 character): the
+ * byte-level alphabet mapped back, or for SentencePiece-style tokens "▁" as a
+ * space and <0xNN> as that byte; added tokens their text. A whole decode can
+ * still differ at its start (a Strip or Metaspace decoder drops the first
+ * space) and where byte tokens are not valid UTF-8. 0 or -1. */
 int rp_tokenizer_token_bytes(const rp_tokenizer *t, int id, const char **bytes, size_t *len);
 /* 1 for special added tokens (skipped by skip_special), else 0. */
 int rp_tokenizer_is_special(const rp_tokenizer *t, int id);
@@ -87,6 +95,14 @@ typedef struct rp_detok {
     int n_pending;
     char *buf; /* output of the last call, owned */
     size_t buf_cap;
+    /* SentencePiece-style decoders: a run of <0xNN> byte tokens is decoded
+     * as a whole when it ends (one invalid byte turns the whole run into
+     * U+FFFDs), so it is held back until then; the decoder treats the first
+     * token and the output's leading characters specially. */
+    unsigned char *run;
+    size_t n_run, run_cap;
+    size_t n_tokens; /* tokens the decoder has seen (special ones skipped) */
+    int strip_left;  /* leading characters the Strip decoder may still drop */
 } rp_detok;
 
 void rp_detok_init(rp_detok *d, const rp_tokenizer *t, int skip_special);
