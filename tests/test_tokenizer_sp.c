@@ -221,6 +221,13 @@ static void test_byte_fallback_decode(void **state) {
     /* flush resets: the next stream strips its leading space again */
     assert_int_equal(rp_detok_push(&d, hello, &s, &n, &err), 0);
     assert_int_equal(n, 5);
+    rp_detok_flush(&d, &s, &n);
+    /* a continuation (a completion after its prompt) keeps it, as vLLM's
+     * incremental detokenizer does: the prompt's text plus this reads right */
+    rp_detok_continue(&d);
+    assert_int_equal(rp_detok_push(&d, hello, &s, &n, &err), 0);
+    assert_int_equal(n, 6);
+    assert_memory_equal(s, " Hello", 6);
     rp_detok_free(&d);
     assert_int_not_equal(rp_tokenizer_decode(t, (int32_t[]){40000}, 1, 0, (char **)&s, NULL, &err), 0);
 }

@@ -199,6 +199,7 @@ int rp_engine_submit(rp_engine *e, const rp_request_params *p, rp_token_callback
     }
     if (e->tok) {
         rp_detok_init(&r->detok, e->tok, !p->keep_special_tokens);
+        rp_detok_continue(&r->detok); /* the output follows its prompt */
         r->include_stop_str = p->include_stop_str_in_output;
         r->has_detok = 1;
     }

@@ -26,6 +26,11 @@ void rp_detok_init(rp_detok *d, const rp_tokenizer *t, int skip_special) {
     d->strip_left = t->is_sp ? t->sp.dec_strip : 0;
 }
 
+void rp_detok_continue(rp_detok *d) {
+    d->n_tokens = 1;
+    d->strip_left = 0;
+}
+
 void rp_detok_free(rp_detok *d) {
     free(d->buf);
     d->buf = NULL;

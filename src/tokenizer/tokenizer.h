@@ -106,6 +106,12 @@ typedef struct rp_detok {
 } rp_detok;
 
 void rp_detok_init(rp_detok *d, const rp_tokenizer *t, int skip_special);
+/* The stream continues text decoded before it (a completion after its
+ * prompt): the decoders' start-of-text rules (Strip's leading characters,
+ * Metaspace's first "▁") do not apply, so "▁Paris" after "The capital is"
+ * is " Paris", as vLLM's incremental detokenizer makes it and as the
+ * prompt's text plus the completion's reads. No effect on byte-level BPE. */
+void rp_detok_continue(rp_detok *d);
 /* *text points into d (valid until the next call), *len may be 0. */
 int rp_detok_push(rp_detok *d, int32_t id, const char **text, size_t *len, rp_err *err);
 /* Ends the stream: a dangling partial character becomes U+FFFD. Resets d for reuse. */
