@@ -14,30 +14,11 @@
 
 #define WS_SET "\\t\\n\\x0b\\f\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static int sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap * 2 : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *np = realloc(b->p, c);
-        if (!np) return -1;
-        b->p = np;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-    return 0;
-}
 
 /* Rewrites \s / \S outside and inside character classes. \S inside a class
  * has no class-member form; no tokenizer we know uses it, so it is refused. */
 static int translate(const char *pat, char **out, rp_err *err) {
-    sbuf b = {0};
+    tok_buf b = {0};
     int in_class = 0;
     size_t n = strlen(pat);
     for (size_t i = 0; i < n; i++) {
@@ -46,28 +27,28 @@ static int translate(const char *pat, char **out, rp_err *err) {
             char e = pat[i + 1];
             int rc;
             if (e == 's')
-                rc = in_class ? sb_put(&b, WS_SET, strlen(WS_SET)) : sb_put(&b, "[" WS_SET "]", strlen(WS_SET) + 2);
+                rc = in_class ? tok_buf_put(&b, WS_SET, strlen(WS_SET)) : tok_buf_put(&b, "[" WS_SET "]", strlen(WS_SET) + 2);
             else if (e == 'S' && !in_class)
-                rc = sb_put(&b, "[^" WS_SET "]", strlen(WS_SET) + 3);
+                rc = tok_buf_put(&b, "[^" WS_SET "]", strlen(WS_SET) + 3);
             else if (e == 'S') {
                 free(b.p);
                 return rp_errf(err, "unsupported regex: \\S inside a character class");
             } else
-                rc = sb_put(&b, pat + i, 2);
+                rc = tok_buf_put(&b, pat + i, 2);
             if (rc) goto oom;
             i++;
             continue;
         }
         if (!in_class && c == '[') {
             in_class = 1;
-            if (sb_put(&b, "[", 1)) goto oom;
+            if (tok_buf_put(&b, "[", 1)) goto oom;
             /* a ']' right after '[' or '[^' is a literal member */
             if (i + 1 < n && pat[i + 1] == '^') {
-                if (sb_put(&b, "^", 1)) goto oom;
+                if (tok_buf_put(&b, "^", 1)) goto oom;
                 i++;
             }
             if (i + 1 < n && pat[i + 1] == ']') {
-                if (sb_put(&b, "]", 1)) goto oom;
+                if (tok_buf_put(&b, "]", 1)) goto oom;
                 i++;
             }
             continue;
@@ -77,15 +58,15 @@ static int translate(const char *pat, char **out, rp_err *err) {
             const char *end = strstr(pat + i + 2, ":]");
             if (end) {
                 size_t l = (size_t)(end + 2 - (pat + i));
-                if (sb_put(&b, pat + i, l)) goto oom;
+                if (tok_buf_put(&b, pat + i, l)) goto oom;
                 i += l - 1;
                 continue;
             }
         }
         if (in_class && c == ']') in_class = 0;
-        if (sb_put(&b, &c, 1)) goto oom;
+        if (tok_buf_put(&b, &c, 1)) goto oom;
     }
-    if (!b.p && sb_put(&b, "", 0)) goto oom;
+    if (!b.p && tok_buf_put(&b, "", 0)) goto oom;
     *out = b.p;
     return 0;
 oom:

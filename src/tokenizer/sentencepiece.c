@@ -355,40 +355,20 @@ size_t tok_sp_init_symbols(const rp_tokenizer *t, const unsigned char *s, size_t
     return m;
 }
 
-/* A growing byte string for the normalized text. */
-typedef struct nbuf {
-    char *p;
-    size_t n, cap;
-} nbuf;
-
-static int nb_put(nbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap * 2 : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *np = realloc(b->p, c);
-        if (!np) return -1;
-        b->p = np;
-        b->cap = c;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = '\0';
-    return 0;
-}
 
 /* s[0..n) with every `from` replaced by `to`, into a fresh buffer. */
-static int replace_all(const char *s, size_t n, const char *from, size_t fl, const char *to, size_t tl, nbuf *out) {
+static int replace_all(const char *s, size_t n, const char *from, size_t fl, const char *to, size_t tl, tok_buf *out) {
     size_t last = 0;
     for (size_t i = 0; i + fl <= n;) {
         if (memcmp(s + i, from, fl) == 0) {
-            if (nb_put(out, s + last, i - last) || nb_put(out, to, tl)) return -1;
+            if (tok_buf_put(out, s + last, i - last) || tok_buf_put(out, to, tl)) return -1;
             i += fl;
             last = i;
         } else {
             i++;
         }
     }
-    return nb_put(out, s + last, n - last);
+    return tok_buf_put(out, s + last, n - last);
 }
 
 static int contains(const char *s, size_t n, const char *pat, size_t pl) {
@@ -419,7 +399,7 @@ static int on_piece(void *ctx, int32_t id, const char *s, size_t n) {
     if (id >= 0) return tok_ids_push(c->out, id) ? rp_errf(c->err, "out of memory encoding") : 0;
     if (!sp->metaspace) return bpe_word(c, s, n);
     if (n == 0) return 0;
-    nbuf b = {0};
+    tok_buf b = {0};
     /* prepend_scheme "first": only the piece whose original offset is 0, as
      * offsets_original().0 == 0 in metaspace.rs */
     int first = c->at_start && s == c->norm;
@@ -427,7 +407,7 @@ static int on_piece(void *ctx, int32_t id, const char *s, size_t n) {
     int prepend = !starts_rep && (sp->ms_prepend == TOK_PREPEND_ALWAYS || (sp->ms_prepend == TOK_PREPEND_FIRST && first));
     /* a text starting with " " starts with the replacement once replaced */
     if (s[0] == ' ') prepend = 0;
-    if ((prepend && nb_put(&b, sp->ms_rep, sp->ms_rep_len)) || replace_all(s, n, " ", 1, sp->ms_rep, sp->ms_rep_len, &b)) {
+    if ((prepend && tok_buf_put(&b, sp->ms_rep, sp->ms_rep_len)) || replace_all(s, n, " ", 1, sp->ms_rep, sp->ms_rep_len, &b)) {
         free(b.p);
         return rp_errf(c->err, "out of memory encoding");
     }
@@ -457,7 +437,7 @@ int tok_sp_normalize(const rp_tokenizer *t, const char *s, size_t n, char **out,
     size_t cn = n;
     for (int i = 0; i < sp->n_norm; i++) {
         const tok_norm_step *st = &sp->norm[i];
-        nbuf b = {0};
+        tok_buf b = {0};
         int rc = 0;
         if (st->kind == TOK_NORM_NFC) {
             char *nf = NULL;
@@ -472,7 +452,7 @@ int tok_sp_normalize(const rp_tokenizer *t, const char *s, size_t n, char **out,
         } else if (st->kind == TOK_NORM_PREPEND) {
             /* prepend.rs: nothing is prepended to an empty string */
             if (cn == 0) continue;
-            rc = nb_put(&b, st->to, st->to_len) || nb_put(&b, cur, cn);
+            rc = tok_buf_put(&b, st->to, st->to_len) || tok_buf_put(&b, cur, cn);
         } else {
             if (!contains(cur, cn, st->from, st->from_len)) continue;
             rc = replace_all(cur, cn, st->from, st->from_len, st->to, st->to_len, &b);
@@ -483,7 +463,7 @@ int tok_sp_normalize(const rp_tokenizer *t, const char *s, size_t n, char **out,
             return rp_errf(err, "out of memory normalizing text");
         }
         /* an empty result still needs a buffer: NULL means "unchanged" */
-        if (!b.p && nb_put(&b, "", 0)) return rp_errf(err, "out of memory normalizing text");
+        if (!b.p && tok_buf_put(&b, "", 0)) return rp_errf(err, "out of memory normalizing text");
         owned = b.p;
         cur = b.p;
         cn = b.n;

@@ -14,6 +14,8 @@
 #include <pcre2.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "tokenizer/tokenizer.h"
 
@@ -293,5 +295,27 @@ int tok_sp_decode(const rp_tokenizer *t, const int32_t *ids, size_t n, int skip_
 
 /* Frees a loaded chat template (chat_template.c). */
 void tok_chat_free(tok_chat *c);
+
+/* A growing NUL-terminated byte string (pre-tokenizer patterns, normalized
+ * text): tok_buf_put appends n bytes, 0 or -1 when memory runs out. */
+typedef struct tok_buf {
+    char *p;
+    size_t n, cap;
+} tok_buf;
+
+static inline int tok_buf_put(tok_buf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap * 2 : 256;
+        while (c < b->n + n + 1) c *= 2;
+        char *np = realloc(b->p, c);
+        if (!np) return -1;
+        b->p = np;
+        b->cap = c;
+    }
+    if (n) memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return 0;
+}
 
 #endif
