@@ -12,9 +12,10 @@
 // the schema's "differs" list with the reason and the verdict replay must give, which
 // the test checks too; nothing is dropped silently.
 //
-// Run: node tools/make_structured_corpus.mjs  (installs ajv into .cache/npm-ajv/ first
-// if needed: npm install --prefix .cache/npm-ajv ajv@8.17.1 ajv-formats@3.0.1).
-// The tests read the committed file and need no npm.
+// Run: node tools/make_structured_corpus.mjs [OUT]  (installs ajv into .cache/npm-ajv/ first
+// if needed: npm install --prefix .cache/npm-ajv ajv@8.17.1 ajv-formats@3.0.1, or run
+// tests/cli_structured_ajv.sh once). The C tests read the committed file and need no npm;
+// tests/cli_structured_ajv.sh checks that the file is what this script writes.
 import { createRequire } from 'node:module';
 import { writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -162,16 +163,20 @@ add('pattern-in-object', {
 // formats
 add('format-date', { type: 'string', format: 'date' }, ['2024-02-29', '1999-12-31', '2000-01-01'],
     ['2024-13-01', '2024-1-01', '24-01-01', '2024-01-32'],
-    [['2023-02-30', 'format date: replay checks a day of 01-31, not the month\'s length', true]]);
+    [['2023-02-30', 'format date: replay checks a day of 01-31, not the month\'s length', true],
+      ['2023-04-31', 'format date: replay checks a day of 01-31, not the month\'s length', true]]);
 add('format-time', { type: 'string', format: 'time' }, ['12:34:56Z', '23:59:59.123+02:00', '00:00:00z'],
-    ['24:00:00Z', '12:60:00Z', '1:02:03Z'], []);
+    ['24:00:00Z', '12:60:00Z', '1:02:03Z', '12:34:56'],
+    [['12:34:60Z', 'format time: replay takes second 60 at any time, RFC 3339 only at the end of a UTC day', true]]);
 add('format-date-time', { type: 'string', format: 'date-time' }, ['2024-05-06T07:08:09Z', '2024-05-06t07:08:09.5+01:30'],
     ['2024-05-06T07:08Z', '2024-05-06'],
     [['2024-05-06 07:08:09Z', 'format date-time: replay takes T or t between date and time, RFC 3339 also a space', false]]);
 add('format-uuid', { type: 'string', format: 'uuid' }, ['123e4567-e89b-12d3-a456-426614174000', 'AAAAAAAA-BBBB-CCCC-DDDD-EEEEEEEEEEEE'],
     ['123e4567e89b12d3a456426614174000', '123e4567-e89b-12d3-a456-42661417400', 'g23e4567-e89b-12d3-a456-426614174000']);
 add('format-email', { type: 'string', format: 'email' }, ['a@b.co', 'first.last+tag@example.org'],
-    ['a@b', '@b.co', 'a b@c.de', 'a@@b.co']);
+    ['a@b', '@b.co', 'a b@c.de', 'a@@b.co'],
+    [['a..b@c.de', 'format email: replay\'s practical local@domain.tld allows dots anywhere in the local part', true],
+      ['a@-b.co', 'format email: replay\'s domain labels may start or end with a hyphen', true]]);
 add('format-in-object', {
   type: 'object', properties: { id: { type: 'string', format: 'uuid' }, when: { type: 'string', format: 'date' },
     mail: { type: 'string', format: 'email' } }, required: ['id', 'when'],
@@ -525,6 +530,7 @@ const out = {
   labelled_by: `ajv ${ajvVersion} (Ajv2020, strict false) with ajv-formats ${formatsVersion}`,
   schemas: corpus,
 };
-const path = join(root, 'tests/fixtures/structured/schemas.json');
+// the path to write: the fixture, or (tests/cli_structured_ajv.sh) the first argument
+const path = process.argv[2] || join(root, 'tests/fixtures/structured/schemas.json');
 writeFileSync(path, JSON.stringify(out, null, 1) + '\n');
 console.log(`${corpus.length} schemas, ${nValid} valid and ${nInvalid} invalid instances, ${nDiffers} where replay differs: ${path}`);
