@@ -1,9 +1,10 @@
 /* Constrained generation over the schema corpus (tests/fixtures/structured/
  * schemas.json): GENS_PER_SCHEMA sampled generations for every schema (over
  * 1,000 in all), with the engine on the CPU backend and a tiny random model
- * over a printable-ASCII vocabulary (and a few UTF-8 bytes), compact whitespace, and a logit bias
- * towards the tokens that close things (`"`, `}`, `]`, the end token) so
- * that random walks end within MAX_TOKENS. Every output must be complete (it
+ * over a printable-ASCII vocabulary (and a few UTF-8 bytes), compact
+ * whitespace, and a logit bias towards the tokens that close things (`"`,
+ * `}`, `]`, the end token; two strengths) so that random walks end well
+ * within MAX_TOKENS (the longest output is about 500 bytes). Every output must be complete (it
  * stopped on the end token), parse as JSON (jansson), and be accepted whole
  * by a fresh matcher over single bytes; then regular expressions checked
  * with PCRE2 (a full match) and choice lists by exact membership.
@@ -22,7 +23,7 @@
 #include "structured/structured.h"
 #include "test_util.h"
 
-enum { GENS_PER_SCHEMA = 10, MAX_TOKENS = 1024, WAVE = 128, TEXT_CAP = 4096 };
+enum { GENS_PER_SCHEMA = 10, MAX_TOKENS = 1024, WAVE = 128, TEXT_CAP = 8192 };
 
 /* Schemas of the corpus a random walk cannot finish: the string must hold a
  * literal somewhere (an unanchored pattern), which random characters hit
@@ -68,7 +69,8 @@ static void collect(void *user, const rp_token_event *ev) {
 enum { VOCAB = 128 };
 static int g_end_id;
 static int32_t g_bias_ids[4];
-static const float g_bias[4] = {2.0f, 1.0f, 0.5f, 6.0f}; /* " } ] <|end|> */
+/* two strengths, alternating by seed: the weaker gives longer outputs */
+static const float g_bias[2][4] = {{2.0f, 1.0f, 0.5f, 6.0f}, {0.5f, 0.0f, 0.0f, 3.0f}}; /* " } ] <|end|> */
 
 static void write_model(const char *dir) {
     json_t *vocab = json_object();
@@ -164,7 +166,7 @@ static void generate(rp_engine *e, const rp_constraint *cs, int n, uint64_t seed
             p.seed = seed_base + (uint64_t)k;
             p.has_seed = 1;
             p.logit_bias_ids = g_bias_ids;
-            p.logit_bias = g_bias;
+            p.logit_bias = g_bias[k % 2];
             p.num_logit_bias = 4;
             p.constraint = cs[k / GENS_PER_SCHEMA];
             rp_error err;
@@ -316,8 +318,8 @@ static void test_regex_choice(void **state) {
         if (i < NR) {
             int ec;
             PCRE2_SIZE eo;
-            re = pcre2_compile((PCRE2_SPTR)REGEXES[i], PCRE2_ZERO_TERMINATED, PCRE2_ANCHORED | PCRE2_ENDANCHORED, &ec, &eo,
-                               NULL);
+            const uint32_t flags = PCRE2_ANCHORED | PCRE2_ENDANCHORED | PCRE2_UTF; /* UTF: counts are characters */
+            re = pcre2_compile((PCRE2_SPTR)REGEXES[i], PCRE2_ZERO_TERMINATED, flags, &ec, &eo, NULL);
             assert_non_null(re);
         } else {
             list = json_loads(CHOICES[i - NR], 0, NULL);
