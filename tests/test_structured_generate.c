@@ -4,10 +4,11 @@
  * over a printable-ASCII vocabulary (and a few UTF-8 bytes), compact
  * whitespace, and a logit bias towards the tokens that close things (`"`,
  * `}`, `]`, the end token; two strengths) so that random walks end well
- * within MAX_TOKENS (the longest output is about 500 bytes). Every output must be complete (it
- * stopped on the end token), parse as JSON (jansson), and be accepted whole
- * by a fresh matcher over single bytes; then regular expressions checked
- * with PCRE2 (a full match) and choice lists by exact membership.
+ * within MAX_TOKENS (the longest output is about 500 bytes). Every output
+ * must be complete (it stopped on the end token), parse as JSON (jansson),
+ * and be accepted whole by a fresh matcher over single bytes; then regular
+ * expressions checked with PCRE2 (a full match) and choice lists by exact
+ * membership.
  *
  * The outputs are also written to structured_generations.json in the
  * working directory (the build directory under ctest), which
