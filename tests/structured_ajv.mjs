@@ -46,7 +46,8 @@ for (const g of gens) {
   }
   const check = strict.get(g.schema);
   if (check(value)) { valid++; continue; }
-  if (check.errors.every((e) => e.keyword === 'format') && loose.get(g.schema)(value)) {
+  // the two validators differ only in those formats: valid by replay's, refused for a format
+  if (loose.get(g.schema)(value)) {
     formatOnly++;
     formatCases.push(`${g.schema}: ${g.text}`);
     continue;

@@ -177,6 +177,8 @@ add('format-email', { type: 'string', format: 'email' }, ['a@b.co', 'first.last+
     ['a@b', '@b.co', 'a b@c.de', 'a@@b.co'],
     [['a..b@c.de', 'format email: replay\'s practical local@domain.tld allows dots anywhere in the local part', true],
       ['a@-b.co', 'format email: replay\'s domain labels may start or end with a hyphen', true]]);
+add('format-ipv4', { type: 'string', format: 'ipv4' }, ['127.0.0.1', '255.255.255.255', '10.0.0.0'],
+    ['256.0.0.1', '1.2.3', '01.2.3.4', '1.2.3.4.5']);
 add('format-in-object', {
   type: 'object', properties: { id: { type: 'string', format: 'uuid' }, when: { type: 'string', format: 'date' },
     mail: { type: 'string', format: 'email' } }, required: ['id', 'when'],
@@ -402,7 +404,7 @@ function pick(list, n, seed) {
   const a = list.slice();
   let s = seed;
   for (let i = a.length - 1; i > 0; i--) {
-    s = (s * 1103515245 + 12345) % 2147483648;
+    s = (Math.imul(s, 1103515245) + 12345) >>> 1;
     const j = s % (i + 1);
     [a[i], a[j]] = [a[j], a[i]];
   }
