@@ -534,5 +534,12 @@ const out = {
 };
 // the path to write: the fixture, or (tests/cli_structured_ajv.sh) the first argument
 const path = process.argv[2] || join(root, 'tests/fixtures/structured/schemas.json');
-writeFileSync(path, JSON.stringify(out, null, 1) + '\n');
+// one line a schema and one an instance: small, and diffs read by instance
+const J = JSON.stringify;
+const list = (xs) => (xs.length ? `[\n${xs.map((x) => `    ${J(x)}`).join(',\n')}\n   ]` : '[]');
+const text = `{"about": ${J(out.about)},\n "labelled_by": ${J(out.labelled_by)},\n "schemas": [\n` +
+  out.schemas.map((c) => `  {"name": ${J(c.name)},\n   "schema": ${J(c.schema)},\n   "instances": ${list(c.instances)},\n` +
+    `   "differs": ${list(c.differs)}}`).join(',\n') + '\n ]\n}\n';
+if (J(JSON.parse(text)) !== J(out)) throw new Error('the corpus text does not read back');
+writeFileSync(path, text);
 console.log(`${corpus.length} schemas, ${nValid} valid and ${nInvalid} invalid instances, ${nDiffers} where replay differs: ${path}`);
