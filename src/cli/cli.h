@@ -214,6 +214,6 @@ int rp_parse_u64(const char *s, uint64_t *out);
 
 extern const rp_cli_command rp_cli_generate, rp_cli_chat, rp_cli_serve, rp_cli_bench_decode, rp_cli_bench_offline,
     rp_cli_bench_kernels, rp_cli_bench_serve, rp_cli_bench_structured, rp_cli_profile, rp_cli_tokenize, rp_cli_logits,
-    rp_cli_chat_template;
+    rp_cli_chat_template, rp_cli_check_output_cmd;
 
 #endif

@@ -7,7 +7,7 @@
 const rp_cli_command *const rp_cli_commands[] = {
     &rp_cli_generate,    &rp_cli_chat,        &rp_cli_serve,    &rp_cli_bench_decode, &rp_cli_bench_offline,
     &rp_cli_bench_serve, &rp_cli_bench_kernels, &rp_cli_bench_structured, &rp_cli_profile, &rp_cli_tokenize, &rp_cli_logits,
-    &rp_cli_chat_template,
+    &rp_cli_chat_template, &rp_cli_check_output_cmd,
     NULL,
 };
 

@@ -537,7 +537,7 @@ static int gen_object(js *j, json_t *s, int depth, sg_str *o) {
     int extras = addl ? !json_is_false(addl) : !props;
     char extra_val[24] = "value", key_rule[24] = "string";
     if (extras) {
-        if (!json_is_true(addl) && (rc = gen(j, addl, depth + 1, extra_val))) goto out;
+        if (addl && !json_is_true(addl) && (rc = gen(j, addl, depth + 1, extra_val))) goto out;
         const char **names = malloc(((size_t)n + 1) * sizeof *names);
         if (!names) {
             rc = JS_ERR(j, "out of memory");
