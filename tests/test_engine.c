@@ -1354,6 +1354,35 @@ static void test_dummy_weights_not_degenerate(void **state) {
     if (distinct_tokens(&g) < 2) fail_msg("greedy: one token repeated");
 }
 
+/* Released from a hold, the engine is busy at once: a wait for idle right
+ * after rp_engine_hold(e, 0) returns only when the held requests have run
+ * (it used to see the engine asleep with work queued, and return). */
+static void test_release_then_wait_idle(void **state) {
+    (void)state;
+    rp_engine *e = make_engine("qwen3-tied", 64, 0, 4);
+    for (int i = 0; i < 50; i++) {
+        result r = {0};
+        rp_request_params p;
+        rp_request_params_default(&p);
+        const int32_t prompt[] = {1, 2, 3};
+        p.prompt_ids = prompt;
+        p.num_prompt_ids = 3;
+        p.max_tokens = 2;
+        p.ignore_eos = 1;
+        rp_error err;
+        rp_engine_hold(e, 1);
+        if (rp_engine_submit(e, &p, collect, &r, NULL, &err)) fail_msg("%s", err.message);
+        usleep(2000); /* time for the engine thread to take the request in and go back to sleep */
+        rp_engine_hold(e, 0);
+        rp_engine_wait_idle(e);
+        pthread_mutex_lock(&mu);
+        const int finals = r.finals;
+        pthread_mutex_unlock(&mu);
+        if (finals != 1) fail_msg("round %d: wait_idle returned with the request unfinished", i);
+    }
+    rp_engine_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batched_equals_alone_greedy),
@@ -1373,6 +1402,7 @@ int main(void) {
         cmocka_unit_test(test_text_and_stop_strings),
         cmocka_unit_test(test_draft_model_refusals),
         cmocka_unit_test(test_dummy_weights_not_degenerate),
+        cmocka_unit_test(test_release_then_wait_idle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -552,6 +552,11 @@ int rp_engine_abort(rp_engine *e, rp_request_id id) {
 void rp_engine_hold(rp_engine *e, int hold) {
     pthread_mutex_lock(&e->mu);
     e->held = hold != 0;
+    /* Released with requests queued: busy from now, not from when the
+     * engine thread wakes, or a rp_engine_wait_idle in between would see an
+     * idle engine with work in it. (While busy is 0 the engine thread is
+     * waiting for work and leaves the scheduler alone.) */
+    if (!e->held && !e->busy && e->sched->num_running + e->sched->num_waiting > 0) e->busy = 1;
     pthread_cond_signal(&e->work);
     pthread_mutex_unlock(&e->mu);
 }
