@@ -20,6 +20,7 @@
 #include "replay/engine.h"
 #include "structured/structured.h"
 #include "test_util.h"
+#include "tiny_ascii_model.h"
 #include "tokenizer/tokenizer.h"
 
 #define MAXOUT 96
@@ -67,48 +68,13 @@ enum { VOCAB = 128 };
 static int g_end_id;   /* the special end token, the model's EOS */
 static int g_think_id; /* "</think>", a plain token: the end of a reasoning model's thinking */
 
-/* tokenizer.json: GPT-2's byte-level alphabet for the printable bytes (space
- * is "Ġ"), some multi-character tokens, and <|end|>. No merges: encoding
- * gives single characters, generation any token. */
-static void write_tokenizer(const char *dir) {
-    json_t *vocab = json_object();
-    int id = 0;
-    char ch[2] = {0};
-    for (int b = 0x21; b <= 0x7e; b++) {
-        ch[0] = (char)b;
-        json_object_set_new(vocab, ch, json_integer(id++));
-    }
-    json_object_set_new(vocab, "\xc4\xa0", json_integer(id++)); /* U+0120, byte-level space */
-    static const char *multi[] = {"true", "false", "null", "\":", "{\"", "\",\"", "12", "ab", "}]", "red", "re"};
-    for (size_t i = 0; i < sizeof multi / sizeof *multi; i++) json_object_set_new(vocab, multi[i], json_integer(id++));
-    g_think_id = id;
-    json_object_set_new(vocab, "</think>", json_integer(id++));
-    g_end_id = id;
-    json_t *tok = json_pack(
-        "{s:s, s:[{s:i, s:s, s:b, s:b, s:b, s:b, s:b}], s:n, s:{s:s, s:b, s:b, s:b}, s:n, s:{s:s}, "
-        "s:{s:s, s:n, s:n, s:o, s:[]}}",
-        "version", "1.0", "added_tokens", "id", g_end_id, "content", "<|end|>", "single_word", 0, "lstrip", 0, "rstrip",
-        0, "normalized", 0, "special", 1, "normalizer", "pre_tokenizer", "type", "ByteLevel", "add_prefix_space", 0,
-        "trim_offsets", 0, "use_regex", 0, "post_processor", "decoder", "type", "ByteLevel", "model", "type", "BPE",
-        "dropout", "unk_token", "vocab", vocab, "merges");
-    assert_non_null(tok);
-    char path[1200];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    assert_int_equal(json_dump_file(tok, path, 0), 0);
-    json_decref(tok);
-}
-
-static void write_config(const char *dir) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": %d, \"hidden_size\": 64, "
-            "\"intermediate_size\": 128, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
-            "\"num_key_value_heads\": 1, \"head_dim\": 32, \"tie_word_embeddings\": false, \"eos_token_id\": %d}",
-            VOCAB, g_end_id);
-    fclose(f);
+/* GPT-2's byte-level printable alphabet, some multi-character tokens,
+ * "</think>" (a plain token) and <|end|> (tiny_ascii_model.h). */
+static void write_model(const char *dir) {
+    static const char *extra[] = {"true", "false", "null", "\":", "{\"", "\",\"", "12", "ab", "}]", "red", "re",
+                                  "</think>"};
+    g_think_id = 95 + (int)(sizeof extra / sizeof *extra) - 1; /* the last: after 94 characters and "Ġ" */
+    g_end_id = tiny_ascii_model_write(dir, VOCAB, extra, sizeof extra / sizeof *extra);
 }
 
 static char g_dir[] = "/tmp/rp_sengine_XXXXXX";
@@ -116,19 +82,13 @@ static char g_dir[] = "/tmp/rp_sengine_XXXXXX";
 static int setup(void **state) {
     (void)state;
     if (!mkdtemp(g_dir)) return -1;
-    write_tokenizer(g_dir);
-    write_config(g_dir);
+    write_model(g_dir);
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    char path[1200];
-    snprintf(path, sizeof path, "%s/config.json", g_dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/tokenizer.json", g_dir);
-    unlink(path);
-    rmdir(g_dir);
+    tiny_ascii_model_remove(g_dir);
     return 0;
 }
 

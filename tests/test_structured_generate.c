@@ -23,6 +23,7 @@
 #include "replay/engine.h"
 #include "structured/structured.h"
 #include "test_util.h"
+#include "tiny_ascii_model.h"
 
 enum { GENS_PER_SCHEMA = 10, MAX_TOKENS = 1024, WAVE = 128, TEXT_CAP = 8192 };
 
@@ -73,43 +74,14 @@ static int32_t g_bias_ids[4];
 /* two strengths, alternating by seed: the weaker gives longer outputs */
 static const float g_bias[2][4] = {{2.0f, 1.0f, 0.5f, 6.0f}, {0.5f, 0.0f, 0.0f, 3.0f}}; /* " } ] <|end|> */
 
+/* tiny_ascii_model.h's alphabet, some multi-character tokens, and the bytes
+ * of \u00fc, \u00ef and \u00e9 (C3, BC, AF, A9), as GPT-2's byte-level
+ * alphabet spells them, so that keys and strings may hold them. */
 static void write_model(const char *dir) {
-    json_t *vocab = json_object();
-    int id = 0;
-    char ch[2] = {0};
-    for (int b = 0x21; b <= 0x7e; b++) {
-        ch[0] = (char)b;
-        json_object_set_new(vocab, ch, json_integer(id++));
-    }
-    json_object_set_new(vocab, "\xc4\xa0", json_integer(id++)); /* U+0120, byte-level space */
-    /* and the bytes of \u00fc, \u00ef and \u00e9 (C3, BC, AF, A9), as GPT-2's byte-level
-     * alphabet spells them, so that keys and strings may hold them */
-    static const char *multi[] = {"true", "false", "null", "\":", "{\"", "\",\"", "12", "ab", "}]", "red", "re",
+    static const char *extra[] = {"true", "false", "null", "\":", "{\"", "\",\"", "12", "ab", "}]", "red", "re",
                                   "\xc3\x83", "\xc2\xbc", "\xc2\xaf", "\xc2\xa9"};
-    for (size_t i = 0; i < sizeof multi / sizeof *multi; i++) json_object_set_new(vocab, multi[i], json_integer(id++));
-    g_end_id = id;
+    g_end_id = tiny_ascii_model_write(dir, VOCAB, extra, sizeof extra / sizeof *extra);
     g_bias_ids[0] = '"' - 0x21, g_bias_ids[1] = '}' - 0x21, g_bias_ids[2] = ']' - 0x21, g_bias_ids[3] = g_end_id;
-    json_t *tok = json_pack(
-        "{s:s, s:[{s:i, s:s, s:b, s:b, s:b, s:b, s:b}], s:n, s:{s:s, s:b, s:b, s:b}, s:n, s:{s:s}, "
-        "s:{s:s, s:n, s:n, s:o, s:[]}}",
-        "version", "1.0", "added_tokens", "id", g_end_id, "content", "<|end|>", "single_word", 0, "lstrip", 0, "rstrip",
-        0, "normalized", 0, "special", 1, "normalizer", "pre_tokenizer", "type", "ByteLevel", "add_prefix_space", 0,
-        "trim_offsets", 0, "use_regex", 0, "post_processor", "decoder", "type", "ByteLevel", "model", "type", "BPE",
-        "dropout", "unk_token", "vocab", vocab, "merges");
-    assert_non_null(tok);
-    char path[1200];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    assert_int_equal(json_dump_file(tok, path, 0), 0);
-    json_decref(tok);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f,
-            "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": %d, \"hidden_size\": 64, "
-            "\"intermediate_size\": 128, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
-            "\"num_key_value_heads\": 1, \"head_dim\": 32, \"tie_word_embeddings\": false, \"eos_token_id\": %d}",
-            VOCAB, g_end_id);
-    fclose(f);
 }
 
 static char g_dir[] = "/tmp/rp_sgen_XXXXXX";
@@ -123,12 +95,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char path[1200];
-    snprintf(path, sizeof path, "%s/config.json", g_dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/tokenizer.json", g_dir);
-    unlink(path);
-    rmdir(g_dir);
+    tiny_ascii_model_remove(g_dir);
     return 0;
 }
 
