@@ -6,6 +6,7 @@
  * (scripts/fetch-tokenizers.sh, which `make test` runs). */
 #include <jansson.h>
 
+#include "stream_decode.h"
 #include "test_util.h"
 #include "tokenizer/tjson.h"
 #include "tokenizer/tok_internal.h"
@@ -78,29 +79,6 @@ static void print_ids(const char *what, const int32_t *ids, size_t n) {
     fprintf(stderr, "  %s:", what);
     for (size_t i = 0; i < n && i < 40; i++) fprintf(stderr, " %d", ids[i]);
     fprintf(stderr, "%s\n", n > 40 ? " ..." : "");
-}
-
-/* Decodes ids one at a time; checks every chunk is whole UTF-8 characters
- * and returns the concatenation. */
-static char *stream_decode(const rp_tokenizer *t, const int32_t *ids, size_t n, int skip, size_t *len) {
-    rp_detok d;
-    rp_detok_init(&d, t, skip);
-    size_t cap = 64, o = 0;
-    char *out = malloc(cap);
-    rp_err err;
-    for (size_t i = 0; i <= n; i++) {
-        const char *chunk;
-        size_t cl;
-        if (i < n) assert_int_equal(rp_detok_push(&d, ids[i], &chunk, &cl, &err), 0);
-        else rp_detok_flush(&d, &chunk, &cl);
-        assert_true(tok_utf8_valid(chunk, cl));
-        if (o + cl + 1 > cap) out = realloc(out, cap = (o + cl + 1) * 2);
-        memcpy(out + o, chunk, cl);
-        o += cl;
-    }
-    rp_detok_free(&d);
-    *len = o;
-    return out;
 }
 
 static void run_parity(const rp_tokenizer *t, const char *name) {
