@@ -504,6 +504,9 @@ static void test_normal_series(void **state) {
 /* The expected weight, computed here: bf16(value(q) * scale) with the
  * scale this layout assigns to (i, j). */
 static void check_fp8_model(const rp_model *ref, const rp_model *m, qlayout lay) {
+    /* blocks along the row stay dequantized; row scales run as e4m3 on the GPU */
+    assert_int_equal(m->fp8, lay != Q_BLOCK);
+    if (lay == Q_BLOCK) assert_null(rp_model_weight(m, RP_W_Q, 0)->fp8);
     for (int l = 0; l < ref->cfg.num_layers; l++)
         for (int k = RP_W_FIRST_LAYER_KIND; k < RP_W_COUNT; k++) {
             const rp_weight *wr = rp_model_weight(ref, (rp_weight_kind)k, l), *wm = rp_model_weight(m, (rp_weight_kind)k, l);
@@ -528,6 +531,10 @@ static void check_fp8_model(const rp_model *ref, const rp_model *m, qlayout lay)
                             if (got != want)
                                 fail_msg("layout %d, weight %d/%d [%lld, %lld]: %g, want %g (from %g)", lay, k, l, i, j, got,
                                          want, x);
+                            /* per-tensor and per-channel: the file's byte and the row's scale kept for the GPU */
+                            if (lay != Q_BLOCK && (wm->fp8[i * c + j] != e4m3_of(x / s) || wm->scale[i] != s))
+                                fail_msg("layout %d, weight %d/%d [%lld, %lld]: byte 0x%02x scale %g, want 0x%02x %g", lay, k,
+                                         l, i, j, wm->fp8[i * c + j], wm->scale[i], e4m3_of(x / s), s);
                             num += (double)(got - x) * (got - x), den += (double)x * x;
                         }
                 }
@@ -559,6 +566,15 @@ static void test_fp8(void **state) {
         if (!m) fail_msg("%s: %s", names[lay], err.msg);
         assert_int_equal(m->cfg.quant.method, lay <= Q_TENSOR_FP8 ? RP_QUANT_FP8 : RP_QUANT_FP8_CT);
         check_fp8_model(ref, m, (qlayout)lay);
+        /* held as e4m3: a byte an element and a scale a row for each layer matrix */
+        uint64_t held = ref->weight_bytes;
+        for (int l = 0; lay != Q_BLOCK && l < ref->cfg.num_layers; l++)
+            for (int k = RP_W_FIRST_LAYER_KIND; k < RP_W_COUNT; k++) {
+                const rp_weight *w = rp_model_weight(ref, (rp_weight_kind)k, l);
+                if (w->data && rp_weight_kind_is_layer_matrix((rp_weight_kind)k))
+                    held -= (uint64_t)(w->rows * w->cols) - (uint64_t)w->rows * sizeof(float);
+            }
+        assert_int_equal(m->weight_bytes, held);
         /* the embedding (and the tied lm_head) stay as they were */
         compare_bf16_exact(ref, m, RP_W_EMBED);
         rp_model_free(m);

@@ -124,20 +124,21 @@ static int scale_at(const rp_st_tensor *s, int64_t i, float *out) {
     return -1;
 }
 
-int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_tensor *w, int64_t rows, int64_t cols,
-                     const rp_st_tensor *scale, uint16_t *dst, rp_err *err) {
+/* The rows and columns one scale of weight `name` covers (*b0, *b1), from
+ * its scale tensor's shape and the layout: a block, a row, or the whole. */
+static int scale_span(const rp_quant_config *q, const char *name, int64_t rows, int64_t cols,
+                      const rp_st_tensor *scale, int64_t *b0, int64_t *b1, rp_err *err) {
     int64_t n = 1;
     for (int d = 0; d < scale->ndim; d++) n *= scale->shape[d];
-    int64_t b0 = 0, b1 = 0; /* the rows and columns one scale covers */
     const int64_t br = q->block[0] ? (rows + q->block[0] - 1) / q->block[0] : 0,
                   bc = q->block[0] ? (cols + q->block[1] - 1) / q->block[1] : 0;
     if (q->block[0] && scale->ndim == 2 && scale->shape[0] == br && scale->shape[1] == bc) {
-        b0 = q->block[0], b1 = q->block[1];
+        *b0 = q->block[0], *b1 = q->block[1];
     } else if (!q->block[0] && n == 1 && scale->ndim <= 1) {
-        b0 = rows, b1 = cols; /* per tensor */
+        *b0 = rows, *b1 = cols; /* per tensor */
     } else if (q->method == RP_QUANT_FP8_CT && !q->block[0] && n == rows &&
                (scale->ndim == 1 || (scale->ndim == 2 && scale->shape[1] == 1))) {
-        b0 = 1, b1 = cols; /* per output channel */
+        *b0 = 1, *b1 = cols; /* per output channel */
     } else {
         char shape[64] = "";
         for (int d = 0, o = 0; d < scale->ndim && o < (int)sizeof shape - 24; d++)
@@ -145,15 +146,37 @@ int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_ten
         return rp_errf(err, "weight \"%s\" [%lld, %lld]: its scale has shape [%s], which %s does not explain", name,
                        (long long)rows, (long long)cols, shape, q->desc);
     }
+    return 0;
+}
+
+/* Scale i of weight `name`, checked: finite and not negative. */
+static int scale_checked(const rp_st_tensor *scale, const char *name, int64_t i, float *s, rp_err *err) {
+    if (scale_at(scale, i, s)) return rp_errf(err, "weight \"%s\": its scale must be f32, bf16 or f16", name);
+    if (!(*s >= 0.0f) || *s > 3.0e38f) return rp_errf(err, "weight \"%s\": a scale is negative, infinite or NaN", name);
+    return 0;
+}
+
+int rp_quant_row_scales(const rp_quant_config *q, const char *name, int64_t rows, int64_t cols,
+                        const rp_st_tensor *scale, float *row_scale, rp_err *err) {
+    int64_t b0, b1;
+    if (scale_span(q, name, rows, cols, scale, &b0, &b1, err)) return -1;
+    if (b1 != cols || (b0 != 1 && b0 != rows)) return 0; /* blocks along the row */
+    for (int64_t r = 0; r < rows; r++)
+        if (scale_checked(scale, name, b0 == 1 ? r : 0, &row_scale[r], err)) return -1;
+    return 1;
+}
+
+int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_tensor *w, int64_t rows, int64_t cols,
+                     const rp_st_tensor *scale, uint16_t *dst, rp_err *err) {
+    int64_t b0, b1; /* the rows and columns one scale covers */
+    if (scale_span(q, name, rows, cols, scale, &b0, &b1, err)) return RP_ERR;
     /* scale (r / b0, c / b1) of a [ceil(rows / b0), ceil(cols / b1)] grid */
     const int64_t per_row = (cols + b1 - 1) / b1;
     const uint8_t *src = w->data;
     for (int64_t r = 0; r < rows; r++) {
         for (int64_t c0 = 0; c0 < cols; c0 += b1) {
             float s;
-            if (scale_at(scale, r / b0 * per_row + c0 / b1, &s))
-                return rp_errf(err, "weight \"%s\": its scale must be f32, bf16 or f16", name);
-            if (!(s >= 0.0f) || s > 3.0e38f) return rp_errf(err, "weight \"%s\": a scale is negative, infinite or NaN", name);
+            if (scale_checked(scale, name, r / b0 * per_row + c0 / b1, &s, err)) return RP_ERR;
             const int64_t c1 = c0 + b1 < cols ? c0 + b1 : cols;
             for (int64_t c = c0; c < c1; c++)
                 dst[r * cols + c] = rp_f32_to_bf16(rp_f8e4m3_to_f32(src[r * cols + c]) * s);

@@ -45,6 +45,14 @@ void rp_quant_scale_name(const rp_quant_config *q, const char *name, char *out, 
 int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_tensor *w, int64_t rows, int64_t cols,
                      const rp_st_tensor *scale, uint16_t *dst, rp_err *err);
 
+/* Where weight `name`'s scale is one per tensor or one per output channel
+ * (row): its scale for each row into row_scale [rows], and 1 (the GPU then
+ * runs the e4m3 bytes as they are, as it runs --quantization fp8's). 0
+ * where the scales are blocks along the row (128 x 128: they stay
+ * dequantized), -1 with err on a bad scale tensor. */
+int rp_quant_row_scales(const rp_quant_config *q, const char *name, int64_t rows, int64_t cols,
+                        const rp_st_tensor *scale, float *row_scale, rp_err *err);
+
 /* --quantization fp8 (vLLM's): a bf16 matrix [rows, cols] quantized at
  * load with one scale per output channel (row): scale = max|w| / 448 (1 for
  * a row of zeros), q = e4m3(w / scale) rounded to nearest even, and deq =

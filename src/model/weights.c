@@ -76,8 +76,8 @@ static rp_weight *slot(rp_model *m, rp_weight_kind kind, int layer) {
 static int quantize_fp8(rp_model *m, const rp_load_options *opts, rp_err *err) {
     if (!opts || !opts->quantize_fp8) return 0;
     if (m->cfg.quant.method != RP_QUANT_NONE)
-        return rp_errf(err, "--quantization fp8: the checkpoint is already quantized (%s); replay dequantizes its "
-                            "weights to bf16 at load and does not re-quantize them",
+        return rp_errf(err, "--quantization fp8: the checkpoint is already quantized (%s): replay runs it as it is "
+                            "and does not re-quantize it",
                        m->cfg.quant.desc);
     m->fp8 = 1;
     FOR_EACH_WEIGHT(&m->cfg, kind, layer) { /* weight_bytes: as held, a byte per element and a scale per row */
@@ -101,6 +101,25 @@ static int quantize_fp8(rp_model *m, const rp_load_options *opts, rp_err *err) {
         w->scale = scale;
     }
     return 0;
+}
+
+/* An FP8 checkpoint whose every layer matrix came with per-tensor or
+ * per-channel scales (bind_weight kept their bytes and row scales) runs as
+ * --quantization fp8 does: the model is fp8, and its held bytes are a byte
+ * per element and a scale per row. Otherwise (128 x 128 blocks, or some
+ * layer left bf16) every weight stays as dequantized. Returns m->fp8. */
+static int fp8_checkpoint(rp_model *m) {
+    FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
+        if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
+        if (!slot(m, (rp_weight_kind)kind, layer)->fp8) return 0;
+    }
+    m->fp8 = 1;
+    FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
+        if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
+        const rp_weight *w = slot(m, (rp_weight_kind)kind, layer);
+        m->weight_bytes -= (uint64_t)(w->rows * w->cols) - (uint64_t)w->rows * sizeof(float);
+    }
+    return 1;
 }
 
 /* ---- dummy weights ---------------------------------------------------- */
@@ -302,6 +321,16 @@ static int bind_weight(rp_model *m, rp_weight_kind kind, int layer, rp_err *err)
         if (!dst) return rp_errf(err, "out of memory dequantizing \"%s\"", name);
         if (rp_quant_dequant(&cfg->quant, name, t, rows, cols, sc, dst, err)) return RP_ERR;
         w->data = dst;
+        /* per-tensor and per-channel scales: the bytes themselves too, for
+         * the GPU's fp8 kernels (the model's fp8 flag is set once every
+         * layer matrix has them: fp8_checkpoint) */
+        if (rp_weight_kind_is_layer_matrix(kind)) {
+            float *row_scale = own(m, (size_t)rows * sizeof(float));
+            if (!row_scale) return rp_errf(err, "out of memory reading \"%s\"'s scales", name);
+            const int r = rp_quant_row_scales(&cfg->quant, name, rows, cols, sc, row_scale, err);
+            if (r < 0) return RP_ERR;
+            if (r) w->fp8 = t->data, w->scale = row_scale;
+        }
     } else {
         uint16_t *dst = own(m, n * 2);
         if (!dst) return rp_errf(err, "out of memory converting \"%s\" to bf16", name);
@@ -361,8 +390,13 @@ rp_model *rp_model_load(const char *dir, const rp_load_options *opts, rp_err *er
     }
     rp_progress_end(&prog);
     if (cfg.tie_word_embeddings) m->global[RP_W_LM_HEAD] = m->global[RP_W_EMBED];
-    if (cfg.quant.method != RP_QUANT_NONE)
-        rp_log_info("%s: %s weights, dequantized to bf16 at load (model/quant.h)", dir, cfg.quant.desc);
+    if (cfg.quant.method != RP_QUANT_NONE) {
+        if (fp8_checkpoint(m))
+            rp_log_info("%s: %s weights, run as e4m3 with a scale per row on the GPU (bf16 on the CPU)", dir,
+                        cfg.quant.desc);
+        else
+            rp_log_info("%s: %s weights, dequantized to bf16 at load (model/quant.h)", dir, cfg.quant.desc);
+    }
     if (quantize_fp8(m, opts, err)) {
         rp_err_wrap(err, "%s", dir);
         rp_model_free(m);
