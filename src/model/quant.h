@@ -15,11 +15,12 @@
  * modules_to_not_convert: lm_head, typically) are plain bf16 tensors, so
  * the dtype of each tensor, not the list, says which is which.
  *
- * Today replay dequantizes them to bf16 at load (rp_quant_dequant): the
- * checkpoint loads and runs on every backend, with the weights' bf16
- * rounding once and activations unquantized (a weight-only reading of an
- * FP8 model, as vLLM runs FP8 checkpoints on GPUs without FP8). The FP8
- * kernels that read the bytes as they are come next (docs/models.md). */
+ * Every weight is dequantized to bf16 at load (rp_quant_dequant: the CPU
+ * backend's values); where the scales are per tensor or per row
+ * (rp_quant_row_scales) the e4m3 bytes and row scales are kept too and the
+ * GPU runs them as --quantization fp8's. 128 x 128 blocks run dequantized:
+ * a weight-only reading of the model with bf16 activations, as vLLM runs
+ * FP8 checkpoints on GPUs without FP8 (docs/models.md). */
 #ifndef RP_MODEL_QUANT_H
 #define RP_MODEL_QUANT_H
 
