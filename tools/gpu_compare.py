@@ -17,6 +17,18 @@ larger (the deep shapes under transformers' initialisation).
     python3 tools/gpu_compare.py --replay .gpu/bin/replay [--shapes qwen3-0.6b,...] [--decode]
     python3 tools/gpu_compare.py --self-check
 
+--fp8 quantize runs replay with --quantization fp8 (e4m3, a scale per row,
+made from the same dummy weights: src/model/quant.c's rule, which this
+script repeats) and transformers in float32 on the dequantized weights
+(q x scale); --fp8 checkpoint writes those bytes as a compressed-tensors
+per-channel FP8 checkpoint (the FP8 Llama 3.1 layout: weight F8_E4M3,
+weight_scale f32 [rows, 1], lm_head and embedding bf16) and runs replay on
+it (--model DIR): the loader's path, and the same logits as quantize.
+Tolerance: up to 16 tokens the GPU quantizes only the weights (W8A16: the
+bf16 rule above); longer prompts quantize the activations per token too
+(W8A8: 3e-2, or 0.8x transformers' bf16 error, and argmax agreement at
+least 0.95).
+
 --decode compares the batch-1 decode path instead of prefill: replay gets the
 prompt one token per step. --self-check needs no GPU and not even torch: a
 pure-Python copy of the generator must give the golden values that
@@ -316,6 +328,67 @@ def build_model(name, seed, dev):
     return model
 
 
+LAYER_MATRICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def is_layer_matrix(pname):
+    return pname.startswith("model.layers.") and pname.endswith(".weight") and pname.split(".")[-2] in LAYER_MATRICES
+
+
+def fp8_rows(w):
+    """src/model/quant.c rp_quant_fp8_rows: scale = max|w| / 448 per row (1 for a row of zeros), q = e4m3(w / scale)
+    rounded to nearest even; fp32 throughout, so the bytes are replay's."""
+    wf = w.float()
+    amax = wf.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return (wf / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+def quantize_model(model):
+    """The layer matrices in place: bf16(q * scale) (what replay's CPU backend computes with); returns {name: (q, scale)}."""
+    qs = {}
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if is_layer_matrix(pname):
+                q, sc = fp8_rows(p)
+                qs[pname] = (q, sc)
+                p.copy_((q.float() * sc[:, None]).to(p.dtype))
+    return qs
+
+
+def write_fp8_checkpoint(model, qs, dst):
+    """A compressed-tensors FP8 checkpoint (strategy channel, dynamic per-token activations, lm_head ignored), as
+    llm-compressor lays out the FP8 Llama 3.1 builds, except that the scales are f32 (llm-compressor writes the
+    model's dtype; replay reads f32, bf16 and f16) so that its bytes and scales are exactly --quantization fp8's."""
+    import json
+    from safetensors.torch import save_file
+    os.makedirs(dst, exist_ok=True)
+    tensors = {}
+    for pname, p in model.state_dict().items():
+        if pname == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        if pname in qs:
+            q, sc = qs[pname]
+            tensors[pname] = q.contiguous().cpu()
+            tensors[pname + "_scale"] = sc[:, None].contiguous().cpu()
+        else:
+            tensors[pname] = p.to(torch.bfloat16).contiguous().cpu()
+    save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg["architectures"] = [type(model).__name__]  # from_config leaves it unset
+    cfg["torch_dtype"] = "bfloat16"
+    cfg.pop("dtype", None)
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"],
+                                      "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                                                  "symmetric": True, "dynamic": False},
+                                      "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                                            "dynamic": True}}}}
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+
+
 def rel_l2(a, b):
     return (torch.linalg.vector_norm(a.double() - b.double()) / torch.linalg.vector_norm(b.double())).item()
 
@@ -328,6 +401,9 @@ def main():
     ap.add_argument("--lens", default="1,7,100,1000")
     ap.add_argument("--last", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fp8", choices=["none", "quantize", "checkpoint"], default="none",
+                    help="quantize: --quantization fp8 on the dummy weights; checkpoint: the same bytes written as a "
+                         "compressed-tensors FP8 checkpoint and loaded with --model (see the top of this file)")
     ap.add_argument("--decode", action="store_true",
                     help="feed replay the prompt one token per step (--max-num-batched-tokens 1): every position is a batch-1 "
                          "decode step, the one-kernel path where the shape allows it")
@@ -345,6 +421,11 @@ def main():
         t0 = time.time()
         model = build_model(name, args.seed, dev).eval()
         vocab = model.config.vocab_size
+        qs = quantize_model(model) if args.fp8 != "none" else {}
+        ckpt = None
+        if args.fp8 == "checkpoint":
+            ckpt = os.path.join(tmp, name + "-fp8")
+            write_fp8_checkpoint(model, qs, ckpt)
         g = torch.Generator().manual_seed(1234)
         prompts = [torch.randint(0, vocab, (L,), generator=g) for L in lens]
         # transformers' own bf16 error, the yardstick for "bf16 tolerance"
@@ -353,6 +434,11 @@ def main():
             for ids in prompts:
                 hf_bf16.append(model(ids[None].to(dev)).logits[0, -min(args.last, len(ids)):].float().cpu())
         model = model.float()
+        with torch.no_grad():  # fp32 on the dequantized weights: q x scale, unrounded to bf16
+            for pname, p in model.named_parameters():
+                if pname in qs:
+                    p.copy_(qs[pname][0].float() * qs[pname][1][:, None])
+        qs = None
         for ids, hb in zip(prompts, hf_bf16):
             L = len(ids)
             with torch.no_grad():
@@ -362,8 +448,11 @@ def main():
                 f.write(",".join(map(str, ids.tolist())))
             out = os.path.join(tmp, "out.bin")
             device = "cpu" if name.startswith("tiny") else "cuda"
-            cmd = [args.replay, "logits", "--dummy-weights", name, "--weight-seed", str(args.seed),
-                   "--device", device, "--prompt-ids", "@" + idfile, "--last", str(args.last), "--out", out]
+            src = ["--model", ckpt] if ckpt else ["--dummy-weights", name, "--weight-seed", str(args.seed)]
+            cmd = [args.replay, "logits", *src, "--device", device, "--prompt-ids", "@" + idfile, "--last",
+                   str(args.last), "--out", out]
+            if args.fp8 == "quantize":
+                cmd += ["--quantization", "fp8"]
             if args.decode:
                 cmd += ["--max-num-batched-tokens", "1"]
             r = subprocess.run(cmd, capture_output=True, text=True)
@@ -383,6 +472,8 @@ def main():
             # run on replay's fp32 CPU backend and must match to 1e-4.
             if name.startswith("tiny"):
                 ok = max(errs) < 1e-4
+            elif args.fp8 != "none" and L > 16:  # W8A8 (docs/models.md)
+                ok = max(errs) < max(3e-2, 0.8 * hf_err) and same_top >= 0.95
             else:
                 ok = max(errs) < max(1e-2, 0.8 * hf_err)
             res = "ok" if ok else "FAIL"
@@ -390,7 +481,7 @@ def main():
         del model
         torch.cuda.empty_cache()
         print(f"{name}: {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
-    print("\nreplay (CUDA, bf16) vs transformers (fp32), same dummy weights; relative L2 of logits, "
+    print(f"\nreplay (CUDA, {'bf16' if args.fp8 == 'none' else 'fp8 ' + args.fp8}) vs transformers (fp32), same dummy weights; relative L2 of logits, "
           f"worst of the last {args.last} positions; 'HF bf16' is transformers' own bf16 run against its fp32 run")
     print(f"{'shape':<13} {'prompt':>6} {'replay':>10} {'HF bf16':>10} {'argmax agree':>13}  result")
     bad = 0
