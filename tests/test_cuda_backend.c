@@ -417,7 +417,7 @@ static void test_graph_equals_eager(void **state) {
  * uneven ring pieces), llama3-8b (intermediate 14336: the widest x). */
 /* yarn: Qwen3's long-context RoPE (factor 4 over 32,768 tokens), whose
  * cos/sin scale the one kernel must apply as the chain does. */
-static rp_model *real_shape_model_rope(const char *name, int layers, int heads, int kv_heads, int yarn) {
+static rp_model *real_shape_model_q(const char *name, int layers, int heads, int kv_heads, int yarn, int fp8) {
     rp_model_config c;
     rp_err err;
     if (rp_config_preset(&c, name, &err)) fail_msg("%s", err.msg);
@@ -428,10 +428,13 @@ static rp_model *real_shape_model_rope(const char *name, int layers, int heads, 
         c.rope.factor = 4;
         c.rope.original_max_position_embeddings = 32768;
     }
-    rp_load_options lo = {.seed = 11, .lazy_dummy = 1};
+    rp_load_options lo = {.seed = 11, .lazy_dummy = 1, .quantize_fp8 = fp8};
     rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
     if (!m) fail_msg("%s: %s", name, err.msg);
     return m;
+}
+static rp_model *real_shape_model_rope(const char *name, int layers, int heads, int kv_heads, int yarn) {
+    return real_shape_model_q(name, layers, heads, kv_heads, yarn, 0);
 }
 static rp_model *real_shape_model(const char *name, int layers, int heads, int kv_heads) {
     return real_shape_model_rope(name, layers, heads, kv_heads, 0);
@@ -526,16 +529,18 @@ static void test_decode_step(void **state) {
      * and 12 kv heads of 2 (11 splits, an odd count) */
     const struct {
         const char *name;
-        int layers, heads, kv_heads, yarn;
-    } shapes[] = {{"qwen3-0.6b", 4, 0, 0, 0},  {"llama3.2-1b", 3, 0, 0, 0},  {"qwen3-4b", 3, 0, 0, 0},
-                  {"llama3-8b", 2, 0, 0, 0},   {"qwen3-0.6b", 2, 16, 16, 0}, {"qwen3-0.6b", 2, 24, 12, 0},
-                  {"qwen3-8b", 2, 0, 0, 1} /* yarn's cos/sin scale */, {"mistral-7b", 2, 0, 0, 0},
+        int layers, heads, kv_heads, yarn, fp8;
+    } shapes[] = {{"qwen3-0.6b", 4, 0, 0, 0, 0},  {"llama3.2-1b", 3, 0, 0, 0, 0},  {"qwen3-4b", 3, 0, 0, 0, 0},
+                  {"llama3-8b", 2, 0, 0, 0, 0},   {"qwen3-0.6b", 2, 16, 16, 0, 0}, {"qwen3-0.6b", 2, 24, 12, 0, 0},
+                  {"qwen3-8b", 2, 0, 0, 1, 0} /* yarn's cos/sin scale */, {"mistral-7b", 2, 0, 0, 0, 0},
                   /* groups of 6 and 5 heads (Qwen2.5-1.5B, 14B and 32B) at qwen3-4b's widths */
-                  {"qwen3-4b", 2, 24, 4, 0}, {"qwen3-4b", 2, 20, 4, 0}};
+                  {"qwen3-4b", 2, 24, 4, 0, 0}, {"qwen3-4b", 2, 20, 4, 0, 0},
+                  /* --quantization fp8: e4m3 pieces in the ring against the chain's fp8 GEMV */
+                  {"qwen3-0.6b", 3, 0, 0, 0, 1}, {"llama3-8b", 2, 0, 0, 0, 1}};
     const int lens[] = {1, 7, 100, 1000};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-        rp_model *m = real_shape_model_rope(shapes[k].name, shapes[k].layers, shapes[k].heads, shapes[k].kv_heads,
-                                            shapes[k].yarn);
+        rp_model *m = real_shape_model_q(shapes[k].name, shapes[k].layers, shapes[k].heads, shapes[k].kv_heads,
+                                         shapes[k].yarn, shapes[k].fp8);
         const int V = m->cfg.vocab_size;
         setup chain, one;
         begin_comparison(&chain, &one, m, 1);
@@ -586,8 +591,9 @@ static void test_decode_step(void **state) {
                 free(d);
             }
             double e = test_rel_l2(b, a, (size_t)V);
-            printf("%s%s (%d layers, %d/%d heads), %d cached tokens: one kernel vs chain rel L2 %.2e\n",
-                   shapes[k].name, shapes[k].yarn ? " with yarn" : "", shapes[k].layers, m->cfg.num_heads,
+            printf("%s%s%s (%d layers, %d/%d heads), %d cached tokens: one kernel vs chain rel L2 %.2e\n",
+                   shapes[k].name, shapes[k].yarn ? " with yarn" : "", shapes[k].fp8 ? " fp8" : "", shapes[k].layers,
+                   m->cfg.num_heads,
                    m->cfg.num_kv_heads, n, e);
             if (!(e < 1e-2)) fail_msg("%s len %d: one kernel vs chain of kernels: rel L2 %.3g", shapes[k].name, n, e);
             rp_page_table_release_row(chain.table, rc);

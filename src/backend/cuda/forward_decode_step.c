@@ -23,17 +23,13 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
                     "kernels");
         return 0;
     }
-    if (cb->w.fp8) {
-        rp_log_info("cuda: the one-kernel decode step reads bf16 weights; with fp8 weights decode runs a chain of "
-                    "kernels");
-        return 0;
-    }
     cb->decode_step_pick = 1;
     rp_decode_layer *h = calloc((size_t)c->num_layers, sizeof *h);
     if (!h) return rp_errf(err, "out of memory");
     for (int l = 0; l < c->num_layers; l++) {
         const rp_cuda_layer *ly = &cb->w.layers[l];
-        h[l] = (rp_decode_layer){ly->qkv.w, ly->o.w, ly->gu.w, ly->down.w, ly->bqkv};
+        h[l] = (rp_decode_layer){ly->qkv.w,     ly->o.w,     ly->gu.w,     ly->down.w,    ly->bqkv,
+                                 ly->qkv.scale, ly->o.scale, ly->gu.scale, ly->down.scale};
     }
     /* the table, then the norm weights side by side (rp_decode_step.norms;
      * copied on the stream the uploads were queued on) */
@@ -62,6 +58,7 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
         .layers = cb->d_layers,
         .norms = norms,
         .qk_norm = qk,
+        .fp8 = cb->w.fp8,
         .embed = cb->w.embed,
         .final_norm = cb->w.final_norm,
         .lm_head = cb->w.lm_head,

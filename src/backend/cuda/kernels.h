@@ -170,8 +170,9 @@ void rp_k_attn_decode_set_trans(int mode);
  * the activation buffers hold a row per sequence; sampling runs after
  * it. */
 typedef struct rp_decode_layer { /* the matrices; the norms are in rp_decode_step.norms */
-    const rp_bf16 *wqkv, *wo, *wgu, *wdown;
+    const void *wqkv, *wo, *wgu, *wdown; /* bf16, or e4m3 bytes with rp_decode_step.fp8 */
     const rp_bf16 *bqkv; /* q, k and v biases side by side [qkv_dim] (Qwen2), or NULL */
+    const float *sqkv, *so, *sgu, *sdown; /* fp8: each matrix's row scales; else NULL */
 } rp_decode_layer;
 typedef struct rp_decode_step {
     const rp_decode_layer *layers; /* device array [num_layers] */
@@ -212,6 +213,7 @@ typedef struct rp_decode_step {
      * rp_backend_config.trace_timeline_path set) */
     uint64_t *timeline;
     int num_layers, H, F, nh, nkv, hd, V;
+    int fp8; /* the layers' matrices are e4m3 with row scales (--quantization fp8); lm_head stays bf16 */
     float eps;
     float rope_scale; /* cos and sin times this (yarn's attention factor; 1 otherwise) */
 } rp_decode_step;

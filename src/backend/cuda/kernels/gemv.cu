@@ -44,7 +44,6 @@
  *
  * Requires K % 8 == 0 (fp8: K % 16 == 0) and 16-byte aligned W and inputs
  * (true for every model shape replay loads); N is arbitrary. */
-#include <cuda_fp8.h>
 
 #include "common.cuh"
 #include "mma.cuh"
@@ -93,19 +92,6 @@ __device__ __forceinline__ void load_w(uint4 (&va)[GEMV_UNROLL], uint4 (&vb)[GEM
     }
 }
 
-/* Two e4m3 (the low and high byte of v) as a bf16 pair, exactly: through
- * f16, which holds every e4m3 value as a normal number. */
-__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint16_t v) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
-    return rp_pack_bf16x2(f.x, f.y);
-}
-
-/* 8 e4m3 weights (one uint2) as 8 bf16 (one uint4), in k order. */
-__device__ __forceinline__ uint4 e4m3x8_bf16x8(uint32_t lo, uint32_t hi) {
-    return make_uint4(e4m3x2_bf16x2((uint16_t)lo), e4m3x2_bf16x2((uint16_t)(lo >> 16)),
-                      e4m3x2_bf16x2((uint16_t)hi), e4m3x2_bf16x2((uint16_t)(hi >> 16)));
-}
 
 /* 8 consecutive x values of token row xrow at k, as 4 bf16 pairs, made
  * from the input. */
@@ -235,7 +221,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict
                 for (int h = 0; h < XV; h++) {
                     const uint32_t alo = h ? va[u].z : va[u].x, ahi = h ? va[u].w : va[u].y;
                     const uint32_t blo = h ? vb[u].z : vb[u].x, bhi = h ? vb[u].w : vb[u].y;
-                    const uint4 a = e4m3x8_bf16x8(alo, ahi), b = e4m3x8_bf16x8(blo, bhi);
+                    const uint4 a = rp_e4m3x8_bf16x8(alo, ahi), b = rp_e4m3x8_bf16x8(blo, bhi);
                     rp_mma_16816(acc, a.x, b.x, a.y, b.y, vx[u][h].x, vx[u][h].y);
                     rp_mma_16816(acc, a.z, b.z, a.w, b.w, vx[u][h].z, vx[u][h].w);
                 }
@@ -322,8 +308,8 @@ __global__ void __launch_bounds__(WARPS * 32) gemv8_groups_kernel(const uint8_t 
                 }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const uint4 a = e4m3x8_bf16x8(h ? va[u].z : va[u].x, h ? va[u].w : va[u].y);
-                const uint4 b = e4m3x8_bf16x8(h ? vb[u].z : vb[u].x, h ? vb[u].w : vb[u].y);
+                const uint4 a = rp_e4m3x8_bf16x8(h ? va[u].z : va[u].x, h ? va[u].w : va[u].y);
+                const uint4 b = rp_e4m3x8_bf16x8(h ? vb[u].z : vb[u].x, h ? vb[u].w : vb[u].y);
 #pragma unroll
                 for (int j = 0; j < NG; j++) {
                     rp_mma_16816(acc[j], a.x, b.x, a.y, b.y, vx[j][h].x, vx[j][h].y);

@@ -207,7 +207,8 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
 /* One matrix phase: every unit this block owns, against x in xs, on the
  * tensor cores. Piece i of the ring (8 rows x up to 1536 k) belongs to
  * warp i % 8, which does all of it with mma m16n8k16, four independent
- * accumulators. Thread (g, c) loads 8 consecutive k of row g with one
+ * accumulators (e4m3 weights: 16 k a lane's load, widened to bf16 in
+ * registers, the rows' scales on the finished sums). Thread (g, c) loads 8 consecutive k of row g with one
  * 16-byte load (a sum over k does not care how k is numbered; gemv.cu does
  * the same) and puts them in A: the first four k in row g, the last four in
  * row g + 8. B's column 0 holds the matching first halves of x, column 1
@@ -231,7 +232,7 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
                            const ds_info *info, volatile int *pend, uint64_t *tr, uint64_t *tl) {
     const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
     const ds_mat m = phase_mat(a.s, p);
-    const int nch = (m.K + a.kc - 1) / a.kc, P = m.runs * nch;
+    const int kcm = ds_kc(a, m), nch = (m.K + kcm - 1) / kcm, P = m.runs * nch;
     const int stage_b = NB == 1 ? DS_STAGE : a.stage_bytes, row_b = NB == 1 ? DS_ROW_STRIDE : a.row_stride;
     /* this lane's B column g: sequence g / 2 (past 2 NB, columns that are
      * never read) */
@@ -264,7 +265,7 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
         uint64_t *tp = tl && lane == 0 && iw < RP_DECODE_STEP_TL_PIECES ? tl + (size_t)iw * 4 : nullptr;
         if (tp) tp[1] = ds_now();
         const ds_info in = info[slot];
-        const int j = iw - in.first, kc = (j % nch) * a.kc, steps = min(a.kc, m.K - kc) / 32;
+        const int j = iw - in.first, kc = (j % nch) * kcm, kw = min(kcm, m.K - kc);
         /* The residual epilogue's input, loaded before the multiply in case
          * this warp finishes the unit: the L2 round trip then overlaps the
          * mma loop instead of delaying the phase's end (unless the row is in
@@ -274,20 +275,43 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
         if (epi == EPI_RESIDUAL && !rs && lane < DS_ROWS * (NB == 1 ? 1 : a.nb))
             rres = __ldcg(a.s.residual + (NB == 1 ? 0 : (lane >> 3) * m.N) + in.unit * DS_ROWS + (lane & 7));
         const uint8_t *wrow = ring + (size_t)slot * stage_b + g * row_b + c * 16;
-        /* x: this lane's column (g & 1: which half of each 8 k) */
-        const uint8_t *xb =
-            reinterpret_cast<const uint8_t *>(xs + (NB == 1 ? 0 : tb * a.xstride) + kc) + c * 16 + (g & 1) * 8;
+        const uint8_t *x0 = reinterpret_cast<const uint8_t *>(xs + (NB == 1 ? 0 : tb * a.xstride) + kc);
         float acc[4][4] = {};
-        for (int kk = 0; kk < steps; kk += 8) { /* steps is a multiple of 8 (K % 256 == 0) */
-            uint4 w[8];
-            uint2 x[8];
+        if (m.eb == 2) {
+            /* x: this lane's column (g & 1: which half of each 8 k) */
+            const uint8_t *xb = x0 + c * 16 + (g & 1) * 8;
+            for (int kk = 0; kk < kw / 32; kk += 8) { /* a multiple of 8 (K % 256 == 0) */
+                uint4 w[8];
+                uint2 x[8];
 #pragma unroll
-            for (int q = 0; q < 8; q++) {
-                w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + q) * 64);
-                x[q] = *reinterpret_cast<const uint2 *>(xb + (kk + q) * 64);
+                for (int q = 0; q < 8; q++) {
+                    w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + q) * 64);
+                    x[q] = *reinterpret_cast<const uint2 *>(xb + (kk + q) * 64);
+                }
+#pragma unroll
+                for (int q = 0; q < 8; q++) rp_mma_16816(acc[q & 3], w[q].x, w[q].z, w[q].y, w[q].w, x[q].x, x[q].y);
             }
+        } else {
+            /* e4m3: a lane's 16 bytes are 16 k (a step of the row is 64 k),
+             * widened to bf16 as two 8-k halves, each half the bf16 path's
+             * mma with its own x (lane c's k: c * 16 + h * 8 + the column's 4) */
+            const uint8_t *xb = x0 + c * 32 + (g & 1) * 8;
+            for (int kk = 0; kk < kw / 64; kk += 4) { /* a multiple of 4 (K % 256 == 0) */
+                uint4 w[4];
+                uint2 x[4][2];
 #pragma unroll
-            for (int q = 0; q < 8; q++) rp_mma_16816(acc[q & 3], w[q].x, w[q].z, w[q].y, w[q].w, x[q].x, x[q].y);
+                for (int q = 0; q < 4; q++) {
+                    w[q] = *reinterpret_cast<const uint4 *>(wrow + (kk + q) * 64);
+                    x[q][0] = *reinterpret_cast<const uint2 *>(xb + (kk + q) * 128);
+                    x[q][1] = *reinterpret_cast<const uint2 *>(xb + (kk + q) * 128 + 16);
+                }
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const uint4 a0 = rp_e4m3x8_bf16x8(w[q].x, w[q].y), a1 = rp_e4m3x8_bf16x8(w[q].z, w[q].w);
+                    rp_mma_16816(acc[(2 * q) & 3], a0.x, a0.z, a0.y, a0.w, x[q][0].x, x[q][0].y);
+                    rp_mma_16816(acc[(2 * q + 1) & 3], a1.x, a1.z, a1.y, a1.w, x[q][1].x, x[q][1].y);
+                }
+            }
         }
         if (c < NB) {
             const float d0 = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
@@ -317,6 +341,10 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
                 if (m.runs == 2) v1 += part[(((in.first + nch + q) & (DS_PART_SLOTS - 1)) * NB + b) * DS_ROWS + r];
             }
             const int n = (NB == 1 ? 0 : b * m.N) + in.unit * DS_ROWS + r;
+            if (m.scale) { /* e4m3: the rows' scales on the finished sums */
+                v0 *= __ldg(m.scale + in.unit * DS_ROWS + r);
+                if (m.runs == 2) v1 *= __ldg(m.scale + m.run_off + in.unit * DS_ROWS + r);
+            }
             switch (epi) {
             case EPI_BF16: { /* qkv: Qwen2's bias added before the one rounding (the chain adds it after) */
                 const rp_bf16 *bias = a.s.layers[p >> 2].bqkv;

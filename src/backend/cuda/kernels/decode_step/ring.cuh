@@ -11,25 +11,32 @@
 /* ---- the step's schedule: the same walk for producer and consumers ------- */
 
 struct ds_mat {
-    const uint16_t *w;
-    int N;       /* output rows (gate_up: F, one per gate/up pair) */
+    const uint8_t *w;   /* bf16 weights, or e4m3 bytes (eb 1) */
+    int N;              /* output rows (gate_up: F, one per gate/up pair) */
     int K;
-    int runs;    /* 1, or 2 (gate rows, then up rows at run_off) */
-    int run_off; /* rows between run 0 and run 1 */
+    int runs;           /* 1, or 2 (gate rows, then up rows at run_off) */
+    int run_off;        /* rows between run 0 and run 1 */
+    int eb;             /* bytes per weight: 2, or 1 for e4m3 */
+    const float *scale; /* e4m3: each row's scale (run 1's at run_off); else NULL */
 };
 
 __device__ __forceinline__ ds_mat phase_mat(const rp_decode_step &s, int p) {
     const int L = s.num_layers;
-    if (p == 4 * L) return ds_mat{s.lm_head, s.V, s.H, 1, 0};
+    if (p == 4 * L) return ds_mat{reinterpret_cast<const uint8_t *>(s.lm_head), s.V, s.H, 1, 0, 2, nullptr};
     const rp_decode_layer *ly = &s.layers[p >> 2];
-    const int q_dim = s.nh * s.hd, qkv = q_dim + 2 * s.nkv * s.hd;
+    const int q_dim = s.nh * s.hd, qkv = q_dim + 2 * s.nkv * s.hd, eb = s.fp8 ? 1 : 2;
     switch (p & 3) {
-    case 0: return ds_mat{ly->wqkv, qkv, s.H, 1, 0};
-    case 1: return ds_mat{ly->wo, s.H, q_dim, 1, 0};
-    case 2: return ds_mat{ly->wgu, s.F, s.H, 2, s.F};
-    default: return ds_mat{ly->wdown, s.H, s.F, 1, 0};
+    case 0: return ds_mat{static_cast<const uint8_t *>(ly->wqkv), qkv, s.H, 1, 0, eb, ly->sqkv};
+    case 1: return ds_mat{static_cast<const uint8_t *>(ly->wo), s.H, q_dim, 1, 0, eb, ly->so};
+    case 2: return ds_mat{static_cast<const uint8_t *>(ly->wgu), s.F, s.H, 2, s.F, eb, ly->sgu};
+    default: return ds_mat{static_cast<const uint8_t *>(ly->wdown), s.H, s.F, 1, 0, eb, ly->sdown};
     }
 }
+
+/* k per ring piece of matrix m: a.kc is the bf16 width, and a piece's
+ * bytes stay the same for e4m3 (twice the k: the stage's rows hold the
+ * same bytes, a step of a row stays 64 bytes). */
+__device__ __forceinline__ int ds_kc(const ds_args &a, const ds_mat &m) { return m.eb == 1 ? 2 * a.kc : a.kc; }
 
 /* Units of a phase: the first S are cut statically (block b: [b S / G,
  * (b+1) S / G)), so the producer knows them before anything runs; the last
@@ -81,7 +88,7 @@ __device__ __forceinline__ void walk_phase(const ds_args &a, ds_walk &w) {
 }
 
 __device__ __forceinline__ void walk_next(const ds_args &a, ds_walk &w) {
-    if ((w.kc += a.kc) < w.m.K) return;
+    if ((w.kc += ds_kc(a, w.m)) < w.m.K) return;
     w.kc = 0;
     if (++w.r < w.m.runs) return;
     w.r = 0;
@@ -91,10 +98,12 @@ __device__ __forceinline__ void walk_next(const ds_args &a, ds_walk &w) {
 }
 
 __device__ __forceinline__ void prefetch_piece(const ds_args &a, const ds_walk &w) {
-    const unsigned row_bytes = (unsigned)min(a.kc, w.m.K - w.kc) * 2u;
-    const uint16_t *src = w.m.w + ((int64_t)w.r * w.m.run_off + (int64_t)w.u * DS_ROWS) * w.m.K + w.kc;
+    const unsigned row_bytes = (unsigned)(min(ds_kc(a, w.m), w.m.K - w.kc) * w.m.eb);
+    const uint8_t *src =
+        w.m.w + (((int64_t)w.r * w.m.run_off + (int64_t)w.u * DS_ROWS) * w.m.K + w.kc) * w.m.eb;
     for (int j = 0; j < DS_ROWS; j++)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (int64_t)j * w.m.K), "r"(row_bytes)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + (int64_t)j * w.m.K * w.m.eb),
+                     "r"(row_bytes)
                      : "memory");
 }
 
@@ -134,7 +143,7 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
     ds_walk pw;
     pw.p = 0;
     walk_phase(a, pw);
-    const uint16_t *w_next = phase_mat(a.s, 0).w;
+    const uint8_t *w_next = phase_mat(a.s, 0).w;
     for (int p = 0; p < NP; p++) {
         ds_mat m = phase_mat(a.s, p);
         /* the matrix's address was loaded a phase ahead: the layer table is
@@ -167,9 +176,10 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
             }
             const int first = i;
             for (int r = 0; r < m.runs; r++) {
-                const uint16_t *src = m.w + ((int64_t)r * m.run_off + (int64_t)u * DS_ROWS) * m.K;
-                for (int kc = 0; kc < m.K; kc += a.kc, i++) {
-                    const unsigned row_bytes = (unsigned)min(a.kc, m.K - kc) * 2u;
+                const uint8_t *src = m.w + ((int64_t)r * m.run_off + (int64_t)u * DS_ROWS) * m.K * m.eb;
+                const int kcm = ds_kc(a, m);
+                for (int kc = 0; kc < m.K; kc += kcm, i++) {
+                    const unsigned row_bytes = (unsigned)(min(kcm, m.K - kc) * m.eb);
                     const int slot = i % st;
                     if (i >= st) {
                         const uint64_t t0 = TRACE ? ds_now() : 0;
@@ -190,8 +200,8 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                     mbar_expect_tx(&full[slot], DS_ROWS * row_bytes);
                     /* one copy per row: the rows land apart, see DS_ROW_STRIDE */
                     for (int j = 0; j < DS_ROWS; j++)
-                        bulk_copy(ring + (size_t)slot * stage_b + j * row_b, src + (int64_t)j * m.K + kc, row_bytes,
-                                  &full[slot], policy);
+                        bulk_copy(ring + (size_t)slot * stage_b + j * row_b, src + ((int64_t)j * m.K + kc) * m.eb,
+                                  row_bytes, &full[slot], policy);
                     n_static += !dyn;
                     if (TRACE && a.s.timeline && i < RP_DECODE_STEP_TL_PIECES) {
                         uint64_t *t = a.s.timeline + ((size_t)blockIdx.x * RP_DECODE_STEP_TL_PIECES + i) * 4;
