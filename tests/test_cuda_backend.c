@@ -1271,6 +1271,7 @@ static void test_fp8_vs_cpu(void **state) {
 }
 
 int main(void) {
+    test_filter_from_env();
     if (!have_gpu()) printf("no CUDA device: the GPU tests are skipped\n");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures),
