@@ -358,15 +358,15 @@ static void run_top(const float *d_logits, const rp_sampling_params *params, int
         cudaGraphExec_t ge;
         CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
         /* the first launch sets the kernels' attributes, outside the capture */
-        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, d_ws, rows, vocab, st));
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, NULL, d_ws, rows, vocab, st));
         CU(cudaStreamSynchronize(st));
         memset(h_res[1], 0xff, (size_t)rows * 8);
         CU(cudaMemset(d_tok, 0xff, (size_t)rows * 4));
         CU(cudaMemset(d_lp, 0xff, (size_t)rows * 4));
         CU(cudaMemset(d_kept, 0xff, (size_t)rows * 4));
         CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        int r1 = rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, d_ws, rows, vocab, st);
-        int r2 = rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, rows, vocab, st);
+        int r1 = rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, NULL, d_ws, rows, vocab, st);
+        int r2 = rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, NULL, rows, vocab, st);
         CU(cudaStreamEndCapture(st, &g));
         if (r1 || r2) fail_msg("launch under capture failed: %d %d", r1, r2);
         CU(cudaGraphInstantiate(&ge, g, 0));
@@ -376,8 +376,8 @@ static void run_top(const float *d_logits, const rp_sampling_params *params, int
         CU(cudaGraphDestroy(g));
         CU(cudaStreamDestroy(st));
     } else {
-        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, d_ws, rows, vocab, 0));
-        LAUNCH(rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, rows, vocab, 0));
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, NULL, d_ws, rows, vocab, 0));
+        LAUNCH(rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, NULL, rows, vocab, 0));
     }
     to_host(tok, d_tok, (size_t)rows * 4);
     to_host(lp, d_lp, (size_t)rows * 4);
