@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "engine/sampler.h"
+#include "structured/structured.h"
 #include "util/rng.h"
 
 /* Whether mask allows token id. */
@@ -40,6 +41,32 @@ static inline int ms_host_sample(rp_sampler *smp, const float *row, int vocab, c
     memcpy(tmp, row, (size_t)vocab * sizeof *tmp);
     if (mask) rp_sampler_apply_mask(tmp, vocab, mask);
     return rp_sampler_sample_top(smp, &hp, tmp, NULL, 0, NULL, 0, p->step, lp, top);
+}
+
+/* Whether text is in the language of the constraint (kind, text,
+ * allow_whitespace; complete: a whole output, else a prefix of one), by a
+ * fresh matcher over the 256 single bytes: independent of any model's
+ * vocabulary. */
+static inline int ms_text_matches(rp_skind kind, const char *constraint, int allow_whitespace, const char *text,
+                                  size_t len, int complete) {
+    char bytes[256];
+    const char *ptrs[256];
+    size_t lens[256];
+    for (int i = 0; i < 256; i++) bytes[i] = (char)i, ptrs[i] = &bytes[i], lens[i] = 1;
+    rp_err err;
+    rp_svocab *v = rp_svocab_new(256, ptrs, lens, NULL, NULL, 0, &err);
+    assert_non_null(v);
+    rp_sopts so = {.allow_whitespace = allow_whitespace};
+    rp_sgrammar *g = rp_sgrammar_compile(v, kind, constraint, strlen(constraint), &so, &err);
+    if (!g) fail_msg("%s", err.msg);
+    rp_smatcher *m = rp_smatcher_new(g, &err);
+    assert_non_null(m);
+    int ok = len == 0 || rp_smatcher_accept_bytes(m, text, len) == 0;
+    if (ok && complete) ok = rp_smatcher_is_accepting(m);
+    rp_smatcher_free(m);
+    rp_sgrammar_release(g);
+    rp_svocab_free(v);
+    return ok;
 }
 
 #endif

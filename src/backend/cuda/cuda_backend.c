@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_state.h"
 #include "backend/cuda/cuda_util.h"
+#include "backend/cuda/token_mask.h"
 #include "model/rope.h"
 #include "util/log.h"
 

@@ -395,15 +395,6 @@ size_t rp_sample_workspace_bytes(int rows, int vocab);
 int rp_k_sample(const float *logits, const rp_sampling_params *params, int32_t *tokens, float *logprobs,
                 void *workspace, int rows, int vocab, cudaStream_t stream);
 
-/* Structured output (kernels/token_mask.cu): for r < rows with
- * mask_of_row[r] >= 0, logits[r][id] = -inf for every id < vocab whose bit
- * (bit id % 32 of word id / 32) in mask row mask_of_row[r] of masks (rows
- * words apart, backend.h's rp_token_mask_words) is 0; rows with -1 are left
- * as they are. Every pointer on the device; the CPU reference is
- * rp_sampler_apply_mask. */
-int rp_k_apply_token_mask(float *logits, const int32_t *mask_of_row, const uint32_t *masks, int rows, int vocab,
-                          int words, cudaStream_t stream);
-
 /* Fills bf16 weights with the same bits as the CPU dummy-weight generator
  * (src/model/weights.c): 1.0 when is_norm, else element i is
  * rp_dummy_bf16(rp_rand_normal(seed, stream_id, i), std) (model/model.h,

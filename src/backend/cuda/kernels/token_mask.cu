@@ -8,6 +8,7 @@
  * (one broadcast load) and only the disallowed tokens are written, so a row
  * costs a read of its mask (19 KB at a 152k vocabulary) and the writes of
  * the tokens it removes. Rows without a mask return at once. */
+#include "backend/cuda/token_mask.h"
 #include "common.cuh"
 
 #define TM_THREADS 256
