@@ -495,12 +495,19 @@ static void test_speculative_constrained(void **state) {
     (void)state;
     enum { N = 10 };
     static result plain[N], spec[N];
-    for (int draft_model = 0; draft_model < 2; draft_model++) {
+    /* the rounds' masks on the backend (each position's after the drafts
+     * before it), then on the host */
+    for (int run = 0; run < 4; run++) {
+        const int draft_model = run & 1, host_masks = run >> 1;
         memset(plain, 0, sizeof plain);
         memset(spec, 0, sizeof spec);
         rp_engine_stats st;
         run_spec(0, 0, plain, N, &st);
+        g_host_masks = host_masks;
         run_spec(3, draft_model, spec, N, &st);
+        g_host_masks = 0;
+        assert_true(host_masks ? st.masked_rows_host > 0 && !st.masked_rows_device
+                               : st.masked_rows_device > 0 && !st.masked_rows_host);
         for (int s = 0; s < N; s++) {
             if (spec[s].n != plain[s].n || memcmp(spec[s].tokens, plain[s].tokens, sizeof(int32_t) * (size_t)plain[s].n))
                 fail_msg("%s drafts, request %d: '%.*s' against '%.*s' without", draft_model ? "draft model" : "n-gram",

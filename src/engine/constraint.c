@@ -214,15 +214,56 @@ rp_finish rp_engine_constraint_apply(rp_engine *e, rp_request *r, float *logits)
     return fin;
 }
 
+/* A speculative round's masks (item i of st, d drafts): position j's mask
+ * is the matcher's after drafts 0..j-1, which the round uses only where
+ * they are all kept; the matcher takes the drafts here and gives them back
+ * at the end. Returns the masks made. */
+static int fill_round(rp_engine *e, const rp_step *st, int i, int n, int words) {
+    rp_request *r = st->items[i].req;
+    const int d = st->items[i].draft, row0 = st->logit_row[i];
+    const int32_t *draft = r->tokens + r->num_prompt + st->out_index[i];
+    int reasoning = r->reasoning, taken = 0;
+    const int n0 = n;
+    for (int j = 0; j <= d; j++) {
+        if (!reasoning) {
+            const rp_finish fin = fill_mask(r, e->mask_rows + (size_t)n * words);
+            if (fin != RP_FINISH_REASON_NONE) {
+                /* nothing allowed after the drafts before j: the round ends r
+                 * there if it keeps them all (at once where j = 0) */
+                if (j == 0) rp_engine_constraint_end(e, r, st->out_index[i], fin, NULL);
+                else e->mask_end[row0 + j] = fin;
+                break;
+            }
+            e->mask_of_row[row0 + j] = n++;
+        }
+        if (j == d) break;
+        if (reasoning) {
+            reasoning = draft[j] != r->reasoning_end;
+        } else if (rp_smatcher_accept_token(r->matcher, draft[j])) {
+            /* refused (drafts are cut before launch, so this is only a
+             * guard): the mask just made leaves draft j out, so no token
+             * drawn at j is it and the positions after are never used */
+            break;
+        } else {
+            taken++;
+        }
+    }
+    rp_smatcher_rollback(r->matcher, taken);
+    return n - n0;
+}
+
 int rp_engine_constraint_fill_rows(rp_engine *e, const rp_step *st) {
     const int words = rp_token_mask_words(e->run->model->cfg.vocab_size);
     int n = 0;
-    for (int i = 0; i < st->num_logits; i++) e->mask_of_row[i] = -1;
+    for (int i = 0; i < st->num_logits; i++) e->mask_of_row[i] = -1, e->mask_end[i] = RP_FINISH_REASON_NONE;
     for (int i = 0; i < st->n; i++) {
         rp_request *r = st->items[i].req;
-        /* a deferred step has no speculative rounds: one row an item */
-        if (!st->items[i].samples || !r->matcher || r->retiring || r->reasoning) continue;
-        RP_ASSERT(!st->items[i].draft);
+        if (!st->items[i].samples || !r->matcher || r->retiring) continue;
+        if (st->items[i].draft) {
+            n += fill_round(e, st, i, n, words);
+            continue;
+        }
+        if (r->reasoning) continue;
         const rp_finish fin = fill_mask(r, e->mask_rows + (size_t)n * words);
         if (fin == RP_FINISH_REASON_NONE) {
             e->mask_of_row[st->logit_row[i]] = n++;

@@ -14,7 +14,8 @@
  * applied on the host (rp_engine_constraint_apply). A speculative round's
  * drafts are cut at the first one the grammar refuses, and each position of
  * the round is masked with the matcher after the kept drafts before it
- * (draft.c, on the host). */
+ * (draft.c; on the backend, each position's mask made after the drafts
+ * before it, or on the host). */
 #ifndef RP_ENGINE_CONSTRAINT_H
 #define RP_ENGINE_CONSTRAINT_H
 
@@ -46,8 +47,11 @@ rp_finish rp_engine_constraint_apply(rp_engine *e, struct rp_request *r, float *
  * into e->mask_of_row[row]; -1 for every other row of the step's
  * num_logits (unconstrained, reasoning, or a request already ending). A
  * request whose grammar allows no token ends here, at that row's output
- * index (its row is sampled unmasked and the token dropped). Returns the
- * number of masks. */
+ * index (its row is sampled unmasked and the token dropped). A speculative
+ * round's position j is masked with the matcher after the round's drafts
+ * 0..j-1 (taken, then given back); where nothing is allowed there,
+ * e->mask_end[row] says how the request ends if the round keeps those
+ * drafts (draft.c). Returns the number of masks. */
 int rp_engine_constraint_fill_rows(rp_engine *e, const struct rp_step *st);
 
 /* Ends r without a token at output index k (a slot an overlapped launch

@@ -438,11 +438,12 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     e->dev_logprobs = calloc((size_t)e->max_logits, sizeof *e->dev_logprobs);
     e->dev_top = calloc((size_t)e->max_logits, sizeof *e->dev_top);
     e->mask_of_row = malloc((size_t)e->max_logits * sizeof *e->mask_of_row);
+    e->mask_end = calloc((size_t)e->max_logits, sizeof *e->mask_end);
     e->spec_top = calloc(RP_SPEC_MAX_K + 1, sizeof *e->spec_top);
     e->draft_reqs = calloc(RP_SPEC_MAX_ROWS, sizeof *e->draft_reqs);
     e->draft_want = calloc(RP_SPEC_MAX_ROWS, sizeof *e->draft_want);
     if (!e->sched || !e->sampler || !e->retiring || !e->dev_params || !e->dev_tokens || !e->dev_logprobs ||
-        !e->dev_top || !e->spec_top || !e->draft_reqs || !e->draft_want || !e->mask_of_row)
+        !e->dev_top || !e->spec_top || !e->draft_reqs || !e->draft_want || !e->mask_of_row || !e->mask_end)
         goto oom;
     e->stats.kv_pages_total = num_pages;
     e->stats.max_total_tokens = num_pages * cfg->page_size;
@@ -511,6 +512,7 @@ void rp_engine_destroy(rp_engine *e) {
     free(e->dev_logprobs);
     free(e->dev_top);
     free(e->mask_of_row);
+    free(e->mask_end);
     free(e->spec_top);
     free(e->draft_reqs);
     free(e->draft_want);

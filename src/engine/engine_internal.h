@@ -97,6 +97,10 @@ struct rp_engine {
     int device_masks;
     uint32_t *mask_rows;
     int32_t *mask_of_row;
+    /* [max_logits]: a speculative round's position where the grammar allows
+     * nothing after the drafts before it: how the request ends there if
+     * the round reaches it (draft.c); RP_FINISH_REASON_NONE elsewhere */
+    rp_finish *mask_end;
     /* a synchronous backend's steps are sized to take about step_ms (0: not
      * sized), feeding at least step_min_tokens prompt tokens */
     int step_ms, step_min_tokens;

@@ -139,11 +139,11 @@ static int launch_step(rp_engine *e) {
         st->out_index[i] = r->num_output;
         if (it->samples) {
             if (needs_host_sampler(e, r)) st->device_sampling = 0;
-            /* a round's positions are masked after the drafts before them: on the host (draft.c) */
-            if (r->matcher && it->draft) st->device_sampling = 0;
+            /* a round's positions too: each masked after the drafts before it (rp_engine_constraint_fill_rows) */
             constrained |= r->matcher != NULL;
             /* a round's rows: position j is output number num_output + j (its RNG counter); without
-             * penalties no row depends on the drafts kept before it, so the device samples them all */
+             * penalties no row depends on the drafts kept before it (a mask depends on the drafts
+             * before it, which are known now), so the device samples them all */
             for (int j = 0; j <= it->draft; j++) {
                 e->dev_params[st->logit_row[i] + j] = r->sampling;
                 e->dev_params[st->logit_row[i] + j].step = (uint64_t)(r->num_output + j);
