@@ -1556,6 +1556,7 @@ static void test_engine_constrained(void **state) {
 }
 
 int main(void) {
+    test_filter_from_env();
     if (!have_gpu()) printf("no CUDA device: the GPU tests are skipped\n");
     if (getenv("REPLAY_TEST_ONLY")) cmocka_set_test_filter(getenv("REPLAY_TEST_ONLY"));
     const struct CMUnitTest tests[] = {

@@ -22,6 +22,13 @@ static inline void test_path(char *buf, size_t n, const char *rel) {
     snprintf(buf, n, "%s/%s", test_source_dir(), rel);
 }
 
+/* REPLAY_TEST_ONLY=PATTERN runs only the tests whose names match it (cmocka's
+ * glob: * and ?): one device call can run the one GPU test a change needs. */
+static inline void test_filter_from_env(void) {
+    const char *f = getenv("REPLAY_TEST_ONLY");
+    if (f && *f) cmocka_set_test_filter(f);
+}
+
 /* Reads a whole file; fails the test if it cannot. */
 static inline void *test_read_file(const char *path, size_t *len_out) {
     FILE *f = fopen(path, "rb");
