@@ -25,7 +25,7 @@
  *    as with them on the host, every output in its language;
  *  - nothing is allocated on the device after startup;
  *  - the tuning table's defaults by shape (docs/tuning.md; no GPU needed).
- * REPLAY_TEST_ONLY=pattern runs only the tests it names (cmocka wildcards). */
+ * REPLAY_TEST_ONLY=pattern runs only the tests it names (test_util.h). */
 #include <jansson.h>
 #include <math.h>
 #include <unistd.h>
@@ -1558,7 +1558,6 @@ static void test_engine_constrained(void **state) {
 int main(void) {
     test_filter_from_env();
     if (!have_gpu()) printf("no CUDA device: the GPU tests are skipped\n");
-    if (getenv("REPLAY_TEST_ONLY")) cmocka_set_test_filter(getenv("REPLAY_TEST_ONLY"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_families_vs_cpu),
