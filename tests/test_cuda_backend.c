@@ -1281,7 +1281,7 @@ static void masked_step(setup *s, const int *rows, const int *n, const int32_t *
                         const rp_sampling_params *sp, const uint32_t *masks, int num_masks,
                         const int32_t *mask_of_row, int32_t *tok, float *lp, rp_top_logprobs *top, float *logits) {
     rp_err err;
-    rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, 8, 8);
+    rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, nb, nb);
     rp_batch *bt = decode_batch_of(bb, rows, n, next, nb);
     bt->sample = sp;
     bt->sample_deferred = 1;
@@ -1355,11 +1355,17 @@ static void test_masked_sampling(void **state) {
             sp[b].top_logprobs = b == 2 || b == 6 ? 4 : 0;
         }
         /* the CPU's logits of the step, and the GPU's tokens of it sampled in the forward */
-        batch_decode_step(&cpu, rows_c, n, next, nb, lc);
         int32_t plain[NB];
         {
+            rp_batch_builder *bb = rp_batch_builder_new(cpu.table, 512, NB, NB);
+            if (rp_backend_forward(cpu.be, decode_batch_of(bb, rows_c, n, next, nb), &err) ||
+                rp_backend_read_logits(cpu.be, lc, &err))
+                fail_msg("cpu decode: %s", err.msg);
+            rp_batch_builder_free(bb);
+        }
+        {
             gpu.be->ops->set_graphs(gpu.be, 1);
-            rp_batch_builder *bb = rp_batch_builder_new(gpu.table, 512, 8, 8);
+            rp_batch_builder *bb = rp_batch_builder_new(gpu.table, 512, NB, NB);
             rp_batch *bt = decode_batch_of(bb, rows_g, n, next, nb);
             bt->sample = sp;
             if (rp_backend_forward(gpu.be, bt, &err) || gpu.be->ops->read_tokens(gpu.be, plain, NULL, NULL, &err))
