@@ -17,8 +17,8 @@
 __global__ void __launch_bounds__(TM_THREADS)
     apply_token_mask_kernel(float *logits, const int32_t *__restrict__ mask_of_row,
                             const uint32_t *__restrict__ masks, int vocab, int words) {
-    rp_pdl_trigger();
-    rp_pdl_wait(); /* the logits and the mask upload before this launch are complete and visible */
+    rp_pdl_trigger(); /* the sampling kernels after it may be placed now; they wait for its writes */
+    rp_pdl_wait();    /* a no-op here (an ordinary launch), kept so that a PDL launch stays correct */
     const int r = blockIdx.y, m = mask_of_row[r];
     if (m < 0) return;
     const uint32_t *mask = masks + (int64_t)m * words;
@@ -33,6 +33,10 @@ extern "C" int rp_k_apply_token_mask(float *logits, const int32_t *mask_of_row, 
     if (vocab <= 0 || rows > 65535 || words * 32 < vocab || !logits || !mask_of_row || !masks)
         return (int)cudaErrorInvalidValue;
     const int per_block = TM_THREADS * TM_TOKENS_PER_THREAD;
-    return rp_launch(apply_token_mask_kernel, dim3((vocab + per_block - 1) / per_block, rows), dim3(TM_THREADS), 0,
-                     stream, logits, mask_of_row, masks, vocab, words);
+    /* An ordinary launch, not rp_launch's PDL: in sample_masked it follows a
+     * wait for the mask upload on another stream, which must hold in full
+     * (the sampling kernels after it may still start early on it). */
+    apply_token_mask_kernel<<<dim3((vocab + per_block - 1) / per_block, rows), TM_THREADS, 0, stream>>>(
+        logits, mask_of_row, masks, vocab, words);
+    return rp_launch_result();
 }
