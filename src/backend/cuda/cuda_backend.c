@@ -93,7 +93,7 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         if (bt->sample[i].top_logprobs > 0 || bt->sample[i].temperature != 0.0f) greedy = 0;
     }
     sl->sampled = sample_now;
-    sl->deferred = deferred;
+    sl->deferred = 0; /* set once the forward is queued: a failed one leaves nothing to sample */
     sl->num_logits = bt->num_logits;
     if (cudaSetDevice(cb->device) != cudaSuccess) return rp_errf(err, "cudaSetDevice(%d) failed", cb->device);
     /* a step with prompt chunks: padded to its token bucket */
@@ -152,6 +152,7 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     cb->stats.forwards++;
     cb->timing_pending = 1;
     cb->num_pending++;
+    sl->deferred = deferred;
     return 0;
 }
 
