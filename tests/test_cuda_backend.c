@@ -16,8 +16,16 @@
  *  - the engine with the prefix cache on gives what it gives with it off
  *    (within bf16 noise) for prompts sharing prefixes around page
  *    boundaries and long cached prefixes with short new parts;
+ *  - structured output's token masks (sample_masked after a forward with
+ *    deferred sampling): batches of 1-4 (the one-kernel step, which must not
+ *    pick in the kernel then) and 8, graphs on and off, masked and unmasked
+ *    rows side by side, greedy rows as the CPU backend's masked argmax (up
+ *    to bf16 near-ties), the masked logits -inf exactly where disallowed;
+ *    and the engine's constrained generations with the masks on the device
+ *    as with them on the host, every output in its language;
  *  - nothing is allocated on the device after startup;
- *  - the tuning table's defaults by shape (docs/tuning.md; no GPU needed). */
+ *  - the tuning table's defaults by shape (docs/tuning.md; no GPU needed).
+ * REPLAY_TEST_ONLY=pattern runs only the tests it names (test_util.h). */
 #include <jansson.h>
 #include <math.h>
 #include <unistd.h>
@@ -31,6 +39,7 @@
 #include "model/model.h"
 #include "replay/engine.h"
 #include "test_util.h"
+#include "masked_sampling.h"
 
 #ifdef REPLAY_HAVE_CUDA
 #include "backend/cuda/cuda_state.h"
@@ -1270,6 +1279,294 @@ static void test_fp8_vs_cpu(void **state) {
     rp_model_free(lazy);
 }
 
+/* ---- structured output: token masks on the device ------------------------ */
+
+/* A decode step of nb sequences with deferred sampling, then sample_masked:
+ * tokens, logprobs, top logprobs, and the logits as the mask left them. */
+static void masked_step(setup *s, const int *rows, const int *n, const int32_t *next, int nb,
+                        const rp_sampling_params *sp, const uint32_t *masks, int num_masks,
+                        const int32_t *mask_of_row, int32_t *tok, float *lp, rp_top_logprobs *top, float *logits) {
+    rp_err err;
+    rp_batch_builder *bb = rp_batch_builder_new(s->table, 512, nb, nb);
+    rp_batch *bt = decode_batch_of(bb, rows, n, next, nb);
+    bt->sample = sp;
+    bt->sample_deferred = 1;
+    if (rp_backend_forward(s->be, bt, &err)) fail_msg("deferred decode: %s", err.msg);
+    if (s->be->ops->sample_masked(s->be, masks, num_masks, mask_of_row, &err)) fail_msg("sample_masked: %s", err.msg);
+    if (s->be->ops->read_tokens(s->be, tok, lp, top, &err)) fail_msg("read_tokens: %s", err.msg);
+    if (logits && rp_backend_read_logits(s->be, logits, &err)) fail_msg("read_logits: %s", err.msg);
+    rp_batch_builder_free(bb);
+}
+
+/* The CUDA backend's masked sampling against the CPU backend on the same
+ * weights, batches of 1, 2, 3, 4 (the one-kernel step) and 8 (the chain),
+ * graphs on and off, each batch with masked rows (dense, sparse, a single
+ * token, everything allowed) and unmasked ones:
+ *  - every masked row's token allowed; its logits as read back -inf exactly
+ *    where its mask says no, finite elsewhere (random weights give finite
+ *    logits), the unmasked rows' untouched;
+ *  - greedy rows: the CPU's argmax over the masked logits, or a near-tie of
+ *    bf16 noise there (the CPU prefers its token by < 5% of the logits'
+ *    rms); unmasked rows the tokens of the same step sampled in the forward
+ *    (the one-kernel pick where it runs);
+ *  - sampled rows the same tokens graphs on and off, and again;
+ *  - no in-kernel pick in a deferred step; top logprobs finite only for
+ *    allowed tokens. */
+static void test_masked_sampling(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    rp_model_config c;
+    rp_err err;
+    assert_int_equal(rp_config_preset(&c, "tiny-qwen3", &err), 0);
+    c.head_dim = 128, c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2, c.intermediate_size = 512;
+    c.vocab_size = 1024; /* the one kernel takes multiples of 8 */
+    rp_load_options lo = {.seed = 9}; /* weights on the host: both backends read them */
+    rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
+    if (!m) fail_msg("%s", err.msg);
+    enum { NB = 8 };
+    const int V = c.vocab_size, W = rp_token_mask_words(V);
+    setup cpu, gpu;
+    make(&cpu, m, 0, NB, 256, 0);
+    make(&gpu, m, 1, NB, 256, 1);
+    float *scratch = malloc((size_t)NB * V * 4), *lc = malloc((size_t)NB * V * 4), *lg = malloc((size_t)NB * V * 4);
+    int32_t prompt[128], next[NB];
+    int rows_c[NB], rows_g[NB], n[NB];
+    for (int b = 0; b < NB; b++) {
+        n[b] = 5 + 13 * b;
+        for (int i = 0; i < n[b]; i++) prompt[i] = (int32_t)((i * 7919 + b * 131) % V);
+        next[b] = (int32_t)((n[b] * 104729 + b) % V);
+        rows_c[b] = prefill_row(&cpu, prompt, n[b], scratch);
+        rows_g[b] = prefill_row(&gpu, prompt, n[b], scratch);
+    }
+    /* row b's mask: allowed per mille (-1: none); mask b of masks */
+    static const int per_mille[NB] = {30, -1, 500, 1, 1000, -1, 200, 5};
+    uint32_t *masks = calloc((size_t)NB * W, 4);
+    int32_t mask_of_row[NB];
+    for (int b = 0; b < NB; b++) {
+        ms_random_mask(masks + (size_t)b * W, V, per_mille[b] < 0 ? 1000 : per_mille[b], (b * 211) % V, 3,
+                       (uint64_t)b);
+        mask_of_row[b] = per_mille[b] < 0 ? -1 : b;
+    }
+    static const int sizes[] = {1, 2, 3, 4, NB};
+    int near_ties = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int nb = sizes[si];
+        rp_sampling_params sp[NB];
+        memset(sp, 0, sizeof sp);
+        for (int b = 0; b < nb; b++) {
+            sp[b].top_p = 1.0f;
+            sp[b].temperature = b >= 5 ? 0.9f : 0.0f; /* the larger batch has sampled rows */
+            sp[b].seed = 77 + (uint64_t)b;
+            sp[b].step = (uint64_t)n[b];
+            sp[b].top_logprobs = b == 2 || b == 6 ? 4 : 0;
+        }
+        /* the CPU's logits of the step, and the GPU's tokens of it sampled in the forward */
+        int32_t plain[NB];
+        {
+            rp_batch_builder *bb = rp_batch_builder_new(cpu.table, 512, NB, NB);
+            if (rp_backend_forward(cpu.be, decode_batch_of(bb, rows_c, n, next, nb), &err) ||
+                rp_backend_read_logits(cpu.be, lc, &err))
+                fail_msg("cpu decode: %s", err.msg);
+            rp_batch_builder_free(bb);
+        }
+        {
+            gpu.be->ops->set_graphs(gpu.be, 1);
+            rp_batch_builder *bb = rp_batch_builder_new(gpu.table, 512, NB, NB);
+            rp_batch *bt = decode_batch_of(bb, rows_g, n, next, nb);
+            bt->sample = sp;
+            if (rp_backend_forward(gpu.be, bt, &err) || gpu.be->ops->read_tokens(gpu.be, plain, NULL, NULL, &err))
+                fail_msg("sampled decode: %s", err.msg);
+            rp_batch_builder_free(bb);
+        }
+        int32_t tok[2][NB];
+        float lp[2][NB];
+        rp_top_logprobs top[NB];
+        for (int graphs = 1; graphs >= 0; graphs--) {
+            gpu.be->ops->set_graphs(gpu.be, graphs);
+            const rp_cuda_stats cs0 = cuda_stats(gpu.be);
+            masked_step(&gpu, rows_g, n, next, nb, sp, masks, NB, mask_of_row, tok[graphs], lp[graphs], top, lg);
+            const rp_cuda_stats cs1 = cuda_stats(gpu.be);
+            if (cs1.decode_step_picks != cs0.decode_step_picks)
+                fail_msg("batch %d: the one-kernel step picked in the kernel in a deferred step", nb);
+            if (nb <= 4 && cs1.decode_step_forwards == cs0.decode_step_forwards)
+                printf("batch %d: the one-kernel step did not run (the model's shapes)\n", nb);
+            for (int b = 0; b < nb; b++) {
+                const uint32_t *mask = mask_of_row[b] >= 0 ? masks + (size_t)b * W : NULL;
+                const float *g = lg + (size_t)b * V;
+                for (int id = 0; id < V; id++) {
+                    const int off = mask && !ms_allows(mask, id);
+                    if (off ? !(isinf(g[id]) && g[id] < 0) : !isfinite(g[id]))
+                        fail_msg("batch %d row %d id %d: logit %g (%s)", nb, b, id, g[id],
+                                 off ? "disallowed" : "allowed");
+                }
+                if (mask && !ms_allows(mask, tok[graphs][b]))
+                    fail_msg("batch %d row %d: token %d is not allowed", nb, b, tok[graphs][b]);
+                for (int j = 0; mask && j < top[b].n; j++)
+                    if (!ms_allows(mask, top[b].ids[j]) && isfinite(top[b].logprobs[j]))
+                        fail_msg("batch %d row %d: finite top logprob for disallowed %d", nb, b, top[b].ids[j]);
+                if (sp[b].temperature != 0.0f) continue;
+                if (!mask) {
+                    if (tok[graphs][b] != plain[b])
+                        fail_msg("batch %d row %d (unmasked): %d, sampled in the forward %d", nb, b, tok[graphs][b],
+                                 plain[b]);
+                    continue;
+                }
+                /* the CPU's masked argmax (lowest id on ties) */
+                const float *cl = lc + (size_t)b * V;
+                int want = -1;
+                for (int id = 0; id < V; id++)
+                    if (ms_allows(mask, id) && (want < 0 || cl[id] > cl[want])) want = id;
+                if (tok[graphs][b] == want) continue;
+                double ss = 0;
+                for (int id = 0; id < V; id++) ss += (double)cl[id] * cl[id];
+                const double rms = sqrt(ss / V), margin = (double)cl[want] - cl[tok[graphs][b]];
+                if (margin > 0.05 * rms)
+                    fail_msg("batch %d row %d: masked greedy %d, the CPU's %d by %.3g (rms %.3g)", nb, b,
+                             tok[graphs][b], want, margin, rms);
+                near_ties++;
+            }
+        }
+        /* graphs on and off: the same step, the same tokens */
+        assert_memory_equal(tok[0], tok[1], (size_t)nb * 4);
+        assert_memory_equal(lp[0], lp[1], (size_t)nb * 4);
+    }
+    printf("masked sampling: batches 1-4 and %d, graphs on and off, as the CPU's masked argmax (%d near-ties)\n", NB,
+           near_ties);
+    gpu.be->ops->set_graphs(gpu.be, 1);
+    for (int b = 0; b < NB; b++) {
+        rp_page_table_release_row(cpu.table, rows_c[b]);
+        rp_page_table_release_row(gpu.table, rows_g[b]);
+    }
+    free(scratch), free(lc), free(lg), free(masks);
+    unmake(&cpu);
+    unmake(&gpu);
+    rp_model_free(m);
+}
+
+/* The engine on the GPU at a real shape with Qwen3's tokenizer: constrained
+ * requests (a JSON schema, a regex, a choice list; greedy and sampled)
+ * beside unconstrained ones, 4 at a time (the one-kernel step's sizes as
+ * they finish) and 16, with the masks on the device and on the host
+ * (disable_device_masks): every constrained output in its language (a
+ * complete one where it stopped), and the two runs alike up to bf16
+ * near-ties (as test_engine_real_shape), the stats saying which path ran. */
+typedef struct con_out {
+    int32_t tok[48];
+    float lp[48];
+    int n;
+    char text[2048];
+    size_t len;
+    rp_finish finish;
+} con_out;
+
+static void con_collect(void *user, const rp_token_event *ev) {
+    con_out *o = user;
+    if (ev->token >= 0 && o->n < 48) {
+        o->tok[o->n] = ev->token;
+        o->lp[o->n++] = ev->logprob;
+    }
+    if (ev->text_len && o->len + ev->text_len < sizeof o->text) {
+        memcpy(o->text + o->len, ev->text, ev->text_len);
+        o->len += ev->text_len;
+    }
+    if (ev->finish) o->finish = ev->finish;
+}
+
+static const struct {
+    rp_constraint_kind kind;
+    rp_skind skind;
+    const char *text;
+} CON[3] = {
+    {RP_CONSTRAINT_JSON_SCHEMA, RP_SKIND_JSON_SCHEMA, "{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"maximum\":999}}"},
+    {RP_CONSTRAINT_REGEX, RP_SKIND_REGEX, "[a-z]{3,12}@[a-z]{2,8}\\.(com|org)"},
+    {RP_CONSTRAINT_CHOICE, RP_SKIND_CHOICE, "[\"red\", \"green\", \"blue sky\"]"},
+};
+
+static void engine_constrained_run(int host_masks, int n, con_out *out, rp_engine_stats *st) {
+    char tok_dir[1024];
+    snprintf(tok_dir, sizeof tok_dir, "%s/.cache/tokenizers/qwen3", test_source_dir());
+    rp_engine_config c;
+    rp_engine_config_default(&c);
+    c.dummy_name = "qwen3-0.6b";
+    c.tokenizer_dir = tok_dir;
+    c.device = "cuda";
+    c.max_running_requests = 16;
+    c.num_pages = 1024;
+    c.quiet_model_warning = 1;
+    c.disable_device_masks = host_masks;
+    rp_error err;
+    rp_engine *e = rp_engine_create(&c, &err);
+    if (!e) fail_msg("%s", err.message);
+    for (int round = 0; round * 4 < n; round++) {
+        rp_engine_hold(e, 1);
+        /* 4 at a time, then the rest together */
+        const int end = round < 2 ? round * 4 + 4 : n;
+        for (int i = round * 4; i < end; i++) {
+            static int32_t prompt[64];
+            for (int k = 0; k < 20; k++) prompt[k] = (int32_t)((i * 7919 + k * 104729) % 150000);
+            rp_request_params p;
+            rp_request_params_default(&p);
+            p.prompt_ids = prompt;
+            p.num_prompt_ids = 20;
+            p.max_tokens = 40;
+            p.temperature = i % 3 == 2 ? 0.8f : 0.0f;
+            p.seed = (uint64_t)i;
+            p.has_seed = 1;
+            p.logprobs = 1;
+            if (i % 4 == 3) {
+                p.ignore_eos = 1; /* unconstrained */
+            } else {
+                p.constraint.kind = CON[i % 3].kind;
+                p.constraint.text = CON[i % 3].text;
+            }
+            if (rp_engine_submit(e, &p, con_collect, &out[i], NULL, &err)) fail_msg("%s", err.message);
+        }
+        rp_engine_hold(e, 0);
+        rp_engine_wait_idle(e);
+        if (end == n) break;
+    }
+    rp_engine_get_stats(e, st);
+    assert_int_equal(st->kv_pages_free, st->kv_pages_total);
+    rp_engine_destroy(e);
+}
+
+static void test_engine_constrained(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    char probe[1100];
+    snprintf(probe, sizeof probe, "%s/.cache/tokenizers/qwen3/tokenizer.json", test_source_dir());
+    if (access(probe, R_OK)) {
+        printf("no %s (scripts/fetch-tokenizers.sh): skipping\n", probe);
+        skip();
+    }
+    enum { N = 24 };
+    static con_out dev[N], host[N];
+    memset(dev, 0, sizeof dev);
+    memset(host, 0, sizeof host);
+    rp_engine_stats sd, sh;
+    engine_constrained_run(0, N, dev, &sd);
+    engine_constrained_run(1, N, host, &sh);
+    assert_true(sd.masked_rows_device > 0 && sd.masked_rows_host == 0);
+    assert_true(sh.masked_rows_host > 0 && sh.masked_rows_device == 0);
+    int identical = 0, complete = 0;
+    for (int i = 0; i < N; i++) {
+        identical += dev[i].n == host[i].n && !memcmp(dev[i].tok, host[i].tok, sizeof(int32_t) * (size_t)dev[i].n);
+        if (i % 4 == 3) continue;
+        const con_out *o = &dev[i];
+        const int done = o->finish == RP_FINISH_REASON_STOP;
+        if (o->finish != RP_FINISH_REASON_STOP && o->finish != RP_FINISH_REASON_LENGTH)
+            fail_msg("request %d: finish %d", i, o->finish);
+        if (!ms_text_matches(CON[i % 3].skind, CON[i % 3].text, 0, o->text, o->len, done))
+            fail_msg("request %d: '%.*s' (%s) is not in the language of %s", i, (int)o->len, o->text,
+                     done ? "complete" : "a prefix", CON[i % 3].text);
+        complete += done;
+    }
+    printf("engine, constrained: %d of %d requests identical with the masks on the device and on the host, %d "
+           "constrained outputs complete; %llu rows masked on the device\n",
+           identical, N, complete, (unsigned long long)sd.masked_rows_device);
+    if (identical < N * 3 / 4) fail_msg("only %d of %d requests identical", identical, N);
+}
+
 int main(void) {
     test_filter_from_env();
     if (!have_gpu()) printf("no CUDA device: the GPU tests are skipped\n");
@@ -1285,6 +1582,8 @@ int main(void) {
         cmocka_unit_test(test_greedy_pick),
         cmocka_unit_test(test_engine_real_shape),
         cmocka_unit_test(test_engine_prefix_cache),
+        cmocka_unit_test(test_masked_sampling),
+        cmocka_unit_test(test_engine_constrained),
         cmocka_unit_test(test_tuning_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,6 +21,12 @@
  * Top logprobs (rp_k_sample_kept + rp_k_top_logprobs): ids exactly the
  * first n of a full sort, logprobs against float64 (greedy) and the host
  * sampler (sampled rows), eager and graph-replayed alike.
+ * Token masks (rp_k_apply_token_mask, structured output): the masked
+ * logits exactly the CPU reference's (rp_sampler_apply_mask), rows
+ * without a mask untouched, and the sampling kernels on them against the
+ * host sampler on the masked row (masked_sampling.h): every token allowed,
+ * greedy exact, top logprobs finite only for allowed tokens; the skip flag
+ * (a deferred step's) leaves the sampling kernels' outputs unwritten.
  * REPLAY_SAMPLE_BENCH=1 also prints rp_k_sample timings (eager and graph)
  * for rows 1, 8, 64, 256 at vocab 151936. Label "gpu" in CTest. */
 #include <stdarg.h>
@@ -44,7 +50,9 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/sample_top.h"
+#include "backend/cuda/token_mask.h"
 #include "engine/sampler.h"
+#include "masked_sampling.h"
 #include "util/rng.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -358,15 +366,15 @@ static void run_top(const float *d_logits, const rp_sampling_params *params, int
         cudaGraphExec_t ge;
         CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
         /* the first launch sets the kernels' attributes, outside the capture */
-        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, d_ws, rows, vocab, st));
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, NULL, d_ws, rows, vocab, st));
         CU(cudaStreamSynchronize(st));
         memset(h_res[1], 0xff, (size_t)rows * 8);
         CU(cudaMemset(d_tok, 0xff, (size_t)rows * 4));
         CU(cudaMemset(d_lp, 0xff, (size_t)rows * 4));
         CU(cudaMemset(d_kept, 0xff, (size_t)rows * 4));
         CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        int r1 = rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, d_ws, rows, vocab, st);
-        int r2 = rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, rows, vocab, st);
+        int r1 = rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, NULL, d_ws, rows, vocab, st);
+        int r2 = rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, NULL, rows, vocab, st);
         CU(cudaStreamEndCapture(st, &g));
         if (r1 || r2) fail_msg("launch under capture failed: %d %d", r1, r2);
         CU(cudaGraphInstantiate(&ge, g, 0));
@@ -376,8 +384,8 @@ static void run_top(const float *d_logits, const rp_sampling_params *params, int
         CU(cudaGraphDestroy(g));
         CU(cudaStreamDestroy(st));
     } else {
-        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, d_ws, rows, vocab, 0));
-        LAUNCH(rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, rows, vocab, 0));
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, &host, NULL, d_ws, rows, vocab, 0));
+        LAUNCH(rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, NULL, rows, vocab, 0));
     }
     to_host(tok, d_tok, (size_t)rows * 4);
     to_host(lp, d_lp, (size_t)rows * 4);
@@ -598,6 +606,109 @@ static void test_sample_distribution(void **state) {
     }
 }
 
+/* ---- token masks (rp_k_apply_token_mask) ----------------------------------- */
+
+/* Rows of every kind of mask (dense, sparse, one token, everything
+ * allowed, none: -1), greedy and sampled, some with top logprobs, at a
+ * vocabulary that ends inside a mask word and at Qwen3's: the masked logits
+ * bit for bit the CPU reference's, then the sampling kernels on them
+ * against the host sampler on the masked rows. */
+static void test_apply_token_mask(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int vocabs[] = {size_at(32003, 4003, 4003), size_at(151936, 32000, 8000)};
+    enum { ROWS = 12 };
+    static const int per_mille[ROWS] = {500, 20, 0, 1000, -1, 300, 5, -1, 100, 990, 1, 50};
+    for (int vi = 0; vi < 2; vi++) {
+        const int V = vocabs[vi], W = rp_token_mask_words(V);
+        float *logits = malloc((size_t)ROWS * V * 4), *masked = malloc((size_t)ROWS * V * 4);
+        float *got = malloc((size_t)ROWS * V * 4), *tmp = malloc((size_t)V * 4);
+        uint32_t *masks = calloc((size_t)ROWS * W, 4);
+        int32_t mask_of_row[ROWS];
+        rp_sampling_params params[ROWS];
+        int nm = 0;
+        for (int r = 0; r < ROWS; r++) {
+            fill_mixed_row(logits + (size_t)r * V, V);
+            params[r] = (rp_sampling_params){.temperature = r % 3 == 0 ? 0.0f : r % 3 == 1 ? 1.0f : 0.7f,
+                                             .top_p = r % 4 == 1 ? 0.9f : 1.0f, .top_k = r % 5 == 2 ? 20 : 0,
+                                             .seed = g_seed + (uint64_t)r, .step = (uint64_t)r * 3,
+                                             .top_logprobs = r % 2 ? 5 : 0};
+            mask_of_row[r] = -1;
+            if (per_mille[r] < 0) continue;
+            /* the kept token: one the row gives a finite logit */
+            int keep = (int)urand(V);
+            while (!isfinite(logits[(size_t)r * V + keep])) keep = (keep + 1) % V;
+            ms_random_mask(masks + (size_t)nm * W, V, per_mille[r], keep, g_seed, 100 + (uint64_t)r);
+            mask_of_row[r] = nm++;
+        }
+        /* the CPU reference of the kernel */
+        memcpy(masked, logits, (size_t)ROWS * V * 4);
+        for (int r = 0; r < ROWS; r++)
+            if (mask_of_row[r] >= 0)
+                rp_sampler_apply_mask(masked + (size_t)r * V, V, masks + (size_t)mask_of_row[r] * W);
+        float *d_logits = dup_to_dev(logits, (size_t)ROWS * V * 4);
+        int32_t *d_rows = dup_to_dev(mask_of_row, sizeof mask_of_row);
+        uint32_t *d_masks = dup_to_dev(masks, (size_t)ROWS * W * 4);
+        LAUNCH(rp_k_apply_token_mask(d_logits, d_rows, d_masks, ROWS, V, W, 0));
+        to_host(got, d_logits, (size_t)ROWS * V * 4);
+        for (size_t i = 0; i < (size_t)ROWS * V; i++)
+            if (memcmp(&got[i], &masked[i], 4) && !(isnan(got[i]) && isnan(masked[i])))
+                fail_msg("vocab %d row %zu id %zu: %g, the reference %g", V, i / V, i % V, got[i], masked[i]);
+        /* sampling on the masked rows, as sample_masked runs it */
+        rp_sampling_params *d_p = dup_to_dev(params, sizeof params);
+        int32_t *d_tok = dalloc(ROWS * 4), *d_kept = dalloc(ROWS * 4);
+        float *d_lp = dalloc(ROWS * 4);
+        rp_top_logprobs *d_top = dalloc(ROWS * sizeof(rp_top_logprobs));
+        void *d_ws = dalloc(rp_sample_workspace_bytes(ROWS, V));
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, NULL, NULL, d_ws, ROWS, V, 0));
+        LAUNCH(rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, NULL, ROWS, V, 0));
+        int32_t tok[ROWS];
+        float lp[ROWS];
+        rp_top_logprobs top[ROWS];
+        to_host(tok, d_tok, sizeof tok);
+        to_host(lp, d_lp, sizeof lp);
+        to_host(top, d_top, sizeof top);
+        rp_sampler *smp = rp_sampler_new(V);
+        int agree = 0;
+        for (int r = 0; r < ROWS; r++) {
+            const uint32_t *mask = mask_of_row[r] >= 0 ? masks + (size_t)mask_of_row[r] * W : NULL;
+            float want_lp;
+            const int want = ms_host_sample(smp, logits + (size_t)r * V, V, mask, &params[r], tmp, &want_lp, NULL);
+            if (mask && !ms_allows(mask, tok[r])) fail_msg("vocab %d row %d: token %d is not allowed", V, r, tok[r]);
+            if (params[r].temperature == 0.0f && tok[r] != want)
+                fail_msg("vocab %d row %d: greedy %d, the host %d", V, r, tok[r], want);
+            agree += tok[r] == want;
+            for (int j = 0; mask && j < top[r].n; j++)
+                if (!ms_allows(mask, top[r].ids[j]) && isfinite(top[r].logprobs[j]))
+                    fail_msg("vocab %d row %d: top logprob %g for %d, which the mask forbids", V, r,
+                             top[r].logprobs[j], top[r].ids[j]);
+        }
+        printf("  token masks, vocab %d: masked logits exact, %d/%d rows sampled as the host\n", V, agree, ROWS);
+        if (agree < ROWS - 1) fail_msg("vocab %d: only %d of %d rows sampled as the host", V, agree, ROWS);
+        /* the skip flag: set, the kernels write nothing; cleared, they sample */
+        const int32_t one = 1, zero = 0;
+        int32_t *d_skip = dup_to_dev(&one, 4);
+        CU(cudaMemset(d_tok, 0xff, ROWS * 4));
+        CU(cudaMemset(d_top, 0xff, ROWS * sizeof(rp_top_logprobs)));
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, NULL, d_skip, d_ws, ROWS, V, 0));
+        LAUNCH(rp_k_top_logprobs(d_logits, d_p, d_tok, d_lp, d_kept, d_top, d_skip, ROWS, V, 0));
+        int32_t skipped[ROWS];
+        to_host(skipped, d_tok, sizeof skipped);
+        for (int r = 0; r < ROWS; r++) assert_int_equal(skipped[r], -1);
+        rp_top_logprobs top_skipped;
+        to_host(&top_skipped, d_top, sizeof top_skipped);
+        assert_int_equal(top_skipped.n, -1);
+        CU(cudaMemcpy(d_skip, &zero, 4, cudaMemcpyHostToDevice));
+        LAUNCH(rp_k_sample_kept(d_logits, d_p, d_tok, d_lp, d_kept, NULL, d_skip, d_ws, ROWS, V, 0));
+        to_host(skipped, d_tok, sizeof skipped);
+        assert_memory_equal(skipped, tok, sizeof tok);
+        rp_sampler_free(smp);
+        cudaFree(d_skip), cudaFree(d_p), cudaFree(d_tok), cudaFree(d_kept), cudaFree(d_lp), cudaFree(d_top);
+        cudaFree(d_ws), cudaFree(d_logits), cudaFree(d_rows), cudaFree(d_masks);
+        free(logits), free(masked), free(got), free(tmp), free(masks);
+    }
+}
+
 /* ---- timing (REPLAY_SAMPLE_BENCH=1) --------------------------------------- */
 
 static int cmp_float(const void *a, const void *b) {
@@ -721,7 +832,7 @@ int main(void) {
         cmocka_unit_test(test_sample_greedy),         cmocka_unit_test(test_sample_vs_host),
         cmocka_unit_test(test_sample_batch),          cmocka_unit_test(test_sample_ties_and_edges),
         cmocka_unit_test(test_sample_distribution),   cmocka_unit_test(test_top_logprobs),
-        cmocka_unit_test(test_sample_bench),
+        cmocka_unit_test(test_apply_token_mask),      cmocka_unit_test(test_sample_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

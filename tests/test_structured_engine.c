@@ -11,7 +11,10 @@
  * its field; logprobs are those of the masked distribution; a reasoning
  * model's thinking is left free; speculative
  * decoding changes no constrained output; aborts free everything; the
- * pool is full after each test. */
+ * pool is full after each test. The masks go to the backend (sampled with
+ * them after the forward is launched) or are applied to logits read back
+ * on the host: both give the same tokens, logprobs and top logprobs, with
+ * overlap and without. */
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -92,6 +95,10 @@ static int teardown(void **state) {
     return 0;
 }
 
+/* The engines the next make_engine calls create: masks on the host (the
+ * logits read back) rather than sent to the backend, and without overlap. */
+static int g_host_masks, g_no_overlap;
+
 /* spec_k > 0: n-gram speculative decoding with k drafts a round, or with
  * draft_model, drafts from the model itself (its greedy tokens, unmasked) */
 static rp_engine *make_engine_spec(int spec_k, int draft_model) {
@@ -107,6 +114,8 @@ static rp_engine *make_engine_spec(int spec_k, int draft_model) {
     c.max_batched_tokens = 512;
     c.quiet_model_warning = 1;
     c.debug_check_every_step = 1;
+    c.disable_device_masks = g_host_masks;
+    c.disable_overlap = g_no_overlap;
     if (spec_k) {
         c.speculative_method = RP_SPEC_NGRAM;
         c.num_speculative_tokens = spec_k;
@@ -486,12 +495,19 @@ static void test_speculative_constrained(void **state) {
     (void)state;
     enum { N = 10 };
     static result plain[N], spec[N];
-    for (int draft_model = 0; draft_model < 2; draft_model++) {
+    /* the rounds' masks on the backend (each position's after the drafts
+     * before it), then on the host */
+    for (int run = 0; run < 4; run++) {
+        const int draft_model = run & 1, host_masks = run >> 1;
         memset(plain, 0, sizeof plain);
         memset(spec, 0, sizeof spec);
         rp_engine_stats st;
         run_spec(0, 0, plain, N, &st);
+        g_host_masks = host_masks;
         run_spec(3, draft_model, spec, N, &st);
+        g_host_masks = 0;
+        assert_true(host_masks ? st.masked_rows_host > 0 && !st.masked_rows_device
+                               : st.masked_rows_device > 0 && !st.masked_rows_host);
         for (int s = 0; s < N; s++) {
             if (spec[s].n != plain[s].n || memcmp(spec[s].tokens, plain[s].tokens, sizeof(int32_t) * (size_t)plain[s].n))
                 fail_msg("%s drafts, request %d: '%.*s' against '%.*s' without", draft_model ? "draft model" : "n-gram",
@@ -603,6 +619,99 @@ static void test_abort(void **state) {
     rp_engine_destroy(e);
 }
 
+/* The same mixed batch (every kind, greedy and sampled, top-k, logprobs and
+ * top logprobs, unconstrained requests beside) with the masks sent to the
+ * backend and applied on the host, with overlap and without: the same
+ * tokens, logprobs and top logprobs everywhere (the CPU backend samples
+ * with the host sampler's own code), and the stats say which path ran. */
+enum { CMP_N = KINDS * 4 + 3 };
+
+static void run_mixed(int host_masks, int no_overlap, result *res, rp_engine_stats *st) {
+    g_host_masks = host_masks;
+    g_no_overlap = no_overlap;
+    rp_engine *e = make_engine(0);
+    g_host_masks = g_no_overlap = 0;
+    rp_request_params p;
+    rp_error err;
+    rp_engine_hold(e, 1);
+    for (int i = 0; i < CMP_N; i++) {
+        rp_constraint c = constraint(i % KINDS);
+        const int free_req = i >= KINDS * 4;
+        params(&p, free_req ? NULL : &c, 40 + (uint64_t)i, i % 3 == 0 ? 0.0f : i % 3 == 1 ? 1.0f : 0.8f);
+        if (i % 4 == 1) p.top_k = 6;
+        if (i % 5 == 2) p.top_logprobs = 3;
+        p.logprobs = 1;
+        if (free_req) p.max_tokens = 20, p.ignore_eos = 1;
+        if (rp_engine_submit(e, &p, collect, &res[i], NULL, &err)) fail_msg("%s", err.message);
+    }
+    rp_engine_hold(e, 0);
+    expect_pool_full(e);
+    rp_engine_get_stats(e, st);
+    rp_engine_destroy(e);
+}
+
+static void test_device_masks_equal_host(void **state) {
+    (void)state;
+    static result host[CMP_N], dev[CMP_N];
+    for (int no_overlap = 0; no_overlap < 2; no_overlap++) {
+        memset(host, 0, sizeof host);
+        memset(dev, 0, sizeof dev);
+        rp_engine_stats sh, sd;
+        run_mixed(1, no_overlap, host, &sh);
+        run_mixed(0, no_overlap, dev, &sd);
+        assert_true(sh.masked_rows_host > 0);
+        assert_int_equal(sh.masked_rows_device, 0);
+        assert_true(sd.masked_rows_device > 0);
+        assert_int_equal(sd.masked_rows_host, 0);
+        assert_int_equal(sd.masked_rows_device, sh.masked_rows_host);
+        int complete = 0;
+        for (int i = 0; i < CMP_N; i++) {
+            const result *h = &host[i], *d = &dev[i];
+            if (d->n != h->n || memcmp(d->tokens, h->tokens, sizeof(int32_t) * (size_t)h->n))
+                fail_msg("request %d (overlap %s): '%.*s' with device masks, '%.*s' with host masks", i,
+                         no_overlap ? "off" : "on", (int)d->text_len, d->text, (int)h->text_len, h->text);
+            assert_int_equal(d->finish, h->finish);
+            assert_memory_equal(d->logprobs, h->logprobs, sizeof(float) * (size_t)h->n);
+            assert_memory_equal(d->num_top, h->num_top, sizeof(int) * (size_t)h->n);
+            for (int t = 0; t < h->n; t++) {
+                assert_memory_equal(d->top_ids[t], h->top_ids[t], sizeof(int32_t) * (size_t)h->num_top[t]);
+                assert_memory_equal(d->top_lps[t], h->top_lps[t], sizeof(float) * (size_t)h->num_top[t]);
+            }
+            if (i < KINDS * 4) {
+                rp_constraint c = constraint(i % KINDS);
+                check_output(&c, d, &complete);
+            }
+        }
+        assert_true(complete > 0);
+    }
+}
+
+/* A constrained request with a repetition penalty is sampled on the host
+ * (the penalty needs its history) beside ones whose masks go to the
+ * backend; each output is in its language. */
+static void test_device_masks_with_penalty(void **state) {
+    (void)state;
+    rp_engine *e = make_engine(0);
+    static result res[4];
+    memset(res, 0, sizeof res);
+    rp_request_params p;
+    rp_error err;
+    rp_constraint c = constraint(0);
+    for (int i = 0; i < 4; i++) {
+        params(&p, &c, (uint64_t)i, 1.0f);
+        if (i == 3) p.repetition_penalty = 1.3f;
+        if (rp_engine_submit(e, &p, collect, &res[i], NULL, &err)) fail_msg("%s", err.message);
+        if (i == 2) rp_engine_wait_idle(e); /* the first three alone: their masks on the device */
+    }
+    expect_pool_full(e);
+    rp_engine_stats st;
+    rp_engine_get_stats(e, &st);
+    assert_true(st.masked_rows_device > 0 && st.masked_rows_host > 0);
+    int complete = 0;
+    for (int i = 0; i < 4; i++) check_output(&c, &res[i], &complete);
+    rp_engine_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_constrained_batches),
@@ -613,6 +722,8 @@ int main(void) {
         cmocka_unit_test(test_speculative_constrained),
         cmocka_unit_test(test_reasoning_first),
         cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_device_masks_equal_host),
+        cmocka_unit_test(test_device_masks_with_penalty),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -83,6 +83,12 @@ typedef struct rp_engine_config {
     int disable_decode_step; /* decode 1-4 sequences with the chain of kernels, not the one-kernel step */
     int quiet_model_warning; /* 1: do not log that dummy weights are random */
     int disable_overlap;     /* 1: wait for each step's tokens before preparing the next */
+    /* 1: structured output's token masks are applied on the host, each
+     * constrained step's logits read back (the path before device masks;
+     * for tests and benchmarks that compare the two). 0 (default): where
+     * the backend samples with masks, the masks go to it and the host
+     * computes them while the forward runs (docs/structured.md). */
+    int disable_device_masks;
     /* Keep the KV pages of prompts (and outputs) after their requests end,
      * and start a request whose prompt begins with cached pages from there
      * (vLLM's automatic prefix caching; on by default, 0 turns it off). */
@@ -322,6 +328,12 @@ typedef struct rp_engine_stats {
     /* a draft model's forwards and their time (host clock, reads included) */
     uint64_t spec_draft_forwards;
     double spec_draft_ms;
+    /* structured output: logit rows sampled with a token mask, by the
+     * backend (the mask sent to it, computed while its forward ran) and on
+     * the host (the logits read back: penalties, logit processors, prompt
+     * logprobs or speculative rounds beside the mask, or
+     * disable_device_masks) */
+    uint64_t masked_rows_device, masked_rows_host;
 } rp_engine_stats;
 
 void rp_engine_get_stats(rp_engine *e, rp_engine_stats *out);

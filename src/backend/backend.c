@@ -33,6 +33,9 @@ int rp_batch_validate(const rp_batch *bt, const rp_backend *b, rp_err *err) {
             if (row[p] < 0 || row[p] > b->cfg.num_pages)
                 return rp_errf(err, "sequence %d: page id %d out of range", s, row[p]);
     }
+    if (bt->sample_deferred && (!bt->sample || !b->ops->sample_masked))
+        return rp_errf(err, "a batch with deferred sampling needs sampling parameters and a backend that samples "
+                            "with masks");
     if (bt->num_logits < 0 || bt->num_logits > b->cfg.max_logit_rows)
         return rp_errf(err, "batch asks for %d logit rows", bt->num_logits);
     for (int i = 0; i < bt->num_logits; i++)

@@ -45,7 +45,19 @@ typedef struct rp_batch {
      * the layer reads them: the CUDA backend runs the chain of kernels, not
      * the one-kernel step, which keeps a token's new K/V to itself. */
     int spec_round;
+    /* 1 (sample set, on a backend with ops->sample_masked): the forward
+     * computes the logits and does not sample them; sample_masked, called
+     * before the next forward, samples them with structured output's token
+     * masks. The engine launches the forward first and computes the masks
+     * while it runs (docs/structured.md, "Sampling"). */
+    int sample_deferred;
 } rp_batch;
+
+/* Token masks (structured output): bit id % 32 of word id / 32 is 1 where
+ * token id is allowed. Rows are rp_token_mask_words(vocab) words apart, a
+ * multiple of 4 so that each row starts 16-byte aligned in device memory;
+ * bits at vocab and past it are never read. */
+static inline int rp_token_mask_words(int vocab_size) { return (vocab_size + 127) / 128 * 4; }
 
 typedef struct rp_backend_config {
     int num_pages;  /* KV pages, excluding the dummy page the backend adds; 0: CUDA sizes it
@@ -112,6 +124,19 @@ typedef struct rp_backend_ops {
      * sample[i].top_logprobs, 0 where none were asked). Backends without
      * device sampling leave it NULL; the engine samples on the host. */
     int (*read_tokens)(rp_backend *b, int32_t *tokens, float *logprobs, rp_top_logprobs *top, rp_err *err);
+    /* Optional, with read_tokens: samples the last forward, launched with
+     * batch->sample_deferred, and must be called before the next forward.
+     * Row i (of the batch's num_logits) is sampled as the forward would
+     * have sampled it, after the logits of the tokens that mask row
+     * mask_of_row[i] (of masks, num_masks rows of rp_token_mask_words
+     * words) does not allow are set to -inf; mask_of_row[i] = -1: no mask.
+     * The same draws as without a mask (the row's seed and step), so a row
+     * whose mask allows everything gets the token it gets unmasked;
+     * mask_of_row NULL: no row is masked. Queued
+     * behind the forward: it returns before the device is done, and
+     * read_tokens returns the results as those of the forward. */
+    int (*sample_masked)(rp_backend *b, const uint32_t *masks, int num_masks, const int32_t *mask_of_row,
+                         rp_err *err);
     void (*destroy)(rp_backend *b);
     /* Optional. */
     void (*stats)(rp_backend *b, rp_backend_stats *out);

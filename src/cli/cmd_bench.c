@@ -696,6 +696,8 @@ static void offline_help(FILE *f) {
             "random weights need a bounded language: compact whitespace, bounded strings):\n"
             RP_STRUCTURED_OPTIONS_HELP
             "  --tokenizer DIR        the tokenizer a constraint needs, from DIR (default: the model's)\n"
+            "  --host-token-masks     apply the masks on the host, each constrained step's logits read\n"
+            "                         back (default: sent to the backend, computed while its step runs)\n"
             "\n");
     rp_engine_opts_help(f);
     fprintf(f, "\n");
@@ -704,10 +706,14 @@ static void offline_help(FILE *f) {
     rp_bench_output_help(f, RP_BENCH_PROGRESS_HELP);
 }
 
+/* bench offline's own option without a letter (next to the structured ones) */
+enum { OPT_HOST_TOKEN_MASKS = RP_STRUCTURED_OPT_LAST + 8 };
+
 static const struct option offline_options[] = {
     RP_MODEL_LONG_OPTIONS,
     RP_STRUCTURED_LONG_OPTIONS,
     {"tokenizer", required_argument, 0, 'T'},
+    {"host-token-masks", no_argument, 0, OPT_HOST_TOKEN_MASKS},
     {"num-prompts", required_argument, 0, 'n'},
     {"input-len", required_argument, 0, 'i'},
     {"output-len", required_argument, 0, 'o'},
@@ -832,6 +838,7 @@ static int bench_offline_with(int argc, char **argv, rp_structured_opts *so) {
             if (rp_parse_u64(optarg, &w.seed)) return rp_cli_usage_error(cmd, "--seed must be a non-negative integer");
             break;
         case 'T': tokenizer_dir = optarg; break;
+        case OPT_HOST_TOKEN_MASKS: ec.disable_device_masks = 1; break;
         default: {
             if (opt >= RP_STRUCTURED_OPT_FIRST && opt <= RP_STRUCTURED_OPT_LAST) {
                 if (rp_structured_opts_parse(so, opt, optarg, cmd)) return RP_EXIT_USAGE; /* reported */
@@ -971,6 +978,10 @@ static int bench_offline_with(int argc, char **argv, rp_structured_opts *so) {
     snprintf(lens, sizeof lens, "%ld / %.1f / %ld", min_out, (double)total_out_planned / submitted, max_out);
     printf("  %-30s %16s\n", "output length min / mean / max", lens);
     if (so->flag) printf("  %-34s %12s (every request)\n", "structured output", so->flag);
+    if (so->flag || st.masked_rows_device + st.masked_rows_host)
+        printf("  %-34s %12llu on the backend, %llu on the host%s\n", "masked rows sampled",
+               (unsigned long long)st.masked_rows_device, (unsigned long long)st.masked_rows_host,
+               ec.disable_device_masks ? " (--host-token-masks)" : "");
     printf("  %-34s %12.2f s\n", "time", elapsed);
     printf("  %-34s %12.2f\n", "requests/s", submitted / elapsed);
     printf("  %-34s %12.1f\n", "input tokens/s", total_in / elapsed);

@@ -468,11 +468,18 @@ static int run(int argc, char **argv) {
                  (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
                  st.spec_rounds ? 1.0 + (double)st.spec_accepted_tokens / st.spec_rounds : 0.0);
     }
+    char masks[96] = ""; /* where the structured output's masks were applied (docs/structured.md) */
+    if (so.flag) {
+        rp_engine_stats st;
+        rp_engine_get_stats(eng, &st);
+        snprintf(masks, sizeof masks, "; token masks: %llu on the backend, %llu on the host",
+                 (unsigned long long)st.masked_rows_device, (unsigned long long)st.masked_rows_host);
+    }
     fprintf(stderr,
             "[stats] prompt %d tokens, generated %d tokens (%s); prefill %.1f tok/s (%.3f s), "
-            "decode %.1f tok/s (%.3f s)%s%s\n",
+            "decode %.1f tok/s (%.3f s)%s%s%s\n",
             sc.prompt_tokens, sc.generated, finish_name(sc.finish), prefill_s > 0 ? sc.prompt_tokens / prefill_s : 0.0,
-            prefill_s, decode_s > 0 ? decode_tokens / decode_s : 0.0, decode_s, seed, spec);
+            prefill_s, decode_s > 0 ? decode_tokens / decode_s : 0.0, decode_s, seed, spec, masks);
     rc = sig ? rp_interrupt_exit_code(sig) : RP_EXIT_OK;
 out:
     rp_engine_destroy(eng);

@@ -44,6 +44,7 @@ void rp_batch_begin(rp_batch_builder *bb) {
     b->num_logits = 0;
     b->sample = NULL;
     b->spec_round = 0;
+    b->sample_deferred = 0;
     bb->seq_start[0] = 0;
 }
 

@@ -1,6 +1,7 @@
 /* Structured output in the engine (constraint.h): the structured vocabulary
- * built from the tokenizer once, constraints compiled at submit, and the
- * mask and advance around each host-side draw of a constrained request. */
+ * built from the tokenizer once, constraints compiled at submit, the mask
+ * and advance around each host-side draw of a constrained request, and a
+ * deferred step's masks for the backend. */
 #include "engine/constraint.h"
 
 #include <math.h>
@@ -133,7 +134,8 @@ out:
     return v;
 }
 
-/* The vocabulary and the mask row, built by the first caller. */
+/* The vocabulary and the mask row, and with device masks the rows of a
+ * whole step (each rp_token_mask_words apart), built by the first caller. */
 static int ensure_vocab(rp_engine *e, rp_error *err) {
     pthread_mutex_lock(&e->constraint_mu);
     int rc = 0;
@@ -141,11 +143,16 @@ static int ensure_vocab(rp_engine *e, rp_error *err) {
         rp_err verr = {0};
         rp_svocab *v = build_vocab(e, &verr);
         uint32_t *mask = v ? malloc((size_t)rp_svocab_mask_words(v) * sizeof *mask) : NULL;
-        if (v && mask) {
+        const size_t row_words = (size_t)rp_token_mask_words(e->run->model->cfg.vocab_size);
+        uint32_t *rows = v && e->device_masks ? calloc((size_t)e->max_logits * row_words, sizeof *rows) : NULL;
+        if (v && mask && (rows || !e->device_masks)) {
             e->svocab = v;
             e->mask = mask;
+            e->mask_rows = rows;
         } else if (v) {
             rp_svocab_free(v);
+            free(mask);
+            free(rows);
             rc = fail(err, RP_ERROR_OUT_OF_MEMORY, "", "out of memory");
         } else { /* the tokenizer's vocabulary as the matcher cannot take it: replay's fault, not the request's */
             rp_log_error("structured output: %s", verr.msg);
@@ -188,15 +195,85 @@ void rp_engine_constraint_end(rp_engine *e, rp_request *r, int k, rp_finish fin,
     rp_engine_finish(e, r, -1, 0, NULL, fin, error);
 }
 
-rp_finish rp_engine_constraint_apply(rp_engine *e, rp_request *r, float *logits) {
-    if (r->reasoning) return RP_FINISH_REASON_NONE;
-    if (rp_smatcher_fill_mask(r->matcher, e->mask)) {
-        rp_sampler_apply_mask(logits, e->run->model->cfg.vocab_size, e->mask);
-        return RP_FINISH_REASON_NONE;
-    }
+/* r's mask (not reasoning) into mask: NONE, or how r must end where the
+ * grammar allows no token. */
+static rp_finish fill_mask(rp_request *r, uint32_t *mask) {
+    if (rp_smatcher_fill_mask(r->matcher, mask)) return RP_FINISH_REASON_NONE;
     /* complete (EOS taken, or the vocabulary has no EOS to end it) or dead */
     const int done = rp_smatcher_is_accepting(r->matcher) || rp_smatcher_is_finished(r->matcher);
     return done ? RP_FINISH_REASON_STOP : RP_FINISH_REASON_GRAMMAR;
+}
+
+rp_finish rp_engine_constraint_apply(rp_engine *e, rp_request *r, float *logits) {
+    if (r->reasoning) return RP_FINISH_REASON_NONE;
+    const rp_finish fin = fill_mask(r, e->mask);
+    if (fin == RP_FINISH_REASON_NONE) {
+        rp_sampler_apply_mask(logits, e->run->model->cfg.vocab_size, e->mask);
+        e->stats.masked_rows_host++;
+    }
+    return fin;
+}
+
+/* A speculative round's masks (item i of st, d drafts): position j's mask
+ * is the matcher's after drafts 0..j-1, which the round uses only where
+ * they are all kept; the matcher takes the drafts here and gives them back
+ * at the end. Returns the masks made. */
+static int fill_round(rp_engine *e, const rp_step *st, int i, int n, int words) {
+    rp_request *r = st->items[i].req;
+    const int d = st->items[i].draft, row0 = st->logit_row[i];
+    const int32_t *draft = r->tokens + r->num_prompt + st->out_index[i];
+    int reasoning = r->reasoning, taken = 0;
+    const int n0 = n;
+    for (int j = 0; j <= d; j++) {
+        if (!reasoning) {
+            const rp_finish fin = fill_mask(r, e->mask_rows + (size_t)n * words);
+            if (fin != RP_FINISH_REASON_NONE) {
+                /* nothing allowed after the drafts before j: the round ends r
+                 * there if it keeps them all (at once where j = 0) */
+                if (j == 0) rp_engine_constraint_end(e, r, st->out_index[i], fin, NULL);
+                else e->mask_end[row0 + j] = fin;
+                break;
+            }
+            e->mask_of_row[row0 + j] = n++;
+        }
+        if (j == d) break;
+        if (reasoning) {
+            reasoning = draft[j] != r->reasoning_end;
+        } else if (rp_smatcher_accept_token(r->matcher, draft[j])) {
+            /* refused (drafts are cut before launch, so this is only a
+             * guard): the mask just made leaves draft j out, so no token
+             * drawn at j is it and the positions after are never used */
+            break;
+        } else {
+            taken++;
+        }
+    }
+    rp_smatcher_rollback(r->matcher, taken);
+    return n - n0;
+}
+
+int rp_engine_constraint_fill_rows(rp_engine *e, const rp_step *st) {
+    const int words = rp_token_mask_words(e->run->model->cfg.vocab_size);
+    int n = 0;
+    for (int i = 0; i < st->num_logits; i++) e->mask_of_row[i] = -1, e->mask_end[i] = RP_FINISH_REASON_NONE;
+    for (int i = 0; i < st->n; i++) {
+        rp_request *r = st->items[i].req;
+        if (!st->items[i].samples || !r->matcher || r->retiring) continue;
+        if (st->items[i].draft) {
+            n += fill_round(e, st, i, n, words);
+            continue;
+        }
+        if (r->reasoning) continue;
+        const rp_finish fin = fill_mask(r, e->mask_rows + (size_t)n * words);
+        if (fin == RP_FINISH_REASON_NONE) {
+            e->mask_of_row[st->logit_row[i]] = n++;
+            continue;
+        }
+        /* its row is sampled unmasked and dropped: r has ended before it */
+        rp_engine_constraint_end(e, r, st->out_index[i], fin, NULL);
+    }
+    e->stats.masked_rows_device += (uint64_t)n;
+    return n;
 }
 
 int rp_engine_constraint_mask(rp_engine *e, rp_request *r, int k, float *logits) {
@@ -236,6 +313,8 @@ int rp_engine_constraint_drafts(rp_request *r) {
 void rp_engine_constraint_free(rp_engine *e) {
     rp_svocab_free(e->svocab);
     free(e->mask);
+    free(e->mask_rows);
     e->svocab = NULL;
     e->mask = NULL;
+    e->mask_rows = NULL;
 }

@@ -68,9 +68,16 @@ void rp_engine_verify_round(rp_engine *e, const rp_step *st, int i) {
     const rp_top_logprobs *top[RP_SPEC_MAX_K + 1];
     for (int j = 0; j <= d; j++) {
         if (st->device_sampling) { /* sampled on the device, row by row as draft.h says */
+            /* structured output: masked after the kept drafts before it
+             * (rp_engine_constraint_fill_rows), or nothing was allowed there */
+            if (r->matcher && (end = e->mask_end[row0 + j])) break;
             tok[j] = e->dev_tokens[row0 + j];
             lp[j] = e->dev_logprobs[row0 + j];
             top[j] = &e->dev_top[row0 + j];
+            if (r->matcher && rp_engine_constraint_take(r, tok[j])) {
+                end = RP_FINISH_REASON_ERROR;
+                break;
+            }
         } else {
             float *logits = e->run->logits + (size_t)(row0 + j) * vocab;
             if (r->matcher && (end = rp_engine_constraint_apply(e, r, logits))) break;

@@ -424,6 +424,8 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
      * before the next one is launched */
     e->overlap = e->run->backend->supports_token_refs && !cfg->disable_overlap && !cfg->speculative_method;
     e->spec_k = cfg->speculative_method ? cfg->num_speculative_tokens : 0;
+    e->device_masks = e->run->backend->ops->sample_masked != NULL && e->run->backend->ops->read_tokens != NULL &&
+                      !cfg->disable_device_masks;
     if (e->run->backend->forward_is_synchronous && cfg->step_ms_target >= 0) {
         e->step_ms = cfg->step_ms_target ? cfg->step_ms_target : DEFAULT_CPU_STEP_MS;
         e->step_min_tokens = STEP_MIN_PROMPT_TOKENS;
@@ -435,11 +437,13 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
     e->dev_tokens = calloc((size_t)e->max_logits, sizeof *e->dev_tokens);
     e->dev_logprobs = calloc((size_t)e->max_logits, sizeof *e->dev_logprobs);
     e->dev_top = calloc((size_t)e->max_logits, sizeof *e->dev_top);
+    e->mask_of_row = malloc((size_t)e->max_logits * sizeof *e->mask_of_row);
+    e->mask_end = calloc((size_t)e->max_logits, sizeof *e->mask_end);
     e->spec_top = calloc(RP_SPEC_MAX_K + 1, sizeof *e->spec_top);
     e->draft_reqs = calloc(RP_SPEC_MAX_ROWS, sizeof *e->draft_reqs);
     e->draft_want = calloc(RP_SPEC_MAX_ROWS, sizeof *e->draft_want);
     if (!e->sched || !e->sampler || !e->retiring || !e->dev_params || !e->dev_tokens || !e->dev_logprobs ||
-        !e->dev_top || !e->spec_top || !e->draft_reqs || !e->draft_want)
+        !e->dev_top || !e->spec_top || !e->draft_reqs || !e->draft_want || !e->mask_of_row || !e->mask_end)
         goto oom;
     e->stats.kv_pages_total = num_pages;
     e->stats.max_total_tokens = num_pages * cfg->page_size;
@@ -507,6 +511,8 @@ void rp_engine_destroy(rp_engine *e) {
     free(e->dev_tokens);
     free(e->dev_logprobs);
     free(e->dev_top);
+    free(e->mask_of_row);
+    free(e->mask_end);
     free(e->spec_top);
     free(e->draft_reqs);
     free(e->draft_want);

@@ -31,6 +31,11 @@ typedef struct rp_step {
      * row (-1: none) */
     int *chunk_start, *prompt_row;
     int device_sampling;
+    /* device sampling waits for the constrained rows' masks
+     * (rp_batch.sample_deferred): step.c computes them once the step
+     * before has been collected, then the backend samples */
+    int deferred;
+    int num_logits;
     /* for the stats by kind, counted when the step completes */
     int kind, tokens, prompt_tokens, graph;
 } rp_step;
@@ -86,6 +91,16 @@ struct rp_engine {
     pthread_mutex_t constraint_mu;
     struct rp_svocab *svocab;
     uint32_t *mask;
+    /* device masks (the backend has sample_masked, cfg.disable_device_masks
+     * unset): a deferred step's masks, [max_logits][rp_token_mask_words]
+     * (made with the vocabulary), and each logit row's mask or -1 */
+    int device_masks;
+    uint32_t *mask_rows;
+    int32_t *mask_of_row;
+    /* [max_logits]: a speculative round's position where the grammar allows
+     * nothing after the drafts before it: how the request ends there if
+     * the round reaches it (draft.c); RP_FINISH_REASON_NONE elsewhere */
+    rp_finish *mask_end;
     /* a synchronous backend's steps are sized to take about step_ms (0: not
      * sized), feeding at least step_min_tokens prompt tokens */
     int step_ms, step_min_tokens;

@@ -8,7 +8,13 @@
  * samples into, so the host's scheduling and streaming hide behind the
  * device's work. A request that finishes in step N has already been fed into
  * step N + 1: that provisional token is dropped, and the request's pages stay
- * until step N + 1 has completed (output.c's retiring list). */
+ * until step N + 1 has completed (output.c's retiring list).
+ *
+ * Structured output: a step with constrained requests is launched with its
+ * sampling deferred (the forward does not need the masks, only the
+ * sampler does); step N is collected, which advances the matchers, then
+ * step N + 1's masks are computed and the backend samples it with them, all
+ * while its forward runs. */
 #include <string.h>
 
 #include "engine/constraint.h"
@@ -24,21 +30,23 @@ static int needs_host_logits(const rp_request *r) {
     return rp_logit_proc_active(r, r->num_output) || rp_request_wants_prompt_logits(r);
 }
 
-/* Penalties over the request's history, structured output's mask
- * (constraint.h) and the logit processors are applied on the host. */
-static int needs_host_sampler(const rp_request *r) {
+/* Penalties over the request's history and the logit processors are
+ * applied on the host, and so is structured output's mask where the
+ * backend does not sample with masks (constraint.h). */
+static int needs_host_sampler(const rp_engine *e, const rp_request *r) {
     const rp_sampling_params *p = &r->sampling;
     return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
-           r->matcher != NULL || needs_host_logits(r);
+           (r->matcher != NULL && !e->device_masks) || needs_host_logits(r);
 }
 
 /* Whether any request's sampling needs the host sampler (penalties over its
  * history): such a step cannot overlap. */
-static int any_needs_host_sampler(const rp_scheduler *s) {
+static int any_needs_host_sampler(const rp_engine *e) {
+    const rp_scheduler *s = e->sched;
     for (int i = 0; i < s->num_running; i++)
-        if (needs_host_sampler(s->running[i])) return 1;
+        if (needs_host_sampler(e, s->running[i])) return 1;
     for (const rp_request *w = s->wait_head; w; w = w->next)
-        if (needs_host_sampler(w)) return 1;
+        if (needs_host_sampler(e, w)) return 1;
     return 0;
 }
 
@@ -107,7 +115,7 @@ static int launch_step(rp_engine *e) {
     rp_step *st = &e->steps[slot];
     rp_batch_begin(run->bb);
     st->device_sampling = run->backend->ops->read_tokens != NULL;
-    int prompt_tokens = 0;
+    int prompt_tokens = 0, constrained = 0;
     for (int i = 0; i < n; i++) {
         rp_sched_item *it = &s->plan[i];
         rp_request *r = it->req;
@@ -130,9 +138,12 @@ static int launch_step(rp_engine *e) {
         }
         st->out_index[i] = r->num_output;
         if (it->samples) {
-            if (needs_host_sampler(r)) st->device_sampling = 0;
+            if (needs_host_sampler(e, r)) st->device_sampling = 0;
+            /* a round's positions too: each masked after the drafts before it (rp_engine_constraint_fill_rows) */
+            constrained |= r->matcher != NULL;
             /* a round's rows: position j is output number num_output + j (its RNG counter); without
-             * penalties no row depends on the drafts kept before it, so the device samples them all */
+             * penalties no row depends on the drafts kept before it (a mask depends on the drafts
+             * before it, which are known now), so the device samples them all */
             for (int j = 0; j <= it->draft; j++) {
                 e->dev_params[st->logit_row[i] + j] = r->sampling;
                 e->dev_params[st->logit_row[i] + j].step = (uint64_t)(r->num_output + j);
@@ -141,6 +152,12 @@ static int launch_step(rp_engine *e) {
     }
     rp_batch *bt = rp_batch_finish(run->bb);
     bt->sample = st->device_sampling ? e->dev_params : NULL;
+    /* Constrained rows sampled on the device: their masks come after the
+     * launch (sample_deferred_step); a step without them samples as it
+     * always has. */
+    st->deferred = st->device_sampling && constrained;
+    bt->sample_deferred = st->deferred;
+    st->num_logits = bt->num_logits;
     e->cpu_ms_total += (rp_now_s() - t0) * 1e3;
     rp_err err;
     double t_forward = rp_now_s();
@@ -212,6 +229,8 @@ void rp_engine_collect_step(rp_engine *e, int slot) {
             tok = e->dev_tokens[row];
             lp = e->dev_logprobs[row];
             top = &e->dev_top[row];
+            /* drawn from the masked row (a deferred step): the matcher takes it */
+            if (r->matcher && rp_engine_constraint_accept(e, r, k, tok)) continue;
         } else {
             float *logits = e->run->logits + (size_t)row * vocab;
             rp_logit_proc_apply(r, &e->run->model->cfg, k, logits);
@@ -225,21 +244,40 @@ void rp_engine_collect_step(rp_engine *e, int slot) {
     rp_engine_release_retired(e);
 }
 
+/* A step launched with deferred sampling, once the step before it has been
+ * collected: its masks from the matchers, which have taken every token
+ * before this step's, then the backend samples it, queued behind its
+ * forward. The host did this while the device ran the forward; the device
+ * waits for it only where the masks take longer than the forward. */
+static void sample_deferred_step(rp_engine *e, int slot) {
+    rp_step *st = &e->steps[slot];
+    if (!st->active) return; /* the collect before failed: every request has ended */
+    const int num_masks = rp_engine_constraint_fill_rows(e, st);
+    rp_backend *be = e->run->backend;
+    rp_err err;
+    if (be->ops->sample_masked(be, e->mask_rows, num_masks, e->mask_of_row, &err)) {
+        rp_log_error("sampling with token masks failed: %s", err.msg);
+        fail_running(e, err.msg);
+    }
+}
+
 /* Without overlap: launch, wait, collect. With overlap: launch step N + 1
- * first, then collect step N while the device runs N + 1. */
+ * first, then collect step N while the device runs N + 1 (and a deferred
+ * step N + 1 is sampled after that, its masks made from step N's tokens). */
 void rp_engine_step(rp_engine *e) {
     rp_step *prev = &e->steps[e->cur_step];
     int had_prev = e->overlap && prev->active;
     int prev_slot = e->cur_step;
     /* The host needs real tokens (penalties), or the step in flight sampled
      * on the host so the device holds no tokens to refer to: no overlap now. */
-    if (had_prev && (!prev->device_sampling || any_needs_host_sampler(e->sched))) {
+    if (had_prev && (!prev->device_sampling || any_needs_host_sampler(e))) {
         rp_engine_collect_step(e, prev_slot);
         had_prev = 0;
     }
     int slot = launch_step(e);
     if (had_prev) rp_engine_collect_step(e, prev_slot);
-    if (slot >= 0 && !e->overlap) rp_engine_collect_step(e, slot);
+    if (slot >= 0 && e->steps[slot].deferred) sample_deferred_step(e, slot);
+    if (slot >= 0 && !e->overlap && e->steps[slot].active) rp_engine_collect_step(e, slot);
     if (slot < 0 && !had_prev) {
         /* Nothing launched and nothing in flight: a request that cannot be
          * scheduled (submit checks that each fits the pool); fail it rather

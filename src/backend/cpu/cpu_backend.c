@@ -47,6 +47,10 @@ typedef struct cpu_backend {
     float *lp_slot[2];
     rp_top_logprobs *top_slot[2];
     int slot_n[2], slot_sampled[2], cur_slot, num_pending;
+    /* a forward with sample_deferred: its rows' sampling parameters, kept
+     * for sample_masked (the batch's arrays are the caller's) */
+    int deferred;
+    rp_sampling_params *deferred_params; /* [max_logit_rows] */
 } cpu_backend;
 
 /* ---- building blocks -------------------------------------------------- */
@@ -163,6 +167,28 @@ static void attention(cpu_backend *cb, const rp_batch *bt, int layer) {
     }
 }
 
+/* Samples the last forward's rows into its result slot, as the GPU does:
+ * row i with params[i], after the mask masks + mask_of_row[i] rows (-1 or
+ * mask_of_row NULL: none) is applied by the host sampler's own code. */
+static void sample_rows(cpu_backend *cb, const rp_sampling_params *params, int n, const uint32_t *masks,
+                        const int32_t *mask_of_row) {
+    const int V = cb->base.model->cfg.vocab_size, words = rp_token_mask_words(V), slot = cb->cur_slot;
+    for (int i = 0; i < n; i++) {
+        const rp_sampling_params *sp = &params[i];
+        /* the row as the GPU reads it: no history here, so no penalties */
+        rp_sampling_params p = *sp;
+        p.top_p = sp->top_p > 0 && sp->top_p <= 1 ? sp->top_p : 1.0f; /* 0: an unset row, as on the GPU */
+        p.top_logprobs = sp->top_logprobs > 0 && sp->top_logprobs <= RP_MAX_TOP_LOGPROBS ? sp->top_logprobs : 0;
+        p.repetition_penalty = 1.0f;
+        p.presence_penalty = p.frequency_penalty = 0.0f;
+        memcpy(cb->sample_row, cb->logits + (size_t)i * V, (size_t)V * sizeof(float));
+        if (mask_of_row && mask_of_row[i] >= 0)
+            rp_sampler_apply_mask(cb->sample_row, V, masks + (size_t)mask_of_row[i] * words);
+        cb->tok_slot[slot][i] = rp_sampler_sample_top(cb->sampler, &p, cb->sample_row, NULL, 0, NULL, 0, sp->step,
+                                                      &cb->lp_slot[slot][i], &cb->top_slot[slot][i]);
+    }
+}
+
 static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     cpu_backend *cb = (cpu_backend *)b;
     const rp_model *m = b->model;
@@ -173,6 +199,7 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     const float eps = (float)c->rms_norm_eps;
 
     if (cb->num_pending >= 2) return rp_errf(err, "two forwards in flight: read the older one's results first");
+    if (cb->deferred) return rp_errf(err, "the last forward deferred its sampling: call sample_masked first");
     const int32_t *prev = cb->tok_slot[cb->cur_slot];
     const rp_weight *emb = rp_model_weight(m, RP_W_EMBED, 0);
     for (int t = 0; t < T; t++) {
@@ -234,21 +261,27 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     cb->slot_n[slot] = bt->num_logits;
     cb->slot_sampled[slot] = bt->sample != NULL;
     cb->num_pending++;
-    if (bt->sample) {
-        const int V = c->vocab_size;
-        for (int i = 0; i < bt->num_logits; i++) {
-            const rp_sampling_params *sp = &bt->sample[i];
-            /* the row as the GPU reads it: no history here, so no penalties */
-            rp_sampling_params p = *sp;
-            p.top_p = sp->top_p > 0 && sp->top_p <= 1 ? sp->top_p : 1.0f; /* 0: an unset row, as on the GPU */
-            p.top_logprobs = sp->top_logprobs > 0 && sp->top_logprobs <= RP_MAX_TOP_LOGPROBS ? sp->top_logprobs : 0;
-            p.repetition_penalty = 1.0f;
-            p.presence_penalty = p.frequency_penalty = 0.0f;
-            memcpy(cb->sample_row, cb->logits + (size_t)i * V, (size_t)V * sizeof(float));
-            cb->tok_slot[slot][i] = rp_sampler_sample_top(cb->sampler, &p, cb->sample_row, NULL, 0, NULL, 0, sp->step,
-                                                          &cb->lp_slot[slot][i], &cb->top_slot[slot][i]);
-        }
+    cb->deferred = bt->sample_deferred;
+    if (bt->sample_deferred) { /* sampled by sample_masked */
+        cb->slot_sampled[slot] = 0;
+        memcpy(cb->deferred_params, bt->sample, (size_t)bt->num_logits * sizeof *bt->sample);
+    } else if (bt->sample) {
+        sample_rows(cb, bt->sample, bt->num_logits, NULL, NULL);
     }
+    return 0;
+}
+
+static int cpu_sample_masked(rp_backend *b, const uint32_t *masks, int num_masks, const int32_t *mask_of_row,
+                             rp_err *err) {
+    cpu_backend *cb = (cpu_backend *)b;
+    if (!cb->deferred) return rp_errf(err, "the last forward did not defer its sampling");
+    const int n = cb->slot_n[cb->cur_slot];
+    for (int i = 0; mask_of_row && i < n; i++)
+        if (mask_of_row[i] < -1 || mask_of_row[i] >= num_masks)
+            return rp_errf(err, "logit row %d names mask %d of %d", i, mask_of_row[i], num_masks);
+    sample_rows(cb, cb->deferred_params, n, masks, mask_of_row);
+    cb->slot_sampled[cb->cur_slot] = 1;
+    cb->deferred = 0;
     return 0;
 }
 
@@ -285,12 +318,16 @@ static void cpu_destroy(rp_backend *b) {
         free(cb->top_slot[k]);
     }
     free(cb->sample_row);
+    free(cb->deferred_params);
     rp_sampler_free(cb->sampler);
     free(cb);
 }
 
-static const rp_backend_ops cpu_ops = {
-    .forward = cpu_forward, .read_logits = cpu_read_logits, .read_tokens = cpu_read_tokens, .destroy = cpu_destroy};
+static const rp_backend_ops cpu_ops = {.forward = cpu_forward,
+                                       .read_logits = cpu_read_logits,
+                                       .read_tokens = cpu_read_tokens,
+                                       .sample_masked = cpu_sample_masked,
+                                       .destroy = cpu_destroy};
 
 static float *alloc_f32(int64_t n, int *failed) {
     float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
@@ -347,6 +384,8 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
         if (!cb->tok_slot[k] || !cb->lp_slot[k] || !cb->top_slot[k]) failed = 1;
     }
     cb->sample_row = alloc_f32(c->vocab_size, &failed);
+    cb->deferred_params = calloc((size_t)L, sizeof *cb->deferred_params);
+    if (!cb->deferred_params) failed = 1;
     cb->sampler = rp_sampler_new(c->vocab_size);
     if (!cb->sampler) failed = 1;
     cb->base.supports_token_refs = 1;

@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_state.h"
 #include "backend/cuda/cuda_util.h"
+#include "backend/cuda/token_mask.h"
 #include "model/rope.h"
 #include "util/log.h"
 
@@ -42,12 +43,35 @@ int rp_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
     return 0;
 }
 
+/* The slot's results back to its pinned buffers after the sampling kernels
+ * (where those do not write them there themselves). */
+static int queue_result_copies(rp_cuda_backend *cb, rp_cuda_slot *sl, int num_logits, rp_err *err) {
+    /* tokens and logprobs in one copy: two rows of the 2-D layout */
+    const size_t pitch = (size_t)cb->max_logits * 4;
+    if (!sl->d_tokens_host)
+        RP_CUDA_TRY(cudaMemcpy2DAsync(sl->h_tokens, pitch, cb->d_tokens, pitch, (size_t)num_logits * 4, 2,
+                                      cudaMemcpyDeviceToHost, cb->stream),
+                    err);
+    if (sl->top) /* only when asked: ~164 bytes a row */
+        RP_CUDA_TRY(cudaMemcpyAsync(sl->h_top, cb->d_top, (size_t)num_logits * sizeof(rp_top_logprobs),
+                                    cudaMemcpyDeviceToHost, cb->stream),
+                    err);
+    return 0;
+}
+
 static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     rp_cuda_backend *cb = (rp_cuda_backend *)b;
     if (rp_batch_validate(bt, b, err)) return RP_ERR;
+    if (cb->slots[cb->cur_slot].deferred)
+        return rp_errf(err, "the last forward deferred its sampling: call sample_masked first");
     const int S = bt->num_seqs, T = bt->num_tokens;
     int decode = T == S;
     int sample = bt->sample != NULL;
+    /* Deferred sampling (structured output): the forward runs the same
+     * launches, captured or not, but its sampling kernels see the skip flag
+     * of the metadata block (cuda_meta.c) and do nothing; sample_masked
+     * samples once the masks are here. sample_now: this forward samples. */
+    const int deferred = bt->sample_deferred != 0, sample_now = sample && !deferred;
     /* A pure decode batch whose every row wants logits runs padded to its
      * bucket, replayed from the bucket's graph where captured, else eagerly
      * with the same launches (so graphs on and off compute the same). */
@@ -61,12 +85,15 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     cb->cur_slot ^= 1;
     rp_cuda_slot *sl = &cb->slots[cb->cur_slot];
     sl->top = 0;
-    int greedy = sample;
+    /* the one-kernel step's in-kernel pick takes no mask: a deferred step
+     * runs the separate sampling kernels, never an unmasked pick */
+    int greedy = sample_now;
     for (int i = 0; sample && i < bt->num_logits; i++) {
         if (bt->sample[i].top_logprobs > 0) sl->top = 1;
         if (bt->sample[i].top_logprobs > 0 || bt->sample[i].temperature != 0.0f) greedy = 0;
     }
-    sl->sampled = sample;
+    sl->sampled = sample_now;
+    sl->deferred = 0; /* set once the forward is queued: a failed one leaves nothing to sample */
     sl->num_logits = bt->num_logits;
     if (cudaSetDevice(cb->device) != cudaSuccess) return rp_errf(err, "cudaSetDevice(%d) failed", cb->device);
     /* a step with prompt chunks: padded to its token bucket */
@@ -103,39 +130,79 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         RP_CUDA_TRY(cudaGraphLaunch(bk->exec, cb->stream), err);
         cb->stats.graph_replays++;
     } else if (bk) {
+        /* eagerly a deferred step launches no sampling kernels at all */
         if (rp_cuda_launch_forward(cb, bk->tokens, bk->attn.dec_seqs, bk->logits, 0, &bk->attn,
-                                   sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
+                                   sample_now ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
             return RP_ERR;
     } else if (g) {
         if (rp_cuda_launch_forward(cb, P, P, P, 1, NULL,
-                                   greedy ? RP_SAMPLE_PICK : sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
+                                   greedy ? RP_SAMPLE_PICK : sample_now ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
             return RP_ERR;
     } else {
         if (rp_cuda_launch_forward(cb, T, S, bt->num_logits, decode, NULL,
-                                   greedy ? RP_SAMPLE_PICK : sample ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
+                                   greedy ? RP_SAMPLE_PICK : sample_now ? RP_SAMPLE_KERNELS : RP_SAMPLE_NONE, err))
             return RP_ERR;
     }
     /* The greedy pick and (mapped buffers) the sampling kernels wrote them
      * into the slot's pinned buffers themselves. */
-    if (sample && !greedy) {
-        /* tokens and logprobs in one copy: two rows of the 2-D layout */
-        const size_t pitch = (size_t)cb->max_logits * 4;
-        if (!sl->d_tokens_host)
-            RP_CUDA_TRY(cudaMemcpy2DAsync(sl->h_tokens, pitch, cb->d_tokens, pitch, (size_t)bt->num_logits * 4, 2,
-                                          cudaMemcpyDeviceToHost, cb->stream),
-                        err);
-        if (sl->top) /* only when asked: ~164 bytes a row */
-            RP_CUDA_TRY(cudaMemcpyAsync(sl->h_top, cb->d_top,
-                                        (size_t)bt->num_logits * sizeof(rp_top_logprobs), cudaMemcpyDeviceToHost,
-                                        cb->stream),
-                        err);
-    }
+    if (sample_now && !greedy && queue_result_copies(cb, sl, bt->num_logits, err)) return RP_ERR;
     RP_CUDA_TRY(cudaEventRecord(sl->ev_end, cb->stream), err);
     cb->stats.last_pack_ms = (t1 - t0) * 1e3;
     cb->stats.last_launch_ms = (rp_now_s() - t1) * 1e3;
     cb->stats.forwards++;
     cb->timing_pending = 1;
     cb->num_pending++;
+    sl->deferred = deferred;
+    return 0;
+}
+
+/* The deferred forward's sampling, queued behind it: the masks the engine
+ * computed while the forward ran go to the device on the mask stream (the
+ * copy overlaps the forward's end), the mask kernel waits for them and sets
+ * the disallowed logits to -inf, then the sampling kernels run as they do
+ * in a forward, over the batch's rows only. */
+static int cuda_sample_masked(rp_backend *b, const uint32_t *masks, int num_masks, const int32_t *mask_of_row,
+                              rp_err *err) {
+    rp_cuda_backend *cb = (rp_cuda_backend *)b;
+    rp_cuda_slot *sl = &cb->slots[cb->cur_slot];
+    if (!sl->deferred) return rp_errf(err, "the last forward did not defer its sampling");
+    const int n = sl->num_logits, V = b->model->cfg.vocab_size;
+    if (num_masks < 0 || num_masks > cb->max_logits)
+        return rp_errf(err, "%d token masks (at most %d)", num_masks, cb->max_logits);
+    int masked = 0;
+    for (int i = 0; mask_of_row && i < n; i++) {
+        if (mask_of_row[i] < -1 || mask_of_row[i] >= num_masks)
+            return rp_errf(err, "logit row %d names mask %d of %d", i, mask_of_row[i], num_masks);
+        masked |= mask_of_row[i] >= 0;
+    }
+    RP_CUDA_TRY(cudaSetDevice(cb->device), err);
+    if (masked) {
+        /* The slot's pinned block: free, since the slot's previous forward
+         * was read before this one was launched. One copy brings the rows'
+         * indices and the masks named (the block's gap between them is at
+         * most max_logits ints). */
+        const size_t mask_bytes = (size_t)num_masks * (size_t)cb->mask_words * 4;
+        memcpy(sl->h_mask, mask_of_row, (size_t)n * 4);
+        memcpy(sl->h_mask + cb->mask_masks_off, masks, mask_bytes);
+        RP_CUDA_TRY(cudaStreamWaitEvent(cb->mask_stream, cb->ev_mask_free, 0), err);
+        RP_CUDA_TRY(cudaMemcpyAsync(cb->d_mask_of_row, sl->h_mask, cb->mask_masks_off + mask_bytes,
+                                    cudaMemcpyHostToDevice, cb->mask_stream),
+                    err);
+        RP_CUDA_TRY(cudaEventRecord(cb->ev_mask_ready, cb->mask_stream), err);
+        RP_CUDA_TRY(cudaStreamWaitEvent(cb->stream, cb->ev_mask_ready, 0), err);
+        RP_LAUNCH(rp_k_apply_token_mask(cb->logits, cb->d_mask_of_row, cb->d_masks, n, V, cb->mask_words,
+                                        cb->stream),
+                  err);
+        RP_CUDA_TRY(cudaEventRecord(cb->ev_mask_free, cb->stream), err);
+    }
+    /* the profile times the forward alone: these launches leave no marks */
+    const int prof_n = cb->prof_n;
+    const int rc = rp_cuda_launch_sample(cb, n, NULL, err);
+    cb->prof_n = prof_n;
+    if (rc || queue_result_copies(cb, sl, n, err)) return RP_ERR;
+    RP_CUDA_TRY(cudaEventRecord(sl->ev_end, cb->stream), err);
+    sl->deferred = 0;
+    sl->sampled = 1;
     return 0;
 }
 
@@ -227,11 +294,15 @@ static void cuda_destroy(rp_backend *b) {
         if (sl->h_meta) cudaFreeHost(sl->h_meta);
         if (sl->h_tokens) cudaFreeHost(sl->h_tokens);
         if (sl->h_top) cudaFreeHost(sl->h_top);
+        if (sl->h_mask) cudaFreeHost(sl->h_mask);
         if (sl->ev_start) cudaEventDestroy(sl->ev_start);
         if (sl->ev_end) cudaEventDestroy(sl->ev_end);
     }
     for (int i = 0; i < RP_PROF_MAX; i++)
         if (cb->prof_events[i]) cudaEventDestroy(cb->prof_events[i]);
+    if (cb->ev_mask_ready) cudaEventDestroy(cb->ev_mask_ready);
+    if (cb->ev_mask_free) cudaEventDestroy(cb->ev_mask_free);
+    if (cb->mask_stream) cudaStreamDestroy(cb->mask_stream);
 
     if (cb->stream) cudaStreamDestroy(cb->stream);
     free(cb->w.layers);
@@ -242,6 +313,7 @@ static const rp_backend_ops cuda_ops = {
     .forward = cuda_forward,
     .read_logits = cuda_read_logits,
     .read_tokens = cuda_read_tokens,
+    .sample_masked = cuda_sample_masked,
     .destroy = cuda_destroy,
     .stats = cuda_stats,
     .set_graphs = cuda_set_graphs,
@@ -258,6 +330,10 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     const size_t prefill_ws = rp_attn_prefill_workspace_bytes((int)T, c->num_heads, c->head_dim, cb->num_sms);
     if (prefill_ws > attn_ws) attn_ws = prefill_ws;
     size_t sample_ws = rp_sample_workspace_bytes(cb->max_logits, c->vocab_size);
+    /* token masks: every logit row's mask index, then a mask per row */
+    cb->mask_words = rp_token_mask_words(c->vocab_size);
+    cb->mask_masks_off = rp_align_up(Lg * 4, 256);
+    const size_t mask_block = cb->mask_masks_off + Lg * (size_t)cb->mask_words * 4;
     struct {
         void **ptr;
         size_t bytes;
@@ -278,6 +354,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         {(void **)&cb->d_top, Lg * sizeof(rp_top_logprobs)},
         {&cb->attn_ws, attn_ws},
         {&cb->sample_ws, sample_ws},
+        {(void **)&cb->d_mask_of_row, mask_block},
         {&cb->ds_ws, rp_decode_step_workspace_bytes(c->num_heads, c->num_kv_heads)},
     };
     size_t total = 0;
@@ -289,6 +366,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         p += rp_align_up(parts[i].bytes, 256);
     }
     cb->d_logprobs = (float *)(cb->d_tokens + Lg);
+    cb->d_masks = (uint32_t *)((uint8_t *)cb->d_mask_of_row + cb->mask_masks_off);
     cb->attn_ws_bytes = attn_ws;
     /* a step's padding rows are never written by attention: zeros, not
      * whatever the allocation held, go through the products after it */
@@ -308,6 +386,7 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         RP_CUDA_TRY(cudaMallocHost((void **)&sl->h_tokens, 2 * Lg * 4), err);
         sl->h_logprobs = (float *)(sl->h_tokens + Lg);
         RP_CUDA_TRY(cudaMallocHost((void **)&sl->h_top, Lg * sizeof(rp_top_logprobs)), err);
+        RP_CUDA_TRY(cudaMallocHost((void **)&sl->h_mask, mask_block), err);
     }
     /* The sampling kernels and the greedy pick write each step's results
      * straight into the slot's pinned buffers through their mapped device
@@ -397,7 +476,10 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     }
     cb->hbm_peak_gbs = 2.0 * mem_khz * 1e3 * (bus_bits / 8) / 1e9; /* double data rate */
     cb->base.supports_token_refs = 1;
-    int streams_ok = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking) == cudaSuccess;
+    int streams_ok = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking) == cudaSuccess &&
+                     cudaStreamCreateWithFlags(&cb->mask_stream, cudaStreamNonBlocking) == cudaSuccess &&
+                     cudaEventCreateWithFlags(&cb->ev_mask_ready, cudaEventDisableTiming) == cudaSuccess &&
+                     cudaEventCreateWithFlags(&cb->ev_mask_free, cudaEventDisableTiming) == cudaSuccess;
     for (int k = 0; k < 2 && streams_ok; k++)
         streams_ok = cudaEventCreate(&cb->slots[k].ev_start) == cudaSuccess &&
                      cudaEventCreate(&cb->slots[k].ev_end) == cudaSuccess;

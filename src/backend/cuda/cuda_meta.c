@@ -22,6 +22,9 @@ int rp_cuda_plan_meta(rp_cuda_backend *cb, rp_err *err) {
     cb->meta.off_page_row = o, o += S * 4;
     cb->meta.off_logit_token = o, o += L * 4;
     cb->meta.off_out_slot = o, o += 4; /* which host slot the step's results go to (rp_decode_step.pick_host) */
+    /* 1: the step's sampling waits for token masks (rp_batch.sample_deferred):
+     * the sampling kernels of its forward, captured or not, do nothing */
+    cb->meta.off_skip_sample = o, o += 4;
     o = rp_align_up(o, 16);
     cb->meta.off_params = o, o += L * sizeof(rp_sampling_params);
     o = rp_align_up(o, 16);
@@ -74,6 +77,7 @@ static int pack_meta(rp_cuda_backend *cb, const rp_batch *bt, int padded_seqs, s
     copy_bytes_n(kv_len, bt->seq_kv_len, (size_t)S * 4);
     copy_bytes_n(logit_token, bt->logit_token, (size_t)bt->num_logits * 4);
     *RP_META(cb, h, off_out_slot, int32_t) = cb->cur_slot;
+    *RP_META(cb, h, off_skip_sample, int32_t) = bt->sample_deferred != 0;
     if (bt->sample) copy_bytes_n(params, bt->sample, (size_t)bt->num_logits * sizeof *params);
     else memset(params, 0, (size_t)bt->num_logits * sizeof *params); /* greedy */
     size_t np = 0;

@@ -51,7 +51,7 @@ typedef struct rp_cuda_meta {
     uint8_t *dev;
     size_t bytes, page_capacity; /* page_capacity: the page ids the block holds */
     size_t off_tokens, off_positions, off_slots, off_seq_start, off_kv_len, off_page_row, off_logit_token,
-        off_out_slot, off_params, off_attn_hdr, off_pf_items, off_pages;
+        off_out_slot, off_skip_sample, off_params, off_attn_hdr, off_pf_items, off_pages;
     int pf_items_cap; /* work items the block holds (rp_attn_step_max_items) */
 } rp_cuda_meta;
 
@@ -97,9 +97,17 @@ typedef struct rp_cuda_slot {
      * kernels */
     int32_t *d_tokens_host;
     rp_top_logprobs *h_top;
-    cudaEvent_t ev_start, ev_end; /* around the forward: its device time */
+    cudaEvent_t ev_start, ev_end; /* around the forward (and its deferred sampling): its device time */
     int num_logits, sampled;
     int top; /* some row of the forward asked for top logprobs: h_top was copied */
+    /* the forward deferred its sampling (rp_batch.sample_deferred) and
+     * sample_masked has not run yet */
+    int deferred;
+    /* the token masks sample_masked uploads, pinned: [max_logits] mask
+     * index of each row, then the masks (the device block's layout); one
+     * per slot, so a slot's upload is done before its next forward may
+     * start, whatever the host does meanwhile */
+    uint8_t *h_mask;
 } rp_cuda_slot;
 
 typedef struct rp_cuda_backend {
@@ -154,6 +162,17 @@ typedef struct rp_cuda_backend {
     void *attn_ws;
     size_t attn_ws_bytes;
     void *sample_ws;
+    /* Structured output's token masks (sample_masked): the device block
+     * (d_mask_of_row [max_logits], then d_masks [max_logits][mask_words]),
+     * uploaded on mask_stream so that the copy runs beside the forward;
+     * ev_mask_ready orders the mask kernel after the copy, ev_mask_free the
+     * next copy after the mask kernel that read the block. */
+    int32_t *d_mask_of_row;
+    uint32_t *d_masks;
+    int mask_words;
+    size_t mask_masks_off; /* byte offset of the masks in the block */
+    cudaStream_t mask_stream;
+    cudaEvent_t ev_mask_ready, ev_mask_free;
     rp_cuda_meta meta;
     /* graphs */
     rp_cuda_graph graphs[RP_MAX_GRAPHS]; /* the decode buckets, num_graphs of them, captured or not */
@@ -206,8 +225,11 @@ enum { RP_SAMPLE_NONE, RP_SAMPLE_KERNELS, RP_SAMPLE_PICK };
  * step's attention of shape step (a bucket's; T its tokens). */
 int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode,
                            const rp_attn_step_shape *step, int sample, rp_err *err);
-/* the sampling kernels over the first num_logits rows of logits */
-int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err);
+/* the sampling kernels over the first num_logits rows of logits; skip
+ * (nullable, on the device): the kernels do nothing where *skip != 0 when
+ * they run (the step's metadata flag, for a captured step whose sampling
+ * waits for token masks) */
+int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, const int32_t *skip, rp_err *err);
 int rp_cuda_decode_splits(const rp_cuda_backend *cb, int num_seqs);
 
 /* forward_decode_step.c */

@@ -58,7 +58,7 @@ static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, const rp_a
 /* Samples every logit row, then finds the most likely tokens of the rows
  * that ask for top logprobs (a block per row that returns at once for the
  * others), all on fixed buffers. */
-int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
+int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, const int32_t *skip, rp_err *err) {
     const int V = cb->base.model->cfg.vocab_size;
     const rp_sampling_params *params = RP_META(cb, cb->meta.dev, off_params, rp_sampling_params);
     rp_cuda_prof_mark(cb, "sample");
@@ -67,11 +67,12 @@ int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, rp_err *err) {
                                  .slot = RP_META(cb, cb->meta.dev, off_out_slot, int32_t),
                                  .stride = cb->max_logits};
     RP_LAUNCH(rp_k_sample_kept(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept,
-                               cb->slots[0].d_tokens_host ? &host : NULL, cb->sample_ws, num_logits, V, cb->stream),
+                               cb->slots[0].d_tokens_host ? &host : NULL, skip, cb->sample_ws, num_logits, V,
+                               cb->stream),
               err);
     rp_cuda_prof_mark(cb, "top logprobs");
-    RP_LAUNCH(rp_k_top_logprobs(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept, cb->d_top, num_logits,
-                                V, cb->stream),
+    RP_LAUNCH(rp_k_top_logprobs(cb->logits, params, cb->d_tokens, cb->d_logprobs, cb->d_kept, cb->d_top, skip,
+                                num_logits, V, cb->stream),
               err);
     return 0;
 }
@@ -181,7 +182,7 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
     RP_LAUNCH(rp_k_gemv_fused(cb->w.lm_head, normed, (rp_gemv_out){.mode = RP_GEMV_OUT_F32, .y = cb->logits},
                               num_logits, c->vocab_size, H, st),
               err);
-    if (sample && rp_cuda_launch_sample(cb, num_logits, err)) return RP_ERR;
+    if (sample && rp_cuda_launch_sample(cb, num_logits, RP_META(cb, d, off_skip_sample, int32_t), err)) return RP_ERR;
     rp_cuda_prof_mark(cb, NULL);
     return 0;
 }
@@ -238,7 +239,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, num_logits, c->vocab_size, H) ? "gemv lm_head" : "gemm lm_head");
     if (rp_gemm_run(&cb->gemm, cb->w.lm_head, cb->logit_in, cb->logits, num_logits, c->vocab_size, H, 1, st, err))
         return RP_ERR;
-    if (sample && rp_cuda_launch_sample(cb, num_logits, err)) return RP_ERR;
+    if (sample && rp_cuda_launch_sample(cb, num_logits, RP_META(cb, d, off_skip_sample, int32_t), err)) return RP_ERR;
     rp_cuda_prof_mark(cb, NULL);
     return 0;
 }

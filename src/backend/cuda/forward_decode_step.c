@@ -138,7 +138,9 @@ int rp_cuda_launch_decode_step(rp_cuda_backend *cb, int S, int num_logits, int s
     const int pick = sample == RP_SAMPLE_PICK && rp_cuda_decode_step_can_pick(cb, S);
     rp_cuda_prof_mark(cb, pick ? "decode step (one kernel, greedy pick)" : "decode step (one kernel)");
     RP_LAUNCH(rp_k_decode_step(&cb->ds, &cb->ds_tuning, S, cb->num_sms, pick, cb->stream), err);
-    if (sample && !pick && rp_cuda_launch_sample(cb, num_logits, err)) return RP_ERR;
+    if (sample && !pick &&
+        rp_cuda_launch_sample(cb, num_logits, RP_META(cb, cb->meta.dev, off_skip_sample, int32_t), err))
+        return RP_ERR;
     rp_cuda_prof_mark(cb, NULL);
     return 0;
 }

@@ -33,10 +33,13 @@ typedef struct rp_sample_host {
  * from, i.e. survived top-k, top-p and min-p; vocab for greedy rows. It is
  * computed (at a cost only on the exact slow path) for rows with
  * params[r].top_logprobs > 0; other rows' entries may be left unwritten.
- * host (nullable): tokens and logprobs also go there. */
+ * host (nullable): tokens and logprobs also go there. skip (nullable, on the
+ * device): where *skip != 0 when the kernel runs, it does nothing (a
+ * captured step whose sampling waits for token masks: the step's metadata
+ * says so, cuda_backend.c). */
 int rp_k_sample_kept(const float *logits, const rp_sampling_params *params, int32_t *tokens, float *logprobs,
-                     int32_t *kept, const rp_sample_host *host, void *workspace, int rows, int vocab,
-                     cudaStream_t stream);
+                     int32_t *kept, const rp_sample_host *host, const int32_t *skip, void *workspace, int rows,
+                     int vocab, cudaStream_t stream);
 
 /* After rp_k_sample_kept on the same rows: top[r] = the min(top_logprobs,
  * vocab) first tokens of row r's sampling order, with their logprobs under
@@ -44,10 +47,11 @@ int rp_k_sample_kept(const float *logits, const rp_sampling_params *params, int3
  * rows the log-softmax at temperature 1, sampled rows the renormalised
  * distribution the token was drawn from, -inf for tokens outside it. Rows
  * with top_logprobs == 0 get n = 0 and cost one block that returns at once.
- * logprobs and kept must be the sampling kernel's outputs (not NULL). */
+ * logprobs and kept must be the sampling kernel's outputs (not NULL). skip:
+ * as rp_k_sample_kept's. */
 int rp_k_top_logprobs(const float *logits, const rp_sampling_params *params, const int32_t *tokens,
-                      const float *logprobs, const int32_t *kept, rp_top_logprobs *top, int rows, int vocab,
-                      cudaStream_t stream);
+                      const float *logprobs, const int32_t *kept, rp_top_logprobs *top, const int32_t *skip,
+                      int rows, int vocab, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

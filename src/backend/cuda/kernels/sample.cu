@@ -417,11 +417,12 @@ __device__ __forceinline__ void smp_mirror(const rp_sample_host &h, int r, const
 __global__ void __launch_bounds__(SMP_THREADS)
     sample_kernel_slow(const float *logits, const rp_sampling_params *__restrict__ params,
                        int32_t *__restrict__ tokens, float *__restrict__ logprobs, int32_t *__restrict__ kept,
-                       rp_sample_host host, int vocab) {
+                       rp_sample_host host, const int32_t *skip, int vocab) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     smp_shared &sh = *reinterpret_cast<smp_shared *>(smem_raw);
     rp_pdl_trigger();
     rp_pdl_wait();
+    if (skip && *skip) return; /* sampled later, with token masks (sample_top.h) */
     const int r = blockIdx.x;
     sample_row_exact(logits + (int64_t)r * vocab, params[r], tokens + r, logprobs ? logprobs + r : NULL,
                      kept ? kept + r : NULL, vocab, sh);
@@ -686,7 +687,7 @@ __device__ u64 fs_prefix_weight(int b, unsigned j, const fs_row &rw, fs_shared &
 __global__ void __launch_bounds__(FS_THREADS, 2)
     sample_kernel_cluster(const float *logits, const rp_sampling_params *__restrict__ params,
                           int32_t *__restrict__ tokens, float *__restrict__ logprobs, int32_t *__restrict__ kept,
-                          rp_sample_host host, int vocab, int chunk) {
+                          rp_sample_host host, const int32_t *skip, int vocab, int chunk) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     fs_shared &sh = *reinterpret_cast<fs_shared *>(smem_raw);
     float *xs = reinterpret_cast<float *>(smem_raw + FS_SHARED_BYTES);
@@ -694,6 +695,9 @@ __global__ void __launch_bounds__(FS_THREADS, 2)
      * block placement overlap its tail, the reads wait for its results */
     rp_pdl_trigger();
     rp_pdl_wait();
+    /* sampled later, with token masks (sample_top.h): every block of the
+     * cluster reads the same flag and leaves before any cluster barrier */
+    if (skip && *skip) return;
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = (int)cluster.block_rank(), nblk = (int)cluster.num_blocks();
     const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1041,12 +1045,12 @@ static int fs_cluster_size(int vocab, int *chunk_out, size_t *smem_out) {
 
 extern "C" int rp_k_sample(const float *logits, const rp_sampling_params *params, int32_t *tokens, float *logprobs,
                            void *workspace, int rows, int vocab, cudaStream_t stream) {
-    return rp_k_sample_kept(logits, params, tokens, logprobs, NULL, NULL, workspace, rows, vocab, stream);
+    return rp_k_sample_kept(logits, params, tokens, logprobs, NULL, NULL, NULL, workspace, rows, vocab, stream);
 }
 
 extern "C" int rp_k_sample_kept(const float *logits, const rp_sampling_params *params, int32_t *tokens,
-                                float *logprobs, int32_t *kept, const rp_sample_host *host_in, void *workspace, int rows,
-                                int vocab, cudaStream_t stream) {
+                                float *logprobs, int32_t *kept, const rp_sample_host *host_in, const int32_t *skip,
+                                void *workspace, int rows, int vocab, cudaStream_t stream) {
     (void)workspace;
     rp_sample_host host = {};
     if (host_in) host = *host_in;
@@ -1057,7 +1061,7 @@ extern "C" int rp_k_sample_kept(const float *logits, const rp_sampling_params *p
     const int cl = fs_cluster_size(vocab, &chunk, &smem);
     if (cl) {
         return rp_launch_cluster(sample_kernel_cluster, dim3(cl, rows), dim3(FS_THREADS), smem, stream, cl, logits,
-                                 params, tokens, logprobs, kept, host, vocab, chunk);
+                                 params, tokens, logprobs, kept, host, skip, vocab, chunk);
     }
     static int attr_set = 0;
     const size_t bytes = sizeof(smp_shared);
@@ -1067,7 +1071,7 @@ extern "C" int rp_k_sample_kept(const float *logits, const rp_sampling_params *p
         attr_set = 1;
     }
     return rp_launch(sample_kernel_slow, dim3(rows), dim3(SMP_THREADS), bytes, stream, logits, params, tokens, logprobs,
-                     kept, host, vocab);
+                     kept, host, skip, vocab);
 }
 
 /* ======================= top logprobs ===================================== */
@@ -1095,12 +1099,13 @@ __device__ __forceinline__ bool tlp_before(float x, int id, float ox, int oid) {
 __global__ void __launch_bounds__(TLP_THREADS)
     top_logprobs_kernel(const float *logits, const rp_sampling_params *__restrict__ params,
                         const int32_t *tokens, const float *logprobs,
-                        const int32_t *kept, rp_top_logprobs *__restrict__ top, int vocab) {
+                        const int32_t *kept, rp_top_logprobs *__restrict__ top, const int32_t *skip, int vocab) {
     __shared__ float red_x[TLP_THREADS / 32];
     __shared__ int red_i[TLP_THREADS / 32];
     __shared__ int win_id;
     rp_pdl_trigger();
     rp_pdl_wait(); /* then the sampled tokens are visible; most rows return at once */
+    if (skip && *skip) return; /* as the sampling kernel */
     const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const rp_sampling_params p = params[r];
     rp_top_logprobs *out = top + r;
@@ -1165,10 +1170,10 @@ __global__ void __launch_bounds__(TLP_THREADS)
 }
 
 extern "C" int rp_k_top_logprobs(const float *logits, const rp_sampling_params *params, const int32_t *tokens,
-                                 const float *logprobs, const int32_t *kept, rp_top_logprobs *top, int rows,
-                                 int vocab, cudaStream_t stream) {
+                                 const float *logprobs, const int32_t *kept, rp_top_logprobs *top,
+                                 const int32_t *skip, int rows, int vocab, cudaStream_t stream) {
     if (rows <= 0) return cudaSuccess;
     if (vocab <= 0 || !logits || !params || !tokens || !logprobs || !kept || !top) return (int)cudaErrorInvalidValue;
     return rp_launch(top_logprobs_kernel, dim3(rows), dim3(TLP_THREADS), 0, stream, logits, params, tokens, logprobs,
-                     kept, top, vocab);
+                     kept, top, skip, vocab);
 }
