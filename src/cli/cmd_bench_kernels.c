@@ -612,6 +612,11 @@ static int run(int argc, char **argv) {
     if (mo.quantize_fp8)
         return rp_cli_usage_error(CMD, "--quantization fp8: bench kernels times the bf16 kernels; 'replay bench "
                                        "decode --quantization fp8' times fp8 steps");
+    if (mo.kv_cache_dtype && strcmp(mo.kv_cache_dtype, "auto") && strcmp(mo.kv_cache_dtype, "bf16") &&
+        strcmp(mo.kv_cache_dtype, "bfloat16"))
+        return rp_cli_usage_error(CMD, "--kv-cache-dtype %s: bench kernels times the bf16 KV kernels; 'replay bench "
+                                       "decode --kv-cache-dtype fp8' times fp8 KV steps",
+                                  mo.kv_cache_dtype);
     int no_gpu = rp_bench_need_gpu(&mo, CMD);
     if (no_gpu) return no_gpu;
     mo.load_format = "dummy"; /* the config alone: a directory without weights will do */

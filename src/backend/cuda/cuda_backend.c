@@ -341,6 +341,10 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         rp_errf(err, "cuda backend: head_dim %d is not supported (64 and 128 are)", c->head_dim);
         return NULL;
     }
+    if (rp_kv_dtype_resolve(cfg->kv_dtype, c) == RP_KV_FP8) {
+        rp_errf(err, "cuda backend: an fp8 KV cache is not supported yet (--kv-cache-dtype bf16)");
+        return NULL;
+    }
 #ifndef REPLAY_DECODE_STEP_TRACE
     if (cfg->trace_timeline_path) {
         rp_errf(err, "a decode step timeline needs a trace build (cmake -DREPLAY_DECODE_STEP_TRACE=ON)");
