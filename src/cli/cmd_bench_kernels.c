@@ -112,7 +112,8 @@ typedef struct {
 static void dec_fn(int i, void *c) {
     dec_ctx *d = c;
     (void)i;
-    CHECK(rp_k_attn_decode(d->qkv, d->kc, d->vc, d->meta, d->out, d->ws, d->B, d->nh, d->nkv, d->hd, d->splits, 0));
+    CHECK(rp_k_attn_decode(d->qkv, rp_kv_cache_bf16((rp_bf16 *)d->kc, (rp_bf16 *)d->vc), d->meta, d->out, d->ws, d->B,
+                           d->nh, d->nkv, d->hd, d->splits, 0));
 }
 
 /* ---- cuBLASLt products (prefill's projections) ---- */
@@ -143,8 +144,8 @@ typedef struct {
 static void pf_fn(int i, void *c) {
     pf_ctx *p = c;
     (void)i;
-    CHECK(rp_k_attn_prefill(p->qkv, p->kc, p->vc, p->meta, p->out, p->ws, p->ws_bytes, p->T, p->S, p->max_q,
-                            p->max_kv, p->nh, p->nkv, p->hd, 0));
+    CHECK(rp_k_attn_prefill(p->qkv, rp_kv_cache_bf16((rp_bf16 *)p->kc, (rp_bf16 *)p->vc), p->meta, p->out, p->ws,
+                            p->ws_bytes, p->T, p->S, p->max_q, p->max_kv, p->nh, p->nkv, p->hd, 0));
 }
 
 static void pf90_fn(int i, void *c) {
