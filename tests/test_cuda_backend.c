@@ -21,8 +21,9 @@
  *    1): the CUDA backend against the CPU backend with fp8 KV (prompt
  *    logits and greedy decodes, graphs on, prefill through the mma.sync
  *    attention, decode through the chain: the one kernel must not run),
- *    the pool twice the tokens for the same memory, and fp8 against bf16 KV
- *    at 4,000 tokens of context on a real shape (issue 39's 3e-2);
+ *    the pool twice the tokens for the same memory, fp8 against bf16 KV at
+ *    4,000 tokens of context on a real shape (issue 39's 3e-2), and the
+ *    prefix cache test over e4m3 pages;
  *  - the tuning table's defaults by shape (docs/tuning.md; no GPU needed). */
 #include <jansson.h>
 #include <math.h>
@@ -850,9 +851,8 @@ static void prefix_run(rp_engine *e, eng_out *out, int32_t (*prompts)[2100], con
     rp_engine_wait_idle(e);
 }
 
-static void test_engine_prefix_cache(void **state) {
-    (void)state;
-    if (!have_gpu()) skip();
+/* kv_cache_dtype: the engine's (NULL: auto, bf16 here) */
+static void prefix_cache_check(const char *kv_cache_dtype) {
     static const int prefix_len[] = {15, 16, 17, 31, 32, 33, 255, 256, 257, 1000, 2000};
     enum { NP = sizeof prefix_len / sizeof *prefix_len, PER = 3, N = NP * PER };
     static int32_t prompts[N][2100];
@@ -874,6 +874,7 @@ static void test_engine_prefix_cache(void **state) {
         c.max_running_requests = 64;
         c.num_pages = 4096;
         c.enable_prefix_caching = cache;
+        c.kv_cache_dtype = kv_cache_dtype;
         c.debug_check_every_step = 1;
         rp_error err;
         rp_engine *e = rp_engine_create(&c, &err);
@@ -892,8 +893,10 @@ static void test_engine_prefix_cache(void **state) {
                 }
                 identical += k == 16;
             }
-            printf("prefix cache at qwen3-0.6b, %s: %d of %d requests identical to the cache off; worst logprob gap "
-                   "%.3g\n", one_by_one ? "one by one" : "together", identical, N, worst);
+            printf("prefix cache at qwen3-0.6b (%s KV), %s: %d of %d requests identical to the cache off; worst "
+                   "logprob gap %.3g\n",
+                   kv_cache_dtype ? kv_cache_dtype : "bf16", one_by_one ? "one by one" : "together", identical, N,
+                   worst);
             if (worst > 0.05) fail_msg("logprob of the same token differs by %.3g with the cache", worst);
             if (identical < N * 9 / 10) fail_msg("only %d of %d requests identical", identical, N);
         }
@@ -908,6 +911,20 @@ static void test_engine_prefix_cache(void **state) {
         }
         rp_engine_destroy(e);
     }
+}
+
+static void test_engine_prefix_cache(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    prefix_cache_check(NULL);
+}
+
+/* The same over an fp8 KV cache: cached e4m3 pages read by later requests'
+ * prefills (the mma.sync kernel over long cached prefixes) and decodes. */
+static void test_kv_fp8_prefix_cache(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    prefix_cache_check("fp8");
 }
 
 /* One decode step of nb sequences, sampled on the device with every row
@@ -1437,6 +1454,7 @@ int main(void) {
         cmocka_unit_test(test_kv_fp8_vs_cpu),
         cmocka_unit_test(test_kv_fp8_pool),
         cmocka_unit_test(test_kv_fp8_long_context),
+        cmocka_unit_test(test_kv_fp8_prefix_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
