@@ -95,15 +95,19 @@ static __device__ __forceinline__ dec_block dec_block_of(const rp_attn_meta &met
     return b;
 }
 
-/* 8 cache elements at element offset off as 8 bf16: one 16-byte load of
- * bf16, or one 8-byte load of e4m3 widened in registers. */
+/* A cache element: bf16 bits or an e4m3 byte. */
+template <bool FP8> struct dec_kv_elem { typedef uint16_t type; };
+template <> struct dec_kv_elem<true> { typedef uint8_t type; };
+
+/* 8 cache elements at p as 8 bf16: one 16-byte load of bf16, or one
+ * 8-byte load of e4m3 widened in registers. */
 template <bool FP8>
-static __device__ __forceinline__ uint4 dec_load8(const void *cache, int64_t off) {
+static __device__ __forceinline__ uint4 dec_load8(const typename dec_kv_elem<FP8>::type *p) {
     if constexpr (FP8) {
-        const uint2 w = rp_ld_act8(static_cast<const uint8_t *>(cache) + off);
+        const uint2 w = rp_ld_act8(p);
         return rp_e4m3x8_bf16x8(w.x, w.y);
     } else {
-        return rp_ld_act(static_cast<const uint16_t *>(cache) + off);
+        return rp_ld_act(p);
     }
 }
 
@@ -113,26 +117,27 @@ static __device__ __forceinline__ uint4 dec_load8(const void *cache, int64_t off
  * dims g * HD / 8 .. + HD / 8 - 1. */
 template <int HD, bool FP8>
 static __device__ __forceinline__ void dec_load_tile(const dec_block &b, const rp_attn_meta &meta,
-                                                     const void *k_cache, const void *v_cache, int base,
+                                                     const typename dec_kv_elem<FP8>::type *k_cache,
+                                                     const typename dec_kv_elem<FP8>::type *v_cache, int base,
                                                      uint4 (&kr)[2][HD / 32], uint4 (&vr)[4][HD / 64]) {
+    typedef typename dec_kv_elem<FP8>::type KV;
     const int64_t slot0 = b.tile_in_page ? key_slot(b.prow, meta.page_size, base) - base : 0;
     auto slot = [&](int j) { return b.tile_in_page ? slot0 + j : key_slot(b.prow, meta.page_size, j); };
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int j = base + h * 8 + b.g;
         const bool ok = j < b.end;
-        const int64_t kp = (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.c * 8;
+        const KV *kp = k_cache + (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.c * 8;
 #pragma unroll
-        for (int ch = 0; ch < HD / 32; ch++)
-            kr[h][ch] = ok ? dec_load8<FP8>(k_cache, kp + ch * 32) : make_uint4(0, 0, 0, 0);
+        for (int ch = 0; ch < HD / 32; ch++) kr[h][ch] = ok ? dec_load8<FP8>(kp + ch * 32) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int j = base + 2 * b.c + (r & 1) + (r >> 1) * 8;
         const bool ok = j < b.end;
-        const int64_t vp = (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.g * (HD / 8);
+        const KV *vp = v_cache + (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.g * (HD / 8);
 #pragma unroll
-        for (int u = 0; u < HD / 64; u++) vr[r][u] = ok ? dec_load8<FP8>(v_cache, vp + u * 8) : make_uint4(0, 0, 0, 0);
+        for (int u = 0; u < HD / 64; u++) vr[r][u] = ok ? dec_load8<FP8>(vp + u * 8) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -159,9 +164,9 @@ template <int HD> __device__ __forceinline__ dec_merge_smem<HD> dec_merge_smem_a
 /* The block's warps' (max, sum, unnormalised output) per query head,
  * combined in warp order: the split's partial result (ws_o, ws_ml), or with
  * one split (out set) the bf16 result itself, without the merge launch.
- * The output times v_scale (an e4m3 cache's; 1 for bf16): the merge of
- * splits is linear in it. */
-template <int HD>
+ * An e4m3 cache's output times v_scale (FP8): the merge of splits is
+ * linear in it. */
+template <int HD, bool FP8>
 __device__ void dec_merge_warps(const dec_merge_smem<HD> &sm, float *ws_o, float2 *ws_ml, uint16_t *out, int s,
                                 int kvh, int G, int nh, int num_splits, int split, float v_scale) {
     for (int i = threadIdx.x; i < G * HD; i += DEC_WARPS * 32) {
@@ -178,7 +183,7 @@ __device__ void dec_merge_warps(const dec_merge_smem<HD> &sm, float *ws_o, float
                 L += f * sm.l[w][r];
             }
         }
-        acc *= v_scale;
+        if (FP8) acc *= v_scale;
         const int h = kvh * G + r;
         const int64_t idx = ((int64_t)s * nh + h) * num_splits + split;
         if (out) {
@@ -192,8 +197,8 @@ __device__ void dec_merge_warps(const dec_merge_smem<HD> &sm, float *ws_o, float
 
 template <int HD, bool FP8>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
-    attn_decode_split_kernel(const uint16_t *__restrict__ qkv, const void *__restrict__ k_cache,
-                             const void *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
+    attn_decode_split_kernel(const uint16_t *__restrict__ qkv, const typename dec_kv_elem<FP8>::type *__restrict__ k_cache,
+                             const typename dec_kv_elem<FP8>::type *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
                              float2 *__restrict__ ws_ml, uint16_t *__restrict__ out, int nh, int nkv, int num_splits,
                              float k_scale, float v_scale) {
     constexpr int KCH = HD / 32; /* 32-dim chunks: one uint4 of K per thread each */
@@ -213,7 +218,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         q_lo[ch] = g < G ? rp_ld_act(qbase + (int64_t)g * HD + ch * 32 + c * 8) : z;
         q_hi[ch] = g + 8 < G ? rp_ld_act(qbase + (int64_t)(g + 8) * HD + ch * 32 + c * 8) : z;
     }
-    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * k_scale; /* exp2 domain */
+    /* exp2 domain; an e4m3 cache's k_scale folded in (bf16: the product as it was) */
+    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * (FP8 ? k_scale : 1.0f);
 
     float o[DPT][4];
 #pragma unroll
@@ -331,7 +337,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             if (g + 8 < G) sm.o[warp][g + 8][d] = o[j][2 + e];
         }
     __syncthreads();
-    dec_merge_warps<HD>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split, v_scale);
+    dec_merge_warps<HD, FP8>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split, v_scale);
 }
 
 /* The same attention with the tile's products transposed: keys are the
@@ -346,8 +352,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 #define DEC_T_MIN_BLOCKS 4
 template <int HD, int NT, bool FP8>
 __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
-    attn_decode_t_kernel(const uint16_t *__restrict__ qkv, const void *__restrict__ k_cache,
-                         const void *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
+    attn_decode_t_kernel(const uint16_t *__restrict__ qkv, const typename dec_kv_elem<FP8>::type *__restrict__ k_cache,
+                         const typename dec_kv_elem<FP8>::type *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
                          float2 *__restrict__ ws_ml, uint16_t *__restrict__ out, int nh, int nkv, int num_splits,
                          float k_scale, float v_scale) {
     constexpr int KCH = HD / 32; /* 32-dim chunks: one uint4 of a K row per thread each */
@@ -369,7 +375,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
         for (int ch = 0; ch < KCH; ch++)
             qb[nt][ch] = nt * 8 + g < G ? rp_ld_act(qbase + (int64_t)(nt * 8 + g) * HD + ch * 32 + c * 8)
                                         : make_uint4(0, 0, 0, 0);
-    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * k_scale; /* exp2 domain */
+    /* exp2 domain; an e4m3 cache's k_scale folded in (bf16: the product as it was) */
+    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * (FP8 ? k_scale : 1.0f);
 
     /* per n-tile: heads nt * 8 + 2c (index 0) and + 1 (index 1) */
     float o[NT][MT][4], m[NT][2], l[NT][2];
@@ -460,7 +467,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
             }
         }
     __syncthreads();
-    dec_merge_warps<HD>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split, v_scale);
+    dec_merge_warps<HD, FP8>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split, v_scale);
 }
 
 /* out[r] = sum_i o_i 2^(m_i - M) / sum_i l_i 2^(m_i - M) over splits

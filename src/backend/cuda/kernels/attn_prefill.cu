@@ -182,7 +182,8 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     }
     rp_cp_async_commit(); /* with the Q tile */
 
-    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * k_scale;
+    /* an e4m3 cache's k_scale folded in (bf16: the product as it was) */
+    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * (FP8 ? k_scale : 1.0f);
     float o[MI][ON][4], m[MI][2], l[MI][2];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++) {
@@ -336,7 +337,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             float L = l[mi][r];
             L += __shfl_xor_sync(RP_FULL_MASK, L, 1);
             L += __shfl_xor_sync(RP_FULL_MASK, L, 2);
-            const float inv = v_scale / L; /* 1 / L for bf16 (v_scale 1) */
+            const float inv = (FP8 ? v_scale : 1.0f) / L;
             const int row = i0 + warp * PW + mt_pos(mi) + g + 8 * r;
             if (row >= n_new) continue;
             if (SPLIT && (!LIST || num_splits > 1)) { /* the chunk's partial result, unnormalised */
@@ -344,8 +345,9 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
                 float *dst = ws_o + part * HD + 2 * c;
 #pragma unroll
                 for (int j = 0; j < ON; j++)
-                    *reinterpret_cast<float2 *>(dst + j * 8) =
-                        make_float2(o[mi][j][2 * r] * v_scale, o[mi][j][2 * r + 1] * v_scale);
+                    *reinterpret_cast<float2 *>(dst + j * 8) = FP8 ? make_float2(o[mi][j][2 * r] * v_scale,
+                                                                                 o[mi][j][2 * r + 1] * v_scale)
+                                                                   : make_float2(o[mi][j][2 * r], o[mi][j][2 * r + 1]);
                 if (c == 0) ws_ml[part] = make_float2(m[mi][r], L);
                 continue;
             }

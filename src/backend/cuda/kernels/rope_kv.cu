@@ -51,14 +51,17 @@ __global__ void __launch_bounds__(ROPE_WARPS * 32)
         const int kvh = head - nh - nkv;
         for (int i = lane; i < hd; i += 32) {
             uint16_t v = x[i];
-            float vf = rp_bf16_f32(v);
-            if (bx) {
-                vf += rp_bf16_f32(bx[i]);
-                x[i] = v = rp_f32_bf16(vf);
+            if constexpr (FP8) { /* from the fp32 sum, not its bf16 rounding */
+                float vf = rp_bf16_f32(v);
+                if (bx) {
+                    vf += rp_bf16_f32(bx[i]);
+                    x[i] = rp_f32_bf16(vf);
+                }
+                if (slot >= 0) v_cache[kv_row + (int64_t)kvh * hd + i] = rp_f32_e4m3(__fdiv_rn(vf, v_scale));
+            } else {
+                if (bx) x[i] = v = rp_f32_bf16(rp_bf16_f32(v) + rp_bf16_f32(bx[i]));
+                if (slot >= 0) v_cache[kv_row + (int64_t)kvh * hd + i] = v;
             }
-            if (slot < 0) continue;
-            if constexpr (FP8) v_cache[kv_row + (int64_t)kvh * hd + i] = rp_f32_e4m3(__fdiv_rn(vf, v_scale));
-            else v_cache[kv_row + (int64_t)kvh * hd + i] = v;
         }
         return;
     }
