@@ -48,6 +48,18 @@ for stage in $stages; do
           summary+=("draft model $d for qwen3-0.6b, greedy: plain decoding's tokens; $(grep -o '[0-9]* of [0-9]* drafts accepted' "$OUT/draft-$d.err")")
         else summary+=("draft model $d for qwen3-0.6b: DIFFERS from plain decoding (see draft-$d.err)"); status=1; fi
       done
+      # the fp8 KV cache (docs/kv-cache.md) through the engine: a generate that runs, says its
+      # cache's format and holds twice bf16's tokens (the startup log's "KV cache" lines)
+      kvgen() { "$B/replay" generate --dummy-weights qwen3-0.6b --prompt-ids $P --max-tokens 64 --temperature 0 \
+                  --ignore-eos --print-ids "$@"; }
+      kv8=$(kvgen --kv-cache-dtype fp8 2>"$OUT/kv-fp8.err")
+      kv16=$(kvgen --kv-cache-dtype bf16 2>"$OUT/kv-bf16.err")
+      t8=$(grep -o 'KV cache: fp8_e4m3[^,]*, [0-9]* tokens' "$OUT/kv-fp8.err" | grep -o '[0-9]* tokens' | head -1)
+      t16=$(grep -o 'KV cache: bf16[^,]*, [0-9]* tokens' "$OUT/kv-bf16.err" | grep -o '[0-9]* tokens' | head -1)
+      if [ -n "$kv8" ] && [ "$(echo "$kv8" | wc -w)" -ge 64 ] && [ -n "$t8" ] && [ -n "$t16" ]; then
+        same=$([ "$kv8" = "$kv16" ] && echo "the same tokens as bf16" || echo "tokens apart from bf16's")
+        summary+=("fp8 KV cache generate (qwen3-0.6b): ok, $t8 against bf16's $t16, $same")
+      else summary+=("fp8 KV cache generate (qwen3-0.6b): FAILED (see kv-fp8.err)"); status=1; tail -5 "$OUT/kv-fp8.err"; fi
       ;;
     server)
       # The OpenAI server on the GPU, with its graphs and without: prompt logprobs, logit_bias
@@ -125,6 +137,11 @@ PY
       # --quantization fp8: the fp8 GEMV at 1 and 16 tokens, 8-token groups at 16, cuBLASLt past 32
       sanitize memcheck-decode-fp8 memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b --batch 1,16,40 \
         --ctx 40 --steps 2 --warmup 1 --no-eager --quantization fp8
+      # the fp8 KV cache: its kernel tests (store, decode, prefill, a step's attention) and a
+      # decode of e4m3 pages through the chain
+      REPLAY_TEST_ONLY='*fp8*' sanitize memcheck-test_cuda_kernels-kv-fp8 memcheck "$B/test_cuda_kernels"
+      sanitize memcheck-decode-kv-fp8 memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b --batch 1,16 \
+        --ctx 40 --steps 2 --warmup 1 --no-eager --kv-cache-dtype fp8
       fi
       if [ "$stage" != sanitize-main ]; then
       # racecheck on the sampler (16-block clusters) took over 8 minutes at

@@ -314,8 +314,8 @@ static void check_batch(int nh, int nkv, int ps, const int *q_len, const int *kv
     const size_t ws_bytes = rp_attn_prefill_workspace_bytes(b.T, nh, b.hd, sms);
     void *d_ws = dalloc(ws_bytes);
     CU(cudaMemset(d_buf, 0xff, rows * w * 2));
-    LAUNCH(rp_k_attn_prefill(b.d_qkv, b.d_k, b.d_v, batch_meta(&b), d_out, d_ws, ws_bytes, b.T, S, b.max_q, b.max_kv,
-                             nh, nkv, b.hd, 0));
+    LAUNCH(rp_k_attn_prefill(b.d_qkv, rp_kv_cache_bf16(b.d_k, b.d_v), batch_meta(&b), d_out, d_ws, ws_bytes, b.T, S,
+                             b.max_q, b.max_kv, nh, nkv, b.hd, 0));
     to_host(buf, d_buf, rows * w * 2);
     memcpy(old, out, (size_t)b.T * w * 2);
     for (int s = 0; s < S; s++) expect_seq(out, ref, &b, s, "mma");

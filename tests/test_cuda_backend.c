@@ -24,6 +24,13 @@
  *    and the engine's constrained generations with the masks on the device
  *    as with them on the host, every output in its language;
  *  - nothing is allocated on the device after startup;
+ *  - the fp8 KV cache (--kv-cache-dtype fp8, with k/v scales that are not
+ *    1): the CUDA backend against the CPU backend with fp8 KV (prompt
+ *    logits and greedy decodes, graphs on, prefill through the mma.sync
+ *    attention, decode through the chain: the one kernel must not run),
+ *    the pool twice the tokens for the same memory, fp8 against bf16 KV at
+ *    4,000 tokens of context on a real shape (issue 39's 3e-2), and the
+ *    prefix cache test over e4m3 pages;
  *  - the tuning table's defaults by shape (docs/tuning.md; no GPU needed).
  * REPLAY_TEST_ONLY=pattern runs only the tests it names (test_util.h). */
 #include <jansson.h>
@@ -67,12 +74,16 @@ typedef struct setup {
     rp_backend *be;
 } setup;
 
+/* The KV cache format of the runners make_tuned builds (auto: bf16 for
+ * dummy models); the fp8 KV tests set it and put it back. */
+static rp_kv_dtype g_kv_dtype = RP_KV_AUTO;
+
 /* tuning: NULL for the defaults */
 static void make_tuned(setup *s, const rp_model *m, int cuda, int seqs, int ctx, int graphs, const rp_tuning *tuning) {
     int ps = 16, pages = seqs * ((ctx + ps - 1) / ps);
     rp_runner_config rc = {.model = m, .device = cuda ? "cuda" : "cpu", .threads = 2, .page_size = ps,
-                           .num_pages = pages, .max_seqs = seqs, .max_context = ctx, .max_batched_tokens = 512,
-                           .max_logit_rows = 512, .disable_cuda_graph = !graphs};
+                           .num_pages = pages, .kv_dtype = g_kv_dtype, .max_seqs = seqs, .max_context = ctx,
+                           .max_batched_tokens = 512, .max_logit_rows = 512, .disable_cuda_graph = !graphs};
     if (tuning) rc.tuning = *tuning;
     rp_err err;
     s->run = rp_runner_new(&rc, &err);
@@ -849,9 +860,8 @@ static void prefix_run(rp_engine *e, eng_out *out, int32_t (*prompts)[2100], con
     rp_engine_wait_idle(e);
 }
 
-static void test_engine_prefix_cache(void **state) {
-    (void)state;
-    if (!have_gpu()) skip();
+/* kv_cache_dtype: the engine's (NULL: auto, bf16 here) */
+static void prefix_cache_check(const char *kv_cache_dtype) {
     static const int prefix_len[] = {15, 16, 17, 31, 32, 33, 255, 256, 257, 1000, 2000};
     enum { NP = sizeof prefix_len / sizeof *prefix_len, PER = 3, N = NP * PER };
     static int32_t prompts[N][2100];
@@ -873,6 +883,7 @@ static void test_engine_prefix_cache(void **state) {
         c.max_running_requests = 64;
         c.num_pages = 4096;
         c.enable_prefix_caching = cache;
+        c.kv_cache_dtype = kv_cache_dtype;
         c.debug_check_every_step = 1;
         rp_error err;
         rp_engine *e = rp_engine_create(&c, &err);
@@ -891,8 +902,10 @@ static void test_engine_prefix_cache(void **state) {
                 }
                 identical += k == 16;
             }
-            printf("prefix cache at qwen3-0.6b, %s: %d of %d requests identical to the cache off; worst logprob gap "
-                   "%.3g\n", one_by_one ? "one by one" : "together", identical, N, worst);
+            printf("prefix cache at qwen3-0.6b (%s KV), %s: %d of %d requests identical to the cache off; worst "
+                   "logprob gap %.3g\n",
+                   kv_cache_dtype ? kv_cache_dtype : "bf16", one_by_one ? "one by one" : "together", identical, N,
+                   worst);
             if (worst > 0.05) fail_msg("logprob of the same token differs by %.3g with the cache", worst);
             if (identical < N * 9 / 10) fail_msg("only %d of %d requests identical", identical, N);
         }
@@ -907,6 +920,20 @@ static void test_engine_prefix_cache(void **state) {
         }
         rp_engine_destroy(e);
     }
+}
+
+static void test_engine_prefix_cache(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    prefix_cache_check(NULL);
+}
+
+/* The same over an fp8 KV cache: cached e4m3 pages read by later requests'
+ * prefills (the mma.sync kernel over long cached prefixes) and decodes. */
+static void test_kv_fp8_prefix_cache(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    prefix_cache_check("fp8");
 }
 
 /* One decode step of nb sequences, sampled on the device with every row
@@ -1567,6 +1594,144 @@ static void test_engine_constrained(void **state) {
     if (identical < N * 3 / 4) fail_msg("only %d of %d requests identical", identical, N);
 }
 
+/* The fp8 KV cache on the CUDA backend against the CPU backend's (the
+ * reference: the same e4m3 bytes up to the rounding of values the two
+ * compute a few ulps apart, and the same scale folding), with scales that
+ * are not 1 and differ by layer. Prompts of 1 to 600 tokens (the step
+ * buckets' mma.sync attention reading e4m3 pages, split keys included),
+ * greedy decodes alone (batch 1: the chain, since the one kernel reads
+ * bf16 pages) and batched (decode buckets, graphs). */
+static void test_kv_fp8_vs_cpu(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    for (int hd = 128; hd >= 64; hd -= 64) {
+        rp_model *m = small_model_weights(hd, 0);
+        for (int l = 0; l < m->cfg.num_layers; l++) {
+            m->k_scale[l] = 0.019f * (float)(l + 1);
+            m->v_scale[l] = 0.0043f / (float)(l + 1);
+        }
+        enum { NP = 5, STEPS = 16 };
+        const int plen[NP] = {1, 7, 64, 300, 600};
+        const int V = m->cfg.vocab_size;
+        static int32_t ids[NP][600];
+        int32_t out_cpu[NP][STEPS], out_one[NP][STEPS], out_all[NP][STEPS];
+        const int32_t *idp[NP];
+        float *lc[NP], *lg[NP];
+        for (int p = 0; p < NP; p++) {
+            for (int i = 0; i < plen[p]; i++) ids[p][i] = (int32_t)((p * 131 + i * 17 + 3) % V);
+            idp[p] = ids[p];
+            lc[p] = malloc((size_t)plen[p] * V * 4);
+            lg[p] = malloc((size_t)plen[p] * V * 4);
+        }
+        g_kv_dtype = RP_KV_FP8;
+        setup cpu, gpu;
+        make(&cpu, m, 0, NP, 640, 0);
+        make(&gpu, m, 1, NP, 640, 1);
+        g_kv_dtype = RP_KV_AUTO;
+        assert_int_equal(cpu.run->kv_dtype, RP_KV_FP8);
+        assert_int_equal(gpu.be->cfg.kv_dtype, RP_KV_FP8);
+        rp_err err;
+        if (rp_runner_run_prompts(cpu.run, NP, idp, plen, lc, STEPS, &out_cpu[0][0], &err)) fail_msg("cpu: %s", err.msg);
+        for (int p = 0; p < NP; p++)
+            if (rp_runner_run_prompts(gpu.run, 1, &idp[p], &plen[p], &lg[p], STEPS, out_one[p], &err))
+                fail_msg("cuda: %s", err.msg);
+        if (rp_runner_run_prompts(gpu.run, NP, idp, plen, NULL, STEPS, &out_all[0][0], &err))
+            fail_msg("cuda: %s", err.msg);
+        /* bf16 noise, and where the two sides' k / k_scale straddle an e4m3
+         * rounding boundary, a neighbouring byte (1/16 of that element) */
+        double worst = 0, sum = 0;
+        int rows = 0;
+        for (int p = 0; p < NP; p++)
+            for (int pos = 0; pos < plen[p]; pos++) {
+                const double e = test_rel_l2(lg[p] + (size_t)pos * V, lc[p] + (size_t)pos * V, (size_t)V);
+                if (!(e < 3e-2)) fail_msg("fp8 KV, hd %d, prompt %d pos %d: rel L2 %.3g vs the CPU", hd, p, pos, e);
+                worst = e > worst ? e : worst;
+                sum += e;
+                rows++;
+            }
+        printf("fp8 KV, head_dim %d: prompt logits against the CPU's fp8 KV: mean %.2e, worst %.2e over %d rows\n", hd,
+               sum / rows, worst, rows);
+        assert_true(sum / rows < 1.5e-2);
+        for (int p = 0; p < NP; p++) {
+            char what[64];
+            snprintf(what, sizeof what, "fp8 KV hd %d prompt %d alone", hd, p);
+            expect_greedy_like_cpu(&cpu, what, ids[p], plen[p], out_cpu[p], out_one[p], STEPS);
+            snprintf(what, sizeof what, "fp8 KV hd %d prompt %d batched", hd, p);
+            expect_greedy_like_cpu(&cpu, what, ids[p], plen[p], out_cpu[p], out_all[p], STEPS);
+            free(lc[p]);
+            free(lg[p]);
+        }
+        /* the one kernel reads bf16 pages: with fp8 it never ran */
+        assert_int_equal(cuda_stats(gpu.be).decode_step_forwards, 0);
+        unmake(&cpu);
+        unmake(&gpu);
+        rp_model_free(m);
+    }
+}
+
+/* The pool the CUDA backend sizes from memory (num_pages 0): fp8 pages are
+ * half the bytes, so the same share of the memory holds twice the tokens. */
+static void test_kv_fp8_pool(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    rp_model *m = real_shape_model("qwen3-0.6b", 4, 0, 0);
+    int pages[2];
+    for (int f = 0; f < 2; f++) {
+        rp_runner_config rc = {.model = m, .device = "cuda", .page_size = 16, .memory_ratio = 0.2,
+                               .kv_dtype = f ? RP_KV_FP8 : RP_KV_BF16, .max_seqs = 8, .max_context = 4096,
+                               .max_batched_tokens = 512, .disable_cuda_graph = 1};
+        rp_err err;
+        rp_runner *run = rp_runner_new(&rc, &err);
+        if (!run) fail_msg("runner: %s", err.msg);
+        pages[f] = run->pool->num_pages;
+        rp_runner_free(run);
+    }
+    const double ratio = (double)pages[1] / pages[0];
+    printf("fp8 KV pool: %d pages (%d tokens) against bf16's %d: x%.3f\n", pages[1], pages[1] * 16, pages[0], ratio);
+    assert_true(ratio > 1.95 && ratio < 2.05); /* the free memory moves a little between the two */
+    rp_model_free(m);
+}
+
+/* fp8 against bf16 KV at 4,000 tokens of context (issue 39's line: relative
+ * L2 below 3e-2), on a real shape (llama3-8b's heads, 4 layers, random
+ * weights): a prompt of 4,000 tokens, then decode steps whose logits are
+ * compared one by one. Checkpoint-like scales: max |k|, |v| over 448 would
+ * need the values; 1 is what a checkpoint without scales gets. */
+static void test_kv_fp8_long_context(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    enum { CTX = 4000, STEPS = 8 };
+    rp_model *m = real_shape_model("llama3-8b", 4, 0, 0);
+    const int V = m->cfg.vocab_size;
+    int32_t *prompt = malloc(CTX * 4);
+    for (int i = 0; i < CTX; i++) prompt[i] = (int32_t)((i * 7919 + 13) % V);
+    float *lb = malloc((size_t)STEPS * V * 4), *lf = malloc((size_t)STEPS * V * 4), *scratch = malloc((size_t)V * 4);
+    setup s[2];
+    for (int f = 0; f < 2; f++) {
+        g_kv_dtype = f ? RP_KV_FP8 : RP_KV_BF16;
+        make(&s[f], m, 1, 1, CTX + STEPS + 16, 1);
+        g_kv_dtype = RP_KV_AUTO;
+        rp_err err;
+        const int row = prefill_row(&s[f], prompt, CTX, scratch);
+        for (int k = 0; k < STEPS; k++) {
+            assert_int_equal(rp_page_table_reserve(s[f].table, row, CTX + k + 1, &err), 0);
+            one_decode_step(&s[f], row, CTX + k, (int32_t)((k * 31 + 5) % V), (f ? lf : lb) + (size_t)k * V);
+        }
+        rp_page_table_release_row(s[f].table, row);
+    }
+    double worst = 0;
+    for (int k = 0; k < STEPS; k++) {
+        const double e = test_rel_l2(lf + (size_t)k * V, lb + (size_t)k * V, (size_t)V);
+        printf("fp8 vs bf16 KV, llama3-8b heads, context %d: relative L2 %.2e\n", CTX + k, e);
+        worst = e > worst ? e : worst;
+    }
+    assert_true(worst > 0 && worst < 3e-2);
+    unmake(&s[0]);
+    unmake(&s[1]);
+    free(prompt), free(lb), free(lf), free(scratch);
+    rp_model_free(m);
+}
+
 int main(void) {
     test_filter_from_env();
     if (!have_gpu()) printf("no CUDA device: the GPU tests are skipped\n");
@@ -1585,6 +1750,10 @@ int main(void) {
         cmocka_unit_test(test_masked_sampling),
         cmocka_unit_test(test_engine_constrained),
         cmocka_unit_test(test_tuning_defaults),
+        cmocka_unit_test(test_kv_fp8_vs_cpu),
+        cmocka_unit_test(test_kv_fp8_pool),
+        cmocka_unit_test(test_kv_fp8_long_context),
+        cmocka_unit_test(test_kv_fp8_prefix_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,7 +9,15 @@
  * against the host sampler and statistically against the softmax.
  *
  * REPLAY_TEST_SMALL=1 shrinks the largest shapes (for compute-sanitizer);
- * REPLAY_TEST_SKIP=pattern skips tests by name (cmocka wildcards).
+ * REPLAY_TEST_SKIP=pattern skips tests by name, REPLAY_TEST_ONLY=pattern
+ * runs only those (cmocka wildcards: REPLAY_TEST_ONLY='*fp8*' runs the fp8
+ * KV cache's tests).
+ *
+ * The fp8 KV cache (rp_kv_cache, RP_KV_FORMAT_E4M3): the attention tests
+ * run again over e4m3 pages with per-layer scales that are not 1
+ * (g_kv_fp8), against the same float64 reference over the dequantized
+ * cache (e4m3 value x scale), and the store kernel's bytes are checked
+ * against the host's rounding (rp_f32_to_f8e4m3) of its float64 reference.
  * Without a GPU every test is skipped. Label "gpu" in CTest. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -40,6 +48,10 @@
 
 static uint64_t g_seed, g_ctr;
 static int g_small;
+/* the attention tests' caches: bf16 (0), or e4m3 with these scales (1) */
+static int g_kv_fp8;
+#define FP8_K_SCALE 0.0131f
+#define FP8_V_SCALE 0.00297f
 
 /* uniform in [-1, 1) */
 static float frand(void) { return rp_rand_uniform(g_seed, 1, g_ctr++) * 2.0f - 1.0f; }
@@ -415,6 +427,7 @@ static void test_gemv_fused(void **state) {
 /* use_bias: Qwen2's q/k/v biases (one vector laid out as a qkv row);
  * rope_scale: yarn's factor on cos and sin (1 otherwise). */
 static void check_rope(int nh, int nkv, int hd, int use_norm, int use_bias, float rope_scale) {
+    const int fp8 = g_kv_fp8;
     const int T = 7, heads = nh + 2 * nkv, row = heads * hd, num_slots = 64;
     const float eps = 1e-6f;
     uint16_t *qkv = rand_bf16((size_t)T * row, 2.0f), *bias = rand_bf16((size_t)row, 3.0f);
@@ -431,14 +444,18 @@ static void check_rope(int nh, int nkv, int hd, int use_norm, int use_bias, floa
              *d_kn = dup_to_dev(kn, (size_t)hd * 2), *d_bias = dup_to_dev(bias, (size_t)row * 2);
     float *d_if = dup_to_dev(inv_freq, (size_t)hd / 2 * 4);
     int32_t *d_pos = dup_to_dev(pos, sizeof pos), *d_slot = dup_to_dev(slot, sizeof slot);
-    const size_t cache_n = (size_t)num_slots * nkv * hd;
-    uint16_t *d_kc = dalloc(cache_n * 2), *d_vc = dalloc(cache_n * 2);
+    const size_t cache_n = (size_t)num_slots * nkv * hd, eb = fp8 ? 1 : 2;
+    uint16_t *d_kc = dalloc(cache_n * eb), *d_vc = dalloc(cache_n * eb);
+    rp_kv_cache kv = rp_kv_cache_bf16(d_kc, d_vc);
+    /* scales that put k (|k| up to ~6) and v (up to ~5) well inside e4m3's range */
+    if (fp8) kv.format = RP_KV_FORMAT_E4M3, kv.k_scale = 0.0371f, kv.v_scale = 0.0213f;
     LAUNCH(rp_k_qk_norm_rope_store(d_qkv, use_bias ? d_bias : NULL, use_norm ? d_qn : NULL, use_norm ? d_kn : NULL,
-                                   d_if, rope_scale, d_pos, d_slot, d_kc, d_vc, T, nh, nkv, hd, eps, 0));
+                                   d_if, rope_scale, d_pos, d_slot, kv, T, nh, nkv, hd, eps, 0));
     uint16_t *got = malloc((size_t)T * row * 2), *kc = malloc(cache_n * 2), *vc = malloc(cache_n * 2);
+    uint8_t *kc8 = malloc(cache_n), *vc8 = malloc(cache_n);
     to_host(got, d_qkv, (size_t)T * row * 2);
-    to_host(kc, d_kc, cache_n * 2);
-    to_host(vc, d_vc, cache_n * 2);
+    to_host(fp8 ? (void *)kc8 : (void *)kc, d_kc, cache_n * eb);
+    to_host(fp8 ? (void *)vc8 : (void *)vc, d_vc, cache_n * eb);
     double *ref = malloc((size_t)T * row * 8);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < heads; h++) {
@@ -470,14 +487,43 @@ static void check_rope(int nh, int nkv, int hd, int use_norm, int use_bias, floa
         for (int i = 0; i < nkv * hd; i++) {
             refk[t * nkv * hd + i] = ref[(size_t)t * row + (size_t)nh * hd + i];
             refv[t * nkv * hd + i] = ref[(size_t)t * row + (size_t)(nh + nkv) * hd + i];
-            gk[t * nkv * hd + i] = kc[(size_t)slot[t] * nkv * hd + i];
-            gv[t * nkv * hd + i] = vc[(size_t)slot[t] * nkv * hd + i];
+            gk[t * nkv * hd + i] = fp8 ? 0 : kc[(size_t)slot[t] * nkv * hd + i];
+            gv[t * nkv * hd + i] = fp8 ? 0 : vc[(size_t)slot[t] * nkv * hd + i];
         }
-    expect_close(rel_l2_bf16(gk, refk, (size_t)T * nkv * hd, "k cache"), 1e-2, "  k cache");
-    /* a copy, or the sum with the bias rounded to bf16 once */
-    expect_close(rel_l2_bf16(gv, refv, (size_t)T * nkv * hd, "v cache"), use_bias ? 1e-2 : 1e-6, "  v cache");
+    if (fp8) {
+        /* e4m3 of ref / scale, as the host rounds it: the kernel's fp32
+         * value may differ from the float64 reference in its last bits, so
+         * a byte may be its neighbour where the quotient sits on a rounding
+         * boundary; the dequantized rows must match within e4m3's step */
+        int exact = 0, n = T * nkv * hd;
+        double num_k = 0, den_k = 0, num_v = 0, den_v = 0;
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < nkv * hd; i++) {
+                const size_t at = (size_t)slot[t] * nkv * hd + i;
+                const double rk = refk[t * nkv * hd + i], rv = refv[t * nkv * hd + i];
+                const uint8_t wk = rp_f32_to_f8e4m3((float)(rk / kv.k_scale)), wv = rp_f32_to_f8e4m3((float)(rv / kv.v_scale));
+                exact += (kc8[at] == wk) + (vc8[at] == wv);
+                const int dk = abs((int)(kc8[at] & 0x7f) - (int)(wk & 0x7f)), dv = abs((int)(vc8[at] & 0x7f) - (int)(wv & 0x7f));
+                if ((dk > 1 || dv > 1) && fabs(rk) > 1e-3 && fabs(rv) > 1e-3)
+                    fail_msg("fp8 cache token %d element %d: k byte 0x%02x (want 0x%02x), v byte 0x%02x (want 0x%02x)", t, i,
+                             kc8[at], wk, vc8[at], wv);
+                const double gk8 = rp_f8e4m3_to_f32(kc8[at]) * (double)kv.k_scale;
+                const double gv8 = rp_f8e4m3_to_f32(vc8[at]) * (double)kv.v_scale;
+                num_k += (gk8 - rk) * (gk8 - rk), den_k += rk * rk;
+                num_v += (gv8 - rv) * (gv8 - rv), den_v += rv * rv;
+            }
+        printf("  fp8 cache: %d of %d bytes as the host rounds them\n", exact, 2 * n);
+        assert_true(exact > 2 * n * 95 / 100);
+        /* e4m3 keeps 3 mantissa bits: a relative step of 1/16 at most, ~2.5% rms */
+        expect_close(sqrt(num_k / den_k), 4e-2, "  k cache (e4m3 x k_scale)");
+        expect_close(sqrt(num_v / den_v), 4e-2, "  v cache (e4m3 x v_scale)");
+    } else {
+        expect_close(rel_l2_bf16(gk, refk, (size_t)T * nkv * hd, "k cache"), 1e-2, "  k cache");
+        /* a copy, or the sum with the bias rounded to bf16 once */
+        expect_close(rel_l2_bf16(gv, refv, (size_t)T * nkv * hd, "v cache"), use_bias ? 1e-2 : 1e-6, "  v cache");
+    }
     free(bias), free(qkv), free(qn), free(kn), free(inv_freq), free(got), free(kc), free(vc), free(ref), free(refk), free(refv),
-        free(gk), free(gv);
+        free(gk), free(gv), free(kc8), free(vc8);
     cudaFree(d_qkv), cudaFree(d_bias), cudaFree(d_qn), cudaFree(d_kn), cudaFree(d_if), cudaFree(d_pos), cudaFree(d_slot), cudaFree(d_kc),
         cudaFree(d_vc);
 }
@@ -493,12 +539,29 @@ static void test_qk_norm_rope_store(void **state) {
     check_rope(32, 8, 64, 0, 0, 0.1f * logf(8.0f) + 1); /* yarn alone */
 }
 
+/* The same into an e4m3 cache (--kv-cache-dtype fp8). */
+static void test_qk_norm_rope_store_fp8(void **state) {
+    (void)state;
+    NEED_GPU();
+    g_kv_fp8 = 1;
+    check_rope(16, 8, 128, 1, 0, 1.0f);
+    check_rope(32, 8, 64, 0, 0, 1.0f);
+    check_rope(28, 4, 128, 0, 1, 1.0f);
+    check_rope(16, 8, 128, 1, 1, 1.1386294f);
+    g_kv_fp8 = 0;
+}
+
 /* ---- attention ---------------------------------------------------------- */
 
 /* A paged KV cache with random contents and per-sequence page tables whose
- * pages are a random permutation (so contiguity is never assumed). */
+ * pages are a random permutation (so contiguity is never assumed). With
+ * g_kv_fp8 the device holds e4m3 bytes of random values / scale, and the
+ * host arrays their e4m3 values (exact in bf16), which the reference
+ * multiplies by the scales. */
 typedef struct paged_kv {
     int nkv, hd, ps, num_pages, num_seqs, stride;
+    int fp8;
+    float k_scale, v_scale;  /* 1 for bf16 */
     uint16_t *k, *v;         /* host [slots][nkv][hd] */
     int32_t *table;          /* [num_seqs][stride] */
     int32_t *page_row;       /* [num_seqs] */
@@ -520,6 +583,19 @@ static void paged_kv_make(paged_kv *p, int nkv, int hd, int ps, const int *kv_le
     const size_t n = (size_t)p->num_pages * ps * nkv * hd;
     p->k = rand_bf16(n, 1.0f);
     p->v = rand_bf16(n, 1.0f);
+    p->fp8 = g_kv_fp8;
+    p->k_scale = p->fp8 ? FP8_K_SCALE : 1.0f;
+    p->v_scale = p->fp8 ? FP8_V_SCALE : 1.0f;
+    uint8_t *k8 = NULL, *v8 = NULL;
+    if (p->fp8) {
+        k8 = malloc(n), v8 = malloc(n);
+        for (size_t i = 0; i < n; i++) {
+            k8[i] = rp_f32_to_f8e4m3(bf(p->k[i]) / p->k_scale);
+            v8[i] = rp_f32_to_f8e4m3(bf(p->v[i]) / p->v_scale);
+            p->k[i] = rp_f32_to_bf16(rp_f8e4m3_to_f32(k8[i]));
+            p->v[i] = rp_f32_to_bf16(rp_f8e4m3_to_f32(v8[i]));
+        }
+    }
     int32_t *perm = malloc((size_t)p->num_pages * 4);
     for (int i = 0; i < p->num_pages; i++) perm[i] = i;
     for (int i = p->num_pages - 1; i > 0; i--) {
@@ -538,8 +614,9 @@ static void paged_kv_make(paged_kv *p, int nkv, int hd, int ps, const int *kv_le
     int32_t *starts = malloc((size_t)(num_seqs + 1) * 4);
     starts[0] = 0;
     for (int s = 0; s < num_seqs; s++) starts[s + 1] = starts[s] + q_len[s];
-    p->d_k = dup_to_dev(p->k, n * 2);
-    p->d_v = dup_to_dev(p->v, n * 2);
+    p->d_k = p->fp8 ? dup_to_dev(k8, n) : dup_to_dev(p->k, n * 2);
+    p->d_v = p->fp8 ? dup_to_dev(v8, n) : dup_to_dev(p->v, n * 2);
+    free(k8), free(v8);
     p->d_table = dup_to_dev(p->table, (size_t)num_seqs * p->stride * 4);
     p->d_page_row = dup_to_dev(p->page_row, (size_t)num_seqs * 4);
     p->d_kv_len = dup_to_dev(kv_len, (size_t)num_seqs * 4);
@@ -551,6 +628,12 @@ static rp_attn_meta paged_kv_meta(const paged_kv *p) {
     rp_attn_meta m = {.seq_start = p->d_seq_start, .seq_kv_len = p->d_kv_len, .seq_page_row = p->d_page_row,
                       .page_table = p->d_table, .page_table_stride = p->stride, .page_size = p->ps};
     return m;
+}
+
+static rp_kv_cache paged_kv_cache(const paged_kv *p) {
+    rp_kv_cache c = rp_kv_cache_bf16(p->d_k, p->d_v);
+    if (p->fp8) c.format = RP_KV_FORMAT_E4M3, c.k_scale = p->k_scale, c.v_scale = p->v_scale;
+    return c;
 }
 
 static void paged_kv_free(paged_kv *p) {
@@ -573,7 +656,7 @@ static void attend_ref(const paged_kv *p, int s, int kvh, const uint16_t *q, int
         const uint16_t *k = kv_row(p, p->k, s, j, kvh);
         double d = 0;
         for (int i = 0; i < hd; i++) d += (double)bf(q[i]) * bf(k[i]);
-        sc[j] = d / sqrt((double)hd);
+        sc[j] = d * p->k_scale / sqrt((double)hd);
         if (sc[j] > mx) mx = sc[j];
     }
     double sum = 0;
@@ -581,7 +664,7 @@ static void attend_ref(const paged_kv *p, int s, int kvh, const uint16_t *q, int
     for (int i = 0; i < hd; i++) out[i] = 0;
     for (int j = 0; j < n; j++) {
         const uint16_t *v = kv_row(p, p->v, s, j, kvh);
-        for (int i = 0; i < hd; i++) out[i] += sc[j] / sum * bf(v[i]);
+        for (int i = 0; i < hd; i++) out[i] += sc[j] / sum * bf(v[i]) * p->v_scale;
     }
 }
 
@@ -610,7 +693,7 @@ static void check_decode(int nh, int nkv, int hd, int ps, int num_splits) {
     uint16_t *d_qkv = dup_to_dev(qkv, (size_t)S * row * 2), *d_out = dalloc((size_t)S * nh * hd * 2);
     const size_t ws_bytes = rp_attn_decode_workspace_bytes(S, nh, hd, num_splits);
     void *d_ws = dalloc(ws_bytes);
-    LAUNCH(rp_k_attn_decode(d_qkv, p.d_k, p.d_v, paged_kv_meta(&p), d_out, d_ws, S, nh, nkv, hd, num_splits, 0));
+    LAUNCH(rp_k_attn_decode(d_qkv, paged_kv_cache(&p), paged_kv_meta(&p), d_out, d_ws, S, nh, nkv, hd, num_splits, 0));
     uint16_t *out = malloc((size_t)S * nh * hd * 2);
     to_host(out, d_out, (size_t)S * nh * hd * 2);
     double *ref = malloc((size_t)S * nh * hd * 8), *sc = malloc(5000 * 8);
@@ -619,7 +702,8 @@ static void check_decode(int nh, int nkv, int hd, int ps, int num_splits) {
             attend_ref(&p, s, h / (nh / nkv), qkv + (size_t)s * row + (size_t)h * hd, kv_len[s],
                        ref + ((size_t)s * nh + h) * hd, sc);
     expect_close(rel_l2_bf16(out, ref, (size_t)S * nh * hd, "decode"), 1e-2,
-                 "attn_decode nh=%d nkv=%d hd=%d page=%d splits=%d", nh, nkv, hd, ps, num_splits);
+                 "attn_decode%s nh=%d nkv=%d hd=%d page=%d splits=%d", p.fp8 ? " (fp8 KV)" : "", nh, nkv, hd, ps,
+                 num_splits);
     free(qkv), free(out), free(ref), free(sc);
     cudaFree(d_qkv), cudaFree(d_out), cudaFree(d_ws);
     paged_kv_free(&p);
@@ -639,6 +723,23 @@ static void test_attn_decode(void **state) {
         check_decode(32, 8, 128, 16, 1); /* llama3-8b, no split */
     }
     rp_k_attn_decode_set_trans(-1);
+}
+
+/* Decode attention over e4m3 pages: both tile layouts, splits and none. */
+static void test_attn_decode_fp8(void **state) {
+    (void)state;
+    NEED_GPU();
+    g_kv_fp8 = 1;
+    for (int mode = 1; mode >= 0; mode--) {
+        rp_k_attn_decode_set_trans(mode == 0);
+        printf("  attn_decode, fp8 KV, %s\n", mode ? "heads as M" : "keys as M");
+        check_decode(32, 8, 128, 16, 8);
+        check_decode(8, 8, 64, 1, 3);
+        check_decode(16, 1, 64, 16, 32);
+        check_decode(32, 8, 128, 16, 1);
+    }
+    rp_k_attn_decode_set_trans(-1);
+    g_kv_fp8 = 0;
 }
 
 static int num_sms(void) {
@@ -684,7 +785,7 @@ static void check_prefill_runs(int nh, int nkv, int hd, int ps, const int *q_len
             rp_k_attn_prefill_set_splits(splits[si]);
             CU(cudaMemset(d_out, 0xff, out_n * 2));
             CU(cudaMemset(d_ws, 0xff, ws_bytes)); /* partial results no split wrote fail too */
-            LAUNCH(rp_k_attn_prefill(d_qkv, p.d_k, p.d_v, paged_kv_meta(&p), d_out, d_ws, ws_bytes, T, S, max_q,
+            LAUNCH(rp_k_attn_prefill(d_qkv, paged_kv_cache(&p), paged_kv_meta(&p), d_out, d_ws, ws_bytes, T, S, max_q,
                                      max_kv, nh, nkv, hd, 0));
             to_host(out, d_out, out_n * 2);
             const int n = splits[si] > 0 ? splits[si]
@@ -694,8 +795,8 @@ static void check_prefill_runs(int nh, int nkv, int hd, int ps, const int *q_len
             for (int s = 0; s < S; s++) {
                 const size_t len = (size_t)q_len[s] * nh * hd;
                 expect_close(rel_l2_bf16(out + off, ref + off, len, "prefill"), 1e-2,
-                             "attn_prefill nh=%d nkv=%d hd=%d page=%d mode=%d splits=%d seq %d (%d new of %d)", nh,
-                             nkv, hd, ps, modes[mi], n, s, q_len[s], kv_len[s]);
+                             "attn_prefill%s nh=%d nkv=%d hd=%d page=%d mode=%d splits=%d seq %d (%d new of %d)",
+                             p.fp8 ? " (fp8 KV)" : "", nh, nkv, hd, ps, modes[mi], n, s, q_len[s], kv_len[s]);
                 off += len;
             }
             expect_close(rel_l2_bf16(out, ref, out_n, "prefill"), 1e-2,
@@ -729,6 +830,24 @@ static void test_attn_prefill(void **state) {
     check_prefill(8, 1, 128, 1);  /* G = 8 */
     check_prefill(8, 1, 64, 16);
     check_prefill(6, 3, 128, 16); /* G = 2 */
+}
+
+/* Prefill attention over e4m3 pages (staged and widened in shared
+ * memory): every block shape, unsplit and split. */
+static void test_attn_prefill_fp8(void **state) {
+    (void)state;
+    NEED_GPU();
+    g_kv_fp8 = 1;
+    check_prefill(8, 2, 128, 16);
+    check_prefill(4, 4, 64, 1);
+    check_prefill(6, 3, 128, 16);
+    {   /* a short chunk after a long prefix, forced splits */
+        int q_len[] = {64, 1, 17}, kv_len[] = {g_small ? 1000 : 8064, 3000, 2049};
+        const int modes[] = {-1, RP_PREFILL_ROWS16, RP_PREFILL_ROWS32, RP_PREFILL_HEADS2};
+        const int splits[] = {1, 3, -1};
+        check_prefill_runs(32, 8, 128, 16, q_len, kv_len, 3, modes, 4, splits, 3);
+    }
+    g_kv_fp8 = 0;
 }
 
 /* A long cached prefix and few new tokens: the keys split into ranges
@@ -788,8 +907,9 @@ static void check_step(int nh, int nkv, int hd, int ps, const int *q_len, const 
     if (rp_attn_decode_workspace_bytes(max_seqs, nh, hd, dec_splits) > ws_bytes)
         ws_bytes = rp_attn_decode_workspace_bytes(max_seqs, nh, hd, dec_splits);
     void *d_ws = dalloc(ws_bytes);
-    const rp_attn_step_shape sh =
-        rp_attn_step_shape_for(tokens, max_seqs, dec_splits, num_sms(), nh, nkv, hd, ps, ws_bytes);
+    const rp_attn_step_shape sh = rp_attn_step_shape_for(tokens, max_seqs, dec_splits, num_sms(), nh, nkv, hd, ps,
+                                                         ws_bytes, p.fp8 ? RP_KV_FORMAT_E4M3 : RP_KV_FORMAT_BF16);
+    if (p.fp8) assert_int_not_equal(sh.pf_mode, RP_PREFILL_SM90); /* the Hopper kernel reads bf16 pages only */
     int32_t hdr[RP_ATTN_HDR_LEN], *items = malloc((size_t)sh.pf_items * RP_ATTN_ITEM_INTS * 4);
     int32_t *starts = malloc((size_t)(S + 1) * 4);
     starts[0] = 0;
@@ -801,7 +921,7 @@ static void check_step(int nh, int nkv, int hd, int ps, const int *q_len, const 
     m.hdr = d_hdr, m.pf_items = d_items;
     CU(cudaMemset(d_out, 0xff, out_n * 2));
     CU(cudaMemset(d_ws, 0xff, ws_bytes));
-    LAUNCH(rp_k_attn_step(d_qkv, p.d_k, p.d_v, m, d_out, d_ws, &sh, nh, nkv, hd, 0));
+    LAUNCH(rp_k_attn_step(d_qkv, paged_kv_cache(&p), m, d_out, d_ws, &sh, nh, nkv, hd, 0));
     uint16_t *out = malloc(out_n * 2);
     to_host(out, d_out, out_n * 2);
     double *ref = malloc((size_t)T * nh * hd * 8), *sc = malloc((size_t)max_kv * 8);
@@ -810,9 +930,9 @@ static void check_step(int nh, int nkv, int hd, int ps, const int *q_len, const 
     for (int s = 0; s < S; s++) {
         const size_t len = (size_t)q_len[s] * nh * hd;
         expect_close(rel_l2_bf16(out + off, ref + off, len, "step"), 1e-2,
-                     "attn_step nh=%d nkv=%d hd=%d page=%d bucket %d, %d decodes, %d prefill splits, dec splits %d: "
-                     "seq %d (%d new of %d)",
-                     nh, nkv, hd, ps, tokens, hdr[RP_ATTN_HDR_DECODE_SEQS], hdr[RP_ATTN_HDR_PF_SPLITS], dec_splits,
+                     "attn_step%s nh=%d nkv=%d hd=%d page=%d bucket %d, %d decodes, %d prefill splits, dec splits "
+                     "%d: seq %d (%d new of %d)",
+                     p.fp8 ? " (fp8 KV)" : "", nh, nkv, hd, ps, tokens, hdr[RP_ATTN_HDR_DECODE_SEQS], hdr[RP_ATTN_HDR_PF_SPLITS], dec_splits,
                      s, q_len[s], kv_len[s]);
         off += len;
     }
@@ -851,6 +971,30 @@ static void test_attn_step(void **state) {
         check_step(16, 8, 128, 16, q_len, kv_len, 2, 16, 16, 2, 0);
         check_step(16, 8, 128, 16, q_len, kv_len, 0, 16, 16, 1, 0);
     }
+}
+
+/* A step's attention over e4m3 pages: the buckets where bf16 takes the
+ * Hopper kernel take the mma.sync blocks (rp_attn_step_shape_for). */
+static void test_attn_step_fp8(void **state) {
+    (void)state;
+    NEED_GPU();
+    g_kv_fp8 = 1;
+    {
+        int q_len[] = {1, 1, 1, 100, 1, 600, 130, 17};
+        int kv_len[] = {1, 700, 4097, 100, 3000, 1000, 700, 2049};
+        if (g_small) kv_len[2] = 300, kv_len[4] = 400;
+        check_step(32, 8, 128, 16, q_len, kv_len, 8, 1024, 64, 3, -1);
+        check_step(32, 8, 128, 16, q_len, kv_len, 8, 4096, 256, 1, 0);
+    }
+    {
+        int q_len[] = {1, 1, 64}, kv_len[] = {50, 900, g_small ? 1600 : 8064};
+        check_step(32, 8, 128, 16, q_len, kv_len, 3, 128, 128, 1, 1);
+    }
+    {
+        int q_len[] = {300, 2, 1}, kv_len[] = {300, 2049, 5};
+        check_step(12, 4, 64, 1, q_len, kv_len, 3, 2048, 16, 1, -1);
+    }
+    g_kv_fp8 = 0;
 }
 
 /* rp_attn_prefill_workspace_bytes bounds every split the rule makes: over
@@ -901,6 +1045,7 @@ int main(void) {
     printf("test_cuda_kernels: seed %llu%s (REPLAY_TEST_SEED=N runs another)\n", (unsigned long long)g_seed,
            g_small ? ", small shapes" : "");
     if (getenv("REPLAY_TEST_SKIP")) cmocka_set_skip_filter(getenv("REPLAY_TEST_SKIP"));
+    if (getenv("REPLAY_TEST_ONLY")) cmocka_set_test_filter(getenv("REPLAY_TEST_ONLY"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_embed),           cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_silu_mul_gather), cmocka_unit_test(test_fill_dummy),
@@ -909,6 +1054,8 @@ int main(void) {
         cmocka_unit_test(test_attn_decode),     cmocka_unit_test(test_attn_prefill),
         cmocka_unit_test(test_attn_prefill_split), cmocka_unit_test(test_attn_prefill_split_bound),
         cmocka_unit_test(test_attn_step),
+        cmocka_unit_test(test_qk_norm_rope_store_fp8), cmocka_unit_test(test_attn_decode_fp8),
+        cmocka_unit_test(test_attn_prefill_fp8),       cmocka_unit_test(test_attn_step_fp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -62,6 +62,10 @@ typedef struct rp_engine_config {
     int threads;           /* CPU backend */
     /* KV cache */
     int page_size;         /* tokens per page (default 16) */
+    /* the KV cache's format, vLLM's --kv-cache-dtype names: NULL or "auto"
+     * (the checkpoint's kv_cache_scheme, else bf16), "bf16"/"bfloat16",
+     * "fp8"/"fp8_e4m3" (half the bytes a token: docs/kv-cache.md) */
+    const char *kv_cache_dtype;
     int num_pages;         /* 0: sized from memory_ratio of what is free */
     double memory_ratio;   /* default 0.9 */
     int max_context;       /* per request; default: the model's max_position_embeddings */

@@ -1,5 +1,43 @@
-/* What every backend checks before it runs a batch. */
+/* What every backend shares: the KV cache's format and page sizing, and
+ * the checks of a batch before it runs. */
 #include "backend/backend.h"
+
+#include <string.h>
+
+int rp_kv_dtype_parse(const char *name, rp_kv_dtype *out, rp_err *err) {
+    if (!name || !strcmp(name, "auto")) *out = RP_KV_AUTO;
+    else if (!strcmp(name, "bf16") || !strcmp(name, "bfloat16")) *out = RP_KV_BF16;
+    else if (!strcmp(name, "fp8") || !strcmp(name, "fp8_e4m3")) *out = RP_KV_FP8;
+    else if (!strcmp(name, "fp8_e5m2"))
+        /* e5m2 keeps two mantissa bits: vLLM offers it without scales, but
+         * replay's kernels convert e4m3 only, whose extra bit the scales
+         * make up for in range */
+        return rp_errf(err, "kv cache dtype fp8_e5m2 is not supported: use fp8 (fp8_e4m3, with the checkpoint's "
+                            "k/v scales) or bf16");
+    else
+        return rp_errf(err, "kv cache dtype '%s' is not one of auto, bf16, bfloat16, fp8, fp8_e4m3", name);
+    return 0;
+}
+
+const char *rp_kv_dtype_name(rp_kv_dtype d) {
+    return d == RP_KV_FP8 ? "fp8_e4m3" : d == RP_KV_BF16 ? "bf16" : "auto";
+}
+
+rp_kv_dtype rp_kv_dtype_resolve(rp_kv_dtype d, const rp_model_config *c) {
+    if (d != RP_KV_AUTO) return d;
+    return c->quant.kv_fp8 ? RP_KV_FP8 : RP_KV_BF16;
+}
+
+size_t rp_kv_page_bytes(const rp_model_config *c, int page_size, rp_kv_dtype d) {
+    const size_t elem = d == RP_KV_FP8 ? 1 : 2;
+    return 2 * (size_t)c->num_layers * (size_t)page_size * (size_t)c->num_kv_heads * (size_t)c->head_dim * elem;
+}
+
+int rp_kv_pool_pages(double usable_bytes, size_t page_bytes, size_t shadow_page_bytes) {
+    if (usable_bytes <= 0 || page_bytes + shadow_page_bytes == 0) return 0;
+    const double pages = usable_bytes / (double)(page_bytes + shadow_page_bytes) - 1; /* the dummy page */
+    return pages < 1 ? 0 : pages > 2e9 ? 2000000000 : (int)pages;
+}
 
 int rp_batch_validate(const rp_batch *bt, const rp_backend *b, rp_err *err) {
     const rp_model_config *c = &b->model->cfg;

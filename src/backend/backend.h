@@ -59,6 +59,30 @@ typedef struct rp_batch {
  * bits at vocab and past it are never read. */
 static inline int rp_token_mask_words(int vocab_size) { return (vocab_size + 127) / 128 * 4; }
 
+/* The KV cache's element format, vLLM's --kv-cache-dtype (docs/kv-cache.md).
+ * bf16: K and V as the model computes them. fp8: e4m3 bytes of k / k_scale
+ * and v / v_scale, the scales per layer from the checkpoint (rp_model's
+ * k_scale, v_scale; 1 where it has none): half the bytes a token, so the
+ * pool holds twice the tokens and decode attention reads half. auto: what
+ * the checkpoint declares (compressed-tensors' kv_cache_scheme), else bf16. */
+typedef enum rp_kv_dtype { RP_KV_AUTO = 0, RP_KV_BF16, RP_KV_FP8 } rp_kv_dtype;
+
+/* vLLM's names: auto; bf16 or bfloat16; fp8 or fp8_e4m3. fp8_e5m2 (and
+ * anything else) is an error that says what is supported. */
+int rp_kv_dtype_parse(const char *name, rp_kv_dtype *out, rp_err *err);
+const char *rp_kv_dtype_name(rp_kv_dtype d); /* "auto", "bf16", "fp8_e4m3" */
+/* auto made concrete for a model: fp8 where its config declares an fp8 KV
+ * cache, else bf16; bf16 and fp8 stay as they are. */
+rp_kv_dtype rp_kv_dtype_resolve(rp_kv_dtype d, const rp_model_config *c);
+/* Bytes of one KV page (K and V of every layer, page_size tokens) in the
+ * device format of d (bf16: 2 bytes an element, fp8: 1; auto counts as
+ * bf16). The CPU backend holds bf16 K/V as fp32 (twice this). */
+size_t rp_kv_page_bytes(const rp_model_config *c, int page_size, rp_kv_dtype d);
+/* The pages a pool of usable_bytes holds, each page_bytes plus
+ * shadow_page_bytes (a draft model's pool beside it), less the dummy page
+ * every backend adds; 0 when not even that fits. */
+int rp_kv_pool_pages(double usable_bytes, size_t page_bytes, size_t shadow_page_bytes);
+
 typedef struct rp_backend_config {
     int num_pages;  /* KV pages, excluding the dummy page the backend adds; 0: CUDA sizes it
                      * to memory_ratio of the device memory left after everything else */
@@ -69,6 +93,7 @@ typedef struct rp_backend_config {
      * pool holding as many tokens as this one. 0: nothing. */
     size_t reserve_bytes, shadow_page_bytes;
     int page_size;  /* tokens per page */
+    rp_kv_dtype kv_dtype; /* the KV cache's format; auto is resolved by the backend (rp_kv_dtype_resolve) */
     int max_batched_tokens; /* largest num_tokens one forward takes */
     int max_batch_seqs;
     int max_logit_rows; /* rows of logits one forward can return; 0 = max_batch_seqs */

@@ -97,7 +97,6 @@ static const struct {
     {"--trust-remote-code", "vLLM", NULL, "replay runs no model code, so it needs no --trust-remote-code"},
     {"--tensor-parallel-size", "vLLM", NULL, "replay runs a model on one GPU"},
     {"-tp", "vLLM", NULL, "replay runs a model on one GPU"},
-    {"--kv-cache-dtype", "vLLM", NULL, "replay's KV cache is bfloat16"},
     {"--download-dir", "vLLM", NULL, "replay loads a local directory: download it first (README, 'Models')"},
     {"--revision", "vLLM", NULL, "replay loads a local directory: download the revision first (README, 'Models')"},
     {"--disable-log-requests", "vLLM", "disable-access-log", NULL},
@@ -262,6 +261,16 @@ int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *
         }
         o->quantize_fp8 = !strcmp(arg, "fp8");
         return 1;
+    case 0x109: {
+        rp_kv_dtype d;
+        rp_err err;
+        if (rp_kv_dtype_parse(arg, &d, &err)) {
+            rp_cli_usage_error(cmd, "--kv-cache-dtype: %s", err.msg);
+            return -1;
+        }
+        o->kv_cache_dtype = arg;
+        return 1;
+    }
     case 0x107:
         /* vLLM's --dtype: replay's weights and activations are bfloat16, and
          * a float16 or float32 checkpoint is converted as it loads */
@@ -421,6 +430,8 @@ void rp_cli_runner_config(const rp_model_opts *o, rp_runner_config *rc) {
     rc->load_dummy = !strcmp(o->load_format, "dummy");
     rc->weight_seed = o->weight_seed;
     rc->quantize_fp8 = o->quantize_fp8;
+    rp_err err;
+    if (rp_kv_dtype_parse(o->kv_cache_dtype, &rc->kv_dtype, &err)) rc->kv_dtype = RP_KV_AUTO; /* checked when parsed */
     rc->load_progress = 1;
     rc->device = rp_cli_device(o);
     rc->threads = o->threads;
@@ -591,6 +602,7 @@ void rp_cli_engine_model(const rp_model_opts *o, rp_engine_config *ec) {
     ec->speculative_load_dummy = ec->load_dummy; /* --load-format applies to a draft model too (vLLM's rule) */
     ec->weight_seed = o->weight_seed;
     ec->quantize_fp8 = o->quantize_fp8;
+    ec->kv_cache_dtype = o->kv_cache_dtype;
     ec->device = rp_cli_device(o);
     ec->threads = o->threads;
     ec->disable_decode_step = o->disable_decode_step;

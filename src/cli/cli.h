@@ -53,6 +53,7 @@ typedef struct rp_model_opts {
     uint64_t weight_seed;
     int threads;
     int quantize_fp8;        /* --quantization fp8 */
+    const char *kv_cache_dtype; /* --kv-cache-dtype, checked when parsed (rp_kv_dtype_parse); NULL: auto */
     int disable_decode_step; /* the chain of kernels for every decode step (docs/tuning.md) */
     rp_model_config cfg;     /* read by rp_model_opts_check, before anything loads */
     int have_cfg;
@@ -65,7 +66,8 @@ typedef struct rp_model_opts {
     {"model", required_argument, 0, 0x100}, {"dummy-weights", required_argument, 0, 0x101},     \
         {"load-format", required_argument, 0, 0x102}, {"device", required_argument, 0, 0x103},   \
         {"weight-seed", required_argument, 0, 0x104}, {"disable-decode-step", no_argument, 0, 0x106}, \
-        {"dtype", required_argument, 0, 0x107}, {"quantization", required_argument, 0, 0x108}
+        {"dtype", required_argument, 0, 0x107}, {"quantization", required_argument, 0, 0x108},    \
+        {"kv-cache-dtype", required_argument, 0, 0x109}
 #define RP_MODEL_LONG_OPTIONS RP_MODEL_SOURCE_LONG_OPTIONS, {"threads", required_argument, 0, 0x105}
 #define RP_GPU_MODEL_LONG_OPTIONS RP_MODEL_SOURCE_LONG_OPTIONS
 
@@ -80,7 +82,10 @@ typedef struct rp_model_opts {
     "  --dtype TYPE           auto or bfloat16: replay computes in bfloat16 (default auto)\n"          \
     "  --weight-seed N        seed for random weights (default 0)\n"                                 \
     "  --quantization Q       none or fp8: fp8 quantizes each layer's matrices to e4m3 at load, one\n" \
-    "                         scale per output channel (vLLM's option; default none)\n"
+    "                         scale per output channel (vLLM's option; default none)\n"                   \
+    "  --kv-cache-dtype T     auto, bf16 (bfloat16) or fp8 (fp8_e4m3): fp8 keeps K and V as e4m3 with\n"  \
+    "                         the checkpoint's k/v scales (else 1), twice the tokens in the same memory\n" \
+    "                         (default auto: fp8 where the checkpoint declares it, else bf16)\n"
 
 #define RP_MODEL_OPTIONS_HELP                                                                          \
     RP_MODEL_SOURCE_HELP                                                                               \

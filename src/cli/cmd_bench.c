@@ -451,7 +451,7 @@ static int bench_decode(int argc, char **argv) {
      * only when it doubles as lm_head), plus the KV cache of each sequence. */
     uint64_t embed_bytes = (uint64_t)c->vocab_size * c->hidden_size * 2;
     uint64_t weight_read = model->weight_bytes - (c->tie_word_embeddings ? 0 : embed_bytes);
-    uint64_t kv_per_token = (uint64_t)c->num_layers * 2 * c->num_kv_heads * c->head_dim * 2;
+    uint64_t kv_per_token = rp_kv_page_bytes(c, 1, run->kv_dtype); /* e4m3 K/V: half */
 
     printf("replay bench decode: %s (%s), %.2f GB of weights, ctx %ld, page %ld, device %s\n",
            mo.dummy_name ? mo.dummy_name : mo.model_dir, c->arch_name, (double)weight_read / 1e9, ctx, page_size,
@@ -1039,7 +1039,10 @@ static int bench_offline_with(int argc, char **argv, rp_structured_opts *so) {
         double prefill_flops = 2.0 * params * computed + 2.0 * mc.num_layers * q_dim * avg_in * avg_in * submitted *
                                                              share;
         double weight_bytes = params * 2;
-        double kv_token = (double)mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * 2;
+        rp_kv_dtype kvd = RP_KV_AUTO;
+        rp_err kerr;
+        if (rp_kv_dtype_parse(ec.kv_cache_dtype, &kvd, &kerr)) kvd = RP_KV_AUTO; /* checked when parsed */
+        double kv_token = (double)rp_kv_page_bytes(&mc, 1, rp_kv_dtype_resolve(kvd, &mc));
         double B = st.peak_running > 0 ? st.peak_running : 1;
         double steps = (double)total_out / B;
         double step_bytes = weight_bytes + B * (avg_in + avg_out / 2) * kv_token;

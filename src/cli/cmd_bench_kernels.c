@@ -112,7 +112,8 @@ typedef struct {
 static void dec_fn(int i, void *c) {
     dec_ctx *d = c;
     (void)i;
-    CHECK(rp_k_attn_decode(d->qkv, d->kc, d->vc, d->meta, d->out, d->ws, d->B, d->nh, d->nkv, d->hd, d->splits, 0));
+    CHECK(rp_k_attn_decode(d->qkv, rp_kv_cache_bf16((rp_bf16 *)d->kc, (rp_bf16 *)d->vc), d->meta, d->out, d->ws, d->B,
+                           d->nh, d->nkv, d->hd, d->splits, 0));
 }
 
 /* ---- cuBLASLt products (prefill's projections) ---- */
@@ -143,8 +144,8 @@ typedef struct {
 static void pf_fn(int i, void *c) {
     pf_ctx *p = c;
     (void)i;
-    CHECK(rp_k_attn_prefill(p->qkv, p->kc, p->vc, p->meta, p->out, p->ws, p->ws_bytes, p->T, p->S, p->max_q,
-                            p->max_kv, p->nh, p->nkv, p->hd, 0));
+    CHECK(rp_k_attn_prefill(p->qkv, rp_kv_cache_bf16((rp_bf16 *)p->kc, (rp_bf16 *)p->vc), p->meta, p->out, p->ws,
+                            p->ws_bytes, p->T, p->S, p->max_q, p->max_kv, p->nh, p->nkv, p->hd, 0));
 }
 
 static void pf90_fn(int i, void *c) {
@@ -612,6 +613,11 @@ static int run(int argc, char **argv) {
     if (mo.quantize_fp8)
         return rp_cli_usage_error(CMD, "--quantization fp8: bench kernels times the bf16 kernels; 'replay bench "
                                        "decode --quantization fp8' times fp8 steps");
+    if (mo.kv_cache_dtype && strcmp(mo.kv_cache_dtype, "auto") && strcmp(mo.kv_cache_dtype, "bf16") &&
+        strcmp(mo.kv_cache_dtype, "bfloat16"))
+        return rp_cli_usage_error(CMD, "--kv-cache-dtype %s: bench kernels times the bf16 KV kernels; 'replay bench "
+                                       "decode --kv-cache-dtype fp8' times fp8 KV steps",
+                                  mo.kv_cache_dtype);
     int no_gpu = rp_bench_need_gpu(&mo, CMD);
     if (no_gpu) return no_gpu;
     mo.load_format = "dummy"; /* the config alone: a directory without weights will do */

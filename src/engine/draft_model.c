@@ -94,9 +94,9 @@ void rp_draft_model_memory(const rp_model *draft, const rp_draft_model_config *c
                            size_t *shadow_page_bytes) {
     const rp_model_config *c = &draft->cfg;
     *reserve_bytes = (size_t)draft->weight_bytes + DRAFT_RESERVE_MARGIN;
-    /* bf16 K and V for every layer (the CUDA backend's layout) */
-    *shadow_page_bytes = 2 * (size_t)c->num_layers * (size_t)cfg->page_size * (size_t)c->num_kv_heads *
-                         (size_t)c->head_dim * 2;
+    /* bf16 K and V for every layer (the CUDA backend's layout): the draft's
+     * cache stays bf16 whatever the target's (rp_draft_model_new) */
+    *shadow_page_bytes = rp_kv_page_bytes(c, cfg->page_size, RP_KV_BF16);
 }
 
 rp_draft_model *rp_draft_model_new(rp_model *model, const rp_draft_model_config *cfg, const rp_model_config *target,
@@ -117,6 +117,10 @@ rp_draft_model *rp_draft_model_new(rp_model *model, const rp_draft_model_config 
     const int positions = cfg->max_seqs * DRAFT_POSITIONS_MAX; /* a catch-up's rows (propose) */
     rp_runner_config rc = {.model = model, .device = cfg->device, .threads = cfg->threads,
                            .page_size = cfg->page_size, .num_pages = num_pages,
+                           /* bf16 always: the pool beside the target's was
+                            * sized for it (rp_draft_model_memory), and a
+                            * draft's K/V precision only moves acceptance */
+                           .kv_dtype = RP_KV_BF16,
                            .max_seqs = cfg->max_rows > positions ? cfg->max_rows : positions,
                            .max_context = cfg->max_context, .max_batched_tokens = cfg->max_batched_tokens,
                            .max_logit_rows = positions, .disable_cuda_graph = cfg->disable_cuda_graph,

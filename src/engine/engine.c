@@ -361,13 +361,19 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
         rp_engine_destroy(e);
         return NULL;
     }
+    rp_kv_dtype kv_dtype;
+    if (rp_kv_dtype_parse(cfg->kv_cache_dtype, &kv_dtype, &err)) {
+        set_error(errout, RP_ERROR_INVALID_REQUEST, err.msg);
+        rp_engine_destroy(e);
+        return NULL;
+    }
     /* a round's drafts want logits rows of their own, and each is a
      * one-token sequence of the step (batch.h's rp_batch_add_positions) */
     const int spec_rows = cfg->speculative_method ? RP_SPEC_MAX_ROWS : 0;
     rp_runner_config rc = {.model_dir = cfg->model_dir, .dummy_name = cfg->dummy_name, .load_dummy = cfg->load_dummy,
                            .weight_seed = cfg->weight_seed, .quantize_fp8 = cfg->quantize_fp8, .load_progress = 1, .device = cfg->device,
                            .threads = cfg->threads, .page_size = cfg->page_size, .num_pages = cfg->num_pages,
-                           .memory_ratio = cfg->memory_ratio, .max_seqs = backend_seqs + spec_rows,
+                           .kv_dtype = kv_dtype, .memory_ratio = cfg->memory_ratio, .max_seqs = backend_seqs + spec_rows,
                            .max_context = cfg->max_context, .max_batched_tokens = cfg->max_batched_tokens,
                            .max_logit_rows = backend_seqs + spec_rows + RP_SCHED_PROMPT_LOGIT_ROWS,
                            .disable_cuda_graph = cfg->disable_cuda_graph,

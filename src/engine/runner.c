@@ -16,11 +16,12 @@ const char *rp_runner_resolve_device(const char *device) {
 }
 
 /* The CPU backend's pool when none is asked for: a full batch of full
- * contexts (fp32 K and V), capped at a quarter of the free memory, and never
- * less than one whole context. */
+ * contexts (fp32 K and V, or e4m3 bytes), capped at a quarter of the free
+ * memory, and never less than one whole context. */
 static int cpu_auto_pages(const rp_model_config *c, int max_seqs, int max_context, int page_size,
-                          double memory_ratio) {
-    double per_token = (double)c->num_layers * 2 * c->num_kv_heads * c->head_dim * 4;
+                          double memory_ratio, rp_kv_dtype kv_dtype) {
+    /* the CPU holds a bf16 cache as fp32: twice the GPU's bytes */
+    double per_token = (double)rp_kv_page_bytes(c, 1, kv_dtype) * (kv_dtype == RP_KV_FP8 ? 1 : 2);
     long pages_avail = sysconf(_SC_AVPHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
     double avail = pages_avail > 0 && page_bytes > 0 ? (double)pages_avail * page_bytes : 4e9;
     double want = (double)max_seqs * max_context * per_token;
@@ -75,11 +76,14 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
                          : c->max_position_embeddings;
     if (rp_config_check_context(c, r->max_context, err)) goto fail;
     const int use_cuda = !strcmp(r->device, "cuda");
+    r->kv_dtype = rp_kv_dtype_resolve(cfg->kv_dtype, c);
     int num_pages = cfg->num_pages > 0 ? cfg->num_pages
                     : use_cuda         ? 0
-                                       : cpu_auto_pages(c, r->max_seqs, r->max_context, page_size, memory_ratio);
+                                       : cpu_auto_pages(c, r->max_seqs, r->max_context, page_size, memory_ratio,
+                                                        r->kv_dtype);
     rp_backend_config bc = {.num_pages = num_pages, .memory_ratio = memory_ratio, .reserve_bytes = cfg->reserve_bytes,
                             .shadow_page_bytes = cfg->shadow_page_bytes, .page_size = page_size,
+                            .kv_dtype = r->kv_dtype,
                             .max_batched_tokens = max_batched, .max_batch_seqs = r->max_seqs,
                             .max_logit_rows = r->max_logit_rows, .num_threads = cfg->threads,
                             .disable_cuda_graph = cfg->disable_cuda_graph, .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
@@ -92,6 +96,18 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
         goto fail;
     }
     num_pages = r->backend->cfg.num_pages; /* the backend sized it when asked to */
+    if (r->kv_dtype == RP_KV_FP8) {
+        if (r->model->kv_scales_loaded)
+            rp_log_info("KV cache: fp8_e4m3 with the checkpoint's k/v scales, %ld tokens (%d pages x %d)",
+                        (long)num_pages * page_size, num_pages, page_size);
+        else
+            rp_log_info("KV cache: fp8_e4m3 with k/v scales of 1 (the checkpoint has none), %ld tokens (%d pages x "
+                        "%d)",
+                        (long)num_pages * page_size, num_pages, page_size);
+    } else {
+        rp_log_info("KV cache: bf16%s, %ld tokens (%d pages x %d)", use_cuda ? "" : " (fp32 on the CPU)",
+                    (long)num_pages * page_size, num_pages, page_size);
+    }
     /* One sequence must always fit the pool, or preemption could not
      * guarantee progress (vLLM refuses to start in that case; replay
      * shortens the context and says so). */

@@ -34,6 +34,7 @@ typedef struct rp_runner_config {
     int threads;        /* CPU backend; 0 = all cores */
     /* KV cache and batch shape */
     int page_size;          /* tokens per page; 0 = 16 */
+    rp_kv_dtype kv_dtype;   /* --kv-cache-dtype: auto (0) is the checkpoint's, else bf16 (backend.h) */
     int num_pages;          /* 0: CUDA sizes it from memory_ratio, the CPU from what a full batch needs */
     double memory_ratio;    /* 0 = 0.9 */
     size_t reserve_bytes, shadow_page_bytes; /* what the CUDA pool leaves to a draft model (backend.h) */
@@ -59,6 +60,7 @@ typedef struct rp_runner {
     rp_page_table *table;
     rp_batch_builder *bb;
     const char *device; /* "cpu" or "cuda", as resolved */
+    rp_kv_dtype kv_dtype; /* the KV cache's format, as resolved (bf16 or fp8) */
     int max_context;    /* tokens per sequence, after fitting the pool */
     int max_seqs, max_logit_rows;
     /* scratch for the fixed-batch drivers: [max_logit_rows] and [max_logit_rows][vocab] */

@@ -41,6 +41,10 @@ typedef struct rp_quant_config {
     rp_quant_method method;
     int block[2];     /* per-block scales' block (rows, cols), or 0 */
     int static_input; /* activations with a static input_scale (read, not used: see quant.h) */
+    /* compressed-tensors' kv_cache_scheme declares an 8-bit float KV cache
+     * (llm-compressor writes it with per-layer k_scale / v_scale tensors):
+     * --kv-cache-dtype auto then means fp8 (backend.h, rp_kv_dtype) */
+    int kv_fp8;
     char desc[96];    /* for the startup log */
 } rp_quant_config;
 

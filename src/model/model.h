@@ -38,6 +38,13 @@ typedef struct rp_model {
     uint64_t weight_bytes;                   /* bytes of distinct weights as held (--quantization fp8: its
                                               * matrices at a byte an element and a float a row) */
     int fp8;                                 /* --quantization fp8: the layer matrices are e4m3 (rp_weight) */
+    /* The fp8 KV cache's scales per layer ([num_layers] each): K is stored
+     * as e4m3(k / k_scale), V as e4m3(v / v_scale). Read from the
+     * checkpoint where it has them (vLLM's and llm-compressor's names:
+     * weights.c), else 1; NULL (a model not built by weights.c) is 1 too.
+     * Unused with a bf16 KV cache. */
+    float *k_scale, *v_scale;
+    int kv_scales_loaded;                    /* how many layers' scales came from the checkpoint */
     /* ownership */
     rp_safetensors **files;
     int num_files;
@@ -82,6 +89,10 @@ void rp_dummy_weight_params(const rp_model_config *cfg, rp_weight_kind kind, int
 static inline uint16_t rp_dummy_bf16(double z, double std) {
     return rp_f32_to_bf16((float)(z * std));
 }
+
+/* Layer l's fp8 KV cache scales (1 where the model has none). */
+static inline float rp_model_k_scale(const rp_model *m, int l) { return m->k_scale ? m->k_scale[l] : 1.0f; }
+static inline float rp_model_v_scale(const rp_model *m, int l) { return m->v_scale ? m->v_scale[l] : 1.0f; }
 
 /* layer is ignored for embed/final_norm/lm_head. */
 static inline const rp_weight *rp_model_weight(const rp_model *m, rp_weight_kind kind, int layer) {

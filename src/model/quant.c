@@ -52,6 +52,12 @@ static int parse_ct(const json_t *quant, rp_quant_config *q, rp_err *err) {
         return rp_errf(err, "quantization_config.format \"%s\" is not supported (float-quantized and "
                             "naive-quantized FP8 are)", format);
     const json_t *groups = json_object_get(quant, "config_groups");
+    /* a recipe that quantizes the KV cache alone leaves the weights bf16
+     * (rp_quant_parse has read its kv_cache_scheme) */
+    if (q->kv_fp8 && (!groups || json_is_null(groups) || (json_is_object(groups) && !json_object_size(groups)))) {
+        q->method = RP_QUANT_NONE;
+        return 0;
+    }
     if (!json_is_object(groups) || !json_object_size(groups))
         return rp_errf(err, "quantization_config.config_groups: missing or empty");
     const char *key;
@@ -90,9 +96,33 @@ static int parse_ct(const json_t *quant, rp_quant_config *q, rp_err *err) {
     return 0;
 }
 
+/* compressed-tensors' kv_cache_scheme (llm-compressor's kv_cache_scheme
+ * recipe: {num_bits: 8, type: "float", strategy: "tensor", dynamic: false,
+ * symmetric: true}, scales saved as k_scale / v_scale per layer): an 8-bit
+ * float cache, which replay runs as e4m3. Null or absent: none. */
+static int parse_kv_scheme(const json_t *quant, rp_quant_config *q, rp_err *err) {
+    const json_t *kv = json_object_get(quant, "kv_cache_scheme");
+    if (!kv || json_is_null(kv)) return 0;
+    if (!json_is_object(kv)) return rp_errf(err, "quantization_config.kv_cache_scheme must be an object");
+    const json_t *bits = json_object_get(kv, "num_bits");
+    const char *type = str(kv, "type"), *st = str(kv, "strategy");
+    if (!json_is_integer(bits) || json_integer_value(bits) != 8 || (type && strcmp(type, "float")))
+        return rp_errf(err, "quantization_config.kv_cache_scheme: a %lld-bit %s KV cache is not supported (8-bit "
+                            "float is)",
+                       json_is_integer(bits) ? (long long)json_integer_value(bits) : 0LL, type ? type : "?");
+    /* per-head scales (strategy attn_head) would need a scale per kv head
+     * in the kernels; replay takes one per layer for K and one for V */
+    if (st && strcmp(st, "tensor"))
+        return rp_errf(err, "quantization_config.kv_cache_scheme.strategy \"%s\" is not supported (tensor is: one "
+                            "k_scale and one v_scale per layer)", st);
+    q->kv_fp8 = 1;
+    return 0;
+}
+
 int rp_quant_parse(const json_t *quant, rp_quant_config *q, rp_err *err) {
     memset(q, 0, sizeof *q);
     if (!json_is_object(quant)) return rp_errf(err, "quantization_config must be an object");
+    if (parse_kv_scheme(quant, q, err)) return RP_ERR;
     const char *method = str(quant, "quant_method");
     if (method && !strcmp(method, "fp8")) return parse_fp8(quant, q, err);
     if (method && !strcmp(method, "compressed-tensors")) return parse_ct(quant, q, err);
@@ -199,4 +229,17 @@ void rp_quant_fp8_rows(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q
             deq[r * cols + c] = rp_f32_to_bf16(rp_f8e4m3_to_f32(v) * s);
         }
     }
+}
+
+int rp_quant_kv_scale(const char *name, const rp_st_tensor *t, float *out, rp_err *err) {
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    if (n != 1 || t->ndim > 1)
+        return rp_errf(err, "KV cache scale \"%s\" has %lld elements: replay takes one scale per layer for K and "
+                            "one for V (per-head scales are not supported)",
+                       name, (long long)n);
+    if (scale_at(t, 0, out)) return rp_errf(err, "KV cache scale \"%s\" must be f32, bf16 or f16", name);
+    if (!(*out > 0) || !isfinite(*out))
+        return rp_errf(err, "KV cache scale \"%s\" is %g: it must be positive and finite", name, (double)*out);
+    return 0;
 }

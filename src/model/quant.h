@@ -54,6 +54,12 @@ int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_ten
 int rp_quant_row_scales(const rp_quant_config *q, const char *name, int64_t rows, int64_t cols,
                         const rp_st_tensor *scale, float *row_scale, rp_err *err);
 
+/* A KV cache scale tensor `name` (k_scale, v_scale, kv_scale,
+ * output_scale: one element, shape [] or [1], f32, bf16 or f16) into *out;
+ * an error naming the tensor when it has more elements, another dtype, or a
+ * value that is not positive and finite (a zero scale would divide by 0). */
+int rp_quant_kv_scale(const char *name, const rp_st_tensor *t, float *out, rp_err *err);
+
 /* --quantization fp8 (vLLM's): a bf16 matrix [rows, cols] quantized at
  * load with one scale per output channel (row): scale = max|w| / 448 (1 for
  * a row of zeros), q = e4m3(w / scale) rounded to nearest even, and deq =

@@ -46,10 +46,13 @@ static rp_model *model_new(const rp_model_config *cfg) {
     if (!m) return NULL;
     m->cfg = *cfg;
     m->layers = calloc((size_t)cfg->num_layers * RP_W_COUNT, sizeof *m->layers);
-    if (!m->layers) {
-        free(m);
+    m->k_scale = own(m, (size_t)cfg->num_layers * sizeof(float));
+    m->v_scale = own(m, (size_t)cfg->num_layers * sizeof(float));
+    if (!m->layers || !m->k_scale || !m->v_scale) {
+        rp_model_free(m);
         return NULL;
     }
+    for (int l = 0; l < cfg->num_layers; l++) m->k_scale[l] = m->v_scale[l] = 1.0f;
     return m;
 }
 
@@ -341,6 +344,49 @@ static int bind_weight(rp_model *m, rp_weight_kind kind, int layer, rp_err *err)
     return 0;
 }
 
+/* The fp8 KV cache's scales of every layer, where the checkpoint has them,
+ * under the names the tools write (vLLM's maybe_remap_kv_scale_name reads
+ * the same): llm-compressor's self_attn.k_scale / v_scale, ModelOpt's and
+ * older llm-compressor's k_proj.k_scale / v_proj.v_scale, the
+ * k_proj.output_scale / v_proj.output_scale of AutoFP8-era checkpoints, and
+ * the older single self_attn.kv_scale for both. The prefix comes from the
+ * architecture's name for k_proj ("model.layers.L.self_attn."). A layer
+ * with a K scale and no V scale (or the reverse) is an error: the cache
+ * would be read with a scale it was not written with. */
+static int load_kv_scales(rp_model *m, rp_err *err) {
+    const rp_model_config *cfg = &m->cfg;
+    m->kv_scales_loaded = 0;
+    for (int l = 0; l < cfg->num_layers; l++) {
+        char kname[256];
+        if (!cfg->arch->tensor_name(RP_W_K, l, kname, sizeof kname)) return 0;
+        char *cut = strstr(kname, "k_proj.weight");
+        if (!cut) return 0;
+        *cut = 0; /* kname is now the attention module's prefix */
+        static const char *const k_names[] = {"k_scale", "k_proj.k_scale", "k_proj.output_scale", "kv_scale"};
+        static const char *const v_names[] = {"v_scale", "v_proj.v_scale", "v_proj.output_scale", "kv_scale"};
+        const char *const *names[2] = {k_names, v_names};
+        float *dst[2] = {&m->k_scale[l], &m->v_scale[l]};
+        int found[2] = {0, 0};
+        char which[2][300];
+        for (int kv = 0; kv < 2; kv++)
+            for (size_t i = 0; i < 4 && !found[kv]; i++) {
+                snprintf(which[kv], sizeof which[kv], "%s%s", kname, names[kv][i]);
+                const rp_st_tensor *t = find_tensor(m, which[kv]);
+                if (!t) continue;
+                if (rp_quant_kv_scale(which[kv], t, dst[kv], err)) return RP_ERR;
+                found[kv] = 1;
+            }
+        if (found[0] != found[1])
+            return rp_errf(err, "layer %d has a KV cache scale for %s (\"%s\") but none for %s", l,
+                           found[0] ? "K" : "V", which[found[0] ? 0 : 1], found[0] ? "V" : "K");
+        m->kv_scales_loaded += found[0];
+    }
+    if (m->kv_scales_loaded && m->kv_scales_loaded != cfg->num_layers)
+        return rp_errf(err, "%d of %d layers have KV cache scales: every layer needs them, or none",
+                       m->kv_scales_loaded, cfg->num_layers);
+    return 0;
+}
+
 rp_model *rp_model_load(const char *dir, const rp_load_options *opts, rp_err *err) {
     rp_model_config cfg;
     if (rp_config_load_dir(&cfg, dir, err)) return NULL;
@@ -390,6 +436,11 @@ rp_model *rp_model_load(const char *dir, const rp_load_options *opts, rp_err *er
     }
     rp_progress_end(&prog);
     if (cfg.tie_word_embeddings) m->global[RP_W_LM_HEAD] = m->global[RP_W_EMBED];
+    if (load_kv_scales(m, err)) {
+        rp_err_wrap(err, "%s", dir);
+        rp_model_free(m);
+        return NULL;
+    }
     if (cfg.quant.method != RP_QUANT_NONE) {
         if (fp8_checkpoint(m))
             rp_log_info("%s: %s weights, run as e4m3 with a scale per row on the GPU (bf16 on the CPU)", dir,

@@ -6,7 +6,12 @@
  * (RMSNorm in fp32, RoPE by rotate_half, softmax in fp32) and the KV cache
  * has the same paged layout as on the GPU: k_cache[layer][slot][kv_head *
  * head_dim] with slot = page * page_size + offset. The cache is fp32 here
- * (bf16 on the GPU) so this backend matches fp32 transformers to ~1e-6. */
+ * (bf16 on the GPU) so this backend matches fp32 transformers to ~1e-6.
+ * With an fp8 KV cache (--kv-cache-dtype fp8) it holds what the GPU holds,
+ * e4m3 bytes of k / k_scale and v / v_scale (rp_f32_to_f8e4m3: the GPU's
+ * rounding), and attends as the GPU's kernels do: k_scale folded into the
+ * softmax scale, the output times v_scale (docs/kv-cache.md), so it stays
+ * the reference for them. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -26,7 +31,10 @@ typedef struct cpu_backend {
     rp_backend base;
     int num_threads;
     int64_t slots;        /* (num_pages + 1) * page_size, the +1 is the dummy page */
-    float *k_cache, *v_cache; /* [layers][slots][kv_dim] */
+    float *k_cache, *v_cache; /* [layers][slots][kv_dim]; bf16 KV */
+    uint8_t *k_cache8, *v_cache8; /* the same, fp8 KV: e4m3 bytes */
+    int fp8_kv;
+    float e4m3[256];      /* every e4m3 byte's value: a table read is cheaper than decoding each */
     float *inv_freq;      /* [head_dim / 2] */
     float rope_scale;     /* rp_rope_attention_scale: cos and sin are multiplied by it */
     /* activations, [max_batched_tokens][...] */
@@ -123,31 +131,65 @@ static void rope_head(float *v, int head_dim, int pos, const float *inv_freq, fl
 
 /* ---- the forward pass ------------------------------------------------- */
 
+/* One fp8 cache row (hd bytes) as floats, through the table. */
+static inline void e4m3_row(const cpu_backend *cb, float *dst, const uint8_t *src, int n) {
+    for (int i = 0; i < n; i++) dst[i] = cb->e4m3[src[i]];
+}
+
+/* Token t's K and V (kv_dim each) into the layer's cache at its slot: fp32
+ * as they are, or e4m3 of k / k_scale and v / v_scale. */
+static void store_kv(cpu_backend *cb, int layer, int64_t slot, const float *k, const float *v) {
+    const rp_model_config *c = &cb->base.model->cfg;
+    const int kv_dim = c->num_kv_heads * c->head_dim;
+    const int64_t off = ((int64_t)layer * cb->slots + slot) * kv_dim;
+    if (!cb->fp8_kv) {
+        memcpy(cb->k_cache + off, k, (size_t)kv_dim * sizeof(float));
+        memcpy(cb->v_cache + off, v, (size_t)kv_dim * sizeof(float));
+        return;
+    }
+    /* a division, not a multiplication by the inverse: the GPU's kernel
+     * divides too, so both make the same bytes */
+    const float ks = rp_model_k_scale(cb->base.model, layer), vs = rp_model_v_scale(cb->base.model, layer);
+    for (int i = 0; i < kv_dim; i++) {
+        cb->k_cache8[off + i] = rp_f32_to_f8e4m3(k[i] / ks);
+        cb->v_cache8[off + i] = rp_f32_to_f8e4m3(v[i] / vs);
+    }
+}
+
 static void attention(cpu_backend *cb, const rp_batch *bt, int layer) {
     const rp_model_config *c = &cb->base.model->cfg;
     const int hd = c->head_dim, nh = c->num_heads, group = c->num_heads / c->num_kv_heads;
     const int kv_dim = c->num_kv_heads * hd, q_dim = nh * hd, ps = cb->base.cfg.page_size;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const float *kc = cb->k_cache + (int64_t)layer * cb->slots * kv_dim;
-    const float *vc = cb->v_cache + (int64_t)layer * cb->slots * kv_dim;
+    /* fp8: q . (k8 k_scale) = (q . k8) k_scale, so k_scale joins the softmax
+     * scale, and sum p (v8 v_scale) = v_scale sum p v8 */
+    const float scale = 1.0f / sqrtf((float)hd) * (cb->fp8_kv ? rp_model_k_scale(cb->base.model, layer) : 1.0f);
+    const float out_scale = cb->fp8_kv ? rp_model_v_scale(cb->base.model, layer) : 1.0f;
+    const int64_t layer_off = (int64_t)layer * cb->slots * kv_dim;
+    const float *kc = cb->fp8_kv ? NULL : cb->k_cache + layer_off;
+    const float *vc = cb->fp8_kv ? NULL : cb->v_cache + layer_off;
+    const uint8_t *kc8 = cb->fp8_kv ? cb->k_cache8 + layer_off : NULL;
+    const uint8_t *vc8 = cb->fp8_kv ? cb->v_cache8 + layer_off : NULL;
     const int pairs = bt->num_tokens * nh;
     int64_t work = 0;
     for (int t = 0; t < bt->num_tokens; t++) work += (int64_t)(bt->positions[t] + 1) * hd * nh * 2;
 #pragma omp parallel num_threads(cb->num_threads) if (work >= PARALLEL_MIN_WORK)
     {
         float *sc = cb->scores + (size_t)omp_get_thread_num() * cb->max_kv_len;
+        float row[512]; /* one dequantized fp8 row (head_dim <= 512: rp_config_validate) */
 #pragma omp for schedule(dynamic, 4)
         for (int th = 0; th < pairs; th++) {
             int t = th / nh, h = th % nh, kvh = h / group;
             int s = 0;
             while (bt->seq_start[s + 1] <= t) s++;
-            const int32_t *row = bt->page_table + (int64_t)bt->seq_page_row[s] * bt->page_table_stride;
+            const int32_t *prow = bt->page_table + (int64_t)bt->seq_page_row[s] * bt->page_table_stride;
             int kv_len = bt->positions[t] + 1; /* causal: keys up to and including this token */
             const float *qv = cb->q + (int64_t)t * q_dim + h * hd;
             float mx = -INFINITY;
             for (int j = 0; j < kv_len; j++) {
-                int64_t slot = (int64_t)row[j / ps] * ps + j % ps;
-                sc[j] = dot_f32(qv, kc + slot * kv_dim + kvh * hd, hd) * scale;
+                int64_t slot = (int64_t)prow[j / ps] * ps + j % ps;
+                const float *kv_row = kc ? kc + slot * kv_dim + kvh * hd : row;
+                if (!kc) e4m3_row(cb, row, kc8 + slot * kv_dim + kvh * hd, hd);
+                sc[j] = dot_f32(qv, kv_row, hd) * scale;
                 if (sc[j] > mx) mx = sc[j];
             }
             float sum = 0.0f;
@@ -158,11 +200,14 @@ static void attention(cpu_backend *cb, const rp_batch *bt, int layer) {
             float *out = cb->attn + (int64_t)t * q_dim + h * hd;
             for (int d = 0; d < hd; d++) out[d] = 0.0f;
             for (int j = 0; j < kv_len; j++) {
-                int64_t slot = (int64_t)row[j / ps] * ps + j % ps;
-                const float *vv = vc + slot * kv_dim + kvh * hd;
+                int64_t slot = (int64_t)prow[j / ps] * ps + j % ps;
+                const float *vv = vc ? vc + slot * kv_dim + kvh * hd : row;
+                if (!vc) e4m3_row(cb, row, vc8 + slot * kv_dim + kvh * hd, hd);
                 float p = sc[j] / sum;
                 for (int d = 0; d < hd; d++) out[d] += p * vv[d];
             }
+            if (out_scale != 1.0f)
+                for (int d = 0; d < hd; d++) out[d] *= out_scale;
         }
     }
 }
@@ -218,8 +263,6 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         add_bias(cb->k, rp_model_weight(m, RP_W_K_BIAS, l), T);
         add_bias(cb->v, rp_model_weight(m, RP_W_V_BIAS, l), T);
         const rp_weight *qn = rp_model_weight(m, RP_W_Q_NORM, l), *kn = rp_model_weight(m, RP_W_K_NORM, l);
-        float *kc = cb->k_cache + (int64_t)l * cb->slots * kv_dim;
-        float *vc = cb->v_cache + (int64_t)l * cb->slots * kv_dim;
 #pragma omp parallel for num_threads(cb->num_threads) schedule(static) if ((int64_t)T * q_dim * 4 >= PARALLEL_MIN_WORK)
         for (int t = 0; t < T; t++) {
             float *qt = cb->q + (int64_t)t * q_dim, *kt = cb->k + (int64_t)t * kv_dim;
@@ -231,9 +274,7 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
                 if (kn->data) rmsnorm_row(kt + h * hd, kt + h * hd, kn->data, hd, eps);
                 rope_head(kt + h * hd, hd, bt->positions[t], cb->inv_freq, cb->rope_scale);
             }
-            int64_t slot = bt->slot_mapping[t];
-            memcpy(kc + slot * kv_dim, kt, (size_t)kv_dim * sizeof(float));
-            memcpy(vc + slot * kv_dim, cb->v + (int64_t)t * kv_dim, (size_t)kv_dim * sizeof(float));
+            store_kv(cb, l, bt->slot_mapping[t], kt, cb->v + (int64_t)t * kv_dim);
         }
         attention(cb, bt, l);
         matmul(cb, cb->xn, cb->attn, rp_model_weight(m, RP_W_O, l), T);
@@ -312,6 +353,8 @@ static void cpu_destroy(rp_backend *b) {
                      cb->v,       cb->attn,    cb->gate,     cb->up,       cb->logit_in, cb->logits, cb->wrows,
                      cb->scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(cb->k_cache8);
+    free(cb->v_cache8);
     for (int k = 0; k < 2; k++) {
         free(cb->tok_slot[k]);
         free(cb->lp_slot[k]);
@@ -362,8 +405,23 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
     cb->max_kv_len = (int)(cb->slots < c->max_position_embeddings ? cb->slots : c->max_position_embeddings);
 
     int failed = 0;
-    cb->k_cache = alloc_f32((int64_t)c->num_layers * cb->slots * kv_dim, &failed);
-    cb->v_cache = alloc_f32((int64_t)c->num_layers * cb->slots * kv_dim, &failed);
+    cb->base.cfg.kv_dtype = rp_kv_dtype_resolve(cfg->kv_dtype, c);
+    cb->fp8_kv = cb->base.cfg.kv_dtype == RP_KV_FP8;
+    if (cb->fp8_kv && c->head_dim > 512) {
+        cpu_destroy(&cb->base);
+        rp_errf(err, "cpu backend: an fp8 KV cache takes head_dim up to 512 (the model's is %d)", c->head_dim);
+        return NULL;
+    }
+    const int64_t kv_elems = (int64_t)c->num_layers * cb->slots * kv_dim;
+    if (cb->fp8_kv) {
+        cb->k_cache8 = calloc((size_t)kv_elems, 1);
+        cb->v_cache8 = calloc((size_t)kv_elems, 1);
+        if (!cb->k_cache8 || !cb->v_cache8) failed = 1;
+        for (int i = 0; i < 256; i++) cb->e4m3[i] = rp_f8e4m3_to_f32((uint8_t)i);
+    } else {
+        cb->k_cache = alloc_f32(kv_elems, &failed);
+        cb->v_cache = alloc_f32(kv_elems, &failed);
+    }
     cb->inv_freq = alloc_f32(c->head_dim / 2, &failed);
     cb->x = alloc_f32(T * H, &failed);
     cb->xn = alloc_f32(T * H, &failed);

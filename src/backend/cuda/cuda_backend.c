@@ -322,6 +322,14 @@ static const rp_backend_ops cuda_ops = {
 
 rp_cuda_backend *rp_cuda_backend_of(rp_backend *b) { return b && b->ops == &cuda_ops ? (rp_cuda_backend *)b : NULL; }
 
+rp_kv_cache rp_cuda_kv_layer(const rp_cuda_backend *cb, int l) {
+    const size_t off = (size_t)l * cb->kv_layer_elems * cb->kv_elem_bytes;
+    const int fp8 = cb->kv_format == RP_KV_FORMAT_E4M3;
+    rp_kv_cache kv = {(uint8_t *)cb->k_cache + off, (uint8_t *)cb->v_cache + off, cb->kv_format,
+                      fp8 ? rp_model_k_scale(cb->base.model, l) : 1.0f, fp8 ? rp_model_v_scale(cb->base.model, l) : 1.0f};
+    return kv;
+}
+
 static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     const size_t T = (size_t)cb->base.cfg.max_batched_tokens, H = (size_t)c->hidden_size,
@@ -445,6 +453,9 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     cb->max_seqs = bc->max_batch_seqs;
     cb->max_logits = bc->max_logit_rows;
     cb->max_splits = 32;
+    bc->kv_dtype = rp_kv_dtype_resolve(cfg->kv_dtype, c);
+    cb->kv_format = bc->kv_dtype == RP_KV_FP8 ? RP_KV_FORMAT_E4M3 : RP_KV_FORMAT_BF16;
+    cb->kv_elem_bytes = cb->kv_format == RP_KV_FORMAT_E4M3 ? 1 : 2;
     cb->ss_num_parts = rp_gemv_ss_parts(c->hidden_size);
     cb->w.layers = calloc((size_t)c->num_layers, sizeof *cb->w.layers);
     rp_err e2;
@@ -502,8 +513,10 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         goto fail;
     /* The KV pool takes memory_ratio of what is left after weights,
      * activations and workspaces (mini-sglang's sizing), less a reserve for
-     * the metadata block, graphs and the CUDA/cuBLAS runtime. */
-    const size_t kv_page_bytes = 2 * (size_t)c->num_layers * (size_t)bc->page_size * (size_t)cb->kv_dim * 2;
+     * the metadata block, graphs and the CUDA/cuBLAS runtime. A page's bytes
+     * are the format's (rp_kv_page_bytes): e4m3 pages are half, twice the
+     * tokens. */
+    const size_t kv_page_bytes = rp_kv_page_bytes(c, bc->page_size, bc->kv_dtype);
     if (bc->num_pages <= 0) {
         size_t free_b = 0, total_b = 0;
         if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
@@ -513,7 +526,7 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         double ratio = bc->memory_ratio > 0 && bc->memory_ratio <= 1 ? bc->memory_ratio : 0.9;
         double reserve = 512.0 * (1 << 20);
         double usable = (double)free_b * ratio - reserve - (double)bc->reserve_bytes;
-        bc->num_pages = usable > 0 ? (int)(usable / (double)(kv_page_bytes + bc->shadow_page_bytes)) - 1 : 0;
+        bc->num_pages = rp_kv_pool_pages(usable, kv_page_bytes, bc->shadow_page_bytes);
         if (bc->num_pages < 1) {
             if (bc->reserve_bytes)
                 rp_errf(err, "no GPU memory left for the KV cache beside the draft model: %.2f GiB free after the "
@@ -535,7 +548,7 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     size_t kv_bytes = (size_t)(bc->num_pages + 1) * kv_page_bytes;
     if (rp_cuda_malloc((void **)&cb->kv_mem, kv_bytes, "the KV cache", err)) goto fail;
     cb->k_cache = cb->kv_mem;
-    cb->v_cache = cb->kv_mem + (size_t)c->num_layers * cb->kv_layer_elems;
+    cb->v_cache = cb->kv_mem + (size_t)c->num_layers * cb->kv_layer_elems * cb->kv_elem_bytes;
     if (cudaMemset(cb->kv_mem, 0, kv_bytes) != cudaSuccess) {
         rp_errf(err, "cudaMemset of the KV cache failed");
         goto fail;
@@ -543,9 +556,14 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     if (rp_cuda_plan_meta(cb, err)) goto fail;
     rp_cuda_step_buckets_plan(cb);
     if (rp_cuda_decode_buckets_plan(cb, err)) goto fail;
-    rp_log_info("cuda: KV cache %d pages x %d tokens (%.2f GiB), activations %.2f GiB for %d tokens / %d sequences",
-                bc->num_pages, bc->page_size, (double)kv_bytes / (1 << 30), (double)cb->act_bytes / (1 << 30),
-                bc->max_batched_tokens, bc->max_batch_seqs);
+    rp_log_info("cuda: KV cache %s, %d pages x %d tokens = %ld tokens (%.2f GiB), activations %.2f GiB for %d "
+                "tokens / %d sequences",
+                rp_kv_dtype_name(bc->kv_dtype), bc->num_pages, bc->page_size, (long)bc->num_pages * bc->page_size,
+                (double)kv_bytes / (1 << 30), (double)cb->act_bytes / (1 << 30), bc->max_batched_tokens,
+                bc->max_batch_seqs);
+    if (cb->kv_format == RP_KV_FORMAT_E4M3)
+        rp_log_info("cuda: fp8 KV cache: prefill attention runs the mma.sync kernel (the Hopper wgmma kernel reads "
+                    "bf16 pages only), decode the chain of kernels");
     if (rp_cuda_decode_step_setup(cb, err)) goto fail;
     if (!bc->disable_cuda_graph && rp_cuda_graphs_capture(cb, err)) goto fail;
     cb->graphs_enabled = cb->num_decode_graphs + cb->num_step_graphs > 0;

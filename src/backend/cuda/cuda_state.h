@@ -120,8 +120,13 @@ typedef struct rp_cuda_backend {
     int nkv, q_dim, kv_dim, qkv_dim;
     int max_seqs, max_logits, max_splits, max_pages_per_seq;
     rp_cuda_weights w;
-    /* KV cache: [layer][slot][kv_dim] for k, then the same for v */
-    rp_bf16 *kv_mem, *k_cache, *v_cache;
+    /* KV cache: [layer][slot][kv_dim] for k, then the same for v; bf16, or
+     * e4m3 bytes (kv_format, --kv-cache-dtype fp8: docs/kv-cache.md) with
+     * the model's per-layer k/v scales */
+    uint8_t *kv_mem;
+    void *k_cache, *v_cache;
+    rp_kv_format kv_format;
+    size_t kv_elem_bytes; /* 2 (bf16) or 1 (e4m3) */
     int64_t kv_slots; /* (num_pages + 1) * page_size */
     size_t kv_layer_elems;
     /* activations and workspaces (one allocation) */
@@ -198,6 +203,10 @@ typedef struct rp_cuda_backend {
 
 /* NULL when b is not a CUDA backend (cuda_backend.c). */
 rp_cuda_backend *rp_cuda_backend_of(rp_backend *b);
+
+/* Layer l's KV cache as the kernels take it (cuda_backend.c): its K and V
+ * in the backend's format, with the model's scales where e4m3. */
+rp_kv_cache rp_cuda_kv_layer(const rp_cuda_backend *cb, int l);
 
 static inline size_t rp_align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 

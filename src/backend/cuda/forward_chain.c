@@ -35,20 +35,20 @@ static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, const rp_a
     const int32_t *pos = RP_META(cb, d, off_positions, int32_t), *slots = RP_META(cb, d, off_slots, int32_t);
     rp_attn_meta am = rp_cuda_device_attn_meta(cb);
     const float eps = (float)c->rms_norm_eps;
-    rp_bf16 *kc = cb->k_cache + (size_t)l * cb->kv_layer_elems, *vc = cb->v_cache + (size_t)l * cb->kv_layer_elems;
+    const rp_kv_cache kv = rp_cuda_kv_layer(cb, l);
     rp_cuda_prof_mark(cb, "qk_norm_rope_store");
     RP_LAUNCH(rp_k_qk_norm_rope_store(cb->qkv, ly->bqkv, ly->q_norm, ly->k_norm, cb->inv_freq, cb->rope_scale, pos,
-                                      slots, kc, vc, T, c->num_heads, c->num_kv_heads, c->head_dim, eps, st),
+                                      slots, kv, T, c->num_heads, c->num_kv_heads, c->head_dim, eps, st),
               err);
     rp_cuda_prof_mark(cb, step ? "attn (step)" : "attn_decode");
     if (!step)
-        RP_LAUNCH(rp_k_attn_decode(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, S, c->num_heads,
-                       c->num_kv_heads, c->head_dim, rp_cuda_decode_splits(cb, S), st),
-              err);
+        RP_LAUNCH(rp_k_attn_decode(cb->qkv, kv, am, cb->attn, cb->attn_ws, S, c->num_heads, c->num_kv_heads,
+                                   c->head_dim, rp_cuda_decode_splits(cb, S), st),
+                  err);
     else {
         am.hdr = RP_META(cb, d, off_attn_hdr, int32_t);
         am.pf_items = RP_META(cb, d, off_pf_items, int32_t);
-        RP_LAUNCH(rp_k_attn_step(cb->qkv, kc, vc, am, cb->attn, cb->attn_ws, step, c->num_heads, c->num_kv_heads,
+        RP_LAUNCH(rp_k_attn_step(cb->qkv, kv, am, cb->attn, cb->attn_ws, step, c->num_heads, c->num_kv_heads,
                                  c->head_dim, st),
                   err);
     }

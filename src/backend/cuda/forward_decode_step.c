@@ -23,6 +23,14 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
                     "kernels");
         return 0;
     }
+    if (cb->kv_format != RP_KV_FORMAT_BF16) {
+        /* its attention phase reads bf16 K/V rows: with an e4m3 cache every
+         * decode takes the chain, whose attention reads e4m3 (half the
+         * bytes), never the one kernel on bytes it would misread */
+        rp_log_info("cuda: the one-kernel decode step reads a bf16 KV cache; with the fp8 KV cache decode runs a "
+                    "chain of kernels");
+        return 0;
+    }
     cb->decode_step_pick = 1;
     rp_decode_layer *h = calloc((size_t)c->num_layers, sizeof *h);
     if (!h) return rp_errf(err, "out of memory");

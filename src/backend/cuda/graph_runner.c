@@ -208,7 +208,7 @@ void rp_cuda_step_buckets_plan(rp_cuda_backend *cb) {
         bk->logits = cb->max_logits < bk->tokens ? cb->max_logits : bk->tokens;
         bk->attn = rp_attn_step_shape_for(bk->tokens, cb->max_seqs, rp_cuda_decode_splits(cb, dec_seqs), cb->num_sms,
                                           c->num_heads, c->num_kv_heads, c->head_dim, bc->page_size,
-                                          cb->attn_ws_bytes);
+                                          cb->attn_ws_bytes, cb->kv_format);
         bk->exec = NULL;
     }
     cb->num_buckets = n;

@@ -9,7 +9,8 @@
  *  - Weights and activations are bf16 (uint16_t here; __nv_bfloat16 in the
  *    kernels), accumulation is fp32. The residual stream is fp32.
  *  - KV cache layout: cache[slot][kv_head][head_dim] per layer, slot =
- *    page * page_size + offset, the same as the CPU backend.
+ *    page * page_size + offset, the same as the CPU backend; its elements
+ *    bf16 or e4m3 bytes with a scale per layer for K and for V (rp_kv_cache).
  *  - Launchers only enqueue on `stream`; they never allocate, synchronise
  *    or copy to the host. They return cudaSuccess or the launch error
  *    (cudaGetLastError) as an int.
@@ -118,6 +119,23 @@ int rp_gemv_ss_parts(int N);
 #define RP_GEMV_STAGE_BYTES (100 * 1024)
 int rp_gemv_stage_fits(int T, int K);
 
+/* One layer's KV cache as the kernels that write and read it see it
+ * (docs/kv-cache.md): bf16, or e4m3 bytes holding k / k_scale and v /
+ * v_scale (--kv-cache-dtype fp8), which attention reads as q . k8 times
+ * k_scale (the softmax scale's factor) and sum p v8 times v_scale, so the
+ * kernels only widen e4m3 in registers. The scales are 1 for bf16. */
+typedef enum rp_kv_format { RP_KV_FORMAT_BF16 = 0, RP_KV_FORMAT_E4M3 = 1 } rp_kv_format;
+typedef struct rp_kv_cache {
+    void *k, *v; /* [slots][nkv][hd] each: rp_bf16, or uint8_t e4m3 */
+    rp_kv_format format;
+    float k_scale, v_scale;
+} rp_kv_cache;
+/* A bf16 layer's view (tests and benchmarks). */
+static inline rp_kv_cache rp_kv_cache_bf16(rp_bf16 *k, rp_bf16 *v) {
+    rp_kv_cache c = {k, v, RP_KV_FORMAT_BF16, 1.0f, 1.0f};
+    return c;
+}
+
 /* qkv: [T][(nh + 2 * nkv) * hd], q heads then k heads then v heads (the
  * fused projection's output). In place: the optional bias (Qwen2; one
  * [(nh + 2 * nkv) * hd] vector laid out as a qkv row, NULL to skip) added to
@@ -125,11 +143,14 @@ int rp_gemv_stage_fits(int T, int K);
  * to skip), then rotate_half RoPE of q and k at positions[t] with angle =
  * float(positions[t]) * inv_freq[i] (fp32, like transformers) and cos and
  * sin times rope_scale (yarn's attention factor; 1 otherwise). Then k and v
- * of token t are written to k_cache/v_cache at slot_mapping[t]. */
+ * of token t are written to the cache kv at slot_mapping[t]: bf16 as qkv
+ * holds them, or e4m3(k / k_scale) and e4m3(v / v_scale) of their fp32
+ * values (before qkv's bf16 rounding; an exactly rounded division, then
+ * nearest even saturating at 448, as the CPU backend rounds). */
 int rp_k_qk_norm_rope_store(rp_bf16 *qkv, const rp_bf16 *bias, const rp_bf16 *q_norm, const rp_bf16 *k_norm,
                             const float *inv_freq, float rope_scale, const int32_t *positions,
-                            const int32_t *slot_mapping, rp_bf16 *k_cache, rp_bf16 *v_cache, int T, int nh, int nkv,
-                            int hd, float eps, cudaStream_t stream);
+                            const int32_t *slot_mapping, rp_kv_cache kv, int T, int nh, int nkv, int hd, float eps,
+                            cudaStream_t stream);
 
 /* out[t][:F] = bf16(silu(gate_up[t][:F]) * gate_up[t][F:2F]), gate_up fp32. */
 int rp_k_silu_mul(const float *gate_up, rp_bf16 *out, int T, int F, cudaStream_t stream);
@@ -153,11 +174,11 @@ typedef struct rp_attn_meta {
  * per kv head), scale 1/sqrt(hd). The KV length is split into num_splits
  * parts processed in parallel (flash-decoding) and merged; num_splits is
  * fixed per graph and a split past a sequence's length contributes nothing.
- * workspace: rp_attn_decode_workspace_bytes(). out: [num_seqs][nh * hd]. */
+ * workspace: rp_attn_decode_workspace_bytes(). out: [num_seqs][nh * hd].
+ * Either cache format (an e4m3 row is widened to bf16 in registers). */
 size_t rp_attn_decode_workspace_bytes(int num_seqs, int nh, int hd, int num_splits);
-int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
-                     rp_bf16 *out, void *workspace, int num_seqs, int nh, int nkv, int hd, int num_splits,
-                     cudaStream_t stream);
+int rp_k_attn_decode(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out, void *workspace,
+                     int num_seqs, int nh, int nkv, int hd, int num_splits, cudaStream_t stream);
 /* Tests: 1 runs the transposed tile products (keys as the mma's M), 0 the
  * heads-as-M ones, -1 the default (attn_decode.cu says when). */
 void rp_k_attn_decode_set_trans(int mode);
@@ -277,9 +298,11 @@ extern const char *const rp_decode_step_trace_names[RP_DECODE_STEP_TRACE_SLOTS];
  * rp_attn_prefill_workspace_bytes(max_tokens, ...) sizes for every split
  * the launcher makes for up to max_tokens tokens on num_sms SMs. */
 size_t rp_attn_prefill_workspace_bytes(int max_tokens, int nh, int hd, int num_sms);
-int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
-                      rp_bf16 *out, void *workspace, size_t workspace_bytes, int T, int num_seqs, int max_q_len,
-                      int max_kv_len, int nh, int nkv, int hd, cudaStream_t stream);
+/* Either cache format: e4m3 tiles are staged in shared memory as bytes and
+ * widened to bf16 there before the mma (attn_prefill.cu). */
+int rp_k_attn_prefill(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out, void *workspace,
+                      size_t workspace_bytes, int T, int num_seqs, int max_q_len, int max_kv_len, int nh, int nkv,
+                      int hd, cudaStream_t stream);
 /* The attention of a step with prompt chunks, graph-safe: its launches
  * depend only on the step's shape (rp_attn_step_shape, fixed per token
  * bucket), and what they work on comes from the metadata block, so one
@@ -318,9 +341,11 @@ typedef struct rp_attn_step_shape {
  * num_sms SMs with a workspace of ws_bytes; dec_splits: the decode rule's
  * choice for the bucket (the caller's). Large buckets take the Hopper
  * kernel (RP_PREFILL_SM90: 128 query rows of one head per item, never
- * split) where it runs the shape. */
+ * split) where it runs the shape: bf16 caches only (it copies K/V pages
+ * into its ring as they are), so an e4m3 cache (kv_format) always takes
+ * the mma.sync blocks. */
 rp_attn_step_shape rp_attn_step_shape_for(int tokens, int max_seqs, int dec_splits, int num_sms, int nh, int nkv,
-                                          int hd, int page_size, size_t ws_bytes);
+                                          int hd, int page_size, size_t ws_bytes, rp_kv_format kv_format);
 /* The most work items any step up to max_tokens tokens and max_seqs
  * sequences lists (the metadata block's room). */
 int rp_attn_step_max_items(int max_tokens, int max_seqs, int num_sms, int nh, int nkv);
@@ -329,10 +354,10 @@ int rp_attn_step_max_items(int max_tokens, int max_seqs, int num_sms, int nh, in
  * (more items than shape.pf_items). */
 int rp_attn_step_plan(const rp_attn_step_shape *sh, const int32_t *seq_start, const int32_t *seq_kv_len,
                       int num_seqs, int num_sms, int nh, int nkv, int hd, int32_t *hdr, int32_t *items);
-/* The launches (meta.hdr and meta.pf_items set). */
-int rp_k_attn_step(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
-                   rp_bf16 *out, void *workspace, const rp_attn_step_shape *sh, int nh, int nkv, int hd,
-                   cudaStream_t stream);
+/* The launches (meta.hdr and meta.pf_items set). An e4m3 cache with an
+ * RP_PREFILL_SM90 shape is cudaErrorInvalidValue. */
+int rp_k_attn_step(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out, void *workspace,
+                   const rp_attn_step_shape *sh, int nh, int nkv, int hd, cudaStream_t stream);
 
 /* The number of key ranges rp_k_attn_prefill's rule makes for this launch
  * on num_sms SMs (1: no split), for benchmarks and tests. */

@@ -27,13 +27,21 @@
  * numbered, so each thread loads 8 (K) or 8/16 (V) consecutive bf16 with one
  * or two 16-byte loads and the mma's k/n numbering is permuted to match.
  * For V the output dimension is permuted: n-tile j, column n holds dim
- * n * (hd / 8) + j, undone when the result is stored. */
+ * n * (hd / 8) + j, undone when the result is stored.
+ *
+ * An e4m3 cache (FP8: --kv-cache-dtype fp8) is read the same way at half
+ * the bytes, 8 elements per 8-byte load, and widened to the same bf16
+ * fragments in registers (exactly: fp8.cuh), so everything after the load
+ * is the bf16 kernel's. The scales are the caller's: k_scale joins the
+ * softmax scale (q . k = k_scale q . k8), v_scale multiplies the output
+ * (sum p v = v_scale sum p v8), where the warps' results are combined. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 
 #include "attn_split.cuh"
 #include "common.cuh"
+#include "fp8.cuh"
 #include "mma.cuh"
 
 #define DEC_WARPS 4
@@ -87,31 +95,49 @@ static __device__ __forceinline__ dec_block dec_block_of(const rp_attn_meta &met
     return b;
 }
 
+/* A cache element: bf16 bits or an e4m3 byte. */
+template <bool FP8> struct dec_kv_elem { typedef uint16_t type; };
+template <> struct dec_kv_elem<true> { typedef uint8_t type; };
+
+/* 8 cache elements at p as 8 bf16: one 16-byte load of bf16, or one
+ * 8-byte load of e4m3 widened in registers. */
+template <bool FP8>
+static __device__ __forceinline__ uint4 dec_load8(const typename dec_kv_elem<FP8>::type *p) {
+    if constexpr (FP8) {
+        const uint2 w = rp_ld_act8(p);
+        return rp_e4m3x8_bf16x8(w.x, w.y);
+    } else {
+        return rp_ld_act(p);
+    }
+}
+
 /* This thread's part of the tile at key base (< end; keys past end:
  * zeros): K rows of keys base + g (kr[0]) and base + g + 8 (kr[1]), 8 dims
  * at c * 8 + 32 ch each; V rows of keys base + 2c, + 1, + 8, + 9 (vr[0..3]),
  * dims g * HD / 8 .. + HD / 8 - 1. */
-template <int HD>
+template <int HD, bool FP8>
 static __device__ __forceinline__ void dec_load_tile(const dec_block &b, const rp_attn_meta &meta,
-                                                     const uint16_t *k_cache, const uint16_t *v_cache, int base,
+                                                     const typename dec_kv_elem<FP8>::type *k_cache,
+                                                     const typename dec_kv_elem<FP8>::type *v_cache, int base,
                                                      uint4 (&kr)[2][HD / 32], uint4 (&vr)[4][HD / 64]) {
+    typedef typename dec_kv_elem<FP8>::type KV;
     const int64_t slot0 = b.tile_in_page ? key_slot(b.prow, meta.page_size, base) - base : 0;
     auto slot = [&](int j) { return b.tile_in_page ? slot0 + j : key_slot(b.prow, meta.page_size, j); };
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int j = base + h * 8 + b.g;
         const bool ok = j < b.end;
-        const uint16_t *kp = k_cache + (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.c * 8;
+        const KV *kp = k_cache + (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.c * 8;
 #pragma unroll
-        for (int ch = 0; ch < HD / 32; ch++) kr[h][ch] = ok ? rp_ld_act(kp + ch * 32) : make_uint4(0, 0, 0, 0);
+        for (int ch = 0; ch < HD / 32; ch++) kr[h][ch] = ok ? dec_load8<FP8>(kp + ch * 32) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int j = base + 2 * b.c + (r & 1) + (r >> 1) * 8;
         const bool ok = j < b.end;
-        const uint16_t *vp = v_cache + (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.g * (HD / 8);
+        const KV *vp = v_cache + (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.g * (HD / 8);
 #pragma unroll
-        for (int u = 0; u < HD / 64; u++) vr[r][u] = ok ? rp_ld_act(vp + u * 8) : make_uint4(0, 0, 0, 0);
+        for (int u = 0; u < HD / 64; u++) vr[r][u] = ok ? dec_load8<FP8>(vp + u * 8) : make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -137,10 +163,12 @@ template <int HD> __device__ __forceinline__ dec_merge_smem<HD> dec_merge_smem_a
 
 /* The block's warps' (max, sum, unnormalised output) per query head,
  * combined in warp order: the split's partial result (ws_o, ws_ml), or with
- * one split (out set) the bf16 result itself, without the merge launch. */
-template <int HD>
+ * one split (out set) the bf16 result itself, without the merge launch.
+ * An e4m3 cache's output times v_scale (FP8): the merge of splits is
+ * linear in it. */
+template <int HD, bool FP8>
 __device__ void dec_merge_warps(const dec_merge_smem<HD> &sm, float *ws_o, float2 *ws_ml, uint16_t *out, int s,
-                                int kvh, int G, int nh, int num_splits, int split) {
+                                int kvh, int G, int nh, int num_splits, int split, float v_scale) {
     for (int i = threadIdx.x; i < G * HD; i += DEC_WARPS * 32) {
         const int r = i / HD, d = i % HD;
         float M = -INFINITY;
@@ -155,6 +183,7 @@ __device__ void dec_merge_warps(const dec_merge_smem<HD> &sm, float *ws_o, float
                 L += f * sm.l[w][r];
             }
         }
+        if (FP8) acc *= v_scale;
         const int h = kvh * G + r;
         const int64_t idx = ((int64_t)s * nh + h) * num_splits + split;
         if (out) {
@@ -166,12 +195,12 @@ __device__ void dec_merge_warps(const dec_merge_smem<HD> &sm, float *ws_o, float
     }
 }
 
-template <int HD>
+template <int HD, bool FP8>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
-    attn_decode_split_kernel(const uint16_t *__restrict__ qkv, const uint16_t *__restrict__ k_cache,
-                             const uint16_t *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
-                             float2 *__restrict__ ws_ml, uint16_t *__restrict__ out, int nh, int nkv,
-                             int num_splits) {
+    attn_decode_split_kernel(const uint16_t *__restrict__ qkv, const typename dec_kv_elem<FP8>::type *__restrict__ k_cache,
+                             const typename dec_kv_elem<FP8>::type *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
+                             float2 *__restrict__ ws_ml, uint16_t *__restrict__ out, int nh, int nkv, int num_splits,
+                             float k_scale, float v_scale) {
     constexpr int KCH = HD / 32; /* 32-dim chunks: one uint4 of K per thread each */
     constexpr int DPT = HD / 8;  /* V dims per thread = PV n-tiles */
     extern __shared__ uint4 dec_smem[];
@@ -189,7 +218,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         q_lo[ch] = g < G ? rp_ld_act(qbase + (int64_t)g * HD + ch * 32 + c * 8) : z;
         q_hi[ch] = g + 8 < G ? rp_ld_act(qbase + (int64_t)(g + 8) * HD + ch * 32 + c * 8) : z;
     }
-    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f; /* exp2 domain */
+    /* exp2 domain; an e4m3 cache's k_scale folded in (bf16: the product as it was) */
+    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * (FP8 ? k_scale : 1.0f);
 
     float o[DPT][4];
 #pragma unroll
@@ -275,8 +305,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         uint4 kr0[2][KCH], kr1[2][KCH];
         uint4 vr0[4][DPT / 8], vr1[4][DPT / 8];
         const int base1 = base + DEC_WARPS * DEC_TILE;
-        dec_load_tile<HD>(b, meta, k_cache, v_cache, base, kr0, vr0);
-        if (base1 < end) dec_load_tile<HD>(b, meta, k_cache, v_cache, base1, kr1, vr1);
+        dec_load_tile<HD, FP8>(b, meta, k_cache, v_cache, base, kr0, vr0);
+        if (base1 < end) dec_load_tile<HD, FP8>(b, meta, k_cache, v_cache, base1, kr1, vr1);
         tile(base, kr0, vr0);
         if (base1 < end) tile(base1, kr1, vr1);
     }
@@ -307,7 +337,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             if (g + 8 < G) sm.o[warp][g + 8][d] = o[j][2 + e];
         }
     __syncthreads();
-    dec_merge_warps<HD>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split);
+    dec_merge_warps<HD, FP8>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split, v_scale);
 }
 
 /* The same attention with the tile's products transposed: keys are the
@@ -320,11 +350,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 /* four blocks per SM: 128 registers (12 bytes of spills); without the
  * bound (140 registers, three per SM) batch 128 is 1% slower */
 #define DEC_T_MIN_BLOCKS 4
-template <int HD, int NT>
+template <int HD, int NT, bool FP8>
 __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
-    attn_decode_t_kernel(const uint16_t *__restrict__ qkv, const uint16_t *__restrict__ k_cache,
-                         const uint16_t *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
-                         float2 *__restrict__ ws_ml, uint16_t *__restrict__ out, int nh, int nkv, int num_splits) {
+    attn_decode_t_kernel(const uint16_t *__restrict__ qkv, const typename dec_kv_elem<FP8>::type *__restrict__ k_cache,
+                         const typename dec_kv_elem<FP8>::type *__restrict__ v_cache, rp_attn_meta meta, float *__restrict__ ws_o,
+                         float2 *__restrict__ ws_ml, uint16_t *__restrict__ out, int nh, int nkv, int num_splits,
+                         float k_scale, float v_scale) {
     constexpr int KCH = HD / 32; /* 32-dim chunks: one uint4 of a K row per thread each */
     constexpr int DPT = HD / 8;  /* V dims per thread */
     constexpr int MT = HD / 16;  /* m-tiles of O^T: thread (g, c) row g is dim g * DPT + 2 mt, row g + 8 the next */
@@ -344,7 +375,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
         for (int ch = 0; ch < KCH; ch++)
             qb[nt][ch] = nt * 8 + g < G ? rp_ld_act(qbase + (int64_t)(nt * 8 + g) * HD + ch * 32 + c * 8)
                                         : make_uint4(0, 0, 0, 0);
-    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f; /* exp2 domain */
+    /* exp2 domain; an e4m3 cache's k_scale folded in (bf16: the product as it was) */
+    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * (FP8 ? k_scale : 1.0f);
 
     /* per n-tile: heads nt * 8 + 2c (index 0) and + 1 (index 1) */
     float o[NT][MT][4], m[NT][2], l[NT][2];
@@ -357,7 +389,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
     }
     for (int base = b.begin + warp * DEC_TILE; base < end; base += DEC_WARPS * DEC_TILE) {
         uint4 kr[2][KCH], vr[4][VU4];
-        dec_load_tile<HD>(b, meta, k_cache, v_cache, base, kr, vr);
+        dec_load_tile<HD, FP8>(b, meta, k_cache, v_cache, base, kr, vr);
         /* S^T: rows keys base + g, + 8; columns heads nt * 8 + 2c, + 1 */
         float sc[NT][4];
 #pragma unroll
@@ -435,7 +467,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
             }
         }
     __syncthreads();
-    dec_merge_warps<HD>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split);
+    dec_merge_warps<HD, FP8>(sm, ws_o, ws_ml, out, b.s, b.kvh, G, nh, num_splits, b.split, v_scale);
 }
 
 /* out[r] = sum_i o_i 2^(m_i - M) / sum_i l_i 2^(m_i - M) over splits
@@ -518,22 +550,25 @@ static bool dec_trans(int blocks) {
     return dec_trans_mode >= 0 ? dec_trans_mode != 0 : blocks >= 3 * sms;
 }
 
-template <int HD>
-static int dec_launch(dim3 grid, const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
-                      rp_attn_meta meta, rp_bf16 *out, float *ws_o, float2 *ws_ml, int num_seqs, int nh, int nkv,
-                      int num_splits, cudaStream_t stream) {
+template <int HD, bool FP8>
+static int dec_launch(dim3 grid, const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out, float *ws_o,
+                      float2 *ws_ml, int num_seqs, int nh, int nkv, int num_splits, cudaStream_t stream) {
     int rc;
+    const void *k_cache = kv.k, *v_cache = kv.v;
+    /* bf16: scales of exactly 1 (the products by them change no bit) */
+    const float ks = FP8 ? kv.k_scale : 1.0f, vs = FP8 ? kv.v_scale : 1.0f;
     /* one split: the split kernel writes the result (bit-identical: the
      * merge of one split scales it by exp2(0) = 1) */
     uint16_t *direct = num_splits == 1 ? out : nullptr;
     if (dec_trans(num_seqs * nkv * num_splits))
-        rc = nh / nkv <= 8 ? rp_launch(attn_decode_t_kernel<HD, 1>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(),
-                                       stream, qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits)
-                           : rp_launch(attn_decode_t_kernel<HD, 2>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(),
-                                       stream, qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
+        rc = nh / nkv <= 8
+                 ? rp_launch(attn_decode_t_kernel<HD, 1, FP8>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(),
+                             stream, qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits, ks, vs)
+                 : rp_launch(attn_decode_t_kernel<HD, 2, FP8>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(),
+                             stream, qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits, ks, vs);
     else
-        rc = rp_launch(attn_decode_split_kernel<HD>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(), stream, qkv,
-                       k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits);
+        rc = rp_launch(attn_decode_split_kernel<HD, FP8>, grid, dim3(DEC_WARPS * 32), dec_merge_bytes<HD>(), stream,
+                       qkv, k_cache, v_cache, meta, ws_o, ws_ml, direct, nh, nkv, num_splits, ks, vs);
     if (rc == 0 && !direct)
         rc = meta.hdr ? rp_attn_merge_range(ws_o, ws_ml, out, meta.hdr + RP_ATTN_HDR_DEC_MERGE_BEGIN,
                                             meta.hdr + RP_ATTN_HDR_DEC_SPLITS, rp_attn_merge_blocks(num_seqs * nh),
@@ -546,19 +581,21 @@ extern "C" size_t rp_attn_decode_workspace_bytes(int num_seqs, int nh, int hd, i
     return rp_attn_split_bytes((size_t)num_seqs * nh, num_splits, hd);
 }
 
-extern "C" int rp_k_attn_decode(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
-                                rp_attn_meta meta, rp_bf16 *out, void *workspace, int num_seqs, int nh, int nkv,
-                                int hd, int num_splits, cudaStream_t stream) {
+extern "C" int rp_k_attn_decode(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out,
+                                void *workspace, int num_seqs, int nh, int nkv, int hd, int num_splits,
+                                cudaStream_t stream) {
     if (num_seqs <= 0) return cudaSuccess;
     if (nkv <= 0 || nh % nkv != 0 || nh / nkv > DEC_MAX_GROUP || num_splits <= 0 || num_splits > 65535 ||
         meta.page_size <= 0 || (hd != 64 && hd != 128))
         return (int)cudaErrorInvalidValue;
+    const bool fp8 = kv.format == RP_KV_FORMAT_E4M3;
+    if (fp8 && (!(kv.k_scale > 0.0f) || !(kv.v_scale > 0.0f))) return (int)cudaErrorInvalidValue;
     float *ws_o;
     float2 *ws_ml;
     rp_attn_split_at(workspace, (size_t)num_seqs * nh, num_splits, hd, &ws_o, &ws_ml);
     dim3 grid(num_splits, nkv, num_seqs);
-    if (hd == 128)
-        return dec_launch<128>(grid, qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_seqs, nh, nkv, num_splits,
-                               stream);
-    return dec_launch<64>(grid, qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_seqs, nh, nkv, num_splits, stream);
+#define DEC_ARGS grid, qkv, kv, meta, out, ws_o, ws_ml, num_seqs, nh, nkv, num_splits, stream
+    if (hd == 128) return fp8 ? dec_launch<128, true>(DEC_ARGS) : dec_launch<128, false>(DEC_ARGS);
+    return fp8 ? dec_launch<64, true>(DEC_ARGS) : dec_launch<64, false>(DEC_ARGS);
+#undef DEC_ARGS
 }

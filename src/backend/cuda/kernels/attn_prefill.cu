@@ -30,13 +30,23 @@
  * decode attention's merge kernel combines them (attn_split.cuh). The split
  * is a separate instantiation (SPLIT): the unsplit one compiles to the
  * kernel as it was before the split came (the same PTX but for three unused
- * parameters). prefill_plan says when to split and how many ways. */
+ * parameters). prefill_plan says when to split and how many ways.
+ *
+ * An e4m3 cache (FP8: --kv-cache-dtype fp8): cp.async copies bytes, it
+ * cannot widen them, so a tile's K and V bytes are staged in shared memory
+ * (half a bf16 tile each) and widened there into the bf16 tile the mma
+ * reads, once per tile by the whole block. The stage is refilled with the
+ * next tile's bytes while the block computes on the widened one, so one
+ * bf16 tile suffices (not two): less shared memory than the bf16 kernel.
+ * k_scale joins the softmax scale and v_scale multiplies the output
+ * (decode attention's rule, attn_decode.cu). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "attn_split.cuh"
 #include "common.cuh"
+#include "fp8.cuh"
 #include "mma.cuh"
 
 #define PF_BN 64
@@ -46,12 +56,15 @@
  * two, every K and V fragment a warp reads from shared memory feeds two
  * mma instead of one: ldmatrix traffic per FLOP halves, which is what holds
  * a 16-row warp back (shared memory feeds ~16 FLOP per byte read there). */
-template <int HD, int MI, int HM> struct pf_smem {
+template <int HD, int MI, int HM, bool FP8 = false> struct pf_smem {
     static constexpr int ROWS = 16 * PF_WARPS * MI; /* Q rows: HM heads x BM positions */
     static constexpr int BM = ROWS / HM;
     static constexpr int LD = HD + 8; /* padded row, bf16 elements */
     static constexpr int TILE = PF_BN * LD;
-    static constexpr size_t BYTES = (size_t)(ROWS * LD + 4 * TILE) * sizeof(uint16_t);
+    /* bf16: Q, then K and V tiles double-buffered; FP8: Q, one K and one V
+     * tile, then the e4m3 stage of K and of V (PF_BN x HD bytes each) */
+    static constexpr size_t BYTES = FP8 ? (size_t)(ROWS * LD + 2 * TILE) * sizeof(uint16_t) + 2 * (size_t)PF_BN * HD
+                                        : (size_t)(ROWS * LD + 4 * TILE) * sizeof(uint16_t);
 };
 
 /* SPLIT: grid x is query tile * num_splits + split, and the block's
@@ -59,19 +72,23 @@ template <int HD, int MI, int HM> struct pf_smem {
  * LIST (with SPLIT): grid x is the step's work list (rp_k_attn_step): the
  * block's sequence, query tile and split come from meta.pf_items, the
  * split count from the step's header, and blocks past the list return. */
-template <int HD, int MI, int HM, bool SPLIT, bool LIST = false>
+template <int HD, int MI, int HM, bool SPLIT, bool LIST = false, bool FP8 = false>
 __global__ void __launch_bounds__(PF_WARPS * 32)
-    attn_prefill_kernel(const uint16_t *__restrict__ qkv, const uint16_t *__restrict__ k_cache,
-                        const uint16_t *__restrict__ v_cache, rp_attn_meta meta, uint16_t *__restrict__ out, int nh,
-                        int nkv, float *__restrict__ ws_o, float2 *__restrict__ ws_ml, int num_splits) {
-    using SM = pf_smem<HD, MI, HM>;
+    attn_prefill_kernel(const uint16_t *__restrict__ qkv, const void *__restrict__ k_cache_in,
+                        const void *__restrict__ v_cache_in, rp_attn_meta meta, uint16_t *__restrict__ out, int nh,
+                        int nkv, float *__restrict__ ws_o, float2 *__restrict__ ws_ml, int num_splits, float k_scale,
+                        float v_scale) {
+    using SM = pf_smem<HD, MI, HM, FP8>;
+    const uint16_t *__restrict__ k_cache = static_cast<const uint16_t *>(k_cache_in);
+    const uint16_t *__restrict__ v_cache = static_cast<const uint16_t *>(v_cache_in);
     constexpr int ROWS = SM::ROWS, BM = SM::BM, LD = SM::LD, TILE = SM::TILE;
     constexpr int PW = BM / PF_WARPS; /* positions per warp */
     constexpr int KS = HD / 16; /* k-steps over head_dim */
     constexpr int ON = HD / 8;  /* O n-tiles */
     constexpr int CPR = HD / 8; /* 16-byte chunks per row */
     extern __shared__ __align__(16) uint16_t smem[];
-    uint16_t *sq = smem, *sk = smem + ROWS * LD, *sv = sk + 2 * TILE;
+    uint16_t *sq = smem, *sk = smem + ROWS * LD, *sv = sk + (FP8 ? 1 : 2) * TILE;
+    uint8_t *stage_k = reinterpret_cast<uint8_t *>(sv + TILE), *stage_v = stage_k + PF_BN * HD; /* FP8 only */
     rp_pdl_trigger();
     rp_pdl_wait();
 
@@ -130,11 +147,43 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             rp_cp_async16(sv + buf * TILE + r * LD + ch * 8, v_cache + off, ok ? 16 : 0);
         }
     };
-    if (!SPLIT) load_kv(0, 0);
-    else if (t_begin < t_end) load_kv(t_begin, 0);
+    /* FP8: tile `tile`'s e4m3 K and V rows into the stage, 16 bytes a
+     * copy, and the stage widened into the bf16 tile (sk, sv) */
+    constexpr int CPR8 = HD / 16;
+    auto load_stage = [&](int tile) {
+        const uint8_t *k8 = static_cast<const uint8_t *>(k_cache_in), *v8 = static_cast<const uint8_t *>(v_cache_in);
+        for (int i = threadIdx.x; i < PF_BN * CPR8; i += PF_WARPS * 32) {
+            const int r = i / CPR8, c8 = i % CPR8, j = tile * PF_BN + r;
+            const bool ok = j < kv_len;
+            const int64_t slot = ok ? (int64_t)prow[j / meta.page_size] * meta.page_size + j % meta.page_size : 0;
+            const int64_t off = slot * kv_stride + (int64_t)kvh * HD + c8 * 16;
+            rp_cp_async16(stage_k + r * HD + c8 * 16, k8 + off, ok ? 16 : 0);
+            rp_cp_async16(stage_v + r * HD + c8 * 16, v8 + off, ok ? 16 : 0);
+        }
+    };
+    auto widen_stage = [&]() {
+        for (int i = threadIdx.x; i < PF_BN * CPR8; i += PF_WARPS * 32) {
+            const int r = i / CPR8, c8 = i % CPR8;
+            const uint4 wk = *reinterpret_cast<const uint4 *>(stage_k + r * HD + c8 * 16);
+            const uint4 wv = *reinterpret_cast<const uint4 *>(stage_v + r * HD + c8 * 16);
+            uint4 *dk = reinterpret_cast<uint4 *>(sk + r * LD + c8 * 16), *dv = reinterpret_cast<uint4 *>(sv + r * LD + c8 * 16);
+            dk[0] = rp_e4m3x8_bf16x8(wk.x, wk.y);
+            dk[1] = rp_e4m3x8_bf16x8(wk.z, wk.w);
+            dv[0] = rp_e4m3x8_bf16x8(wv.x, wv.y);
+            dv[1] = rp_e4m3x8_bf16x8(wv.z, wv.w);
+        }
+    };
+    const int t_first = SPLIT ? t_begin : 0, t_stop = SPLIT ? t_end : n_tiles;
+    if constexpr (FP8) {
+        if (t_first < t_stop) load_stage(t_first);
+    } else {
+        if (!SPLIT) load_kv(0, 0);
+        else if (t_begin < t_end) load_kv(t_begin, 0);
+    }
     rp_cp_async_commit(); /* with the Q tile */
 
-    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f;
+    /* an e4m3 cache's k_scale folded in (bf16: the product as it was) */
+    const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * (FP8 ? k_scale : 1.0f);
     float o[MI][ON][4], m[MI][2], l[MI][2];
 #pragma unroll
     for (int mi = 0; mi < MI; mi++) {
@@ -152,11 +201,25 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
     const uint16_t *qw = sq + (warp * PW + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + (lane >> 4) * 8;
 
     for (int t = SPLIT ? t_begin : 0; t < (SPLIT ? t_end : n_tiles); t++) {
-        const int buf = SPLIT ? (t - t_begin) & 1 : t & 1;
-        if (t + 1 < (SPLIT ? t_end : n_tiles)) load_kv(t + 1, buf ^ 1);
-        rp_cp_async_commit();
-        rp_cp_async_wait<1>();
-        __syncthreads();
+        int buf;
+        if constexpr (FP8) {
+            /* the stage holds tile t (and every warp is past the last
+             * tile's math: the loop's closing barrier); widen it, then
+             * refill the stage with tile t + 1 under this tile's math */
+            buf = 0;
+            rp_cp_async_wait<0>();
+            __syncthreads();
+            widen_stage();
+            __syncthreads();
+            if (t + 1 < t_stop) load_stage(t + 1);
+            rp_cp_async_commit();
+        } else {
+            buf = SPLIT ? (t - t_begin) & 1 : t & 1;
+            if (t + 1 < (SPLIT ? t_end : n_tiles)) load_kv(t + 1, buf ^ 1);
+            rp_cp_async_commit();
+            rp_cp_async_wait<1>();
+            __syncthreads();
+        }
         const int key0 = t * PF_BN;
         /* Whole tile above this warp's diagonal: nothing to do (the loads
          * and barriers above are still shared with the other warps). */
@@ -274,7 +337,7 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
             float L = l[mi][r];
             L += __shfl_xor_sync(RP_FULL_MASK, L, 1);
             L += __shfl_xor_sync(RP_FULL_MASK, L, 2);
-            const float inv = 1.0f / L;
+            const float inv = (FP8 ? v_scale : 1.0f) / L;
             const int row = i0 + warp * PW + mt_pos(mi) + g + 8 * r;
             if (row >= n_new) continue;
             if (SPLIT && (!LIST || num_splits > 1)) { /* the chunk's partial result, unnormalised */
@@ -282,7 +345,9 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
                 float *dst = ws_o + part * HD + 2 * c;
 #pragma unroll
                 for (int j = 0; j < ON; j++)
-                    *reinterpret_cast<float2 *>(dst + j * 8) = make_float2(o[mi][j][2 * r], o[mi][j][2 * r + 1]);
+                    *reinterpret_cast<float2 *>(dst + j * 8) = FP8 ? make_float2(o[mi][j][2 * r] * v_scale,
+                                                                                 o[mi][j][2 * r + 1] * v_scale)
+                                                                   : make_float2(o[mi][j][2 * r], o[mi][j][2 * r + 1]);
                 if (c == 0) ws_ml[part] = make_float2(m[mi][r], L);
                 continue;
             }
@@ -294,45 +359,46 @@ __global__ void __launch_bounds__(PF_WARPS * 32)
         }
 }
 
-template <int HD, int MI, int HM, bool SPLIT>
-static int prefill_launch(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
-                          rp_bf16 *out, float *ws_o, float2 *ws_ml, int num_splits, int num_seqs, int max_q_len,
-                          int nh, int nkv, cudaStream_t stream) {
+template <int HD, int MI, int HM, bool SPLIT, bool FP8>
+static int prefill_launch(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out, float *ws_o,
+                          float2 *ws_ml, int num_splits, int num_seqs, int max_q_len, int nh, int nkv,
+                          cudaStream_t stream) {
     /* Raising the dynamic shared-memory limit is idempotent; doing it once
      * keeps it out of captured streams after the first (eager) call. */
     static int attr_set = 0;
-    using SM = pf_smem<HD, MI, HM>;
+    using SM = pf_smem<HD, MI, HM, FP8>;
     if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel<HD, MI, HM, SPLIT>,
+        cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel<HD, MI, HM, SPLIT, false, FP8>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES);
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
     dim3 grid((max_q_len + SM::BM - 1) / SM::BM * num_splits, nh / HM, num_seqs);
-    return rp_launch(attn_prefill_kernel<HD, MI, HM, SPLIT>, grid, dim3(PF_WARPS * 32), SM::BYTES, stream, qkv,
-                     k_cache, v_cache, meta, out, nh, nkv, ws_o, ws_ml, num_splits);
+    return rp_launch(attn_prefill_kernel<HD, MI, HM, SPLIT, false, FP8>, grid, dim3(PF_WARPS * 32), SM::BYTES, stream,
+                     qkv, (const void *)kv.k, (const void *)kv.v, meta, out, nh, nkv, ws_o, ws_ml, num_splits,
+                     FP8 ? kv.k_scale : 1.0f, FP8 ? kv.v_scale : 1.0f);
 }
 
 /* The kernel of block shape mode, split num_splits ways (the partial
  * results in workspace, then the merge into out) or not. */
-template <int HD>
-static int prefill_mode(int mode, int num_splits, void *workspace, const rp_bf16 *qkv, const rp_bf16 *k_cache,
-                        const rp_bf16 *v_cache, rp_attn_meta meta, rp_bf16 *out, int T, int num_seqs, int max_q_len,
-                        int nh, int nkv, cudaStream_t stream) {
-#define PF_ARGS qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, num_splits, num_seqs, max_q_len, nh, nkv, stream
+template <int HD, bool FP8>
+static int prefill_mode(int mode, int num_splits, void *workspace, const rp_bf16 *qkv, rp_kv_cache kv,
+                        rp_attn_meta meta, rp_bf16 *out, int T, int num_seqs, int max_q_len, int nh, int nkv,
+                        cudaStream_t stream) {
+#define PF_ARGS qkv, kv, meta, out, ws_o, ws_ml, num_splits, num_seqs, max_q_len, nh, nkv, stream
     float *ws_o = nullptr;
     float2 *ws_ml = nullptr;
     if (num_splits == 1) switch (mode) {
-        case RP_PREFILL_ROWS16: return prefill_launch<HD, 1, 1, false>(PF_ARGS);
-        case RP_PREFILL_ROWS32: return prefill_launch<HD, 2, 1, false>(PF_ARGS);
-        default: return prefill_launch<HD, 2, 2, false>(PF_ARGS);
+        case RP_PREFILL_ROWS16: return prefill_launch<HD, 1, 1, false, FP8>(PF_ARGS);
+        case RP_PREFILL_ROWS32: return prefill_launch<HD, 2, 1, false, FP8>(PF_ARGS);
+        default: return prefill_launch<HD, 2, 2, false, FP8>(PF_ARGS);
         }
     rp_attn_split_at(workspace, (size_t)T * nh, num_splits, HD, &ws_o, &ws_ml);
     int rc;
     switch (mode) {
-    case RP_PREFILL_ROWS16: rc = prefill_launch<HD, 1, 1, true>(PF_ARGS); break;
-    case RP_PREFILL_ROWS32: rc = prefill_launch<HD, 2, 1, true>(PF_ARGS); break;
-    default: rc = prefill_launch<HD, 2, 2, true>(PF_ARGS); break;
+    case RP_PREFILL_ROWS16: rc = prefill_launch<HD, 1, 1, true, FP8>(PF_ARGS); break;
+    case RP_PREFILL_ROWS32: rc = prefill_launch<HD, 2, 1, true, FP8>(PF_ARGS); break;
+    default: rc = prefill_launch<HD, 2, 2, true, FP8>(PF_ARGS); break;
     }
 #undef PF_ARGS
     return rc ? rc : rp_attn_merge_splits(ws_o, ws_ml, out, T * nh, HD, num_splits, stream);
@@ -413,12 +479,13 @@ static int pf_mode_set = -1, pf_splits_set = -1;
 extern "C" void rp_k_attn_prefill_set_mode(int mode) { pf_mode_set = mode; }
 extern "C" void rp_k_attn_prefill_set_splits(int num_splits) { pf_splits_set = num_splits; }
 
-extern "C" int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache,
-                                 rp_attn_meta meta, rp_bf16 *out, void *workspace, size_t workspace_bytes, int T,
-                                 int num_seqs, int max_q_len, int max_kv_len, int nh, int nkv, int hd,
-                                 cudaStream_t stream) {
+extern "C" int rp_k_attn_prefill(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out,
+                                 void *workspace, size_t workspace_bytes, int T, int num_seqs, int max_q_len,
+                                 int max_kv_len, int nh, int nkv, int hd, cudaStream_t stream) {
     if (T <= 0 || num_seqs <= 0 || max_q_len <= 0) return cudaSuccess;
     if (nkv <= 0 || nh % nkv != 0 || meta.page_size <= 0) return (int)cudaErrorInvalidValue;
+    const bool fp8 = kv.format == RP_KV_FORMAT_E4M3;
+    if (fp8 && (!(kv.k_scale > 0.0f) || !(kv.v_scale > 0.0f))) return (int)cudaErrorInvalidValue;
     static int sms = 0;
     if (!sms) {
         int dev = 0;
@@ -435,9 +502,9 @@ extern "C" int rp_k_attn_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, con
     }
     if (pf_mode_set >= RP_PREFILL_ROWS16 && pf_mode_set <= RP_PREFILL_HEADS2) p.mode = pf_mode_set;
     if (p.mode == RP_PREFILL_HEADS2 && (nh / nkv) % 2) p.mode = RP_PREFILL_ROWS32;
-#define PF_ARGS p.mode, p.splits, workspace, qkv, k_cache, v_cache, meta, out, T, num_seqs, max_q_len, nh, nkv, stream
-    if (hd == 128) return prefill_mode<128>(PF_ARGS);
-    if (hd == 64) return prefill_mode<64>(PF_ARGS);
+#define PF_ARGS p.mode, p.splits, workspace, qkv, kv, meta, out, T, num_seqs, max_q_len, nh, nkv, stream
+    if (hd == 128) return fp8 ? prefill_mode<128, true>(PF_ARGS) : prefill_mode<128, false>(PF_ARGS);
+    if (hd == 64) return fp8 ? prefill_mode<64, true>(PF_ARGS) : prefill_mode<64, false>(PF_ARGS);
 #undef PF_ARGS
     return (int)cudaErrorInvalidValue;
 }
@@ -470,7 +537,8 @@ extern "C" int rp_attn_step_max_items(int max_tokens, int max_seqs, int num_sms,
  * head. Every step of the bucket then runs the same kernel, eager or
  * captured. */
 extern "C" rp_attn_step_shape rp_attn_step_shape_for(int tokens, int max_seqs, int dec_splits, int num_sms, int nh,
-                                                     int nkv, int hd, int page_size, size_t ws_bytes) {
+                                                     int nkv, int hd, int page_size, size_t ws_bytes,
+                                                     rp_kv_format kv_format) {
     rp_attn_step_shape sh;
     memset(&sh, 0, sizeof sh);
     const bool odd_group = nkv <= 0 || (nh / nkv) % 2 != 0;
@@ -494,8 +562,10 @@ extern "C" rp_attn_step_shape rp_attn_step_shape_for(int tokens, int max_seqs, i
         sh.pf_items = pf_item_cap(tokens, max_seqs, sh.pf_mode, nh, num_sms);
     }
     /* Where the grid is large, the Hopper kernel (2.0-2.6x the mma.sync
-     * one at 2k-16k tokens; bench/RESULTS.md), which does not split */
-    if (!small_grid && rp_attn_prefill_sm90_supported(hd, page_size)) {
+     * one at 2k-16k tokens; bench/RESULTS.md), which does not split; bf16
+     * caches only: its bulk copies bring K/V pages into the wgmma's shared
+     * memory as they are, with no step to widen e4m3 */
+    if (!small_grid && kv_format == RP_KV_FORMAT_BF16 && rp_attn_prefill_sm90_supported(hd, page_size)) {
         sh.pf_mode = RP_PREFILL_SM90;
         sh.pf_rows = pf_mode_rows(sh.pf_mode);
         sh.pf_items = pf_item_cap(tokens, max_seqs, sh.pf_mode, nh, num_sms);
@@ -577,54 +647,57 @@ extern "C" int rp_attn_step_plan(const rp_attn_step_shape *sh, const int32_t *se
     return 0;
 }
 
-template <int HD, int MI, int HM>
-static int prefill_list_launch(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
-                               rp_bf16 *out, float *ws_o, float2 *ws_ml, const rp_attn_step_shape *sh, int nh,
-                               int nkv, cudaStream_t stream) {
+template <int HD, int MI, int HM, bool FP8>
+static int prefill_list_launch(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out, float *ws_o,
+                               float2 *ws_ml, const rp_attn_step_shape *sh, int nh, int nkv, cudaStream_t stream) {
     static int attr_set = 0;
-    using SM = pf_smem<HD, MI, HM>;
+    using SM = pf_smem<HD, MI, HM, FP8>;
     if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel<HD, MI, HM, true, true>,
+        cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel<HD, MI, HM, true, true, FP8>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES);
         if (e != cudaSuccess) return (int)e;
         attr_set = 1;
     }
-    return rp_launch(attn_prefill_kernel<HD, MI, HM, true, true>, dim3(sh->pf_items, nh / HM, 1),
-                     dim3(PF_WARPS * 32), SM::BYTES, stream, qkv, k_cache, v_cache, meta, out, nh, nkv, ws_o, ws_ml,
-                     1);
+    return rp_launch(attn_prefill_kernel<HD, MI, HM, true, true, FP8>, dim3(sh->pf_items, nh / HM, 1),
+                     dim3(PF_WARPS * 32), SM::BYTES, stream, qkv, (const void *)kv.k, (const void *)kv.v, meta, out,
+                     nh, nkv, ws_o, ws_ml, 1, FP8 ? kv.k_scale : 1.0f, FP8 ? kv.v_scale : 1.0f);
 }
 
-template <int HD>
-static int step_prefill(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
-                        rp_bf16 *out, void *workspace, const rp_attn_step_shape *sh, int nh, int nkv,
-                        cudaStream_t stream) {
+template <int HD, bool FP8>
+static int step_prefill(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out, void *workspace,
+                        const rp_attn_step_shape *sh, int nh, int nkv, cudaStream_t stream) {
     float *ws_o = nullptr;
     float2 *ws_ml = nullptr;
     rp_attn_split_at(workspace, sh->parts, 1, HD, &ws_o, &ws_ml);
     int rc;
+#define PF_ARGS qkv, kv, meta, out, ws_o, ws_ml, sh, nh, nkv, stream
     switch (sh->pf_mode) {
-    case RP_PREFILL_ROWS16: rc = prefill_list_launch<HD, 1, 1>(qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, sh, nh, nkv, stream); break;
-    case RP_PREFILL_ROWS32: rc = prefill_list_launch<HD, 2, 1>(qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, sh, nh, nkv, stream); break;
-    default: rc = prefill_list_launch<HD, 2, 2>(qkv, k_cache, v_cache, meta, out, ws_o, ws_ml, sh, nh, nkv, stream); break;
+    case RP_PREFILL_ROWS16: rc = prefill_list_launch<HD, 1, 1, FP8>(PF_ARGS); break;
+    case RP_PREFILL_ROWS32: rc = prefill_list_launch<HD, 2, 1, FP8>(PF_ARGS); break;
+    default: rc = prefill_list_launch<HD, 2, 2, FP8>(PF_ARGS); break;
     }
+#undef PF_ARGS
     if (rc || !sh->pf_split) return rc;
     return rp_attn_merge_range(ws_o, ws_ml, out, meta.hdr + RP_ATTN_HDR_PF_MERGE_BEGIN,
                                meta.hdr + RP_ATTN_HDR_PF_SPLITS, rp_attn_merge_blocks(sh->tokens * nh), HD, stream);
 }
 
-extern "C" int rp_k_attn_step(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 *v_cache, rp_attn_meta meta,
-                              rp_bf16 *out, void *workspace, const rp_attn_step_shape *sh, int nh, int nkv, int hd,
-                              cudaStream_t stream) {
+extern "C" int rp_k_attn_step(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out, void *workspace,
+                              const rp_attn_step_shape *sh, int nh, int nkv, int hd, cudaStream_t stream) {
     if (!meta.hdr || !meta.pf_items || sh->tokens <= 0 || nkv <= 0 || nh % nkv != 0 || meta.page_size <= 0)
         return (int)cudaErrorInvalidValue;
     if (sh->pf_mode == RP_PREFILL_HEADS2 && (nh / nkv) % 2) return (int)cudaErrorInvalidValue;
-    int rc = rp_k_attn_decode(qkv, k_cache, v_cache, meta, out, workspace, sh->dec_seqs, nh, nkv, hd,
-                              sh->dec_splits, stream);
+    const bool fp8 = kv.format == RP_KV_FORMAT_E4M3;
+    /* the Hopper kernel reads bf16 pages only (rp_attn_step_shape_for) */
+    if (fp8 && sh->pf_mode == RP_PREFILL_SM90) return (int)cudaErrorInvalidValue;
+    int rc = rp_k_attn_decode(qkv, kv, meta, out, workspace, sh->dec_seqs, nh, nkv, hd, sh->dec_splits, stream);
     if (rc) return rc;
     if (sh->pf_mode == RP_PREFILL_SM90)
-        return rp_k_attn_prefill_sm90_list(qkv, k_cache, v_cache, meta, out, sh->tokens, sh->pf_items, nh, nkv, hd,
-                                           stream);
-    if (hd == 128) return step_prefill<128>(qkv, k_cache, v_cache, meta, out, workspace, sh, nh, nkv, stream);
-    if (hd == 64) return step_prefill<64>(qkv, k_cache, v_cache, meta, out, workspace, sh, nh, nkv, stream);
+        return rp_k_attn_prefill_sm90_list(qkv, (const rp_bf16 *)kv.k, (const rp_bf16 *)kv.v, meta, out, sh->tokens,
+                                           sh->pf_items, nh, nkv, hd, stream);
+#define PF_ARGS qkv, kv, meta, out, workspace, sh, nh, nkv, stream
+    if (hd == 128) return fp8 ? step_prefill<128, true>(PF_ARGS) : step_prefill<128, false>(PF_ARGS);
+    if (hd == 64) return fp8 ? step_prefill<64, true>(PF_ARGS) : step_prefill<64, false>(PF_ARGS);
+#undef PF_ARGS
     return (int)cudaErrorInvalidValue;
 }

@@ -46,6 +46,7 @@
  * (true for every model shape replay loads); N is arbitrary. */
 
 #include "common.cuh"
+#include "fp8.cuh"
 #include "mma.cuh"
 
 #define GEMV_ROWS 16
@@ -91,7 +92,6 @@ __device__ __forceinline__ void load_w(uint4 (&va)[GEMV_UNROLL], uint4 (&vb)[GEM
         vb[u] = kin && rb ? rp_ld_stream(wb + ch * CK) : zero;
     }
 }
-
 
 /* 8 consecutive x values of token row xrow at k, as 4 bf16 pairs, made
  * from the input. */

@@ -4,10 +4,12 @@
 #ifndef RP_KERNELS_MMA_CUH
 #define RP_KERNELS_MMA_CUH
 
-#include <cuda_fp8.h>
 #include <stdint.h>
 
 #include "common.cuh"
+/* fp8 weights and the fp8 KV cache feed the same bf16 mma, widened in
+ * registers by fp8.cuh's helpers (every user of mma.cuh gets them) */
+#include "fp8.cuh"
 
 /* d += A(16x16, row) * B(16x8, col). Fragment layout (PTX ISA, m16n8k16):
  * g = lane / 4, c = lane % 4; a0: A[g][2c..2c+1], a1: A[g+8][2c..],
@@ -45,21 +47,6 @@ __device__ __forceinline__ void rp_cp_async16(void *smem, const void *gmem, int 
 __device__ __forceinline__ void rp_cp_async_commit(void) { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void rp_cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
-/* fp8 weights feed the same bf16 mma: */
-/* Two e4m3 (the low and high byte of v) as a bf16 pair, exactly: through
- * f16, which holds every e4m3 value as a normal number. */
-__device__ __forceinline__ uint32_t rp_e4m3x2_bf16x2(uint16_t v) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
-    return rp_pack_bf16x2(f.x, f.y);
-}
-
-/* 8 e4m3 weights (one uint2) as 8 bf16 (one uint4), in k order. */
-__device__ __forceinline__ uint4 rp_e4m3x8_bf16x8(uint32_t lo, uint32_t hi) {
-    return make_uint4(rp_e4m3x2_bf16x2((uint16_t)lo), rp_e4m3x2_bf16x2((uint16_t)(lo >> 16)),
-                      rp_e4m3x2_bf16x2((uint16_t)hi), rp_e4m3x2_bf16x2((uint16_t)(hi >> 16)));
 }
 
 #endif

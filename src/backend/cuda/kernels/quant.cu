@@ -6,9 +6,8 @@
  * round-to-nearest-even saturating conversion), so a model quantized here
  * and one quantized on the host are the same bytes. None of these runs in
  * a decode step of up to 16 tokens (the fp8 GEMV's). */
-#include <cuda_fp8.h>
-
 #include "common.cuh"
+#include "fp8.cuh"
 
 #define QUANT_THREADS 256
 
@@ -28,15 +27,14 @@ __global__ void quant_fp8_rows_kernel(const uint16_t *__restrict__ w, int64_t co
     if (threadIdx.x == 0) scale[blockIdx.x] = s;
     uint8_t *qr = q + blockIdx.x * cols;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
-        qr[c] = __nv_cvt_float_to_fp8(__fdiv_rn(rp_bf16_f32(wr[c]), s), __NV_SATFINITE, __NV_E4M3);
+        qr[c] = rp_f32_e4m3(__fdiv_rn(rp_bf16_f32(wr[c]), s));
 }
 
 __global__ void dequant_fp8_rows_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scale, int64_t rows,
                                         int64_t cols, uint16_t *__restrict__ out) {
     const int64_t n = rows * cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const __half_raw h = __nv_cvt_fp8_to_halfraw(q[i], __NV_E4M3);
-        out[i] = rp_f32_bf16(__half2float(*reinterpret_cast<const __half *>(&h)) * scale[i / cols]);
+        out[i] = rp_f32_bf16(rp_e4m3_f32(q[i]) * scale[i / cols]);
     }
 }
 
