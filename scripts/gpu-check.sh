@@ -63,8 +63,8 @@ for stage in $stages; do
       ;;
     server)
       # The OpenAI server on the GPU, with its graphs and without: prompt logprobs, logit_bias
-      # and min_tokens (tools/check_prompt_logprobs.py), then structured output (the host
-      # sampler's mask on the CUDA backend's logits): a schema's answers parse and match it.
+      # and min_tokens (tools/check_prompt_logprobs.py), then structured output (the masks
+      # applied on the device after each step's forward): a schema's answers parse and match it.
       tokdir=$OUT/tokenizers
       [ -d "$tokdir/qwen3" ] || { mkdir -p "$tokdir" && tar -C "$tokdir" -xJf "$G/qwen3-tokenizer.tar.xz"; }
       for g in "" --disable-cuda-graph; do

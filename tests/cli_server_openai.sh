@@ -81,6 +81,10 @@ done
 [ "$(metric replay_prefix_cache_hits_total)" -gt 0 ] && \
   [ "$(metric replay_prefix_cache_queries_total)" -gt "$(metric replay_prefix_cache_hits_total)" ] && \
   [ "$(metric replay_kv_pages_cached)" -gt 0 ] || { echo "FAIL: prefix cache metrics"; curl -s "$URL/metrics"; rc=1; }
+# the structured outputs' masks went to the backend (docs/structured.md, "Sampling")
+[ "$(metric 'replay_structured_masked_rows_total{path="device"}')" -gt 0 ] && \
+  [ "$(metric 'replay_structured_masked_rows_total{path="host"}')" = 0 ] || \
+  { echo "FAIL: masked rows metrics"; curl -s "$URL/metrics" | grep masked; rc=1; }
 hit=$(bench_hit)
 awk -v h="$hit" 'BEGIN {exit !(h > 0)}' || { echo "FAIL: bench serve --shared-prefix-len: hit rate '$hit'"; rc=1; }
 stop

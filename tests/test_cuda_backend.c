@@ -1334,8 +1334,9 @@ static void masked_step(setup *s, const int *rows, const int *n, const int32_t *
  *    logits), the unmasked rows' untouched;
  *  - greedy rows: the CPU's argmax over the masked logits, or a near-tie of
  *    bf16 noise there (the CPU prefers its token by < 5% of the logits'
- *    rms); unmasked rows the tokens of the same step sampled in the forward
- *    (the one-kernel pick where it runs);
+ *    rms); unmasked rows, greedy and sampled, the tokens of the same step
+ *    sampled in the forward (the one-kernel pick where it runs: the same
+ *    draws);
  *  - sampled rows the same tokens graphs on and off, and again;
  *  - no in-kernel pick in a deferred step; top logprobs finite only for
  *    allowed tokens. */
@@ -1431,13 +1432,14 @@ static void test_masked_sampling(void **state) {
                 for (int j = 0; mask && j < top[b].n; j++)
                     if (!ms_allows(mask, top[b].ids[j]) && isfinite(top[b].logprobs[j]))
                         fail_msg("batch %d row %d: finite top logprob for disallowed %d", nb, b, top[b].ids[j]);
-                if (sp[b].temperature != 0.0f) continue;
+                /* unmasked rows, greedy or sampled: the forward's own draws */
                 if (!mask) {
                     if (tok[graphs][b] != plain[b])
                         fail_msg("batch %d row %d (unmasked): %d, sampled in the forward %d", nb, b, tok[graphs][b],
                                  plain[b]);
                     continue;
                 }
+                if (sp[b].temperature != 0.0f) continue;
                 /* the CPU's masked argmax (lowest id on ties) */
                 const float *cl = lc + (size_t)b * V;
                 int want = -1;

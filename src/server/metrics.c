@@ -154,6 +154,11 @@ char *rp_metrics_render(rp_metrics *m, const rp_engine_stats *st) {
     put(&o, "replay_spec_decode_num_draft_tokens_total %llu\n", (unsigned long long)st->spec_draft_tokens);
     metric(&o, "replay_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens the target accepted.");
     put(&o, "replay_spec_decode_num_accepted_tokens_total %llu\n", (unsigned long long)st->spec_accepted_tokens);
+    /* structured output: logit rows sampled with a token mask, by where it was applied (docs/structured.md) */
+    metric(&o, "replay_structured_masked_rows_total", "counter",
+           "Logit rows sampled with a structured output token mask: on the backend or on the host.");
+    put(&o, "replay_structured_masked_rows_total{path=\"device\"} %llu\n", (unsigned long long)st->masked_rows_device);
+    put(&o, "replay_structured_masked_rows_total{path=\"host\"} %llu\n", (unsigned long long)st->masked_rows_host);
     metric(&o, "replay_preemptions_total", "counter", "Requests preempted (recomputed later) for lack of KV pages.");
     put(&o, "replay_preemptions_total %llu\n", (unsigned long long)st->preemptions);
     metric(&o, "replay_steps_total", "counter", "Engine steps run.");
