@@ -493,6 +493,7 @@ static void test_engine_generation(void **state) {
 }
 
 int main(void) {
+    test_filter_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse),
         cmocka_unit_test(test_kv_scheme),
