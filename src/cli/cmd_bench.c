@@ -425,6 +425,7 @@ static int bench_decode(int argc, char **argv) {
             if (!have) rcfg.cuda_graph_bs[rcfg.num_cuda_graph_bs++] = v;
         }
     }
+    if (rp_cli_is_worker(&mo)) return rp_cli_runner_worker(&mo, &rcfg, CMD);
     rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);
     if (!run) return RP_EXIT_RUNTIME;
     const rp_model *model = run->model;
@@ -876,6 +877,7 @@ static int bench_offline_with(int argc, char **argv, rp_structured_opts *so) {
 #endif
     rp_cli_engine_model(&mo, &ec);
     rp_error eerr;
+    if (rp_cli_is_worker(&mo)) return rp_cli_engine_worker(&ec, cmd);
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) return rp_cli_runtime_error(cmd, "%s", eerr.message);
     int vocab = rp_engine_vocab_size(eng), rc = RP_EXIT_RUNTIME;

@@ -612,6 +612,9 @@ static int run(int argc, char **argv) {
     if (mo.quantize_fp8)
         return rp_cli_usage_error(CMD, "--quantization fp8: bench kernels times the bf16 kernels; 'replay bench "
                                        "decode --quantization fp8' times fp8 steps");
+    if (mo.tp_size > 1 || mo.nnodes > 1)
+        return rp_cli_usage_error(CMD, "--tensor-parallel-size: bench kernels times one GPU's kernels; 'replay bench "
+                                       "decode --tp N' times tensor-parallel steps");
     int no_gpu = rp_bench_need_gpu(&mo, CMD);
     if (no_gpu) return no_gpu;
     mo.load_format = "dummy"; /* the config alone: a directory without weights will do */

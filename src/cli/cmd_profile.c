@@ -119,6 +119,7 @@ static int run(int argc, char **argv) {
     rcfg.trace_timeline_path = timeline;
     rcfg.num_cuda_graph_bs = 1;
     rcfg.cuda_graph_bs[0] = (int)B;
+    if (rp_cli_is_worker(&mo)) return rp_cli_runner_worker(&mo, &rcfg, CMD);
     rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);
     if (!run) return RP_EXIT_RUNTIME;
     rp_backend *be = run->backend;

@@ -335,6 +335,7 @@ static int run(int argc, char **argv) {
     ec.tokenizer_dir = tokenizer_dir;
     ec.chat_template = template_file;
     rp_error eerr;
+    if (rp_cli_is_worker(&mo)) return rp_cli_engine_worker(&ec, CMD);
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) {
         rp_listener_free(listener);
