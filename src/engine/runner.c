@@ -123,6 +123,11 @@ static int tp_load(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
         if (!r->shards[i]) return rp_err_wrap(err, "tensor-parallel rank %d's shard", rank);
         r->num_shards = i + 1;
     }
+    /* the config-only model's bytes: what the ranks hold (bandwidth figures) */
+    if (!cfg->model && !dummy) {
+        r->model->weight_bytes = 0;
+        for (int i = 0; i < gpn; i++) r->model->weight_bytes += r->shards[i]->weight_bytes * (uint64_t)nnodes;
+    }
     const rp_model_config *c = &r->model->cfg;
     rp_log_info("model: %s, %d layers, hidden %d, %d heads (%d kv) x %d, vocab %d; tensor parallel over %d ranks "
                 "(%d query heads, %d kv heads, %d MLP columns and %lld vocabulary rows each), this node's %d "
