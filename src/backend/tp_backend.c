@@ -148,8 +148,13 @@ static void *rank_main(void *arg) {
         tp_op op = tb->op;
         pthread_mutex_unlock(&tb->mu);
         if (op == OP_QUIT) {
+            /* every rank at once: finalizing an NCCL communicator waits for
+             * the other ranks' */
             rp_backend_destroy(r->be);
             r->be = NULL;
+            if (r->owns_comm) rp_comm_free(r->comm);
+            r->comm = NULL;
+            r->owns_comm = 0;
         }
         int rc = op == OP_QUIT ? 0 : rank_run(tb, r, op);
         /* the others may be waiting for this rank inside a collective */
@@ -201,6 +206,10 @@ static int run_all(tp_backend *tb, tp_op op, rp_err *err) {
     pthread_mutex_unlock(&tb->mu);
     for (int i = 0; i < tb->n; i++)
         if (tb->ranks[i].rc) {
+            /* the other ranks' collectives in flight wait for this one:
+             * end them all (the rank threads are idle now) */
+            if (!tb->failed)
+                for (int k = 0; k < tb->n; k++) rp_comm_abort(tb->ranks[k].comm);
             tb->failed = 1;
             if (err) *err = tb->ranks[i].err;
             return rp_err_wrap(err, "tensor-parallel rank %d", tb->tcfg.rank_offset + i);

@@ -38,6 +38,19 @@ typedef uint16_t rp_bf16;
 int rp_k_embed(const rp_bf16 *embed, const int32_t *tokens, const int32_t *prev_sampled, float *residual,
                float *ss_parts, int num_parts, int T, int H, cudaStream_t stream);
 
+/* Tensor parallelism (kernels/tp.cu). The embedding of a vocabulary shard:
+ * residual[t][:] = float(embed[tok - vocab_start][:]) where the token tok
+ * (tokens[t], or a reference as in rp_k_embed) is one of the shard's
+ * vocab_count rows, else 0 (another rank adds it: the all-reduce that
+ * follows makes the whole embedding). */
+int rp_k_embed_shard(const rp_bf16 *embed, const int32_t *tokens, const int32_t *prev_sampled, float *residual,
+                     int64_t vocab_start, int64_t vocab_count, int T, int H, cudaStream_t stream);
+/* The all-gathered logit shards, gathered[k][i][j] ([ranks][rows][vocab_per_rank],
+ * rank k's row i, token k * vocab_per_rank + j), into logits[i][v] for v <
+ * vocab (the padding tokens past it dropped). */
+int rp_k_tp_unshard_logits(const float *gathered, float *logits, int rows, int ranks, int vocab_per_rank, int vocab,
+                           cudaStream_t stream);
+
 /* If delta != NULL: residual += delta (a projection's fp32 output) first.
  * Then out = bf16(rmsnorm(residual) * w) with transformers' RMSNorm in fp32. */
 int rp_k_add_rmsnorm(float *residual, const float *delta, const rp_bf16 *w, rp_bf16 *out, int T, int H,
