@@ -5,10 +5,15 @@
  * are added in another order) and the same greedy tokens; a checkpoint
  * read slice by slice (the config-only engine model) gives those of the
  * checkpoint loaded whole; the step message that carries a call to other
- * nodes survives a round trip and refuses corrupt input; refusals. */
+ * nodes survives a round trip and refuses corrupt input; another node's
+ * worker loop follows node 0's calls over a link; refusals. */
 #include <math.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "backend/tp_step_msg.h"
+#include "dist/tp_model.h"
 #include "engine/runner.h"
 #include "test_util.h"
 
@@ -255,9 +260,108 @@ static void test_step_msg(void **state) {
     rp_step_decoder_free(&d);
 }
 
+/* ---- node 0 and another node over a control link -------------------------- */
+
+typedef struct worker_arg {
+    rp_runner *r;
+    int rc;
+    rp_err err;
+} worker_arg;
+
+static void *worker_main(void *p) {
+    worker_arg *w = p;
+    w->rc = rp_engine_worker_run(w->r, &w->err);
+    return NULL;
+}
+
+/* The path of several nodes on the CPU: node 0's tensor-parallel backend
+ * with a control link (a socketpair) sends every call as a step message;
+ * the other node (here a whole group of its own, since local ranks cannot
+ * span processes) runs them in rp_engine_worker_run and ends on node 0's
+ * stop. It drew the same tokens and read the same logits as node 0. */
+static void test_worker_link(void **state) {
+    (void)state;
+    rp_err err = {0};
+    rp_model *m = test_model("tiny-qwen3", 8, 2, 256);
+    rp_tp_plan plan;
+    assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, 2, &err), 0);
+    rp_model *shards[2];
+    for (int i = 0; i < 2; i++) assert_non_null(shards[i] = rp_tp_model_slice(m, &plan, i, &err));
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    /* the other node: the runner the same options make */
+    rp_runner_config rc = {.model = m, .device = "cpu", .threads = 1, .page_size = 16, .num_pages = 8, .max_seqs = 2,
+                           .max_context = 64, .max_batched_tokens = 64, .max_logit_rows = 4, .tensor_parallel_size = 2};
+    rp_runner *r1 = rp_runner_new(&rc, &err);
+    if (!r1) fail_msg("%s", err.msg);
+    r1->link = sv[1];
+    worker_arg w = {.r = r1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, worker_main, &w), 0);
+    /* node 0 */
+    rp_backend_config bc = {.num_pages = 8, .page_size = 16, .max_batched_tokens = 64, .max_batch_seqs = 2,
+                            .max_logit_rows = 4, .num_threads = 2};
+    const int links[1] = {sv[0]};
+    rp_tp_backend_config tc = {.device = "cpu", .plan = &plan, .shards = shards, .ranks = 2, .links = links,
+                               .num_links = 1};
+    rp_backend *b = rp_backend_tp_new(m, &tc, &bc, &err);
+    if (!b) fail_msg("%s", err.msg);
+    /* one sequence: a prompt of 5 in pages 3 and 6, then 3 decode steps fed
+     * the previous step's token by reference */
+    const int32_t prompt[5] = {11, 22, 33, 44, 55}, table[4] = {3, 6, 0, 0};
+    int32_t pos[5], slots[5], start[2] = {0, 5}, kv[1] = {5}, row[1] = {0}, lt[1] = {4};
+    for (int t = 0; t < 5; t++) pos[t] = t, slots[t] = 3 * 16 + t;
+    rp_sampling_params sp = {.temperature = 0.8f, .top_p = 0.9f, .top_k = -1, .seed = 99, .step = 0,
+                             .repetition_penalty = 1.0f};
+    rp_batch bt = {.num_seqs = 1, .num_tokens = 5, .tokens = prompt, .positions = pos, .seq_start = start,
+                   .seq_kv_len = kv, .seq_page_row = row, .page_table = table, .page_table_stride = 4,
+                   .slot_mapping = slots, .num_logits = 1, .logit_token = lt, .sample = &sp};
+    int32_t toks[4];
+    if (rp_backend_forward(b, &bt, &err) || b->ops->read_tokens(b, &toks[0], NULL, NULL, &err)) fail_msg("%s", err.msg);
+    for (int k = 1; k < 4; k++) {
+        const int32_t ref[1] = {-1}, dpos[1] = {4 + k}, dslot[1] = {3 * 16 + 4 + k}, dstart[2] = {0, 1},
+                      dkv[1] = {5 + k}, dlt[1] = {0};
+        sp.step = (uint64_t)k;
+        rp_batch d = {.num_seqs = 1, .num_tokens = 1, .tokens = k == 1 ? &toks[0] : ref, .positions = dpos,
+                      .seq_start = dstart, .seq_kv_len = dkv, .seq_page_row = row, .page_table = table,
+                      .page_table_stride = 4, .slot_mapping = dslot, .num_logits = 1, .logit_token = dlt,
+                      .sample = &sp};
+        if (rp_backend_forward(b, &d, &err) || b->ops->read_tokens(b, &toks[k], NULL, NULL, &err))
+            fail_msg("step %d: %s", k, err.msg);
+    }
+    /* the last step once more without sampling, its logits read */
+    const int32_t again[1] = {toks[3]}, dpos[1] = {8}, dslot[1] = {3 * 16 + 8}, dstart[2] = {0, 1}, dkv[1] = {9},
+                  dlt[1] = {0};
+    rp_batch d = {.num_seqs = 1, .num_tokens = 1, .tokens = again, .positions = dpos, .seq_start = dstart,
+                  .seq_kv_len = dkv, .seq_page_row = row, .page_table = table, .page_table_stride = 4,
+                  .slot_mapping = dslot, .num_logits = 1, .logit_token = dlt};
+    float *logits = malloc((size_t)m->cfg.vocab_size * 4);
+    if (rp_backend_forward(b, &d, &err) || rp_backend_read_logits(b, logits, &err)) fail_msg("%s", err.msg);
+    rp_backend_destroy(b); /* sends the stop */
+    pthread_join(th, NULL);
+    if (w.rc) fail_msg("worker: %s", w.err.msg);
+    /* the worker's last reads: the same token and logits */
+    assert_int_equal(r1->tokens[0], toks[3]);
+    assert_memory_equal(r1->logits, logits, (size_t)m->cfg.vocab_size * 4);
+    /* node 0 gone without a stop: the worker says so */
+    int sv2[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv2), 0);
+    close(r1->link);
+    r1->link = sv2[1];
+    close(sv2[0]);
+    assert_int_not_equal(rp_engine_worker_run(r1, &err), 0);
+    assert_non_null(strstr(err.msg, "node 0"));
+    close(sv[0]);
+    rp_runner_free(r1);
+    free(logits);
+    for (int i = 0; i < 2; i++) rp_model_free(shards[i]);
+    rp_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_qwen3_sizes),      cmocka_unit_test(test_llama3_and_qwen2),
                                        cmocka_unit_test(test_checkpoint),       cmocka_unit_test(test_sampled_decode),
-                                       cmocka_unit_test(test_refusals),         cmocka_unit_test(test_step_msg)};
+                                       cmocka_unit_test(test_refusals),         cmocka_unit_test(test_step_msg),
+                                       cmocka_unit_test(test_worker_link)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
