@@ -170,8 +170,15 @@ PY
       one=$("$B/replay" $A 2>"$OUT/tp1.err")
       two=$("$B/replay" $A --tp 2 2>"$OUT/tp2.err")
       if [ -n "$one" ] && [ "$one" = "$two" ]; then summary+=("generate --tp 2 (qwen3-0.6b): one GPU's 128 greedy tokens")
-      else summary+=("generate --tp 2 (qwen3-0.6b): DIFFERS from one GPU (see tp2.err)"); status=1
-        echo "one GPU: $one"; echo "--tp 2:  $two"; tail -5 "$OUT/tp2.err"; fi
+      else
+        # one GPU decodes batch 1 in the one-kernel step, --tp 2 with the chain: bf16 noise
+        # between the two paths could part them at a near-tie; the chain on one GPU decides
+        chain=$("$B/replay" $A --disable-decode-step 2>/dev/null)
+        if [ -n "$two" ] && [ "$chain" = "$two" ]; then
+          summary+=("generate --tp 2 (qwen3-0.6b): one GPU's tokens with --disable-decode-step (the one-kernel step's differ)")
+        else summary+=("generate --tp 2 (qwen3-0.6b): DIFFERS from one GPU (see tp2.err)"); status=1
+          echo "one GPU: $one"; echo "--tp 2:  $two"; tail -5 "$OUT/tp2.err"; fi
+      fi
       # two "nodes" on this host, a GPU each: the bootstrap over TCP, NCCL between them, node 0
       # sending every step to node 1 over the control link (the path two machines take)
       port=$((29500 + RANDOM % 400))
@@ -182,8 +189,9 @@ PY
       rc0=$?
       wait $pid1
       rc1=$?
-      if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && [ -n "$one" ] && [ "$node0" = "$one" ]; then
-        summary+=("two nodes x 1 GPU (--nnodes 2, loopback): one GPU's 128 greedy tokens, both exit 0")
+      # two ranks' sums are the same in any order: the tokens of --tp 2 in one process, bit for bit
+      if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && [ -n "$two" ] && [ "$node0" = "$two" ]; then
+        summary+=("two nodes x 1 GPU (--nnodes 2, loopback): --tp 2's 128 greedy tokens, both exit 0")
       else summary+=("two nodes x 1 GPU: FAILED (node 0 rc $rc0, node 1 rc $rc1; see node0.err, node1.err)"); status=1
         tail -5 "$OUT/node0.err" "$OUT/node1.err"; fi
       # where a tensor-parallel step's time goes, the all-reduces beside the kernels

@@ -60,6 +60,12 @@ typedef struct rp_backend_tp {
     int size, rank;
     rp_comm *comm;          /* not owned */
     const rp_tp_plan *plan; /* not owned */
+    /* This process's ranks on the host (a local communicator's barrier;
+     * NULL: none). The CUDA backend meets them before its first collective
+     * and before capturing graphs, so that no rank allocates (cudaMalloc,
+     * pinned memory: calls that may wait for the whole device) while
+     * another rank's collective waits for its kernels. Not owned. */
+    rp_comm *host;
 } rp_backend_tp;
 
 typedef struct rp_backend_config {

@@ -50,6 +50,7 @@ typedef struct tp_rank {
     rp_backend *be;
     rp_comm *comm;
     int owns_comm;
+    rp_comm *host; /* GPU ranks: this process's ranks' host barrier (rp_backend_tp.host) */
     int rc;
     rp_err err;
     /* the results of ranks other than 0, read and dropped */
@@ -64,7 +65,7 @@ struct tp_backend {
     rp_backend_config rank_cfg; /* every rank's, but for its tp, device and comm */
     int n;
     tp_rank ranks[RP_TP_MAX_SIZE];
-    rp_comm_local_group *group;
+    rp_comm_local_group *group, *host_group; /* CPU ranks' communicator; GPU ranks' host barrier */
     int failed; /* a rank failed: the group's communicator is gone */
     /* the call in progress, handed to every rank */
     pthread_mutex_t mu;
@@ -98,13 +99,15 @@ static int rank_run(tp_backend *tb, tp_rank *r, tp_op op) {
         const int cuda = !strcmp(tb->tcfg.device, "cuda");
         if (cuda) {
             cfg.device_id = tb->rank_cfg.device_id + r->index;
+            if (!(r->host = rp_comm_local_new(tb->host_group, r->index, &r->err))) return RP_ERR;
             r->comm = rp_comm_nccl_new(tb->tcfg.nccl_id, tb->tcfg.plan->size, global, cfg.device_id, &r->err);
         } else {
             r->comm = rp_comm_local_new(tb->group, global, &r->err);
         }
         if (!r->comm) return RP_ERR;
         r->owns_comm = 1;
-        cfg.tp = (rp_backend_tp){.size = tb->tcfg.plan->size, .rank = global, .comm = r->comm, .plan = tb->tcfg.plan};
+        cfg.tp = (rp_backend_tp){
+            .size = tb->tcfg.plan->size, .rank = global, .comm = r->comm, .plan = tb->tcfg.plan, .host = r->host};
         r->be = cuda ? rp_backend_cuda_new(tb->tcfg.shards[r->index], &cfg, &r->err)
                      : rp_backend_cpu_new(tb->tcfg.shards[r->index], &cfg, &r->err);
         if (!r->be) return RP_ERR;
@@ -157,8 +160,10 @@ static void *rank_main(void *arg) {
             r->owns_comm = 0;
         }
         int rc = op == OP_QUIT ? 0 : rank_run(tb, r, op);
-        /* the others may be waiting for this rank inside a collective */
+        /* the others may be waiting for this rank inside a collective or
+         * at the host barrier */
         if (rc && r->comm) rp_comm_abort(r->comm);
+        if (rc && r->host) rp_comm_abort(r->host);
         pthread_mutex_lock(&tb->mu);
         r->rc = rc;
         if (--tb->pending == 0) pthread_cond_broadcast(&tb->cv_done);
@@ -209,7 +214,10 @@ static int run_all(tp_backend *tb, tp_op op, rp_err *err) {
             /* the other ranks' collectives in flight wait for this one:
              * end them all (the rank threads are idle now) */
             if (!tb->failed)
-                for (int k = 0; k < tb->n; k++) rp_comm_abort(tb->ranks[k].comm);
+                for (int k = 0; k < tb->n; k++) {
+                    rp_comm_abort(tb->ranks[k].comm);
+                    rp_comm_abort(tb->ranks[k].host);
+                }
             tb->failed = 1;
             if (err) *err = tb->ranks[i].err;
             return rp_err_wrap(err, "tensor-parallel rank %d", tb->tcfg.rank_offset + i);
@@ -267,12 +275,14 @@ static void tp_destroy(rp_backend *b) {
         tp_rank *r = &tb->ranks[i];
         if (r->started) pthread_join(r->thread, NULL);
         if (r->owns_comm) rp_comm_free(r->comm);
+        rp_comm_free(r->host);
         free(r->tokens);
         free(r->logprobs);
         free(r->logits);
         free(r->top);
     }
     rp_comm_local_group_free(tb->group);
+    rp_comm_local_group_free(tb->host_group);
     free(tb->msg);
     pthread_mutex_destroy(&tb->mu);
     pthread_cond_destroy(&tb->cv_work);
@@ -341,6 +351,7 @@ rp_backend *rp_backend_tp_new(const rp_model *model, const rp_tp_backend_config 
         if (tb->rank_cfg.num_threads < 1) tb->rank_cfg.num_threads = 1;
     }
     if (!cuda && !(tb->group = rp_comm_local_group_new(plan->size, err))) goto fail_early;
+    if (cuda && !(tb->host_group = rp_comm_local_group_new(tb->n, err))) goto fail_early;
     for (int i = 0; i < tb->n; i++) {
         tp_rank *r = &tb->ranks[i];
         r->tb = tb;

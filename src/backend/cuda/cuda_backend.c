@@ -326,6 +326,14 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     return 0;
 }
 
+/* Tensor parallelism: this process's ranks meet on the host (backend.h:
+ * rp_backend_tp.host), so that none allocates while the others' collectives
+ * wait for its kernels. */
+static int host_barrier(rp_cuda_backend *cb, rp_err *err) {
+    rp_comm *h = cb->base.cfg.tp.host;
+    return h ? rp_comm_barrier(h, NULL, err) : 0;
+}
+
 /* Tensor parallelism: the KV pages of the rank with the fewest, on every
  * rank (an all-gather of each rank's count, before any graph is captured). */
 static int agree_num_pages(rp_cuda_backend *cb, rp_err *err) {
@@ -493,7 +501,7 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     /* tensor parallelism: every rank must hold the same pages (the engine
      * places each sequence's K/V at the same slots on all of them), so each
      * takes the smallest rank's pool */
-    if (cb->comm && agree_num_pages(cb, err)) goto fail;
+    if (cb->comm && (host_barrier(cb, err) || agree_num_pages(cb, err))) goto fail;
     int max_ctx = c->max_position_embeddings;
     if ((int64_t)bc->num_pages * bc->page_size < max_ctx) max_ctx = bc->num_pages * bc->page_size;
     cb->max_pages_per_seq = (max_ctx + bc->page_size - 1) / bc->page_size;
@@ -514,6 +522,8 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
                 bc->num_pages, bc->page_size, (double)kv_bytes / (1 << 30), (double)cb->act_bytes / (1 << 30),
                 bc->max_batched_tokens, bc->max_batch_seqs);
     if (rp_cuda_decode_step_setup(cb, err)) goto fail;
+    /* the graphs' warm-up steps run the collectives: every local rank is done allocating */
+    if (cb->comm && host_barrier(cb, err)) goto fail;
     if (!bc->disable_cuda_graph && rp_cuda_graphs_capture(cb, err)) goto fail;
     cb->graphs_enabled = cb->num_decode_graphs + cb->num_step_graphs > 0;
     cb->allocs_at_ready = rp_cuda_alloc_count();
