@@ -273,6 +273,38 @@ static void test_tp_kernels(void **state) {
     cudaFree(d_tok), cudaFree(d_prev), cudaFree(d_res), cudaFree(d_g), cudaFree(d_l);
 }
 
+/* A rank's slice of a dummy tensor made on the GPU: rows with padding
+ * (a vocabulary shard), columns (o_proj, down_proj), each element the
+ * host generator's value of its place in the whole tensor. */
+static void test_fill_dummy_slice(void **state) {
+    (void)state;
+    NEED_GPU();
+    const uint64_t seed = g_seed + 5, stream = 100003u * 9 + 2;
+    const double std = 0.02;
+    const int64_t R = 37, C = 51; /* the whole tensor: odd, so pairs straddle rows */
+    struct {
+        int64_t rows, cols, row0, col0, valid;
+    } cases[] = {{16, C, 30, 0, 7}, {R, 17, 0, 34, R}, {R, 20, 0, 11, R}, {5, C, 3, 0, 5}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int64_t n = cases[k].rows * cases[k].cols;
+        uint16_t *d = dalloc((size_t)n * 2), *h = malloc((size_t)n * 2);
+        LAUNCH(rp_k_fill_dummy_slice(d, cases[k].rows, cases[k].cols, C, cases[k].row0, cases[k].col0, cases[k].valid,
+                                     seed, stream, std, 0, 0));
+        to_host(h, d, (size_t)n * 2);
+        for (int64_t r = 0; r < cases[k].rows; r++)
+            for (int64_t c = 0; c < cases[k].cols; c++) {
+                const int64_t e = (cases[k].row0 + r) * C + cases[k].col0 + c;
+                const uint16_t want = r < cases[k].valid ? rp_dummy_bf16(rp_rand_normal(seed, stream, (uint64_t)e), std) : 0;
+                if (h[r * cases[k].cols + c] != want)
+                    fail_msg("fill_dummy_slice case %zu [%lld][%lld]: %04x != %04x", k, (long long)r, (long long)c,
+                             h[r * cases[k].cols + c], want);
+            }
+        free(h);
+        cudaFree(d);
+    }
+    printf("  fill_dummy_slice: row slices with padding and column slices bit-identical to the host generator\n");
+}
+
 static void test_fill_dummy(void **state) {
     (void)state;
     NEED_GPU();
@@ -952,6 +984,7 @@ int main(void) {
         cmocka_unit_test(test_attn_decode),     cmocka_unit_test(test_attn_prefill),
         cmocka_unit_test(test_attn_prefill_split), cmocka_unit_test(test_attn_prefill_split_bound),
         cmocka_unit_test(test_attn_step),       cmocka_unit_test(test_tp_kernels),
+        cmocka_unit_test(test_fill_dummy_slice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -147,6 +147,36 @@ static void test_sampled_decode(void **state) {
     rp_model_free(m);
 }
 
+/* The GPU's dummy shards (generated there, rp_k_fill_dummy_slice): no host
+ * data, every weight shaped as the host-sliced shard's. */
+static void test_lazy_dummy_shards(void **state) {
+    (void)state;
+    rp_err err = {0};
+    const char *names[] = {"tiny-qwen2", "tiny-llama3"};
+    for (int i = 0; i < 2; i++) {
+        rp_model *m = test_model(names[i], i == 0 ? 8 : 0, i == 0 ? 4 : 0, i == 0 ? 232 : 0);
+        rp_tp_plan plan;
+        assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, 2, &err), 0);
+        for (int rank = 0; rank < 2; rank++) {
+            rp_model *s = rp_tp_model_slice(m, &plan, rank, &err), *z = rp_tp_model_lazy_dummy(&plan, rank, 7, &err);
+            assert_non_null(s);
+            assert_non_null(z);
+            assert_true(z->dummy);
+            assert_int_equal(z->weight_bytes, s->weight_bytes);
+            for (int k = 0; k < RP_W_COUNT; k++)
+                for (int l = 0; l < (k < RP_W_FIRST_LAYER_KIND ? 1 : m->cfg.num_layers); l++) {
+                    const rp_weight *a = rp_model_weight(s, (rp_weight_kind)k, l), *b = rp_model_weight(z, (rp_weight_kind)k, l);
+                    assert_int_equal(a->rows, b->rows);
+                    assert_int_equal(a->cols, b->cols);
+                    assert_null(b->data);
+                }
+            rp_model_free(s);
+            rp_model_free(z);
+        }
+        rp_model_free(m);
+    }
+}
+
 static void test_refusals(void **state) {
     (void)state;
     rp_err err = {0};
@@ -362,6 +392,6 @@ int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_qwen3_sizes),      cmocka_unit_test(test_llama3_and_qwen2),
                                        cmocka_unit_test(test_checkpoint),       cmocka_unit_test(test_sampled_decode),
                                        cmocka_unit_test(test_refusals),         cmocka_unit_test(test_step_msg),
-                                       cmocka_unit_test(test_worker_link)};
+                                       cmocka_unit_test(test_worker_link),      cmocka_unit_test(test_lazy_dummy_shards)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -102,12 +102,14 @@ static int tp_load(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
         return rp_errp(err, "node_rank", "--node-rank %d with --nnodes %d (0..%d)", r->node_rank, nnodes, nnodes - 1);
     if (nnodes > 1 && strcmp(r->device, "cuda"))
         return rp_errp(err, "nnodes", "tensor parallelism over several nodes runs on GPUs (--device cuda)");
-    /* the model: borrowed, made whole (dummy), or its config only */
+    /* the model: borrowed, dummy (made whole on the host for the CPU; on
+     * GPUs each rank generates its slice, nothing whole), or its config only */
     const int dummy = !cfg->model && (cfg->dummy_name || cfg->load_dummy);
+    const int lazy = dummy && !strcmp(r->device, "cuda");
     if (cfg->model) r->model = (rp_model *)cfg->model;
     else if (dummy) {
         rp_load_options lo = {.format = cfg->load_dummy ? RP_LOAD_DUMMY : RP_LOAD_AUTO, .seed = cfg->weight_seed,
-                              .progress = cfg->load_progress};
+                              .progress = cfg->load_progress, .lazy_dummy = lazy};
         r->model = cfg->model_dir ? rp_model_load(cfg->model_dir, &lo, err) : rp_model_dummy(cfg->dummy_name, &lo, err);
         r->owns_model = 1;
     } else {
@@ -118,8 +120,9 @@ static int tp_load(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
     double t0 = rp_now_s();
     for (int i = 0; i < gpn; i++) {
         int rank = r->node_rank * gpn + i;
-        r->shards[i] = cfg->model || dummy ? rp_tp_model_slice(r->model, r->tp_plan, rank, err)
-                                           : rp_tp_model_load(cfg->model_dir, r->tp_plan, rank, err);
+        r->shards[i] = lazy                  ? rp_tp_model_lazy_dummy(r->tp_plan, rank, r->model->dummy_seed, err)
+                       : cfg->model || dummy ? rp_tp_model_slice(r->model, r->tp_plan, rank, err)
+                                             : rp_tp_model_load(cfg->model_dir, r->tp_plan, rank, err);
         if (!r->shards[i]) return rp_err_wrap(err, "tensor-parallel rank %d's shard", rank);
         r->num_shards = i + 1;
     }
