@@ -59,9 +59,12 @@ void rp_comm_local_group_free(rp_comm_local_group *g) {
 }
 
 /* Waits until every rank has arrived; an error once any rank aborted (then
- * every later collective fails too: the group is unusable). */
+ * every later collective fails too: the group is unusable). A barrier that
+ * every rank reached has passed, even if a rank aborts before this one
+ * wakes up to see it. */
 static int group_barrier(rp_comm_local_group *g, rp_err *err) {
     pthread_mutex_lock(&g->mu);
+    int passed = 0;
     if (!g->aborted) {
         uint64_t gen = g->generation;
         if (++g->arrived == g->size) {
@@ -71,10 +74,10 @@ static int group_barrier(rp_comm_local_group *g, rp_err *err) {
         } else {
             while (gen == g->generation && !g->aborted) pthread_cond_wait(&g->cv, &g->mu);
         }
+        passed = gen != g->generation;
     }
-    int aborted = g->aborted;
     pthread_mutex_unlock(&g->mu);
-    return aborted ? rp_errf(err, "a tensor-parallel rank failed: the collective was abandoned") : 0;
+    return passed ? 0 : rp_errf(err, "a tensor-parallel rank failed: the collective was abandoned");
 }
 
 static size_t dtype_bytes(rp_comm_dtype t) {
