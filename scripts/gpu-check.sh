@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after scripts/gpu-bundle.sh
 # packed .gpu/ here and the device tool carried it there:
-#   bash scripts/gpu-check.sh [tests] [server] [sanitize] [compare] [bench] [bench-quick]
-# (no argument: tests server compare bench). sanitize is sanitize-main (the kernel tests, the
+#   bash scripts/gpu-check.sh [tests] [server] [sanitize] [compare] [bench] [bench-quick] [tp] [tp-models]
+# (no argument: tests server compare bench). tp and tp-models need two GPUs (nvidia-h200-x2; with
+# one they say so and pass): tp is generate --tp 2 against one GPU, two "nodes" of a GPU each on
+# this host, and profile --tp 2; tp-models is test_cuda_tp (qwen3-0.6b, qwen3-8b, llama3-8b shapes,
+# N = 2 against one GPU's logits and greedy tokens). sanitize is sanitize-main (the kernel tests, the
 # sampler's memcheck, a decode and a prefill forward) then sanitize-race (the sampler's
 # tests under racecheck, ~8 minutes): apart, each fits one 10-minute device call. Prints one table per stage; logs go to $OUT.
 set -uo pipefail
@@ -28,7 +31,8 @@ run_test() { # name
 for stage in $stages; do
   case $stage in
     tests)
-      for t in "$B"/test_cuda_*; do run_test "$(basename "$t")"; done
+      # test_cuda_tp is its own stage (tp-models): minutes of 8B shapes on two GPUs
+      for t in "$B"/test_cuda_*; do [ "$(basename "$t")" = test_cuda_tp ] || run_test "$(basename "$t")"; done
       # speculative rounds sampled on the device (n-gram drafts of a random model that loops): the
       # tokens of plain decoding (docs/speculative.md: bf16 noise between the verify and decode
       # kernels could part them at a near-tie; none at this shape and prompt)
@@ -169,6 +173,50 @@ PY
       python3 tools/gpu_compare.py --replay "$B/replay" --decode --shapes qwen3-0.6b,llama3.2-1b,qwen3-4b,llama3-8b,qwen2.5-7b,mistral-7b \
         2>&1 | tee "$OUT/compare-decode.log" | tail -30
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      ;;
+    tp|tp-models)
+      # tensor parallelism (docs/tensor-parallel.md): two GPUs at least
+      ngpu=$(nvidia-smi -L | wc -l)
+      if [ "$ngpu" -lt 2 ]; then
+        summary+=("$stage: skipped: $ngpu GPU visible, tensor parallelism needs 2 (nvidia-h200-x2)")
+        continue
+      fi
+      if [ "$stage" = tp-models ]; then run_test test_cuda_tp; continue; fi
+      # --tp 2 against one GPU: the same 128 greedy tokens
+      A="generate --dummy-weights qwen3-0.6b --prompt-ids 1,2,3,4,5,6,7,8 --max-tokens 128 --temperature 0 --ignore-eos --print-ids -q"
+      one=$("$B/replay" $A 2>"$OUT/tp1.err")
+      two=$("$B/replay" $A --tp 2 2>"$OUT/tp2.err")
+      if [ -n "$one" ] && [ "$one" = "$two" ]; then summary+=("generate --tp 2 (qwen3-0.6b): one GPU's 128 greedy tokens")
+      else
+        # one GPU decodes batch 1 in the one-kernel step, --tp 2 with the chain: bf16 noise
+        # between the two paths could part them at a near-tie; the chain on one GPU decides
+        chain=$("$B/replay" $A --disable-decode-step 2>/dev/null)
+        if [ -n "$two" ] && [ "$chain" = "$two" ]; then
+          summary+=("generate --tp 2 (qwen3-0.6b): one GPU's tokens with --disable-decode-step (the one-kernel step's differ)")
+        else summary+=("generate --tp 2 (qwen3-0.6b): DIFFERS from one GPU (see tp2.err)"); status=1
+          echo "one GPU: $one"; echo "--tp 2:  $two"; tail -5 "$OUT/tp2.err"; fi
+      fi
+      # two "nodes" on this host, a GPU each: the bootstrap over TCP, NCCL between them, node 0
+      # sending every step to node 1 over the control link (the path two machines take)
+      port=$((29500 + RANDOM % 400))
+      N="$A --tp 2 --nnodes 2 --dist-init-addr 127.0.0.1:$port"
+      CUDA_VISIBLE_DEVICES=1 timeout 300 "$B/replay" $N --node-rank 1 >"$OUT/node1.out" 2>"$OUT/node1.err" &
+      pid1=$!
+      node0=$(CUDA_VISIBLE_DEVICES=0 timeout 300 "$B/replay" $N --node-rank 0 2>"$OUT/node0.err")
+      rc0=$?
+      wait $pid1
+      rc1=$?
+      # two ranks' sums are the same in any order: the tokens of --tp 2 in one process, bit for bit
+      if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && [ -n "$two" ] && [ "$node0" = "$two" ]; then
+        summary+=("two nodes x 1 GPU (--nnodes 2, loopback): --tp 2's 128 greedy tokens, both exit 0")
+      else summary+=("two nodes x 1 GPU: FAILED (node 0 rc $rc0, node 1 rc $rc1; see node0.err, node1.err)"); status=1
+        tail -5 "$OUT/node0.err" "$OUT/node1.err"; fi
+      # where a tensor-parallel step's time goes, the all-reduces beside the kernels
+      for s in qwen3-0.6b llama3-8b; do
+        "$B/replay" profile --dummy-weights $s --tp 2 --batch 1 --ctx 512 --steps 16 >"$OUT/tp-profile-$s.txt" 2>"$OUT/tp-profile-$s.err" \
+          && summary+=("profile --tp 2 ($s): $(grep -o 'all-reduces and the logit gather [0-9.]* us a step ([0-9.]*%' "$OUT/tp-profile-$s.txt"); step $(awk '/^  wall/ {print $3 " ms graph"}' "$OUT/tp-profile-$s.txt")") \
+          || { summary+=("profile --tp 2 ($s): FAILED (see tp-profile-$s.err)"); status=1; }
+      done
       ;;
     bench|bench-quick)
       shapes="qwen3-0.6b llama3.2-1b qwen3-4b qwen3-8b llama3-8b"

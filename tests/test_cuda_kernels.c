@@ -242,6 +242,81 @@ static void test_silu_mul_gather(void **state) {
     }
 }
 
+/* Tensor parallelism (kernels/tp.cu): the embedding of a vocabulary shard
+ * (the shard's rows, zeros for the others' tokens, token references
+ * resolved) and the gathered logit shards laid out whole, padding dropped;
+ * both are copies, so exact. */
+static void test_tp_kernels(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int V = 203, H = 72, T = 6, ranks = 4, vpr = 64; /* the last rank holds 11 real rows, 53 padding */
+    uint16_t *emb = rand_bf16((size_t)V * H, 1.0f);
+    int32_t meta[6] = {0, 63, 64, -1, 202, -2}, prev[2] = {130, 7}, tok[6];
+    for (int t = 0; t < T; t++) tok[t] = meta[t] < 0 ? prev[-meta[t] - 1] : meta[t];
+    int32_t *d_tok = dup_to_dev(meta, sizeof meta), *d_prev = dup_to_dev(prev, sizeof prev);
+    float *d_res = dalloc((size_t)T * H * 4), *res = malloc((size_t)T * H * 4);
+    for (int r = 0; r < ranks; r++) {
+        const int64_t start = (int64_t)r * vpr, count = start + vpr <= V ? vpr : V - start;
+        uint16_t *d_emb = dup_to_dev(emb + start * H, (size_t)count * H * 2);
+        LAUNCH(rp_k_embed_shard(d_emb, d_tok, d_prev, d_res, start, count, T, H, 0));
+        to_host(res, d_res, (size_t)T * H * 4);
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < H; i++) {
+                const int mine = tok[t] >= start && tok[t] < start + count;
+                const float want = mine ? rp_bf16_to_f32(emb[(size_t)tok[t] * H + i]) : 0.0f;
+                if (res[(size_t)t * H + i] != want)
+                    fail_msg("embed_shard rank %d token %d [%d]: %g != %g", r, t, i, res[(size_t)t * H + i], want);
+            }
+        cudaFree(d_emb);
+    }
+    printf("  embed_shard (4 ranks, references, padding) exact\n");
+    const int rows = 3;
+    float *gathered = rand_f32((size_t)ranks * rows * vpr, 3.0f), *logits = malloc((size_t)rows * V * 4);
+    float *d_g = dup_to_dev(gathered, (size_t)ranks * rows * vpr * 4), *d_l = dalloc((size_t)rows * V * 4);
+    LAUNCH(rp_k_tp_unshard_logits(d_g, d_l, rows, ranks, vpr, V, 0));
+    to_host(logits, d_l, (size_t)rows * V * 4);
+    for (int i = 0; i < rows; i++)
+        for (int v = 0; v < V; v++) {
+            const float want = gathered[((size_t)(v / vpr) * rows + i) * vpr + v % vpr];
+            if (logits[(size_t)i * V + v] != want) fail_msg("unshard row %d token %d", i, v);
+        }
+    printf("  tp_unshard_logits exact\n");
+    free(emb), free(res), free(gathered), free(logits);
+    cudaFree(d_tok), cudaFree(d_prev), cudaFree(d_res), cudaFree(d_g), cudaFree(d_l);
+}
+
+/* A rank's slice of a dummy tensor made on the GPU: rows with padding
+ * (a vocabulary shard), columns (o_proj, down_proj), each element the
+ * host generator's value of its place in the whole tensor. */
+static void test_fill_dummy_slice(void **state) {
+    (void)state;
+    NEED_GPU();
+    const uint64_t seed = g_seed + 5, stream = 100003u * 9 + 2;
+    const double std = 0.02;
+    const int64_t R = 37, C = 51; /* the whole tensor: odd, so pairs straddle rows */
+    struct {
+        int64_t rows, cols, row0, col0, valid;
+    } cases[] = {{16, C, 30, 0, 7}, {R, 17, 0, 34, R}, {R, 20, 0, 11, R}, {5, C, 3, 0, 5}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int64_t n = cases[k].rows * cases[k].cols;
+        uint16_t *d = dalloc((size_t)n * 2), *h = malloc((size_t)n * 2);
+        LAUNCH(rp_k_fill_dummy_slice(d, cases[k].rows, cases[k].cols, C, cases[k].row0, cases[k].col0, cases[k].valid,
+                                     seed, stream, std, 0, 0));
+        to_host(h, d, (size_t)n * 2);
+        for (int64_t r = 0; r < cases[k].rows; r++)
+            for (int64_t c = 0; c < cases[k].cols; c++) {
+                const int64_t e = (cases[k].row0 + r) * C + cases[k].col0 + c;
+                const uint16_t want = r < cases[k].valid ? rp_dummy_bf16(rp_rand_normal(seed, stream, (uint64_t)e), std) : 0;
+                if (h[r * cases[k].cols + c] != want)
+                    fail_msg("fill_dummy_slice case %zu [%lld][%lld]: %04x != %04x", k, (long long)r, (long long)c,
+                             h[r * cases[k].cols + c], want);
+            }
+        free(h);
+        cudaFree(d);
+    }
+    printf("  fill_dummy_slice: row slices with padding and column slices bit-identical to the host generator\n");
+}
+
 static void test_fill_dummy(void **state) {
     (void)state;
     NEED_GPU();
@@ -1053,7 +1128,8 @@ int main(void) {
         cmocka_unit_test(test_qk_norm_rope_store),
         cmocka_unit_test(test_attn_decode),     cmocka_unit_test(test_attn_prefill),
         cmocka_unit_test(test_attn_prefill_split), cmocka_unit_test(test_attn_prefill_split_bound),
-        cmocka_unit_test(test_attn_step),
+        cmocka_unit_test(test_attn_step),       cmocka_unit_test(test_tp_kernels),
+        cmocka_unit_test(test_fill_dummy_slice),
         cmocka_unit_test(test_qk_norm_rope_store_fp8), cmocka_unit_test(test_attn_decode_fp8),
         cmocka_unit_test(test_attn_prefill_fp8),       cmocka_unit_test(test_attn_step_fp8),
     };

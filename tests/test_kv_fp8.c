@@ -55,10 +55,10 @@ static void test_parse(void **state) {
     /* the command line: every model command takes it (RP_MODEL_SOURCE_LONG_OPTIONS) */
     rp_model_opts mo;
     rp_model_opts_init(&mo);
-    assert_int_equal(rp_model_opts_parse(&mo, 0x109, "fp8", "generate"), 1);
+    assert_int_equal(rp_model_opts_parse(&mo, 0x10d, "fp8", "generate"), 1);
     assert_string_equal(mo.kv_cache_dtype, "fp8");
-    assert_int_equal(rp_model_opts_parse(&mo, 0x109, "fp8_e5m2", "generate"), -1);
-    assert_int_equal(rp_model_opts_parse(&mo, 0x109, "half", "generate"), -1);
+    assert_int_equal(rp_model_opts_parse(&mo, 0x10d, "fp8_e5m2", "generate"), -1);
+    assert_int_equal(rp_model_opts_parse(&mo, 0x10d, "half", "generate"), -1);
     rp_runner_config rc;
     rp_cli_runner_config(&mo, &rc);
     assert_int_equal(rc.kv_dtype, RP_KV_FP8);

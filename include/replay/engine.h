@@ -85,6 +85,13 @@ typedef struct rp_engine_config {
     int disable_cuda_graph;
     int cuda_graph_max_bs;
     int disable_decode_step; /* decode 1-4 sequences with the chain of kernels, not the one-kernel step */
+    /* Tensor parallelism (docs/tensor-parallel.md): the model over this
+     * many GPUs (0 or 1: one); over several nodes, nnodes > 1, this
+     * node's node_rank and node 0's dist_init_addr (HOST:PORT). A node
+     * other than 0 runs rp_engine_run_worker, not an engine. */
+    int tensor_parallel_size;
+    int nnodes, node_rank;
+    const char *dist_init_addr;
     int quiet_model_warning; /* 1: do not log that dummy weights are random */
     int disable_overlap;     /* 1: wait for each step's tokens before preparing the next */
     /* 1: structured output's token masks are applied on the host, each
@@ -282,6 +289,12 @@ void rp_engine_config_default(rp_engine_config *cfg);
 void rp_request_params_default(rp_request_params *p);
 
 rp_engine *rp_engine_create(const rp_engine_config *cfg, rp_error *err);
+/* A node other than 0 of a multi-node tensor-parallel run (cfg->node_rank >
+ * 0): builds the backend rp_engine_create builds from the same config (so
+ * that its ranks capture the same graphs as node 0's), then runs the steps
+ * node 0's engine sends until node 0 stops (0) or its link breaks (an
+ * error). No tokenizer, scheduler or requests here. */
+int rp_engine_run_worker(const rp_engine_config *cfg, rp_error *err);
 /* Stops the engine thread at the end of the step in flight (one prompt chunk
  * at most); requests still running finish with ABORT. */
 void rp_engine_destroy(rp_engine *e);

@@ -47,6 +47,7 @@ int rp_batch_validate(const rp_batch *bt, const rp_backend *b, rp_err *err) {
         return rp_errf(err, "batch has %d tokens (limit %d)", bt->num_tokens, b->cfg.max_batched_tokens);
     if (bt->seq_start[0] != 0 || bt->seq_start[bt->num_seqs] != bt->num_tokens)
         return rp_errf(err, "batch seq_start does not cover its tokens");
+    const int vocab = rp_backend_vocab(b);
     int64_t slots = (int64_t)(b->cfg.num_pages + 1) * b->cfg.page_size;
     for (int s = 0; s < bt->num_seqs; s++) {
         int n = bt->seq_start[s + 1] - bt->seq_start[s];
@@ -61,8 +62,8 @@ int rp_batch_validate(const rp_batch *bt, const rp_backend *b, rp_err *err) {
                                bt->positions[t], kv - n + (t - bt->seq_start[s]));
             int tok = bt->tokens[t];
             int is_ref = tok < 0 && b->supports_token_refs && -(int64_t)tok - 1 < b->cfg.max_logit_rows;
-            if (!is_ref && (tok < 0 || tok >= c->vocab_size))
-                return rp_errf(err, "token id %d outside the vocabulary (%d)", tok, c->vocab_size);
+            if (!is_ref && (tok < 0 || tok >= vocab))
+                return rp_errf(err, "token id %d outside the vocabulary (%d)", tok, vocab);
             if (bt->slot_mapping[t] < 0 || bt->slot_mapping[t] >= slots)
                 return rp_errf(err, "KV slot %d out of range", bt->slot_mapping[t]);
         }

@@ -15,6 +15,8 @@
 
 #include "backend/sample_params.h"
 #include "backend/tuning.h"
+#include "dist/comm.h"
+#include "dist/tp_plan.h"
 #include "model/model.h"
 #include "util/err.h"
 
@@ -82,6 +84,24 @@ size_t rp_kv_page_bytes(const rp_model_config *c, int page_size, rp_kv_dtype d);
  * shadow_page_bytes (a draft model's pool beside it), less the dummy page
  * every backend adds; 0 when not even that fits. */
 int rp_kv_pool_pages(double usable_bytes, size_t page_bytes, size_t shadow_page_bytes);
+/* Tensor parallelism (docs/tensor-parallel.md): this backend runs rank
+ * `rank` of `size`, its model the rank's shard (dist/tp_model.h). It adds
+ * the embedding's rows from its vocabulary shard (the others' rows 0) and
+ * the o_proj and down_proj products of its heads and columns, then sums
+ * each over the ranks through comm; it gathers the logit shards so that
+ * logits (read_logits) and sampling cover the whole vocabulary
+ * (plan->cfg.vocab_size) on every rank. size 0 or 1: none. */
+typedef struct rp_backend_tp {
+    int size, rank;
+    rp_comm *comm;          /* not owned */
+    const rp_tp_plan *plan; /* not owned */
+    /* This process's ranks on the host (a local communicator's barrier;
+     * NULL: none). The CUDA backend meets them before its first collective
+     * and before capturing graphs, so that no rank allocates (cudaMalloc,
+     * pinned memory: calls that may wait for the whole device) while
+     * another rank's collective waits for its kernels. Not owned. */
+    rp_comm *host;
+} rp_backend_tp;
 
 typedef struct rp_backend_config {
     int num_pages;  /* KV pages, excluding the dummy page the backend adds; 0: CUDA sizes it
@@ -113,6 +133,7 @@ typedef struct rp_backend_config {
      * NULL: none. Only a trace build (-DREPLAY_DECODE_STEP_TRACE=ON) writes
      * one; in any other build setting it makes backend creation fail. */
     const char *trace_timeline_path;
+    rp_backend_tp tp;
 } rp_backend_config;
 
 /* One timed segment of the last eager forward (profile mode). */
@@ -194,6 +215,38 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
 int rp_cuda_device_count(void);
 /* Free and total device memory of a device in bytes; -1 without CUDA. */
 int rp_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
+
+/* The vocabulary of the logits, the token ids and sampling: the whole
+ * model's, also where the backend's model is a tensor-parallel shard. */
+static inline int rp_backend_vocab(const rp_backend *b) {
+    return b->cfg.tp.size > 1 ? b->cfg.tp.plan->cfg.vocab_size : b->model->cfg.vocab_size;
+}
+
+/* A tensor-parallel backend over N ranks (tp_backend.c): each rank's
+ * backend (`device` "cpu" or "cuda"; rank r on CUDA device
+ * cfg->device_id + r) runs its shard shards[r], on its own host thread,
+ * summing through comms[r]; forward hands the batch to every rank; the
+ * results are rank 0's (all ranks hold the same). Takes ownership of
+ * nothing: plan, shards, comms and model (the whole model's config, which
+ * the engine reads) outlive it. comms NULL with device "cuda": each rank
+ * makes its NCCL communicator from nccl_id on its thread (and frees it);
+ * with "cpu", a local group is made and freed here. rank_offset: the
+ * first rank of this process (a node's first GPU in a multi-node run).
+ * links: node 0 of several nodes, its control links to the others
+ * (dist/bootstrap.h), over which every call is sent first as a step
+ * message (tp_step_msg.h) for their ranks to make it too. */
+typedef struct rp_tp_backend_config {
+    const char *device;
+    const rp_tp_plan *plan;
+    rp_model *const *shards; /* [ranks] */
+    int ranks;               /* ranks run by this process (= plan->size on one node) */
+    int rank_offset;
+    const uint8_t *nccl_id;  /* [RP_COMM_UNIQUE_ID_BYTES], CUDA only */
+    const int *links;
+    int num_links;
+} rp_tp_backend_config;
+rp_backend *rp_backend_tp_new(const rp_model *model, const rp_tp_backend_config *tcfg, const rp_backend_config *cfg,
+                              rp_err *err);
 
 static inline int rp_backend_forward(rp_backend *b, const rp_batch *batch, rp_err *err) {
     return b->ops->forward(b, batch, err);

@@ -95,8 +95,7 @@ static const struct {
     {"--chunk", "an older replay", "max-num-batched-tokens", NULL},
     {"--random-range", "an older replay", "random-range-ratio", NULL},
     {"--trust-remote-code", "vLLM", NULL, "replay runs no model code, so it needs no --trust-remote-code"},
-    {"--tensor-parallel-size", "vLLM", NULL, "replay runs a model on one GPU"},
-    {"-tp", "vLLM", NULL, "replay runs a model on one GPU"},
+    {"-tp", "vLLM", "tensor-parallel-size", NULL},
     {"--download-dir", "vLLM", NULL, "replay loads a local directory: download it first (README, 'Models')"},
     {"--revision", "vLLM", NULL, "replay loads a local directory: download the revision first (README, 'Models')"},
     {"--disable-log-requests", "vLLM", "disable-access-log", NULL},
@@ -254,6 +253,38 @@ int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *
         o->threads = (int)v;
         return 1;
     case 0x106: o->disable_decode_step = 1; return 1;
+    case 0x109:
+        if (rp_parse_int(arg, 1, 1024, &v)) {
+            rp_cli_usage_error(cmd, "--tensor-parallel-size must be 1, 2, 4 or 8, got '%s'", arg);
+            return -1;
+        }
+        o->tp_size = (int)v;
+        return 1;
+    case 0x10a:
+        if (rp_parse_int(arg, 1, RP_BS_MAX_NODES, &v)) {
+            rp_cli_usage_error(cmd, "--nnodes must be an integer from 1 to %d, got '%s'", RP_BS_MAX_NODES, arg);
+            return -1;
+        }
+        o->nnodes = (int)v;
+        return 1;
+    case 0x10b:
+        if (rp_parse_int(arg, 0, RP_BS_MAX_NODES - 1, &v)) {
+            rp_cli_usage_error(cmd, "--node-rank must be an integer from 0 to %d, got '%s'", RP_BS_MAX_NODES - 1, arg);
+            return -1;
+        }
+        o->node_rank = (int)v;
+        return 1;
+    case 0x10c: {
+        char host[256];
+        int port;
+        rp_err err;
+        if (rp_bs_parse_addr(arg, host, sizeof host, &port, &err)) {
+            rp_cli_usage_error(cmd, "--dist-init-addr: %s", err.msg);
+            return -1;
+        }
+        o->dist_init_addr = arg;
+        return 1;
+    }
     case 0x108:
         if (strcmp(arg, "none") && strcmp(arg, "fp8")) {
             rp_cli_usage_error(cmd, "--quantization must be none or fp8, got '%s'", arg);
@@ -261,7 +292,7 @@ int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *
         }
         o->quantize_fp8 = !strcmp(arg, "fp8");
         return 1;
-    case 0x109: {
+    case 0x10d: {
         rp_kv_dtype d;
         rp_err err;
         if (rp_kv_dtype_parse(arg, &d, &err)) {
@@ -343,6 +374,39 @@ static int has_safetensors(const char *dir) {
     return found;
 }
 
+/* The tensor-parallel options among themselves, before the model is known. */
+static int tp_opts_check(const rp_model_opts *o, const char *cmd) {
+    const int n = o->tp_size > 1 ? o->tp_size : 1, nnodes = o->nnodes > 1 ? o->nnodes : 1;
+    rp_err err;
+    if (rp_tp_size_check(n, &err)) return rp_cli_usage_error(cmd, "%s", err.msg);
+    if (o->node_rank && nnodes == 1) return rp_cli_usage_error(cmd, "--node-rank needs --nnodes");
+    if (o->dist_init_addr && nnodes == 1) return rp_cli_usage_error(cmd, "--dist-init-addr needs --nnodes");
+    if (nnodes > 1) {
+        if (n % nnodes)
+            return rp_cli_usage_error(cmd, "--nnodes %d does not divide --tensor-parallel-size %d: every node runs "
+                                           "the same number of GPUs", nnodes, n);
+        if (o->node_rank >= nnodes)
+            return rp_cli_usage_error(cmd, "--node-rank %d with --nnodes %d (0 to %d)", o->node_rank, nnodes,
+                                      nnodes - 1);
+        if (!o->dist_init_addr)
+            return rp_cli_usage_error(cmd, "--nnodes %d needs --dist-init-addr HOST:PORT (an address of node 0)",
+                                      nnodes);
+    }
+    if (n > 1 && o->quantize_fp8)
+        return rp_cli_usage_error(cmd, "--quantization fp8 with --tensor-parallel-size %d is not supported yet: the "
+                                       "shards hold bf16 weights", n);
+    return 0;
+}
+
+/* The model's shapes against N (rp_tp_plan_make's refusals), before it loads. */
+static int tp_plan_check(const rp_model_opts *o, const char *cmd) {
+    if (o->tp_size <= 1) return 0;
+    rp_tp_plan plan;
+    rp_err err;
+    if (rp_tp_plan_make(&plan, &o->cfg, o->tp_size, &err)) return rp_cli_usage_error(cmd, "%s", err.msg);
+    return 0;
+}
+
 int rp_model_opts_check(rp_model_opts *o, const char *cmd) {
     if (o->model_dir && o->dummy_name)
         return rp_cli_usage_error(cmd, "give either --model or --dummy-weights, not both");
@@ -352,10 +416,12 @@ int rp_model_opts_check(rp_model_opts *o, const char *cmd) {
     if (o->dummy_name && strcmp(o->load_format, "auto") && strcmp(o->load_format, "dummy"))
         return rp_cli_usage_error(cmd, "--load-format %s needs --model", o->load_format);
     rp_err err;
+    int rc = tp_opts_check(o, cmd);
+    if (rc) return rc;
     if (o->dummy_name) {
         if (rp_config_preset(&o->cfg, o->dummy_name, &err)) return rp_cli_usage_error(cmd, "--dummy-weights: %s", err.msg);
         o->have_cfg = 1;
-        return 0;
+        return tp_plan_check(o, cmd);
     }
     const char *dir = o->model_dir;
     struct stat st;
@@ -381,6 +447,7 @@ int rp_model_opts_check(rp_model_opts *o, const char *cmd) {
     /* the config decides whether replay can run the model: read it now, not after minutes of loading */
     if (rp_config_load_dir(&o->cfg, dir, &err)) return rp_cli_runtime_error(cmd, "%s", err.msg);
     o->have_cfg = 1;
+    if ((rc = tp_plan_check(o, cmd))) return rc;
     if (strcmp(o->load_format, "dummy") && !has_safetensors(dir))
         return rp_cli_runtime_error(cmd, "%s has no *.safetensors weights (--load-format dummy runs its config with "
                                          "random weights)",
@@ -436,6 +503,26 @@ void rp_cli_runner_config(const rp_model_opts *o, rp_runner_config *rc) {
     rc->device = rp_cli_device(o);
     rc->threads = o->threads;
     rc->tuning.disable_decode_step = o->disable_decode_step;
+    rc->tensor_parallel_size = o->tp_size;
+    rc->nnodes = o->nnodes;
+    rc->node_rank = o->node_rank;
+    rc->dist_init_addr = o->dist_init_addr;
+}
+
+int rp_cli_engine_worker(const rp_engine_config *ec, const char *cmd) {
+    rp_error e;
+    if (rp_engine_run_worker(ec, &e)) return rp_cli_runtime_error(cmd, "%s", e.message);
+    return RP_EXIT_OK;
+}
+
+int rp_cli_runner_worker(const rp_model_opts *o, const rp_runner_config *rc, const char *cmd) {
+    rp_runner *r = rp_cli_runner_new(o, rc, cmd);
+    if (!r) return RP_EXIT_RUNTIME;
+    rp_err err;
+    int rcode = rp_engine_worker_run(r, &err);
+    rp_runner_free(r);
+    if (rcode) return rp_cli_runtime_error(cmd, "%s", err.msg);
+    return RP_EXIT_OK;
 }
 
 rp_runner *rp_cli_runner_new(const rp_model_opts *o, const rp_runner_config *rc, const char *cmd) {
@@ -606,6 +693,10 @@ void rp_cli_engine_model(const rp_model_opts *o, rp_engine_config *ec) {
     ec->device = rp_cli_device(o);
     ec->threads = o->threads;
     ec->disable_decode_step = o->disable_decode_step;
+    ec->tensor_parallel_size = o->tp_size;
+    ec->nnodes = o->nnodes;
+    ec->node_rank = o->node_rank;
+    ec->dist_init_addr = o->dist_init_addr;
 }
 
 void rp_cli_request_sampling(rp_request_params *rq, const rp_sampling_params *sp) {

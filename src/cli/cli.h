@@ -55,6 +55,11 @@ typedef struct rp_model_opts {
     int quantize_fp8;        /* --quantization fp8 */
     const char *kv_cache_dtype; /* --kv-cache-dtype, checked when parsed (rp_kv_dtype_parse); NULL: auto */
     int disable_decode_step; /* the chain of kernels for every decode step (docs/tuning.md) */
+    /* tensor parallelism (docs/tensor-parallel.md): --tensor-parallel-size
+     * / --tp, and over several nodes --nnodes, --node-rank, --dist-init-addr */
+    int tp_size;
+    int nnodes, node_rank;
+    const char *dist_init_addr;
     rp_model_config cfg;     /* read by rp_model_opts_check, before anything loads */
     int have_cfg;
 } rp_model_opts;
@@ -66,8 +71,10 @@ typedef struct rp_model_opts {
     {"model", required_argument, 0, 0x100}, {"dummy-weights", required_argument, 0, 0x101},     \
         {"load-format", required_argument, 0, 0x102}, {"device", required_argument, 0, 0x103},   \
         {"weight-seed", required_argument, 0, 0x104}, {"disable-decode-step", no_argument, 0, 0x106}, \
-        {"dtype", required_argument, 0, 0x107}, {"quantization", required_argument, 0, 0x108},    \
-        {"kv-cache-dtype", required_argument, 0, 0x109}
+        {"dtype", required_argument, 0, 0x107}, {"quantization", required_argument, 0, 0x108},       \
+        {"tensor-parallel-size", required_argument, 0, 0x109}, {"tp", required_argument, 0, 0x109}, \
+        {"nnodes", required_argument, 0, 0x10a}, {"node-rank", required_argument, 0, 0x10b},       \
+        {"dist-init-addr", required_argument, 0, 0x10c}, {"kv-cache-dtype", required_argument, 0, 0x10d}
 #define RP_MODEL_LONG_OPTIONS RP_MODEL_SOURCE_LONG_OPTIONS, {"threads", required_argument, 0, 0x105}
 #define RP_GPU_MODEL_LONG_OPTIONS RP_MODEL_SOURCE_LONG_OPTIONS
 
@@ -82,10 +89,17 @@ typedef struct rp_model_opts {
     "  --dtype TYPE           auto or bfloat16: replay computes in bfloat16 (default auto)\n"          \
     "  --weight-seed N        seed for random weights (default 0)\n"                                 \
     "  --quantization Q       none or fp8: fp8 quantizes each layer's matrices to e4m3 at load, one\n" \
-    "                         scale per output channel (vLLM's option; default none)\n"                   \
+    "                         scale per output channel (vLLM's option; default none)\n"            \
     "  --kv-cache-dtype T     auto, bf16 (bfloat16) or fp8 (fp8_e4m3): fp8 keeps K and V as e4m3 with\n"  \
     "                         the checkpoint's k/v scales (else 1), twice the tokens in the same memory\n" \
-    "                         (default auto: fp8 where the checkpoint declares it, else bf16)\n"
+    "                         (default auto: fp8 where the checkpoint declares it, else bf16)\n"      \
+    "  --tensor-parallel-size N, --tp N  split the model over N GPUs (1, 2, 4 or 8; default 1;\n" \
+    "                         on the CPU, N threads); N must divide the query heads and MLP width\n" \
+    "  --nnodes K             tensor parallelism over K machines, N / K GPUs each (default 1)\n"   \
+    "  --node-rank k          this machine's place among them, 0 to K - 1 (default 0); node 0\n"  \
+    "                         runs the command, the others its steps\n"                           \
+    "  --dist-init-addr HOST:PORT  where node 0 listens for the others (an address of node 0;\n"     \
+    "                         required with --nnodes, no default)\n"
 
 #define RP_MODEL_OPTIONS_HELP                                                                          \
     RP_MODEL_SOURCE_HELP                                                                               \
@@ -206,6 +220,16 @@ struct rp_runner *rp_cli_runner_new(const rp_model_opts *o, const struct rp_runn
 
 /* Sets an engine configuration's model, device and threads from the model options. */
 void rp_cli_engine_model(const rp_model_opts *o, struct rp_engine_config *ec);
+
+/* A node other than 0 of a multi-node tensor-parallel run (--node-rank >
+ * 0) runs node 0's steps instead of the command: through the engine's
+ * backend (commands that run the engine) or the command's runner (the
+ * others). Each returns the command's exit status. */
+static inline int rp_cli_is_worker(const rp_model_opts *o) {
+    return o->nnodes > 1 && o->node_rank > 0;
+}
+int rp_cli_engine_worker(const struct rp_engine_config *ec, const char *cmd);
+int rp_cli_runner_worker(const rp_model_opts *o, const struct rp_runner_config *rc, const char *cmd);
 
 
 /* Prints "replay CMD: message" and a hint to stderr; returns RP_EXIT_USAGE. */

@@ -425,6 +425,11 @@ static int bench_decode(int argc, char **argv) {
             if (!have) rcfg.cuda_graph_bs[rcfg.num_cuda_graph_bs++] = v;
         }
     }
+    /* tensor parallelism: events around the collectives of eager steps (rank 0's), their time
+     * printed under the eager row; graph steps carry no events */
+    const int tp = mo.tp_size > 1 ? mo.tp_size : 1;
+    rcfg.profile = tp > 1 && !strcmp(dev, "cuda");
+    if (rp_cli_is_worker(&mo)) return rp_cli_runner_worker(&mo, &rcfg, CMD);
     rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);
     if (!run) return RP_EXIT_RUNTIME;
     const rp_model *model = run->model;
@@ -458,6 +463,7 @@ static int bench_decode(int argc, char **argv) {
            dev);
     if (read_gbs > 0)
         printf("measured bandwidth: read %.0f GB/s, device copy %.0f GB/s (read+write)\n", read_gbs, copy_gbs);
+    if (tp > 1) printf("tensor parallel over %d: GB/s and %%read are per GPU (MB/step / %d)\n", tp, tp);
     const int overlap = !no_overlap && rp_runner_can_overlap(run);
     rp_sampling_params sp = {.temperature = (float)temperature, .top_p = (float)top_p};
     if (temperature > 0)
@@ -496,11 +502,23 @@ static int bench_decode(int argc, char **argv) {
             if (!plain_ms[bi]) plain_ms[bi] = w;
             double avg_ctx = (double)ctx + warmup + steps / 2.0;
             double bytes = (double)weight_read + (double)B * avg_ctx * (double)kv_per_token;
-            double gbs = bytes / (w * 1e-3) / 1e9;
+            double gbs = bytes / tp / (w * 1e-3) / 1e9;
             rp_progress_status_lock(&prog);
             printf("%5d  %-6s %9.3f %10.1f %11.1f %9.0f %6.1f%% %9.3f %9.3f %11.0f\n", B, graphs ? "graph" : "eager",
                    w, B / (w * 1e-3), bytes / 1e6, gbs, read_gbs > 0 ? 100.0 * gbs / read_gbs : 0.0, g,
                    g > 0 ? w - g : 0.0, (double)B * ctx / prefill_s);
+            if (!graphs && rcfg.profile && be->ops->profile) { /* the last eager step's collectives */
+                rp_profile_entry ent[4096];
+                int n = be->ops->profile(be, ent, 4096);
+                double coll = 0, all = 0;
+                for (int i = 0; i < n; i++) {
+                    all += ent[i].ms;
+                    if (!strncmp(ent[i].name, "all_reduce", 10) || !strncmp(ent[i].name, "all_gather", 10))
+                        coll += ent[i].ms;
+                }
+                printf("%5s  %-6s all-reduces + logit gather %.3f ms of the step's %.3f ms (rank 0's events)\n", "",
+                       "", coll, all);
+            }
             fflush(stdout);
             rp_progress_status_unlock(&prog);
         }
@@ -883,6 +901,7 @@ static int bench_offline_with(int argc, char **argv, rp_structured_opts *so) {
 #endif
     rp_cli_engine_model(&mo, &ec);
     rp_error eerr;
+    if (rp_cli_is_worker(&mo)) return rp_cli_engine_worker(&ec, cmd);
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) return rp_cli_runtime_error(cmd, "%s", eerr.message);
     int vocab = rp_engine_vocab_size(eng), rc = RP_EXIT_RUNTIME;

@@ -618,6 +618,9 @@ static int run(int argc, char **argv) {
         return rp_cli_usage_error(CMD, "--kv-cache-dtype %s: bench kernels times the bf16 KV kernels; 'replay bench "
                                        "decode --kv-cache-dtype fp8' times fp8 KV steps",
                                   mo.kv_cache_dtype);
+    if (mo.tp_size > 1 || mo.nnodes > 1)
+        return rp_cli_usage_error(CMD, "--tensor-parallel-size: bench kernels times one GPU's kernels; 'replay bench "
+                                       "decode --tp N' times tensor-parallel steps");
     int no_gpu = rp_bench_need_gpu(&mo, CMD);
     if (no_gpu) return no_gpu;
     mo.load_format = "dummy"; /* the config alone: a directory without weights will do */

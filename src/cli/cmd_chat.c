@@ -451,6 +451,7 @@ static int run(int argc, char **argv) {
     ec.max_batched_tokens = 2048;
     rp_error eerr;
     /* Loading: SIGINT and SIGTERM still have their default action here. */
+    if (rp_cli_is_worker(&mo)) return rp_cli_engine_worker(&ec, CMD);
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) {
         rp_structured_opts_free(&so);

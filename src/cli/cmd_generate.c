@@ -390,6 +390,7 @@ static int run(int argc, char **argv) {
     int num_stop_ids = 0;
     rp_error eerr;
     /* Loading: SIGINT and SIGTERM still have their default action here. */
+    if (rp_cli_is_worker(&mo)) return rp_cli_engine_worker(&ec, CMD);
     rp_engine *eng = rp_engine_create(&ec, &eerr);
     if (!eng) {
         free(ids);

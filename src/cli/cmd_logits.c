@@ -118,6 +118,7 @@ static int run(int argc, char **argv) {
     rcfg.max_batched_tokens = rows;
     rcfg.max_logit_rows = rows;
     rcfg.disable_cuda_graph = 1;
+    if (rp_cli_is_worker(&mo)) return rp_cli_runner_worker(&mo, &rcfg, CMD);
     rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);
     if (!run) {
         free(ids);

@@ -119,6 +119,7 @@ static int run(int argc, char **argv) {
     rcfg.trace_timeline_path = timeline;
     rcfg.num_cuda_graph_bs = 1;
     rcfg.cuda_graph_bs[0] = (int)B;
+    if (rp_cli_is_worker(&mo)) return rp_cli_runner_worker(&mo, &rcfg, CMD);
     rp_runner *run = rp_cli_runner_new(&mo, &rcfg, CMD);
     if (!run) return RP_EXIT_RUNTIME;
     rp_backend *be = run->backend;
@@ -196,6 +197,16 @@ static int run(int argc, char **argv) {
         printf("%-20s %10.1f %12.2f %9.1f%%\n", kinds[k].name, (double)kinds[k].count / steps,
                kinds[k].total_ms * 1e3 / kinds[k].count, 100.0 * kinds[k].total_ms / kernel_total);
     printf("%-20s %10s %12.2f\n\n", "sum of kernels", "", kernel_total * 1e3 / steps);
+    /* tensor parallelism: the collectives' share (rank 0's events: its time
+     * in them includes waiting for the slowest rank) */
+    double coll_ms = 0;
+    for (int k = 0; k < nkinds; k++)
+        if (!strncmp(kinds[k].name, "all_reduce", 10) || !strncmp(kinds[k].name, "all_gather", 10))
+            coll_ms += kinds[k].total_ms;
+    if (mo.tp_size > 1)
+        printf("Tensor parallel over %d GPUs: all-reduces and the logit gather %.2f us a step (%.1f%% of the eager "
+               "step), rank 0's events\n\n",
+               mo.tp_size, coll_ms * 1e3 / steps, kernel_total > 0 ? 100.0 * coll_ms / kernel_total : 0.0);
     printf("Per step (medians, ms)      %10s %10s\n", "eager", "graph");
     printf("  wall                      %10.3f %10.3f\n", results[0][0], results[1][0]);
     printf("  device (events)           %10.3f %10.3f\n", results[0][1], results[1][1]);

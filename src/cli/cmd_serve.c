@@ -319,6 +319,10 @@ static int run(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &g_sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    if (rp_cli_is_worker(&mo)) { /* another node of a multi-node run: no HTTP here, node 0's steps */
+        rp_cli_engine_model(&mo, &ec);
+        return rp_cli_engine_worker(&ec, CMD);
+    }
     char err[512];
     rp_listener *listener = rp_server_listen(&sc, err, sizeof err);
     if (!listener) return rp_cli_runtime_error(CMD, "%s", err);

@@ -115,6 +115,31 @@ rp_model *rp_tp_model_slice(const rp_model *full, const rp_tp_plan *plan, int ra
     return m;
 }
 
+rp_model *rp_tp_model_lazy_dummy(const rp_tp_plan *plan, int rank, uint64_t seed, rp_err *err) {
+    if (rank < 0 || rank >= plan->size) {
+        rp_errf(err, "tensor parallelism: rank %d of %d", rank, plan->size);
+        return NULL;
+    }
+    rp_model *m = shard_new(plan, err);
+    if (!m) return NULL;
+    m->dummy = 1;
+    m->dummy_seed = seed;
+    const rp_model_config *c = &plan->cfg;
+    for (int k = 0; k < RP_W_COUNT; k++) {
+        if (!kind_present(c, (rp_weight_kind)k)) continue;
+        for (int l = 0; l < (k < RP_W_FIRST_LAYER_KIND ? 1 : c->num_layers); l++) {
+            int64_t shape[2];
+            rp_weight_shape(&m->cfg, (rp_weight_kind)k, shape); /* the shard's own shape */
+            rp_weight *w = (rp_weight *)rp_model_weight(m, (rp_weight_kind)k, l);
+            w->rows = shape[0];
+            w->cols = shape[1];
+            m->weight_bytes += (uint64_t)(shape[0] * shape[1]) * 2;
+        }
+    }
+    finish(m);
+    return m;
+}
+
 /* ---- from the checkpoint's files ---------------------------------------- */
 
 static int open_file(rp_model *m, const char *path, rp_err *err) {

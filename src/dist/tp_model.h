@@ -33,4 +33,11 @@ rp_model *rp_tp_model_load(const char *dir, const rp_tp_plan *plan, int rank, rp
  * shard. Lazy dummy weights (no data on the host) are refused. */
 rp_model *rp_tp_model_slice(const rp_model *full, const rp_tp_plan *plan, int rank, rp_err *err);
 
+/* Rank `rank`'s shard of dummy weights (seed: the whole model's) with no
+ * data on the host: every weight shaped as the shard holds it, data NULL,
+ * for the CUDA backend to generate on the GPU as the rank's slice of the
+ * whole tensor's values (rp_k_fill_dummy_slice), what rp_tp_model_slice
+ * of host dummy weights would hold. Nothing is made whole anywhere. */
+rp_model *rp_tp_model_lazy_dummy(const rp_tp_plan *plan, int rank, uint64_t seed, rp_err *err);
+
 #endif

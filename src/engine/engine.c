@@ -271,6 +271,31 @@ static int check_tokenizer_vocab(rp_engine *e, rp_err *err) {
 }
 
 /* Fills in what a caller left at 0 with the defaults. */
+/* The runner an engine of cfg (completed) runs on, backend_seqs sequences
+ * at most; a worker node builds the same (rp_engine_run_worker). */
+static int engine_runner_config(const rp_engine_config *cfg, int backend_seqs, rp_runner_config *rc, rp_err *err) {
+    rp_kv_dtype kv_dtype;
+    if (rp_kv_dtype_parse(cfg->kv_cache_dtype, &kv_dtype, err)) return RP_ERR;
+    /* a round's drafts want logits rows of their own, and each is a
+     * one-token sequence of the step (batch.h's rp_batch_add_positions) */
+    const int spec_rows = cfg->speculative_method ? RP_SPEC_MAX_ROWS : 0;
+    *rc = (rp_runner_config){.model_dir = cfg->model_dir, .dummy_name = cfg->dummy_name, .load_dummy = cfg->load_dummy,
+                             .weight_seed = cfg->weight_seed, .quantize_fp8 = cfg->quantize_fp8, .load_progress = 1,
+                             .device = cfg->device, .threads = cfg->threads, .page_size = cfg->page_size,
+                             .num_pages = cfg->num_pages, .kv_dtype = kv_dtype, .memory_ratio = cfg->memory_ratio,
+                             .max_seqs = backend_seqs + spec_rows, .max_context = cfg->max_context,
+                             .max_batched_tokens = cfg->max_batched_tokens,
+                             .max_logit_rows = backend_seqs + spec_rows + RP_SCHED_PROMPT_LOGIT_ROWS,
+                             .disable_cuda_graph = cfg->disable_cuda_graph,
+                             .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
+                             .tuning = {.disable_decode_step = cfg->disable_decode_step},
+                             .tensor_parallel_size = cfg->tensor_parallel_size,
+                             .nnodes = cfg->nnodes,
+                             .node_rank = cfg->node_rank,
+                             .dist_init_addr = cfg->dist_init_addr};
+    return 0;
+}
+
 static void config_complete(rp_engine_config *cfg) {
     if (!cfg->device) cfg->device = "auto";
     if (cfg->page_size <= 0) cfg->page_size = DEFAULT_PAGE_SIZE;
@@ -305,6 +330,10 @@ static int check_speculative(const rp_engine_config *cfg, rp_err *err) {
     if (cfg->num_speculative_tokens < 1 || cfg->num_speculative_tokens > RP_SPEC_MAX_K)
         return rp_errf(err, "num_speculative_tokens must be from 1 to %d, got %d", RP_SPEC_MAX_K,
                        cfg->num_speculative_tokens);
+    if (cfg->speculative_method == RP_SPEC_DRAFT_MODEL && cfg->tensor_parallel_size > 1)
+        return rp_errp(err, "tensor_parallel_size",
+                       "a draft model with --tensor-parallel-size %d is not supported yet (the n-gram method is)",
+                       cfg->tensor_parallel_size);
     if (cfg->speculative_method == RP_SPEC_DRAFT_MODEL) {
         if ((!cfg->speculative_model) == (!cfg->speculative_dummy_weights))
             return rp_errf(err, "the draft model method needs exactly one of speculative_model (a directory) or "
@@ -361,24 +390,12 @@ rp_engine *rp_engine_create(const rp_engine_config *cfg_in, rp_error *errout) {
         rp_engine_destroy(e);
         return NULL;
     }
-    rp_kv_dtype kv_dtype;
-    if (rp_kv_dtype_parse(cfg->kv_cache_dtype, &kv_dtype, &err)) {
+    rp_runner_config rc;
+    if (engine_runner_config(cfg, backend_seqs, &rc, &err)) {
         set_error(errout, RP_ERROR_INVALID_REQUEST, err.msg);
         rp_engine_destroy(e);
         return NULL;
     }
-    /* a round's drafts want logits rows of their own, and each is a
-     * one-token sequence of the step (batch.h's rp_batch_add_positions) */
-    const int spec_rows = cfg->speculative_method ? RP_SPEC_MAX_ROWS : 0;
-    rp_runner_config rc = {.model_dir = cfg->model_dir, .dummy_name = cfg->dummy_name, .load_dummy = cfg->load_dummy,
-                           .weight_seed = cfg->weight_seed, .quantize_fp8 = cfg->quantize_fp8, .load_progress = 1, .device = cfg->device,
-                           .threads = cfg->threads, .page_size = cfg->page_size, .num_pages = cfg->num_pages,
-                           .kv_dtype = kv_dtype, .memory_ratio = cfg->memory_ratio, .max_seqs = backend_seqs + spec_rows,
-                           .max_context = cfg->max_context, .max_batched_tokens = cfg->max_batched_tokens,
-                           .max_logit_rows = backend_seqs + spec_rows + RP_SCHED_PROMPT_LOGIT_ROWS,
-                           .disable_cuda_graph = cfg->disable_cuda_graph,
-                           .cuda_graph_max_bs = cfg->cuda_graph_max_bs,
-                           .tuning = {.disable_decode_step = cfg->disable_decode_step}};
     /* the tokenizer first: a wrong one is reported before the weights load */
     if (load_tokenizer(e, &err) || check_tokenizer_vocab(e, &err)) goto fail;
     /* a draft model's weights are mapped first, so that the target's KV
@@ -486,6 +503,33 @@ fail:
     set_error(errout, RP_ERROR_INTERNAL, err.msg);
     rp_engine_destroy(e);
     return NULL;
+}
+
+int rp_engine_run_worker(const rp_engine_config *cfg_in, rp_error *errout) {
+    rp_engine_config cfg = *cfg_in;
+    config_complete(&cfg);
+    rp_err err = {0};
+    if (cfg.node_rank <= 0 || cfg.nnodes <= 1) {
+        set_error(errout, RP_ERROR_INVALID_REQUEST, "a worker is a node other than 0 of several (--nnodes, --node-rank)");
+        return RP_ERR;
+    }
+    if (check_speculative(&cfg, &err)) {
+        set_error(errout, RP_ERROR_INVALID_REQUEST, err.msg);
+        return RP_ERR;
+    }
+    /* the same backend shape as node 0's engine (rp_engine_create) */
+    int backend_seqs = cfg.max_running_requests == 0 ? RP_SCHED_MAX_RUNNING : cfg.max_running_requests;
+    if (backend_seqs > cfg.max_batched_tokens) backend_seqs = cfg.max_batched_tokens;
+    rp_runner_config rc;
+    if (engine_runner_config(&cfg, backend_seqs, &rc, &err)) {
+        set_error(errout, RP_ERROR_INVALID_REQUEST, err.msg);
+        return RP_ERR;
+    }
+    rp_runner *run = rp_runner_new(&rc, &err);
+    int rc_run = run ? rp_engine_worker_run(run, &err) : RP_ERR;
+    rp_runner_free(run);
+    if (rc_run) set_error(errout, RP_ERROR_INTERNAL, err.msg);
+    return rc_run;
 }
 
 void rp_engine_destroy(rp_engine *e) {

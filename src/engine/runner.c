@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/tp_step_msg.h"
+#include "dist/tp_model.h"
 #include "model/config.h"
 #include "util/log.h"
 #include "util/rng.h"
@@ -52,6 +54,125 @@ static int load_model(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
     return RP_OK;
 }
 
+/* ---- tensor parallelism ------------------------------------------------- */
+
+static int tp_size(const rp_runner_config *cfg) {
+    return cfg->tensor_parallel_size > 1 ? cfg->tensor_parallel_size : 1;
+}
+
+/* Only the config of a checkpoint, as the engine's model under tensor
+ * parallelism: the weights are read by each rank, its slices only. */
+static rp_model *config_only_model(const char *dir, rp_err *err) {
+    rp_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        rp_errf(err, "out of memory");
+        return NULL;
+    }
+    if (rp_config_load_dir(&m->cfg, dir, err) || !(m->dir = strdup(dir))) {
+        if (!m->dir && err && !err->msg[0]) rp_errf(err, "out of memory");
+        rp_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* The plan, the node layout, the bootstrap (several nodes) and this node's
+ * shards: the whole model's config in r->model, each local rank's shard in
+ * r->shards. Dummy weights are made whole on the host and sliced (the GPU's
+ * lazy generation makes whole tensors); a checkpoint is read slice by
+ * slice (dist/tp_model.h). */
+static int tp_load(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
+    const int N = tp_size(cfg), nnodes = cfg->nnodes > 1 ? cfg->nnodes : 1;
+    rp_model_config full;
+    if (cfg->model) full = cfg->model->cfg;
+    else if (cfg->model_dir) {
+        if (rp_config_load_dir(&full, cfg->model_dir, err)) return RP_ERR;
+    } else if (!cfg->dummy_name || rp_config_preset(&full, cfg->dummy_name, err))
+        return cfg->dummy_name ? RP_ERR : rp_errf(err, "give exactly one of a model directory or a dummy model name");
+    if (cfg->quantize_fp8)
+        return rp_errp(err, "tensor_parallel_size",
+                       "--quantization fp8 is not supported with --tensor-parallel-size %d yet: the shards hold bf16 "
+                       "weights (docs/tensor-parallel.md)", N);
+    r->tp_plan = calloc(1, sizeof *r->tp_plan);
+    if (!r->tp_plan) return rp_errf(err, "out of memory");
+    if (rp_tp_plan_make(r->tp_plan, &full, N, err)) return RP_ERR;
+    if (N % nnodes) return rp_errp(err, "nnodes", "--nnodes %d does not divide --tensor-parallel-size %d", nnodes, N);
+    const int gpn = N / nnodes;
+    r->node_rank = nnodes > 1 ? cfg->node_rank : 0;
+    if (r->node_rank < 0 || r->node_rank >= nnodes)
+        return rp_errp(err, "node_rank", "--node-rank %d with --nnodes %d (0..%d)", r->node_rank, nnodes, nnodes - 1);
+    if (nnodes > 1 && strcmp(r->device, "cuda"))
+        return rp_errp(err, "nnodes", "tensor parallelism over several nodes runs on GPUs (--device cuda)");
+    /* the model: borrowed, dummy (made whole on the host for the CPU; on
+     * GPUs each rank generates its slice, nothing whole), or its config only */
+    const int dummy = !cfg->model && (cfg->dummy_name || cfg->load_dummy);
+    const int lazy = dummy && !strcmp(r->device, "cuda");
+    if (cfg->model) r->model = (rp_model *)cfg->model;
+    else if (dummy) {
+        rp_load_options lo = {.format = cfg->load_dummy ? RP_LOAD_DUMMY : RP_LOAD_AUTO, .seed = cfg->weight_seed,
+                              .progress = cfg->load_progress, .lazy_dummy = lazy};
+        r->model = cfg->model_dir ? rp_model_load(cfg->model_dir, &lo, err) : rp_model_dummy(cfg->dummy_name, &lo, err);
+        r->owns_model = 1;
+    } else {
+        r->model = config_only_model(cfg->model_dir, err);
+        r->owns_model = 1;
+    }
+    if (!r->model) return RP_ERR;
+    double t0 = rp_now_s();
+    for (int i = 0; i < gpn; i++) {
+        int rank = r->node_rank * gpn + i;
+        r->shards[i] = lazy                  ? rp_tp_model_lazy_dummy(r->tp_plan, rank, r->model->dummy_seed, err)
+                       : cfg->model || dummy ? rp_tp_model_slice(r->model, r->tp_plan, rank, err)
+                                             : rp_tp_model_load(cfg->model_dir, r->tp_plan, rank, err);
+        if (!r->shards[i]) return rp_err_wrap(err, "tensor-parallel rank %d's shard", rank);
+        r->num_shards = i + 1;
+    }
+    /* the config-only model's bytes: what the ranks hold (bandwidth figures) */
+    if (!cfg->model && !dummy) {
+        r->model->weight_bytes = 0;
+        for (int i = 0; i < gpn; i++) r->model->weight_bytes += r->shards[i]->weight_bytes * (uint64_t)nnodes;
+    }
+    const rp_model_config *c = &r->model->cfg;
+    rp_log_info("model: %s, %d layers, hidden %d, %d heads (%d kv) x %d, vocab %d; tensor parallel over %d ranks "
+                "(%d query heads, %d kv heads, %d MLP columns and %lld vocabulary rows each), this node's %d "
+                "shards made in %.2fs",
+                c->arch_name, c->num_layers, c->hidden_size, c->num_heads, c->num_kv_heads, c->head_dim,
+                c->vocab_size, N, r->tp_plan->q_heads_per_rank, r->tp_plan->kv_heads_per_rank,
+                r->tp_plan->inter_per_rank, (long long)r->tp_plan->vocab_per_rank, gpn, rp_now_s() - t0);
+    return RP_OK;
+}
+
+/* Several nodes: node 0 serves NCCL's unique id and keeps a link to every
+ * other node; the others fetch it and keep their link to node 0. */
+static int tp_bootstrap(rp_runner *r, const rp_runner_config *cfg, uint8_t id[RP_COMM_UNIQUE_ID_BYTES], rp_err *err) {
+    const int nnodes = cfg->nnodes > 1 ? cfg->nnodes : 1;
+    if (nnodes == 1) return strcmp(r->device, "cuda") ? 0 : rp_comm_nccl_unique_id(id, err);
+    if (!cfg->dist_init_addr) return rp_errp(err, "dist_init_addr", "--nnodes %d needs --dist-init-addr HOST:PORT", nnodes);
+    char host[256];
+    int port = 0;
+    if (rp_bs_parse_addr(cfg->dist_init_addr, host, sizeof host, &port, err)) return RP_ERR;
+    rp_bs_world w = {.nnodes = nnodes, .gpus_per_node = r->tp_plan->size / nnodes, .node_rank = r->node_rank,
+                     .fingerprint = rp_tp_fingerprint(&r->model->cfg, r->tp_plan->size)};
+    if (rp_bs_world_check(&w, err)) return RP_ERR;
+    const int timeout_ms = cfg->dist_timeout_ms > 0 ? cfg->dist_timeout_ms : 300000;
+    rp_bs_transport *t = rp_bs_tcp_new(err);
+    if (!t) return RP_ERR;
+    int rc;
+    if (r->node_rank == 0) {
+        int bound = 0;
+        rc = rp_comm_nccl_unique_id(id, err);
+        if (!rc) rc = t->listen(t, host, port, &bound, err);
+        if (!rc) {
+            rp_log_info("tensor parallel: node 0 waiting for %d node(s) at %s", nnodes - 1, cfg->dist_init_addr);
+            rc = rp_bootstrap_serve(t, cfg->dist_init_addr, &w, id, timeout_ms, r->links, err);
+        }
+    } else {
+        rc = rp_bootstrap_join(t, host, port, &w, timeout_ms, id, &r->link, err);
+    }
+    t->destroy(t);
+    return rc;
+}
+
 rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
     rp_runner *r = calloc(1, sizeof *r);
     if (!r) {
@@ -63,7 +184,9 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
         rp_errf(err, "unknown device '%s' (auto, cpu or cuda)", r->device);
         goto fail;
     }
-    if (load_model(r, cfg, err)) goto fail;
+    r->link = -1;
+    for (int k = 0; k < RP_BS_MAX_NODES; k++) r->links[k] = -1;
+    if (tp_size(cfg) > 1 ? tp_load(r, cfg, err) : load_model(r, cfg, err)) goto fail;
     const rp_model_config *c = &r->model->cfg;
     const int page_size = cfg->page_size > 0 ? cfg->page_size : 16;
     const double memory_ratio = cfg->memory_ratio > 0 && cfg->memory_ratio <= 1 ? cfg->memory_ratio : 0.9;
@@ -90,7 +213,19 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
                             .num_cuda_graph_bs = cfg->num_cuda_graph_bs, .profile = cfg->profile,
                             .tuning = cfg->tuning, .trace_timeline_path = cfg->trace_timeline_path};
     if (cfg->num_cuda_graph_bs > 0) memcpy(bc.cuda_graph_bs, cfg->cuda_graph_bs, sizeof bc.cuda_graph_bs);
-    r->backend = use_cuda ? rp_backend_cuda_new(r->model, &bc, err) : rp_backend_cpu_new(r->model, &bc, err);
+    bc.device_id = cfg->device_id;
+    if (r->tp_plan) {
+        uint8_t id[RP_COMM_UNIQUE_ID_BYTES] = {0};
+        if (tp_bootstrap(r, cfg, id, err)) goto fail;
+        int links[RP_BS_MAX_NODES], num_links = 0;
+        for (int k = 1; k < RP_BS_MAX_NODES; k++)
+            if (r->links[k] >= 0) links[num_links++] = r->links[k];
+        rp_tp_backend_config tc = {.device = r->device, .plan = r->tp_plan, .shards = r->shards,
+                                   .ranks = r->num_shards, .rank_offset = r->node_rank * r->num_shards,
+                                   .nccl_id = id, .links = links, .num_links = num_links};
+        r->backend = rp_backend_tp_new(r->model, &tc, &bc, err);
+    } else
+        r->backend = use_cuda ? rp_backend_cuda_new(r->model, &bc, err) : rp_backend_cpu_new(r->model, &bc, err);
     if (!r->backend) {
         rp_err_wrap(err, "%s backend", r->device);
         goto fail;
@@ -141,8 +276,59 @@ void rp_runner_free(rp_runner *r) {
     rp_page_table_free(r->table);
     rp_page_pool_free(r->pool);
     rp_backend_destroy(r->backend);
+    for (int i = 0; i < r->num_shards; i++) rp_model_free(r->shards[i]);
+    for (int k = 0; k < RP_BS_MAX_NODES; k++)
+        if (r->links[k] >= 0) close(r->links[k]);
+    if (r->link >= 0) close(r->link);
+    free(r->tp_plan);
     if (r->owns_model) rp_model_free(r->model);
     free(r);
+}
+
+int rp_engine_worker_run(rp_runner *r, rp_err *err) {
+    if (r->link < 0) return rp_errf(err, "this node has no link to node 0");
+    rp_backend *be = r->backend;
+    const int L = r->max_logit_rows, S = r->max_seqs, T = be->cfg.max_batched_tokens;
+    const rp_model_config *c = &r->model->cfg;
+    const int max_stride = (c->max_position_embeddings + be->cfg.page_size - 1) / be->cfg.page_size + 1;
+    rp_step_decoder d;
+    if (rp_step_decoder_init(&d, T, S, L, max_stride, err)) return RP_ERR;
+    /* the largest message these limits allow (tp_step_msg.h's layout) */
+    size_t cap = 16 + 24 + (size_t)T * 12 + (size_t)(S + 1) * 4 + (size_t)S * 8 + (size_t)S * max_stride * 4 +
+                 (size_t)L * (4 + 56);
+    uint8_t *msg = malloc(cap);
+    float *logprobs = malloc((size_t)L * sizeof *logprobs);
+    rp_top_logprobs *top = malloc((size_t)L * sizeof *top);
+    int rc = msg && logprobs && top ? 0 : rp_errf(err, "out of memory");
+    rp_log_info("tensor parallel: node %d running node 0's steps", r->node_rank);
+    while (!rc) {
+        size_t n = 0;
+        if ((rc = rp_bs_recv_msg(r->link, msg, cap, &n, -1, err))) {
+            rp_err_wrap(err, "node 0's link");
+            break;
+        }
+        rp_step_op op;
+        int arg = 0;
+        rp_batch bt;
+        if ((rc = rp_step_msg_decode(&d, msg, n, &op, &arg, &bt, err))) break;
+        switch (op) {
+        case RP_STEP_FORWARD: rc = rp_backend_forward(be, &bt, err); break;
+        case RP_STEP_READ_TOKENS: rc = be->ops->read_tokens(be, r->tokens, logprobs, top, err); break;
+        case RP_STEP_READ_LOGITS: rc = rp_backend_read_logits(be, r->logits, err); break;
+        case RP_STEP_SET_GRAPHS:
+            if (be->ops->set_graphs) be->ops->set_graphs(be, arg);
+            break;
+        case RP_STEP_QUIT:
+            rp_log_info("tensor parallel: node 0 is done");
+            goto done;
+        }
+    }
+done:
+    free(msg);
+    free(logprobs);
+    free(top);
+    rp_step_decoder_free(&d);
+    return rc;
 }
 
 /* ---- fixed-batch drivers ------------------------------------------------ */

@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "dist/bootstrap.h"
+#include "dist/tp_plan.h"
 #include "engine/batch.h"
 #include "kv/page_pool.h"
 #include "kv/page_table.h"
@@ -50,11 +52,32 @@ typedef struct rp_runner_config {
     int profile; /* time every kernel of eager forwards (replay profile) */
     rp_tuning tuning;                /* zero: every value chosen by model shape and GPU (docs/tuning.md) */
     const char *trace_timeline_path; /* a trace build's decode-step timeline, or NULL */
+    /* Tensor parallelism (docs/tensor-parallel.md): the model over this
+     * many ranks (GPUs; on the CPU, threads); 0 or 1: none. Over several
+     * nodes: nnodes > 1, this node's node_rank, and dist_init_addr
+     * (HOST:PORT of node 0, which hands out NCCL's id and then sends every
+     * step to the other nodes); each node runs tensor_parallel_size /
+     * nnodes ranks on its GPUs device_id, device_id + 1, ... */
+    int tensor_parallel_size;
+    int nnodes, node_rank;
+    const char *dist_init_addr;
+    int dist_timeout_ms; /* the bootstrap's; 0 = 300 s */
+    int device_id;       /* the first GPU (CUDA) */
 } rp_runner_config;
 
 typedef struct rp_runner {
-    rp_model *model; /* owned unless borrowed */
+    rp_model *model; /* owned unless borrowed; under tensor parallelism the whole model's config (and, with
+                      * dummy weights, its weights, which the shards view) */
     int owns_model;
+    /* tensor parallelism: the plan, this node's ranks' shards, and the
+     * control links: node 0's to every other node (links[k], -1 where
+     * none), another node's to node 0 (link) */
+    rp_tp_plan *tp_plan;
+    rp_model *shards[RP_TP_MAX_SIZE];
+    int num_shards;
+    int links[RP_BS_MAX_NODES];
+    int link;
+    int node_rank;
     rp_backend *backend;
     rp_page_pool *pool;
     rp_page_table *table;
@@ -68,6 +91,12 @@ typedef struct rp_runner {
     int32_t *tokens;
     float *logits;
 } rp_runner;
+
+/* Another node of a multi-node tensor-parallel run (node_rank > 0): runs
+ * the steps node 0 sends on this node's ranks until node 0 says stop (0)
+ * or its link breaks (an error). No scheduler, no requests: node 0's
+ * engine decides everything. */
+int rp_engine_worker_run(rp_runner *r, rp_err *err);
 
 /* "cpu" or "cuda" for a --device value ("auto" and NULL: cuda when a GPU is present). */
 const char *rp_runner_resolve_device(const char *device);

@@ -11,7 +11,13 @@
  * e4m3 bytes of k / k_scale and v / v_scale (rp_f32_to_f8e4m3: the GPU's
  * rounding), and attends as the GPU's kernels do: k_scale folded into the
  * softmax scale, the output times v_scale (docs/kv-cache.md), so it stays
- * the reference for them. */
+ * the reference for them.
+ *
+ * Under tensor parallelism (cfg.tp, docs/tensor-parallel.md) the model is
+ * one rank's shard and the ranks meet at four points a layer's math needs
+ * them: the embedding, o_proj and down_proj products are partial sums
+ * (all-reduced), and the logits are one vocabulary shard (all-gathered, then
+ * laid out as the whole vocabulary, so every rank samples the same token). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -59,6 +65,14 @@ typedef struct cpu_backend {
      * for sample_masked (the batch's arrays are the caller's) */
     int deferred;
     rp_sampling_params *deferred_params; /* [max_logit_rows] */
+    /* tensor parallelism (NULL comm: none): the vocabulary of the logits
+     * (the whole model's), the rank's rows of it, and the lm_head's shard
+     * of the logits, then every rank's shard ([size][max_logit_rows][vocab
+     * per rank]) */
+    rp_comm *comm;
+    int vocab;
+    int64_t vocab_start, vocab_count, vocab_per_rank;
+    float *logits_shard, *logits_gather;
 } cpu_backend;
 
 /* ---- building blocks -------------------------------------------------- */
@@ -156,6 +170,29 @@ static void store_kv(cpu_backend *cb, int layer, int64_t slot, const float *k, c
     }
 }
 
+/* A partial sum over the ranks (tensor parallelism), in place; nothing on
+ * one rank. */
+static int tp_sum(cpu_backend *cb, float *buf, int64_t n, rp_err *err) {
+    if (!cb->comm) return 0;
+    return rp_comm_all_reduce_sum(cb->comm, buf, (size_t)n, RP_COMM_F32, NULL, err);
+}
+
+/* The ranks' logit shards, gathered, into [rows][vocab]: rank k's row i
+ * holds tokens k * vocab_per_rank + j; its padding columns (past the
+ * vocabulary) are dropped. */
+static int tp_gather_logits(cpu_backend *cb, int rows, rp_err *err) {
+    const rp_tp_plan *plan = cb->base.cfg.tp.plan;
+    const int64_t vpr = cb->vocab_per_rank;
+    if (rp_comm_all_gather(cb->comm, cb->logits_shard, cb->logits_gather, (size_t)(rows * vpr), RP_COMM_F32, NULL,
+                           err))
+        return RP_ERR;
+    for (int k = 0; k < plan->size; k++)
+        for (int i = 0; i < rows; i++)
+            memcpy(cb->logits + (int64_t)i * cb->vocab + plan->ranks[k].vocab_start,
+                   cb->logits_gather + ((int64_t)k * rows + i) * vpr, (size_t)plan->ranks[k].vocab_count * sizeof(float));
+    return 0;
+}
+
 static void attention(cpu_backend *cb, const rp_batch *bt, int layer) {
     const rp_model_config *c = &cb->base.model->cfg;
     const int hd = c->head_dim, nh = c->num_heads, group = c->num_heads / c->num_kv_heads;
@@ -217,7 +254,7 @@ static void attention(cpu_backend *cb, const rp_batch *bt, int layer) {
  * mask_of_row NULL: none) is applied by the host sampler's own code. */
 static void sample_rows(cpu_backend *cb, const rp_sampling_params *params, int n, const uint32_t *masks,
                         const int32_t *mask_of_row) {
-    const int V = cb->base.model->cfg.vocab_size, words = rp_token_mask_words(V), slot = cb->cur_slot;
+    const int V = cb->vocab, words = rp_token_mask_words(V), slot = cb->cur_slot;
     for (int i = 0; i < n; i++) {
         const rp_sampling_params *sp = &params[i];
         /* the row as the GPU reads it: no history here, so no penalties */
@@ -249,10 +286,16 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     const rp_weight *emb = rp_model_weight(m, RP_W_EMBED, 0);
     for (int t = 0; t < T; t++) {
         int32_t tok = bt->tokens[t] < 0 ? prev[-bt->tokens[t] - 1] : bt->tokens[t];
-        const uint16_t *e = emb->data + (int64_t)tok * H;
+        int64_t row = (int64_t)tok - cb->vocab_start; /* the shard's row (tensor parallelism) */
         float *xt = cb->x + (int64_t)t * H;
+        if (row < 0 || row >= cb->vocab_count) { /* another rank's token: it adds the row */
+            memset(xt, 0, (size_t)H * sizeof *xt);
+            continue;
+        }
+        const uint16_t *e = emb->data + row * H;
         for (int i = 0; i < H; i++) xt[i] = rp_bf16_to_f32(e[i]);
     }
+    if (tp_sum(cb, cb->x, (int64_t)T * H, err)) return RP_ERR;
 
     for (int l = 0; l < c->num_layers; l++) {
         rmsnorm(cb, cb->xn, cb->x, rp_model_weight(m, RP_W_ATTN_NORM, l), T, H, eps);
@@ -278,6 +321,7 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         }
         attention(cb, bt, l);
         matmul(cb, cb->xn, cb->attn, rp_model_weight(m, RP_W_O, l), T);
+        if (tp_sum(cb, cb->xn, (int64_t)T * H, err)) return RP_ERR;
         for (int64_t i = 0; i < (int64_t)T * H; i++) cb->x[i] += cb->xn[i];
 
         rmsnorm(cb, cb->xn, cb->x, rp_model_weight(m, RP_W_MLP_NORM, l), T, H, eps);
@@ -289,13 +333,16 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
             cb->gate[i] = g / (1.0f + expf(-g)) * cb->up[i];
         }
         matmul(cb, cb->xn, cb->gate, rp_model_weight(m, RP_W_DOWN, l), T);
+        if (tp_sum(cb, cb->xn, (int64_t)T * H, err)) return RP_ERR;
         for (int64_t i = 0; i < (int64_t)T * H; i++) cb->x[i] += cb->xn[i];
     }
 
     const rp_weight *fnorm = rp_model_weight(m, RP_W_FINAL_NORM, 0);
     for (int i = 0; i < bt->num_logits; i++)
         rmsnorm_row(cb->logit_in + (int64_t)i * H, cb->x + (int64_t)bt->logit_token[i] * H, fnorm->data, H, eps);
-    matmul(cb, cb->logits, cb->logit_in, rp_model_weight(m, RP_W_LM_HEAD, 0), bt->num_logits);
+    matmul(cb, cb->comm ? cb->logits_shard : cb->logits, cb->logit_in, rp_model_weight(m, RP_W_LM_HEAD, 0),
+           bt->num_logits);
+    if (cb->comm && tp_gather_logits(cb, bt->num_logits, err)) return RP_ERR;
     cb->last_num_logits = bt->num_logits;
     int slot = cb->cur_slot ^ 1;
     cb->cur_slot = slot;
@@ -342,7 +389,7 @@ static int cpu_read_logits(rp_backend *b, float *dst, rp_err *err) {
     cpu_backend *cb = (cpu_backend *)b;
     if (cb->num_pending > 1) return rp_errf(err, "logits of an overlapped forward cannot be read");
     cb->num_pending = 0;
-    memcpy(dst, cb->logits, (size_t)cb->last_num_logits * b->model->cfg.vocab_size * sizeof(float));
+    memcpy(dst, cb->logits, (size_t)cb->last_num_logits * cb->vocab * sizeof(float));
     return 0;
 }
 
@@ -351,7 +398,7 @@ static void cpu_destroy(rp_backend *b) {
     if (!cb) return;
     float *bufs[] = {cb->k_cache, cb->v_cache, cb->inv_freq, cb->x,        cb->xn,     cb->q,     cb->k,
                      cb->v,       cb->attn,    cb->gate,     cb->up,       cb->logit_in, cb->logits, cb->wrows,
-                     cb->scores};
+                     cb->scores,  cb->logits_shard, cb->logits_gather};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(cb->k_cache8);
     free(cb->v_cache8);
@@ -395,6 +442,23 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
     cb->base.cfg = *cfg;
     if (cb->base.cfg.max_logit_rows <= 0) cb->base.cfg.max_logit_rows = cfg->max_batch_seqs;
     cb->num_threads = cfg->num_threads > 0 ? cfg->num_threads : omp_get_max_threads();
+    cb->vocab = rp_backend_vocab(&cb->base);
+    cb->vocab_start = 0;
+    cb->vocab_count = cb->vocab_per_rank = c->vocab_size;
+    if (cfg->tp.size > 1) {
+        const rp_tp_plan *plan = cfg->tp.plan;
+        if (!plan || !cfg->tp.comm || cfg->tp.rank < 0 || cfg->tp.rank >= plan->size || plan->size != cfg->tp.size ||
+            c->vocab_size != plan->vocab_per_rank) {
+            rp_errf(err, "cpu backend: tensor-parallel rank %d of %d without its plan, communicator or shard",
+                    cfg->tp.rank, cfg->tp.size);
+            free(cb);
+            return NULL;
+        }
+        cb->comm = cfg->tp.comm;
+        cb->vocab_start = plan->ranks[cfg->tp.rank].vocab_start;
+        cb->vocab_count = plan->ranks[cfg->tp.rank].vocab_count;
+        cb->vocab_per_rank = plan->vocab_per_rank;
+    }
 
     const int64_t T = cfg->max_batched_tokens, H = c->hidden_size, F = c->intermediate_size;
     const int64_t q_dim = (int64_t)c->num_heads * c->head_dim, kv_dim = (int64_t)c->num_kv_heads * c->head_dim;
@@ -432,7 +496,11 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
     cb->gate = alloc_f32(T * F, &failed);
     cb->up = alloc_f32(T * F, &failed);
     cb->logit_in = alloc_f32(L * H, &failed);
-    cb->logits = alloc_f32(L * c->vocab_size, &failed);
+    cb->logits = alloc_f32(L * cb->vocab, &failed);
+    if (cb->comm) {
+        cb->logits_shard = alloc_f32(L * cb->vocab_per_rank, &failed);
+        cb->logits_gather = alloc_f32((int64_t)cfg->tp.size * L * cb->vocab_per_rank, &failed);
+    }
     cb->wrows = alloc_f32((int64_t)cb->num_threads * ROWS_PER_BLOCK * cb->max_k, &failed);
     cb->scores = alloc_f32((int64_t)cb->num_threads * cb->max_kv_len, &failed);
     for (int k = 0; k < 2; k++) {
@@ -441,10 +509,10 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
         cb->top_slot[k] = calloc((size_t)L, sizeof(rp_top_logprobs));
         if (!cb->tok_slot[k] || !cb->lp_slot[k] || !cb->top_slot[k]) failed = 1;
     }
-    cb->sample_row = alloc_f32(c->vocab_size, &failed);
+    cb->sample_row = alloc_f32(cb->vocab, &failed);
     cb->deferred_params = calloc((size_t)L, sizeof *cb->deferred_params);
     if (!cb->deferred_params) failed = 1;
-    cb->sampler = rp_sampler_new(c->vocab_size);
+    cb->sampler = rp_sampler_new(cb->vocab);
     if (!cb->sampler) failed = 1;
     cb->base.supports_token_refs = 1;
     cb->base.forward_is_synchronous = 1;

@@ -166,7 +166,7 @@ static int cuda_sample_masked(rp_backend *b, const uint32_t *masks, int num_mask
     rp_cuda_backend *cb = (rp_cuda_backend *)b;
     rp_cuda_slot *sl = &cb->slots[cb->cur_slot];
     if (!sl->deferred) return rp_errf(err, "the last forward did not defer its sampling");
-    const int n = sl->num_logits, V = b->model->cfg.vocab_size;
+    const int n = sl->num_logits, V = cb->vocab;
     if (num_masks < 0 || num_masks > cb->max_logits)
         return rp_errf(err, "%d token masks (at most %d)", num_masks, cb->max_logits);
     int masked = 0;
@@ -250,7 +250,7 @@ static int cuda_read_logits(rp_backend *b, float *dst, rp_err *err) {
     if (cb->num_pending > 1) return rp_errf(err, "logits of an overlapped forward cannot be read");
     cb->num_pending = 0;
     if (finish_step(cb, err)) return RP_ERR;
-    RP_CUDA_TRY(cudaMemcpy(dst, cb->logits, (size_t)cb->slots[cb->cur_slot].num_logits * b->model->cfg.vocab_size * 4,
+    RP_CUDA_TRY(cudaMemcpy(dst, cb->logits, (size_t)cb->slots[cb->cur_slot].num_logits * cb->vocab * 4,
                            cudaMemcpyDeviceToHost),
                 err);
     return 0;
@@ -333,13 +333,16 @@ rp_kv_cache rp_cuda_kv_layer(const rp_cuda_backend *cb, int l) {
 static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     const size_t T = (size_t)cb->base.cfg.max_batched_tokens, H = (size_t)c->hidden_size,
-                 F = (size_t)c->intermediate_size, Lg = (size_t)cb->max_logits, V = (size_t)c->vocab_size;
+                 F = (size_t)c->intermediate_size, Lg = (size_t)cb->max_logits, V = (size_t)cb->vocab;
+    /* tensor parallelism: the lm_head's shard of the logits and every rank's (0 bytes without) */
+    const size_t Vs = cb->comm ? (size_t)cb->vocab_per_rank : 0, ranks = cb->comm ? (size_t)cb->base.cfg.tp.size : 0;
     size_t attn_ws = rp_attn_decode_workspace_bytes(cb->max_seqs, c->num_heads, c->head_dim, cb->max_splits);
     const size_t prefill_ws = rp_attn_prefill_workspace_bytes((int)T, c->num_heads, c->head_dim, cb->num_sms);
     if (prefill_ws > attn_ws) attn_ws = prefill_ws;
-    size_t sample_ws = rp_sample_workspace_bytes(cb->max_logits, c->vocab_size);
-    /* token masks: every logit row's mask index, then a mask per row */
-    cb->mask_words = rp_token_mask_words(c->vocab_size);
+    size_t sample_ws = rp_sample_workspace_bytes(cb->max_logits, cb->vocab);
+    /* token masks: every logit row's mask index, then a mask per row (the
+     * whole vocabulary, also under tensor parallelism) */
+    cb->mask_words = rp_token_mask_words(cb->vocab);
     cb->mask_masks_off = rp_align_up(Lg * 4, 256);
     const size_t mask_block = cb->mask_masks_off + Lg * (size_t)cb->mask_words * 4;
     struct {
@@ -355,6 +358,8 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
         {(void **)&cb->act, T * F * 2},
         {(void **)&cb->logit_in, Lg * H * 2},
         {(void **)&cb->logits, Lg * V * 4},
+        {(void **)&cb->logits_shard, Lg * Vs * 4},
+        {(void **)&cb->logits_gather, ranks * Lg * Vs * 4},
         {(void **)&cb->inv_freq, (size_t)c->head_dim / 2 * 4},
         {(void **)&cb->ss_parts, (size_t)rp_gemv_ss_parts(c->hidden_size) * RP_GEMV_MAX_T * 4},
         {(void **)&cb->d_tokens, 2 * Lg * 4}, /* then the logprobs: one copy brings both back */
@@ -409,6 +414,30 @@ static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     return 0;
 }
 
+/* Tensor parallelism: this process's ranks meet on the host (backend.h:
+ * rp_backend_tp.host), so that none allocates while the others' collectives
+ * wait for its kernels. */
+static int host_barrier(rp_cuda_backend *cb, rp_err *err) {
+    rp_comm *h = cb->base.cfg.tp.host;
+    return h ? rp_comm_barrier(h, NULL, err) : 0;
+}
+
+/* Tensor parallelism: the KV pages of the rank with the fewest, on every
+ * rank (an all-gather of each rank's count, before any graph is captured). */
+static int agree_num_pages(rp_cuda_backend *cb, rp_err *err) {
+    const int n = cb->base.cfg.tp.size;
+    float mine = (float)cb->base.cfg.num_pages, all[RP_TP_MAX_SIZE];
+    float *d = cb->tmp; /* free until the first forward */
+    RP_CUDA_TRY(cudaMemcpyAsync(d, &mine, sizeof mine, cudaMemcpyHostToDevice, cb->stream), err);
+    if (rp_comm_all_gather(cb->comm, d, d + 1, 1, RP_COMM_F32, cb->stream, err)) return RP_ERR;
+    RP_CUDA_TRY(cudaMemcpyAsync(all, d + 1, (size_t)n * sizeof *all, cudaMemcpyDeviceToHost, cb->stream), err);
+    RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
+    for (int k = 0; k < n; k++)
+        if (all[k] < mine) mine = all[k];
+    cb->base.cfg.num_pages = (int)mine;
+    return 0;
+}
+
 rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *cfg, rp_err *err) {
     const rp_model_config *c = &model->cfg;
     int ndev = rp_cuda_device_count();
@@ -457,6 +486,31 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     cb->kv_format = bc->kv_dtype == RP_KV_FP8 ? RP_KV_FORMAT_E4M3 : RP_KV_FORMAT_BF16;
     cb->kv_elem_bytes = cb->kv_format == RP_KV_FORMAT_E4M3 ? 1 : 2;
     cb->ss_num_parts = rp_gemv_ss_parts(c->hidden_size);
+    cb->vocab = rp_backend_vocab(&cb->base);
+    cb->vocab_count = cb->vocab_per_rank = c->vocab_size;
+    if (cfg->tp.size > 1) {
+        const rp_tp_plan *plan = cfg->tp.plan;
+        if (!plan || !cfg->tp.comm || cfg->tp.rank < 0 || cfg->tp.rank >= plan->size || plan->size != cfg->tp.size ||
+            c->vocab_size != plan->vocab_per_rank) {
+            rp_errf(err, "cuda backend: tensor-parallel rank %d of %d without its plan, communicator or shard",
+                    cfg->tp.rank, cfg->tp.size);
+            free(cb);
+            return NULL;
+        }
+        if (model->fp8) {
+            rp_errf(err, "cuda backend: --quantization fp8 shards are not supported yet");
+            free(cb);
+            return NULL;
+        }
+        cb->comm = cfg->tp.comm;
+        cb->vocab_start = plan->ranks[cfg->tp.rank].vocab_start;
+        cb->vocab_count = plan->ranks[cfg->tp.rank].vocab_count;
+        cb->vocab_per_rank = plan->vocab_per_rank;
+        if (cfg->tp.rank == 0)
+            rp_log_info("cuda: tensor parallel rank 0 of %d: decode runs the chain of kernels (the one-token fused "
+                        "path and the one-kernel decode step have no point for the all-reduces)",
+                        plan->size);
+    }
     cb->w.layers = calloc((size_t)c->num_layers, sizeof *cb->w.layers);
     rp_err e2;
     if (!cb->w.layers) {
@@ -540,6 +594,10 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
             goto fail;
         }
     }
+    /* tensor parallelism: every rank must hold the same pages (the engine
+     * places each sequence's K/V at the same slots on all of them), so each
+     * takes the smallest rank's pool */
+    if (cb->comm && (host_barrier(cb, err) || agree_num_pages(cb, err))) goto fail;
     int max_ctx = c->max_position_embeddings;
     if ((int64_t)bc->num_pages * bc->page_size < max_ctx) max_ctx = bc->num_pages * bc->page_size;
     cb->max_pages_per_seq = (max_ctx + bc->page_size - 1) / bc->page_size;
@@ -565,6 +623,8 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         rp_log_info("cuda: fp8 KV cache: prefill attention runs the mma.sync kernel (the Hopper wgmma kernel reads "
                     "bf16 pages only), decode the chain of kernels");
     if (rp_cuda_decode_step_setup(cb, err)) goto fail;
+    /* the graphs' warm-up steps run the collectives: every local rank is done allocating */
+    if (cb->comm && host_barrier(cb, err)) goto fail;
     if (!bc->disable_cuda_graph && rp_cuda_graphs_capture(cb, err)) goto fail;
     cb->graphs_enabled = cb->num_decode_graphs + cb->num_step_graphs > 0;
     cb->allocs_at_ready = rp_cuda_alloc_count();

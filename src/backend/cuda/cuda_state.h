@@ -199,6 +199,19 @@ typedef struct rp_cuda_backend {
     int cur_slot, num_pending;
     int last_decode_step; /* the last forward ran rp_k_decode_step for this many sequences, or 0 */
     uint64_t decode_step_forwards, decode_step_picks; /* rp_cuda_stats */
+    /* Tensor parallelism (base.cfg.tp; comm NULL: none). The model is the
+     * rank's shard; the ranks sum the embedding, o_proj and down_proj
+     * products over comm, on the stream (so the graphs hold the
+     * collectives), and gather the lm_head's logit shards (logits_shard,
+     * [max_logits][vocab_per_rank]) into logits_gather ([ranks][max_logits]
+     * [vocab_per_rank]), laid out whole in logits. vocab: the logits' and
+     * sampling's vocabulary, the whole model's. The one-token fused path and
+     * the one-kernel decode step have no point between layers where a
+     * collective could run: off. */
+    rp_comm *comm;
+    int vocab;
+    int64_t vocab_start, vocab_count, vocab_per_rank;
+    float *logits_shard, *logits_gather;
 } rp_cuda_backend;
 
 /* NULL when b is not a CUDA backend (cuda_backend.c). */

@@ -29,6 +29,24 @@ static int put_weight(rp_cuda_backend *cb, rp_bf16 *dst, rp_weight_kind kind, in
     int is_norm;
     rp_weight_kind gen_kind = kind;
     if (kind == RP_W_LM_HEAD && m->cfg.tie_word_embeddings) gen_kind = RP_W_EMBED;
+    const rp_backend_tp *tp = &cb->base.cfg.tp;
+    if (tp->size > 1) {
+        /* a tensor-parallel shard (tp_model.h: rp_tp_model_lazy_dummy): the
+         * rank's slice of the whole model's tensor, generated as part of it */
+        rp_dummy_weight_params(&tp->plan->cfg, gen_kind, layer, &stream_id, &std, &is_norm);
+        rp_tp_slice s;
+        rp_tp_weight_slice(tp->plan, kind, tp->rank, &s);
+        const int rows_split = s.split == RP_TP_SPLIT_ROWS, cols_split = s.split == RP_TP_SPLIT_COLS;
+        const int64_t rows = rows_split ? s.padded_count : s.rows, cols = cols_split ? s.count : s.cols;
+        if (rows * cols != (int64_t)n)
+            return rp_errf(err, "weight %s of layer %d: the shard holds %lld elements, its slice %lld",
+                           rp_weight_kind_name(kind), layer, (long long)n, (long long)(rows * cols));
+        RP_LAUNCH(rp_k_fill_dummy_slice(dst, rows, cols, s.cols, rows_split ? s.start : 0, cols_split ? s.start : 0,
+                                        rows_split ? s.count : s.rows, m->dummy_seed, stream_id, std, is_norm,
+                                        cb->stream),
+                  err);
+        return 0;
+    }
     rp_dummy_weight_params(&m->cfg, gen_kind, layer, &stream_id, &std, &is_norm);
     RP_LAUNCH(rp_k_fill_dummy(dst, (int64_t)n, m->dummy_seed, stream_id, std, is_norm, cb->stream), err);
     return 0;

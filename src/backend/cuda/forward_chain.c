@@ -5,7 +5,15 @@
  * GEMV (fused with the norms, SwiGLU and the residual add at one token),
  * more take cuBLASLt. rp_cuda_launch_forward is also the door to the
  * one-kernel decode step (forward_decode_step.c), which replaces the whole
- * chain for 1-4 sequences of one token where it runs. */
+ * chain for 1-4 sequences of one token where it runs.
+ *
+ * Under tensor parallelism (cb->comm) the chain runs the rank's shard and
+ * meets the other ranks where the math needs the whole: the embedding and
+ * the o_proj and down_proj products are sums over the ranks (all-reduced in
+ * fp32 in cb->residual and cb->tmp, the precision one GPU keeps them in),
+ * and the lm_head's logits are one vocabulary shard (all-gathered, then laid
+ * out as the whole vocabulary). The collectives go on the stream like the
+ * kernels, so a captured step holds them. */
 #include "backend/cuda/cuda_state.h"
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/sample_top.h"
@@ -55,11 +63,42 @@ static int launch_attention(rp_cuda_backend *cb, int l, int T, int S, const rp_a
     return 0;
 }
 
+/* Tensor parallelism: buf (n floats) summed over the ranks, in place, with
+ * a profile mark of its own (the all-reduce time per step). */
+static int tp_all_reduce(rp_cuda_backend *cb, float *buf, size_t n, const char *what, rp_err *err) {
+    rp_cuda_prof_mark(cb, what);
+    return rp_comm_all_reduce_sum(cb->comm, buf, n, RP_COMM_F32, cb->stream, err);
+}
+
+/* Tensor parallelism: the embedding of the rank's vocabulary rows (zeros
+ * for the others' tokens), summed over the ranks. */
+static int tp_embed(rp_cuda_backend *cb, const int32_t *tokens, int T, int H, rp_err *err) {
+    rp_cuda_prof_mark(cb, "embed (shard)");
+    RP_LAUNCH(rp_k_embed_shard(cb->w.embed, tokens, cb->d_tokens, cb->residual, cb->vocab_start, cb->vocab_count, T, H,
+                               cb->stream),
+              err);
+    return tp_all_reduce(cb, cb->residual, (size_t)T * H, "all_reduce embed", err);
+}
+
+/* Tensor parallelism: every rank's logit shard of the rows, gathered and
+ * laid out whole in cb->logits. */
+static int tp_gather_logits(rp_cuda_backend *cb, int rows, rp_err *err) {
+    rp_cuda_prof_mark(cb, "all_gather logits");
+    if (rp_comm_all_gather(cb->comm, cb->logits_shard, cb->logits_gather, (size_t)rows * cb->vocab_per_rank,
+                           RP_COMM_F32, cb->stream, err))
+        return RP_ERR;
+    rp_cuda_prof_mark(cb, "unshard logits");
+    RP_LAUNCH(rp_k_tp_unshard_logits(cb->logits_gather, cb->logits, rows, cb->base.cfg.tp.size,
+                                     (int)cb->vocab_per_rank, cb->vocab, cb->stream),
+              err);
+    return 0;
+}
+
 /* Samples every logit row, then finds the most likely tokens of the rows
  * that ask for top logprobs (a block per row that returns at once for the
  * others), all on fixed buffers. */
 int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, const int32_t *skip, rp_err *err) {
-    const int V = cb->base.model->cfg.vocab_size;
+    const int V = cb->vocab; /* the whole vocabulary, also under tensor parallelism */
     const rp_sampling_params *params = RP_META(cb, cb->meta.dev, off_params, rp_sampling_params);
     rp_cuda_prof_mark(cb, "sample");
     /* the results also straight into the slot's pinned buffer (no copy) */
@@ -210,10 +249,14 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
      * batch do the same arithmetic. */
     if (!decode && !step) return rp_errf(err, "a forward with prompt chunks needs its step's shape");
     if (decode) step = NULL;
-    if (T <= FUSED_MAX_T && rp_gemv_stage_fits(T, H))
+    if (T <= FUSED_MAX_T && rp_gemv_stage_fits(T, H) && !cb->comm)
         return launch_forward_fused(cb, T, S, num_logits, step, sample, err);
-    rp_cuda_prof_mark(cb, "embed");
-    RP_LAUNCH(rp_k_embed(cb->w.embed, tokens, cb->d_tokens, cb->residual, NULL, 0, T, H, st), err);
+    if (cb->comm) {
+        if (tp_embed(cb, tokens, T, H, err)) return RP_ERR;
+    } else {
+        rp_cuda_prof_mark(cb, "embed");
+        RP_LAUNCH(rp_k_embed(cb->w.embed, tokens, cb->d_tokens, cb->residual, NULL, 0, T, H, st), err);
+    }
     for (int l = 0; l < c->num_layers; l++) {
         const rp_cuda_layer *ly = &cb->w.layers[l];
         rp_cuda_prof_mark(cb, "add_rmsnorm");
@@ -223,6 +266,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
         if (launch_attention(cb, l, T, S, step, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->o, T, H, cb->q_dim) ? "gemv o" : "gemm o");
         if (mat_product(cb, &ly->o, cb->attn, cb->tmp, T, H, cb->q_dim, 1, err)) return RP_ERR;
+        if (cb->comm && tp_all_reduce(cb, cb->tmp, (size_t)T * H, "all_reduce o", err)) return RP_ERR;
         rp_cuda_prof_mark(cb, "add_rmsnorm");
         RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, ly->mlp_norm, cb->xn, T, H, eps, st), err);
         rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->gu, T, 2 * F, H) ? "gemv gate_up" : "gemm gate_up");
@@ -231,14 +275,17 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
         RP_LAUNCH(rp_k_silu_mul(cb->gate_up, cb->act, T, F, st), err);
         rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->down, T, H, F) ? "gemv down" : "gemm down");
         if (mat_product(cb, &ly->down, cb->act, cb->tmp, T, H, F, 1, err)) return RP_ERR;
+        if (cb->comm && tp_all_reduce(cb, cb->tmp, (size_t)T * H, "all_reduce down", err)) return RP_ERR;
     }
     rp_cuda_prof_mark(cb, "add_rmsnorm");
     RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, cb->w.final_norm, cb->xn, T, H, eps, st), err);
     rp_cuda_prof_mark(cb, "gather_rows");
     RP_LAUNCH(rp_k_gather_rows(cb->xn, logit_token, cb->logit_in, num_logits, H, st), err);
     rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, num_logits, c->vocab_size, H) ? "gemv lm_head" : "gemm lm_head");
-    if (rp_gemm_run(&cb->gemm, cb->w.lm_head, cb->logit_in, cb->logits, num_logits, c->vocab_size, H, 1, st, err))
+    if (rp_gemm_run(&cb->gemm, cb->w.lm_head, cb->logit_in, cb->comm ? cb->logits_shard : cb->logits, num_logits,
+                    c->vocab_size, H, 1, st, err))
         return RP_ERR;
+    if (cb->comm && tp_gather_logits(cb, num_logits, err)) return RP_ERR;
     if (sample && rp_cuda_launch_sample(cb, num_logits, RP_META(cb, d, off_skip_sample, int32_t), err)) return RP_ERR;
     rp_cuda_prof_mark(cb, NULL);
     return 0;

@@ -18,6 +18,7 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     uint8_t *d = cb->meta.dev;
     if (rp_cuda_tuning_resolve(&cb->base.cfg.tuning, c, cb->num_sms, cb->hbm_peak_gbs, &cb->ds_tuning, err)) return RP_ERR;
+    if (cb->comm) return 0; /* tensor parallelism: no collective point inside it (rp_cuda_decode_step_nb) */
     if (cb->base.cfg.tuning.disable_decode_step) {
         rp_log_info("cuda: the one-kernel decode step is off (tuning.disable_decode_step): decode runs a chain of "
                     "kernels");
@@ -127,7 +128,8 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
  * rp_k_decode_step takes that many on this model and device, unless this
  * forward runs the chain (cb->decode_chain: long contexts); else 0. */
 int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logits, int decode) {
-    return decode && !cb->decode_chain && T == S && num_logits == S && S <= 4 &&
+    /* tensor parallelism: the all-reduces between layers need the chain */
+    return decode && !cb->comm && !cb->decode_chain && T == S && num_logits == S && S <= 4 &&
                    (cb->decode_step_ok >> (S == 3 ? 4 : S) & 1)
                ? S
                : 0;

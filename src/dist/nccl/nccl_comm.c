@@ -106,6 +106,13 @@ int rp_nccl_comm_size(const rp_nccl_comm *c) {
     return c->nranks;
 }
 
+void rp_nccl_comm_abort(rp_nccl_comm *c) {
+    if (!c || !c->comm) return;
+    cudaSetDevice(c->device);
+    ncclCommAbort(c->comm);
+    c->comm = NULL;
+}
+
 void rp_nccl_comm_free(rp_nccl_comm *c) {
     if (!c) return;
     if (c->comm) {

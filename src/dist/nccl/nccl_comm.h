@@ -8,7 +8,7 @@
  * NCCL_NVLS_ENABLE=0 is set in the process before the first NCCL call
  * unless the user set it, and nothing here creates multicast objects.
  *
- * Built only with CUDA and NCCL (CMakeLists.txt: replay_nccl). */
+ * Built only with CUDA and NCCL (CMakeLists.txt: into replay_core). */
 #ifndef RP_DIST_NCCL_COMM_H
 #define RP_DIST_NCCL_COMM_H
 
@@ -48,6 +48,11 @@ int rp_nccl_check(rp_nccl_comm *c, rp_err *err);
 
 int rp_nccl_comm_rank(const rp_nccl_comm *c);
 int rp_nccl_comm_size(const rp_nccl_comm *c);
+
+/* Ends the communicator now (ncclCommAbort): collectives in flight on any
+ * rank fail instead of waiting for this one. It cannot be used again; free
+ * it as usual. */
+void rp_nccl_comm_abort(rp_nccl_comm *c);
 
 /* Waits for the communicator's work to finish and frees it. */
 void rp_nccl_comm_free(rp_nccl_comm *c);

@@ -365,13 +365,12 @@ static int prefill_launch(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta,
                           cudaStream_t stream) {
     /* Raising the dynamic shared-memory limit is idempotent; doing it once
      * keeps it out of captured streams after the first (eager) call. */
-    static int attr_set = 0;
+    static unsigned attr_set; /* per device (rp_first_on_device) */
     using SM = pf_smem<HD, MI, HM, FP8>;
-    if (!attr_set) {
+    if (rp_first_on_device(&attr_set)) {
         cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel<HD, MI, HM, SPLIT, false, FP8>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES);
         if (e != cudaSuccess) return (int)e;
-        attr_set = 1;
     }
     dim3 grid((max_q_len + SM::BM - 1) / SM::BM * num_splits, nh / HM, num_seqs);
     return rp_launch(attn_prefill_kernel<HD, MI, HM, SPLIT, false, FP8>, grid, dim3(PF_WARPS * 32), SM::BYTES, stream,
@@ -650,13 +649,12 @@ extern "C" int rp_attn_step_plan(const rp_attn_step_shape *sh, const int32_t *se
 template <int HD, int MI, int HM, bool FP8>
 static int prefill_list_launch(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out, float *ws_o,
                                float2 *ws_ml, const rp_attn_step_shape *sh, int nh, int nkv, cudaStream_t stream) {
-    static int attr_set = 0;
+    static unsigned attr_set; /* per device (rp_first_on_device) */
     using SM = pf_smem<HD, MI, HM, FP8>;
-    if (!attr_set) {
+    if (rp_first_on_device(&attr_set)) {
         cudaError_t e = cudaFuncSetAttribute(attn_prefill_kernel<HD, MI, HM, true, true, FP8>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM::BYTES);
         if (e != cudaSuccess) return (int)e;
-        attr_set = 1;
     }
     return rp_launch(attn_prefill_kernel<HD, MI, HM, true, true, FP8>, dim3(sh->pf_items, nh / HM, 1),
                      dim3(PF_WARPS * 32), SM::BYTES, stream, qkv, (const void *)kv.k, (const void *)kv.v, meta, out,

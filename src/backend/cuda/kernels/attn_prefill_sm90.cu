@@ -458,12 +458,11 @@ static int a90_launch(const rp_bf16 *qkv, const rp_bf16 *k_cache, const rp_bf16 
                       cudaStream_t stream) {
     if (nkv <= 0 || nh % nkv != 0 || !rp_attn_prefill_sm90_supported(hd, meta.page_size))
         return (int)cudaErrorInvalidValue;
-    static int attr_set = 0;
-    if (!attr_set) {
+    static unsigned attr_set; /* per device (rp_first_on_device) */
+    if (rp_first_on_device(&attr_set)) {
         cudaError_t e = cudaFuncSetAttribute(attn_prefill_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              A90_SMEM_BYTES);
         if (e != cudaSuccess) return (int)e;
-        attr_set = 1;
     }
     /* The cache's slot count is not an argument: the map claims as many
      * rows as its stride allows (the blocks only address slots of pages in

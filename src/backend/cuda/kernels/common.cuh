@@ -18,6 +18,19 @@
  * just enqueued (bad configuration, too much shared memory). */
 static inline int rp_launch_result(void) { return (int)cudaGetLastError(); }
 
+/* Kernel attributes (cudaFuncSetAttribute: the shared-memory opt-in) hold
+ * for the current device only, and under tensor parallelism each GPU's
+ * thread launches the same kernels: a launcher sets them once per device.
+ * True the first time it is asked for the current device (and marks it in
+ * *mask, one bit a device). One thread per device, so a device's bit is
+ * never raced for; the atomic keeps the devices' bits apart. */
+static inline bool rp_first_on_device(unsigned *mask) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+    const unsigned bit = 1u << (dev & 31);
+    return !(__atomic_fetch_or(mask, bit, __ATOMIC_RELAXED) & bit);
+}
+
 /* ---- programmatic dependent launch (PDL) ---------------------------------
  *
  * Decode is a chain of ~300 short kernels; each would otherwise pay a full

@@ -367,12 +367,11 @@ static int gemv_launch_w(const void *W, const gemv_params &p, int blocks, cudaSt
     const size_t smem = stage_bytes<W8>(IN, p.T, p.K);
     /* Above 48 KiB a kernel needs the opt-in; once per instantiation, at the
      * first (eager, warm-up) launch, never first inside a capture. */
-    static bool opted_in = false;
-    if (smem > 48 * 1024 && !opted_in) {
+    static unsigned opted_in; /* per device (rp_first_on_device) */
+    if (smem > 48 * 1024 && rp_first_on_device(&opted_in)) {
         cudaError_t e = cudaFuncSetAttribute(gemv_kernel<WARPS, IN, OUT, W8>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, RP_GEMV_STAGE_BYTES);
         if (e != cudaSuccess) return (int)e;
-        opted_in = true;
     }
     return rp_launch(gemv_kernel<WARPS, IN, OUT, W8>, dim3(blocks), dim3(WARPS * 32), smem, stream, W, p);
 }

@@ -128,6 +128,40 @@ __global__ void fill_dummy_kernel(uint16_t *__restrict__ dst, int64_t n, uint64_
     }
 }
 
+/* One thread per element of the slice: it makes its element's pair and
+ * keeps its half (twice the generator's work; a slice is made once, at
+ * load). */
+__global__ void fill_dummy_slice_kernel(uint16_t *__restrict__ dst, int64_t rows, int64_t cols, int64_t src_cols,
+                                        int64_t row0, int64_t col0, int64_t valid_rows, uint64_t seed,
+                                        uint64_t stream_id, double std, int is_norm) {
+    const int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i - r * cols;
+        uint16_t v = 0;
+        if (r < valid_rows) {
+            v = 0x3f80; /* bf16 1.0 */
+            if (!is_norm) {
+                const int64_t e = (row0 + r) * src_cols + col0 + c;
+                double z[2];
+                d_rand_normal_pair(seed, stream_id, (uint64_t)(e / 2), z);
+                v = d_dummy_bf16(z[e & 1], std);
+            }
+        }
+        dst[i] = v;
+    }
+}
+
+extern "C" int rp_k_fill_dummy_slice(rp_bf16 *dst, int64_t rows, int64_t cols, int64_t src_cols, int64_t row0,
+                                     int64_t col0, int64_t valid_rows, uint64_t seed, uint64_t stream_id, double std,
+                                     int is_norm, cudaStream_t stream) {
+    const int64_t n = rows * cols;
+    if (n <= 0) return cudaSuccess;
+    const int64_t blocks = (n + 255) / 256;
+    fill_dummy_slice_kernel<<<(int)(blocks > 16384 ? 16384 : blocks), 256, 0, stream>>>(
+        dst, rows, cols, src_cols, row0, col0, valid_rows, seed, stream_id, std, is_norm);
+    return rp_launch_result();
+}
+
 extern "C" int rp_k_fill_dummy(rp_bf16 *dst, int64_t n, uint64_t seed, uint64_t stream_id, double std,
                                int is_norm, cudaStream_t stream) {
     if (n <= 0) return cudaSuccess;

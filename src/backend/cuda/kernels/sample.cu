@@ -997,17 +997,20 @@ extern "C" size_t rp_sample_workspace_bytes(int rows, int vocab) {
  * them (non-portable size), else 8; 0 = the row does not fit, use the slow
  * path. Depends only on vocab and the device, so the grid shape of a
  * captured launch never changes. */
+/* Cached per device: the attributes below are set per device, and under
+ * tensor parallelism each GPU's thread asks for its own. */
+#define FS_MAX_DEVICES 32
 static int fs_cluster_size(int vocab, int *chunk_out, size_t *smem_out) {
-    static int cached_vocab = -1, cached_cl, cached_chunk;
-    static size_t cached_smem;
-    if (vocab == cached_vocab) {
-        *chunk_out = cached_chunk, *smem_out = cached_smem;
-        return cached_cl;
-    }
+    static int cached_vocab1[FS_MAX_DEVICES], cached_cl[FS_MAX_DEVICES], cached_chunk[FS_MAX_DEVICES]; /* vocab + 1: 0 unset */
+    static size_t cached_smem[FS_MAX_DEVICES];
     int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-        optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+    const int di = dev & (FS_MAX_DEVICES - 1);
+    if (vocab + 1 == cached_vocab1[di]) {
+        *chunk_out = cached_chunk[di], *smem_out = cached_smem[di];
+        return cached_cl[di];
+    }
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) optin = 0;
     int cl = 0, chunk = 0;
     size_t smem = 0;
     /* the largest slice any vocabulary may use, set once: a smaller value set
@@ -1038,7 +1041,7 @@ static int fs_cluster_size(int vocab, int *chunk_out, size_t *smem_out) {
             cl = sizes[t], chunk = c, smem = bytes;
     }
     cudaGetLastError(); /* a refused size is not an error of the next launch */
-    cached_vocab = vocab, cached_cl = cl, cached_chunk = chunk, cached_smem = smem;
+    cached_vocab1[di] = vocab + 1, cached_cl[di] = cl, cached_chunk[di] = chunk, cached_smem[di] = smem;
     *chunk_out = chunk, *smem_out = smem;
     return cl;
 }
@@ -1063,12 +1066,11 @@ extern "C" int rp_k_sample_kept(const float *logits, const rp_sampling_params *p
         return rp_launch_cluster(sample_kernel_cluster, dim3(cl, rows), dim3(FS_THREADS), smem, stream, cl, logits,
                                  params, tokens, logprobs, kept, host, skip, vocab, chunk);
     }
-    static int attr_set = 0;
+    static unsigned attr_set; /* per device (rp_first_on_device) */
     const size_t bytes = sizeof(smp_shared);
-    if (!attr_set) {
+    if (rp_first_on_device(&attr_set)) {
         cudaError_t e = cudaFuncSetAttribute(sample_kernel_slow, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
         if (e != cudaSuccess) return (int)e;
-        attr_set = 1;
     }
     return rp_launch(sample_kernel_slow, dim3(rows), dim3(SMP_THREADS), bytes, stream, logits, params, tokens, logprobs,
                      kept, host, skip, vocab);

@@ -1,0 +1,397 @@
+/* The tensor-parallel backend on the CPU (src/backend/tp_backend.c with the
+ * local communicator, src/dist/comm_local.c): a model run as N = 2, 4, 8
+ * shards, one thread each, summing and gathering between them, gives the
+ * logits of the unsharded model within float rounding (the partial sums
+ * are added in another order) and the same greedy tokens; a checkpoint
+ * read slice by slice (the config-only engine model) gives those of the
+ * checkpoint loaded whole; the step message that carries a call to other
+ * nodes survives a round trip and refuses corrupt input; another node's
+ * worker loop follows node 0's calls over a link; refusals. */
+#include <math.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "backend/tp_step_msg.h"
+#include "dist/tp_model.h"
+#include "engine/runner.h"
+#include "test_util.h"
+
+/* 2 layers, 8 query heads over 2 KV heads (replicated at N = 4 and 8), a
+ * vocabulary that pads on every rank, and larger weights than the default
+ * initialisation so that the greedy tokens are far from ties. */
+static rp_model *test_model(const char *preset, int heads, int kv, int inter) {
+    rp_err err = {0};
+    rp_model_config c;
+    assert_int_equal(rp_config_preset(&c, preset, &err), 0);
+    c.num_layers = 2;
+    if (heads) c.num_heads = heads, c.num_kv_heads = kv, c.intermediate_size = inter;
+    c.initializer_range = 0.15;
+    rp_load_options lo = {.seed = 7};
+    rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
+    if (!m) fail_msg("%s", err.msg);
+    return m;
+}
+
+#define STEPS 12
+
+/* logits at every prompt position of two prompts (1 and 7 tokens) and
+ * STEPS greedy tokens after each, through a runner of tensor-parallel
+ * size N (model borrowed, or loaded from dir) */
+static void run(const rp_model *m, const char *dir, int N, float **logits, int32_t *tokens, int *vocab) {
+    rp_err err = {0};
+    rp_runner_config rc = {.model = m, .model_dir = m ? NULL : dir, .device = "cpu", .threads = 1, .page_size = 16,
+                           .num_pages = 8, .max_seqs = 2, .max_context = 64, .max_batched_tokens = 64,
+                           .max_logit_rows = 16, .tensor_parallel_size = N};
+    rp_runner *r = rp_runner_new(&rc, &err);
+    if (!r) fail_msg("runner N=%d: %s", N, err.msg);
+    *vocab = r->model->cfg.vocab_size;
+    static const int32_t p0[1] = {5}, p1[7] = {1, 17, 3, 99, 250, 42, 8};
+    const int32_t *ids[2] = {p0, p1};
+    const int n[2] = {1, 7};
+    if (rp_runner_run_prompts(r, 2, ids, n, logits, STEPS, tokens, &err)) fail_msg("N=%d: %s", N, err.msg);
+    rp_runner_free(r);
+}
+
+static double rel_l2(const float *a, const float *b, size_t n) {
+    double d = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return sqrt(d / (s > 0 ? s : 1));
+}
+
+/* N shards against N = 1, the model in memory or from dir */
+static void compare(const rp_model *m, const char *dir, const int *sizes, int num_sizes) {
+    int V = 0;
+    float *ref[2], *got[2];
+    int32_t ref_tok[2 * STEPS], tok[2 * STEPS];
+    const int n[2] = {1, 7};
+    /* the vocabulary is known after the first run: allocate for the largest */
+    for (int i = 0; i < 2; i++) {
+        ref[i] = malloc((size_t)n[i] * 160000 * 4);
+        got[i] = malloc((size_t)n[i] * 160000 * 4);
+    }
+    run(m, dir, 1, ref, ref_tok, &V);
+    for (int k = 0; k < num_sizes; k++) {
+        int V2 = 0;
+        run(m, dir, sizes[k], got, tok, &V2);
+        assert_int_equal(V2, V);
+        for (int i = 0; i < 2; i++) {
+            double e = rel_l2(got[i], ref[i], (size_t)n[i] * V);
+            if (e > 1e-5) fail_msg("N=%d prompt %d: logits relative L2 %.3g", sizes[k], i, e);
+        }
+        for (int i = 0; i < 2 * STEPS; i++)
+            if (tok[i] != ref_tok[i]) fail_msg("N=%d: greedy token %d is %d, N=1 %d", sizes[k], i, tok[i], ref_tok[i]);
+    }
+    for (int i = 0; i < 2; i++) free(ref[i]), free(got[i]);
+}
+
+static void test_qwen3_sizes(void **state) {
+    (void)state;
+    rp_model *m = test_model("tiny-qwen3", 8, 2, 256);
+    const int sizes[] = {2, 4, 8};
+    compare(m, NULL, sizes, 3);
+    rp_model_free(m);
+}
+
+static void test_llama3_and_qwen2(void **state) {
+    (void)state;
+    rp_model *m = test_model("tiny-llama3", 0, 0, 0); /* 10 heads, 2 KV heads, untied */
+    const int two[] = {2};
+    compare(m, NULL, two, 1);
+    rp_model_free(m);
+    m = test_model("tiny-qwen2", 8, 4, 232); /* biases */
+    const int sizes[] = {2, 4};
+    compare(m, NULL, sizes, 2);
+    rp_model_free(m);
+}
+
+/* A checkpoint: each rank reads its slices (rp_tp_model_load), the engine's
+ * model is the config alone. */
+static void test_checkpoint(void **state) {
+    (void)state;
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/models/qwen3-tied", test_source_dir());
+    const int two[] = {2};
+    compare(NULL, dir, two, 1);
+}
+
+/* Sampling (temperature, top-p) on every rank draws the same tokens as one
+ * device does: the logits are gathered whole and the RNG is counter-based. */
+static void test_sampled_decode(void **state) {
+    (void)state;
+    rp_model *m = test_model("tiny-qwen3", 8, 2, 256);
+    int32_t last[2][2];
+    for (int k = 0; k < 2; k++) {
+        rp_err err = {0};
+        rp_runner_config rc = {.model = m, .device = "cpu", .threads = 1, .page_size = 16, .num_pages = 8,
+                               .max_seqs = 2, .max_context = 64, .max_batched_tokens = 64,
+                               .tensor_parallel_size = k ? 4 : 1};
+        rp_runner *r = rp_runner_new(&rc, &err);
+        if (!r) fail_msg("%s", err.msg);
+        rp_runner_seq seqs[2];
+        assert_int_equal(rp_runner_seqs_begin(r, seqs, 2, &err), 0);
+        double secs = 0;
+        if (rp_runner_prefill_random(r, seqs, 2, 5, &secs, &err)) fail_msg("%s", err.msg);
+        rp_sampling_params sp = {.temperature = 0.9f, .top_p = 0.95f, .top_k = -1, .repetition_penalty = 1.0f};
+        double wall[10], gpu[10];
+        if (rp_runner_decode_steps(r, seqs, 2, 10, &sp, wall, gpu, &err)) fail_msg("%s", err.msg);
+        last[k][0] = seqs[0].last, last[k][1] = seqs[1].last;
+        rp_runner_seqs_end(r, seqs, 2);
+        rp_runner_free(r);
+    }
+    assert_int_equal(last[0][0], last[1][0]);
+    assert_int_equal(last[0][1], last[1][1]);
+    rp_model_free(m);
+}
+
+/* The GPU's dummy shards (generated there, rp_k_fill_dummy_slice): no host
+ * data, every weight shaped as the host-sliced shard's. */
+static void test_lazy_dummy_shards(void **state) {
+    (void)state;
+    rp_err err = {0};
+    const char *names[] = {"tiny-qwen2", "tiny-llama3"};
+    for (int i = 0; i < 2; i++) {
+        rp_model *m = test_model(names[i], i == 0 ? 8 : 0, i == 0 ? 4 : 0, i == 0 ? 232 : 0);
+        rp_tp_plan plan;
+        assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, 2, &err), 0);
+        for (int rank = 0; rank < 2; rank++) {
+            rp_model *s = rp_tp_model_slice(m, &plan, rank, &err), *z = rp_tp_model_lazy_dummy(&plan, rank, 7, &err);
+            assert_non_null(s);
+            assert_non_null(z);
+            assert_true(z->dummy);
+            assert_int_equal(z->weight_bytes, s->weight_bytes);
+            for (int k = 0; k < RP_W_COUNT; k++)
+                for (int l = 0; l < (k < RP_W_FIRST_LAYER_KIND ? 1 : m->cfg.num_layers); l++) {
+                    const rp_weight *a = rp_model_weight(s, (rp_weight_kind)k, l), *b = rp_model_weight(z, (rp_weight_kind)k, l);
+                    assert_int_equal(a->rows, b->rows);
+                    assert_int_equal(a->cols, b->cols);
+                    assert_null(b->data);
+                }
+            rp_model_free(s);
+            rp_model_free(z);
+        }
+        rp_model_free(m);
+    }
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    rp_err err = {0};
+    rp_runner_config rc = {.dummy_name = "tiny-qwen3", .device = "cpu", .threads = 1, .num_pages = 8, .max_seqs = 1,
+                           .max_context = 64, .tensor_parallel_size = 4};
+    assert_null(rp_runner_new(&rc, &err)); /* 6 query heads */
+    assert_non_null(strstr(err.msg, "num_attention_heads"));
+    assert_string_equal(err.param, "tensor_parallel_size");
+    rc.tensor_parallel_size = 3;
+    assert_null(rp_runner_new(&rc, &err));
+    assert_string_equal(err.param, "tensor_parallel_size");
+    rc.tensor_parallel_size = 2;
+    rc.quantize_fp8 = 1;
+    assert_null(rp_runner_new(&rc, &err));
+    assert_non_null(strstr(err.msg, "--quantization fp8"));
+    rc.quantize_fp8 = 0;
+    rc.nnodes = 2;
+    rc.dist_init_addr = "127.0.0.1:1";
+    assert_null(rp_runner_new(&rc, &err)); /* several nodes run on GPUs only */
+    assert_string_equal(err.param, "nnodes");
+    /* N = 2 of the same model runs */
+    rc.nnodes = 0;
+    rp_runner *r = rp_runner_new(&rc, &err);
+    if (!r) fail_msg("%s", err.msg);
+    rp_runner_free(r);
+}
+
+/* ---- the step message ----------------------------------------------------- */
+
+static void test_step_msg(void **state) {
+    (void)state;
+    rp_err err = {0};
+    const int32_t tokens[5] = {10, -1, 7, 8, 9}, positions[5] = {3, 0, 0, 1, 2}, slots[5] = {19, 32, 48, 49, 50};
+    const int32_t seq_start[3] = {0, 2, 5}, kv_len[3] = {4, 3};
+    const int32_t seq_start2[4] = {0, 1, 2, 5}, kv2[3] = {4, 1, 3};
+    (void)seq_start;
+    (void)kv_len;
+    const int32_t rows[3] = {2, 0, 1};
+    int32_t table[3][4] = {{5, 6, 0, 0}, {7, 0, 0, 0}, {1, 2, 3, 4}};
+    const int32_t logit_token[3] = {0, 1, 4};
+    rp_sampling_params sp[3] = {{.temperature = 0.7f, .top_p = 0.9f, .top_k = 40, .seed = 1234567890123ull, .step = 9},
+                                {.temperature = 0, .top_logprobs = 3, .has_seed = 1},
+                                {.temperature = 1, .min_p = 0.05f, .repetition_penalty = 1.1f,
+                                 .presence_penalty = -0.5f, .frequency_penalty = 0.25f}};
+    rp_batch bt = {.num_seqs = 3, .num_tokens = 5, .tokens = tokens, .positions = positions, .seq_start = seq_start2,
+                   .seq_kv_len = kv2, .seq_page_row = rows, .page_table = &table[0][0], .page_table_stride = 4,
+                   .slot_mapping = slots, .num_logits = 3, .logit_token = logit_token, .sample = sp, .spec_round = 1};
+    uint8_t *buf = NULL;
+    size_t cap = 0, len = 0;
+    assert_int_equal(rp_step_msg_encode(RP_STEP_FORWARD, 0, &bt, 2, &buf, &cap, &len, &err), 0);
+    rp_step_decoder d;
+    assert_int_equal(rp_step_decoder_init(&d, 8, 4, 4, 8, &err), 0);
+    rp_step_op op;
+    int arg = -1;
+    rp_batch got;
+    if (rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err)) fail_msg("%s", err.msg);
+    assert_int_equal(op, RP_STEP_FORWARD);
+    assert_int_equal(got.num_seqs, 3);
+    assert_int_equal(got.num_tokens, 5);
+    assert_int_equal(got.num_logits, 3);
+    assert_int_equal(got.spec_round, 1);
+    assert_int_equal(got.page_table_stride, 4);
+    assert_memory_equal(got.tokens, tokens, sizeof tokens);
+    assert_memory_equal(got.positions, positions, sizeof positions);
+    assert_memory_equal(got.slot_mapping, slots, sizeof slots);
+    assert_memory_equal(got.seq_start, seq_start2, sizeof seq_start2);
+    assert_memory_equal(got.seq_kv_len, kv2, sizeof kv2);
+    assert_memory_equal(got.logit_token, logit_token, sizeof logit_token);
+    assert_memory_equal(got.sample, sp, sizeof sp);
+    /* each sequence's pages that its K/V covers (page size 2), in its own row */
+    for (int s = 0; s < 3; s++) {
+        const int32_t *want = &table[rows[s]][0], *row = got.page_table + (int64_t)got.seq_page_row[s] * 4;
+        for (int p = 0; p < (kv2[s] + 1) / 2; p++) assert_int_equal(row[p], want[p]);
+    }
+    /* cut anywhere, one byte too many, or a byte flipped in the header */
+    for (size_t n = 0; n < len; n++) assert_int_not_equal(rp_step_msg_decode(&d, buf, n, &op, &arg, &got, &err), 0);
+    uint8_t *longer = malloc(len + 4);
+    memcpy(longer, buf, len);
+    memset(longer + len, 0, 4);
+    assert_int_not_equal(rp_step_msg_decode(&d, longer, len + 4, &op, &arg, &got, &err), 0);
+    assert_non_null(strstr(err.msg, "past its end"));
+    memcpy(longer, buf, len);
+    longer[4] = 9; /* version */
+    assert_int_not_equal(rp_step_msg_decode(&d, longer, len, &op, &arg, &got, &err), 0);
+    assert_non_null(strstr(err.msg, "version"));
+    memcpy(longer, buf, len);
+    longer[0] = 'x';
+    assert_int_not_equal(rp_step_msg_decode(&d, longer, len, &op, &arg, &got, &err), 0);
+    memcpy(longer, buf, len);
+    longer[16] = 200; /* 200 sequences: past the decoder's limit */
+    assert_int_not_equal(rp_step_msg_decode(&d, longer, len, &op, &arg, &got, &err), 0);
+    assert_non_null(strstr(err.msg, "limits"));
+    memcpy(longer, buf, len);
+    longer[8] = 77; /* op */
+    assert_int_not_equal(rp_step_msg_decode(&d, longer, len, &op, &arg, &got, &err), 0);
+    /* a page count past the stride */
+    memcpy(longer, buf, len);
+    size_t pages_at = 16 + 24 + 5 * 12 + 4 * 4 + 3 * 4;
+    longer[pages_at] = 9;
+    assert_int_not_equal(rp_step_msg_decode(&d, longer, len, &op, &arg, &got, &err), 0);
+    /* the other ops: no batch */
+    assert_int_equal(rp_step_msg_encode(RP_STEP_SET_GRAPHS, 1, NULL, 2, &buf, &cap, &len, &err), 0);
+    assert_int_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0);
+    assert_int_equal(op, RP_STEP_SET_GRAPHS);
+    assert_int_equal(arg, 1);
+    assert_int_equal(rp_step_msg_encode(RP_STEP_QUIT, 0, NULL, 2, &buf, &cap, &len, &err), 0);
+    assert_int_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0);
+    assert_int_equal(op, RP_STEP_QUIT);
+    free(longer);
+    free(buf);
+    rp_step_decoder_free(&d);
+}
+
+/* ---- node 0 and another node over a control link -------------------------- */
+
+typedef struct worker_arg {
+    rp_runner *r;
+    int rc;
+    rp_err err;
+} worker_arg;
+
+static void *worker_main(void *p) {
+    worker_arg *w = p;
+    w->rc = rp_engine_worker_run(w->r, &w->err);
+    return NULL;
+}
+
+/* The path of several nodes on the CPU: node 0's tensor-parallel backend
+ * with a control link (a socketpair) sends every call as a step message;
+ * the other node (here a whole group of its own, since local ranks cannot
+ * span processes) runs them in rp_engine_worker_run and ends on node 0's
+ * stop. It drew the same tokens and read the same logits as node 0. */
+static void test_worker_link(void **state) {
+    (void)state;
+    rp_err err = {0};
+    rp_model *m = test_model("tiny-qwen3", 8, 2, 256);
+    rp_tp_plan plan;
+    assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, 2, &err), 0);
+    rp_model *shards[2];
+    for (int i = 0; i < 2; i++) assert_non_null(shards[i] = rp_tp_model_slice(m, &plan, i, &err));
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    /* the other node: the runner the same options make */
+    rp_runner_config rc = {.model = m, .device = "cpu", .threads = 1, .page_size = 16, .num_pages = 8, .max_seqs = 2,
+                           .max_context = 64, .max_batched_tokens = 64, .max_logit_rows = 4, .tensor_parallel_size = 2};
+    rp_runner *r1 = rp_runner_new(&rc, &err);
+    if (!r1) fail_msg("%s", err.msg);
+    r1->link = sv[1];
+    worker_arg w = {.r = r1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, worker_main, &w), 0);
+    /* node 0 */
+    rp_backend_config bc = {.num_pages = 8, .page_size = 16, .max_batched_tokens = 64, .max_batch_seqs = 2,
+                            .max_logit_rows = 4, .num_threads = 2};
+    const int links[1] = {sv[0]};
+    rp_tp_backend_config tc = {.device = "cpu", .plan = &plan, .shards = shards, .ranks = 2, .links = links,
+                               .num_links = 1};
+    rp_backend *b = rp_backend_tp_new(m, &tc, &bc, &err);
+    if (!b) fail_msg("%s", err.msg);
+    /* one sequence: a prompt of 5 in pages 3 and 6, then 3 decode steps fed
+     * the previous step's token by reference */
+    const int32_t prompt[5] = {11, 22, 33, 44, 55}, table[4] = {3, 6, 0, 0};
+    int32_t pos[5], slots[5], start[2] = {0, 5}, kv[1] = {5}, row[1] = {0}, lt[1] = {4};
+    for (int t = 0; t < 5; t++) pos[t] = t, slots[t] = 3 * 16 + t;
+    rp_sampling_params sp = {.temperature = 0.8f, .top_p = 0.9f, .top_k = -1, .seed = 99, .step = 0,
+                             .repetition_penalty = 1.0f};
+    rp_batch bt = {.num_seqs = 1, .num_tokens = 5, .tokens = prompt, .positions = pos, .seq_start = start,
+                   .seq_kv_len = kv, .seq_page_row = row, .page_table = table, .page_table_stride = 4,
+                   .slot_mapping = slots, .num_logits = 1, .logit_token = lt, .sample = &sp};
+    int32_t toks[4];
+    if (rp_backend_forward(b, &bt, &err) || b->ops->read_tokens(b, &toks[0], NULL, NULL, &err)) fail_msg("%s", err.msg);
+    for (int k = 1; k < 4; k++) {
+        const int32_t ref[1] = {-1}, dpos[1] = {4 + k}, dslot[1] = {3 * 16 + 4 + k}, dstart[2] = {0, 1},
+                      dkv[1] = {5 + k}, dlt[1] = {0};
+        sp.step = (uint64_t)k;
+        rp_batch d = {.num_seqs = 1, .num_tokens = 1, .tokens = k == 1 ? &toks[0] : ref, .positions = dpos,
+                      .seq_start = dstart, .seq_kv_len = dkv, .seq_page_row = row, .page_table = table,
+                      .page_table_stride = 4, .slot_mapping = dslot, .num_logits = 1, .logit_token = dlt,
+                      .sample = &sp};
+        if (rp_backend_forward(b, &d, &err) || b->ops->read_tokens(b, &toks[k], NULL, NULL, &err))
+            fail_msg("step %d: %s", k, err.msg);
+    }
+    /* the last step once more without sampling, its logits read */
+    const int32_t again[1] = {toks[3]}, dpos[1] = {8}, dslot[1] = {3 * 16 + 8}, dstart[2] = {0, 1}, dkv[1] = {9},
+                  dlt[1] = {0};
+    rp_batch d = {.num_seqs = 1, .num_tokens = 1, .tokens = again, .positions = dpos, .seq_start = dstart,
+                  .seq_kv_len = dkv, .seq_page_row = row, .page_table = table, .page_table_stride = 4,
+                  .slot_mapping = dslot, .num_logits = 1, .logit_token = dlt};
+    float *logits = malloc((size_t)m->cfg.vocab_size * 4);
+    if (rp_backend_forward(b, &d, &err) || rp_backend_read_logits(b, logits, &err)) fail_msg("%s", err.msg);
+    rp_backend_destroy(b); /* sends the stop */
+    pthread_join(th, NULL);
+    if (w.rc) fail_msg("worker: %s", w.err.msg);
+    /* the worker's last reads: the same token and logits */
+    assert_int_equal(r1->tokens[0], toks[3]);
+    assert_memory_equal(r1->logits, logits, (size_t)m->cfg.vocab_size * 4);
+    /* node 0 gone without a stop: the worker says so */
+    int sv2[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv2), 0);
+    close(r1->link);
+    r1->link = sv2[1];
+    close(sv2[0]);
+    assert_int_not_equal(rp_engine_worker_run(r1, &err), 0);
+    assert_non_null(strstr(err.msg, "node 0"));
+    close(sv[0]);
+    rp_runner_free(r1);
+    free(logits);
+    for (int i = 0; i < 2; i++) rp_model_free(shards[i]);
+    rp_model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_qwen3_sizes),      cmocka_unit_test(test_llama3_and_qwen2),
+                                       cmocka_unit_test(test_checkpoint),       cmocka_unit_test(test_sampled_decode),
+                                       cmocka_unit_test(test_refusals),         cmocka_unit_test(test_step_msg),
+                                       cmocka_unit_test(test_worker_link),      cmocka_unit_test(test_lazy_dummy_shards)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
