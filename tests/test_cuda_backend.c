@@ -1641,8 +1641,10 @@ static void test_kv_fp8_vs_cpu(void **state) {
             fail_msg("cuda: %s", err.msg);
         /* bf16 noise, and where the two sides' k / k_scale straddle an e4m3
          * rounding boundary, a neighbouring byte (1/16 of that element): a
-         * row with a few of those reaches 3e-2 (0.0305 seen on an H200), so
-         * a row may be at 5e-2 while the mean stays under 1.5e-2 */
+         * row with a few of those reaches 3e-2: an H200 measured a mean of
+         * 1.86e-2 and a worst row of 3.12e-2 over 972 rows (head_dim 128), so
+         * a row may be at 5e-2 and the mean at 2.5e-2 (a misread byte or a
+         * lost scale gives ~1) */
         double worst = 0, sum = 0;
         int rows = 0;
         for (int p = 0; p < NP; p++)
@@ -1655,7 +1657,7 @@ static void test_kv_fp8_vs_cpu(void **state) {
             }
         printf("fp8 KV, head_dim %d: prompt logits against the CPU's fp8 KV: mean %.2e, worst %.2e over %d rows\n", hd,
                sum / rows, worst, rows);
-        assert_true(sum / rows < 1.5e-2);
+        assert_true(sum / rows < 2.5e-2);
         for (int p = 0; p < NP; p++) {
             char what[64];
             snprintf(what, sizeof what, "fp8 KV hd %d prompt %d alone", hd, p);
