@@ -83,45 +83,56 @@ typedef void (*ds_kernel_fn)(const ds_args);
  * 1.5B) at 128. Groups of 7 (Qwen2.5-0.5B, 7B) are not built: their
  * attention scratch (8 warps x 7 heads x 128 floats) does not fit beside the
  * ring. */
+#define DS_KERNELS_128(NB, D, P, W)                                                                                    \
+    {decode_step_kernel<1, 128, NB, D, P, W>, decode_step_kernel<2, 128, NB, D, P, W>,                                 \
+     decode_step_kernel<4, 128, NB, D, P, W>, decode_step_kernel<8, 128, NB, D, P, W>,                                 \
+     decode_step_kernel<5, 128, NB, D, P, W>, decode_step_kernel<6, 128, NB, D, P, W>}
 #define DS_KERNELS(NB, D, P)                                                                                           \
-    {{decode_step_kernel<1, 64, NB, D, P>, decode_step_kernel<2, 64, NB, D, P>,                                        \
-      decode_step_kernel<4, 64, NB, D, P>, decode_step_kernel<8, 64, NB, D, P>, nullptr, nullptr},                     \
-     {decode_step_kernel<1, 128, NB, D, P>, decode_step_kernel<2, 128, NB, D, P>,                                      \
-      decode_step_kernel<4, 128, NB, D, P>, decode_step_kernel<8, 128, NB, D, P>,                                      \
-      decode_step_kernel<5, 128, NB, D, P>, decode_step_kernel<6, 128, NB, D, P>}}
+    {{decode_step_kernel<1, 64, NB, D, P, false>, decode_step_kernel<2, 64, NB, D, P, false>,                          \
+      decode_step_kernel<4, 64, NB, D, P, false>, decode_step_kernel<8, 64, NB, D, P, false>, nullptr, nullptr},       \
+     DS_KERNELS_128(NB, D, P, false)}
 
 /* The kernel for a GQA group, head size and sequence count, its dynamic
  * shared memory limit raised to smem (once per kernel and size). dyn: one
  * sequence on a shape with dynamic units (ds_args.poll_ns, apace_ns); pick:
- * one sequence with the greedy pick (PK). Each is a kernel of its own so
- * that the others carry none of its code: switched off but compiled in, it
- * costs the others 0.3-2% through code layout alone. */
-static ds_kernel_fn kernel_for(int G, int HD, int nb, bool dyn, bool pick, size_t smem, cudaError_t *e) {
+ * one sequence with the greedy pick (PK); w8: e4m3 layer matrices
+ * (--quantization fp8), built at head size 128 only (every shape fp8 is
+ * used with here; 64 would add 36 kernels to the build). Each is a kernel
+ * of its own so that the others carry none of its code: switched off but
+ * compiled in, it costs the others 0.3-2% through code layout alone. */
+static ds_kernel_fn kernel_for(int G, int HD, int nb, bool dyn, bool pick, bool w8, size_t smem, cudaError_t *e) {
     static const ds_kernel_fn fns[6][2][6] = {DS_KERNELS(1, false, false), DS_KERNELS(2, false, false),
                                               DS_KERNELS(4, false, false), DS_KERNELS(1, true, false),
                                               DS_KERNELS(1, false, true),  DS_KERNELS(1, true, true)};
-    static size_t set_for[6][2][6];
+    static const ds_kernel_fn fns8[6][6] = {
+        DS_KERNELS_128(1, false, false, true), DS_KERNELS_128(2, false, false, true),
+        DS_KERNELS_128(4, false, false, true), DS_KERNELS_128(1, true, false, true),
+        DS_KERNELS_128(1, false, true, true),  DS_KERNELS_128(1, true, true, true)};
+    static size_t set_for[2][6][2][6];
     const int v = nb == 1 ? (pick ? (dyn ? 5 : 4) : dyn ? 3 : 0) : nb == 2 ? 1 : 2, h = HD == 128;
     const int g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : G - 1; /* 5, 6 -> 4, 5 */
     *e = cudaSuccess;
-    if (!fns[v][h][g]) {
+    const ds_kernel_fn fn = w8 ? (h ? fns8[v][g] : nullptr) : fns[v][h][g];
+    if (!fn) {
         *e = cudaErrorInvalidValue;
         return nullptr;
     }
-    if (set_for[v][h][g] != smem) {
-        *e = cudaFuncSetAttribute(fns[v][h][g], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (set_for[w8][v][h][g] != smem) {
+        *e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (*e != cudaSuccess) return nullptr;
-        set_for[v][h][g] = smem;
+        set_for[w8][v][h][g] = smem;
     }
-    return fns[v][h][g];
+    return fn;
 }
 #undef DS_KERNELS
+#undef DS_KERNELS_128
 
 extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, const rp_decode_step_tuning *t, int nb,
                                                    int num_sms) {
     const char *why = rp_decode_step_check(s);
     if (why) return why;
     if (nb < 1 || nb > 4) return "more than 4 sequences";
+    if (s->fp8 && s->hd != 128) return "e4m3 weights at head size 64 (the fp8 kernels are built for 128)";
     if (nb > 1 && s->H > ds_max_h_nb(ds_nb_kernel(nb)))
         return nb > 2 ? "hidden size above 2048 (3-4 sequences)" : "hidden size above 4096 (2 sequences)";
     ds_args a;
@@ -133,7 +144,8 @@ extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, cons
         return "the device cannot launch cooperative kernels";
     cudaError_t e;
     ds_kernel_fn fn =
-        kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), a.poll_ns > 0 || a.apace_ns > 0, false, smem, &e);
+        kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), a.poll_ns > 0 || a.apace_ns > 0, false, s->fp8 != 0,
+                   smem, &e);
     if (!fn || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, DS_THREADS, smem) != cudaSuccess ||
         per_sm < 1) {
         cudaGetLastError();
@@ -162,7 +174,8 @@ extern "C" int rp_k_decode_step(const rp_decode_step *s, const rp_decode_step_tu
         return (int)cudaErrorInvalidValue;
     cudaError_t e;
     ds_kernel_fn fn =
-        kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), a.poll_ns > 0 || a.apace_ns > 0, greedy != 0, smem, &e);
+        kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), a.poll_ns > 0 || a.apace_ns > 0, greedy != 0,
+                   s->fp8 != 0, smem, &e);
     if (!fn) return (int)e;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(a.grid);

@@ -17,7 +17,7 @@
  * pick_finish) and no sampling kernel follows; a kernel of its own, so
  * that the others keep their code. In the trace build (DS_TRACE) the
  * one-sequence kernels record where their time goes into s.trace. */
-template <int G, int HD, int NB, bool DYNK, bool PK>
+template <int G, int HD, int NB, bool DYNK, bool PK, bool W8>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
     constexpr bool TRACE = DS_TRACE && NB == 1;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         /* weights are constant: stream them before (and regardless of) the
          * wait for the previous kernel */
         if (warp == DS_CONSUMERS && lane == 0)
-            produce<NB, DYNK>(a, ws, ring, full, empty, info, pend, pace_flag, arrived);
+            produce<NB, DYNK, W8>(a, ws, ring, full, empty, info, pend, pace_flag, arrived);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(DS_CONSUMER_REGS));
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     for (int l = 0; l < L; l++) {
         DS_T(TR_STAGE, DS_NORM(l == 0, l, 0, rs));
         DS_T(TR_GEMV,
-             gemv_phase<NB, DYNK>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+             gemv_phase<NB, DYNK, W8>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
         if (DYNK && threadIdx.x == 0) *pace_flag = 1;
         lane_row<HD / 32> kr[ATT_UNROLL], vr[ATT_UNROLL];
         ds_qkw<HD> qw;
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (DYNK && threadIdx.x == 0) *pace_flag = 0;
         DS_T(TR_STAGE, DS_BF16(s.attn, q_dim));
         DS_T(TR_GEMV,
-             gemv_phase<NB, DYNK>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
+             gemv_phase<NB, DYNK, W8>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
         DS_T(TR_STAGE, DS_NORM(false, l, 1, rs));
         DS_T(TR_GEMV,
-             gemv_phase<NB, DYNK>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
+             gemv_phase<NB, DYNK, W8>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [] {}));
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, DS_BF16(s.act, s.F));
         DS_T(TR_GEMV,
-             gemv_phase<NB, DYNK>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
+             gemv_phase<NB, DYNK, W8>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     }
     DS_T(TR_STAGE, DS_NORM(false, L, 0, false));
     DS_T(TR_GEMV,
-         gemv_phase<NB, DYNK>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+         gemv_phase<NB, DYNK, W8>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
 #undef DS_NORM
 #undef DS_BF16
 #undef DS_T

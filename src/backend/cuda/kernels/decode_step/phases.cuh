@@ -226,12 +226,12 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
  * NB sequences (up to 4): B's columns 2b and 2b + 1 hold sequence b's x
  * halves, so the same mma covers all of them, and lane (g, b) holds row
  * g of sequence b. */
-template <int NB, bool DYNK>
+template <int NB, bool DYNK, bool W8>
 __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, int &iw, const uint8_t *ring,
                            uint64_t *full, uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt,
                            const ds_info *info, volatile int *pend, uint64_t *tr, uint64_t *tl) {
     const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
-    const ds_mat m = phase_mat(a.s, p);
+    const ds_mat m = phase_mat<W8>(a.s, p);
     const int kcm = ds_kc(a, m), nch = (m.K + kcm - 1) / kcm, P = m.runs * nch;
     const int stage_b = NB == 1 ? DS_STAGE : a.stage_bytes, row_b = NB == 1 ? DS_ROW_STRIDE : a.row_stride;
     /* this lane's B column g: sequence g / 2 (past 2 NB, columns that are

@@ -20,16 +20,19 @@ struct ds_mat {
     const float *scale; /* e4m3: each row's scale (run 1's at run_off); else NULL */
 };
 
-__device__ __forceinline__ ds_mat phase_mat(const rp_decode_step &s, int p) {
+/* W8: the kernel built for e4m3 layer matrices (rp_decode_step.fp8); the
+ * bf16 kernel has no e4m3 code at all (compiled in but unused, it cost the
+ * bf16 step 1-2%: bench/RESULTS.md, 2026-11-29). */
+template <bool W8> __device__ __forceinline__ ds_mat phase_mat(const rp_decode_step &s, int p) {
     const int L = s.num_layers;
     if (p == 4 * L) return ds_mat{reinterpret_cast<const uint8_t *>(s.lm_head), s.V, s.H, 1, 0, 2, nullptr};
     const rp_decode_layer *ly = &s.layers[p >> 2];
-    const int q_dim = s.nh * s.hd, qkv = q_dim + 2 * s.nkv * s.hd, eb = s.fp8 ? 1 : 2;
+    const int q_dim = s.nh * s.hd, qkv = q_dim + 2 * s.nkv * s.hd, eb = W8 ? 1 : 2;
     switch (p & 3) {
-    case 0: return ds_mat{static_cast<const uint8_t *>(ly->wqkv), qkv, s.H, 1, 0, eb, ly->sqkv};
-    case 1: return ds_mat{static_cast<const uint8_t *>(ly->wo), s.H, q_dim, 1, 0, eb, ly->so};
-    case 2: return ds_mat{static_cast<const uint8_t *>(ly->wgu), s.F, s.H, 2, s.F, eb, ly->sgu};
-    default: return ds_mat{static_cast<const uint8_t *>(ly->wdown), s.H, s.F, 1, 0, eb, ly->sdown};
+    case 0: return ds_mat{static_cast<const uint8_t *>(ly->wqkv), qkv, s.H, 1, 0, eb, W8 ? ly->sqkv : nullptr};
+    case 1: return ds_mat{static_cast<const uint8_t *>(ly->wo), s.H, q_dim, 1, 0, eb, W8 ? ly->so : nullptr};
+    case 2: return ds_mat{static_cast<const uint8_t *>(ly->wgu), s.F, s.H, 2, s.F, eb, W8 ? ly->sgu : nullptr};
+    default: return ds_mat{static_cast<const uint8_t *>(ly->wdown), s.H, s.F, 1, 0, eb, W8 ? ly->sdown : nullptr};
     }
 }
 
@@ -77,9 +80,9 @@ struct ds_walk {
     int p, u, u1, r, kc;
 };
 
-__device__ __forceinline__ void walk_phase(const ds_args &a, ds_walk &w) {
+template <bool W8> __device__ __forceinline__ void walk_phase(const ds_args &a, ds_walk &w) {
     for (const int NP = 4 * a.s.num_layers + 1; w.p < NP; w.p++) {
-        w.m = phase_mat(a.s, w.p);
+        w.m = phase_mat<W8>(a.s, w.p);
         const int S = static_units(w.m.N / DS_ROWS, a);
         w.u = (int)((int64_t)blockIdx.x * S / a.grid), w.u1 = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
         w.r = w.kc = 0;
@@ -87,17 +90,17 @@ __device__ __forceinline__ void walk_phase(const ds_args &a, ds_walk &w) {
     }
 }
 
-__device__ __forceinline__ void walk_next(const ds_args &a, ds_walk &w) {
+template <bool W8> __device__ __forceinline__ void walk_next(const ds_args &a, ds_walk &w) {
     if ((w.kc += ds_kc(a, w.m)) < w.m.K) return;
     w.kc = 0;
     if (++w.r < w.m.runs) return;
     w.r = 0;
     if (++w.u < w.u1) return;
     w.p++;
-    walk_phase(a, w);
+    walk_phase<W8>(a, w);
 }
 
-__device__ __forceinline__ void prefetch_piece(const ds_args &a, const ds_walk &w) {
+template <bool W8> __device__ __forceinline__ void prefetch_piece(const ds_args &a, const ds_walk &w) {
     const unsigned row_bytes = (unsigned)(min(ds_kc(a, w.m), w.m.K - w.kc) * w.m.eb);
     const uint8_t *src =
         w.m.w + (((int64_t)w.r * w.m.run_off + (int64_t)w.u * DS_ROWS) * w.m.K + w.kc) * w.m.eb;
@@ -110,13 +113,13 @@ __device__ __forceinline__ void prefetch_piece(const ds_args &a, const ds_walk &
 /* Up to n more of this block's static pieces into L2, at most `ahead`
  * past the n_static the ring has taken (the walk first skips what the
  * ring took meanwhile). */
-__device__ __forceinline__ void prefetch_ahead(const ds_args &a, ds_walk &pw, int &n_walked, int n_static, int ahead,
+template <bool W8> __device__ __forceinline__ void prefetch_ahead(const ds_args &a, ds_walk &pw, int &n_walked, int n_static, int ahead,
                                                int n) {
     const int NP = 4 * a.s.num_layers + 1;
-    for (; n_walked < n_static && pw.p < NP; n_walked++) walk_next(a, pw);
+    for (; n_walked < n_static && pw.p < NP; n_walked++) walk_next<W8>(a, pw);
     for (; n > 0 && n_walked < n_static + ahead && pw.p < NP; n--, n_walked++) {
-        prefetch_piece(a, pw);
-        walk_next(a, pw);
+        prefetch_piece<W8>(a, pw);
+        walk_next<W8>(a, pw);
     }
 }
 
@@ -130,7 +133,7 @@ __device__ __forceinline__ void prefetch_ahead(const ds_args &a, ds_walk &pw, in
  * each time try_wait gives up, up to a.prefetch. (try_wait sleeps until
  * the stage is free or a long system time limit passes, so the second kind
  * is rare: about one per stall.) */
-template <int NB, bool DYNK>
+template <int NB, bool DYNK, bool W8>
 __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
                         ds_info *info, volatile int *pend, volatile int *pace_flag, volatile int *arrived) {
     constexpr bool TRACE = DS_TRACE && NB == 1; /* the trace build traces one sequence */
@@ -142,15 +145,15 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
     bool tail = false;
     ds_walk pw;
     pw.p = 0;
-    walk_phase(a, pw);
-    const uint8_t *w_next = phase_mat(a.s, 0).w;
+    walk_phase<W8>(a, pw);
+    const uint8_t *w_next = phase_mat<W8>(a.s, 0).w;
     for (int p = 0; p < NP; p++) {
-        ds_mat m = phase_mat(a.s, p);
+        ds_mat m = phase_mat<W8>(a.s, p);
         /* the matrix's address was loaded a phase ahead: the layer table is
          * an L2 round trip away (every grid barrier's acquire spin
          * invalidates L1), which the phase's first copy would wait for */
         m.w = w_next;
-        if (p + 1 < NP) w_next = phase_mat(a.s, p + 1).w;
+        if (p + 1 < NP) w_next = phase_mat<W8>(a.s, p + 1).w;
         const int U = m.N / DS_ROWS, S = static_units(U, a);
         int u = (int)((int64_t)blockIdx.x * S / a.grid), u_end = (int)((int64_t)(blockIdx.x + 1) * S / a.grid);
         bool dyn = false;
@@ -185,8 +188,8 @@ __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64
                         const uint64_t t0 = TRACE ? ds_now() : 0;
                         const unsigned par = (unsigned)((i / st) - 1) & 1u;
                         if (n_walked < n_static + a.prefetch_now && !mbar_test(&empty[slot], par))
-                            prefetch_ahead(a, pw, n_walked, n_static, a.prefetch_now, a.prefetch_now);
-                        while (!mbar_try(&empty[slot], par)) prefetch_ahead(a, pw, n_walked, n_static, a.prefetch, 1);
+                            prefetch_ahead<W8>(a, pw, n_walked, n_static, a.prefetch_now, a.prefetch_now);
+                        while (!mbar_try(&empty[slot], par)) prefetch_ahead<W8>(a, pw, n_walked, n_static, a.prefetch, 1);
                         if (TRACE) waited += ds_now() - t0;
                     }
                     /* A barrier's release and attention's loads are latency-bound, and a
