@@ -82,3 +82,17 @@ int rp_batch_validate(const rp_batch *bt, const rp_backend *b, rp_err *err) {
             return rp_errf(err, "logit row %d points at token %d of %d", i, bt->logit_token[i], bt->num_tokens);
     return 0;
 }
+
+int rp_backend_tp_vocab(const rp_backend_config *cfg, const rp_model_config *c, const char *who, rp_tp_vocab *out,
+                        rp_err *err) {
+    *out = (rp_tp_vocab){0, c->vocab_size, c->vocab_size};
+    if (cfg->tp.size <= 1) return 0;
+    const rp_tp_plan *plan = cfg->tp.plan;
+    if (!plan || !cfg->tp.comm || cfg->tp.rank < 0 || cfg->tp.rank >= plan->size || plan->size != cfg->tp.size ||
+        c->vocab_size != plan->vocab_per_rank)
+        return rp_errf(err, "%s: tensor-parallel rank %d of %d without its plan, communicator or shard", who,
+                       cfg->tp.rank, cfg->tp.size);
+    *out = (rp_tp_vocab){plan->ranks[cfg->tp.rank].vocab_start, plan->ranks[cfg->tp.rank].vocab_count,
+                         plan->vocab_per_rank};
+    return 0;
+}

@@ -222,6 +222,17 @@ static inline int rp_backend_vocab(const rp_backend *b) {
     return b->cfg.tp.size > 1 ? b->cfg.tp.plan->cfg.vocab_size : b->model->cfg.vocab_size;
 }
 
+/* A rank's rows of the vocabulary (tensor parallelism: the embedding's and
+ * lm_head's shard), or all of it without. */
+typedef struct rp_tp_vocab {
+    int64_t start, count, per_rank;
+} rp_tp_vocab;
+/* Checks cfg->tp against the shard's config c (a plan, a communicator, a
+ * rank in range, the shard's padded vocabulary) and gives the rank's rows;
+ * who ("cpu backend") names the caller in the error. */
+int rp_backend_tp_vocab(const rp_backend_config *cfg, const rp_model_config *c, const char *who, rp_tp_vocab *out,
+                        rp_err *err);
+
 /* A tensor-parallel backend over N ranks (tp_backend.c): each rank's
  * backend (`device` "cpu" or "cuda"; rank r on CUDA device
  * cfg->device_id + r) runs its shard shards[r], on its own host thread,

@@ -443,22 +443,13 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
     if (cb->base.cfg.max_logit_rows <= 0) cb->base.cfg.max_logit_rows = cfg->max_batch_seqs;
     cb->num_threads = cfg->num_threads > 0 ? cfg->num_threads : omp_get_max_threads();
     cb->vocab = rp_backend_vocab(&cb->base);
-    cb->vocab_start = 0;
-    cb->vocab_count = cb->vocab_per_rank = c->vocab_size;
-    if (cfg->tp.size > 1) {
-        const rp_tp_plan *plan = cfg->tp.plan;
-        if (!plan || !cfg->tp.comm || cfg->tp.rank < 0 || cfg->tp.rank >= plan->size || plan->size != cfg->tp.size ||
-            c->vocab_size != plan->vocab_per_rank) {
-            rp_errf(err, "cpu backend: tensor-parallel rank %d of %d without its plan, communicator or shard",
-                    cfg->tp.rank, cfg->tp.size);
-            free(cb);
-            return NULL;
-        }
-        cb->comm = cfg->tp.comm;
-        cb->vocab_start = plan->ranks[cfg->tp.rank].vocab_start;
-        cb->vocab_count = plan->ranks[cfg->tp.rank].vocab_count;
-        cb->vocab_per_rank = plan->vocab_per_rank;
+    rp_tp_vocab tv;
+    if (rp_backend_tp_vocab(cfg, c, "cpu backend", &tv, err)) {
+        free(cb);
+        return NULL;
     }
+    cb->comm = cfg->tp.size > 1 ? cfg->tp.comm : NULL;
+    cb->vocab_start = tv.start, cb->vocab_count = tv.count, cb->vocab_per_rank = tv.per_rank;
 
     const int64_t T = cfg->max_batched_tokens, H = c->hidden_size, F = c->intermediate_size;
     const int64_t q_dim = (int64_t)c->num_heads * c->head_dim, kv_dim = (int64_t)c->num_kv_heads * c->head_dim;

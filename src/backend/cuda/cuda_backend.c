@@ -487,25 +487,20 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     cb->kv_elem_bytes = cb->kv_format == RP_KV_FORMAT_E4M3 ? 1 : 2;
     cb->ss_num_parts = rp_gemv_ss_parts(c->hidden_size);
     cb->vocab = rp_backend_vocab(&cb->base);
-    cb->vocab_count = cb->vocab_per_rank = c->vocab_size;
+    rp_tp_vocab tv;
+    if (rp_backend_tp_vocab(cfg, c, "cuda backend", &tv, err)) {
+        free(cb);
+        return NULL;
+    }
+    cb->vocab_start = tv.start, cb->vocab_count = tv.count, cb->vocab_per_rank = tv.per_rank;
     if (cfg->tp.size > 1) {
         const rp_tp_plan *plan = cfg->tp.plan;
-        if (!plan || !cfg->tp.comm || cfg->tp.rank < 0 || cfg->tp.rank >= plan->size || plan->size != cfg->tp.size ||
-            c->vocab_size != plan->vocab_per_rank) {
-            rp_errf(err, "cuda backend: tensor-parallel rank %d of %d without its plan, communicator or shard",
-                    cfg->tp.rank, cfg->tp.size);
-            free(cb);
-            return NULL;
-        }
         if (model->fp8) {
             rp_errf(err, "cuda backend: --quantization fp8 shards are not supported yet");
             free(cb);
             return NULL;
         }
         cb->comm = cfg->tp.comm;
-        cb->vocab_start = plan->ranks[cfg->tp.rank].vocab_start;
-        cb->vocab_count = plan->ranks[cfg->tp.rank].vocab_count;
-        cb->vocab_per_rank = plan->vocab_per_rank;
         if (cfg->tp.rank == 0)
             rp_log_info("cuda: tensor parallel rank 0 of %d: decode runs the chain of kernels (the one-token fused "
                         "path and the one-kernel decode step have no point for the all-reduces)",
