@@ -8,7 +8,7 @@
  *
  * test_small (qwen3-0.6b's shape), test_qwen3_8b and test_llama3_8b (their
  * full shapes; REPLAY_TP_LAYERS=L cuts their depth). N = 2, and 4 where 4
- * GPUs are visible (REPLAY_TP_SIZES="2,4" picks; REPLAY_TEST_FILTER one
+ * GPUs are visible (REPLAY_TP_SIZES="2,4" picks; REPLAY_TEST_ONLY one
  * test). Label "gpu"; skipped with a message without CUDA, NCCL or two
  * GPUs. */
 #include <math.h>
@@ -163,9 +163,9 @@ static void test_too_many(void **state) {
 
 int main(void) {
     rp_log_set_level(RP_LOG_WARN);
-    /* REPLAY_TEST_FILTER=test_small (a cmocka pattern) runs a part: each
+    /* REPLAY_TEST_ONLY=test_small (a cmocka pattern) runs a part: each
      * 8B shape takes minutes */
-    if (getenv("REPLAY_TEST_FILTER")) cmocka_set_test_filter(getenv("REPLAY_TEST_FILTER"));
+    if (getenv("REPLAY_TEST_ONLY")) cmocka_set_test_filter(getenv("REPLAY_TEST_ONLY"));
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_small), cmocka_unit_test(test_qwen3_8b),
                                        cmocka_unit_test(test_llama3_8b), cmocka_unit_test(test_too_many)};
     return cmocka_run_group_tests(tests, NULL, NULL);
