@@ -23,6 +23,7 @@
 #include "replay/engine.h"
 #include "structured/structured.h"
 #include "test_util.h"
+#include "masked_sampling.h" /* after cmocka: its checks use fail_msg */
 #include "tiny_ascii_model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -163,30 +164,12 @@ static void params(rp_request_params *p, const rp_constraint *c, uint64_t seed, 
 /* Whether the text is in the constraint's language (complete: a whole
  * output; else a prefix of one), by a fresh matcher over single bytes. */
 static int text_matches(const rp_constraint *c, const char *text, size_t len, int complete) {
-    char bytes[256];
-    const char *ptrs[256];
-    size_t lens[256];
-    for (int i = 0; i < 256; i++) bytes[i] = (char)i, ptrs[i] = &bytes[i], lens[i] = 1;
-    rp_err err;
-    rp_svocab *v = rp_svocab_new(256, ptrs, lens, NULL, NULL, 0, &err);
-    assert_non_null(v);
     static const rp_skind kinds[] = {[RP_CONSTRAINT_JSON_SCHEMA] = RP_SKIND_JSON_SCHEMA,
                                      [RP_CONSTRAINT_JSON_OBJECT] = RP_SKIND_JSON_OBJECT,
                                      [RP_CONSTRAINT_REGEX] = RP_SKIND_REGEX,
                                      [RP_CONSTRAINT_CHOICE] = RP_SKIND_CHOICE,
                                      [RP_CONSTRAINT_GRAMMAR] = RP_SKIND_GBNF};
-    rp_sopts so = {.allow_whitespace = c->allow_whitespace};
-    const char *t = c->text ? c->text : "";
-    rp_sgrammar *g = rp_sgrammar_compile(v, kinds[c->kind], t, strlen(t), &so, &err);
-    if (!g) fail_msg("%s", err.msg);
-    rp_smatcher *m = rp_smatcher_new(g, &err);
-    assert_non_null(m);
-    int ok = len == 0 || rp_smatcher_accept_bytes(m, text, len) == 0;
-    if (ok && complete) ok = rp_smatcher_is_accepting(m);
-    rp_smatcher_free(m);
-    rp_sgrammar_release(g);
-    rp_svocab_free(v);
-    return ok;
+    return ms_text_matches(kinds[c->kind], c->text ? c->text : "", c->allow_whitespace, text, len, complete);
 }
 
 static const char *FLAT_SCHEMA =
