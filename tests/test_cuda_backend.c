@@ -1109,6 +1109,17 @@ static void expect_greedy_like_cpu(setup *cpu, const char *what, const int32_t *
     }
 }
 
+/* tiny-qwen3 widened to shapes the GPU kernels take (head size 128, a
+ * vocabulary of a multiple of 8 for the one kernel). */
+static rp_model_config small_gpu_config(void) {
+    rp_model_config c;
+    rp_err err;
+    if (rp_config_preset(&c, "tiny-qwen3", &err)) fail_msg("%s", err.msg);
+    c.head_dim = 128, c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2, c.intermediate_size = 512;
+    c.vocab_size = 1024;
+    return c;
+}
+
 /* The model families' own arithmetic on the CUDA backend against the CPU
  * reference, on dummy weights with CUDA-sized heads: Qwen2's q/k/v biases
  * (made large, so that a path without them fails), Qwen3 with yarn RoPE
@@ -1130,12 +1141,9 @@ static void test_families_vs_cpu(void **state) {
     enum { NP = 4, STEPS = 16 };
     const int plen[NP] = {5, 12, 33, 60};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        rp_model_config c;
+        rp_model_config c = small_gpu_config();
         rp_err err;
-        assert_int_equal(rp_config_preset(&c, "tiny-qwen3", &err), 0);
         c.arch = cases[k].arch;
-        c.head_dim = 128, c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2, c.intermediate_size = 512;
-        c.vocab_size = 1024; /* the one kernel takes multiples of 8 */
         c.rope.type = cases[k].rope;
         c.rope.factor = cases[k].rope == RP_ROPE_YARN ? 4 : 2;
         c.rope.original_max_position_embeddings = 64; /* yarn's ramp: dimensions 0 to 11 of 64 */
@@ -1205,11 +1213,8 @@ static void test_families_vs_cpu(void **state) {
 static void test_fp8_vs_cpu(void **state) {
     (void)state;
     if (!have_gpu()) skip();
-    rp_model_config c;
+    rp_model_config c = small_gpu_config();
     rp_err err;
-    assert_int_equal(rp_config_preset(&c, "tiny-qwen3", &err), 0);
-    c.head_dim = 128, c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2, c.intermediate_size = 512;
-    c.vocab_size = 1024;
     rp_load_options lo = {.seed = 9, .quantize_fp8 = 1};
     rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
     lo.lazy_dummy = 1;
@@ -1343,11 +1348,8 @@ static void masked_step(setup *s, const int *rows, const int *n, const int32_t *
 static void test_masked_sampling(void **state) {
     (void)state;
     if (!have_gpu()) skip();
-    rp_model_config c;
+    rp_model_config c = small_gpu_config();
     rp_err err;
-    assert_int_equal(rp_config_preset(&c, "tiny-qwen3", &err), 0);
-    c.head_dim = 128, c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2, c.intermediate_size = 512;
-    c.vocab_size = 1024; /* the one kernel takes multiples of 8 */
     rp_load_options lo = {.seed = 9}; /* weights on the host: both backends read them */
     rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
     if (!m) fail_msg("%s", err.msg);
