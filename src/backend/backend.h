@@ -255,6 +255,11 @@ typedef struct rp_tp_backend_config {
     const uint8_t *nccl_id;  /* [RP_COMM_UNIQUE_ID_BYTES], CUDA only */
     const int *links;
     int num_links;
+    /* CUDA, one node: every rank on device cfg->device_id, its collectives
+     * through host memory (rp_comm_one_gpu_new), CUDA graphs off. A harness
+     * that checks the split on a machine with one GPU; NCCL and the speed
+     * need one GPU per rank. */
+    int one_gpu;
 } rp_tp_backend_config;
 rp_backend *rp_backend_tp_new(const rp_model *model, const rp_tp_backend_config *tcfg, const rp_backend_config *cfg,
                               rp_err *err);

@@ -22,6 +22,12 @@ int rp_cuda_stats_get(rp_backend *b, rp_cuda_stats *out, rp_err *err) {
     return rp_errf(err, "this replay was built without CUDA");
 }
 
+rp_comm *rp_comm_one_gpu_new(rp_comm_local_group *g, int rank, int device, rp_err *err) {
+    (void)g, (void)rank, (void)device;
+    rp_errf(err, "this replay was built without CUDA");
+    return NULL;
+}
+
 int rp_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
     (void)device;
     *free_bytes = *total_bytes = 0;

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/tp_step_msg.h"
 #include "dist/bootstrap.h"
 #include "util/log.h"
@@ -98,9 +99,11 @@ static int rank_run(tp_backend *tb, tp_rank *r, tp_op op) {
         const int global = tb->tcfg.rank_offset + r->index;
         const int cuda = !strcmp(tb->tcfg.device, "cuda");
         if (cuda) {
-            cfg.device_id = tb->rank_cfg.device_id + r->index;
+            cfg.device_id = tb->rank_cfg.device_id + (tb->tcfg.one_gpu ? 0 : r->index);
             if (!(r->host = rp_comm_local_new(tb->host_group, r->index, &r->err))) return RP_ERR;
-            r->comm = rp_comm_nccl_new(tb->tcfg.nccl_id, tb->tcfg.plan->size, global, cfg.device_id, &r->err);
+            r->comm = tb->tcfg.one_gpu
+                          ? rp_comm_one_gpu_new(tb->group, global, cfg.device_id, &r->err)
+                          : rp_comm_nccl_new(tb->tcfg.nccl_id, tb->tcfg.plan->size, global, cfg.device_id, &r->err);
         } else {
             r->comm = rp_comm_local_new(tb->group, global, &r->err);
         }
@@ -311,7 +314,19 @@ rp_backend *rp_backend_tp_new(const rp_model *model, const rp_tp_backend_config 
         rp_errp(err, "tensor_parallel_size", "tensor parallelism on the CPU runs every rank in one process");
         return NULL;
     }
-    if (cuda) {
+    if (cuda && tcfg->one_gpu && (tcfg->ranks != plan->size || !cfg->disable_cuda_graph)) {
+        rp_errp(err, "tensor_parallel_size",
+                "tensor-parallel ranks on one GPU run on one node with CUDA graphs off (their collectives go "
+                "through the host)");
+        return NULL;
+    }
+    if (cuda && tcfg->one_gpu) {
+        if (rp_cuda_device_count() <= cfg->device_id) {
+            rp_errp(err, "tensor_parallel_size", "tensor-parallel ranks on one GPU: no CUDA device %d",
+                    cfg->device_id);
+            return NULL;
+        }
+    } else if (cuda) {
         if (!rp_comm_nccl_available()) {
             rp_errp(err, "tensor_parallel_size",
                     "tensor parallelism on GPUs needs NCCL, and this replay was built without it");
@@ -350,7 +365,7 @@ rp_backend *rp_backend_tp_new(const rp_model *model, const rp_tp_backend_config 
         tb->rank_cfg.num_threads = cfg->num_threads / tb->n;
         if (tb->rank_cfg.num_threads < 1) tb->rank_cfg.num_threads = 1;
     }
-    if (!cuda && !(tb->group = rp_comm_local_group_new(plan->size, err))) goto fail_early;
+    if ((!cuda || tcfg->one_gpu) && !(tb->group = rp_comm_local_group_new(plan->size, err))) goto fail_early;
     if (cuda && !(tb->host_group = rp_comm_local_group_new(tb->n, err))) goto fail_early;
     for (int i = 0; i < tb->n; i++) {
         tp_rank *r = &tb->ranks[i];

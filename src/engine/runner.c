@@ -146,7 +146,7 @@ static int tp_load(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
  * other node; the others fetch it and keep their link to node 0. */
 static int tp_bootstrap(rp_runner *r, const rp_runner_config *cfg, uint8_t id[RP_COMM_UNIQUE_ID_BYTES], rp_err *err) {
     const int nnodes = cfg->nnodes > 1 ? cfg->nnodes : 1;
-    if (nnodes == 1) return strcmp(r->device, "cuda") ? 0 : rp_comm_nccl_unique_id(id, err);
+    if (nnodes == 1) return strcmp(r->device, "cuda") || cfg->tp_one_gpu ? 0 : rp_comm_nccl_unique_id(id, err);
     if (!cfg->dist_init_addr) return rp_errp(err, "dist_init_addr", "--nnodes %d needs --dist-init-addr HOST:PORT", nnodes);
     char host[256];
     int port = 0;
@@ -222,7 +222,8 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
             if (r->links[k] >= 0) links[num_links++] = r->links[k];
         rp_tp_backend_config tc = {.device = r->device, .plan = r->tp_plan, .shards = r->shards,
                                    .ranks = r->num_shards, .rank_offset = r->node_rank * r->num_shards,
-                                   .nccl_id = id, .links = links, .num_links = num_links};
+                                   .nccl_id = id, .links = links, .num_links = num_links,
+                                   .one_gpu = cfg->tp_one_gpu};
         r->backend = rp_backend_tp_new(r->model, &tc, &bc, err);
     } else
         r->backend = use_cuda ? rp_backend_cuda_new(r->model, &bc, err) : rp_backend_cpu_new(r->model, &bc, err);

@@ -63,6 +63,10 @@ typedef struct rp_runner_config {
     const char *dist_init_addr;
     int dist_timeout_ms; /* the bootstrap's; 0 = 300 s */
     int device_id;       /* the first GPU (CUDA) */
+    /* CUDA: every rank on GPU device_id, collectives through the host, with
+     * disable_cuda_graph set (rp_tp_backend_config.one_gpu): the split
+     * checked where only one GPU is at hand (tests/test_cuda_tp.c) */
+    int tp_one_gpu;
 } rp_runner_config;
 
 typedef struct rp_runner {

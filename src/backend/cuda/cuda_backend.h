@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "dist/comm.h"
 
 typedef struct rp_cuda_stats {
     uint64_t decode_step_forwards; /* decode steps of 1-4 sequences run as one persistent kernel */
@@ -24,5 +25,12 @@ int rp_cuda_stats_get(rp_backend *b, rp_cuda_stats *out, rp_err *err);
  * same values. RP_ERR (err says why) on another backend or a model the
  * kernel does not take. */
 int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_err *err);
+
+/* Rank `rank` of a group of tensor-parallel ranks that share device
+ * `device` (made current on the calling thread): each collective goes
+ * through host memory and the local communicator of group g (comm.h), so
+ * the CUDA backend's split runs on one GPU, eagerly (no graphs). A test
+ * harness for machines with one GPU (comm_one_gpu.c). */
+rp_comm *rp_comm_one_gpu_new(rp_comm_local_group *g, int rank, int device, rp_err *err);
 
 #endif
