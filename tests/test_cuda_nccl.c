@@ -45,7 +45,7 @@ static float value(int r, int i, int round) {
 static void *gpu_main(void *arg) {
     gpu *g = arg;
     rp_err err;
-    rp_nccl_comm *c = rp_nccl_comm_new(g->id, g->nranks, g->rank, g->rank, &err);
+    rp_nccl_comm *c = rp_nccl_comm_new(g->id, g->nranks, g->rank, g->rank, 60000, NULL, &err);
     if (!c) FAIL(g, "%s", err.msg);
     if (rp_nccl_comm_rank(c) != g->rank || rp_nccl_comm_size(c) != g->nranks) FAIL(g, "rank/size");
     cudaStream_t s;
@@ -132,7 +132,7 @@ static void test_bad_rank(void **state) {
     (void)state;
     uint8_t id[RP_BS_UNIQUE_ID_BYTES] = {0};
     rp_err err;
-    assert_null(rp_nccl_comm_new(id, 2, 2, 0, &err));
+    assert_null(rp_nccl_comm_new(id, 2, 2, 0, 60000, NULL, &err));
     assert_non_null(strstr(err.msg, "rank 2 of 2"));
 }
 
