@@ -298,7 +298,7 @@ static void test_step_msg(void **state) {
     /* sampling with masks: 2 masks over a vocabulary of 1000 (32 words a
      * row), rows naming them or none; then without rows; then cut */
     const int words = rp_token_mask_words(1000);
-    uint32_t masks[2 * 32];
+    uint32_t masks[5 * 32] = {0}; /* 5: one test sends more masks than the decoder takes */
     for (int i = 0; i < 2 * words; i++) masks[i] = 0x9e3779b9u * (uint32_t)(i + 1);
     const int32_t mrow[3] = {1, -1, 0};
     assert_int_equal(rp_step_msg_encode_masks(masks, 2, words, mrow, 3, &buf, &cap, &len, &err), 0);
