@@ -353,7 +353,10 @@ static int link_closed(int fd) {
 /* The watchdog's look at a call in progress, under tb->mu: 0, or the
  * reason it cannot finish. */
 static int watch_check(tp_backend *tb, tp_op op, int64_t *deadline, int timeout_ms, int *node0_gone, rp_err *err) {
-    for (int i = 0; i < tb->n; i++) {
+    /* a rank that failed by itself sets cancel before it aborts the
+     * communicators: its own error is the one to report, not the others'
+     * "aborted" */
+    for (int i = 0; i < tb->n && !atomic_load(&tb->cancel); i++) {
         rp_err e;
         if (tb->ranks[i].comm && rp_comm_check(tb->ranks[i].comm, &e))
             return rp_errf(err, "tensor-parallel rank %d: %s", tb->tcfg.rank_offset + i, e.msg);
