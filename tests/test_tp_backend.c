@@ -642,12 +642,59 @@ static void test_worker_faults(void **state) {
     rp_model_free(m);
 }
 
+/* Greedy rows without top logprobs take the distributed argmax (each
+ * rank's best, gathered): the token and logprob of one rank's whole
+ * logits, at N = 2, 4 and 8 (ranks without real vocabulary rows too);
+ * the logits of such a step were not gathered, and reading them says so. */
+static void test_distributed_argmax(void **state) {
+    (void)state;
+    rp_err err = {0};
+    rp_model *m = test_model("tiny-qwen3", 8, 2, 256);
+    rp_backend_config bc = {.num_pages = 8, .page_size = 16, .max_batched_tokens = 64, .max_batch_seqs = 2,
+                            .max_logit_rows = 4, .num_threads = 2};
+    one_step o;
+    one_step_init(&o);
+    o.sp.top_logprobs = 0;
+    rp_backend *one = rp_backend_cpu_new(m, &bc, &err);
+    if (!one) fail_msg("%s", err.msg);
+    int32_t ref_tok;
+    float ref_lp;
+    if (rp_backend_forward(one, &o.bt, &err) || one->ops->read_tokens(one, &ref_tok, &ref_lp, NULL, &err))
+        fail_msg("%s", err.msg);
+    rp_backend_destroy(one);
+    const int sizes[3] = {2, 4, 8};
+    for (int k = 0; k < 3; k++) {
+        const int N = sizes[k];
+        rp_tp_plan plan;
+        assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, N, &err), 0);
+        rp_model *shards[8];
+        for (int i = 0; i < N; i++) assert_non_null(shards[i] = rp_tp_model_slice(m, &plan, i, &err));
+        rp_tp_backend_config tc = {.device = "cpu", .plan = &plan, .shards = shards, .ranks = N};
+        rp_backend *b = rp_backend_tp_new(m, &tc, &bc, &err);
+        if (!b) fail_msg("N=%d: %s", N, err.msg);
+        int32_t tok;
+        float lp;
+        if (rp_backend_forward(b, &o.bt, &err) || b->ops->read_tokens(b, &tok, &lp, NULL, &err))
+            fail_msg("N=%d: %s", N, err.msg);
+        assert_int_equal(tok, ref_tok);
+        if (fabsf(lp - ref_lp) > 1e-5f) fail_msg("N=%d: logprob %g, one rank %g", N, lp, ref_lp);
+        float *logits = malloc((size_t)m->cfg.vocab_size * 4);
+        assert_int_not_equal(rp_backend_read_logits(b, logits, &err), 0);
+        assert_non_null(strstr(err.msg, "not gathered"));
+        free(logits);
+        rp_backend_destroy(b);
+        for (int i = 0; i < N; i++) rp_model_free(shards[i]);
+    }
+    rp_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_qwen3_sizes),      cmocka_unit_test(test_llama3_and_qwen2),
                                        cmocka_unit_test(test_checkpoint),       cmocka_unit_test(test_sampled_decode),
                                        cmocka_unit_test(test_refusals),         cmocka_unit_test(test_step_msg),
                                        cmocka_unit_test(test_worker_link),      cmocka_unit_test(test_lazy_dummy_shards),
                                        cmocka_unit_test(test_watchdog_stalled_rank),
-                                       cmocka_unit_test(test_worker_faults)};
+                                       cmocka_unit_test(test_worker_faults),
+                                       cmocka_unit_test(test_distributed_argmax)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
