@@ -559,6 +559,51 @@ static void test_watchdog_stalled_rank(void **state) {
     rp_model_free(m);
 }
 
+/* Another node's backend (a link to node 0, watched during a call): node 0
+ * gone while this node's step waits for node 0's ranks fails the step
+ * within the link-closed grace (5 s), long before the step timeout. */
+static void test_node0_gone_during_call(void **state) {
+    (void)state;
+    rp_err err = {0};
+    rp_model *m = test_model("tiny-qwen3", 8, 2, 256);
+    rp_tp_plan plan;
+    assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, 2, &err), 0);
+    rp_model *shards[2];
+    for (int i = 0; i < 2; i++) assert_non_null(shards[i] = rp_tp_model_slice(m, &plan, i, &err));
+    rp_comm_local_group *group = rp_comm_local_group_new(2, &err);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    rp_backend_config bc = {.num_pages = 8, .page_size = 16, .max_batched_tokens = 64, .max_batch_seqs = 2,
+                            .max_logit_rows = 4, .num_threads = 1};
+    /* "node 0" is rank 1 here, played by the test; this backend runs rank 0 */
+    rank1 a = {.shard = shards[1], .plan = &plan, .group = group, .bc = bc};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, rank1_main, &a), 0);
+    const int link = sv[1];
+    rp_tp_backend_config tc = {.device = "cpu", .plan = &plan, .shards = shards, .ranks = 1, .node0_link = &link,
+                               .step_timeout_ms = 60000, .local_group = group};
+    rp_backend *b = rp_backend_tp_new(m, &tc, &bc, &err);
+    if (!b) fail_msg("%s", err.msg);
+    one_step o;
+    one_step_init(&o);
+    if (rp_backend_forward(b, &o.bt, &err)) fail_msg("first step: %s", err.msg);
+    pthread_join(th, NULL);
+    if (a.rc) fail_msg("rank 1: %s", a.err.msg);
+    close(sv[0]); /* node 0 is gone, and will not come to the next step */
+    const double t0 = now_s();
+    assert_int_not_equal(rp_backend_forward(b, &o.bt, &err), 0);
+    const double waited = now_s() - t0;
+    assert_true(waited >= 4.5 && waited < 15);
+    assert_non_null(strstr(err.msg, "node 0 closed its link during the forward"));
+    rp_backend_destroy(b);
+    rp_backend_destroy(a.be);
+    rp_comm_free(a.comm);
+    rp_comm_local_group_free(group);
+    close(sv[1]);
+    for (int i = 0; i < 2; i++) rp_model_free(shards[i]);
+    rp_model_free(m);
+}
+
 /* The other nodes' worker loop and node 0's ends: an idle node 0 pings,
  * so a worker with a short timeout stays; node 0's shutdown ends it with
  * success; node 0's abort ends it with node 0's reason; a silent link
@@ -694,6 +739,7 @@ int main(void) {
                                        cmocka_unit_test(test_refusals),         cmocka_unit_test(test_step_msg),
                                        cmocka_unit_test(test_worker_link),      cmocka_unit_test(test_lazy_dummy_shards),
                                        cmocka_unit_test(test_watchdog_stalled_rank),
+                                       cmocka_unit_test(test_node0_gone_during_call),
                                        cmocka_unit_test(test_worker_faults),
                                        cmocka_unit_test(test_distributed_argmax)};
     return cmocka_run_group_tests(tests, NULL, NULL);
