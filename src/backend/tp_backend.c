@@ -302,15 +302,25 @@ static void send_abort(tp_backend *tb) {
     free(buf);
 }
 
+/* The peer shut its side of the link (it exited, was killed, or stopped
+ * sending for good); data it sent before may still wait to be read. */
+static int link_closed(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 /* Pings the other nodes whenever nothing went to them for a quarter of
  * the step timeout (tp_step_msg.h: RP_STEP_PING). A ping that cannot be
- * sent is left to the next call, which fails on the same link. */
+ * sent is left to the next call, which fails on the same link; a node
+ * whose link closed while this node is idle is logged at once (the next
+ * call fails on it). */
 static void *heartbeat_main(void *arg) {
     tp_backend *tb = arg;
     const int interval_ms = tb->step_timeout_ms / 4 > 0 ? tb->step_timeout_ms / 4 : 1;
     uint8_t *buf = NULL;
     size_t cap = 0, len = 0;
     const int encoded = !rp_step_msg_encode(RP_STEP_PING, 0, NULL, 1, &buf, &cap, &len, NULL);
+    uint64_t gone = 0; /* the links already logged as closed */
     pthread_mutex_lock(&tb->hb_mu);
     while (!tb->heartbeat_stop) {
         struct timespec ts;
@@ -323,9 +333,16 @@ static void *heartbeat_main(void *arg) {
         if (tb->heartbeat_stop || !encoded) continue;
         pthread_mutex_unlock(&tb->hb_mu);
         pthread_mutex_lock(&tb->send_mu);
-        const int due = !tb->links_closed && now_ms() - tb->last_send_ms >= interval_ms;
+        const int closed = tb->links_closed, due = !closed && now_ms() - tb->last_send_ms >= interval_ms;
         pthread_mutex_unlock(&tb->send_mu);
         if (due) send_links(tb, buf, len, 0, NULL);
+        for (int k = 0; k < tb->num_links && !closed; k++)
+            if (!(gone & (1ull << k)) && link_closed(tb->links[k])) {
+                gone |= 1ull << k;
+                rp_log_error("tensor parallel: node %d closed its link (it exited or was killed): the next step "
+                             "fails",
+                             k + 1);
+            }
         pthread_mutex_lock(&tb->hb_mu);
     }
     pthread_mutex_unlock(&tb->hb_mu);
@@ -341,13 +358,6 @@ static void abort_group(tp_backend *tb) {
         rp_comm_abort(tb->ranks[k].comm);
         rp_comm_abort(tb->ranks[k].host);
     }
-}
-
-/* The peer shut its side of the link (it exited, was killed, or stopped
- * sending for good); data it sent before may still wait to be read. */
-static int link_closed(int fd) {
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 /* The watchdog's look at a call in progress, under tb->mu: 0, or the
