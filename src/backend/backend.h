@@ -250,8 +250,9 @@ int rp_backend_tp_vocab(const rp_backend_config *cfg, const rp_model_config *c, 
  * runs (node 0 gone: the call cannot finish).
  *
  * Faults (docs/tensor-parallel.md): a watchdog waits for each call. When
- * a call does not finish within step_timeout_ms (the setup and the first
- * forward: at least RP_TP_SETUP_TIMEOUT_MS), a communicator reports an
+ * a call does not finish within step_timeout_ms (the setup and the calls
+ * until the first step's results were read: at least
+ * RP_TP_SETUP_TIMEOUT_MS), a communicator reports an
  * error, or a link closes, it aborts every rank's communicator (their
  * collectives in flight return), the call fails with a message naming the
  * rank or node, and the backend runs nothing more. Node 0 then sends the
@@ -259,8 +260,8 @@ int rp_backend_tp_vocab(const rp_backend_config *cfg, const rp_model_config *c, 
  * sends them a shutdown; while idle, node 0 pings them every quarter of
  * step_timeout_ms, so that silence for step_timeout_ms means node 0 is
  * stuck or gone. */
-#define RP_TP_STEP_TIMEOUT_MS 60000   /* a call once the first forward ran (--dist-timeout's default) */
-#define RP_TP_SETUP_TIMEOUT_MS 300000 /* at least this for the communicators, weights, graphs, first forward */
+#define RP_TP_STEP_TIMEOUT_MS 60000   /* a call once the first step was read (--dist-timeout's default) */
+#define RP_TP_SETUP_TIMEOUT_MS 300000 /* at least this for the communicators, weights, graphs, first step */
 typedef struct rp_tp_backend_config {
     const char *device;
     const rp_tp_plan *plan;

@@ -115,7 +115,9 @@ struct tp_backend {
     int wedged; /* a rank thread did not return after the abort: it cannot be joined */
     rp_err fail_err; /* why (what node 0 tells the other nodes) */
     int step_timeout_ms, setup_timeout_ms;
-    int forwarded; /* a forward finished: later calls get step_timeout_ms */
+    /* the first step's results were read: later calls get step_timeout_ms
+     * (a GPU's forward only enqueues; the read waits for it) */
+    int stepped;
     atomic_int cancel; /* set by an abort: a rank still making its NCCL communicator gives up */
     /* the call in progress, handed to every rank */
     pthread_mutex_t mu;
@@ -404,8 +406,7 @@ static int run_all(tp_backend *tb, tp_op op, rp_err *err) {
         send_abort(tb); /* to the nodes still there */
         if (op != OP_QUIT) return RP_ERR;
     }
-    const int timeout_ms = op == OP_INIT || (op == OP_FORWARD && !tb->forwarded) ? tb->setup_timeout_ms
-                                                                                   : tb->step_timeout_ms;
+    const int timeout_ms = tb->stepped ? tb->step_timeout_ms : tb->setup_timeout_ms;
     int64_t deadline = now_ms() + timeout_ms, abort_deadline = -1;
     int fault = 0, node0_gone = 0;
     rp_err fault_err = {0};
@@ -466,7 +467,7 @@ static int run_all(tp_backend *tb, tp_op op, rp_err *err) {
             }
             return RP_ERR;
         }
-    if (op == OP_FORWARD) tb->forwarded = 1;
+    if (op == OP_READ_TOKENS || op == OP_READ_LOGITS) tb->stepped = 1;
     return 0;
 }
 

@@ -63,7 +63,7 @@ typedef struct rp_runner_config {
     const char *dist_init_addr;
     /* --dist-timeout (docs/tensor-parallel.md, "Faults"): how long a step
      * may take, and node 0's link stay silent, before the run fails; 0 =
-     * RP_TP_STEP_TIMEOUT_MS. The bootstrap, the setup and the first forward
+     * RP_TP_STEP_TIMEOUT_MS. The bootstrap, the setup and the first step
      * get at least RP_TP_SETUP_TIMEOUT_MS. */
     int dist_timeout_ms;
     int device_id;       /* the first GPU (CUDA) */
