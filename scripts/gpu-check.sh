@@ -212,6 +212,16 @@ PY
         summary+=("two nodes x 1 GPU (--nnodes 2, loopback): --tp 2's 128 greedy tokens, both exit 0")
       else summary+=("two nodes x 1 GPU: FAILED (node 0 rc $rc0, node 1 rc $rc1; see node0.err, node1.err)"); status=1
         tail -5 "$OUT/node0.err" "$OUT/node1.err"; fi
+      # structured output under --tp 2: the masks go to the tensor-parallel backend (every rank
+      # samples with them), none applied on the host
+      tokdir=$OUT/tokenizers
+      [ -d "$tokdir/qwen3" ] || { mkdir -p "$tokdir" && tar -C "$tokdir" -xJf "$G/qwen3-tokenizer.tar.xz"; }
+      "$B/replay" generate --dummy-weights qwen3-0.6b --tokenizer "$tokdir/qwen3" --tp 2 --prompt "Pick one:" \
+        --regex '(yes|no|maybe)[.!]' --max-tokens 16 >"$OUT/tp-masks.out" 2>"$OUT/tp-masks.err"
+      rcm=$?
+      if [ $rcm -eq 0 ] && grep -Eq 'token masks: [1-9][0-9]* on the backend, 0 on the host' "$OUT/tp-masks.err"; then
+        summary+=("generate --tp 2 --regex: $(grep -o 'token masks: [^;]*' "$OUT/tp-masks.err"): '$(head -c 40 "$OUT/tp-masks.out")'")
+      else summary+=("generate --tp 2 --regex: FAILED (rc $rcm; see tp-masks.err)"); status=1; tail -3 "$OUT/tp-masks.err"; fi
       # faults (docs/tensor-parallel.md, "Faults"): node 1 killed mid-generation, node 0 must
       # exit with an error naming it within seconds (its watchdog sees the link close and
       # aborts NCCL), never hang; the limit here is --dist-timeout 20 plus the abort's grace
