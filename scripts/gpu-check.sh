@@ -228,7 +228,8 @@ PY
       L="generate --dummy-weights qwen3-0.6b --prompt-ids 1,2,3,4 --max-tokens 30000 --ignore-eos --print-ids -q"
       port=$((29900 + RANDOM % 90))
       F="$L --tp 2 --nnodes 2 --dist-init-addr 127.0.0.1:$port --dist-timeout 20"
-      CUDA_VISIBLE_DEVICES=1 timeout 300 "$B/replay" $F --node-rank 1 >/dev/null 2>"$OUT/fault-node1.err" &
+      # node 1 without `timeout`: its pid is replay's, for the kill -9 below
+      CUDA_VISIBLE_DEVICES=1 "$B/replay" $F --node-rank 1 >/dev/null 2>"$OUT/fault-node1.err" &
       pid1=$!
       CUDA_VISIBLE_DEVICES=0 timeout 300 "$B/replay" $F --node-rank 0 >"$OUT/fault-node0.out" 2>"$OUT/fault-node0.err" &
       pid0=$!
@@ -268,7 +269,7 @@ PY
       pidr=$!
       for _ in $(seq 600); do grep -q "serving" "$OUT/term-node0.err" && break; sleep 0.5; done
       sleep 3
-      kill -TERM $pid0 2>/dev/null
+      kill -TERM $pid0 2>/dev/null # timeout passes the SIGTERM on to replay
       wait $pid0
       rc0=$?
       wait $pid1
