@@ -4,7 +4,8 @@
 #   bash scripts/gpu-check.sh [tests] [server] [sanitize] [compare] [bench] [bench-quick] [tp] [tp-models]
 # (no argument: tests server compare bench). tp and tp-models need two GPUs (nvidia-h200-x2; with
 # one they say so and pass): tp is generate --tp 2 against one GPU, two "nodes" of a GPU each on
-# this host, and profile --tp 2; tp-models is test_cuda_tp (qwen3-0.6b, qwen3-8b, llama3-8b shapes,
+# this host, node 1 killed mid-generation (node 0 must fail within seconds), SIGTERM to node 0
+# of a two-node serve (both exit 0), and profile --tp 2; tp-models is test_cuda_tp (qwen3-0.6b, qwen3-8b, llama3-8b shapes,
 # N = 2 against one GPU's logits and greedy tokens). sanitize is sanitize-main (the kernel tests, the
 # sampler's memcheck, a decode and a prefill forward) then sanitize-race (the sampler's
 # tests under racecheck, ~8 minutes): apart, each fits one 10-minute device call. Prints one table per stage; logs go to $OUT.
@@ -211,6 +212,73 @@ PY
         summary+=("two nodes x 1 GPU (--nnodes 2, loopback): --tp 2's 128 greedy tokens, both exit 0")
       else summary+=("two nodes x 1 GPU: FAILED (node 0 rc $rc0, node 1 rc $rc1; see node0.err, node1.err)"); status=1
         tail -5 "$OUT/node0.err" "$OUT/node1.err"; fi
+      # structured output under --tp 2: the masks go to the tensor-parallel backend (every rank
+      # samples with them), none applied on the host
+      tokdir=$OUT/tokenizers
+      [ -d "$tokdir/qwen3" ] || { mkdir -p "$tokdir" && tar -C "$tokdir" -xJf "$G/qwen3-tokenizer.tar.xz"; }
+      "$B/replay" generate --dummy-weights qwen3-0.6b --tokenizer "$tokdir/qwen3" --tp 2 --prompt "Pick one:" \
+        --regex '(yes|no|maybe)[.!]' --max-tokens 16 >"$OUT/tp-masks.out" 2>"$OUT/tp-masks.err"
+      rcm=$?
+      if [ $rcm -eq 0 ] && grep -Eq 'token masks: [1-9][0-9]* on the backend, 0 on the host' "$OUT/tp-masks.err"; then
+        summary+=("generate --tp 2 --regex: $(grep -o 'token masks: [^;]*' "$OUT/tp-masks.err"): '$(head -c 40 "$OUT/tp-masks.out")'")
+      else summary+=("generate --tp 2 --regex: FAILED (rc $rcm; see tp-masks.err)"); status=1; tail -3 "$OUT/tp-masks.err"; fi
+      # faults (docs/tensor-parallel.md, "Faults"): node 1 killed mid-generation, node 0 must
+      # exit with an error naming it within seconds (its watchdog sees the link close and
+      # aborts NCCL), never hang; the limit here is --dist-timeout 20 plus the abort's grace
+      L="generate --dummy-weights qwen3-0.6b --prompt-ids 1,2,3,4 --max-tokens 30000 --ignore-eos --print-ids -q"
+      port=$((29900 + RANDOM % 90))
+      F="$L --tp 2 --nnodes 2 --dist-init-addr 127.0.0.1:$port --dist-timeout 20"
+      # node 1 without `timeout`: its pid is replay's, for the kill -9 below
+      CUDA_VISIBLE_DEVICES=1 "$B/replay" $F --node-rank 1 >/dev/null 2>"$OUT/fault-node1.err" &
+      pid1=$!
+      CUDA_VISIBLE_DEVICES=0 timeout 300 "$B/replay" $F --node-rank 0 >"$OUT/fault-node0.out" 2>"$OUT/fault-node0.err" &
+      pid0=$!
+      for _ in $(seq 600); do [ -s "$OUT/fault-node0.out" ] && break; sleep 0.2; done
+      sleep 1
+      kill -9 $pid1 2>/dev/null
+      t0=$(date +%s)
+      wait $pid0
+      rc0=$?
+      wait $pid1 2>/dev/null
+      dt=$(($(date +%s) - t0))
+      if [ $rc0 -ne 0 ] && [ $rc0 -ne 124 ] && [ $dt -le 35 ] && grep -q "node 1" "$OUT/fault-node0.err"; then
+        summary+=("fault: node 1 killed mid-generation: node 0 exited $rc0 after ${dt} s: $(grep -o 'node 1 closed[^;]*' "$OUT/fault-node0.err" | head -1)")
+      else summary+=("fault: node 1 killed: node 0 rc $rc0 after ${dt} s (want an error within 35 s naming node 1; see fault-node0.err)"); status=1
+        tail -5 "$OUT/fault-node0.err"; fi
+      # SIGTERM to node 0 of a two-node serve while a request streams: node 0 stops cleanly
+      # (exit 0) and sends node 1 the shutdown, which exits 0 too
+      port=$((29990 + RANDOM % 9)); hport=$((18000 + RANDOM % 1000))
+      S="serve --dummy-weights qwen3-0.6b --tp 2 --nnodes 2 --dist-init-addr 127.0.0.1:$port --port $hport"
+      CUDA_VISIBLE_DEVICES=1 timeout 300 "$B/replay" $S --node-rank 1 >/dev/null 2>"$OUT/term-node1.err" &
+      pid1=$!
+      CUDA_VISIBLE_DEVICES=0 timeout 300 "$B/replay" $S --node-rank 0 >/dev/null 2>"$OUT/term-node0.err" &
+      pid0=$!
+      python3 - "$hport" >"$OUT/term-request.txt" 2>&1 <<'PY' &
+import json, sys, time, urllib.request
+for _ in range(600):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2); break
+    except Exception: time.sleep(0.5)
+body = {"prompt": "Once upon a time", "max_tokens": 20000, "ignore_eos": True, "stream": True}
+req = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions", data=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"})
+try:
+    for line in urllib.request.urlopen(req, timeout=300): pass
+except Exception as e: print("stream ended:", e)
+PY
+      pidr=$!
+      for _ in $(seq 600); do grep -q "serving" "$OUT/term-node0.err" && break; sleep 0.5; done
+      sleep 3
+      kill -TERM $pid0 2>/dev/null # timeout passes the SIGTERM on to replay
+      wait $pid0
+      rc0=$?
+      wait $pid1
+      rc1=$?
+      kill $pidr 2>/dev/null; wait $pidr 2>/dev/null
+      if [ $rc0 -eq 0 ] && [ $rc1 -eq 0 ] && grep -q "node 0 shut down" "$OUT/term-node1.err"; then
+        summary+=("fault: SIGTERM to node 0 of a two-node serve mid-request: both exit 0, node 1 on node 0's shutdown")
+      else summary+=("fault: SIGTERM to node 0: node 0 rc $rc0, node 1 rc $rc1 (want 0 and 0; see term-node*.err)"); status=1
+        tail -5 "$OUT/term-node0.err" "$OUT/term-node1.err"; fi
       # where a tensor-parallel step's time goes, the all-reduces beside the kernels
       for s in qwen3-0.6b llama3-8b; do
         "$B/replay" profile --dummy-weights $s --tp 2 --batch 1 --ctx 512 --steps 16 >"$OUT/tp-profile-$s.txt" 2>"$OUT/tp-profile-$s.err" \

@@ -400,6 +400,11 @@ contains "--nnodes message" "$out" "--dist-init-addr"
 out=$("$BIN" $A --tp 2 --nnodes 3 --dist-init-addr 127.0.0.1:29500 2>&1); check "--nnodes 3 of 2" 2 $?
 out=$("$BIN" $A --tp 2 --node-rank 1 2>&1); check "--node-rank without --nnodes" 2 $?
 out=$("$BIN" $A --tp 2 --nnodes 2 --dist-init-addr nocolon 2>&1); check "--dist-init-addr without port" 2 $?
+t1=$("$BIN" $A 2>/dev/null)
+t2=$("$BIN" $A --tp 2 --dist-timeout 5 2>/dev/null); check "--tp 2 --dist-timeout 5" 0 $?
+[ -n "$t1" ] && [ "$t1" = "$t2" ]; check "--dist-timeout changes no token" 0 $?
+out=$("$BIN" $A --tp 2 --dist-timeout 0 2>&1); check "--dist-timeout 0" 2 $?
+contains "--dist-timeout message" "$out" "--dist-timeout must be a number of seconds"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

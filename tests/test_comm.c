@@ -3,8 +3,10 @@
  * split evenly over the ranks (fewer elements than ranks too), in place,
  * every rank with the same bits; all-gathers in rank order; and a rank that
  * aborts releases the others from a collective with an error instead of
- * leaving them waiting. */
+ * leaving them waiting, and so does an abort from a thread that is no
+ * rank's (the tensor-parallel backend's watchdog) when a rank never comes. */
 #include <pthread.h>
+#include <time.h>
 
 #include "dist/comm.h"
 #include "test_util.h"
@@ -100,6 +102,48 @@ static void test_local_group(void **state) {
     rp_comm_local_group_free(g);
 }
 
+typedef struct waiter {
+    rp_comm *c;
+    int rc;
+    rp_err err;
+} waiter;
+
+static void *wait_in_all_reduce(void *p) {
+    waiter *w = p;
+    float x[5] = {1, 2, 3, 4, 5};
+    w->rc = rp_comm_all_reduce_sum(w->c, x, 5, RP_COMM_F32, NULL, &w->err);
+    return NULL;
+}
+
+/* Ranks 0 and 1 wait in an all-reduce that rank 2 never joins; another
+ * thread checks (nothing wrong yet), then aborts through rank 2's
+ * communicator: both return with an error, and check says aborted. */
+static void test_abort_from_outside(void **state) {
+    (void)state;
+    rp_err err;
+    rp_comm_local_group *g = rp_comm_local_group_new(3, &err);
+    rp_comm *c[3];
+    for (int r = 0; r < 3; r++) assert_non_null(c[r] = rp_comm_local_new(g, r, &err));
+    waiter w[2] = {{.c = c[0]}, {.c = c[1]}};
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&th[r], NULL, wait_in_all_reduce, &w[r]), 0);
+    struct timespec pause = {0, 50000000};
+    nanosleep(&pause, NULL);
+    for (int r = 0; r < 3; r++) assert_int_equal(rp_comm_check(c[r], &err), 0);
+    rp_comm_abort(c[2]);
+    for (int r = 0; r < 2; r++) {
+        pthread_join(th[r], NULL);
+        assert_int_not_equal(w[r].rc, 0);
+        assert_non_null(strstr(w[r].err.msg, "abandoned"));
+    }
+    for (int r = 0; r < 3; r++) {
+        assert_int_not_equal(rp_comm_check(c[r], &err), 0);
+        assert_non_null(strstr(err.msg, "aborted"));
+        rp_comm_free(c[r]);
+    }
+    rp_comm_local_group_free(g);
+}
+
 /* A group of one: the collectives are copies. */
 static void test_group_of_one(void **state) {
     (void)state;
@@ -112,11 +156,13 @@ static void test_group_of_one(void **state) {
     assert_int_equal(rp_comm_all_gather(c, x, y, 3, RP_COMM_F32, NULL, &err), 0);
     assert_memory_equal(x, y, sizeof x);
     assert_int_equal(rp_comm_barrier(c, NULL, &err), 0);
+    assert_int_equal(rp_comm_check(c, &err), 0);
     rp_comm_free(c);
     rp_comm_local_group_free(g);
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_local_group), cmocka_unit_test(test_group_of_one)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_local_group), cmocka_unit_test(test_group_of_one),
+                                       cmocka_unit_test(test_abort_from_outside)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

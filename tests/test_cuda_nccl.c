@@ -4,8 +4,12 @@
  * computed here, the all-reduce captured in a CUDA graph and replayed on
  * new inputs, and NCCL_NVLS_ENABLE=0 set unless the environment set it.
  * One GPU makes a group of one (the collectives are copies); the sums
- * need two or more. Label "gpu" in CTest; without NCCL or a GPU every test
- * is skipped. */
+ * need two or more. Faults (the communicators are non-blocking): a group
+ * whose other rank never comes fails at the deadline, or at once when
+ * cancelled; with two GPUs, a rank whose stream waits in an all-reduce
+ * that the other rank never joins returns once another thread aborts its
+ * communicator (the tensor-parallel watchdog's way out). Label "gpu" in
+ * CTest; without NCCL or a GPU every test is skipped. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -19,6 +23,9 @@
 #if defined(REPLAY_HAVE_CUDA) && defined(REPLAY_HAVE_NCCL)
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include "test_cuda_util.h"
 
@@ -45,7 +52,7 @@ static float value(int r, int i, int round) {
 static void *gpu_main(void *arg) {
     gpu *g = arg;
     rp_err err;
-    rp_nccl_comm *c = rp_nccl_comm_new(g->id, g->nranks, g->rank, g->rank, &err);
+    rp_nccl_comm *c = rp_nccl_comm_new(g->id, g->nranks, g->rank, g->rank, 60000, NULL, &err);
     if (!c) FAIL(g, "%s", err.msg);
     if (rp_nccl_comm_rank(c) != g->rank || rp_nccl_comm_size(c) != g->nranks) FAIL(g, "rank/size");
     cudaStream_t s;
@@ -132,12 +139,132 @@ static void test_bad_rank(void **state) {
     (void)state;
     uint8_t id[RP_BS_UNIQUE_ID_BYTES] = {0};
     rp_err err;
-    assert_null(rp_nccl_comm_new(id, 2, 2, 0, &err));
+    assert_null(rp_nccl_comm_new(id, 2, 2, 0, 60000, NULL, &err));
     assert_non_null(strstr(err.msg, "rank 2 of 2"));
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void *cancel_later(void *arg) {
+    struct timespec pause = {0, 500000000};
+    nanosleep(&pause, NULL);
+    atomic_store((atomic_int *)arg, 1);
+    return NULL;
+}
+
+/* Rank 0 of 2, rank 1 never comes: the creation gives up at its deadline,
+ * and at once when cancelled, instead of waiting forever. */
+static void test_missing_rank(void **state) {
+    (void)state;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) skip();
+    uint8_t id[RP_BS_UNIQUE_ID_BYTES];
+    rp_err err;
+    if (rp_nccl_unique_id(id, &err)) fail_msg("%s", err.msg);
+    double t0 = now_s();
+    assert_null(rp_nccl_comm_new(id, 2, 0, 0, 2000, NULL, &err));
+    double took = now_s() - t0;
+    printf("a missing rank: %.2f s: %s\n", took, err.msg);
+    assert_true(took >= 1.9 && took < 30);
+    assert_non_null(strstr(err.msg, "not done within 2.0 s"));
+    if (rp_nccl_unique_id(id, &err)) fail_msg("%s", err.msg);
+    atomic_int cancel;
+    atomic_init(&cancel, 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, cancel_later, &cancel), 0);
+    t0 = now_s();
+    assert_null(rp_nccl_comm_new(id, 2, 0, 0, 600000, &cancel, &err));
+    took = now_s() - t0;
+    pthread_join(th, NULL);
+    printf("cancelled: %.2f s: %s\n", took, err.msg);
+    assert_true(took < 30);
+    assert_non_null(strstr(err.msg, "cancelled"));
+}
+
+typedef struct stalled {
+    int rank;
+    const uint8_t *id;
+    rp_nccl_comm *c;
+    atomic_int ready, done;
+    int failed;
+    char msg[600];
+} stalled;
+
+/* Both ranks make the communicator; rank 0 then waits for an all-reduce
+ * that rank 1 never joins. */
+static void *stalled_main(void *arg) {
+    stalled *g = arg;
+    rp_err err;
+    g->c = rp_nccl_comm_new(g->id, 2, g->rank, g->rank, 60000, NULL, &err);
+    if (!g->c) {
+        snprintf(g->msg, sizeof g->msg, "%s", err.msg);
+        g->failed = 1;
+        atomic_store(&g->ready, 1);
+        atomic_store(&g->done, 1);
+        return NULL;
+    }
+    atomic_store(&g->ready, 1);
+    if (g->rank == 0) {
+        cudaStream_t s;
+        float *d = NULL;
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess &&
+            cudaMalloc((void **)&d, 4096 * 4) == cudaSuccess &&
+            !rp_nccl_all_reduce_sum(g->c, d, d, 4096, RP_NCCL_F32, s, &err)) {
+            cudaStreamSynchronize(s); /* returns once the communicator is aborted */
+        }
+        cudaFree(d);
+        cudaStreamDestroy(s);
+    }
+    atomic_store(&g->done, 1);
+    return NULL;
+}
+
+static void test_abort_wakes(void **state) {
+    (void)state;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) skip();
+    uint8_t id[RP_BS_UNIQUE_ID_BYTES];
+    rp_err err;
+    if (rp_nccl_unique_id(id, &err)) fail_msg("%s", err.msg);
+    stalled g[2] = {{.rank = 0, .id = id}, {.rank = 1, .id = id}};
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) {
+        atomic_init(&g[r].ready, 0);
+        atomic_init(&g[r].done, 0);
+        assert_int_equal(pthread_create(&th[r], NULL, stalled_main, &g[r]), 0);
+    }
+    pthread_join(th[1], NULL);
+    if (g[1].failed) fail_msg("rank 1: %s", g[1].msg);
+    while (!atomic_load(&g[0].ready)) sched_yield();
+    if (g[0].failed) fail_msg("rank 0: %s", g[0].msg);
+    struct timespec pause = {1, 0};
+    nanosleep(&pause, NULL);
+    assert_int_equal(atomic_load(&g[0].done), 0); /* waiting for rank 1 */
+    assert_int_equal(rp_nccl_check(g[0].c, &err), 0);
+    const double t0 = now_s();
+    rp_nccl_comm_abort(g[0].c);
+    while (!atomic_load(&g[0].done) && now_s() - t0 < 30) {
+        struct timespec tick = {0, 10000000};
+        nanosleep(&tick, NULL);
+    }
+    printf("abort: the waiting stream returned after %.2f s\n", now_s() - t0);
+    if (!atomic_load(&g[0].done)) fail_msg("rank 0 still waits 30 s after the abort"); /* its thread leaks */
+    pthread_join(th[0], NULL);
+    assert_int_not_equal(rp_nccl_check(g[0].c, &err), 0);
+    assert_non_null(strstr(err.msg, "aborted"));
+    assert_int_not_equal(rp_nccl_all_reduce_sum(g[0].c, NULL, NULL, 1, RP_NCCL_F32, 0, &err), 0);
+    rp_nccl_comm_free(g[0].c);
+    rp_nccl_comm_abort(g[1].c); /* its peer is gone: finalizing would wait for it */
+    rp_nccl_comm_free(g[1].c);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_group), cmocka_unit_test(test_bad_rank)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_group), cmocka_unit_test(test_bad_rank),
+                                       cmocka_unit_test(test_missing_rank), cmocka_unit_test(test_abort_wakes)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 

@@ -99,6 +99,7 @@ static int teardown(void **state) {
 /* The engines the next make_engine calls create: masks on the host (the
  * logits read back) rather than sent to the backend, and without overlap. */
 static int g_host_masks, g_no_overlap;
+static int g_tp; /* > 1: the model over this many CPU ranks (tensor parallelism) */
 
 /* spec_k > 0: n-gram speculative decoding with k drafts a round, or with
  * draft_model, drafts from the model itself (its greedy tokens, unmasked) */
@@ -117,6 +118,7 @@ static rp_engine *make_engine_spec(int spec_k, int draft_model) {
     c.debug_check_every_step = 1;
     c.disable_device_masks = g_host_masks;
     c.disable_overlap = g_no_overlap;
+    c.tensor_parallel_size = g_tp;
     if (spec_k) {
         c.speculative_method = RP_SPEC_NGRAM;
         c.num_speculative_tokens = spec_k;
@@ -669,6 +671,42 @@ static void test_device_masks_equal_host(void **state) {
     }
 }
 
+/* Tensor parallelism (2 CPU ranks): the masks go to the tensor-parallel
+ * backend, which has every rank sample its gathered logits with them, so
+ * the same mixed batch gives what one rank gives: the same tokens, and
+ * logprobs within the float rounding of the sharded sums. */
+static void test_tp_device_masks(void **state) {
+    (void)state;
+    static result one[CMP_N], two[CMP_N];
+    memset(one, 0, sizeof one);
+    memset(two, 0, sizeof two);
+    rp_engine_stats s1, s2;
+    run_mixed(0, 0, one, &s1);
+    g_tp = 2;
+    run_mixed(0, 0, two, &s2);
+    g_tp = 0;
+    assert_true(s2.masked_rows_device > 0);
+    assert_int_equal(s2.masked_rows_host, 0);
+    assert_int_equal(s2.masked_rows_device, s1.masked_rows_device);
+    int complete = 0;
+    for (int i = 0; i < CMP_N; i++) {
+        const result *a = &one[i], *b = &two[i];
+        if (b->n != a->n || memcmp(b->tokens, a->tokens, sizeof(int32_t) * (size_t)a->n))
+            fail_msg("request %d: '%.*s' at --tp 2, '%.*s' at --tp 1", i, (int)b->text_len, b->text,
+                     (int)a->text_len, a->text);
+        assert_int_equal(b->finish, a->finish);
+        for (int t = 0; t < a->n; t++)
+            if (fabsf(b->logprobs[t] - a->logprobs[t]) > 1e-4f)
+                fail_msg("request %d token %d: logprob %g at --tp 2, %g at --tp 1", i, t, b->logprobs[t],
+                         a->logprobs[t]);
+        if (i < KINDS * 4) {
+            rp_constraint c = constraint(i % KINDS);
+            check_output(&c, b, &complete);
+        }
+    }
+    assert_true(complete > 0);
+}
+
 /* A constrained request with a repetition penalty is sampled on the host
  * (the penalty needs its history) beside ones whose masks go to the
  * backend; each output is in its language. */
@@ -705,7 +743,7 @@ int main(void) {
         cmocka_unit_test(test_speculative_constrained),
         cmocka_unit_test(test_reasoning_first),
         cmocka_unit_test(test_abort),
-        cmocka_unit_test(test_device_masks_equal_host),
+        cmocka_unit_test(test_device_masks_equal_host), cmocka_unit_test(test_tp_device_masks),
         cmocka_unit_test(test_device_masks_with_penalty),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -9,6 +9,8 @@
  * worker loop follows node 0's calls over a link; refusals. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -228,7 +230,7 @@ static void test_step_msg(void **state) {
     size_t cap = 0, len = 0;
     assert_int_equal(rp_step_msg_encode(RP_STEP_FORWARD, 0, &bt, 2, &buf, &cap, &len, &err), 0);
     rp_step_decoder d;
-    assert_int_equal(rp_step_decoder_init(&d, 8, 4, 4, 8, &err), 0);
+    assert_int_equal(rp_step_decoder_init(&d, 8, 4, 4, 8, 1000, &err), 0);
     rp_step_op op;
     int arg = -1;
     rp_batch got;
@@ -274,7 +276,7 @@ static void test_step_msg(void **state) {
     assert_int_not_equal(rp_step_msg_decode(&d, longer, len, &op, &arg, &got, &err), 0);
     /* a page count past the stride */
     memcpy(longer, buf, len);
-    size_t pages_at = 16 + 24 + 5 * 12 + 4 * 4 + 3 * 4;
+    size_t pages_at = 16 + 28 + 5 * 12 + 4 * 4 + 3 * 4;
     longer[pages_at] = 9;
     assert_int_not_equal(rp_step_msg_decode(&d, longer, len, &op, &arg, &got, &err), 0);
     /* the other ops: no batch */
@@ -282,9 +284,51 @@ static void test_step_msg(void **state) {
     assert_int_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0);
     assert_int_equal(op, RP_STEP_SET_GRAPHS);
     assert_int_equal(arg, 1);
-    assert_int_equal(rp_step_msg_encode(RP_STEP_QUIT, 0, NULL, 2, &buf, &cap, &len, &err), 0);
+    assert_int_equal(rp_step_msg_encode(RP_STEP_SHUTDOWN, 0, NULL, 2, &buf, &cap, &len, &err), 0);
     assert_int_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0);
-    assert_int_equal(op, RP_STEP_QUIT);
+    assert_int_equal(op, RP_STEP_SHUTDOWN);
+    assert_int_equal(rp_step_msg_encode(RP_STEP_PING, 0, NULL, 2, &buf, &cap, &len, &err), 0);
+    assert_int_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0);
+    assert_int_equal(op, RP_STEP_PING);
+    /* a deferred forward says so */
+    bt.sample_deferred = 1;
+    assert_int_equal(rp_step_msg_encode(RP_STEP_FORWARD, 0, &bt, 2, &buf, &cap, &len, &err), 0);
+    assert_int_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0);
+    assert_int_equal(got.sample_deferred, 1);
+    /* sampling with masks: 2 masks over a vocabulary of 1000 (32 words a
+     * row), rows naming them or none; then without rows; then cut */
+    const int words = rp_token_mask_words(1000);
+    uint32_t masks[5 * 32] = {0}; /* 5: one test sends more masks than the decoder takes */
+    for (int i = 0; i < 2 * words; i++) masks[i] = 0x9e3779b9u * (uint32_t)(i + 1);
+    const int32_t mrow[3] = {1, -1, 0};
+    assert_int_equal(rp_step_msg_encode_masks(masks, 2, words, mrow, 3, &buf, &cap, &len, &err), 0);
+    assert_int_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0);
+    assert_int_equal(op, RP_STEP_SAMPLE_MASKED);
+    assert_int_equal(arg, 2);
+    assert_non_null(d.mask_of_row);
+    assert_memory_equal(d.mask_of_row, mrow, sizeof mrow);
+    assert_memory_equal(d.masks, masks, (size_t)2 * words * 4);
+    for (size_t n = 0; n < len; n++) assert_int_not_equal(rp_step_msg_decode(&d, buf, n, &op, &arg, &got, &err), 0);
+    assert_int_equal(rp_step_msg_encode_masks(masks, 2, words - 4, mrow, 3, &buf, &cap, &len, &err), 0);
+    assert_int_not_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0); /* another vocabulary */
+    assert_non_null(strstr(err.msg, "words"));
+    assert_int_equal(rp_step_msg_encode_masks(masks, 5, words, mrow, 3, &buf, &cap, &len, &err), 0);
+    assert_int_not_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0); /* past max_logits */
+    assert_int_equal(rp_step_msg_encode_masks(masks, 0, words, NULL, 3, &buf, &cap, &len, &err), 0);
+    assert_int_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0);
+    assert_null(d.mask_of_row);
+    /* an abort carries its reason, cut to fit */
+    assert_int_equal(rp_step_msg_encode_abort("rank 3: CUDA out of memory", &buf, &cap, &len, &err), 0);
+    assert_int_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0);
+    assert_int_equal(op, RP_STEP_ABORT);
+    assert_string_equal(d.reason, "rank 3: CUDA out of memory");
+    for (size_t n = 0; n < len; n++) assert_int_not_equal(rp_step_msg_decode(&d, buf, n, &op, &arg, &got, &err), 0);
+    char huge[2000];
+    memset(huge, 'x', sizeof huge - 1);
+    huge[sizeof huge - 1] = 0;
+    assert_int_equal(rp_step_msg_encode_abort(huge, &buf, &cap, &len, &err), 0);
+    assert_int_equal(rp_step_msg_decode(&d, buf, len, &op, &arg, &got, &err), 0);
+    assert_int_equal(strlen(d.reason), RP_STEP_REASON_BYTES - 1);
     free(longer);
     free(buf);
     rp_step_decoder_free(&d);
@@ -296,12 +340,20 @@ typedef struct worker_arg {
     rp_runner *r;
     int rc;
     rp_err err;
+    atomic_int done;
 } worker_arg;
 
 static void *worker_main(void *p) {
     worker_arg *w = p;
     w->rc = rp_engine_worker_run(w->r, &w->err);
+    atomic_store(&w->done, 1);
     return NULL;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* The path of several nodes on the CPU: node 0's tensor-parallel backend
@@ -388,10 +440,307 @@ static void test_worker_link(void **state) {
     rp_model_free(m);
 }
 
+/* ---- faults ---------------------------------------------------------------- */
+
+/* A prompt of 5 tokens in page 3, sampled greedily. */
+typedef struct one_step {
+    int32_t prompt[5], pos[5], slots[5], start[2], kv[1], row[1], lt[1], table[4];
+    rp_sampling_params sp;
+    rp_batch bt;
+} one_step;
+
+static void one_step_init(one_step *o) {
+    *o = (one_step){.prompt = {11, 22, 33, 44, 55}, .start = {0, 5}, .kv = {5}, .lt = {4}, .table = {3, 0, 0, 0},
+                    .sp = {.top_k = -1, .repetition_penalty = 1.0f}};
+    for (int t = 0; t < 5; t++) o->pos[t] = t, o->slots[t] = 3 * 16 + t;
+    o->bt = (rp_batch){.num_seqs = 1, .num_tokens = 5, .tokens = o->prompt, .positions = o->pos,
+                       .seq_start = o->start, .seq_kv_len = o->kv, .seq_page_row = o->row, .page_table = o->table,
+                       .page_table_stride = 4, .slot_mapping = o->slots, .num_logits = 1, .logit_token = o->lt,
+                       .sample = &o->sp};
+}
+
+/* Rank 1 of the group, played on a thread of the test: its backend on its
+ * shard, one forward (the first step), then it stops coming. */
+typedef struct rank1 {
+    rp_model *shard;
+    const rp_tp_plan *plan;
+    rp_comm_local_group *group;
+    rp_backend_config bc;
+    rp_comm *comm;
+    rp_backend *be;
+    int rc;
+    rp_err err;
+} rank1;
+
+static void *rank1_main(void *p) {
+    rank1 *a = p;
+    rp_backend_config c = a->bc;
+    a->comm = rp_comm_local_new(a->group, 1, &a->err);
+    c.tp = (rp_backend_tp){.size = 2, .rank = 1, .comm = a->comm, .plan = a->plan};
+    a->be = a->comm ? rp_backend_cpu_new(a->shard, &c, &a->err) : NULL;
+    one_step o;
+    one_step_init(&o);
+    a->rc = !a->be || rp_backend_forward(a->be, &o.bt, &a->err);
+    return NULL;
+}
+
+/* A rank that stops coming (a node gone, a collective that never meets):
+ * node 0's watchdog fails the step within its timeout with a message that
+ * says so, tells the other node why (an abort, then the link shut) and
+ * refuses every later call; nothing hangs. */
+static void test_watchdog_stalled_rank(void **state) {
+    (void)state;
+    rp_err err = {0};
+    rp_model *m = test_model("tiny-qwen3", 8, 2, 256);
+    rp_tp_plan plan;
+    assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, 2, &err), 0);
+    rp_model *shards[2];
+    for (int i = 0; i < 2; i++) assert_non_null(shards[i] = rp_tp_model_slice(m, &plan, i, &err));
+    rp_comm_local_group *group = rp_comm_local_group_new(2, &err);
+    assert_non_null(group);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    rp_backend_config bc = {.num_pages = 8, .page_size = 16, .max_batched_tokens = 64, .max_batch_seqs = 2,
+                            .max_logit_rows = 4, .num_threads = 1};
+    rank1 a = {.shard = shards[1], .plan = &plan, .group = group, .bc = bc};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, rank1_main, &a), 0);
+    const int links[1] = {sv[0]};
+    rp_tp_backend_config tc = {.device = "cpu", .plan = &plan, .shards = shards, .ranks = 1, .links = links,
+                               .num_links = 1, .step_timeout_ms = 300, .local_group = group};
+    rp_backend *b = rp_backend_tp_new(m, &tc, &bc, &err);
+    if (!b) fail_msg("%s", err.msg);
+    one_step o;
+    one_step_init(&o);
+    int32_t tok;
+    if (rp_backend_forward(b, &o.bt, &err)) fail_msg("first step: %s", err.msg);
+    pthread_join(th, NULL);
+    if (a.rc) fail_msg("rank 1: %s", a.err.msg);
+    assert_int_equal(b->ops->read_tokens(b, &tok, NULL, NULL, &err), 0);
+    /* the second step: rank 1 never comes */
+    const double t0 = now_s();
+    assert_int_not_equal(rp_backend_forward(b, &o.bt, &err), 0);
+    const double waited = now_s() - t0;
+    assert_true(waited >= 0.25 && waited < 5.0);
+    assert_non_null(strstr(err.msg, "forward did not finish within 0.3 s"));
+    assert_int_not_equal(b->ops->read_tokens(b, &tok, NULL, NULL, &err), 0);
+    assert_non_null(strstr(err.msg, "failed earlier"));
+    /* what node 1 heard: the steps (pings between them), then the abort
+     * with the reason, then the link's end */
+    rp_step_decoder d;
+    assert_int_equal(rp_step_decoder_init(&d, 64, 2, 4, 8, m->cfg.vocab_size, &err), 0);
+    uint8_t *msg = malloc(1 << 16);
+    int forwards = 0, aborted = 0;
+    for (;;) {
+        size_t n = 0;
+        if (rp_bs_recv_msg(sv[1], msg, 1 << 16, &n, 1000, &err)) break;
+        rp_step_op op;
+        int arg;
+        rp_batch got;
+        if (rp_step_msg_decode(&d, msg, n, &op, &arg, &got, &err)) fail_msg("%s", err.msg);
+        forwards += op == RP_STEP_FORWARD;
+        if (op == RP_STEP_ABORT) {
+            aborted = 1;
+            assert_non_null(strstr(d.reason, "did not finish"));
+        }
+    }
+    assert_non_null(strstr(err.msg, "closed"));
+    assert_int_equal(forwards, 2);
+    assert_true(aborted);
+    rp_backend_destroy(b); /* no shutdown after the abort, no hang */
+    rp_backend_destroy(a.be);
+    rp_comm_free(a.comm);
+    rp_comm_local_group_free(group);
+    rp_step_decoder_free(&d);
+    free(msg);
+    close(sv[0]);
+    close(sv[1]);
+    for (int i = 0; i < 2; i++) rp_model_free(shards[i]);
+    rp_model_free(m);
+}
+
+/* Another node's backend (a link to node 0, watched during a call): node 0
+ * gone while this node's step waits for node 0's ranks fails the step
+ * within the link-closed grace (5 s), long before the step timeout. */
+static void test_node0_gone_during_call(void **state) {
+    (void)state;
+    rp_err err = {0};
+    rp_model *m = test_model("tiny-qwen3", 8, 2, 256);
+    rp_tp_plan plan;
+    assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, 2, &err), 0);
+    rp_model *shards[2];
+    for (int i = 0; i < 2; i++) assert_non_null(shards[i] = rp_tp_model_slice(m, &plan, i, &err));
+    rp_comm_local_group *group = rp_comm_local_group_new(2, &err);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    rp_backend_config bc = {.num_pages = 8, .page_size = 16, .max_batched_tokens = 64, .max_batch_seqs = 2,
+                            .max_logit_rows = 4, .num_threads = 1};
+    /* "node 0" is rank 1 here, played by the test; this backend runs rank 0 */
+    rank1 a = {.shard = shards[1], .plan = &plan, .group = group, .bc = bc};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, rank1_main, &a), 0);
+    const int link = sv[1];
+    rp_tp_backend_config tc = {.device = "cpu", .plan = &plan, .shards = shards, .ranks = 1, .node0_link = &link,
+                               .step_timeout_ms = 60000, .local_group = group};
+    rp_backend *b = rp_backend_tp_new(m, &tc, &bc, &err);
+    if (!b) fail_msg("%s", err.msg);
+    one_step o;
+    one_step_init(&o);
+    if (rp_backend_forward(b, &o.bt, &err)) fail_msg("first step: %s", err.msg);
+    pthread_join(th, NULL);
+    if (a.rc) fail_msg("rank 1: %s", a.err.msg);
+    close(sv[0]); /* node 0 is gone, and will not come to the next step */
+    const double t0 = now_s();
+    assert_int_not_equal(rp_backend_forward(b, &o.bt, &err), 0);
+    const double waited = now_s() - t0;
+    assert_true(waited >= 4.5 && waited < 15);
+    assert_non_null(strstr(err.msg, "node 0 closed its link during the forward"));
+    rp_backend_destroy(b);
+    rp_backend_destroy(a.be);
+    rp_comm_free(a.comm);
+    rp_comm_local_group_free(group);
+    close(sv[1]);
+    for (int i = 0; i < 2; i++) rp_model_free(shards[i]);
+    rp_model_free(m);
+}
+
+/* The other nodes' worker loop and node 0's ends: an idle node 0 pings,
+ * so a worker with a short timeout stays; node 0's shutdown ends it with
+ * success; node 0's abort ends it with node 0's reason; a silent link
+ * ends it within the timeout; a closed one at once. */
+static void test_worker_faults(void **state) {
+    (void)state;
+    rp_err err = {0};
+    rp_model *m = test_model("tiny-qwen3", 8, 2, 256);
+    rp_tp_plan plan;
+    assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, 2, &err), 0);
+    rp_model *shards[2];
+    for (int i = 0; i < 2; i++) assert_non_null(shards[i] = rp_tp_model_slice(m, &plan, i, &err));
+    rp_runner_config rc = {.model = m, .device = "cpu", .threads = 1, .page_size = 16, .num_pages = 8, .max_seqs = 2,
+                           .max_context = 64, .max_batched_tokens = 64, .max_logit_rows = 4, .tensor_parallel_size = 2,
+                           .dist_timeout_ms = 400};
+    rp_runner *r1 = rp_runner_new(&rc, &err);
+    if (!r1) fail_msg("%s", err.msg);
+    assert_int_equal(r1->dist_timeout_ms, 400);
+
+    /* idle node 0 (timeout 400 ms: a ping every 100 ms), then its shutdown */
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    r1->link = sv[1];
+    worker_arg w = {.r = r1};
+    atomic_init(&w.done, 0);
+    rp_backend_config bc = {.num_pages = 8, .page_size = 16, .max_batched_tokens = 64, .max_batch_seqs = 2,
+                            .max_logit_rows = 4, .num_threads = 2};
+    const int links[1] = {sv[0]};
+    rp_tp_backend_config tc = {.device = "cpu", .plan = &plan, .shards = shards, .ranks = 2, .links = links,
+                               .num_links = 1, .step_timeout_ms = 400};
+    rp_backend *b = rp_backend_tp_new(m, &tc, &bc, &err);
+    if (!b) fail_msg("%s", err.msg);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, worker_main, &w), 0);
+    struct timespec idle = {1, 200000000};
+    nanosleep(&idle, NULL);
+    assert_int_equal(atomic_load(&w.done), 0); /* three timeouts passed: the pings kept it */
+    one_step o;
+    one_step_init(&o);
+    int32_t tok;
+    if (rp_backend_forward(b, &o.bt, &err) || b->ops->read_tokens(b, &tok, NULL, NULL, &err))
+        fail_msg("%s", err.msg);
+    rp_backend_destroy(b);
+    pthread_join(th, NULL);
+    if (w.rc) fail_msg("worker after a shutdown: %s", w.err.msg);
+    assert_int_equal(r1->tokens[0], tok);
+    close(sv[0]);
+    close(sv[1]);
+
+    /* node 0's abort: its reason */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    r1->link = sv[1];
+    uint8_t *buf = NULL;
+    size_t cap = 0, len = 0;
+    assert_int_equal(rp_step_msg_encode_abort("tensor-parallel rank 0: out of memory", &buf, &cap, &len, &err), 0);
+    assert_int_equal(rp_bs_send_msg(sv[0], buf, len, 1000, &err), 0);
+    assert_int_not_equal(rp_engine_worker_run(r1, &err), 0);
+    assert_non_null(strstr(err.msg, "node 0 failed: tensor-parallel rank 0: out of memory"));
+    close(sv[0]);
+    close(sv[1]);
+
+    /* silence: an error once the timeout passed, not before */
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    r1->link = sv[1];
+    double t0 = now_s();
+    assert_int_not_equal(rp_engine_worker_run(r1, &err), 0);
+    const double waited = now_s() - t0;
+    assert_true(waited >= 0.35 && waited < 3.0);
+    assert_non_null(strstr(err.msg, "node 0 sent nothing for 0.4 s"));
+    /* a link closed without a shutdown: at once */
+    close(sv[0]);
+    t0 = now_s();
+    assert_int_not_equal(rp_engine_worker_run(r1, &err), 0);
+    assert_true(now_s() - t0 < 0.3);
+    assert_non_null(strstr(err.msg, "without a shutdown"));
+    close(sv[1]);
+    r1->link = -1;
+    free(buf);
+    rp_runner_free(r1);
+    for (int i = 0; i < 2; i++) rp_model_free(shards[i]);
+    rp_model_free(m);
+}
+
+/* Greedy rows without top logprobs take the distributed argmax (each
+ * rank's best, gathered): the token and logprob of one rank's whole
+ * logits, at N = 2, 4 and 8 (ranks without real vocabulary rows too);
+ * the logits of such a step were not gathered, and reading them says so. */
+static void test_distributed_argmax(void **state) {
+    (void)state;
+    rp_err err = {0};
+    rp_model *m = test_model("tiny-qwen3", 8, 2, 256);
+    rp_backend_config bc = {.num_pages = 8, .page_size = 16, .max_batched_tokens = 64, .max_batch_seqs = 2,
+                            .max_logit_rows = 4, .num_threads = 2};
+    one_step o;
+    one_step_init(&o);
+    o.sp.top_logprobs = 0;
+    rp_backend *one = rp_backend_cpu_new(m, &bc, &err);
+    if (!one) fail_msg("%s", err.msg);
+    int32_t ref_tok;
+    float ref_lp;
+    if (rp_backend_forward(one, &o.bt, &err) || one->ops->read_tokens(one, &ref_tok, &ref_lp, NULL, &err))
+        fail_msg("%s", err.msg);
+    rp_backend_destroy(one);
+    const int sizes[3] = {2, 4, 8};
+    for (int k = 0; k < 3; k++) {
+        const int N = sizes[k];
+        rp_tp_plan plan;
+        assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, N, &err), 0);
+        rp_model *shards[8];
+        for (int i = 0; i < N; i++) assert_non_null(shards[i] = rp_tp_model_slice(m, &plan, i, &err));
+        rp_tp_backend_config tc = {.device = "cpu", .plan = &plan, .shards = shards, .ranks = N};
+        rp_backend *b = rp_backend_tp_new(m, &tc, &bc, &err);
+        if (!b) fail_msg("N=%d: %s", N, err.msg);
+        int32_t tok;
+        float lp;
+        if (rp_backend_forward(b, &o.bt, &err) || b->ops->read_tokens(b, &tok, &lp, NULL, &err))
+            fail_msg("N=%d: %s", N, err.msg);
+        assert_int_equal(tok, ref_tok);
+        if (fabsf(lp - ref_lp) > 1e-5f) fail_msg("N=%d: logprob %g, one rank %g", N, lp, ref_lp);
+        float *logits = malloc((size_t)m->cfg.vocab_size * 4);
+        assert_int_not_equal(rp_backend_read_logits(b, logits, &err), 0);
+        assert_non_null(strstr(err.msg, "not gathered"));
+        free(logits);
+        rp_backend_destroy(b);
+        for (int i = 0; i < N; i++) rp_model_free(shards[i]);
+    }
+    rp_model_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_qwen3_sizes),      cmocka_unit_test(test_llama3_and_qwen2),
                                        cmocka_unit_test(test_checkpoint),       cmocka_unit_test(test_sampled_decode),
                                        cmocka_unit_test(test_refusals),         cmocka_unit_test(test_step_msg),
-                                       cmocka_unit_test(test_worker_link),      cmocka_unit_test(test_lazy_dummy_shards)};
+                                       cmocka_unit_test(test_worker_link),      cmocka_unit_test(test_lazy_dummy_shards),
+                                       cmocka_unit_test(test_watchdog_stalled_rank),
+                                       cmocka_unit_test(test_node0_gone_during_call),
+                                       cmocka_unit_test(test_worker_faults),
+                                       cmocka_unit_test(test_distributed_argmax)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -92,6 +92,10 @@ typedef struct rp_engine_config {
     int tensor_parallel_size;
     int nnodes, node_rank;
     const char *dist_init_addr;
+    /* A step that takes longer than this, or node 0 silent this long, fails
+     * the run on every rank (0: 60 s; the setup and the first step get at
+     * least 300 s). */
+    int dist_timeout_s;
     int quiet_model_warning; /* 1: do not log that dummy weights are random */
     int disable_overlap;     /* 1: wait for each step's tokens before preparing the next */
     /* 1: structured output's token masks are applied on the host, each

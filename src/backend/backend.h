@@ -245,7 +245,23 @@ int rp_backend_tp_vocab(const rp_backend_config *cfg, const rp_model_config *c, 
  * first rank of this process (a node's first GPU in a multi-node run).
  * links: node 0 of several nodes, its control links to the others
  * (dist/bootstrap.h), over which every call is sent first as a step
- * message (tp_step_msg.h) for their ranks to make it too. */
+ * message (tp_step_msg.h) for their ranks to make it too; node0_link:
+ * another node's link to node 0 (NULL on node 0), watched while a call
+ * runs (node 0 gone: the call cannot finish).
+ *
+ * Faults (docs/tensor-parallel.md): a watchdog waits for each call. When
+ * a call does not finish within step_timeout_ms (the setup and the calls
+ * until the first step's results were read: at least
+ * RP_TP_SETUP_TIMEOUT_MS), a communicator reports an
+ * error, or a link closes, it aborts every rank's communicator (their
+ * collectives in flight return), the call fails with a message naming the
+ * rank or node, and the backend runs nothing more. Node 0 then sends the
+ * other nodes an abort with that message; destroying a healthy backend
+ * sends them a shutdown; while idle, node 0 pings them every quarter of
+ * step_timeout_ms, so that silence for step_timeout_ms means node 0 is
+ * stuck or gone. */
+#define RP_TP_STEP_TIMEOUT_MS 60000   /* a call once the first step was read (--dist-timeout's default) */
+#define RP_TP_SETUP_TIMEOUT_MS 300000 /* at least this for the communicators, weights, graphs, first step */
 typedef struct rp_tp_backend_config {
     const char *device;
     const rp_tp_plan *plan;
@@ -255,6 +271,13 @@ typedef struct rp_tp_backend_config {
     const uint8_t *nccl_id;  /* [RP_COMM_UNIQUE_ID_BYTES], CUDA only */
     const int *links;
     int num_links;
+    const int *node0_link;
+    int step_timeout_ms; /* 0: RP_TP_STEP_TIMEOUT_MS */
+    /* "cpu": the local group the ranks meet in (not owned); NULL: one made
+     * here for every rank. A caller's group may hold ranks this backend
+     * does not run, made by the caller on its own threads (the tests play
+     * a rank that stops coming that way). */
+    rp_comm_local_group *local_group;
     /* CUDA, one node: every rank on device cfg->device_id, its collectives
      * through host memory (rp_comm_one_gpu_new), CUDA graphs off. A harness
      * that checks the split on a machine with one GPU; NCCL and the speed

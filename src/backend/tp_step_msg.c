@@ -60,8 +60,9 @@ int rp_step_msg_encode(rp_step_op op, int arg, const rp_batch *bt, int page_size
     put_u32(&w, (uint32_t)arg);
     if (op == RP_STEP_FORWARD) {
         const int S = bt->num_seqs, T = bt->num_tokens, L = bt->num_logits;
-        const int32_t head[6] = {S, T, bt->page_table_stride, L, bt->spec_round, bt->sample != NULL};
-        put_i32s(&w, head, 6);
+        const int32_t head[7] = {S, T, bt->page_table_stride, L, bt->spec_round, bt->sample != NULL,
+                                 bt->sample_deferred != 0};
+        put_i32s(&w, head, 7);
         put_i32s(&w, bt->tokens, T);
         put_i32s(&w, bt->positions, T);
         put_i32s(&w, bt->slot_mapping, T);
@@ -94,10 +95,42 @@ int rp_step_msg_encode(rp_step_op op, int arg, const rp_batch *bt, int page_size
     return 0;
 }
 
+int rp_step_msg_encode_masks(const uint32_t *masks, int num_masks, int mask_words, const int32_t *mask_of_row,
+                             int num_rows, uint8_t **buf, size_t *cap, size_t *len, rp_err *err) {
+    wbuf w = {.buf = buf, .cap = cap};
+    put(&w, MAGIC, 4);
+    put_u32(&w, RP_STEP_MSG_VERSION);
+    put_u32(&w, RP_STEP_SAMPLE_MASKED);
+    put_u32(&w, (uint32_t)num_masks);
+    put_u32(&w, mask_of_row ? (uint32_t)num_rows : 0);
+    if (mask_of_row) put_i32s(&w, mask_of_row, num_rows);
+    put_u32(&w, (uint32_t)mask_words);
+    for (size_t i = 0; i < (size_t)num_masks * (size_t)mask_words; i++) put_u32(&w, masks[i]);
+    if (w.failed) return rp_errf(err, "out of memory encoding a step message");
+    *len = w.len;
+    return 0;
+}
+
+int rp_step_msg_encode_abort(const char *reason, uint8_t **buf, size_t *cap, size_t *len, rp_err *err) {
+    wbuf w = {.buf = buf, .cap = cap};
+    size_t n = strlen(reason);
+    if (n > RP_STEP_REASON_BYTES - 1) n = RP_STEP_REASON_BYTES - 1;
+    put(&w, MAGIC, 4);
+    put_u32(&w, RP_STEP_MSG_VERSION);
+    put_u32(&w, RP_STEP_ABORT);
+    put_u32(&w, 0);
+    put_u32(&w, (uint32_t)n);
+    put(&w, reason, n);
+    if (w.failed) return rp_errf(err, "out of memory encoding a step message");
+    *len = w.len;
+    return 0;
+}
+
 int rp_step_decoder_init(rp_step_decoder *d, int max_tokens, int max_seqs, int max_logits, int max_stride,
-                         rp_err *err) {
+                         int vocab_size, rp_err *err) {
     memset(d, 0, sizeof *d);
     d->max_tokens = max_tokens, d->max_seqs = max_seqs, d->max_logits = max_logits, d->max_stride = max_stride;
+    d->mask_words = rp_token_mask_words(vocab_size);
     d->tokens = malloc((size_t)max_tokens * 4);
     d->positions = malloc((size_t)max_tokens * 4);
     d->slot_mapping = malloc((size_t)max_tokens * 4);
@@ -107,8 +140,10 @@ int rp_step_decoder_init(rp_step_decoder *d, int max_tokens, int max_seqs, int m
     d->page_table = calloc((size_t)max_seqs * (size_t)max_stride, 4);
     d->logit_token = malloc((size_t)max_logits * 4);
     d->sample = malloc((size_t)max_logits * sizeof *d->sample);
+    d->masks = malloc((size_t)max_logits * (size_t)d->mask_words * 4);
+    d->mask_rows = malloc((size_t)max_logits * 4);
     if (!d->tokens || !d->positions || !d->slot_mapping || !d->seq_start || !d->seq_kv_len || !d->seq_page_row ||
-        !d->page_table || !d->logit_token || !d->sample) {
+        !d->page_table || !d->logit_token || !d->sample || !d->masks || !d->mask_rows) {
         rp_step_decoder_free(d);
         return rp_errf(err, "out of memory for the step decoder");
     }
@@ -125,6 +160,8 @@ void rp_step_decoder_free(rp_step_decoder *d) {
     free(d->page_table);
     free(d->logit_token);
     free(d->sample);
+    free(d->masks);
+    free(d->mask_rows);
     memset(d, 0, sizeof *d);
 }
 
@@ -165,6 +202,24 @@ static float get_f32(rbuf *r) {
     return f;
 }
 
+static int decode_masks(rp_step_decoder *d, rbuf *r, int num_masks, rp_err *err) {
+    if (num_masks < 0 || num_masks > d->max_logits)
+        return rp_errf(err, "step message: %d token masks (at most %d)", num_masks, d->max_logits);
+    const uint32_t rows = get_u32(r);
+    if (r->short_read || rows > (uint32_t)d->max_logits)
+        return rp_errf(err, "step message: %u masked rows (at most %d)", rows, d->max_logits);
+    if (get_i32s(r, d->mask_rows, (int)rows)) return rp_errf(err, "step message: cut short in the masked rows");
+    d->mask_of_row = rows ? d->mask_rows : NULL;
+    const uint32_t words = get_u32(r);
+    if (r->short_read || words != (uint32_t)d->mask_words)
+        return rp_errf(err, "step message: masks of %u words, this node's vocabulary makes %d", words,
+                       d->mask_words);
+    const size_t n = (size_t)num_masks * words;
+    if (r->left != n * 4) return rp_errf(err, "step message: %zu bytes for %zu mask words", r->left, n);
+    for (size_t i = 0; i < n; i++) d->masks[i] = get_u32(r);
+    return 0;
+}
+
 int rp_step_msg_decode(rp_step_decoder *d, const uint8_t *msg, size_t len, rp_step_op *op, int *arg, rp_batch *bt,
                        rp_err *err) {
     rbuf r = {.p = msg, .left = len};
@@ -176,18 +231,28 @@ int rp_step_msg_decode(rp_step_decoder *d, const uint8_t *msg, size_t len, rp_st
                        version, RP_STEP_MSG_VERSION);
     uint32_t o = get_u32(&r);
     *arg = (int)get_u32(&r);
-    if (o < RP_STEP_FORWARD || o > RP_STEP_QUIT) return rp_errf(err, "step message: unknown op %u", o);
+    if (o < RP_STEP_FORWARD || o > RP_STEP_PING) return rp_errf(err, "step message: unknown op %u", o);
     *op = (rp_step_op)o;
     memset(bt, 0, sizeof *bt);
+    if (o == RP_STEP_SAMPLE_MASKED) return decode_masks(d, &r, *arg, err);
+    if (o == RP_STEP_ABORT) {
+        uint32_t n = get_u32(&r);
+        if (r.short_read || n >= RP_STEP_REASON_BYTES || n != r.left)
+            return rp_errf(err, "step message: an abort's reason of %u bytes in %zu", n, r.left);
+        memcpy(d->reason, r.p, n);
+        d->reason[n] = 0;
+        return 0;
+    }
     if (o != RP_STEP_FORWARD) {
         if (r.left) return rp_errf(err, "step message: %zu bytes past its end", r.left);
         return 0;
     }
-    int32_t head[6];
-    if (get_i32s(&r, head, 6)) return rp_errf(err, "step message: cut short in its header");
+    int32_t head[7];
+    if (get_i32s(&r, head, 7)) return rp_errf(err, "step message: cut short in its header");
     const int S = head[0], T = head[1], stride = head[2], L = head[3];
     if (S < 1 || S > d->max_seqs || T < 1 || T > d->max_tokens || stride < 1 || stride > d->max_stride || L < 0 ||
-        L > d->max_logits || (head[4] != 0 && head[4] != 1) || (head[5] != 0 && head[5] != 1))
+        L > d->max_logits || (head[4] != 0 && head[4] != 1) || (head[5] != 0 && head[5] != 1) ||
+        (head[6] != 0 && head[6] != head[5]))
         return rp_errf(err,
                        "step message: %d sequences, %d tokens, page-table stride %d, %d logit rows out of this "
                        "node's limits (%d, %d, %d, %d)",
@@ -235,6 +300,7 @@ int rp_step_msg_decode(rp_step_decoder *d, const uint8_t *msg, size_t len, rp_st
                      .num_logits = L,
                      .logit_token = d->logit_token,
                      .sample = head[5] ? d->sample : NULL,
-                     .spec_round = head[4]};
+                     .spec_round = head[4],
+                     .sample_deferred = head[6]};
     return 0;
 }

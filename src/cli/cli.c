@@ -292,6 +292,13 @@ int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *
         }
         o->quantize_fp8 = !strcmp(arg, "fp8");
         return 1;
+    case 0x10e:
+        if (rp_parse_int(arg, 1, 86400, &v)) {
+            rp_cli_usage_error(cmd, "--dist-timeout must be a number of seconds from 1 to 86400, got '%s'", arg);
+            return -1;
+        }
+        o->dist_timeout_s = (int)v;
+        return 1;
     case 0x10d: {
         rp_kv_dtype d;
         rp_err err;
@@ -507,6 +514,7 @@ void rp_cli_runner_config(const rp_model_opts *o, rp_runner_config *rc) {
     rc->nnodes = o->nnodes;
     rc->node_rank = o->node_rank;
     rc->dist_init_addr = o->dist_init_addr;
+    rc->dist_timeout_ms = o->dist_timeout_s * 1000;
 }
 
 int rp_cli_engine_worker(const rp_engine_config *ec, const char *cmd) {
@@ -697,6 +705,7 @@ void rp_cli_engine_model(const rp_model_opts *o, rp_engine_config *ec) {
     ec->nnodes = o->nnodes;
     ec->node_rank = o->node_rank;
     ec->dist_init_addr = o->dist_init_addr;
+    ec->dist_timeout_s = o->dist_timeout_s;
 }
 
 void rp_cli_request_sampling(rp_request_params *rq, const rp_sampling_params *sp) {

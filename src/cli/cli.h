@@ -60,6 +60,7 @@ typedef struct rp_model_opts {
     int tp_size;
     int nnodes, node_rank;
     const char *dist_init_addr;
+    int dist_timeout_s; /* --dist-timeout; 0: the default */
     rp_model_config cfg;     /* read by rp_model_opts_check, before anything loads */
     int have_cfg;
 } rp_model_opts;
@@ -74,7 +75,8 @@ typedef struct rp_model_opts {
         {"dtype", required_argument, 0, 0x107}, {"quantization", required_argument, 0, 0x108},       \
         {"tensor-parallel-size", required_argument, 0, 0x109}, {"tp", required_argument, 0, 0x109}, \
         {"nnodes", required_argument, 0, 0x10a}, {"node-rank", required_argument, 0, 0x10b},       \
-        {"dist-init-addr", required_argument, 0, 0x10c}, {"kv-cache-dtype", required_argument, 0, 0x10d}
+        {"dist-init-addr", required_argument, 0, 0x10c}, {"kv-cache-dtype", required_argument, 0, 0x10d}, \
+        {"dist-timeout", required_argument, 0, 0x10e}
 #define RP_MODEL_LONG_OPTIONS RP_MODEL_SOURCE_LONG_OPTIONS, {"threads", required_argument, 0, 0x105}
 #define RP_GPU_MODEL_LONG_OPTIONS RP_MODEL_SOURCE_LONG_OPTIONS
 
@@ -99,7 +101,10 @@ typedef struct rp_model_opts {
     "  --node-rank k          this machine's place among them, 0 to K - 1 (default 0); node 0\n"  \
     "                         runs the command, the others its steps\n"                           \
     "  --dist-init-addr HOST:PORT  where node 0 listens for the others (an address of node 0;\n"     \
-    "                         required with --nnodes, no default)\n"
+    "                         required with --nnodes, no default)\n"                             \
+    "  --dist-timeout S       with --tp: a step that takes longer than S seconds, or a node silent\n" \
+    "                         that long, fails the run on every rank (default 60; the setup and\n" \
+    "                         the first step get at least 300)\n"
 
 #define RP_MODEL_OPTIONS_HELP                                                                          \
     RP_MODEL_SOURCE_HELP                                                                               \

@@ -312,17 +312,19 @@ static int run(int argc, char **argv) {
                                              sizeof sampling_what, &sampling_taken, CMD)))
         return bad;
 
+    signal(SIGPIPE, SIG_IGN);
+    /* Another node of a multi-node run: no HTTP here, node 0's steps. Its
+     * signals keep their default action (a SIGTERM ends it at once, and
+     * node 0 sees its link close); it stops cleanly when node 0 does. */
+    if (rp_cli_is_worker(&mo)) {
+        rp_cli_engine_model(&mo, &ec);
+        return rp_cli_engine_worker(&ec, CMD);
+    }
     /* SIGINT/SIGTERM go to the signal thread only: blocked before any thread starts */
     sigemptyset(&g_sigs);
     sigaddset(&g_sigs, SIGINT);
     sigaddset(&g_sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &g_sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    if (rp_cli_is_worker(&mo)) { /* another node of a multi-node run: no HTTP here, node 0's steps */
-        rp_cli_engine_model(&mo, &ec);
-        return rp_cli_engine_worker(&ec, CMD);
-    }
     char err[512];
     rp_listener *listener = rp_server_listen(&sc, err, sizeof err);
     if (!listener) return rp_cli_runtime_error(CMD, "%s", err);

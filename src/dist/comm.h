@@ -11,10 +11,19 @@
  *    captures them with its kernels.
  * The interface names no CUDA type, so backend.h can carry it. Every rank
  * makes the same calls in the same order with the same counts: that is
- * what makes a collective meet. */
+ * what makes a collective meet.
+ *
+ * Faults: a rank that is gone never arrives at a collective, and the
+ * others would wait for it forever. check and abort exist for whoever
+ * watches the ranks (the tensor-parallel backend's watchdog, on another
+ * thread than the rank's): check reports an error the communicator met on
+ * its own (NCCL: a peer's connection lost), abort ends every collective in
+ * flight or to come on this rank with an error, so that a rank thread
+ * blocked in one returns. Both may be called from any thread at any time. */
 #ifndef RP_DIST_COMM_H
 #define RP_DIST_COMM_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,8 +42,12 @@ typedef struct rp_comm_ops {
     /* every rank has reached this point (host side; NCCL: its stream's
      * work so far is done on every rank) */
     int (*barrier)(rp_comm *c, void *stream, rp_err *err);
+    /* An error the communicator met by itself since it was made (0: none;
+     * after abort: an error saying so). */
+    int (*check)(rp_comm *c, rp_err *err);
     /* A rank that fails between collectives calls this so that the others,
-     * waiting for it in a collective, fail too instead of waiting forever. */
+     * waiting for it in a collective, fail too instead of waiting forever;
+     * the watchdog calls it on every rank when a step does not finish. */
     void (*abort)(rp_comm *c);
     void (*free)(rp_comm *c);
 } rp_comm_ops;
@@ -54,6 +67,9 @@ static inline int rp_comm_all_gather(rp_comm *c, const void *send, void *recv, s
 }
 static inline int rp_comm_barrier(rp_comm *c, void *stream, rp_err *err) {
     return c->ops->barrier(c, stream, err);
+}
+static inline int rp_comm_check(rp_comm *c, rp_err *err) {
+    return c ? c->ops->check(c, err) : 0;
 }
 static inline void rp_comm_abort(rp_comm *c) {
     if (c) c->ops->abort(c);
@@ -81,7 +97,10 @@ int rp_comm_nccl_available(void);
 /* Node 0: a fresh unique id for the group. */
 int rp_comm_nccl_unique_id(uint8_t id[RP_COMM_UNIQUE_ID_BYTES], rp_err *err);
 /* Rank `rank` of `size` on CUDA device `device` (made current on the
- * calling thread, which blocks until every rank has called it). */
-rp_comm *rp_comm_nccl_new(const uint8_t id[RP_COMM_UNIQUE_ID_BYTES], int size, int rank, int device, rp_err *err);
+ * calling thread, which blocks until every rank has called it, or fails
+ * after timeout_ms, or at once when *cancel becomes nonzero: another rank
+ * of this process failed). */
+rp_comm *rp_comm_nccl_new(const uint8_t id[RP_COMM_UNIQUE_ID_BYTES], int size, int rank, int device, int timeout_ms,
+                          const atomic_int *cancel, rp_err *err);
 
 #endif

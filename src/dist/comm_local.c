@@ -140,6 +140,17 @@ static int local_barrier(rp_comm *c, void *stream, rp_err *err) {
     return group_barrier(((local_comm *)c)->g, err);
 }
 
+static int local_check(rp_comm *c, rp_err *err) {
+    rp_comm_local_group *g = ((local_comm *)c)->g;
+    pthread_mutex_lock(&g->mu);
+    const int aborted = g->aborted;
+    pthread_mutex_unlock(&g->mu);
+    return aborted ? rp_errf(err, "the tensor-parallel group was aborted") : 0;
+}
+
+/* Wakes every rank waiting in a collective of the group (all fail), not
+ * only this one: the ranks of one process share the meeting point, as
+ * NCCL's ranks share a fate once one aborts. */
 static void local_abort(rp_comm *c) {
     rp_comm_local_group *g = ((local_comm *)c)->g;
     pthread_mutex_lock(&g->mu);
@@ -155,6 +166,7 @@ static void local_free(rp_comm *c) {
 static const rp_comm_ops local_ops = {.all_reduce_sum = local_all_reduce_sum,
                                       .all_gather = local_all_gather,
                                       .barrier = local_barrier,
+                                      .check = local_check,
                                       .abort = local_abort,
                                       .free = local_free};
 

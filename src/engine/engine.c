@@ -292,7 +292,8 @@ static int engine_runner_config(const rp_engine_config *cfg, int backend_seqs, r
                              .tensor_parallel_size = cfg->tensor_parallel_size,
                              .nnodes = cfg->nnodes,
                              .node_rank = cfg->node_rank,
-                             .dist_init_addr = cfg->dist_init_addr};
+                             .dist_init_addr = cfg->dist_init_addr,
+                             .dist_timeout_ms = cfg->dist_timeout_s * 1000};
     return 0;
 }
 

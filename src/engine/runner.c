@@ -154,7 +154,7 @@ static int tp_bootstrap(rp_runner *r, const rp_runner_config *cfg, uint8_t id[RP
     rp_bs_world w = {.nnodes = nnodes, .gpus_per_node = r->tp_plan->size / nnodes, .node_rank = r->node_rank,
                      .fingerprint = rp_tp_fingerprint(&r->model->cfg, r->tp_plan->size)};
     if (rp_bs_world_check(&w, err)) return RP_ERR;
-    const int timeout_ms = cfg->dist_timeout_ms > 0 ? cfg->dist_timeout_ms : 300000;
+    const int timeout_ms = r->dist_timeout_ms > RP_TP_SETUP_TIMEOUT_MS ? r->dist_timeout_ms : RP_TP_SETUP_TIMEOUT_MS;
     rp_bs_transport *t = rp_bs_tcp_new(err);
     if (!t) return RP_ERR;
     int rc;
@@ -186,6 +186,7 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
     }
     r->link = -1;
     for (int k = 0; k < RP_BS_MAX_NODES; k++) r->links[k] = -1;
+    r->dist_timeout_ms = cfg->dist_timeout_ms > 0 ? cfg->dist_timeout_ms : RP_TP_STEP_TIMEOUT_MS;
     if (tp_size(cfg) > 1 ? tp_load(r, cfg, err) : load_model(r, cfg, err)) goto fail;
     const rp_model_config *c = &r->model->cfg;
     const int page_size = cfg->page_size > 0 ? cfg->page_size : 16;
@@ -223,6 +224,8 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
         rp_tp_backend_config tc = {.device = r->device, .plan = r->tp_plan, .shards = r->shards,
                                    .ranks = r->num_shards, .rank_offset = r->node_rank * r->num_shards,
                                    .nccl_id = id, .links = links, .num_links = num_links,
+                                   .node0_link = r->link >= 0 ? &r->link : NULL,
+                                   .step_timeout_ms = r->dist_timeout_ms,
                                    .one_gpu = cfg->tp_one_gpu};
         r->backend = rp_backend_tp_new(r->model, &tc, &bc, err);
     } else
@@ -293,10 +296,13 @@ int rp_engine_worker_run(rp_runner *r, rp_err *err) {
     const rp_model_config *c = &r->model->cfg;
     const int max_stride = (c->max_position_embeddings + be->cfg.page_size - 1) / be->cfg.page_size + 1;
     rp_step_decoder d;
-    if (rp_step_decoder_init(&d, T, S, L, max_stride, err)) return RP_ERR;
-    /* the largest message these limits allow (tp_step_msg.h's layout) */
-    size_t cap = 16 + 24 + (size_t)T * 12 + (size_t)(S + 1) * 4 + (size_t)S * 8 + (size_t)S * max_stride * 4 +
+    if (rp_step_decoder_init(&d, T, S, L, max_stride, c->vocab_size, err)) return RP_ERR;
+    /* the largest message these limits allow (tp_step_msg.h's layout):
+     * a forward's, or sampling with L masks */
+    size_t cap = 16 + 28 + (size_t)T * 12 + (size_t)(S + 1) * 4 + (size_t)S * 8 + (size_t)S * max_stride * 4 +
                  (size_t)L * (4 + 56);
+    const size_t masks_cap = 16 + 8 + (size_t)L * 4 + (size_t)L * d.mask_words * 4;
+    if (masks_cap > cap) cap = masks_cap;
     uint8_t *msg = malloc(cap);
     float *logprobs = malloc((size_t)L * sizeof *logprobs);
     rp_top_logprobs *top = malloc((size_t)L * sizeof *top);
@@ -304,8 +310,16 @@ int rp_engine_worker_run(rp_runner *r, rp_err *err) {
     rp_log_info("tensor parallel: node %d running node 0's steps", r->node_rank);
     while (!rc) {
         size_t n = 0;
-        if ((rc = rp_bs_recv_msg(r->link, msg, cap, &n, -1, err))) {
-            rp_err_wrap(err, "node 0's link");
+        /* node 0 pings an idle link every quarter of the timeout */
+        rc = rp_bs_recv_msg(r->link, msg, cap, &n, r->dist_timeout_ms, err);
+        if (rc == RP_BS_TIMEOUT) {
+            rc = rp_errf(err, "node 0 sent nothing for %.1f s, not even a ping: node 0 is stuck, or the network "
+                              "between the nodes is down (--dist-timeout sets the limit)",
+                         r->dist_timeout_ms / 1e3);
+            break;
+        }
+        if (rc) {
+            rp_err_wrap(err, "node 0's link ended without a shutdown (node 0 exited abnormally or was killed)");
             break;
         }
         rp_step_op op;
@@ -316,11 +330,20 @@ int rp_engine_worker_run(rp_runner *r, rp_err *err) {
         case RP_STEP_FORWARD: rc = rp_backend_forward(be, &bt, err); break;
         case RP_STEP_READ_TOKENS: rc = be->ops->read_tokens(be, r->tokens, logprobs, top, err); break;
         case RP_STEP_READ_LOGITS: rc = rp_backend_read_logits(be, r->logits, err); break;
+        case RP_STEP_SAMPLE_MASKED:
+            rc = be->ops->sample_masked ? be->ops->sample_masked(be, d.masks, arg, d.mask_of_row, err)
+                                        : rp_errf(err, "node 0 sampled with token masks, which this node's backend "
+                                                       "cannot do");
+            break;
         case RP_STEP_SET_GRAPHS:
             if (be->ops->set_graphs) be->ops->set_graphs(be, arg);
             break;
-        case RP_STEP_QUIT:
-            rp_log_info("tensor parallel: node 0 is done");
+        case RP_STEP_PING: break;
+        case RP_STEP_ABORT:
+            rc = rp_errf(err, "node 0 failed: %s", d.reason);
+            break;
+        case RP_STEP_SHUTDOWN:
+            rp_log_info("tensor parallel: node 0 shut down; node %d stops", r->node_rank);
             goto done;
         }
     }

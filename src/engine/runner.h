@@ -61,7 +61,11 @@ typedef struct rp_runner_config {
     int tensor_parallel_size;
     int nnodes, node_rank;
     const char *dist_init_addr;
-    int dist_timeout_ms; /* the bootstrap's; 0 = 300 s */
+    /* --dist-timeout (docs/tensor-parallel.md, "Faults"): how long a step
+     * may take, and node 0's link stay silent, before the run fails; 0 =
+     * RP_TP_STEP_TIMEOUT_MS. The bootstrap, the setup and the first step
+     * get at least RP_TP_SETUP_TIMEOUT_MS. */
+    int dist_timeout_ms;
     int device_id;       /* the first GPU (CUDA) */
     /* CUDA: every rank on GPU device_id, collectives through the host, with
      * disable_cuda_graph set (rp_tp_backend_config.one_gpu): the split
@@ -82,6 +86,7 @@ typedef struct rp_runner {
     int links[RP_BS_MAX_NODES];
     int link;
     int node_rank;
+    int dist_timeout_ms; /* resolved: a step's limit, and the longest node 0's link may stay silent */
     rp_backend *backend;
     rp_page_pool *pool;
     rp_page_table *table;
@@ -97,8 +102,10 @@ typedef struct rp_runner {
 } rp_runner;
 
 /* Another node of a multi-node tensor-parallel run (node_rank > 0): runs
- * the steps node 0 sends on this node's ranks until node 0 says stop (0)
- * or its link breaks (an error). No scheduler, no requests: node 0's
+ * the steps node 0 sends on this node's ranks until node 0 shuts down (0),
+ * or fails: node 0 sends an abort, its link closes without a shutdown, it
+ * sends nothing (not even a ping) for r->dist_timeout_ms, or a step fails
+ * here (an error saying which). No scheduler, no requests: node 0's
  * engine decides everything. */
 int rp_engine_worker_run(rp_runner *r, rp_err *err);
 

@@ -73,7 +73,14 @@ typedef struct cpu_backend {
     int vocab;
     int64_t vocab_start, vocab_count, vocab_per_rank;
     float *logits_shard, *logits_gather;
+    float *argmax_send;   /* [max_logit_rows][ARGMAX_FLOATS]: this rank's best of each greedy row */
+    int logits_gathered;  /* the last forward's logits are whole (read_logits may read them) */
 } cpu_backend;
+
+/* A rank's best of a row (the distributed argmax): its largest logit, that
+ * token's id, the sum of exp(logit - largest) over its rows, and padding,
+ * as floats for the all-gather (ids below 2^24 are exact). */
+#define ARGMAX_FLOATS 4
 
 /* ---- building blocks -------------------------------------------------- */
 
@@ -190,6 +197,59 @@ static int tp_gather_logits(cpu_backend *cb, int rows, rp_err *err) {
         for (int i = 0; i < rows; i++)
             memcpy(cb->logits + (int64_t)i * cb->vocab + plan->ranks[k].vocab_start,
                    cb->logits_gather + ((int64_t)k * rows + i) * vpr, (size_t)plan->ranks[k].vocab_count * sizeof(float));
+    return 0;
+}
+
+/* A step whose every row is greedy, with no top logprobs and no masks to
+ * come, needs no rank's whole logits: each rank's best of each row is
+ * enough (docs/tensor-parallel.md, "Greedy steps"). The sampled token is
+ * the largest logit (the lowest id on ties, as the sampler's argmax), its
+ * logprob -log(sum over ranks of their sums, each shifted to the best). */
+static int greedy_only(const rp_batch *bt) {
+    if (!bt->sample || bt->sample_deferred) return 0;
+    for (int i = 0; i < bt->num_logits; i++)
+        if (bt->sample[i].temperature != 0.0f || bt->sample[i].top_logprobs > 0) return 0;
+    return 1;
+}
+
+/* The distributed argmax: every rank gathers ARGMAX_FLOATS floats a row
+ * from each rank instead of its vocab_per_rank logits, and picks the same
+ * token (every rank combines the same gathered bytes in rank order). */
+static int tp_argmax(cpu_backend *cb, int rows, rp_err *err) {
+    const rp_tp_plan *plan = cb->base.cfg.tp.plan;
+    const int64_t vpr = cb->vocab_per_rank;
+    for (int i = 0; i < rows; i++) {
+        const float *row = cb->logits_shard + (int64_t)i * vpr;
+        float best = -INFINITY;
+        int64_t arg = 0;
+        for (int64_t j = 0; j < cb->vocab_count; j++) /* the real rows, not the padding */
+            if (row[j] > best) best = row[j], arg = j;
+        double sum = 0;
+        if (best != -INFINITY)
+            for (int64_t j = 0; j < cb->vocab_count; j++) sum += exp((double)row[j] - best);
+        float *out = cb->argmax_send + (int64_t)i * ARGMAX_FLOATS;
+        out[0] = best, out[1] = (float)(cb->vocab_start + arg), out[2] = (float)sum, out[3] = 0;
+    }
+    if (rp_comm_all_gather(cb->comm, cb->argmax_send, cb->logits_gather, (size_t)rows * ARGMAX_FLOATS, RP_COMM_F32,
+                           NULL, err))
+        return RP_ERR;
+    const int slot = cb->cur_slot;
+    for (int i = 0; i < rows; i++) {
+        float best = -INFINITY;
+        int32_t tok = 0;
+        for (int k = 0; k < plan->size; k++) {
+            const float *g = cb->logits_gather + ((int64_t)k * rows + i) * ARGMAX_FLOATS;
+            if (g[0] > best) best = g[0], tok = (int32_t)g[1];
+        }
+        double norm = 0;
+        for (int k = 0; best != -INFINITY && k < plan->size; k++) {
+            const float *g = cb->logits_gather + ((int64_t)k * rows + i) * ARGMAX_FLOATS;
+            if (g[0] != -INFINITY) norm += (double)g[2] * exp((double)g[0] - best);
+        }
+        cb->tok_slot[slot][i] = tok;
+        cb->lp_slot[slot][i] = best == -INFINITY ? -INFINITY : (float)-log(norm);
+        cb->top_slot[slot][i].n = 0;
+    }
     return 0;
 }
 
@@ -342,7 +402,9 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
         rmsnorm_row(cb->logit_in + (int64_t)i * H, cb->x + (int64_t)bt->logit_token[i] * H, fnorm->data, H, eps);
     matmul(cb, cb->comm ? cb->logits_shard : cb->logits, cb->logit_in, rp_model_weight(m, RP_W_LM_HEAD, 0),
            bt->num_logits);
-    if (cb->comm && tp_gather_logits(cb, bt->num_logits, err)) return RP_ERR;
+    const int argmax = cb->comm && greedy_only(bt);
+    if (cb->comm && !argmax && tp_gather_logits(cb, bt->num_logits, err)) return RP_ERR;
+    cb->logits_gathered = !argmax;
     cb->last_num_logits = bt->num_logits;
     int slot = cb->cur_slot ^ 1;
     cb->cur_slot = slot;
@@ -353,6 +415,8 @@ static int cpu_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     if (bt->sample_deferred) { /* sampled by sample_masked */
         cb->slot_sampled[slot] = 0;
         memcpy(cb->deferred_params, bt->sample, (size_t)bt->num_logits * sizeof *bt->sample);
+    } else if (argmax) {
+        if (tp_argmax(cb, bt->num_logits, err)) return RP_ERR;
     } else if (bt->sample) {
         sample_rows(cb, bt->sample, bt->num_logits, NULL, NULL);
     }
@@ -388,6 +452,9 @@ static int cpu_read_tokens(rp_backend *b, int32_t *tokens, float *logprobs, rp_t
 static int cpu_read_logits(rp_backend *b, float *dst, rp_err *err) {
     cpu_backend *cb = (cpu_backend *)b;
     if (cb->num_pending > 1) return rp_errf(err, "logits of an overlapped forward cannot be read");
+    if (!cb->logits_gathered)
+        return rp_errf(err, "the last forward's rows were all greedy: each rank kept its best token, the logits "
+                            "were not gathered (read its tokens)");
     cb->num_pending = 0;
     memcpy(dst, cb->logits, (size_t)cb->last_num_logits * cb->vocab * sizeof(float));
     return 0;
@@ -398,7 +465,7 @@ static void cpu_destroy(rp_backend *b) {
     if (!cb) return;
     float *bufs[] = {cb->k_cache, cb->v_cache, cb->inv_freq, cb->x,        cb->xn,     cb->q,     cb->k,
                      cb->v,       cb->attn,    cb->gate,     cb->up,       cb->logit_in, cb->logits, cb->wrows,
-                     cb->scores,  cb->logits_shard, cb->logits_gather};
+                     cb->scores,  cb->logits_shard, cb->logits_gather, cb->argmax_send};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(cb->k_cache8);
     free(cb->v_cache8);
@@ -449,6 +516,7 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
         return NULL;
     }
     cb->comm = cfg->tp.size > 1 ? cfg->tp.comm : NULL;
+    cb->logits_gathered = 1;
     cb->vocab_start = tv.start, cb->vocab_count = tv.count, cb->vocab_per_rank = tv.per_rank;
 
     const int64_t T = cfg->max_batched_tokens, H = c->hidden_size, F = c->intermediate_size;
@@ -490,7 +558,9 @@ rp_backend *rp_backend_cpu_new(const rp_model *model, const rp_backend_config *c
     cb->logits = alloc_f32(L * cb->vocab, &failed);
     if (cb->comm) {
         cb->logits_shard = alloc_f32(L * cb->vocab_per_rank, &failed);
+        /* also the argmax's [size][L][ARGMAX_FLOATS]: vocab_per_rank is a multiple of 64 */
         cb->logits_gather = alloc_f32((int64_t)cfg->tp.size * L * cb->vocab_per_rank, &failed);
+        cb->argmax_send = alloc_f32(L * ARGMAX_FLOATS, &failed);
     }
     cb->wrows = alloc_f32((int64_t)cb->num_threads * ROWS_PER_BLOCK * cb->max_k, &failed);
     cb->scores = alloc_f32((int64_t)cb->num_threads * cb->max_kv_len, &failed);

@@ -72,6 +72,10 @@ static int one_gpu_barrier(rp_comm *c, void *stream, rp_err *err) {
     return rp_comm_barrier(oc->host, NULL, err);
 }
 
+static int one_gpu_check(rp_comm *c, rp_err *err) {
+    return rp_comm_check(((one_gpu_comm *)c)->host, err);
+}
+
 static void one_gpu_abort(rp_comm *c) {
     rp_comm_abort(((one_gpu_comm *)c)->host);
 }
@@ -87,6 +91,7 @@ static void one_gpu_free(rp_comm *c) {
 static const rp_comm_ops one_gpu_ops = {.all_reduce_sum = one_gpu_all_reduce_sum,
                                         .all_gather = one_gpu_all_gather,
                                         .barrier = one_gpu_barrier,
+                                        .check = one_gpu_check,
                                         .abort = one_gpu_abort,
                                         .free = one_gpu_free};
 

@@ -49,6 +49,10 @@ static void n_abort(rp_comm *c) {
     rp_nccl_comm_abort(((nccl_rp_comm *)c)->nc);
 }
 
+static int n_check(rp_comm *c, rp_err *err) {
+    return rp_nccl_check(((nccl_rp_comm *)c)->nc, err);
+}
+
 static void n_free(rp_comm *c) {
     nccl_rp_comm *n = (nccl_rp_comm *)c;
     rp_nccl_comm_free(n->nc);
@@ -59,6 +63,7 @@ static void n_free(rp_comm *c) {
 static const rp_comm_ops nccl_ops = {.all_reduce_sum = n_all_reduce_sum,
                                      .all_gather = n_all_gather,
                                      .barrier = n_barrier,
+                                     .check = n_check,
                                      .abort = n_abort,
                                      .free = n_free};
 
@@ -70,13 +75,14 @@ int rp_comm_nccl_unique_id(uint8_t id[RP_COMM_UNIQUE_ID_BYTES], rp_err *err) {
     return rp_nccl_unique_id(id, err);
 }
 
-rp_comm *rp_comm_nccl_new(const uint8_t id[RP_COMM_UNIQUE_ID_BYTES], int size, int rank, int device, rp_err *err) {
+rp_comm *rp_comm_nccl_new(const uint8_t id[RP_COMM_UNIQUE_ID_BYTES], int size, int rank, int device, int timeout_ms,
+                          const atomic_int *cancel, rp_err *err) {
     nccl_rp_comm *c = calloc(1, sizeof *c);
     if (!c) {
         rp_errf(err, "out of memory");
         return NULL;
     }
-    c->nc = rp_nccl_comm_new(id, size, rank, device, err);
+    c->nc = rp_nccl_comm_new(id, size, rank, device, timeout_ms, cancel, err);
     if (!c->nc) {
         free(c);
         return NULL;

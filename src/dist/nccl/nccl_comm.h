@@ -12,6 +12,7 @@
 #ifndef RP_DIST_NCCL_COMM_H
 #define RP_DIST_NCCL_COMM_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,9 +29,13 @@ typedef struct rp_nccl_comm rp_nccl_comm;
 int rp_nccl_unique_id(uint8_t id[RP_BS_UNIQUE_ID_BYTES], rp_err *err);
 
 /* Rank `rank` of `nranks` on CUDA device `device` (made current on the
- * calling thread): blocks until every rank of the group has called it. */
+ * calling thread): waits until every rank of the group has called it, at
+ * most timeout_ms (<= 0: no limit), and gives up at once when *cancel
+ * (may be NULL) becomes nonzero. The communicator is non-blocking: no call
+ * of this file waits inside NCCL, so abort, from another thread, ends
+ * whatever waits. */
 rp_nccl_comm *rp_nccl_comm_new(const uint8_t id[RP_BS_UNIQUE_ID_BYTES], int nranks, int rank, int device,
-                               rp_err *err);
+                               int timeout_ms, const atomic_int *cancel, rp_err *err);
 
 /* recv[i] = the sum over ranks of send[i], i < count (send == recv: in
  * place). */
@@ -50,8 +55,8 @@ int rp_nccl_comm_rank(const rp_nccl_comm *c);
 int rp_nccl_comm_size(const rp_nccl_comm *c);
 
 /* Ends the communicator now (ncclCommAbort): collectives in flight on any
- * rank fail instead of waiting for this one. It cannot be used again; free
- * it as usual. */
+ * rank fail instead of waiting for this one. From any thread, at any time
+ * (the watchdog's); later calls on it fail. Free it as usual. */
 void rp_nccl_comm_abort(rp_nccl_comm *c);
 
 /* Waits for the communicator's work to finish and frees it. */
