@@ -211,17 +211,24 @@ int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err) {
 
 /* Block-scaled fp8: products of more than RP_GEMV_MAX_T tokens take
  * cuBLASLt's block-scaled FP8 matmul where it has an algorithm for the
- * model's products at the most tokens (asked now, as for row scales), with
+ * model's products at 9 tokens and at the most (asked now, as for row
+ * scales; other counts are asked as they come, and one it refuses then
+ * fails the step, naming the shape), with
  * the activations quantized per token and 128 k; otherwise each matrix is
  * dequantized to bf16 first (deq). */
 static int fp8_blocks_setup(rp_cuda_backend *cb, int T, int kmax, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     const int H = c->hidden_size, F = c->intermediate_size;
     rp_err why;
-    cb->w.fp8_lt = rp_gemm_fp8_blocks_supported(&cb->gemm, T, cb->qkv_dim, H, 0, &why) &&
-                   rp_gemm_fp8_blocks_supported(&cb->gemm, T, H, cb->q_dim, 1, &why) &&
-                   rp_gemm_fp8_blocks_supported(&cb->gemm, T, 2 * F, H, 1, &why) &&
-                   rp_gemm_fp8_blocks_supported(&cb->gemm, T, H, F, 1, &why);
+    /* the fewest tokens it takes (an odd count) and the most */
+    const int counts[2] = {RP_GEMV_MAX_T + 1, T};
+    cb->w.fp8_lt = T > RP_GEMV_MAX_T;
+    for (int i = 0; i < 2 && cb->w.fp8_lt; i++)
+        cb->w.fp8_lt = rp_gemm_fp8_blocks_supported(&cb->gemm, counts[i], cb->qkv_dim, H, 0, &why) &&
+                       rp_gemm_fp8_blocks_supported(&cb->gemm, counts[i], H, cb->q_dim, 1, &why) &&
+                       rp_gemm_fp8_blocks_supported(&cb->gemm, counts[i], 2 * F, H, 1, &why) &&
+                       rp_gemm_fp8_blocks_supported(&cb->gemm, counts[i], H, F, 1, &why);
+    if (T <= RP_GEMV_MAX_T) return 0; /* every product is a GEMV */
     if (!cb->w.fp8_lt) {
         rp_log_info("cuda: %s: with 128x128 block-scaled fp8 weights, products of more than %d tokens dequantize "
                     "each matrix to bf16 (slower than bf16 weights)",
