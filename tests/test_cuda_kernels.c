@@ -191,8 +191,9 @@ static void check_gemv_blocks(int N, int K) {
             char what[96];
             snprintf(what, sizeof what, "gemv fp8 blocks T=%d N=%d K=%d %s", T, N, K, f32 ? "f32" : "bf16");
             const double e = f32 ? rel_l2_f32(y, ref, n, what) : rel_l2_bf16((const uint16_t *)y, ref, n, what);
-            if (T == 1 || T == RP_GEMV_MAX_T) expect_close(e, f32 ? 1e-5 : 1e-2, "%s", what);
-            else if (!(e < (f32 ? 1e-5 : 1e-2))) fail_msg("%s: relative L2 %.3e", what, e);
+            /* fp32 sums of exact products: a wrong block's scale is off by a factor up to 16 */
+            if (T == 1 || T == RP_GEMV_MAX_T) expect_close(e, f32 ? 1e-4 : 1e-2, "%s", what);
+            else if (!(e < (f32 ? 1e-4 : 1e-2))) fail_msg("%s: relative L2 %.3e", what, e);
             const uint8_t *tail = (const uint8_t *)y + n * eb;
             for (size_t i = 0; i < guard * eb; i++)
                 if (tail[i] != 0xff) fail_msg("%s: wrote past its output (byte %zu)", what, i);
@@ -307,7 +308,9 @@ static void check_gemm_blocks(rp_gemm *g, int T, int N, int K, int out_f32) {
             }
         char what[96];
         snprintf(what, sizeof what, "gemm fp8 blocks T=%d N=%d K=%d %s", T, N, K, out_f32 ? "f32" : "bf16");
-        expect_close(out_f32 ? rel_l2_f32(y, ref, n, what) : rel_l2_bf16(y, ref, n, what), out_f32 ? 1e-3 : 1e-2, "%s",
+        /* FP8 tensor cores sum a block's products at reduced precision; a
+         * scale read from the wrong place is off by a factor up to 16 */
+        expect_close(out_f32 ? rel_l2_f32(y, ref, n, what) : rel_l2_bf16(y, ref, n, what), out_f32 ? 2e-3 : 1e-2, "%s",
                      what);
         free(ref), free(y);
         cudaFree(d_w), cudaFree(d_grid), cudaFree(d_y);
