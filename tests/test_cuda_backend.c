@@ -55,10 +55,12 @@
 static int have_gpu(void) { return rp_cuda_device_count() > 0; }
 
 /* Whether a product of T tokens on fp8 weights quantizes its activations
- * too (W8A8: cuBLASLt's FP8 matmul past the fp8 GEMV's tokens). */
+ * too (W8A8: cuBLASLt's FP8 matmul past the fp8 GEMV's tokens: 16 with row
+ * scales, 8 with 128 x 128 block scales). */
 static int fp8_w8a8(const rp_backend *be, int T) {
 #ifdef REPLAY_HAVE_CUDA
-    return T > RP_GEMV_FP8_MAX_T && ((const rp_cuda_backend *)be)->w.fp8_lt;
+    const rp_cuda_backend *cb = (const rp_cuda_backend *)be;
+    return T > (cb->w.fp8 == RP_FP8_BLOCKS ? RP_GEMV_MAX_T : RP_GEMV_FP8_MAX_T) && cb->w.fp8_lt;
 #else
     (void)be, (void)T;
     return 0;
@@ -1209,21 +1211,25 @@ static void test_families_vs_cpu(void **state) {
  * on the same quantized model (its dequantized bf16 weights): prompt
  * logits within bf16 noise, greedy decodes alike alone and batched. Then
  * the same model generated and quantized on the GPU (lazy dummy weights)
- * gives bit-identical logits: the GPU's quantizer makes the host's bytes. */
-static void test_fp8_vs_cpu(void **state) {
-    (void)state;
-    if (!have_gpu()) skip();
+ * gives bit-identical logits: the GPU's quantizer makes the host's bytes.
+ * With 128 x 128 block scales (layout RP_FP8_BLOCKS, the official FP8
+ * checkpoints' form) the same, through the block-scaled GEMV at 1-8 tokens
+ * and cuBLASLt's block-scaled FP8 matmul (or dequantized matrices) above,
+ * and never the one-kernel decode step. */
+static void fp8_vs_cpu(rp_fp8_layout layout) {
+    const char *name = layout == RP_FP8_BLOCKS ? "fp8 blocks" : "fp8";
     rp_model_config c = small_gpu_config();
     rp_err err;
-    rp_load_options lo = {.seed = 9, .quantize_fp8 = 1};
+    rp_load_options lo = {.seed = 9, .quantize_fp8 = layout};
     rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
     lo.lazy_dummy = 1;
     rp_model *lazy = rp_model_dummy_from_config(&c, &lo, &err);
     if (!m || !lazy) fail_msg("%s", err.msg);
     /* prompts of 1 and 7 tokens: the fused and the 8-token fp8 GEMV; 16: its
-     * 8-token groups; 27, 33 and 300: cuBLASLt (FP8, or dequantized) */
-    enum { NP = 6, STEPS = 16 };
-    const int plen[NP] = {1, 7, 16, 27, 33, 300};
+     * 8-token groups (blocks: cuBLASLt from 9); 27, 33 and 300: cuBLASLt
+     * (FP8, or dequantized) */
+    enum { NP = 7, STEPS = 16 };
+    const int plen[NP] = {1, 7, 9, 16, 27, 33, 300};
     const int V = c.vocab_size;
     static int32_t ids[NP][300];
     int32_t out_cpu[NP][STEPS], out_one[NP][STEPS], out_all[NP][STEPS], out_lazy[NP][STEPS];
@@ -1264,7 +1270,7 @@ static void test_fp8_vs_cpu(void **state) {
             const float *g = lg[p] + (size_t)pos * V, *r = lc[p] + (size_t)pos * V;
             const double e = test_rel_l2(g, r, (size_t)V);
             if (!a8) {
-                if (!(e < 2e-2)) fail_msg("fp8 prompt %d pos %d: rel L2 %.3g vs the CPU", p, pos, e);
+                if (!(e < 2e-2)) fail_msg("%s prompt %d pos %d: rel L2 %.3g vs the CPU", name, p, pos, e);
                 if (e > worst) worst = e;
                 continue;
             }
@@ -1276,15 +1282,15 @@ static void test_fp8_vs_cpu(void **state) {
             if (!(e <= worst_a8)) worst_a8 = e; /* NaN too */
         }
     }
-    printf("fp8: prompt logits within %.2e of the CPU's; W8A8 rows: mean %.2e, worst %.2e, argmax agrees at %d of "
+    printf("%s: prompt logits within %.2e of the CPU's; W8A8 rows: mean %.2e, worst %.2e, argmax agrees at %d of "
            "%d\n",
-           worst, rows_a8 ? sum_a8 / rows_a8 : 0.0, worst_a8, agree, rows_a8);
+           name, worst, rows_a8 ? sum_a8 / rows_a8 : 0.0, worst_a8, agree, rows_a8);
     if (rows_a8 && (!(sum_a8 / rows_a8 < 8e-2) || !(worst_a8 < 2e-1) || agree < rows_a8 * 80 / 100))
         fail_msg("W8A8 rows against the CPU: mean %.3g, worst %.3g, argmax %d of %d", sum_a8 / rows_a8, worst_a8, agree,
                  rows_a8);
     for (int p = 0; p < NP; p++) {
         if (memcmp(lg[p], ll[p], (size_t)plen[p] * V * 4))
-            fail_msg("fp8 prompt %d: weights quantized on the GPU give other logits than the host's", p);
+            fail_msg("%s prompt %d: weights quantized on the GPU give other logits than the host's", name, p);
         assert_memory_equal(out_one[p], out_lazy[p], sizeof out_one[p]);
         /* greedy against the CPU where the prompt's logits are bf16 noise
          * apart (a W8A8 prefill's first token may part further) */
@@ -1295,20 +1301,37 @@ static void test_fp8_vs_cpu(void **state) {
             continue;
         }
         char what[64];
-        snprintf(what, sizeof what, "fp8 prompt %d alone", p);
+        snprintf(what, sizeof what, "%s prompt %d alone", name, p);
         expect_greedy_like_cpu(&cpu, what, ids[p], plen[p], out_cpu[p], out_one[p], STEPS);
-        snprintf(what, sizeof what, "fp8 prompt %d batched", p);
+        snprintf(what, sizeof what, "%s prompt %d batched", name, p);
         expect_greedy_like_cpu(&cpu, what, ids[p], plen[p], out_cpu[p], out_all[p], STEPS);
         free(lc[p]);
         free(lg[p]);
         free(ll[p]);
     }
-    printf("fp8: the GPU's quantization is the host's, byte for byte\n");
+    printf("%s: the GPU's quantization is the host's, byte for byte\n", name);
+    /* the one kernel takes row scales only: with blocks it never ran */
+    if (layout == RP_FP8_BLOCKS) {
+        assert_int_equal(cuda_stats(gpu.be).decode_step_forwards, 0);
+        assert_int_equal(cuda_stats(gpu_lazy.be).decode_step_forwards, 0);
+    }
     unmake(&cpu);
     unmake(&gpu);
     unmake(&gpu_lazy);
     rp_model_free(m);
     rp_model_free(lazy);
+}
+
+static void test_fp8_vs_cpu(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    fp8_vs_cpu(RP_FP8_ROWS);
+}
+
+static void test_fp8_blocks_vs_cpu(void **state) {
+    (void)state;
+    if (!have_gpu()) skip();
+    fp8_vs_cpu(RP_FP8_BLOCKS);
 }
 
 /* ---- structured output: token masks on the device ------------------------ */
@@ -1752,7 +1775,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fixtures),
         cmocka_unit_test(test_families_vs_cpu),
-        cmocka_unit_test(test_fp8_vs_cpu),
+        cmocka_unit_test(test_fp8_vs_cpu), cmocka_unit_test(test_fp8_blocks_vs_cpu),
         cmocka_unit_test(test_graph_equals_eager),
         cmocka_unit_test(test_step_graph_equals_eager),
         cmocka_unit_test(test_decode_step),

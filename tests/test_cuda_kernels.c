@@ -18,6 +18,10 @@
  * (g_kv_fp8), against the same float64 reference over the dequantized
  * cache (e4m3 value x scale), and the store kernel's bytes are checked
  * against the host's rounding (rp_f32_to_f8e4m3) of its float64 reference.
+ * Block-scaled fp8 weights (128 x 128 blocks: test_fp8_blocks_*): the
+ * GEMV, the quantization kernels and cuBLASLt's block-scaled product (or,
+ * where it has no algorithm, the dequantization that replaces it) against
+ * float64 references over fresh random e4m3 bytes and scales.
  * Without a GPU every test is skipped. Label "gpu" in CTest. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,9 +42,11 @@
 
 #include "test_cuda_util.h"
 
+#include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 #include "engine/sampler.h"
 #include "model/model.h"
+#include "model/quant.h"
 #include "util/dtype.h"
 #include "util/rng.h"
 
@@ -119,6 +125,212 @@ static int have_gpu(void) {
             skip();                                                  \
         }                                                            \
     } while (0)
+
+/* ---- block-scaled fp8 weights (128 x 128) -------------------------------- */
+
+/* A random [N][K] e4m3 matrix (no NaN codes) and its compact grid
+ * [ceil(N/128)][ceil(K/128)] of scales in [2^-9, 2^-5), and the grid as the
+ * device takes it (rows ld = rp_fp8_grid_ld(K) apart, the padding `pad`). */
+static void rand_blocks(int N, int K, uint8_t **w, float **grid, float **padded, float pad) {
+    const int gr = (N + 127) / 128, gc = (K + 127) / 128, ld = rp_fp8_grid_ld(K);
+    *w = malloc((size_t)N * K);
+    *grid = malloc((size_t)gr * gc * 4);
+    *padded = malloc((size_t)gr * ld * 4);
+    assert_true(*w && *grid && *padded);
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        uint8_t b = (uint8_t)urand(256);
+        if ((b & 0x7f) == 0x7f) b ^= 1; /* NaN -> 448 */
+        (*w)[i] = b;
+    }
+    for (int i = 0; i < gr; i++)
+        for (int j = 0; j < ld; j++) {
+            const float v = ldexpf(1.0f + 0.5f * (frand() + 1.0f), (int)urand(4) - 9);
+            if (j < gc) (*grid)[i * gc + j] = v;
+            (*padded)[i * ld + j] = j < gc ? v : pad;
+        }
+}
+
+/* y[t][n] = sum_k x[t][k] * e4m3(w[n][k]) * grid[n/128][k/128] in double */
+static double *blocks_ref(const uint16_t *x, const uint8_t *w, const float *grid, int T, int N, int K) {
+    const int gc = (K + 127) / 128;
+    double *ref = malloc((size_t)T * N * 8);
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++)
+                acc += (double)bf(x[(size_t)t * K + k]) * rp_f8e4m3_to_f32(w[(size_t)n * K + k]) *
+                       grid[(n / 128) * gc + k / 128];
+            ref[(size_t)t * N + n] = acc;
+        }
+    return ref;
+}
+
+/* The block-scaled GEMV, bf16 input, bf16 and fp32 outputs, T = 1..8; the
+ * grid's padding is NaN (never read) and the output's tail past T x N too
+ * (never written). */
+static void check_gemv_blocks(int N, int K) {
+    uint8_t *w;
+    float *grid, *padded;
+    rand_blocks(N, K, &w, &grid, &padded, NAN);
+    uint16_t *x = rand_bf16((size_t)RP_GEMV_MAX_T * K, 1.0f);
+    const size_t gbytes = (size_t)((N + 127) / 128) * rp_fp8_grid_ld(K) * 4;
+    uint8_t *d_w = dup_to_dev(w, (size_t)N * K);
+    float *d_grid = dup_to_dev(padded, gbytes);
+    uint16_t *d_x = dup_to_dev(x, (size_t)RP_GEMV_MAX_T * K * 2);
+    double *ref = blocks_ref(x, w, grid, RP_GEMV_MAX_T, N, K);
+    const size_t guard = 64;
+    float *y = malloc(((size_t)RP_GEMV_MAX_T * N + guard) * 4);
+    for (int T = 1; T <= RP_GEMV_MAX_T; T++)
+        for (int f32 = 0; f32 < 2; f32++) {
+            const size_t n = (size_t)T * N, eb = f32 ? 4 : 2;
+            void *d_y = dalloc((n + guard) * eb);
+            rp_gemv_in in = {.mode = RP_GEMV_IN_BF16, .x = d_x};
+            rp_gemv_out out = {.mode = f32 ? RP_GEMV_OUT_F32 : RP_GEMV_OUT_BF16, .y = d_y};
+            LAUNCH(rp_k_gemv_fused_fp8_blocks(d_w, d_grid, in, out, T, N, K, 0));
+            to_host(y, d_y, (n + guard) * eb);
+            char what[96];
+            snprintf(what, sizeof what, "gemv fp8 blocks T=%d N=%d K=%d %s", T, N, K, f32 ? "f32" : "bf16");
+            const double e = f32 ? rel_l2_f32(y, ref, n, what) : rel_l2_bf16((const uint16_t *)y, ref, n, what);
+            /* fp32 sums of exact products: a wrong block's scale is off by a factor up to 16 */
+            if (T == 1 || T == RP_GEMV_MAX_T) expect_close(e, f32 ? 1e-4 : 1e-2, "%s", what);
+            else if (!(e < (f32 ? 1e-4 : 1e-2))) fail_msg("%s: relative L2 %.3e", what, e);
+            const uint8_t *tail = (const uint8_t *)y + n * eb;
+            for (size_t i = 0; i < guard * eb; i++)
+                if (tail[i] != 0xff) fail_msg("%s: wrote past its output (byte %zu)", what, i);
+            cudaFree(d_y);
+        }
+    free(w), free(grid), free(padded), free(x), free(ref), free(y);
+    cudaFree(d_w), cudaFree(d_grid), cudaFree(d_x);
+}
+
+static void test_fp8_blocks_gemv(void **state) {
+    (void)state;
+    NEED_GPU();
+    check_gemv_blocks(300, 320);   /* N and K end inside a block (and a 16-row group) */
+    check_gemv_blocks(33, 208);
+    check_gemv_blocks(640, 1040);
+    check_gemv_blocks(1024, 1024); /* qwen3-0.6b's o, hidden */
+    if (!g_small) check_gemv_blocks(3072, 1024);
+    /* refused, not miscomputed: more tokens than the GEMV takes, K % 16, both or no scales */
+    rp_gemv_in in = {.mode = RP_GEMV_IN_BF16};
+    rp_gemv_out out = {.mode = RP_GEMV_OUT_F32};
+    assert_int_equal(rp_k_gemv_fused_fp8_blocks(NULL, NULL, in, out, RP_GEMV_MAX_T + 1, 16, 16, 0),
+                     (int)cudaErrorInvalidValue);
+    assert_int_equal(rp_k_gemv_fused_fp8_blocks(NULL, NULL, in, out, 1, 16, 24, 0), (int)cudaErrorInvalidValue);
+}
+
+/* Dummy weights quantized per block on the GPU: the host's bytes and
+ * scales (model/quant.c), the padding untouched. */
+static void test_fp8_blocks_quant(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int R = 300, C = 320, gr = 3, gc = 3, ld = rp_fp8_grid_ld(C);
+    uint16_t *w = rand_bf16((size_t)R * C, 0.05f);
+    for (int i = 256; i < R; i++)
+        for (int j = 256; j < C; j++) w[(size_t)i * C + j] = 0; /* a block of zeros: scale 1 */
+    uint8_t *q = malloc((size_t)R * C), *gq = malloc((size_t)R * C);
+    uint16_t *deq = malloc((size_t)R * C * 2);
+    float grid[9], *ggrid = malloc((size_t)gr * ld * 4);
+    rp_quant_fp8_blocks(w, R, C, q, grid, deq);
+    uint16_t *d_w = dup_to_dev(w, (size_t)R * C * 2);
+    uint8_t *d_q = dalloc((size_t)R * C);
+    float *d_grid = dalloc((size_t)gr * ld * 4);
+    LAUNCH(rp_k_quant_fp8_blocks(d_w, R, C, d_q, d_grid, ld, 0));
+    to_host(gq, d_q, (size_t)R * C);
+    to_host(ggrid, d_grid, (size_t)gr * ld * 4);
+    assert_memory_equal(q, gq, (size_t)R * C);
+    for (int i = 0; i < gr; i++)
+        for (int j = 0; j < ld; j++) {
+            uint32_t bits;
+            memcpy(&bits, &ggrid[i * ld + j], 4);
+            if (j < gc ? ggrid[i * ld + j] != grid[i * gc + j] : bits != 0xffffffffu)
+                fail_msg("grid (%d, %d): %g, want %g", i, j, ggrid[i * ld + j], j < gc ? grid[i * gc + j] : NAN);
+        }
+    /* and back: the dequantization the cuBLASLt fallback runs is the host's */
+    uint16_t *d_deq = dalloc((size_t)R * C * 2), *gdeq = malloc((size_t)R * C * 2);
+    LAUNCH(rp_k_dequant_fp8_blocks(d_q, d_grid, ld, R, C, d_deq, 0));
+    to_host(gdeq, d_deq, (size_t)R * C * 2);
+    assert_memory_equal(deq, gdeq, (size_t)R * C * 2);
+    printf("  fp8 blocks: %dx%d quantized and dequantized as the host does\n", R, C);
+    free(w), free(q), free(gq), free(deq), free(ggrid), free(gdeq);
+    cudaFree(d_w), cudaFree(d_q), cudaFree(d_grid), cudaFree(d_deq);
+}
+
+/* Activations per token and 128 k (the host's arithmetic: max|x| / 448,
+ * then the nearest code), then cuBLASLt's block-scaled product against
+ * float64 over those quantized activations; where cuBLASLt has no
+ * algorithm the test says so (the backend then dequantizes: checked
+ * above). */
+static void check_gemm_blocks(rp_gemm *g, int T, int N, int K, int out_f32) {
+    uint8_t *w;
+    float *grid, *padded;
+    rand_blocks(N, K, &w, &grid, &padded, 0.0f);
+    uint16_t *x = rand_bf16((size_t)T * K, 1.0f);
+    const int groups = (K + 127) / 128, ldt = rp_fp8_act_ld(T);
+    uint16_t *d_x = dup_to_dev(x, (size_t)T * K * 2);
+    uint8_t *d_xq = dalloc((size_t)T * K), *xq = malloc((size_t)T * K);
+    float *d_sx = dalloc((size_t)groups * ldt * 4), *sx = malloc((size_t)groups * ldt * 4);
+    LAUNCH(rp_k_quant_fp8_act_groups(d_x, T, K, d_xq, d_sx, 0));
+    to_host(xq, d_xq, (size_t)T * K);
+    to_host(sx, d_sx, (size_t)groups * ldt * 4);
+    double *xd = malloc((size_t)T * K * 8); /* x as quantized: the reference's input */
+    for (int t = 0; t < T; t++)
+        for (int gi = 0; gi < groups; gi++) {
+            float amax = 0;
+            for (int k = gi * 128; k < K && k < (gi + 1) * 128; k++) amax = fmaxf(amax, fabsf(bf(x[(size_t)t * K + k])));
+            const float s = amax > 0 ? amax / 448.0f : 1.0f;
+            if (sx[(size_t)gi * ldt + t] != s) fail_msg("act scale t=%d g=%d: %g, want %g", t, gi, sx[(size_t)gi * ldt + t], s);
+            for (int k = gi * 128; k < K && k < (gi + 1) * 128; k++) {
+                const uint8_t want = rp_f32_to_f8e4m3(bf(x[(size_t)t * K + k]) / s);
+                if (xq[(size_t)t * K + k] != want) fail_msg("act byte t=%d k=%d: %02x, want %02x", t, k, xq[(size_t)t * K + k], want);
+                xd[(size_t)t * K + k] = (double)rp_f8e4m3_to_f32(want) * s;
+            }
+        }
+    rp_err err;
+    if (!rp_gemm_fp8_blocks_supported(g, T, N, K, out_f32, &err)) {
+        printf("  gemm fp8 blocks T=%d N=%d K=%d: %s (the backend dequantizes)\n", T, N, K, err.msg);
+    } else {
+        const size_t n = (size_t)T * N, eb = out_f32 ? 4 : 2;
+        uint8_t *d_w = dup_to_dev(w, (size_t)N * K);
+        float *d_grid = dup_to_dev(padded, (size_t)((N + 127) / 128) * rp_fp8_grid_ld(K) * 4);
+        void *d_y = dalloc(n * eb), *y = malloc(n * eb);
+        if (rp_gemm_run_fp8_blocks(g, d_w, d_grid, d_xq, d_sx, d_y, T, N, K, out_f32, 0, &err)) fail_msg("%s", err.msg);
+        CU(cudaDeviceSynchronize());
+        to_host(y, d_y, n * eb);
+        double *ref = malloc(n * 8);
+        const int gc = (K + 127) / 128;
+        for (int t = 0; t < T; t++)
+            for (int nn = 0; nn < N; nn++) {
+                double acc = 0;
+                for (int k = 0; k < K; k++)
+                    acc += xd[(size_t)t * K + k] * rp_f8e4m3_to_f32(w[(size_t)nn * K + k]) * grid[(nn / 128) * gc + k / 128];
+                ref[(size_t)t * N + nn] = acc;
+            }
+        char what[96];
+        snprintf(what, sizeof what, "gemm fp8 blocks T=%d N=%d K=%d %s", T, N, K, out_f32 ? "f32" : "bf16");
+        /* FP8 tensor cores sum a block's products at reduced precision; a
+         * scale read from the wrong place is off by a factor up to 16 */
+        expect_close(out_f32 ? rel_l2_f32(y, ref, n, what) : rel_l2_bf16(y, ref, n, what), out_f32 ? 2e-3 : 1e-2, "%s",
+                     what);
+        free(ref), free(y);
+        cudaFree(d_w), cudaFree(d_grid), cudaFree(d_y);
+    }
+    free(w), free(grid), free(padded), free(x), free(xq), free(sx), free(xd);
+    cudaFree(d_x), cudaFree(d_xq), cudaFree(d_sx);
+}
+
+static void test_fp8_blocks_gemm(void **state) {
+    (void)state;
+    NEED_GPU();
+    rp_gemm g;
+    rp_err err;
+    if (rp_gemm_init(&g, 32u << 20, &err)) fail_msg("%s", err.msg);
+    check_gemm_blocks(&g, 37, 384, 1024, 1); /* tokens not a multiple of 4: the scales' padded stride */
+    check_gemm_blocks(&g, 64, 640, 1024, 0);
+    check_gemm_blocks(&g, 24, 256, 320, 1);  /* K ends inside a block */
+    check_gemm_blocks(&g, 9, 1024, 3072, 1); /* the fewest tokens it takes (past the GEMV's 8) */
+    rp_gemm_destroy(&g);
+}
 
 /* ---- embedding, norms, elementwise -------------------------------------- */
 
@@ -1130,6 +1342,8 @@ int main(void) {
         cmocka_unit_test(test_attn_prefill_split), cmocka_unit_test(test_attn_prefill_split_bound),
         cmocka_unit_test(test_attn_step),       cmocka_unit_test(test_tp_kernels),
         cmocka_unit_test(test_fill_dummy_slice),
+        cmocka_unit_test(test_fp8_blocks_gemv),        cmocka_unit_test(test_fp8_blocks_quant),
+        cmocka_unit_test(test_fp8_blocks_gemm),
         cmocka_unit_test(test_qk_norm_rope_store_fp8), cmocka_unit_test(test_attn_decode_fp8),
         cmocka_unit_test(test_attn_prefill_fp8),       cmocka_unit_test(test_attn_step_fp8),
     };

@@ -730,6 +730,258 @@ static void test_quantize_model(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* A shape whose q, k, v, gate and up rows are whole 128-row blocks (the
+ * GPU stacks their grids) and whose hidden size (320) ends in a partial
+ * 128-column block. */
+static rp_model_config block_config(void) {
+    rp_model_config c;
+    rp_err err;
+    if (rp_config_preset(&c, "tiny-qwen3", &err)) fail_msg("%s", err.msg);
+    c.head_dim = 128, c.hidden_size = 320, c.num_heads = 2, c.num_kv_heads = 1, c.intermediate_size = 384;
+    c.num_layers = 2, c.vocab_size = 300;
+    return c;
+}
+
+/* Per 128 x 128 block, computed here: the scale is the block's max|w| /
+ * 448 (1 for zeros), each byte the nearest code to w / scale, deq their
+ * product in bf16; partial blocks at the right and bottom edges. */
+static void test_quant_blocks(void **state) {
+    (void)state;
+    enum { ROWS = 200, COLS = 300, GR = 2, GC = 3 };
+    uint16_t *w = malloc(ROWS * COLS * 2), *deq = malloc(ROWS * COLS * 2);
+    uint8_t *q = malloc(ROWS * COLS);
+    float grid[GR * GC];
+    uint64_t r = 7654321;
+    for (int i = 0; i < ROWS * COLS; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        const int row = i / COLS, col = i % COLS;
+        const double z = ((double)(r >> 11) / 9007199254740992.0 - 0.5) * ldexp(1, (row / 128 + col / 128) * 3 - 6);
+        w[i] = row >= 128 && col >= 256 ? 0 : rp_f32_to_bf16((float)z); /* one block of zeros */
+    }
+    rp_quant_fp8_blocks(w, ROWS, COLS, q, grid, deq);
+    for (int bi = 0; bi < GR; bi++)
+        for (int bj = 0; bj < GC; bj++) {
+            float amax = 0;
+            for (int i = bi * 128; i < ROWS && i < (bi + 1) * 128; i++)
+                for (int j = bj * 128; j < COLS && j < (bj + 1) * 128; j++)
+                    amax = fmaxf(amax, fabsf(rp_bf16_to_f32(w[i * COLS + j])));
+            const float s = amax > 0 ? amax / 448.0f : 1.0f;
+            if (grid[bi * GC + bj] != s) fail_msg("block (%d, %d): scale %g, want %g", bi, bj, grid[bi * GC + bj], s);
+            for (int i = bi * 128; i < ROWS && i < (bi + 1) * 128; i++)
+                for (int j = bj * 128; j < COLS && j < (bj + 1) * 128; j++) {
+                    const int k = i * COLS + j;
+                    const float x = rp_bf16_to_f32(w[k]) / s;
+                    const uint8_t want = (uint8_t)((x < 0 ? 0x80 : 0) | e4m3_nearest(fabs((double)x)));
+                    if (q[k] != want && !(x == 0 && (q[k] & 0x7f) == 0)) fail_msg("[%d, %d]: %02x, want %02x", i, j, q[k], want);
+                    assert_int_equal(deq[k], rp_f32_to_bf16((float)e4m3_value(q[k]) * s));
+                }
+        }
+    free(w);
+    free(deq);
+    free(q);
+}
+
+/* Model q (block-quantized: its bytes and grids) as an official-style FP8
+ * checkpoint in dir: config.json (the fixture's, with q's shape and
+ * quantization_config {fp8, e4m3, dynamic, [128, 128]}), every layer
+ * matrix F8_E4M3 with its weight_scale_inv grid (f32), the rest bf16.
+ * bad: 0; 1 the first grid one row of blocks too many; 2 a NaN in it;
+ * 3 a negative scale in it. */
+static void write_block_checkpoint(const char *dir, const rp_model *q, int bad) {
+    char src[1024], path[1300];
+    test_path(src, sizeof src, fixture);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    json_error_t je;
+    json_t *cfg = json_load_file(path, 0, &je);
+    assert_non_null(cfg);
+    const rp_model_config *c = &q->cfg;
+    json_object_del(cfg, "layer_types");
+    json_object_set_new(cfg, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(cfg, "intermediate_size", json_integer(c->intermediate_size));
+    json_object_set_new(cfg, "num_attention_heads", json_integer(c->num_heads));
+    json_object_set_new(cfg, "num_key_value_heads", json_integer(c->num_kv_heads));
+    json_object_set_new(cfg, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(c->num_layers));
+    json_object_set_new(cfg, "vocab_size", json_integer(c->vocab_size));
+    json_object_set_new(cfg, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
+    json_object_set_new(cfg, "quantization_config",
+                        json_loads("{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "
+                                   "\"weight_block_size\": [128, 128]}", 0, &je));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(json_dump_file(cfg, path, JSON_INDENT(1)), 0);
+    json_decref(cfg);
+    char *hdr = malloc(1 << 17);
+    size_t hl = (size_t)snprintf(hdr, 1 << 17, "{"), off = 0;
+    FILE *f = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        int first = 1;
+        for (int k = 0; k < RP_W_COUNT; k++)
+            for (int l = 0; l < (k < RP_W_FIRST_LAYER_KIND ? 1 : c->num_layers); l++) {
+                const rp_weight *w = rp_model_weight(q, (rp_weight_kind)k, l);
+                char name[256];
+                if (!w->data || (k == RP_W_LM_HEAD && c->tie_word_embeddings) ||
+                    !c->arch->tensor_name((rp_weight_kind)k, l, name, sizeof name))
+                    continue;
+                const long long rows = w->rows, cols = w->cols, n = rows * cols;
+                if (!w->fp8) {
+                    char shape[64];
+                    if (cols > 1) snprintf(shape, sizeof shape, "[%lld, %lld]", rows, cols);
+                    else snprintf(shape, sizeof shape, "[%lld]", rows);
+                    if (!pass)
+                        hl += (size_t)snprintf(hdr + hl, (1 << 17) - hl, "%s\"%s\": {\"dtype\": \"BF16\", \"shape\": %s, "
+                                               "\"data_offsets\": [%zu, %zu]}", hl > 1 ? ", " : "", name, shape, off,
+                                               off + (size_t)n * 2);
+                    else fwrite(w->data, 2, (size_t)n, f);
+                    off += pass ? 0 : (size_t)n * 2;
+                    continue;
+                }
+                const long long gr = (rows + 127) / 128, gc = (cols + 127) / 128, extra = bad == 1 && first ? gc : 0;
+                if (!pass) {
+                    hl += (size_t)snprintf(hdr + hl, (1 << 17) - hl, "%s\"%s\": {\"dtype\": \"F8_E4M3\", \"shape\": [%lld, "
+                                           "%lld], \"data_offsets\": [%zu, %zu]}, \"%s_scale_inv\": {\"dtype\": \"F32\", "
+                                           "\"shape\": [%lld, %lld], \"data_offsets\": [%zu, %zu]}", hl > 1 ? ", " : "",
+                                           name, rows, cols, off, off + (size_t)n, name, gr + (extra ? 1 : 0), gc,
+                                           off + (size_t)n, off + (size_t)n + (size_t)(gr * gc + extra) * 4);
+                    off += (size_t)n + (size_t)(gr * gc + extra) * 4;
+                } else {
+                    fwrite(w->fp8, 1, (size_t)n, f);
+                    float *grid = malloc((size_t)(gr * gc + extra) * 4);
+                    memcpy(grid, w->block_scale, (size_t)(gr * gc) * 4);
+                    for (long long e = 0; e < extra; e++) grid[gr * gc + e] = 1.0f;
+                    if (first && bad == 2) grid[gr * gc - 1] = NAN;
+                    if (first && bad == 3) grid[0] = -grid[0];
+                    fwrite(grid, 4, (size_t)(gr * gc + extra), f);
+                    free(grid);
+                }
+                first = 0;
+            }
+        if (!pass) {
+            hl += (size_t)snprintf(hdr + hl, (1 << 17) - hl, "}");
+            snprintf(path, sizeof path, "%s/model.safetensors", dir);
+            f = fopen(path, "wb");
+            assert_non_null(f);
+            const uint64_t len = hl;
+            fwrite(&len, 8, 1, f);
+            fwrite(hdr, 1, hl, f);
+        }
+    }
+    fclose(f);
+    free(hdr);
+}
+
+/* RP_FP8_BLOCKS: dummy weights quantized per block hold the bytes, the
+ * grid and the dequantized values rp_quant_fp8_blocks makes; a shape whose
+ * stacked parts are not whole blocks is refused; an official-style
+ * checkpoint of the same model loads as the same bytes, grids and CPU
+ * values (weight_bytes a byte an element and a float a block); its grids of
+ * the wrong shape, with NaN or a negative scale are refused naming the
+ * tensor; a checkpoint whose k rows are not a whole block stays
+ * dequantized. */
+static void test_fp8_blocks(void **state) {
+    (void)state;
+    rp_err err;
+    rp_load_options lo = {.seed = 5, .quantize_fp8 = RP_FP8_BLOCKS};
+    assert_null(rp_model_dummy("tiny-qwen3", &lo, &err));
+    if (!strstr(err.msg, "128-row blocks")) fail_msg("%s", err.msg);
+    const rp_model_config cfg = block_config();
+    rp_model *q = rp_model_dummy_from_config(&cfg, &lo, &err);
+    lo.quantize_fp8 = RP_FP8_NONE;
+    rp_model *a = rp_model_dummy_from_config(&cfg, &lo, &err);
+    assert_non_null(q);
+    assert_non_null(a);
+    assert_int_equal(q->fp8, RP_FP8_BLOCKS);
+    uint64_t held = a->weight_bytes;
+    for (int l = 0; l < cfg.num_layers; l++)
+        for (int k = RP_W_FIRST_LAYER_KIND; k < RP_W_COUNT; k++) {
+            const rp_weight *wa = rp_model_weight(a, (rp_weight_kind)k, l), *wq = rp_model_weight(q, (rp_weight_kind)k, l);
+            if (!wa->data || !rp_weight_kind_is_layer_matrix((rp_weight_kind)k)) continue;
+            const size_t n = (size_t)(wa->rows * wa->cols), ng = (size_t)((wa->rows + 127) / 128 * ((wa->cols + 127) / 128));
+            assert_non_null(wq->fp8);
+            assert_non_null(wq->block_scale);
+            assert_null(wq->scale);
+            uint8_t *b = malloc(n);
+            uint16_t *deq = malloc(n * 2);
+            float *grid = malloc(ng * 4);
+            rp_quant_fp8_blocks(wa->data, wa->rows, wa->cols, b, grid, deq);
+            assert_memory_equal(b, wq->fp8, n);
+            assert_memory_equal(grid, wq->block_scale, ng * 4);
+            assert_memory_equal(deq, wq->data, n * 2);
+            held -= n - ng * 4;
+            free(b);
+            free(deq);
+            free(grid);
+        }
+    assert_int_equal(q->weight_bytes, held);
+    char dir[] = "/tmp/rp_test_weights_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char sub[1200];
+    snprintf(sub, sizeof sub, "%s/good", dir);
+    write_block_checkpoint(sub, q, 0);
+    rp_load_options plain = {0};
+    rp_model *m = rp_model_load(sub, &plain, &err);
+    if (!m) fail_msg("%s", err.msg);
+    assert_int_equal(m->fp8, RP_FP8_BLOCKS);
+    assert_int_equal(m->weight_bytes, q->weight_bytes);
+    for (int k = 0; k < RP_W_COUNT; k++)
+        for (int l = 0; l < (k < RP_W_FIRST_LAYER_KIND ? 1 : cfg.num_layers); l++) {
+            const rp_weight *wq = rp_model_weight(q, (rp_weight_kind)k, l), *wm = rp_model_weight(m, (rp_weight_kind)k, l);
+            if (!wq->data) continue;
+            const size_t n = (size_t)(wq->rows * wq->cols);
+            assert_memory_equal(wq->data, wm->data, n * 2); /* the CPU's values: the quantizer's dequantized ones */
+            assert_true((wq->fp8 == NULL) == (wm->fp8 == NULL));
+            if (!wq->fp8) continue;
+            assert_memory_equal(wq->fp8, wm->fp8, n);
+            assert_memory_equal(wq->block_scale, wm->block_scale, (size_t)((wq->rows + 127) / 128 * ((wq->cols + 127) / 128)) * 4);
+            assert_null(wm->scale);
+        }
+    rp_model_free(m);
+    const char *want[] = {"", "does not explain", "negative, infinite or NaN", "negative, infinite or NaN"};
+    for (int bad = 1; bad <= 3; bad++) {
+        snprintf(sub, sizeof sub, "%s/bad%d", dir, bad);
+        write_block_checkpoint(sub, q, bad);
+        assert_null(rp_model_load(sub, &plain, &err));
+        if (!strstr(err.msg, want[bad]) || !strstr(err.msg, "proj.weight"))
+            fail_msg("bad %d: %s", bad, err.msg);
+    }
+    rp_model_free(q);
+    rp_model_free(a);
+    /* k's 64 rows: quantized here (the loader's option refuses the shape),
+     * written, and loaded dequantized */
+    rp_model_config odd = block_config();
+    odd.head_dim = 64, odd.num_heads = 4;
+    a = rp_model_dummy_from_config(&odd, &lo, &err);
+    assert_non_null(a);
+    void *keep[3 * 7 * 2];
+    int nkeep = 0;
+    for (int l = 0; l < odd.num_layers; l++)
+        for (int k = RP_W_FIRST_LAYER_KIND; k < RP_W_COUNT; k++) {
+            rp_weight *w = (rp_weight *)rp_model_weight(a, (rp_weight_kind)k, l);
+            if (!w->data || !rp_weight_kind_is_layer_matrix((rp_weight_kind)k)) continue;
+            const size_t n = (size_t)(w->rows * w->cols), ng = (size_t)((w->rows + 127) / 128 * ((w->cols + 127) / 128));
+            uint8_t *b = malloc(n);
+            float *grid = malloc(ng * 4);
+            uint16_t *deq = malloc(n * 2);
+            rp_quant_fp8_blocks(w->data, w->rows, w->cols, b, grid, deq);
+            free(deq);
+            w->fp8 = b, w->block_scale = grid;
+            keep[nkeep++] = b, keep[nkeep++] = grid;
+        }
+    snprintf(sub, sizeof sub, "%s/odd", dir);
+    write_block_checkpoint(sub, a, 0);
+    m = rp_model_load(sub, &plain, &err);
+    if (!m) fail_msg("%s", err.msg);
+    assert_int_equal(m->fp8, RP_FP8_NONE);
+    assert_null(rp_model_weight(m, RP_W_Q, 0)->fp8);
+    assert_null(rp_model_weight(m, RP_W_Q, 0)->block_scale);
+    rp_model_free(m);
+    for (int i = 0; i < nkeep; i++) free(keep[i]);
+    rp_model_free(a);
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* quantization_config that replay refuses, each with the reason named */
 static void test_quant_config_errors(void **state) {
     (void)state;
@@ -773,6 +1025,8 @@ int main(void) {
         cmocka_unit_test(test_f8_encode),
         cmocka_unit_test(test_quant_rows),
         cmocka_unit_test(test_quantize_model),
+        cmocka_unit_test(test_quant_blocks),
+        cmocka_unit_test(test_fp8_blocks),
         cmocka_unit_test(test_dummy),
         cmocka_unit_test(test_dummy_distribution),
         cmocka_unit_test(test_dummy_golden),

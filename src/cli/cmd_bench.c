@@ -71,6 +71,9 @@ static void help(FILE *f) {
             "  --speculative-always   every sequence drafts every round; by default the engine's rule\n"
             "                         applies (a sequence whose rounds keep too few drafts decodes plainly,\n"
             "                         probing now and then: docs/speculative.md) (default: off)\n"
+            "  --fp8-blocks           quantize the bf16 (or dummy) layer matrices to e4m3 with a scale per\n"
+            "                         128x128 block as they load: the official FP8 checkpoints' layout, to\n"
+            "                         time its kernels without one (docs/models.md) (default: off)\n"
             "\n");
     rp_bench_output_help(f, RP_BENCH_PROGRESS_HELP);
 }
@@ -92,6 +95,7 @@ static const struct option options[] = {
     {"speculative-dummy-weights", required_argument, 0, 'D'},
     {"speculative-model", required_argument, 0, 'M'},
     {"speculative-always", no_argument, 0, 'Y'},
+    {"fp8-blocks", no_argument, 0, 'B'},
     RP_COMMON_LONG_OPTIONS,
     {0, 0, 0, 0},
 };
@@ -315,7 +319,7 @@ static int bench_decode(int argc, char **argv) {
     double temperature = 0, top_p = 1, interval = RP_BENCH_PROGRESS_INTERVAL;
     long spec_k = 0;
     const char *draft_dummy = NULL, *draft_dir = NULL;
-    int spec_always = 0;
+    int spec_always = 0, fp8_blocks = 0;
     double rates[MAX_RATES] = {0, 0.5, 0.7, 0.9, 1};
     int nr = 5;
     rp_cli_opts_begin();
@@ -362,6 +366,7 @@ static int bench_decode(int argc, char **argv) {
             break;
         case 'D': draft_dummy = optarg; break;
         case 'Y': spec_always = 1; break;
+        case 'B': fp8_blocks = 1; break;
         case 'M': draft_dir = optarg; break;
         case 'A':
             if ((nr = parse_rates(optarg, rates)) < 0)
@@ -408,8 +413,11 @@ static int bench_decode(int argc, char **argv) {
         rp_log_warn("could not measure the read bandwidth");
 #endif
     int pages_per_seq = (total_len + (int)page_size - 1) / (int)page_size;
+    if (fp8_blocks && mo.quantize_fp8)
+        return rp_cli_usage_error(CMD, "give one of --fp8-blocks and --quantization fp8");
     rp_runner_config rcfg;
     rp_cli_runner_config(&mo, &rcfg);
+    if (fp8_blocks) rcfg.quantize_fp8 = RP_FP8_BLOCKS;
     rcfg.page_size = (int)page_size;
     rcfg.num_pages = pages_per_seq * maxB;
     rcfg.max_seqs = maxB;

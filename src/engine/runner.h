@@ -30,7 +30,8 @@ typedef struct rp_runner_config {
     const char *dummy_name;
     int load_dummy;
     uint64_t weight_seed;
-    int quantize_fp8; /* --quantization fp8 (rp_load_options) */
+    int quantize_fp8; /* rp_load_options.quantize_fp8: --quantization fp8 (RP_FP8_ROWS), or bench decode
+                       * --fp8-blocks (RP_FP8_BLOCKS) */
     int load_progress; /* a progress bar while the weights load */
     const char *device; /* "auto" (NULL too): the GPU when there is one; "cpu"; "cuda" */
     int threads;        /* CPU backend; 0 = all cores */

@@ -15,15 +15,31 @@
 #include "model/safetensors.h"
 #include "util/dtype.h"
 
+/* How a model's layer matrices (q, k, v, o, gate, up, down) are held for
+ * the GPU besides their bf16 values (model/quant.h). */
+typedef enum rp_fp8_layout {
+    RP_FP8_NONE = 0, /* bf16 only */
+    RP_FP8_ROWS,     /* e4m3 bytes and one fp32 scale per row: --quantization fp8, per-tensor and
+                      * per-channel FP8 checkpoints */
+    RP_FP8_BLOCKS,   /* e4m3 bytes and one fp32 scale per 128 x 128 block: the official Qwen3 FP8
+                      * checkpoints (DeepSeek's layout) */
+} rp_fp8_layout;
+
+/* The block of RP_FP8_BLOCKS: rows and columns one scale covers. */
+#define RP_FP8_BLOCK 128
+
 typedef struct rp_weight {
     const uint16_t *data; /* bf16, row-major [rows, cols]; NULL when absent */
     int64_t rows, cols;
-    /* --quantization fp8, a layer's matrices: the e4m3 bytes [rows, cols]
-     * and one fp32 scale per row (model/quant.h); data then holds their
-     * dequantized values. NULL otherwise, and with lazy dummy weights (the
-     * backend quantizes what it generates). */
+    /* An fp8 model's layer matrices (rp_model.fp8): the e4m3 bytes [rows,
+     * cols] and either one fp32 scale per row (scale, RP_FP8_ROWS) or one
+     * per 128 x 128 block (block_scale, RP_FP8_BLOCKS: [ceil(rows / 128)]
+     * [ceil(cols / 128)], row-major); data then holds their dequantized
+     * values. NULL otherwise, and with lazy dummy weights (the backend
+     * quantizes what it generates). */
     const uint8_t *fp8;
     const float *scale;
+    const float *block_scale;
 } rp_weight;
 
 typedef enum rp_load_format { RP_LOAD_AUTO = 0, RP_LOAD_DUMMY } rp_load_format;
@@ -35,9 +51,9 @@ typedef struct rp_model {
     char *dir;                               /* model directory, NULL for presets */
     int dummy;                               /* weights are random */
     uint64_t dummy_seed;
-    uint64_t weight_bytes;                   /* bytes of distinct weights as held (--quantization fp8: its
-                                              * matrices at a byte an element and a float a row) */
-    int fp8;                                 /* --quantization fp8: the layer matrices are e4m3 (rp_weight) */
+    uint64_t weight_bytes;                   /* bytes of distinct weights as held (fp8: its matrices at a
+                                              * byte an element and a float a row or a block) */
+    rp_fp8_layout fp8;                       /* the layer matrices' e4m3 form, if any (rp_weight) */
     /* The fp8 KV cache's scales per layer ([num_layers] each): K is stored
      * as e4m3(k / k_scale), V as e4m3(v / v_scale). Read from the
      * checkpoint where it has them (vLLM's and llm-compressor's names:
@@ -60,10 +76,13 @@ typedef struct rp_load_options {
      * generate the same values where they live (the GPU fills 16 GB in
      * milliseconds; the host would take seconds and the memory). */
     int lazy_dummy;
-    /* --quantization fp8: each layer's q/k/v/o/gate/up/down matrices
-     * quantized to e4m3 with per-row scales at load (vLLM's option);
-     * embeddings, lm_head, norms and biases stay bf16. */
-    int quantize_fp8;
+    /* --quantization fp8 (RP_FP8_ROWS): each layer's q/k/v/o/gate/up/down
+     * matrices quantized to e4m3 with per-row scales at load (vLLM's
+     * option); embeddings, lm_head, norms and biases stay bf16.
+     * RP_FP8_BLOCKS (tests and `replay bench`, not a product option): the
+     * same matrices quantized per 128 x 128 block, the official FP8
+     * checkpoints' layout, so their path runs on dummy weights. */
+    rp_fp8_layout quantize_fp8;
 } rp_load_options;
 
 /* Loads DIR (config, generation config, weights per options->format). */

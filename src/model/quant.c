@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "model/model.h"
 #include "util/dtype.h"
 
 static const char *str(const json_t *o, const char *key) {
@@ -196,6 +197,17 @@ int rp_quant_row_scales(const rp_quant_config *q, const char *name, int64_t rows
     return 1;
 }
 
+int rp_quant_block_scales(const rp_quant_config *q, const char *name, int64_t rows, int64_t cols,
+                          const rp_st_tensor *scale, float *grid, rp_err *err) {
+    int64_t b0, b1;
+    if (scale_span(q, name, rows, cols, scale, &b0, &b1, err)) return -1;
+    if (q->block[0] != RP_FP8_BLOCK || q->block[1] != RP_FP8_BLOCK) return 0;
+    const int64_t n = (rows + b0 - 1) / b0 * ((cols + b1 - 1) / b1);
+    for (int64_t i = 0; i < n; i++)
+        if (scale_checked(scale, name, i, &grid[i], err)) return -1;
+    return 1;
+}
+
 int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_tensor *w, int64_t rows, int64_t cols,
                      const rp_st_tensor *scale, uint16_t *dst, rp_err *err) {
     int64_t b0, b1; /* the rows and columns one scale covers */
@@ -227,6 +239,28 @@ void rp_quant_fp8_rows(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q
             const uint8_t v = rp_f32_to_f8e4m3(rp_bf16_to_f32(wr[c]) / s);
             q[r * cols + c] = v;
             deq[r * cols + c] = rp_f32_to_bf16(rp_f8e4m3_to_f32(v) * s);
+        }
+    }
+}
+
+void rp_quant_fp8_blocks(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q, float *grid, uint16_t *deq) {
+    const int64_t B = RP_FP8_BLOCK, gr = (rows + B - 1) / B, gc = (cols + B - 1) / B;
+#pragma omp parallel for schedule(static)
+    for (int64_t bi = 0; bi < gr; bi++) {
+        const int64_t r1 = (bi + 1) * B < rows ? (bi + 1) * B : rows;
+        for (int64_t bj = 0; bj < gc; bj++) {
+            const int64_t c0 = bj * B, c1 = c0 + B < cols ? c0 + B : cols;
+            float amax = 0.0f;
+            for (int64_t r = bi * B; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(rp_bf16_to_f32(w[r * cols + c])));
+            const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+            grid[bi * gc + bj] = s;
+            for (int64_t r = bi * B; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++) {
+                    const uint8_t v = rp_f32_to_f8e4m3(rp_bf16_to_f32(w[r * cols + c]) / s);
+                    q[r * cols + c] = v;
+                    deq[r * cols + c] = rp_f32_to_bf16(rp_f8e4m3_to_f32(v) * s);
+                }
         }
     }
 }

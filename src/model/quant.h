@@ -16,11 +16,13 @@
  * the dtype of each tensor, not the list, says which is which.
  *
  * Every weight is dequantized to bf16 at load (rp_quant_dequant: the CPU
- * backend's values); where the scales are per tensor or per row
+ * backend's values). Where the scales are per tensor or per row
  * (rp_quant_row_scales) the e4m3 bytes and row scales are kept too and the
- * GPU runs them as --quantization fp8's. 128 x 128 blocks run dequantized:
- * a weight-only reading of the model with bf16 activations, as vLLM runs
- * FP8 checkpoints on GPUs without FP8 (docs/models.md). */
+ * GPU runs them as --quantization fp8's; where they are 128 x 128 blocks
+ * (rp_quant_block_scales) the bytes and the block grid are kept and the GPU
+ * runs its block-scaled kernels. Other block sizes run dequantized: a
+ * weight-only reading of the model with bf16 activations, as vLLM runs FP8
+ * checkpoints on GPUs without FP8 (docs/models.md). */
 #ifndef RP_MODEL_QUANT_H
 #define RP_MODEL_QUANT_H
 
@@ -54,6 +56,14 @@ int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_ten
 int rp_quant_row_scales(const rp_quant_config *q, const char *name, int64_t rows, int64_t cols,
                         const rp_st_tensor *scale, float *row_scale, rp_err *err);
 
+/* Where weight `name`'s scales are RP_FP8_BLOCK x RP_FP8_BLOCK blocks
+ * (model.h): the grid, checked (finite, not negative), into grid
+ * [ceil(rows / 128) * ceil(cols / 128)] as f32, and 1. 0 for any other
+ * layout (rows, tensor, other block sizes), -1 with err on a bad scale
+ * tensor (a grid of the wrong shape, NaN, infinite or negative values). */
+int rp_quant_block_scales(const rp_quant_config *q, const char *name, int64_t rows, int64_t cols,
+                          const rp_st_tensor *scale, float *grid, rp_err *err);
+
 /* A KV cache scale tensor `name` (k_scale, v_scale, kv_scale,
  * output_scale: one element, shape [] or [1], f32, bf16 or f16) into *out;
  * an error naming the tensor when it has more elements, another dtype, or a
@@ -67,5 +77,12 @@ int rp_quant_kv_scale(const char *name, const rp_st_tensor *t, float *out, rp_er
  * backend's weights). Every step is exactly rounded fp32, so the CUDA
  * backend's kernel (rp_k_quant_fp8_rows) makes the same bytes. */
 void rp_quant_fp8_rows(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q, float *scale, uint16_t *deq);
+
+/* The same per RP_FP8_BLOCK x RP_FP8_BLOCK block (the official FP8
+ * checkpoints' layout, for tests and benchmarks on dummy weights): block
+ * (i, j)'s scale grid[i * ceil(cols / 128) + j] = max|w| / 448 over the
+ * block (1 for a block of zeros), q = e4m3(w / scale), deq = bf16(q *
+ * scale). The CUDA kernel rp_k_quant_fp8_blocks makes the same bytes. */
+void rp_quant_fp8_blocks(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q, float *grid, uint16_t *deq);
 
 #endif

@@ -72,57 +72,108 @@ static rp_weight *slot(rp_model *m, rp_weight_kind kind, int layer) {
         for (int layer = 0; layer < (kind < RP_W_FIRST_LAYER_KIND ? 1 : (cfg)->num_layers); layer++) \
             if (kind_present((cfg), (rp_weight_kind)kind))
 
-/* --quantization fp8: each layer matrix's e4m3 bytes and row scales, and its
+/* Whether RP_FP8_BLOCKS can be held for the GPU: the CUDA backend stacks
+ * q|k|v and gate|up into one matrix each, and their block grids stack with
+ * them only where every part's rows are whole 128-row blocks (true of the
+ * Qwen3 and Llama shapes). NULL if so, else what is not. */
+static const char *fp8_blocks_unstackable(const rp_model_config *cfg) {
+    static const rp_weight_kind stacked[] = {RP_W_Q, RP_W_K, RP_W_V, RP_W_GATE, RP_W_UP};
+    for (size_t i = 0; i < sizeof stacked / sizeof stacked[0]; i++) {
+        int64_t shape[2];
+        rp_weight_shape(cfg, stacked[i], shape);
+        if (shape[0] % RP_FP8_BLOCK) return rp_weight_kind_name(stacked[i]);
+    }
+    return NULL;
+}
+
+/* An fp8 model's held bytes: each layer matrix at a byte an element plus
+ * its scales (a float a row, or a float a block) instead of bf16's two. */
+static void fp8_weight_bytes(rp_model *m) {
+    FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
+        if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
+        int64_t shape[2];
+        rp_weight_shape(&m->cfg, (rp_weight_kind)kind, shape);
+        const int64_t B = RP_FP8_BLOCK,
+                      scales = m->fp8 == RP_FP8_BLOCKS ? (shape[0] + B - 1) / B * ((shape[1] + B - 1) / B) : shape[0];
+        m->weight_bytes -= (uint64_t)(shape[0] * shape[1]) - (uint64_t)scales * sizeof(float);
+    }
+}
+
+/* --quantization fp8 (per row), or per 128 x 128 block for tests and
+ * benchmarks: each layer matrix's e4m3 bytes and scales, and its
  * dequantized values in place of the bf16 ones (model/quant.h). With lazy
  * dummy weights there are no host values: the backend quantizes what it
  * generates, the same way. */
 static int quantize_fp8(rp_model *m, const rp_load_options *opts, rp_err *err) {
     if (!opts || !opts->quantize_fp8) return 0;
+    const int blocks = opts->quantize_fp8 == RP_FP8_BLOCKS;
     if (m->cfg.quant.method != RP_QUANT_NONE)
         return rp_errf(err, "--quantization fp8: the checkpoint is already quantized (%s): replay runs it as it is "
                             "and does not re-quantize it",
                        m->cfg.quant.desc);
-    m->fp8 = 1;
-    FOR_EACH_WEIGHT(&m->cfg, kind, layer) { /* weight_bytes: as held, a byte per element and a scale per row */
-        if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
-        int64_t shape[2];
-        rp_weight_shape(&m->cfg, (rp_weight_kind)kind, shape);
-        m->weight_bytes -= (uint64_t)(shape[0] * shape[1]) - (uint64_t)shape[0] * sizeof(float);
-    }
+    const char *part = blocks ? fp8_blocks_unstackable(&m->cfg) : NULL;
+    if (part)
+        return rp_errf(err, "fp8 128x128 blocks: %s's rows are not whole 128-row blocks, which the GPU's stacked "
+                            "q|k|v and gate|up grids need", part);
+    m->fp8 = blocks ? RP_FP8_BLOCKS : RP_FP8_ROWS;
+    fp8_weight_bytes(m);
     if (opts->lazy_dummy) return 0;
     FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
         if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
         rp_weight *w = slot(m, (rp_weight_kind)kind, layer);
-        const size_t n = (size_t)(w->rows * w->cols);
+        const size_t n = (size_t)(w->rows * w->cols), B = RP_FP8_BLOCK;
+        const size_t scales = blocks ? ((size_t)w->rows + B - 1) / B * (((size_t)w->cols + B - 1) / B) : (size_t)w->rows;
         uint8_t *q = own(m, n);
-        float *scale = own(m, (size_t)w->rows * sizeof(float));
+        float *scale = own(m, scales * sizeof(float));
         uint16_t *deq = own(m, n * 2);
         if (!q || !scale || !deq) return rp_errf(err, "out of memory quantizing the weights to fp8");
-        rp_quant_fp8_rows(w->data, w->rows, w->cols, q, scale, deq);
+        if (blocks) rp_quant_fp8_blocks(w->data, w->rows, w->cols, q, scale, deq);
+        else rp_quant_fp8_rows(w->data, w->rows, w->cols, q, scale, deq);
         w->data = deq;
         w->fp8 = q;
-        w->scale = scale;
+        if (blocks) w->block_scale = scale;
+        else w->scale = scale;
     }
     return 0;
 }
 
-/* An FP8 checkpoint whose every layer matrix came with per-tensor or
- * per-channel scales (bind_weight kept their bytes and row scales) runs as
- * --quantization fp8 does: the model is fp8, and its held bytes are a byte
- * per element and a scale per row. Otherwise (128 x 128 blocks, or some
- * layer left bf16) every weight stays as dequantized. Returns m->fp8. */
-static int fp8_checkpoint(rp_model *m) {
-    FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
-        if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
-        if (!slot(m, (rp_weight_kind)kind, layer)->fp8) return 0;
-    }
-    m->fp8 = 1;
+/* An FP8 checkpoint whose every layer matrix kept its bytes (bind_weight:
+ * per-tensor or per-channel scales as row scales, or 128 x 128 block
+ * grids) runs as e4m3 on the GPU: the model is fp8 of that layout, and its
+ * held bytes are a byte per element plus the scales. Otherwise (other block
+ * sizes, block grids that cannot stack, some layer left bf16) every weight
+ * stays as dequantized, and why[why_size] says why. Returns m->fp8. */
+static rp_fp8_layout fp8_checkpoint(rp_model *m, char *why, size_t why_size) {
+    why[0] = 0;
+    int rows = 0, blocks = 0, total = 0;
     FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
         if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
         const rp_weight *w = slot(m, (rp_weight_kind)kind, layer);
-        m->weight_bytes -= (uint64_t)(w->rows * w->cols) - (uint64_t)w->rows * sizeof(float);
+        total++;
+        rows += w->scale != NULL;
+        blocks += w->block_scale != NULL;
     }
-    return 1;
+    rp_fp8_layout layout = rows == total ? RP_FP8_ROWS : blocks == total ? RP_FP8_BLOCKS : RP_FP8_NONE;
+    const char *part = layout == RP_FP8_BLOCKS ? fp8_blocks_unstackable(&m->cfg) : NULL;
+    if (part) {
+        snprintf(why, why_size, "%s's rows are not whole 128-row blocks, which the GPU's stacked grids need", part);
+        layout = RP_FP8_NONE;
+    } else if (layout == RP_FP8_NONE) {
+        snprintf(why, why_size, "%s",
+                 m->cfg.quant.block[0] && (m->cfg.quant.block[0] != RP_FP8_BLOCK || m->cfg.quant.block[1] != RP_FP8_BLOCK)
+                     ? "the GPU's block-scaled kernels take 128x128 blocks"
+                     : "not every layer matrix is e4m3");
+    }
+    if (layout == RP_FP8_NONE) { /* the dequantized values alone */
+        FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
+            rp_weight *w = slot(m, (rp_weight_kind)kind, layer);
+            w->fp8 = NULL, w->scale = NULL, w->block_scale = NULL;
+        }
+        return RP_FP8_NONE;
+    }
+    m->fp8 = layout;
+    fp8_weight_bytes(m);
+    return layout;
 }
 
 /* ---- dummy weights ---------------------------------------------------- */
@@ -324,15 +375,19 @@ static int bind_weight(rp_model *m, rp_weight_kind kind, int layer, rp_err *err)
         if (!dst) return rp_errf(err, "out of memory dequantizing \"%s\"", name);
         if (rp_quant_dequant(&cfg->quant, name, t, rows, cols, sc, dst, err)) return RP_ERR;
         w->data = dst;
-        /* per-tensor and per-channel scales: the bytes themselves too, for
-         * the GPU's fp8 kernels (the model's fp8 flag is set once every
-         * layer matrix has them: fp8_checkpoint) */
+        /* per-tensor and per-channel scales, or 128 x 128 blocks: the bytes
+         * themselves too, with row scales or the block grid, for the GPU's
+         * fp8 kernels (the model's layout is set once every layer matrix has
+         * them: fp8_checkpoint) */
         if (rp_weight_kind_is_layer_matrix(kind)) {
-            float *row_scale = own(m, (size_t)rows * sizeof(float));
-            if (!row_scale) return rp_errf(err, "out of memory reading \"%s\"'s scales", name);
-            const int r = rp_quant_row_scales(&cfg->quant, name, rows, cols, sc, row_scale, err);
+            const size_t B = RP_FP8_BLOCK, nb = ((size_t)rows + B - 1) / B * (((size_t)cols + B - 1) / B);
+            float *scales = own(m, ((size_t)rows > nb ? (size_t)rows : nb) * sizeof(float));
+            if (!scales) return rp_errf(err, "out of memory reading \"%s\"'s scales", name);
+            int r = rp_quant_block_scales(&cfg->quant, name, rows, cols, sc, scales, err);
+            if (r > 0) w->fp8 = t->data, w->block_scale = scales;
+            else if (!r && (r = rp_quant_row_scales(&cfg->quant, name, rows, cols, sc, scales, err)) > 0)
+                w->fp8 = t->data, w->scale = scales;
             if (r < 0) return RP_ERR;
-            if (r) w->fp8 = t->data, w->scale = row_scale;
         }
     } else {
         uint16_t *dst = own(m, n * 2);
@@ -442,11 +497,20 @@ rp_model *rp_model_load(const char *dir, const rp_load_options *opts, rp_err *er
         return NULL;
     }
     if (cfg.quant.method != RP_QUANT_NONE) {
-        if (fp8_checkpoint(m))
+        char why[160];
+        switch (fp8_checkpoint(m, why, sizeof why)) {
+        case RP_FP8_ROWS:
             rp_log_info("%s: %s weights, run as e4m3 with a scale per row on the GPU (bf16 on the CPU)", dir,
                         cfg.quant.desc);
-        else
-            rp_log_info("%s: %s weights, dequantized to bf16 at load (model/quant.h)", dir, cfg.quant.desc);
+            break;
+        case RP_FP8_BLOCKS:
+            rp_log_info("%s: %s weights, run as e4m3 with a scale per 128x128 block on the GPU (bf16 on the CPU)", dir,
+                        cfg.quant.desc);
+            break;
+        case RP_FP8_NONE:
+            rp_log_info("%s: %s weights, dequantized to bf16 at load: %s (model/quant.h)", dir, cfg.quant.desc, why);
+            break;
+        }
     }
     if (quantize_fp8(m, opts, err)) {
         rp_err_wrap(err, "%s", dir);

@@ -13,11 +13,14 @@
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/kernels.h"
 
-/* A layer's projection matrix [N][K]: bf16, or with --quantization fp8
- * e4m3 bytes and one fp32 scale per row (rp_k_gemv_fused_fp8). */
+/* A layer's projection matrix [N][K]: bf16, or e4m3 bytes with one fp32
+ * scale per row (--quantization fp8, per-channel checkpoints:
+ * rp_k_gemv_fused_fp8) or with one per 128 x 128 block (the official FP8
+ * checkpoints: rp_k_gemv_fused_fp8_blocks). */
 typedef struct rp_cuda_mat {
     void *w;
-    float *scale; /* [N]; NULL: w is bf16 */
+    float *scale; /* row scales [N]; NULL: bf16 or block-scaled */
+    float *grid;  /* block scales [ceil(N / 128)][rp_fp8_grid_ld(K)] (kernels.h); NULL: bf16 or row-scaled */
 } rp_cuda_mat;
 
 typedef struct rp_cuda_layer {
@@ -32,12 +35,13 @@ typedef struct rp_cuda_weights {
     size_t bytes;
     rp_bf16 *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     rp_cuda_layer *layers;                 /* [num_layers], host array of device pointers */
-    int fp8;                               /* the layer matrices are e4m3 (rp_cuda_mat) */
+    rp_fp8_layout fp8;                     /* the layer matrices' e4m3 form, if any (rp_cuda_mat) */
     /* fp8, more tokens than the GEMV takes (rp_cuda_fp8_setup): with
      * cuBLASLt's FP8 matmul (fp8_lt), the activations quantized per token
-     * (xq [max tokens][widest K], x_scale [max tokens]); without it, one
-     * matrix dequantized to bf16 (deq, the largest's size: gate_up; also
-     * the upload's staging for generated weights) */
+     * (xq [max tokens][widest K], x_scale [max tokens]; block-scaled: per
+     * token and 128 k, [ceil(widest K / 128)][max tokens rounded up to 4]);
+     * without it, one matrix dequantized to bf16 (deq, the largest's size:
+     * gate_up; also the upload's staging for generated weights) */
     int fp8_lt;
     uint8_t *xq;
     float *x_scale;

@@ -2,8 +2,11 @@
  * device allocation (256-byte aligned pieces), with each layer's q, k and v
  * side by side (one [(nh + 2 nkv) hd][H] matrix, one GEMV), their biases
  * likewise (Qwen2: one vector laid out as a row of the product), and gate
- * and up likewise. Everything is bf16, except that with --quantization fp8
- * the layer matrices are e4m3 bytes with a scale per row (rp_cuda_mat).
+ * and up likewise. Everything is bf16, except that in an fp8 model the
+ * layer matrices are e4m3 bytes with a scale per row (--quantization fp8,
+ * per-channel checkpoints) or with a grid of 128 x 128 block scales (the
+ * official FP8 checkpoints; the parts' grids stack by rows as the parts do,
+ * each part's rows being whole blocks: weights.c checks) (rp_cuda_mat).
  * Real weights are copied from the host (quantized there too, by the
  * loader); dummy weights are generated on the GPU with the CPU generator's
  * values, and quantized there with the loader's arithmetic. */
@@ -52,12 +55,39 @@ static int put_weight(rp_cuda_backend *cb, rp_bf16 *dst, rp_weight_kind kind, in
     return 0;
 }
 
+/* Block-scaled: rows [row0, row0 + rows) of mat, row0 a whole number of
+ * blocks: the loader's bytes and grid (its rows of blocks into the padded
+ * ones, kernels.h), or generated into staging and quantized here. */
+static int put_matrix_blocks(rp_cuda_backend *cb, const rp_cuda_mat *mat, int64_t row0, const rp_weight *w,
+                             rp_weight_kind kind, int layer, rp_bf16 *staging, rp_err *err) {
+    const int ld = rp_fp8_grid_ld((int)w->cols);
+    const int64_t B = RP_FP8_BLOCK, grid_rows = (w->rows + B - 1) / B, grid_cols = (w->cols + B - 1) / B;
+    if (row0 % B)
+        return rp_errf(err, "weight %s of layer %d starts at row %lld of its stacked matrix, inside a scale block",
+                       rp_weight_kind_name(kind), layer, (long long)row0);
+    uint8_t *q = (uint8_t *)mat->w + row0 * w->cols;
+    float *grid = mat->grid + row0 / B * ld;
+    if (w->fp8) {
+        RP_CUDA_TRY(cudaMemcpyAsync(q, w->fp8, (size_t)(w->rows * w->cols), cudaMemcpyHostToDevice, cb->stream),
+                    err);
+        RP_CUDA_TRY(cudaMemcpy2DAsync(grid, (size_t)ld * sizeof(float), w->block_scale, (size_t)grid_cols * sizeof(float),
+                                      (size_t)grid_cols * sizeof(float), (size_t)grid_rows, cudaMemcpyHostToDevice,
+                                      cb->stream),
+                    err);
+        return 0;
+    }
+    if (put_weight(cb, staging, kind, layer, err)) return RP_ERR;
+    RP_LAUNCH(rp_k_quant_fp8_blocks(staging, w->rows, w->cols, q, grid, ld, cb->stream), err);
+    return 0;
+}
+
 /* A layer matrix's rows [row0, row0 + rows) of mat: bf16 as put_weight, or
  * e4m3 and scales (the loader's bytes, or generated into staging and
  * quantized here). */
 static int put_matrix(rp_cuda_backend *cb, const rp_cuda_mat *mat, int64_t row0, rp_weight_kind kind, int layer,
                       rp_bf16 *staging, rp_err *err) {
     const rp_weight *w = rp_model_weight(cb->base.model, kind, layer);
+    if (mat->grid) return put_matrix_blocks(cb, mat, row0, w, kind, layer, staging, err);
     if (!mat->scale) return put_weight(cb, (rp_bf16 *)mat->w + row0 * w->cols, kind, layer, err);
     uint8_t *q = (uint8_t *)mat->w + row0 * w->cols;
     float *scale = mat->scale + row0;
@@ -92,11 +122,15 @@ static void *take(layout *l, size_t bytes) {
     return p;
 }
 
-/* A matrix of rows x cols: bf16, or e4m3 and a scale per row. */
-static rp_cuda_mat take_mat(layout *l, int64_t rows, int64_t cols, int fp8) {
+/* A matrix of rows x cols: bf16, or e4m3 and a scale per row or a grid of
+ * block scales. */
+static rp_cuda_mat take_mat(layout *l, int64_t rows, int64_t cols, rp_fp8_layout fp8) {
     rp_cuda_mat m = {0};
     m.w = take(l, (size_t)(rows * cols) * (fp8 ? 1 : 2));
-    if (fp8) m.scale = take(l, (size_t)rows * sizeof(float));
+    if (fp8 == RP_FP8_ROWS) m.scale = take(l, (size_t)rows * sizeof(float));
+    if (fp8 == RP_FP8_BLOCKS)
+        m.grid = take(l, (size_t)((rows + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK) * (size_t)rp_fp8_grid_ld((int)cols) *
+                             sizeof(float));
     return m;
 }
 
@@ -105,7 +139,7 @@ static void place(rp_cuda_backend *cb, layout *l) {
     const rp_model *m = cb->base.model;
     const rp_model_config *c = &m->cfg;
     const int has_qk = c->arch->has_qk_norm, has_bias = c->arch->has_qkv_bias, tied = c->tie_word_embeddings;
-    const int fp8 = cb->w.fp8;
+    const rp_fp8_layout fp8 = cb->w.fp8;
     const int64_t H = c->hidden_size;
     cb->w.embed = take(l, weight_elems(m, RP_W_EMBED) * 2);
     cb->w.final_norm = take(l, (size_t)H * 2);
@@ -136,6 +170,8 @@ int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err) {
     if (rp_cuda_malloc(&cb->w.mem, cb->w.bytes, "weights", err)) return RP_ERR;
     l = (layout){.base = cb->w.mem};
     place(cb, &l);
+    /* block grids: the padding of each row of blocks zeroed (kernels.h) */
+    if (cb->w.fp8 == RP_FP8_BLOCKS) RP_CUDA_TRY(cudaMemsetAsync(cb->w.mem, 0, cb->w.bytes, cb->stream), err);
     /* fp8 with lazy dummy weights: each matrix is generated in bf16, then
      * quantized; the buffer then serves the cuBLASLt path's dequantized
      * matrix (the largest, gate_up, is two of the largest single weights) */
@@ -173,12 +209,52 @@ int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err) {
     return 0;
 }
 
+/* Block-scaled fp8: products of more than RP_GEMV_MAX_T tokens take
+ * cuBLASLt's block-scaled FP8 matmul where it has an algorithm for the
+ * model's products at 9 tokens and at the most (asked now, as for row
+ * scales; other counts are asked as they come, and one it refuses then
+ * fails the step, naming the shape), with
+ * the activations quantized per token and 128 k; otherwise each matrix is
+ * dequantized to bf16 first (deq). */
+static int fp8_blocks_setup(rp_cuda_backend *cb, int T, int kmax, rp_err *err) {
+    const rp_model_config *c = &cb->base.model->cfg;
+    const int H = c->hidden_size, F = c->intermediate_size;
+    rp_err why;
+    /* the fewest tokens it takes (an odd count) and the most */
+    const int counts[2] = {RP_GEMV_MAX_T + 1, T};
+    cb->w.fp8_lt = T > RP_GEMV_MAX_T;
+    for (int i = 0; i < 2 && cb->w.fp8_lt; i++)
+        cb->w.fp8_lt = rp_gemm_fp8_blocks_supported(&cb->gemm, counts[i], cb->qkv_dim, H, 0, &why) &&
+                       rp_gemm_fp8_blocks_supported(&cb->gemm, counts[i], H, cb->q_dim, 1, &why) &&
+                       rp_gemm_fp8_blocks_supported(&cb->gemm, counts[i], 2 * F, H, 1, &why) &&
+                       rp_gemm_fp8_blocks_supported(&cb->gemm, counts[i], H, F, 1, &why);
+    if (T <= RP_GEMV_MAX_T) return 0; /* every product is a GEMV */
+    if (!cb->w.fp8_lt) {
+        rp_log_info("cuda: %s: with 128x128 block-scaled fp8 weights, products of more than %d tokens dequantize "
+                    "each matrix to bf16 (slower than bf16 weights)",
+                    why.msg, RP_GEMV_MAX_T);
+        return 0;
+    }
+    const size_t groups = (size_t)((kmax + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK);
+    if (rp_cuda_malloc((void **)&cb->w.xq, (size_t)T * (size_t)kmax, "fp8 activations", err) ||
+        rp_cuda_malloc((void **)&cb->w.x_scale, groups * (size_t)rp_fp8_act_ld(T) * sizeof(float),
+                       "fp8 activation scales", err))
+        return RP_ERR;
+    rp_cuda_free(cb->w.deq); /* the upload's staging: cuBLASLt reads the fp8 bytes as they are */
+    cb->w.deq = NULL;
+    rp_log_info("cuda: 128x128 block-scaled fp8 weights: decode GEMVs of up to %d tokens, cuBLASLt's block-scaled "
+                "FP8 matmul beyond",
+                RP_GEMV_MAX_T);
+    return 0;
+}
+
 int rp_cuda_fp8_setup(rp_cuda_backend *cb, rp_err *err) {
     if (!cb->w.fp8) return 0;
     const rp_model_config *c = &cb->base.model->cfg;
     const int H = c->hidden_size, T = cb->base.cfg.max_batched_tokens;
     int kmax = H > cb->q_dim ? H : cb->q_dim;
     if (c->intermediate_size > kmax) kmax = c->intermediate_size;
+    if (cb->w.fp8 == RP_FP8_BLOCKS) return fp8_blocks_setup(cb, T, kmax, err);
     rp_err why;
     cb->w.fp8_lt = rp_gemm_fp8_supported(&cb->gemm, T, H, H, &why);
     if (cb->w.fp8_lt && 2 * c->intermediate_size < cb->qkv_dim) { /* qkv's raw sums go to gate_up's buffer */

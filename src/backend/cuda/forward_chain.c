@@ -124,8 +124,30 @@ int rp_cuda_launch_sample(rp_cuda_backend *cb, int num_logits, const int32_t *sk
  * matrix dequantized to bf16 (correct, but slower than bf16 weights). Only
  * the qkv product has a bf16 y, and gate_up's buffer is wider (checked in
  * rp_cuda_fp8_setup). */
+/* Block-scaled fp8 (mat->grid): the block-scaled GEMV up to RP_GEMV_MAX_T
+ * tokens; more take cuBLASLt's block-scaled FP8 matmul with the
+ * activations quantized per token and 128 k (it applies both scales and
+ * writes y itself), or, where it has none, the matrix dequantized to bf16. */
+static int mat_product_blocks(rp_cuda_backend *cb, const rp_cuda_mat *mat, const rp_bf16 *x, void *y, int T, int N,
+                              int K, int out_f32, rp_err *err) {
+    if (T <= RP_GEMV_MAX_T) {
+        rp_gemv_in in = {.mode = RP_GEMV_IN_BF16, .x = x};
+        rp_gemv_out out = {.mode = out_f32 ? RP_GEMV_OUT_F32 : RP_GEMV_OUT_BF16, .y = y};
+        RP_LAUNCH(rp_k_gemv_fused_fp8_blocks(mat->w, mat->grid, in, out, T, N, K, cb->stream), err);
+        return 0;
+    }
+    if (cb->w.fp8_lt) {
+        RP_LAUNCH(rp_k_quant_fp8_act_groups(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
+        return rp_gemm_run_fp8_blocks(&cb->gemm, mat->w, mat->grid, cb->w.xq, cb->w.x_scale, y, T, N, K, out_f32,
+                                      cb->stream, err);
+    }
+    RP_LAUNCH(rp_k_dequant_fp8_blocks(mat->w, mat->grid, rp_fp8_grid_ld(K), N, K, cb->w.deq, cb->stream), err);
+    return rp_gemm_run(&cb->gemm, cb->w.deq, x, y, T, N, K, out_f32, cb->stream, err);
+}
+
 static int mat_product(rp_cuda_backend *cb, const rp_cuda_mat *mat, const rp_bf16 *x, void *y, int T, int N, int K,
                        int out_f32, rp_err *err) {
+    if (mat->grid) return mat_product_blocks(cb, mat, x, y, T, N, K, out_f32, err);
     if (!mat->scale) return rp_gemm_run(&cb->gemm, mat->w, x, y, T, N, K, out_f32, cb->stream, err);
     if (T <= RP_GEMV_FP8_MAX_T) {
         RP_LAUNCH(rp_k_gemv_fp8(mat->w, mat->scale, x, y, out_f32, T, N, K, cb->stream), err);
@@ -147,11 +169,13 @@ static int mat_product(rp_cuda_backend *cb, const rp_cuda_mat *mat, const rp_bf1
 
 /* Whether mat_product runs a GEMV (the profile's labels). */
 static int mat_uses_gemv(const rp_cuda_backend *cb, const rp_cuda_mat *mat, int T, int N, int K) {
+    if (mat->grid) return T <= RP_GEMV_MAX_T;
     return mat->scale ? T <= RP_GEMV_FP8_MAX_T : rp_gemm_uses_gemv(&cb->gemm, T, N, K);
 }
 
 /* The fused GEMV on a layer matrix, bf16 or fp8. */
 static int gemv_mat(const rp_cuda_mat *mat, rp_gemv_in in, rp_gemv_out out, int T, int N, int K, cudaStream_t st) {
+    if (mat->grid) return rp_k_gemv_fused_fp8_blocks(mat->w, mat->grid, in, out, T, N, K, st);
     return mat->scale ? rp_k_gemv_fused_fp8(mat->w, mat->scale, in, out, T, N, K, st)
                       : rp_k_gemv_fused(mat->w, in, out, T, N, K, st);
 }

@@ -32,6 +32,13 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
                     "chain of kernels");
         return 0;
     }
+    if (cb->w.fp8 == RP_FP8_BLOCKS) {
+        /* its W8 ring takes a scale per row: 128 x 128 block scales run the
+         * chain's block-scaled GEMVs at every batch */
+        rp_log_info("cuda: the one-kernel decode step takes fp8 weights with a scale per row; with 128x128 "
+                    "block-scaled fp8 weights decode runs a chain of kernels");
+        return 0;
+    }
     cb->decode_step_pick = 1;
     rp_decode_layer *h = calloc((size_t)c->num_layers, sizeof *h);
     if (!h) return rp_errf(err, "out of memory");
@@ -67,7 +74,7 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
         .layers = cb->d_layers,
         .norms = norms,
         .qk_norm = qk,
-        .fp8 = cb->w.fp8,
+        .fp8 = cb->w.fp8 == RP_FP8_ROWS,
         .embed = cb->w.embed,
         .final_norm = cb->w.final_norm,
         .lm_head = cb->w.lm_head,

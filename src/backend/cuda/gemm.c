@@ -38,11 +38,13 @@ void rp_gemm_destroy(rp_gemm *g) {
 /* Row-major y[T][N] = x[T][K] W[N][K]^T is, in cuBLAS's column-major terms,
  * C(N x T) = op(A) B with A = W viewed as K x N (transposed) and B = x
  * viewed as K x T. */
-/* FP8 (fp8 = 1): A and B are e4m3 without scales and the output fp32 (the
- * raw sums: the caller applies the per-row and per-token scales, which
- * cuBLASLt's outer-vector mode would, but it has no Hopper algorithm for
- * it), in the layout cuBLASLt's FP8 takes on Hopper (A transposed, B not:
- * "TN"). */
+/* FP8 (fp8 = RP_GEMM_FP8_RAW): A and B are e4m3 without scales and the
+ * output fp32 (the raw sums: the caller applies the per-row and per-token
+ * scales, which cuBLASLt's outer-vector mode would, but it has no Hopper
+ * algorithm for it), in the layout cuBLASLt's FP8 takes on Hopper (A
+ * transposed, B not: "TN"). RP_GEMM_FP8_BLOCKS: the same with A's 128 x
+ * 128 block scales and B's 1 x 128 group scales applied by cuBLASLt (their
+ * pointers are set per call: rp_gemm_run_fp8_blocks), output bf16 or fp32. */
 static int make_plan_in(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int out_f32, int fp8, rp_err *err) {
     memset(p, 0, sizeof *p);
     p->T = T;
@@ -54,6 +56,11 @@ static int make_plan_in(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int ou
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), err);
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), err);
+    if (fp8 == RP_GEMM_FP8_BLOCKS) {
+        const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode), err);
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode), err);
+    }
     const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
     LT_TRY(cublasLtMatrixLayoutCreate(&p->a, in, (uint64_t)K, (uint64_t)N, K), err);
     LT_TRY(cublasLtMatrixLayoutCreate(&p->b, in, (uint64_t)K, (uint64_t)T, K), err);
@@ -67,8 +74,8 @@ static int make_plan_in(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int ou
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-        return rp_errf(err, "cuBLASLt has no %salgorithm for %dx%dx%d (status %d)", fp8 ? "FP8 " : "", T, N, K,
-                       (int)st);
+        return rp_errf(err, "cuBLASLt has no %salgorithm for %dx%dx%d (status %d)",
+                       fp8 == RP_GEMM_FP8_BLOCKS ? "block-scaled FP8 " : fp8 ? "FP8 " : "", T, N, K, (int)st);
     p->algo = res.algo;
     return 0;
 }
@@ -184,7 +191,7 @@ int rp_gemm_run(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, 
 
 int rp_gemm_run_fp8(rp_gemm *g, const uint8_t *W, const uint8_t *xq, float *y, int T, int N, int K,
                     cudaStream_t stream, rp_err *err) {
-    rp_gemm_plan *p = find_plan(g, T, N, K, 1, 1, err);
+    rp_gemm_plan *p = find_plan(g, T, N, K, 1, RP_GEMM_FP8_RAW, err);
     if (!p) return RP_ERR;
     const float alpha = 1.0f, beta = 0.0f;
     LT_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, W, p->a, xq, p->b, &beta, y, p->c, y, p->c, &p->algo,
@@ -195,7 +202,29 @@ int rp_gemm_run_fp8(rp_gemm *g, const uint8_t *W, const uint8_t *xq, float *y, i
 
 int rp_gemm_fp8_supported(rp_gemm *g, int T, int N, int K, rp_err *err) {
     rp_gemm_plan p;
-    if (make_plan(g, &p, T, N, K, 1, 1, err)) return 0;
+    if (make_plan(g, &p, T, N, K, 1, RP_GEMM_FP8_RAW, err)) return 0;
+    plan_destroy(&p);
+    return 1;
+}
+
+int rp_gemm_run_fp8_blocks(rp_gemm *g, const uint8_t *W, const float *grid, const uint8_t *xq, const float *sx,
+                           void *y, int T, int N, int K, int out_f32, cudaStream_t stream, rp_err *err) {
+    rp_gemm_plan *p = find_plan(g, T, N, K, out_f32, RP_GEMM_FP8_BLOCKS, err);
+    if (!p) return RP_ERR;
+    /* the scales belong to this matrix and these activations: set on the
+     * cached descriptor before each launch (a captured graph keeps them) */
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &grid, sizeof grid), err);
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx), err);
+    const float alpha = 1.0f, beta = 0.0f;
+    LT_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, W, p->a, xq, p->b, &beta, y, p->c, y, p->c, &p->algo,
+                          g->workspace, g->workspace_bytes, stream),
+           err);
+    return 0;
+}
+
+int rp_gemm_fp8_blocks_supported(rp_gemm *g, int T, int N, int K, int out_f32, rp_err *err) {
+    rp_gemm_plan p;
+    if (make_plan(g, &p, T, N, K, out_f32, RP_GEMM_FP8_BLOCKS, err)) return 0;
     plan_destroy(&p);
     return 1;
 }

@@ -23,8 +23,11 @@
  * qwen3-4b's 2560 x 4096 o is faster through cuBLASLt). bench/RESULTS.md. */
 #define RP_GEMM_LT_ELEMS (8LL << 20)
 
+/* A plan's kind of product (rp_gemm_plan.fp8). */
+enum { RP_GEMM_BF16 = 0, RP_GEMM_FP8_RAW = 1, RP_GEMM_FP8_BLOCKS = 2 };
+
 typedef struct rp_gemm_plan {
-    int T, N, K, out_f32, fp8;
+    int T, N, K, out_f32, fp8; /* fp8: RP_GEMM_* */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -61,5 +64,16 @@ int rp_gemm_run_fp8(rp_gemm *g, const uint8_t *W, const uint8_t *xq, float *y, i
 /* Whether cuBLASLt has such an FP8 algorithm for this product: 0 with err
  * saying why not. */
 int rp_gemm_fp8_supported(rp_gemm *g, int T, int N, int K, rp_err *err);
+/* Block-scaled FP8 tensor cores (cuBLASLt from CUDA 12.9, Hopper): y[t][n]
+ * = sum_k (xq[t][k] sx) (W[n][k] grid), the scales applied inside: W's one
+ * per 128 x 128 block (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, the
+ * grid as kernels.h lays it out), xq's one per token and 128 k
+ * (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, as rp_k_quant_fp8_act_groups
+ * writes them). y bf16, or fp32 with out_f32. K % 16 == 0. */
+int rp_gemm_run_fp8_blocks(rp_gemm *g, const uint8_t *W, const float *grid, const uint8_t *xq, const float *sx,
+                           void *y, int T, int N, int K, int out_f32, cudaStream_t stream, rp_err *err);
+/* Whether cuBLASLt has a block-scaled algorithm for this product (asked
+ * at setup, as rp_gemm_fp8_supported): 0 with err saying why not. */
+int rp_gemm_fp8_blocks_supported(rp_gemm *g, int T, int N, int K, int out_f32, rp_err *err);
 
 #endif

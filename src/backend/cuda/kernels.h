@@ -103,6 +103,37 @@ int rp_k_gemv_fused(const rp_bf16 *W, rp_gemv_in in, rp_gemv_out out, int T, int
  * y[t][n] = scale[n] * sum_k x[t][k] * W[n][k]. K % 16 == 0. */
 int rp_k_gemv_fused_fp8(const uint8_t *W, const float *scale, rp_gemv_in in, rp_gemv_out out, int T, int N, int K,
                         cudaStream_t stream);
+/* Block-scaled fp8 weights (model.h's RP_FP8_BLOCKS: the official FP8
+ * checkpoints): one fp32 scale per 128 x 128 block. On the GPU an [N][K]
+ * matrix's grid is row-major [ceil(N / 128)][rp_fp8_grid_ld(K)], each row
+ * of blocks padded to a multiple of 4 (16 bytes): the layout cuBLASLt's
+ * CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F reads, which the GEMV reads
+ * too. RP_FP8_BLOCK is model.h's, defined alike. */
+#define RP_FP8_BLOCK 128
+static inline int rp_fp8_grid_ld(int K) { return ((K + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK + 3) / 4 * 4; }
+/* rp_k_gemv_fused_fp8 with such a grid instead of row scales:
+ * y[t][n] = sum over k blocks b of grid[n / 128][b] * sum_{k in b} x[t][k] W[n][k].
+ * T <= RP_GEMV_MAX_T, K % 16 == 0. */
+int rp_k_gemv_fused_fp8_blocks(const uint8_t *W, const float *grid, rp_gemv_in in, rp_gemv_out out, int T, int N,
+                               int K, cudaStream_t stream);
+/* Dummy weights quantized per block on the GPU (model/quant.h's
+ * rp_quant_fp8_blocks, the same bytes): rows x cols bf16 into q and the
+ * grid (ld floats a row of blocks, as above). */
+int rp_k_quant_fp8_blocks(const rp_bf16 *w, int64_t rows, int64_t cols, uint8_t *q, float *grid, int ld,
+                          cudaStream_t stream);
+/* Activations for cuBLASLt's block-scaled FP8 matmul: x [T][K] bf16 to
+ * e4m3 xq [T][K] with one scale per token and 128 k (max |x| / 448 over the
+ * group, 1 for zeros), sx[g * rp_fp8_act_ld(T) + t] for group g: the
+ * groups' scales of a token side by side per group, as
+ * CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F reads them (the token dimension
+ * padded to a multiple of 4). */
+static inline int rp_fp8_act_ld(int T) { return (T + 3) / 4 * 4; }
+int rp_k_quant_fp8_act_groups(const rp_bf16 *x, int T, int K, uint8_t *xq, float *sx, cudaStream_t stream);
+/* out[r][c] = bf16(e4m3(q[r][c]) * grid[r / 128][c / 128]) (grid rows ld
+ * apart): the CPU backend's weights, for products cuBLASLt has no
+ * block-scaled algorithm for. */
+int rp_k_dequant_fp8_blocks(const uint8_t *q, const float *grid, int ld, int64_t rows, int64_t cols, rp_bf16 *out,
+                            cudaStream_t stream);
 /* The fp8 product of 1 to RP_GEMV_FP8_MAX_T tokens, bf16 x in, y bf16 or
  * (out_f32) fp32 out: weights read once for every token (9 and more in
  * 8-token groups on the same fragments). Past 16 tokens cuBLASLt's FP8

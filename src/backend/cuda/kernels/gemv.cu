@@ -41,6 +41,12 @@
  * subset of f16 and of bf16) and fed to the same mma, two per 8 k; the
  * row's scale multiplies the finished sum. The step reads half the bytes,
  * the arithmetic is the bf16 path's.
+ * Block-scaled FP8 (the official FP8 checkpoints; rp_k_gemv_fused_fp8_blocks):
+ * one scale per 128 x 128 block instead of per row. A block's 16 rows lie
+ * inside one 128-row scale block and a chunk's 64 k inside one 128-k block,
+ * so each chunk's mmas go into a zeroed accumulator that is then added to
+ * the sum times its block's scale (4 FMAs a chunk); the row scale at the end
+ * is then 1. The BLK template flag, on the W8 kernel only.
  *
  * Requires K % 8 == 0 (fp8: K % 16 == 0) and 16-byte aligned W and inputs
  * (true for every model shape replay loads); N is arbitrary. */
@@ -59,6 +65,8 @@ struct gemv_params {
     int T, N, K;
     int pf_bytes;       /* L2 prefetch per weight row before the PDL wait (multiple of 16) */
     const float *scale; /* fp8 weights: [N], each row's scale */
+    const float *blk;   /* block-scaled fp8 weights instead: the grid [ceil(N / 128)][blk_ld] (kernels.h) */
+    int blk_ld;
 };
 
 /* k per chunk: a lane group's 4 lanes load 16 bytes each, 8 bf16 or 16 e4m3. */
@@ -164,8 +172,10 @@ __device__ __forceinline__ void stage_x(const rp_gemv_in &in, uint16_t *xs, floa
     __syncthreads();
 }
 
-template <int WARPS, int IN, int OUT, bool W8>
+template <int WARPS, int IN, int OUT, bool W8, bool BLK = false>
 __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict__ W, gemv_params p) {
+    static_assert(!BLK || (W8 && RP_FP8_BLOCK % chunk_k<true>() == 0 && RP_FP8_BLOCK % GEMV_ROWS == 0),
+                  "a chunk and a block's rows inside one scale block");
     __shared__ float red[WARPS][GEMV_ROWS][8];
     __shared__ float s_inv[RP_GEMV_MAX_T];
     extern __shared__ __align__(16) uint16_t xs[]; /* staged x: [T][stage_ld(K rounded up to 32)] */
@@ -202,9 +212,11 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict
         if (ch0 != c0 + warp) load_w<WARPS, W8>(va, vb, wa, wb, ch0, c1, K, c, ra, rb);
         constexpr int XV = W8 ? 2 : 1; /* uint4s of x (8 k each) per lane per chunk */
         uint4 vx[GEMV_UNROLL][XV];
+        float sblk[GEMV_UNROLL]; /* BLK: each chunk's block scale (0 past the end: its sums are 0 too) */
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             const int ch = ch0 + u * WARPS;
+            if (BLK) sblk[u] = ch < c1 ? __ldg(p.blk + (row0 / RP_FP8_BLOCK) * p.blk_ld + ch * CK / RP_FP8_BLOCK) : 0.f;
 #pragma unroll
             for (int h = 0; h < XV; h++) {
                 const int k = ch * CK + c * (CK / 4) + h * 8;
@@ -216,15 +228,20 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             if (W8) {
+                float part[4] = {0.f, 0.f, 0.f, 0.f}; /* BLK: this chunk's sums alone */
+                float(&d)[4] = BLK ? part : acc;
                 /* k 0-7 of the lane's 16 from .x/.y, k 8-15 from .z/.w */
 #pragma unroll
                 for (int h = 0; h < XV; h++) {
                     const uint32_t alo = h ? va[u].z : va[u].x, ahi = h ? va[u].w : va[u].y;
                     const uint32_t blo = h ? vb[u].z : vb[u].x, bhi = h ? vb[u].w : vb[u].y;
                     const uint4 a = rp_e4m3x8_bf16x8(alo, ahi), b = rp_e4m3x8_bf16x8(blo, bhi);
-                    rp_mma_16816(acc, a.x, b.x, a.y, b.y, vx[u][h].x, vx[u][h].y);
-                    rp_mma_16816(acc, a.z, b.z, a.w, b.w, vx[u][h].z, vx[u][h].w);
+                    rp_mma_16816(d, a.x, b.x, a.y, b.y, vx[u][h].x, vx[u][h].y);
+                    rp_mma_16816(d, a.z, b.z, a.w, b.w, vx[u][h].z, vx[u][h].w);
                 }
+                if (BLK)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[i] = fmaf(sblk[u], part[i], acc[i]);
             } else {
                 rp_mma_16816(acc, va[u].x, vb[u].x, va[u].y, vb[u].y, vx[u][0].x, vx[u][0].y);
                 rp_mma_16816(acc, va[u].z, vb[u].z, va[u].w, vb[u].w, vx[u][0].z, vx[u][0].w);
@@ -248,7 +265,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict
         for (int w = 0; w < WARPS; w++) s += red[w][r][t];
     if (!owner) return;
     const bool valid = t < T && row0 + r < N;
-    if (W8 && valid) s *= __ldg(p.scale + row0 + r);
+    if (W8 && !BLK && valid) s *= __ldg(p.scale + row0 + r);
     const int64_t o = (int64_t)t * N + row0 + r;
     if (OUT == RP_GEMV_OUT_BF16) {
         if (valid) static_cast<uint16_t *>(p.out.y)[o] = rp_f32_bf16(s);
@@ -362,18 +379,26 @@ static size_t stage_bytes(int IN, int T, int K) {
     return IN == RP_GEMV_IN_BF16 ? 0 : (size_t)T * stage_ld((K + CK - 1) / CK * CK) * 2;
 }
 
-template <int WARPS, int IN, int OUT, bool W8>
-static int gemv_launch_w(const void *W, const gemv_params &p, int blocks, cudaStream_t stream) {
+template <int WARPS, int IN, int OUT, bool W8, bool BLK>
+static int gemv_launch_wb(const void *W, const gemv_params &p, int blocks, cudaStream_t stream) {
     const size_t smem = stage_bytes<W8>(IN, p.T, p.K);
     /* Above 48 KiB a kernel needs the opt-in; once per instantiation, at the
      * first (eager, warm-up) launch, never first inside a capture. */
     static unsigned opted_in; /* per device (rp_first_on_device) */
     if (smem > 48 * 1024 && rp_first_on_device(&opted_in)) {
-        cudaError_t e = cudaFuncSetAttribute(gemv_kernel<WARPS, IN, OUT, W8>,
+        cudaError_t e = cudaFuncSetAttribute(gemv_kernel<WARPS, IN, OUT, W8, BLK>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, RP_GEMV_STAGE_BYTES);
         if (e != cudaSuccess) return (int)e;
     }
-    return rp_launch(gemv_kernel<WARPS, IN, OUT, W8>, dim3(blocks), dim3(WARPS * 32), smem, stream, W, p);
+    return rp_launch(gemv_kernel<WARPS, IN, OUT, W8, BLK>, dim3(blocks), dim3(WARPS * 32), smem, stream, W, p);
+}
+
+/* Block-scaled fp8 (p.blk) takes the BLK kernel; its warp count is chosen
+ * as the row-scaled kernel's (the same loads, 4 more registers). */
+template <int WARPS, int IN, int OUT, bool W8>
+static int gemv_launch_w(const void *W, const gemv_params &p, int blocks, cudaStream_t stream) {
+    if (W8 && p.blk) return gemv_launch_wb<WARPS, IN, OUT, W8, W8>(W, p, blocks, stream);
+    return gemv_launch_wb<WARPS, IN, OUT, W8, false>(W, p, blocks, stream);
 }
 
 /* Resident blocks per SM of the WARPS-wide kernel, from the CUDA occupancy
@@ -442,12 +467,12 @@ static int gemv_launch_in(const void *W, const gemv_params &p, cudaStream_t stre
 }
 
 template <bool W8>
-static int gemv_fused(const void *W, const float *scale, rp_gemv_in in, rp_gemv_out out, int T, int N, int K,
-                      cudaStream_t stream) {
+static int gemv_fused(const void *W, const float *scale, const float *blk, rp_gemv_in in, rp_gemv_out out, int T,
+                      int N, int K, cudaStream_t stream) {
     if (T <= 0 || N <= 0) return cudaSuccess;
     const uintptr_t align =
         (uintptr_t)W | (uintptr_t)in.x | (uintptr_t)in.residual | (uintptr_t)in.norm_w | (uintptr_t)in.gate_up;
-    if (T > RP_GEMV_MAX_T || K <= 0 || K % (W8 ? 16 : 8) != 0 || align % 16 != 0 || (W8 && !scale))
+    if (T > RP_GEMV_MAX_T || K <= 0 || K % (W8 ? 16 : 8) != 0 || align % 16 != 0 || (W8 && !scale == !blk))
         return (int)cudaErrorInvalidValue;
     if (in.mode == RP_GEMV_IN_RMSNORM && (!in.residual || !in.ss_parts || !in.norm_w || in.num_parts <= 0))
         return (int)cudaErrorInvalidValue;
@@ -455,7 +480,7 @@ static int gemv_fused(const void *W, const float *scale, rp_gemv_in in, rp_gemv_
     if (in.mode == RP_GEMV_IN_SILU && !in.gate_up) return (int)cudaErrorInvalidValue;
     if (in.mode != RP_GEMV_IN_BF16 && stage_bytes<W8>(in.mode, T, K) > RP_GEMV_STAGE_BYTES)
         return (int)cudaErrorInvalidValue;
-    gemv_params p = {in, out, T, N, K, 0, scale};
+    gemv_params p = {in, out, T, N, K, 0, scale, blk, rp_fp8_grid_ld(K)};
     switch (in.mode) {
     case RP_GEMV_IN_BF16: return gemv_launch_in<RP_GEMV_IN_BF16, W8>(W, p, stream);
     case RP_GEMV_IN_RMSNORM: return gemv_launch_in<RP_GEMV_IN_RMSNORM, W8>(W, p, stream);
@@ -471,12 +496,17 @@ extern "C" int rp_gemv_stage_fits(int T, int K) {
 
 extern "C" int rp_k_gemv_fused(const rp_bf16 *W, rp_gemv_in in, rp_gemv_out out, int T, int N, int K,
                                cudaStream_t stream) {
-    return gemv_fused<false>(W, NULL, in, out, T, N, K, stream);
+    return gemv_fused<false>(W, NULL, NULL, in, out, T, N, K, stream);
 }
 
 extern "C" int rp_k_gemv_fused_fp8(const uint8_t *W, const float *scale, rp_gemv_in in, rp_gemv_out out, int T,
                                    int N, int K, cudaStream_t stream) {
-    return gemv_fused<true>(W, scale, in, out, T, N, K, stream);
+    return gemv_fused<true>(W, scale, NULL, in, out, T, N, K, stream);
+}
+
+extern "C" int rp_k_gemv_fused_fp8_blocks(const uint8_t *W, const float *grid, rp_gemv_in in, rp_gemv_out out, int T,
+                                          int N, int K, cudaStream_t stream) {
+    return gemv_fused<true>(W, NULL, grid, in, out, T, N, K, stream);
 }
 
 template <int OUT, int NG>
@@ -505,10 +535,10 @@ extern "C" int rp_k_gemv_fp8(const uint8_t *W, const float *scale, const rp_bf16
     rp_gemv_out out = {};
     out.mode = out_f32 ? RP_GEMV_OUT_F32 : RP_GEMV_OUT_BF16;
     out.y = y;
-    if (T <= RP_GEMV_MAX_T) return gemv_fused<true>(W, scale, in, out, T, N, K, stream);
+    if (T <= RP_GEMV_MAX_T) return gemv_fused<true>(W, scale, NULL, in, out, T, N, K, stream);
     if (T > RP_GEMV_FP8_MAX_T || K % 16 != 0 || ((uintptr_t)W | (uintptr_t)x) % 16 != 0 || !scale)
         return (int)cudaErrorInvalidValue;
-    const gemv_params p = {in, out, T, N, K, 0, scale};
+    const gemv_params p = {in, out, T, N, K, 0, scale, NULL, 0};
     return out_f32 ? gemv8_groups_out<RP_GEMV_OUT_F32>(W, p, stream) : gemv8_groups_out<RP_GEMV_OUT_BF16>(W, p, stream);
 }
 

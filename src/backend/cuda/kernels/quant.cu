@@ -1,7 +1,10 @@
 /* --quantization fp8: a bf16 matrix to e4m3 with one scale per row (the
  * weights at load; the activations of a product of many tokens, per
  * token), back to bf16, and the two scales applied to an FP8 matmul's raw
- * sums. The weights' arithmetic is model/quant.c's rp_quant_fp8_rows step
+ * sums. Block-scaled fp8 (the official FP8 checkpoints' 128 x 128 blocks):
+ * dummy weights quantized per block, the activations per token and 128 k
+ * for cuBLASLt's block-scaled matmul, and the weights back to bf16 where
+ * cuBLASLt has none. The weights' arithmetic is model/quant.c's rp_quant_fp8_rows step
  * for step (max, an exactly rounded division, the hardware's
  * round-to-nearest-even saturating conversion), so a model quantized here
  * and one quantized on the host are the same bytes. None of these runs in
@@ -48,6 +51,91 @@ __global__ void scale_outer_kernel(const float *raw, const float *__restrict__ s
         if (F32) static_cast<float *>(y)[i] = v;
         else static_cast<uint16_t *>(y)[i] = rp_f32_bf16(v);
     }
+}
+
+/* One block of 256 threads per 128 x 128 weight block: its max |w|, then
+ * every element over it (rp_quant_fp8_blocks' arithmetic). */
+__global__ void quant_fp8_blocks_kernel(const uint16_t *__restrict__ w, int64_t rows, int64_t cols,
+                                        uint8_t *__restrict__ q, float *__restrict__ grid, int ld) {
+    __shared__ float part[QUANT_THREADS / 32];
+    const int64_t r0 = (int64_t)blockIdx.y * RP_FP8_BLOCK, c0 = (int64_t)blockIdx.x * RP_FP8_BLOCK;
+    const int nr = (int)min((int64_t)RP_FP8_BLOCK, rows - r0), nc = (int)min((int64_t)RP_FP8_BLOCK, cols - c0);
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < nr * nc; i += blockDim.x)
+        amax = fmaxf(amax, fabsf(rp_bf16_f32(w[(r0 + i / nc) * cols + c0 + i % nc])));
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(RP_FULL_MASK, amax, m));
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = amax;
+    __syncthreads();
+    amax = 0.0f;
+    for (int i = 0; i < QUANT_THREADS / 32; i++) amax = fmaxf(amax, part[i]);
+    const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    if (threadIdx.x == 0) grid[(int64_t)blockIdx.y * ld + blockIdx.x] = s;
+    for (int i = threadIdx.x; i < nr * nc; i += blockDim.x) {
+        const int64_t o = (r0 + i / nc) * cols + c0 + i % nc;
+        q[o] = rp_f32_e4m3(__fdiv_rn(rp_bf16_f32(w[o]), s));
+    }
+}
+
+/* One warp per (token, group of 128 k), 4 k a lane. */
+__global__ void quant_fp8_act_groups_kernel(const uint16_t *__restrict__ x, int T, int K, uint8_t *__restrict__ xq,
+                                            float *__restrict__ sx, int ld) {
+    const int groups = (K + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK;
+    const int64_t item = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (item >= (int64_t)T * groups) return; /* warp-uniform */
+    const int t = (int)(item / groups), g = (int)(item % groups), lane = threadIdx.x & 31;
+    const uint16_t *xr = x + (int64_t)t * K;
+    float v[4], amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int k = g * RP_FP8_BLOCK + lane * 4 + j;
+        v[j] = k < K ? rp_bf16_f32(xr[k]) : 0.0f;
+        amax = fmaxf(amax, fabsf(v[j]));
+    }
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(RP_FULL_MASK, amax, m));
+    const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    if (lane == 0) sx[(int64_t)g * ld + t] = s;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int k = g * RP_FP8_BLOCK + lane * 4 + j;
+        if (k < K) xq[(int64_t)t * K + k] = rp_f32_e4m3(__fdiv_rn(v[j], s));
+    }
+}
+
+__global__ void dequant_fp8_blocks_kernel(const uint8_t *__restrict__ q, const float *__restrict__ grid, int ld,
+                                          int64_t rows, int64_t cols, uint16_t *__restrict__ out) {
+    const int64_t n = rows * cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i % cols;
+        out[i] = rp_f32_bf16(rp_e4m3_f32(q[i]) * grid[r / RP_FP8_BLOCK * ld + c / RP_FP8_BLOCK]);
+    }
+}
+
+extern "C" int rp_k_quant_fp8_blocks(const rp_bf16 *w, int64_t rows, int64_t cols, uint8_t *q, float *grid, int ld,
+                                     cudaStream_t stream) {
+    if (rows <= 0 || cols <= 0) return cudaSuccess;
+    const int64_t gr = (rows + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK, gc = (cols + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK;
+    if (gr > 65535 || gc > 0x7fffffff || ld < gc) return (int)cudaErrorInvalidValue;
+    quant_fp8_blocks_kernel<<<dim3((unsigned)gc, (unsigned)gr), QUANT_THREADS, 0, stream>>>(w, rows, cols, q, grid,
+                                                                                            ld);
+    return rp_launch_result();
+}
+
+extern "C" int rp_k_quant_fp8_act_groups(const rp_bf16 *x, int T, int K, uint8_t *xq, float *sx,
+                                         cudaStream_t stream) {
+    if (T <= 0 || K <= 0) return cudaSuccess;
+    const int64_t items = (int64_t)T * ((K + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK), per_block = QUANT_THREADS / 32;
+    quant_fp8_act_groups_kernel<<<(unsigned)((items + per_block - 1) / per_block), QUANT_THREADS, 0, stream>>>(
+        x, T, K, xq, sx, rp_fp8_act_ld(T));
+    return rp_launch_result();
+}
+
+extern "C" int rp_k_dequant_fp8_blocks(const uint8_t *q, const float *grid, int ld, int64_t rows, int64_t cols,
+                                       rp_bf16 *out, cudaStream_t stream) {
+    if (rows <= 0 || cols <= 0) return cudaSuccess;
+    const int64_t blocks = (rows * cols + 255) / 256;
+    dequant_fp8_blocks_kernel<<<(int)(blocks > 16384 ? 16384 : blocks), 256, 0, stream>>>(q, grid, ld, rows, cols,
+                                                                                         out);
+    return rp_launch_result();
 }
 
 extern "C" int rp_k_scale_outer(const float *raw, const float *sx, const float *sw, void *y, int out_f32, int T,
