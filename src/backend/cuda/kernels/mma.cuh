@@ -7,8 +7,9 @@
 #include <stdint.h>
 
 #include "common.cuh"
-/* fp8 weights feed the f16 mma below, widened in registers by fp8.cuh's
- * helpers (every user of mma.cuh gets them) */
+/* fp8 weights and the fp8 KV cache's decode attention feed the f16 mma
+ * below, prefill attention over an fp8 cache the bf16 one, widened in
+ * registers by fp8.cuh's helpers (every user of mma.cuh gets them) */
 #include "fp8.cuh"
 
 /* d += A(16x16, row) * B(16x8, col). Fragment layout (PTX ISA, m16n8k16):
