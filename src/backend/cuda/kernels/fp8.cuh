@@ -65,6 +65,13 @@ __device__ __forceinline__ uint32_t rp_pack_f16x2_sat(float lo, float hi) {
     return d;
 }
 
+/* One float as f16 bits, saturated as rp_pack_f16x2_sat. */
+__device__ __forceinline__ uint16_t rp_f32_f16_sat(float f) {
+    uint16_t d;
+    asm("cvt.rn.satfinite.f16.f32 %0, %1;" : "=h"(d) : "f"(f));
+    return d;
+}
+
 /* A bf16 pair as an f16 pair, saturated as rp_pack_f16x2_sat (bf16 values
  * under 2^-14 lose bits as f16 subnormals; such activations add nothing
  * visible to a sum of products). */
