@@ -11,7 +11,12 @@
  * REPLAY_TEST_SMALL=1 shrinks the largest shapes (for compute-sanitizer);
  * REPLAY_TEST_SKIP=pattern skips tests by name, REPLAY_TEST_ONLY=pattern
  * runs only those (cmocka wildcards: REPLAY_TEST_ONLY='*fp8*' runs the fp8
- * KV cache's tests).
+ * GEMV's and the fp8 KV cache's tests).
+ *
+ * The fp8 GEMV (e4m3 weights, a scale per row: --quantization fp8) is
+ * checked against float64 over the e4m3 values, with x rounded as the
+ * kernel promises (f16, saturated to +-65504, up to 8 tokens; f16_sat),
+ * including inputs past f16's range.
  *
  * The fp8 KV cache (rp_kv_cache, RP_KV_FORMAT_E4M3): the attention tests
  * run again over e4m3 pages with per-layer scales that are not 1
@@ -77,6 +82,38 @@ static float *rand_f32(size_t n, float scale) {
     return h;
 }
 static float bf(uint16_t h) { return rp_bf16_to_f32(h); }
+
+/* e4m3 bytes of values spread over the whole range (+-448) */
+static uint8_t *rand_e4m3(size_t n) {
+    uint8_t *h = malloc(n);
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++) h[i] = rp_f32_to_f8e4m3(frand() * 448.0f);
+    return h;
+}
+/* n row scales around scale (0.5x to 1.5x) */
+static float *rand_scales(size_t n, float scale) {
+    float *h = malloc(n * sizeof *h);
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++) h[i] = scale * (1.0f + 0.5f * frand());
+    return h;
+}
+/* v as an f16 value: nearest even (subnormals below 2^-14 in steps of
+ * 2^-24), saturated to +-65504; how an activation enters the f16 mma of
+ * the fp8 GEMV (kernels/fp8.cuh). */
+static double f16_sat(double v) {
+    if (isnan(v)) return v;
+    const double a = fabs(v);
+    double r;
+    if (a < 0x1p-14) {
+        r = nearbyint(a * 0x1p24) * 0x1p-24;
+    } else {
+        int e;
+        frexp(a, &e); /* a = m * 2^e, m in [0.5, 1): 11 significant bits */
+        r = ldexp(nearbyint(ldexp(a, 11 - e)), e - 11);
+    }
+    if (r > 65504.0) r = 65504.0;
+    return v < 0 ? -r : r;
+}
 
 /* Relative L2 error of got (bf16) against ref (double); NaN fails. */
 static double rel_l2_bf16(const uint16_t *got, const double *ref, size_t n, const char *what) {
@@ -588,6 +625,63 @@ static void check_gemv(int T, int N, int K) {
     cudaFree(d_W), cudaFree(d_x), cudaFree(d_y), cudaFree(d_yf);
 }
 
+/* The fp8 GEMV (e4m3 weights, a scale per row) against float64 over the
+ * e4m3 values: up to RP_GEMV_MAX_T tokens x enters as f16 (from bf16,
+ * saturated to +-65504), 9-16 tokens (two 8-token groups) as bf16. big: a
+ * few x elements past f16's range (7e4, 3e5), which must be clipped to
+ * 65504, neither infinite nor kept. The products are exact and the sums
+ * fp32, so the f32 output is held to 1e-4 as the bf16 GEMV's. */
+static void check_gemv_fp8(int T, int N, int K, int big) {
+    uint8_t *W = rand_e4m3((size_t)N * K);
+    float *sc = rand_scales(N, 1e-3f);
+    uint16_t *x = rand_bf16((size_t)T * K, 1.0f);
+    if (big)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < 4; j++) x[(size_t)t * K + urand((uint32_t)K)] = rp_f32_to_bf16((j & 1 ? -1.0f : 1.0f) * (j < 2 ? 7e4f : 3e5f));
+    uint8_t *d_W = dup_to_dev(W, (size_t)N * K);
+    float *d_sc = dup_to_dev(sc, (size_t)N * 4);
+    uint16_t *d_x = dup_to_dev(x, (size_t)T * K * 2), *d_y = dalloc((size_t)T * N * 2);
+    float *d_yf = dalloc((size_t)T * N * 4);
+    LAUNCH(rp_k_gemv_fp8(d_W, d_sc, d_x, d_y, 0, T, N, K, 0));
+    LAUNCH(rp_k_gemv_fp8(d_W, d_sc, d_x, d_yf, 1, T, N, K, 0));
+    uint16_t *y = malloc((size_t)T * N * 2);
+    float *yf = malloc((size_t)T * N * 4);
+    double *ref = malloc((size_t)T * N * 8), *xq = malloc((size_t)T * K * 8), *wr = malloc((size_t)K * 8);
+    to_host(y, d_y, (size_t)T * N * 2);
+    to_host(yf, d_yf, (size_t)T * N * 4);
+    for (size_t i = 0; i < (size_t)T * K; i++) xq[i] = T <= RP_GEMV_MAX_T ? f16_sat(bf(x[i])) : bf(x[i]);
+    for (int n = 0; n < N; n++) {
+        for (int k = 0; k < K; k++) wr[k] = rp_f8e4m3_to_f32(W[(size_t)n * K + k]);
+        for (int t = 0; t < T; t++) {
+            double acc = 0;
+            const double *xt = xq + (size_t)t * K;
+            for (int k = 0; k < K; k++) acc += wr[k] * xt[k];
+            ref[(size_t)t * N + n] = acc * sc[n];
+        }
+    }
+    expect_close(rel_l2_bf16(y, ref, (size_t)T * N, "gemv fp8"), 1e-2, "gemv fp8 T=%d N=%d K=%d%s bf16", T, N, K,
+                 big ? " (x past 65504)" : "");
+    expect_close(rel_l2_f32(yf, ref, (size_t)T * N, "gemv fp8 f32"), 1e-4, "gemv fp8 T=%d N=%d K=%d%s f32", T, N, K,
+                 big ? " (x past 65504)" : "");
+    for (size_t i = 0; i < (size_t)T * N; i++)
+        if (!isfinite(yf[i])) fail_msg("gemv fp8 T=%d N=%d K=%d: output %zu is %g", T, N, K, i, (double)yf[i]);
+    free(W), free(sc), free(x), free(y), free(yf), free(ref), free(xq), free(wr);
+    cudaFree(d_W), cudaFree(d_sc), cudaFree(d_x), cudaFree(d_y), cudaFree(d_yf);
+}
+
+static void test_gemv_fp8(void **state) {
+    (void)state;
+    NEED_GPU();
+    check_gemv_fp8(1, 4096, 4096, 0);
+    check_gemv_fp8(8, 1000, 1040, 0);
+    check_gemv_fp8(3, 17, 64, 0);
+    check_gemv_fp8(2, 1024, 2048, 1);  /* saturation */
+    check_gemv_fp8(8, 777, 4096, 1);
+    check_gemv_fp8(12, 1000, 1024, 0); /* two 8-token groups */
+    check_gemv_fp8(16, 4096, 1024, 0);
+    if (!g_small) check_gemv_fp8(4, 4096, 14336, 0);
+}
+
 static void test_gemv(void **state) {
     (void)state;
     NEED_GPU();
@@ -613,17 +707,36 @@ static void test_gemv(void **state) {
  * bf16 roundings the kernels promise (the SwiGLU input and the product
  * added to the residual are fp32: a bf16 rounding there, ~1e-3, fails the
  * 1e-4). */
-static void check_gemv_fused(int T, int H, int F, int N, int silu) {
+/* fp8: the same chain on e4m3 weights with row scales
+ * (rp_k_gemv_fused_fp8), whose x enters as f16 (saturated; f16_sat in the
+ * references): the normed product then within 5e-4, which bf16 x (~1e-3)
+ * would not meet. big (fp8): a few inputs past f16's range. */
+static void check_gemv_fused_w(int T, int H, int F, int N, int silu, int fp8, int big) {
     const float eps = 1e-6f;
     const int K1 = silu ? F : H; /* first GEMV: [H][K1], input [T][K1] or gate_up [T][2F] */
     const size_t xin_n = (size_t)T * (silu ? 2 * F : K1);
     uint16_t *W1 = rand_bf16((size_t)H * K1, 0.05f), *xin = rand_bf16(xin_n, 1.0f);
-    float *gu = rand_f32(xin_n, 3.0f), *d_gu = dup_to_dev(gu, xin_n * 4);
+    float *gu = rand_f32(xin_n, 3.0f);
+    if (big)
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < 4; j++) {
+                const int k = (int)urand((uint32_t)K1);
+                /* silu(400) * 400 = 1.6e5; bf16 7e4 and 3e5 */
+                if (silu) gu[(size_t)t * 2 * F + k] = 400.0f, gu[(size_t)t * 2 * F + F + k] = j & 1 ? -400.0f : 400.0f;
+                else xin[(size_t)t * K1 + k] = rp_f32_to_bf16((j & 1 ? -1.0f : 1.0f) * (j < 2 ? 7e4f : 3e5f));
+            }
+    float *d_gu = dup_to_dev(gu, xin_n * 4);
     uint16_t *W2 = rand_bf16((size_t)N * H, 1.0f), *nw = rand_bf16(H, 1.0f);
+    /* fp8: e4m3 bytes whose values x scale have about the bf16 weights' spread */
+    uint8_t *W1q = fp8 ? rand_e4m3((size_t)H * K1) : NULL, *W2q = fp8 ? rand_e4m3((size_t)N * H) : NULL;
+    float *sc1 = fp8 ? rand_scales(H, 0.05f / 256.0f) : NULL, *sc2 = fp8 ? rand_scales(N, 1.0f / 256.0f) : NULL;
     float *res0 = rand_f32((size_t)T * H, 2.0f);
     const int parts = rp_gemv_ss_parts(H);
-    uint16_t *d_W1 = dup_to_dev(W1, (size_t)H * K1 * 2), *d_xin = dup_to_dev(xin, xin_n * 2);
-    uint16_t *d_W2 = dup_to_dev(W2, (size_t)N * H * 2), *d_nw = dup_to_dev(nw, (size_t)H * 2);
+    void *d_W1 = fp8 ? dup_to_dev(W1q, (size_t)H * K1) : dup_to_dev(W1, (size_t)H * K1 * 2);
+    void *d_W2 = fp8 ? dup_to_dev(W2q, (size_t)N * H) : dup_to_dev(W2, (size_t)N * H * 2);
+    float *d_s1 = fp8 ? dup_to_dev(sc1, (size_t)H * 4) : NULL, *d_s2 = fp8 ? dup_to_dev(sc2, (size_t)N * 4) : NULL;
+    uint16_t *d_xin = dup_to_dev(xin, xin_n * 2);
+    uint16_t *d_nw = dup_to_dev(nw, (size_t)H * 2);
     float *d_res = dup_to_dev(res0, (size_t)T * H * 4);
     float *d_ss = dalloc((size_t)parts * RP_GEMV_MAX_T * 4), *d_y = dalloc((size_t)T * N * 4);
     int32_t rows[RP_GEMV_MAX_T];
@@ -631,35 +744,43 @@ static void check_gemv_fused(int T, int H, int F, int N, int silu) {
     int32_t *d_rows = dup_to_dev(rows, sizeof rows);
     rp_gemv_in in1 = {.mode = silu ? RP_GEMV_IN_SILU : RP_GEMV_IN_BF16, .x = d_xin, .gate_up = d_gu};
     rp_gemv_out out1 = {.mode = RP_GEMV_OUT_RESIDUAL, .residual = d_res, .ss_parts = d_ss};
-    LAUNCH(rp_k_gemv_fused(d_W1, in1, out1, T, H, K1, 0));
+    if (fp8) LAUNCH(rp_k_gemv_fused_fp8(d_W1, d_s1, in1, out1, T, H, K1, 0));
+    else LAUNCH(rp_k_gemv_fused(d_W1, in1, out1, T, H, K1, 0));
     rp_gemv_in in2 = {.mode = RP_GEMV_IN_RMSNORM, .residual = d_res, .ss_parts = d_ss, .num_parts = parts,
                       .norm_w = d_nw, .rows = d_rows, .eps = eps};
     rp_gemv_out out2 = {.mode = RP_GEMV_OUT_F32, .y = d_y};
-    LAUNCH(rp_k_gemv_fused(d_W2, in2, out2, T, N, H, 0));
+    if (fp8) LAUNCH(rp_k_gemv_fused_fp8(d_W2, d_s2, in2, out2, T, N, H, 0));
+    else LAUNCH(rp_k_gemv_fused(d_W2, in2, out2, T, N, H, 0));
     float *res = malloc((size_t)T * H * 4), *ss = malloc((size_t)parts * RP_GEMV_MAX_T * 4), *y = malloc((size_t)T * N * 4);
     to_host(res, d_res, (size_t)T * H * 4);
     to_host(ss, d_ss, (size_t)parts * RP_GEMV_MAX_T * 4);
     to_host(y, d_y, (size_t)T * N * 4);
-    /* reference: x1 (bf16-rounded SwiGLU when silu), residual + x1 W1^T */
+    /* reference: x1 (bf16-rounded SwiGLU when silu; fp8: f16), residual + x1 W1^T */
     double *ref_r = malloc((size_t)T * H * 8), *ref_y = malloc((size_t)T * N * 8);
-    float *x1 = malloc((size_t)K1 * 4), *xn = malloc((size_t)H * 4);
+    double *x1 = malloc((size_t)K1 * 8), *xn = malloc((size_t)H * 8);
     for (int t = 0; t < T; t++) {
         for (int k = 0; k < K1; k++) {
             if (silu) {
                 double g = gu[(size_t)t * 2 * F + k], u = gu[(size_t)t * 2 * F + F + k];
-                x1[k] = bf(rp_f32_to_bf16((float)(g / (1.0 + exp(-g)) * u)));
+                const float h = (float)(g / (1.0 + exp(-g)) * u);
+                x1[k] = fp8 ? f16_sat(h) : bf(rp_f32_to_bf16(h));
             } else {
-                x1[k] = bf(xin[(size_t)t * K1 + k]);
+                x1[k] = fp8 ? f16_sat(bf(xin[(size_t)t * K1 + k])) : bf(xin[(size_t)t * K1 + k]);
             }
         }
         for (int n = 0; n < H; n++) {
             double acc = 0;
-            for (int k = 0; k < K1; k++) acc += (double)bf(W1[(size_t)n * K1 + k]) * x1[k];
+            if (fp8) {
+                for (int k = 0; k < K1; k++) acc += (double)rp_f8e4m3_to_f32(W1q[(size_t)n * K1 + k]) * x1[k];
+                acc *= sc1[n];
+            } else {
+                for (int k = 0; k < K1; k++) acc += (double)bf(W1[(size_t)n * K1 + k]) * x1[k];
+            }
             ref_r[(size_t)t * H + n] = res0[(size_t)t * H + n] + acc;
         }
     }
-    expect_close(rel_l2_f32(res, ref_r, (size_t)T * H, "residual"), 1e-4, "gemv_fused T=%d %s -> residual H=%d", T,
-                 silu ? "silu" : "bf16", H);
+    expect_close(rel_l2_f32(res, ref_r, (size_t)T * H, "residual"), 1e-4, "gemv_fused%s T=%d %s -> residual H=%d%s",
+                 fp8 ? " fp8" : "", T, silu ? "silu" : "bf16", H, big ? " (x past 65504)" : "");
     for (int t = 0; t < T; t++) { /* the parts add up to the new residual's sum of squares */
         double got = 0, want = 0;
         for (int q = 0; q < parts; q++) got += ss[q * RP_GEMV_MAX_T + t];
@@ -678,17 +799,23 @@ static void check_gemv_fused(int T, int H, int F, int N, int silu) {
         for (int k = 0; k < H; k++) xn[k] = (float)(r[k] * inv * bf(nw[k]));
         for (int n = 0; n < N; n++) {
             double acc = 0;
-            for (int k = 0; k < H; k++) acc += (double)bf(W2[(size_t)n * H + k]) * xn[k];
+            if (fp8) {
+                for (int k = 0; k < H; k++) acc += (double)rp_f8e4m3_to_f32(W2q[(size_t)n * H + k]) * xn[k];
+                acc *= sc2[n];
+            } else {
+                for (int k = 0; k < H; k++) acc += (double)bf(W2[(size_t)n * H + k]) * xn[k];
+            }
             ref_y[(size_t)t * N + n] = acc;
         }
     }
-    expect_close(rel_l2_f32(y, ref_y, (size_t)T * N, "normed gemv"), 1e-2, "gemv_fused T=%d rmsnorm(rows) -> f32 N=%d", T,
-                 N);
+    expect_close(rel_l2_f32(y, ref_y, (size_t)T * N, "normed gemv"), fp8 ? 5e-4 : 1e-2,
+                 "gemv_fused%s T=%d rmsnorm(rows) -> f32 N=%d", fp8 ? " fp8" : "", T, N);
     free(W1), free(xin), free(gu), free(W2), free(nw), free(res0), free(res), free(ss), free(y), free(ref_r),
-        free(ref_y), free(x1), free(xn);
+        free(ref_y), free(x1), free(xn), free(W1q), free(W2q), free(sc1), free(sc2);
     cudaFree(d_W1), cudaFree(d_xin), cudaFree(d_gu), cudaFree(d_W2), cudaFree(d_nw), cudaFree(d_res), cudaFree(d_ss), cudaFree(d_y),
-        cudaFree(d_rows);
+        cudaFree(d_rows), cudaFree(d_s1), cudaFree(d_s2);
 }
+static void check_gemv_fused(int T, int H, int F, int N, int silu) { check_gemv_fused_w(T, H, F, N, silu, 0, 0); }
 
 static void test_gemv_fused(void **state) {
     (void)state;
@@ -707,6 +834,19 @@ static void test_gemv_fused(void **state) {
     rp_gemv_in big = {.mode = RP_GEMV_IN_SILU};
     assert_false(rp_gemv_stage_fits(8, 14336));
     assert_int_equal(rp_k_gemv_fused(NULL, big, out, 8, 16, 14336, 0), (int)cudaErrorInvalidValue);
+}
+
+/* The fused chain on e4m3 weights (x as f16 in every input mode). */
+static void test_gemv_fused_fp8(void **state) {
+    (void)state;
+    NEED_GPU();
+    check_gemv_fused_w(1, 1024, 3072, 4096, 1, 1, 0); /* qwen3-0.6b down (+silu) then qkv */
+    check_gemv_fused_w(8, 1024, 3072, 1000, 0, 1, 0);
+    check_gemv_fused_w(3, 2064, 528, 777, 1, 1, 0);   /* rows not a multiple of 16 */
+    check_gemv_fused_w(5, 4096, 4096, 6144, 0, 1, 0); /* llama3-8b o then qkv */
+    check_gemv_fused_w(4, 1024, 3072, 2048, 1, 1, 1); /* SwiGLU past 65504 */
+    check_gemv_fused_w(2, 1024, 2048, 2048, 0, 1, 1); /* bf16 x past 65504 */
+    if (!g_small) check_gemv_fused_w(2, 4096, 14336, 2048, 1, 1, 0);
 }
 
 /* ---- Q/K norm, RoPE, KV store ------------------------------------------- */
@@ -1337,6 +1477,7 @@ int main(void) {
         cmocka_unit_test(test_embed),           cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_silu_mul_gather), cmocka_unit_test(test_fill_dummy),
         cmocka_unit_test(test_gemv),            cmocka_unit_test(test_gemv_fused),
+        cmocka_unit_test(test_gemv_fp8),        cmocka_unit_test(test_gemv_fused_fp8),
         cmocka_unit_test(test_qk_norm_rope_store),
         cmocka_unit_test(test_attn_decode),     cmocka_unit_test(test_attn_prefill),
         cmocka_unit_test(test_attn_prefill_split), cmocka_unit_test(test_attn_prefill_split_bound),

@@ -219,7 +219,8 @@ typedef struct rp_attn_meta {
  * parts processed in parallel (flash-decoding) and merged; num_splits is
  * fixed per graph and a split past a sequence's length contributes nothing.
  * workspace: rp_attn_decode_workspace_bytes(). out: [num_seqs][nh * hd].
- * Either cache format (an e4m3 row is widened to bf16 in registers). */
+ * Either cache format (an e4m3 row is widened to f16 in registers, against
+ * q and the probabilities as f16: attn_decode.cu). */
 size_t rp_attn_decode_workspace_bytes(int num_seqs, int nh, int hd, int num_splits);
 int rp_k_attn_decode(const rp_bf16 *qkv, rp_kv_cache kv, rp_attn_meta meta, rp_bf16 *out, void *workspace,
                      int num_seqs, int nh, int nkv, int hd, int num_splits, cudaStream_t stream);
@@ -265,6 +266,8 @@ typedef struct rp_decode_step {
     const int32_t *pick_slot;
     int32_t *pick_host[2];
     int pick_host_stride;
+    /* act: the SwiGLU output, bf16; with fp8 the step writes it as f16
+     * (the down product's operand, saturated: fp8.cuh) */
     rp_bf16 *qkv, *attn, *act;
     void *workspace; /* rp_decode_step_workspace_bytes(), zeroed once */
     /* NULL, or [grid][RP_DECODE_STEP_TRACE_STRIDE] u64 per block of the

@@ -30,9 +30,14 @@
  * n * (hd / 8) + j, undone when the result is stored.
  *
  * An e4m3 cache (FP8: --kv-cache-dtype fp8) is read the same way at half
- * the bytes, 8 elements per 8-byte load, and widened to the same bf16
- * fragments in registers (exactly: fp8.cuh), so everything after the load
- * is the bf16 kernel's. The scales are the caller's: k_scale joins the
+ * the bytes, 8 elements per 8-byte load, widened in registers to f16 by one
+ * cvt per pair (exact: fp8.cuh), and the products are f16 mma (fp32
+ * accumulate): q is converted to f16 once as it is loaded (saturated to
+ * +-65504) and the probabilities are packed as f16 instead of bf16 (they
+ * lie in [0, 1]: 3 more bits). Widening to bf16 cost four instructions a
+ * pair in the inner loop, which made the fp8 cache's attention ~3x slower
+ * than bf16's at batch 32. The fragments are the bf16 kernel's, element for
+ * element. The scales are the caller's: k_scale joins the
  * softmax scale (q . k = k_scale q . k8), v_scale multiplies the output
  * (sum p v = v_scale sum p v8), where the warps' results are combined. */
 #include <limits.h>
@@ -99,16 +104,39 @@ static __device__ __forceinline__ dec_block dec_block_of(const rp_attn_meta &met
 template <bool FP8> struct dec_kv_elem { typedef uint16_t type; };
 template <> struct dec_kv_elem<true> { typedef uint8_t type; };
 
-/* 8 cache elements at p as 8 bf16: one 16-byte load of bf16, or one
- * 8-byte load of e4m3 widened in registers. */
+/* 8 cache elements at p as the mma's operands: one 16-byte load of bf16,
+ * or one 8-byte load of e4m3 widened to 8 f16 in registers. */
 template <bool FP8>
 static __device__ __forceinline__ uint4 dec_load8(const typename dec_kv_elem<FP8>::type *p) {
     if constexpr (FP8) {
         const uint2 w = rp_ld_act8(p);
-        return rp_e4m3x8_bf16x8(w.x, w.y);
+        return rp_e4m3x8_f16x8(w.x, w.y);
     } else {
         return rp_ld_act(p);
     }
+}
+
+/* 8 q elements (bf16 in qkv) as the mma's operands: f16 against an e4m3
+ * cache. */
+template <bool FP8>
+static __device__ __forceinline__ uint4 dec_load_q8(const uint16_t *p) {
+    const uint4 q = rp_ld_act(p);
+    return FP8 ? rp_bf16x8_f16x8_sat(q) : q;
+}
+
+/* Two probabilities as an mma operand pair: bf16, or f16 against an e4m3
+ * cache. */
+template <bool FP8>
+static __device__ __forceinline__ uint32_t dec_pack_p(float lo, float hi) {
+    return FP8 ? rp_pack_f16x2_sat(lo, hi) : rp_pack_bf16x2(lo, hi);
+}
+
+/* The tile's products: bf16 mma, or f16 mma for an e4m3 cache. */
+template <bool FP8>
+static __device__ __forceinline__ void dec_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    if constexpr (FP8) rp_mma_16816_f16(d, a0, a1, a2, a3, b0, b1);
+    else rp_mma_16816(d, a0, a1, a2, a3, b0, b1);
 }
 
 /* This thread's part of the tile at key base (< end; keys past end:
@@ -209,14 +237,14 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     if (b.s < 0) return;
     const int G = b.G, warp = b.warp, g = b.g, c = b.c;
 
-    /* q of heads g and g + 8 of this group, raw bf16 words (exact). */
+    /* q of heads g and g + 8 of this group, raw bf16 words (exact; f16 for an e4m3 cache). */
     const uint16_t *qbase = qkv + (int64_t)b.s * (nh + 2 * nkv) * HD + (int64_t)b.kvh * G * HD;
     uint4 q_lo[KCH], q_hi[KCH];
 #pragma unroll
     for (int ch = 0; ch < KCH; ch++) {
         const uint4 z = make_uint4(0, 0, 0, 0);
-        q_lo[ch] = g < G ? rp_ld_act(qbase + (int64_t)g * HD + ch * 32 + c * 8) : z;
-        q_hi[ch] = g + 8 < G ? rp_ld_act(qbase + (int64_t)(g + 8) * HD + ch * 32 + c * 8) : z;
+        q_lo[ch] = g < G ? dec_load_q8<FP8>(qbase + (int64_t)g * HD + ch * 32 + c * 8) : z;
+        q_hi[ch] = g + 8 < G ? dec_load_q8<FP8>(qbase + (int64_t)(g + 8) * HD + ch * 32 + c * 8) : z;
     }
     /* exp2 domain; an e4m3 cache's k_scale folded in (bf16: the product as it was) */
     const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * (FP8 ? k_scale : 1.0f);
@@ -236,8 +264,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
             for (int ch = 0; ch < KCH; ch++) {
-                rp_mma_16816(sc[nt], q_lo[ch].x, q_hi[ch].x, q_lo[ch].y, q_hi[ch].y, kr[nt][ch].x, kr[nt][ch].y);
-                rp_mma_16816(sc[nt], q_lo[ch].z, q_hi[ch].z, q_lo[ch].w, q_hi[ch].w, kr[nt][ch].z, kr[nt][ch].w);
+                dec_mma<FP8>(sc[nt], q_lo[ch].x, q_hi[ch].x, q_lo[ch].y, q_hi[ch].y, kr[nt][ch].x, kr[nt][ch].y);
+                dec_mma<FP8>(sc[nt], q_lo[ch].z, q_hi[ch].z, q_lo[ch].w, q_hi[ch].w, kr[nt][ch].z, kr[nt][ch].w);
             }
         }
         /* Column n of n-tile nt is key base + nt*8 + n. */
@@ -273,8 +301,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             }
         l_lo = l_lo * a_lo + ps_lo;
         l_hi = l_hi * a_hi + ps_hi;
-        const uint32_t p0 = rp_pack_bf16x2(sc[0][0], sc[0][1]), p1 = rp_pack_bf16x2(sc[0][2], sc[0][3]);
-        const uint32_t p2 = rp_pack_bf16x2(sc[1][0], sc[1][1]), p3 = rp_pack_bf16x2(sc[1][2], sc[1][3]);
+        const uint32_t p0 = dec_pack_p<FP8>(sc[0][0], sc[0][1]), p1 = dec_pack_p<FP8>(sc[0][2], sc[0][3]);
+        const uint32_t p2 = dec_pack_p<FP8>(sc[1][0], sc[1][1]), p3 = dec_pack_p<FP8>(sc[1][2], sc[1][3]);
 
         /* O = O * alpha + P V; n-tile j takes element j of each V row. */
         const uint32_t *v0 = reinterpret_cast<const uint32_t *>(vr[0]);
@@ -290,7 +318,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;
             const uint32_t b0 = __byte_perm(v0[j >> 1], v1[j >> 1], sel);
             const uint32_t b1 = __byte_perm(v2[j >> 1], v3[j >> 1], sel);
-            rp_mma_16816(o[j], p0, p1, p2, p3, b0, b1);
+            dec_mma<FP8>(o[j], p0, p1, p2, p3, b0, b1);
         }
         };
     /* Two tiles' loads in flight per warp before either is computed (the
@@ -373,7 +401,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int ch = 0; ch < KCH; ch++)
-            qb[nt][ch] = nt * 8 + g < G ? rp_ld_act(qbase + (int64_t)(nt * 8 + g) * HD + ch * 32 + c * 8)
+            qb[nt][ch] = nt * 8 + g < G ? dec_load_q8<FP8>(qbase + (int64_t)(nt * 8 + g) * HD + ch * 32 + c * 8)
                                         : make_uint4(0, 0, 0, 0);
     /* exp2 domain; an e4m3 cache's k_scale folded in (bf16: the product as it was) */
     const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * (FP8 ? k_scale : 1.0f);
@@ -397,8 +425,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
             for (int ch = 0; ch < KCH; ch++) {
-                rp_mma_16816(sc[nt], kr[0][ch].x, kr[1][ch].x, kr[0][ch].y, kr[1][ch].y, qb[nt][ch].x, qb[nt][ch].y);
-                rp_mma_16816(sc[nt], kr[0][ch].z, kr[1][ch].z, kr[0][ch].w, kr[1][ch].w, qb[nt][ch].z, qb[nt][ch].w);
+                dec_mma<FP8>(sc[nt], kr[0][ch].x, kr[1][ch].x, kr[0][ch].y, kr[1][ch].y, qb[nt][ch].x, qb[nt][ch].y);
+                dec_mma<FP8>(sc[nt], kr[0][ch].z, kr[1][ch].z, kr[0][ch].w, kr[1][ch].w, qb[nt][ch].z, qb[nt][ch].w);
             }
         }
         const bool ok_lo = base + g < end, ok_hi = base + g + 8 < end;
@@ -427,7 +455,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
                 }
             }
             /* P^T's B fragments: transpose (key g, heads 2c, 2c + 1) into (head g, keys 2c, 2c + 1) */
-            const uint32_t p_lo = rp_pack_bf16x2(sc[nt][0], sc[nt][1]), p_hi = rp_pack_bf16x2(sc[nt][2], sc[nt][3]);
+            const uint32_t p_lo = dec_pack_p<FP8>(sc[nt][0], sc[nt][1]), p_hi = dec_pack_p<FP8>(sc[nt][2], sc[nt][3]);
             asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[nt][0]) : "r"(p_lo));
             asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[nt][1]) : "r"(p_hi));
         }
@@ -441,7 +469,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
             const uint32_t a0 = __byte_perm(v0, v1, 0x5410), a1 = __byte_perm(v0, v1, 0x7632);
             const uint32_t a2 = __byte_perm(v2, v3, 0x5410), a3 = __byte_perm(v2, v3, 0x7632);
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++) rp_mma_16816(o[nt][mt], a0, a1, a2, a3, pb[nt][0], pb[nt][1]);
+            for (int nt = 0; nt < NT; nt++) dec_mma<FP8>(o[nt][mt], a0, a1, a2, a3, pb[nt][0], pb[nt][1]);
         }
     }
     /* the warp's sums over its keys: lanes of one c hold the same heads */

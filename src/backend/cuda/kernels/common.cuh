@@ -156,8 +156,10 @@ __device__ __forceinline__ uint4 rp_ld_act(const void *p) { return __ldcg(reinte
 __device__ __forceinline__ float4 rp_ld_act_f4(const float *p) { return __ldcg(reinterpret_cast<const float4 *>(p)); }
 
 /* SwiGLU of 8 consecutive elements: bf16(silu(g) * u) from fp32 gate and up
- * (16-byte aligned), as 4 bf16 pairs. One expression for every kernel that
- * makes it, so they agree bit for bit. */
+ * (16-byte aligned), as 4 bf16 pairs; rp_silu_mul8_f32 leaves the products
+ * in fp32 (the fp8 GEMV rounds them to f16). One expression for every
+ * kernel that makes it, so they agree bit for bit. */
+__device__ __forceinline__ float rp_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 __device__ __forceinline__ uint4 rp_silu_mul8(const float *g, const float *u) {
     const float4 g0 = rp_ld_act_f4(g), g1 = rp_ld_act_f4(g + 4), u0 = rp_ld_act_f4(u), u1 = rp_ld_act_f4(u + 4);
     const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
@@ -165,9 +167,15 @@ __device__ __forceinline__ uint4 rp_silu_mul8(const float *g, const float *u) {
     uint32_t o[4];
 #pragma unroll
     for (int j = 0; j < 4; j++)
-        o[j] = rp_pack_bf16x2(gv[2 * j] / (1.0f + expf(-gv[2 * j])) * uv[2 * j],
-                              gv[2 * j + 1] / (1.0f + expf(-gv[2 * j + 1])) * uv[2 * j + 1]);
+        o[j] = rp_pack_bf16x2(rp_silu_mul(gv[2 * j], uv[2 * j]), rp_silu_mul(gv[2 * j + 1], uv[2 * j + 1]));
     return make_uint4(o[0], o[1], o[2], o[3]);
+}
+__device__ __forceinline__ void rp_silu_mul8_f32(const float *g, const float *u, float (&o)[8]) {
+    const float4 g0 = rp_ld_act_f4(g), g1 = rp_ld_act_f4(g + 4), u0 = rp_ld_act_f4(u), u1 = rp_ld_act_f4(u + 4);
+    const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    const float uv[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+    for (int j = 0; j < 8; j++) o[j] = rp_silu_mul(gv[j], uv[j]);
 }
 
 /* ---- reductions --------------------------------------------------------- */

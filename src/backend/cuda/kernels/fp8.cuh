@@ -7,10 +7,22 @@
  * round-to-nearest-even, saturating to +-448, the hardware's
  * cvt.rn.satfinite) and widens exactly.
  *
- * Widening goes through f16, which holds every e4m3 value as a normal
- * number (e4m3's 3 mantissa bits and exponents 2^-9..2^8 fit f16's 10 bits
- * and 2^-14..2^15), and then to bf16, which holds them exactly too (8
- * mantissa bits): an e4m3 operand of a bf16 mma is the value itself. */
+ * Widening: every e4m3 value is a normal f16 (e4m3's 3 mantissa bits and
+ * exponents 2^-9..2^8 fit f16's 10 bits and 2^-14..2^15), so one hardware
+ * conversion per pair (cvt.rn.f16x2.e4m3x2) gives the exact value. The
+ * decode products (the fp8 GEMV, the one-kernel step's consumers) feed
+ * that pair straight to an f16 mma (fp32 accumulate), with the activations
+ * converted to f16 once where they are made or staged: widening to bf16
+ * instead costs three more instructions per pair (f16 -> f32 -> bf16),
+ * which left the one-kernel step reading at half the bandwidth. bf16 also
+ * holds every e4m3 value exactly (rp_e4m3x2_bf16x2), for kernels whose
+ * other operand stays bf16.
+ *
+ * f16 tops out at 65504: an activation entering an f16 product is
+ * saturated to +-65504 (rp_pack_f16x2_sat; NaN stays NaN), where bf16
+ * would have kept it. The sums stay fp32 and a weight row's scale
+ * multiplies the finished sum, so only an activation element of that size
+ * is clipped (the residual stream itself stays fp32). */
 #ifndef RP_KERNELS_FP8_CUH
 #define RP_KERNELS_FP8_CUH
 
@@ -35,6 +47,47 @@ __device__ __forceinline__ uint32_t rp_e4m3x2_bf16x2(uint16_t v) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
     const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
     return rp_pack_bf16x2(f.x, f.y);
+}
+
+/* Two e4m3 (the low and high byte of v) as an f16 pair, in that order:
+ * one cvt.rn.f16x2.e4m3x2, exact. */
+__device__ __forceinline__ uint32_t rp_e4m3x2_f16x2(uint16_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)v, __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+
+/* Two floats as an f16 pair (lo in the low half), nearest even, saturated
+ * to +-65504 (cvt.rn.satfinite: a finite f16 operand for every finite or
+ * infinite input, NaN stays NaN): how an activation enters an f16 mma. */
+__device__ __forceinline__ uint32_t rp_pack_f16x2_sat(float lo, float hi) {
+    uint32_t d;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+/* One float as f16 bits, saturated as rp_pack_f16x2_sat. */
+__device__ __forceinline__ uint16_t rp_f32_f16_sat(float f) {
+    uint16_t d;
+    asm("cvt.rn.satfinite.f16.f32 %0, %1;" : "=h"(d) : "f"(f));
+    return d;
+}
+
+/* A bf16 pair as an f16 pair, saturated as rp_pack_f16x2_sat (bf16 values
+ * under 2^-14 lose bits as f16 subnormals; such activations add nothing
+ * visible to a sum of products). */
+__device__ __forceinline__ uint32_t rp_bf16x2_f16x2_sat(uint32_t v) {
+    return rp_pack_f16x2_sat(rp_bf16_lo(v), rp_bf16_hi(v));
+}
+__device__ __forceinline__ uint4 rp_bf16x8_f16x8_sat(uint4 v) {
+    return make_uint4(rp_bf16x2_f16x2_sat(v.x), rp_bf16x2_f16x2_sat(v.y), rp_bf16x2_f16x2_sat(v.z),
+                      rp_bf16x2_f16x2_sat(v.w));
+}
+
+/* 8 e4m3 (lo: bytes 0-3, hi: bytes 4-7) as 8 f16 (one uint4), in order:
+ * four cvts. */
+__device__ __forceinline__ uint4 rp_e4m3x8_f16x8(uint32_t lo, uint32_t hi) {
+    return make_uint4(rp_e4m3x2_f16x2((uint16_t)lo), rp_e4m3x2_f16x2((uint16_t)(lo >> 16)),
+                      rp_e4m3x2_f16x2((uint16_t)hi), rp_e4m3x2_f16x2((uint16_t)(hi >> 16)));
 }
 
 /* 8 e4m3 (lo: bytes 0-3, hi: bytes 4-7) as 8 bf16 (one uint4), in order. */

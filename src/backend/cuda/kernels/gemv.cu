@@ -37,10 +37,16 @@
  *    the new residual for the next norm.
  * FP8 weights (--quantization fp8; rp_k_gemv_fused_fp8): W is e4m3 bytes
  * with one fp32 scale per row. A lane's 16-byte load is then 16 k instead
- * of 8 (a chunk is 64 k), widened in registers to bf16 (exact: e4m3 is a
- * subset of f16 and of bf16) and fed to the same mma, two per 8 k; the
- * row's scale multiplies the finished sum. The step reads half the bytes,
- * the arithmetic is the bf16 path's.
+ * of 8 (a chunk is 64 k), widened in registers to f16 by one cvt per pair
+ * (exact: every e4m3 value is a normal f16) and fed to the f16 mma, two per
+ * 8 k; the row's scale multiplies the finished fp32 sum. x is f16 there:
+ * the RMSNORM and SILU inputs make it as f16 (from fp32, so more precise
+ * than bf16's 8 bits) when they stage it, a BF16 input is converted as a
+ * lane loads it (once per 16 rows); either way saturated to +-65504
+ * (fp8.cuh). The step reads half the bytes, and widening costs one
+ * instruction per weight pair (through bf16 it cost four, which the 9-16
+ * token kernel below still pays: its x is loaded per lane and group, and
+ * converting that to f16 would cost what the cheaper widening saves).
  * Block-scaled FP8 (the official FP8 checkpoints; rp_k_gemv_fused_fp8_blocks):
  * one scale per 128 x 128 block instead of per row. A block's 16 rows lie
  * inside one 128-row scale block and a chunk's 64 k inside one 128-k block,
@@ -101,30 +107,45 @@ __device__ __forceinline__ void load_w(uint4 (&va)[GEMV_UNROLL], uint4 (&vb)[GEM
     }
 }
 
-/* 8 consecutive x values of token row xrow at k, as 4 bf16 pairs, made
- * from the input. */
-template <int IN>
+/* A pair of x values as the mma takes them: bf16, or f16 (saturated) for
+ * the f16 mma of e4m3 weights. */
+template <bool F16>
+__device__ __forceinline__ uint32_t pack_x(float lo, float hi) {
+    return F16 ? rp_pack_f16x2_sat(lo, hi) : rp_pack_bf16x2(lo, hi);
+}
+
+/* 8 consecutive x values of token row xrow at k, as 4 bf16 pairs (F16:
+ * f16 pairs), made from the input. */
+template <int IN, bool F16>
 __device__ __forceinline__ uint4 make_x(const rp_gemv_in &in, int xrow, int k, int K, float inv) {
     /* BF16 x through L2 (.cg). Measured under PDL on llama3-8b, batch 1:
      * .cg 6.43 ms per step, the read-only path 6.91, plain loads 6.94. */
-    if (IN == RP_GEMV_IN_BF16) return rp_ld_act(in.x + (int64_t)xrow * K + k);
+    if (IN == RP_GEMV_IN_BF16) {
+        const uint4 v = rp_ld_act(in.x + (int64_t)xrow * K + k);
+        return F16 ? rp_bf16x8_f16x8_sat(v) : v;
+    }
     if (IN == RP_GEMV_IN_RMSNORM) {
         const float *r = in.residual + (int64_t)xrow * K + k;
         const float4 r0 = rp_ld_act_f4(r), r1 = rp_ld_act_f4(r + 4);
         const uint4 w = rp_ld_nc(in.norm_w + k);
         /* the same expression as add_rmsnorm_kernel: w * (x * inv) */
-        return make_uint4(rp_pack_bf16x2(rp_bf16_lo(w.x) * (r0.x * inv), rp_bf16_hi(w.x) * (r0.y * inv)),
-                          rp_pack_bf16x2(rp_bf16_lo(w.y) * (r0.z * inv), rp_bf16_hi(w.y) * (r0.w * inv)),
-                          rp_pack_bf16x2(rp_bf16_lo(w.z) * (r1.x * inv), rp_bf16_hi(w.z) * (r1.y * inv)),
-                          rp_pack_bf16x2(rp_bf16_lo(w.w) * (r1.z * inv), rp_bf16_hi(w.w) * (r1.w * inv)));
+        return make_uint4(pack_x<F16>(rp_bf16_lo(w.x) * (r0.x * inv), rp_bf16_hi(w.x) * (r0.y * inv)),
+                          pack_x<F16>(rp_bf16_lo(w.y) * (r0.z * inv), rp_bf16_hi(w.y) * (r0.w * inv)),
+                          pack_x<F16>(rp_bf16_lo(w.z) * (r1.x * inv), rp_bf16_hi(w.z) * (r1.y * inv)),
+                          pack_x<F16>(rp_bf16_lo(w.w) * (r1.z * inv), rp_bf16_hi(w.w) * (r1.w * inv)));
     }
     /* SILU: the fp32 gate_up row is [gate (K) | up (K)] */
     const float *gp = in.gate_up + (int64_t)xrow * 2 * K + k;
-    return rp_silu_mul8(gp, gp + K);
+    if (!F16) return rp_silu_mul8(gp, gp + K);
+    float o[8];
+    rp_silu_mul8_f32(gp, gp + K, o);
+    return make_uint4(pack_x<true>(o[0], o[1]), pack_x<true>(o[2], o[3]), pack_x<true>(o[4], o[5]),
+                      pack_x<true>(o[6], o[7]));
 }
 
-/* Row stride of the staged x in shared memory (bf16): 16 bytes of padding
- * put the tokens' rows in different banks. */
+/* Row stride of the staged x in shared memory (bf16, or f16 for e4m3
+ * weights: 2 bytes an element either way): 16 bytes of padding put the
+ * tokens' rows in different banks. */
 __host__ __device__ __forceinline__ int stage_ld(int K) { return K + 8; }
 
 /* RMSNORM / SILU inputs: the whole block makes x[T][K] once, into shared
@@ -134,7 +155,7 @@ __host__ __device__ __forceinline__ int stage_ld(int K) { return K + 8; }
  * 110 us, down 46 -> 76 us on llama3-8b). Loads go out in groups of
  * STAGE_BATCH before any is used. */
 #define STAGE_BATCH 4
-template <int IN>
+template <int IN, bool F16>
 __device__ __forceinline__ void stage_x(const rp_gemv_in &in, uint16_t *xs, float *s_inv, int T, int K, int kb,
                                         int kr, int ld) {
     /* x[t][kb .. kb + kr) -> xs[t * ld + 0 .. kr) */
@@ -159,7 +180,7 @@ __device__ __forceinline__ void stage_x(const rp_gemv_in &in, uint16_t *xs, floa
             if (i < items) {
                 const int t = i / per_row, k = (i % per_row) * 8;
                 const int row = IN == RP_GEMV_IN_RMSNORM && in.rows ? in.rows[t] : t;
-                v[j] = make_x<IN>(in, row, kb + k, K, IN == RP_GEMV_IN_RMSNORM ? s_inv[t] : 1.0f);
+                v[j] = make_x<IN, F16>(in, row, kb + k, K, IN == RP_GEMV_IN_RMSNORM ? s_inv[t] : 1.0f);
             }
         }
 #pragma unroll
@@ -204,7 +225,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict
     load_w<WARPS, W8>(va, vb, wa, wb, c0 + warp, c1, K, c, ra, rb);
     rp_pdl_wait();
     const int ld = stage_ld(c1 * CK);
-    if (STAGED) stage_x<IN>(p.in, xs, s_inv, T, K, kb, kr, ld);
+    if (STAGED) stage_x<IN, W8>(p.in, xs, s_inv, T, K, kb, kr, ld);
     const uint16_t *xrow = xs + (xt ? g : 0) * ld;
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -222,7 +243,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict
                 const int k = ch * CK + c * (CK / 4) + h * 8;
                 const bool ok = ch < c1 && k < K && xt;
                 if (STAGED) vx[u][h] = ok ? *reinterpret_cast<const uint4 *>(xrow + (k - kb)) : make_uint4(0, 0, 0, 0);
-                else vx[u][h] = ok ? make_x<IN>(p.in, g, k, K, 1.0f) : make_uint4(0, 0, 0, 0);
+                else vx[u][h] = ok ? make_x<IN, W8>(p.in, g, k, K, 1.0f) : make_uint4(0, 0, 0, 0);
             }
         }
 #pragma unroll
@@ -235,9 +256,10 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict
                 for (int h = 0; h < XV; h++) {
                     const uint32_t alo = h ? va[u].z : va[u].x, ahi = h ? va[u].w : va[u].y;
                     const uint32_t blo = h ? vb[u].z : vb[u].x, bhi = h ? vb[u].w : vb[u].y;
-                    const uint4 a = rp_e4m3x8_bf16x8(alo, ahi), b = rp_e4m3x8_bf16x8(blo, bhi);
-                    rp_mma_16816(d, a.x, b.x, a.y, b.y, vx[u][h].x, vx[u][h].y);
-                    rp_mma_16816(d, a.z, b.z, a.w, b.w, vx[u][h].z, vx[u][h].w);
+                    /* f16 weights (one cvt a pair) against f16 x */
+                    const uint4 a = rp_e4m3x8_f16x8(alo, ahi), b = rp_e4m3x8_f16x8(blo, bhi);
+                    rp_mma_16816_f16(d, a.x, b.x, a.y, b.y, vx[u][h].x, vx[u][h].y);
+                    rp_mma_16816_f16(d, a.z, b.z, a.w, b.w, vx[u][h].z, vx[u][h].w);
                 }
                 if (BLK)
 #pragma unroll
@@ -320,7 +342,7 @@ __global__ void __launch_bounds__(WARPS * 32) gemv8_groups_kernel(const uint8_t 
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int k = ch * CK + c * (CK / 4) + h * 8, t = g + 8 * j;
-                    vx[j][h] = ch < c1 && k < K && t < T ? make_x<RP_GEMV_IN_BF16>(p.in, t, k, K, 1.0f)
+                    vx[j][h] = ch < c1 && k < K && t < T ? make_x<RP_GEMV_IN_BF16, false>(p.in, t, k, K, 1.0f)
                                                          : make_uint4(0, 0, 0, 0);
                 }
 #pragma unroll

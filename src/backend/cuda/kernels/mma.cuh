@@ -7,7 +7,8 @@
 #include <stdint.h>
 
 #include "common.cuh"
-/* fp8 weights and the fp8 KV cache feed the same bf16 mma, widened in
+/* fp8 weights and the fp8 KV cache's decode attention feed the f16 mma
+ * below, prefill attention over an fp8 cache the bf16 one, widened in
  * registers by fp8.cuh's helpers (every user of mma.cuh gets them) */
 #include "fp8.cuh"
 
@@ -18,6 +19,17 @@
 __device__ __forceinline__ void rp_mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                              uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* The same product with f16 operands (fp32 accumulate, the same fragment
+ * layout): e4m3 weights widened by one cvt per pair (fp8.cuh) against
+ * activations converted to f16 where they are staged. */
+__device__ __forceinline__ void rp_mma_16816_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                 uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));

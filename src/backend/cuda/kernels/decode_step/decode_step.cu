@@ -45,8 +45,9 @@
  * Every sum is taken in a fixed order (per lane, then per warp in warp
  * order), so a replay is bit-identical to an eager run. The rounding points
  * are those of the chain of kernels (bf16 qkv, fp32 projections added to
- * the fp32 residual, fp32 SwiGLU input and bf16 output, fp32 logits); only
- * the order of some fp32 sums differs.
+ * the fp32 residual, fp32 SwiGLU input and bf16 output, fp32 logits; with
+ * e4m3 weights every layer product's x is f16 instead of bf16 in both, the
+ * f16 mma's operand: fp8.cuh); only the order of some fp32 sums differs.
  *
  * The code, by concern: layout.cuh (constants, arguments, shared memory,
  * workspace), sync.cuh (tagged words, mbarriers, bulk copies), pick.cuh

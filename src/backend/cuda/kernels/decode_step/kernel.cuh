@@ -102,20 +102,21 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     /* one sequence: the next norm's weights, loaded a barrier ahead (load_nw) */
     ds_nw nw;
     if constexpr (NB == 1) load_nw(nw, ds_norm(s, 0, 0), H);
-#define DS_NORM(first, l_, which, keep)                                                                                \
+/* f16: x for an e4m3 phase (the f16 mma's operand); lm_head stays bf16 */
+#define DS_NORM(first, l_, which, keep, f16)                                                                           \
     if constexpr (NB == 1)                                                                                             \
-        stage_norm(xs, s.residual, first ? s.embed + (int64_t)token[0] * H : nullptr, nw, H, s.eps, red,             \
-                   keep ? rs : nullptr);                                                                               \
+        stage_norm<f16>(xs, s.residual, first ? s.embed + (int64_t)token[0] * H : nullptr, nw, H, s.eps, red,          \
+                        keep ? rs : nullptr);                                                                          \
     else                                                                                                               \
-        stage_norm_nb<NB>(xs, xst, nb, s.residual, first ? s.embed : nullptr, token, ds_norm(s, l_, which), H, s.eps, \
-                          red, keep ? rs : nullptr)
-#define DS_BF16(src, K)                                                                                                \
+        stage_norm_nb<NB, f16>(xs, xst, nb, s.residual, first ? s.embed : nullptr, token, ds_norm(s, l_, which), H,    \
+                               s.eps, red, keep ? rs : nullptr)
+#define DS_BF16(src, K, f16)                                                                                           \
     if constexpr (NB == 1)                                                                                             \
-        stage_bf16(xs, src, K);                                                                                        \
+        stage_bf16<f16>(xs, src, K);                                                                                   \
     else                                                                                                               \
-        stage_bf16_nb<NB>(xs, xst, nb, src, K)
+        stage_bf16_nb<NB, f16>(xs, xst, nb, src, K)
     for (int l = 0; l < L; l++) {
-        DS_T(TR_STAGE, DS_NORM(l == 0, l, 0, rs));
+        DS_T(TR_STAGE, DS_NORM(l == 0, l, 0, rs, W8));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK, W8>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
         if (DYNK && threadIdx.x == 0) *pace_flag = 1;
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
                  if (a.norm_pf) prefetch_norms(a, l);
              }));
         if (DYNK && threadIdx.x == 0) *pace_flag = 0;
-        DS_T(TR_STAGE, DS_BF16(s.attn, q_dim));
+        DS_T(TR_STAGE, DS_BF16(s.attn, q_dim, W8));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK, W8>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
              }));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
-        DS_T(TR_STAGE, DS_NORM(false, l, 1, rs));
+        DS_T(TR_STAGE, DS_NORM(false, l, 1, rs, W8));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK, W8>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [] {}));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
-        DS_T(TR_STAGE, DS_BF16(s.act, s.F));
+        DS_T(TR_STAGE, DS_BF16(s.act, s.F, false) /* f16 already with W8 */);
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK, W8>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
-    DS_T(TR_STAGE, DS_NORM(false, L, 0, false));
+    DS_T(TR_STAGE, DS_NORM(false, L, 0, false, false));
     DS_T(TR_GEMV,
          gemv_phase<NB, DYNK, W8>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
 #undef DS_NORM

@@ -1,5 +1,6 @@
 /* The consumers' side of a matrix phase: staging the input vector x in
- * shared memory (RMSNorm, bf16 rows, several sequences at once) and
+ * shared memory (RMSNorm, bf16 rows, several sequences at once; as f16
+ * where the phase's weights are e4m3, the f16 mma's operand) and
  * gemv_phase, which multiplies the ring's pieces against x and writes each
  * unit's output with its epilogue. */
 #ifndef RP_DECODE_STEP_PHASES_CUH
@@ -49,11 +50,20 @@ __device__ __forceinline__ void load_nw(ds_nw &n, const uint16_t *w, int H) {
     }
 }
 
-/* x = bf16(w * (row * inv)), row from the fp32 residual or (layer 0) the
- * embedding row; the same expression as the RMSNORM GEMV input. rs, if
- * given, keeps the row: the residual does not change between this staging
- * and the next o or down epilogue, which then add to it without an L2
- * round trip. */
+/* A pair of staged x values: bf16, or (F16: the phase's weights are e4m3)
+ * f16 saturated to +-65504 (fp8.cuh), rounded once from fp32. */
+template <bool F16>
+__device__ __forceinline__ uint32_t pack_xs(float lo, float hi) {
+    if constexpr (F16) return rp_pack_f16x2_sat(lo, hi);
+    else return rp_pack_bf16x2(lo, hi);
+}
+
+/* x = bf16(w * (row * inv)) (F16: f16), row from the fp32 residual or
+ * (layer 0) the embedding row; the same expression as the RMSNORM GEMV
+ * input. rs, if given, keeps the row: the residual does not change between
+ * this staging and the next o or down epilogue, which then add to it
+ * without an L2 round trip. */
+template <bool F16>
 __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, const ds_nw &nw, int H, float eps,
                            float *red, float *rs) {
     constexpr int J = DS_MAX_H / (DS_CONSUMERS * 32 * 8);
@@ -88,18 +98,25 @@ __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, 
         if (i < H) {
             const uint4 g = nw.g[j];
             *reinterpret_cast<uint4 *>(xs + i) =
-                make_uint4(rp_pack_bf16x2(rp_bf16_lo(g.x) * (v[j][0] * inv), rp_bf16_hi(g.x) * (v[j][1] * inv)),
-                           rp_pack_bf16x2(rp_bf16_lo(g.y) * (v[j][2] * inv), rp_bf16_hi(g.y) * (v[j][3] * inv)),
-                           rp_pack_bf16x2(rp_bf16_lo(g.z) * (v[j][4] * inv), rp_bf16_hi(g.z) * (v[j][5] * inv)),
-                           rp_pack_bf16x2(rp_bf16_lo(g.w) * (v[j][6] * inv), rp_bf16_hi(g.w) * (v[j][7] * inv)));
+                make_uint4(pack_xs<F16>(rp_bf16_lo(g.x) * (v[j][0] * inv), rp_bf16_hi(g.x) * (v[j][1] * inv)),
+                           pack_xs<F16>(rp_bf16_lo(g.y) * (v[j][2] * inv), rp_bf16_hi(g.y) * (v[j][3] * inv)),
+                           pack_xs<F16>(rp_bf16_lo(g.z) * (v[j][4] * inv), rp_bf16_hi(g.z) * (v[j][5] * inv)),
+                           pack_xs<F16>(rp_bf16_lo(g.w) * (v[j][6] * inv), rp_bf16_hi(g.w) * (v[j][7] * inv)));
         }
     }
     cbar(); /* x is complete before any warp multiplies with it */
 }
 
+/* x copied from a 2-byte buffer; F16: the buffer is bf16 (attention's
+ * output) and the phase's weights e4m3, so it is converted to f16 here,
+ * once per block (the SwiGLU output needs none: the e4m3 step writes it as
+ * f16). */
+template <bool F16>
 __device__ void stage_bf16(uint16_t *xs, const uint16_t *src, int K) {
-    for (int i = threadIdx.x * 8; i < K; i += DS_CONSUMERS * 32 * 8)
-        *reinterpret_cast<uint4 *>(xs + i) = rp_ld_act(src + i);
+    for (int i = threadIdx.x * 8; i < K; i += DS_CONSUMERS * 32 * 8) {
+        if constexpr (F16) *reinterpret_cast<uint4 *>(xs + i) = rp_bf16x8_f16x8_sat(rp_ld_act(src + i));
+        else *reinterpret_cast<uint4 *>(xs + i) = rp_ld_act(src + i);
+    }
     cbar(); /* x is complete before any warp multiplies with it */
 }
 
@@ -112,7 +129,7 @@ __device__ void stage_bf16(uint16_t *xs, const uint16_t *src, int K) {
 /* rows held in registers: four sequences' at up to 2048 (more spilled),
  * two sequences' at up to 4096 */
 __host__ __device__ constexpr int ds_max_h_nb(int nb) { return nb > 2 ? 2048 : 4096; }
-template <int NB>
+template <int NB, bool F16>
 __device__ void stage_norm_nb(uint16_t *xs, int xst, int nb, const float *res, const uint16_t *emb,
                               const int32_t (&token)[NB], const uint16_t *w, int H, float eps, float *red, float *rs) {
     constexpr int J = ds_max_h_nb(NB) / (DS_CONSUMERS * 32 * 8);
@@ -172,10 +189,10 @@ __device__ void stage_norm_nb(uint16_t *xs, int xst, int nb, const float *res, c
             const float *f = v[b][j];
             const float n = inv[b];
             *reinterpret_cast<uint4 *>(xs + b * xst + i) =
-                make_uint4(rp_pack_bf16x2(rp_bf16_lo(g.x) * (f[0] * n), rp_bf16_hi(g.x) * (f[1] * n)),
-                           rp_pack_bf16x2(rp_bf16_lo(g.y) * (f[2] * n), rp_bf16_hi(g.y) * (f[3] * n)),
-                           rp_pack_bf16x2(rp_bf16_lo(g.z) * (f[4] * n), rp_bf16_hi(g.z) * (f[5] * n)),
-                           rp_pack_bf16x2(rp_bf16_lo(g.w) * (f[6] * n), rp_bf16_hi(g.w) * (f[7] * n)));
+                make_uint4(pack_xs<F16>(rp_bf16_lo(g.x) * (f[0] * n), rp_bf16_hi(g.x) * (f[1] * n)),
+                           pack_xs<F16>(rp_bf16_lo(g.y) * (f[2] * n), rp_bf16_hi(g.y) * (f[3] * n)),
+                           pack_xs<F16>(rp_bf16_lo(g.z) * (f[4] * n), rp_bf16_hi(g.z) * (f[5] * n)),
+                           pack_xs<F16>(rp_bf16_lo(g.w) * (f[6] * n), rp_bf16_hi(g.w) * (f[7] * n)));
         }
     }
     cbar(); /* x is complete before any warp multiplies with it */
@@ -183,7 +200,7 @@ __device__ void stage_norm_nb(uint16_t *xs, int xst, int nb, const float *res, c
 
 /* stage_bf16 for several sequences: rows K apart, every load of a pass in
  * flight at once. */
-template <int NB>
+template <int NB, bool F16>
 __device__ void stage_bf16_nb(uint16_t *xs, int xst, int nb, const uint16_t *src, int K) {
     constexpr int J = 8 / NB, STEP = DS_CONSUMERS * 32 * 8;
     for (int i0 = threadIdx.x * 8; i0 < K; i0 += J * STEP) {
@@ -197,7 +214,10 @@ __device__ void stage_bf16_nb(uint16_t *xs, int xst, int nb, const uint16_t *src
         for (int j = 0; j < J; j++)
 #pragma unroll
             for (int b = 0; b < NB; b++)
-                if (b < nb && i0 + j * STEP < K) *reinterpret_cast<uint4 *>(xs + b * xst + i0 + j * STEP) = t[b][j];
+                if (b < nb && i0 + j * STEP < K) {
+                    if constexpr (F16) t[b][j] = rp_bf16x8_f16x8_sat(t[b][j]);
+                    *reinterpret_cast<uint4 *>(xs + b * xst + i0 + j * STEP) = t[b][j];
+                }
     }
     cbar(); /* x is complete before any warp multiplies with it */
 }
@@ -207,8 +227,9 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
 /* One matrix phase: every unit this block owns, against x in xs, on the
  * tensor cores. Piece i of the ring (8 rows x up to 1536 k) belongs to
  * warp i % 8, which does all of it with mma m16n8k16, four independent
- * accumulators (e4m3 weights: 16 k a lane's load, widened to bf16 in
- * registers, the rows' scales on the finished sums). Thread (g, c) loads 8 consecutive k of row g with one
+ * accumulators (e4m3 weights: 16 k a lane's load, widened to f16 in
+ * registers by one cvt per pair against x staged as f16, the f16 mma, the
+ * rows' scales on the finished sums). Thread (g, c) loads 8 consecutive k of row g with one
  * 16-byte load (a sum over k does not care how k is numbered; gemv.cu does
  * the same) and puts them in A: the first four k in row g, the last four in
  * row g + 8. B's column 0 holds the matching first halves of x, column 1
@@ -293,8 +314,9 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
             }
         } else {
             /* e4m3: a lane's 16 bytes are 16 k (a step of the row is 64 k),
-             * widened to bf16 as two 8-k halves, each half the bf16 path's
-             * mma with its own x (lane c's k: c * 16 + h * 8 + the column's 4) */
+             * widened to f16 as two 8-k halves (four cvts each), each half the
+             * bf16 path's fragments in an f16 mma with its own x (f16; lane
+             * c's k: c * 16 + h * 8 + the column's 4) */
             const uint8_t *xb = x0 + c * 32 + (g & 1) * 8;
             for (int kk = 0; kk < kw / 64; kk += 4) { /* a multiple of 4 (K % 256 == 0) */
                 uint4 w[4];
@@ -307,9 +329,9 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
                 }
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
-                    const uint4 a0 = rp_e4m3x8_bf16x8(w[q].x, w[q].y), a1 = rp_e4m3x8_bf16x8(w[q].z, w[q].w);
-                    rp_mma_16816(acc[(2 * q) & 3], a0.x, a0.z, a0.y, a0.w, x[q][0].x, x[q][0].y);
-                    rp_mma_16816(acc[(2 * q + 1) & 3], a1.x, a1.z, a1.y, a1.w, x[q][1].x, x[q][1].y);
+                    const uint4 a0 = rp_e4m3x8_f16x8(w[q].x, w[q].y), a1 = rp_e4m3x8_f16x8(w[q].z, w[q].w);
+                    rp_mma_16816_f16(acc[(2 * q) & 3], a0.x, a0.z, a0.y, a0.w, x[q][0].x, x[q][0].y);
+                    rp_mma_16816_f16(acc[(2 * q + 1) & 3], a1.x, a1.z, a1.y, a1.w, x[q][1].x, x[q][1].y);
                 }
             }
         }
@@ -355,7 +377,9 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
                 a.s.residual[n] = (rs ? rs[n] : rres) + v0;
                 break;
             case EPI_SWIGLU: {
-                a.s.act[n] = rp_f32_bf16(v0 / (1.0f + expf(-v0)) * v1);
+                /* e4m3: f16 (saturated), the down product's operand as is */
+                if constexpr (W8) a.s.act[n] = rp_f32_f16_sat(v0 / (1.0f + expf(-v0)) * v1);
+                else a.s.act[n] = rp_f32_bf16(v0 / (1.0f + expf(-v0)) * v1);
                 break;
             }
             default: a.s.logits[n] = v0;
