@@ -4,8 +4,9 @@
  * captured graphs) against one GPU running the whole model, with the same
  * dummy weights made on the host, and the CPU backend (fp32) as the
  * reference: at every position of prompts of 1, 7 and 1000 tokens, N
- * ranks' logits must be as close to fp32 as one GPU's (relative L2 within
- * 1.25x, plus 1e-3). Also printed: N ranks against one GPU (the issue's
+ * ranks' logits must be as close to fp32 as one GPU's (relative L2 over the
+ * prompt within 1.25x, plus 1e-3; the worst position's within 1.5x, plus
+ * 1e-3). Also printed: N ranks against one GPU (the issue's
  * 1e-2) and how long 128 greedy tokens after each prompt stay the same
  * (random weights amplify any change of summation order; bench/RESULTS.md).
  *
@@ -86,6 +87,38 @@ static double rel_l2(const float *a, const float *b, size_t n) {
     return sqrt(d / (s > 0 ? s : 1));
 }
 
+/* The largest relative L2 of any one position's logits. */
+static double worst_position(const float *a, const float *f32, int len, int V) {
+    double w = 0;
+    for (int i = 0; i < len; i++) {
+        const double e = rel_l2(a + (size_t)i * V, f32 + (size_t)i * V, (size_t)V);
+        if (e > w) w = e;
+    }
+    return w;
+}
+
+/* Where N ranks are further from fp32 than one GPU: the positions with the
+ * largest excess, each with both errors (a fault in the split shows as a
+ * few positions or every position past some length; bf16 noise as none). */
+static void print_worst_positions(const float *got, const float *ref, const float *f32, int len, int V) {
+    int worst[3] = {-1, -1, -1};
+    double ex[3] = {0, 0, 0}, eg[3] = {0, 0, 0}, er[3] = {0, 0, 0};
+    for (int i = 0; i < len; i++) {
+        const size_t o = (size_t)i * V;
+        const double g = rel_l2(got + o, f32 + o, (size_t)V), r = rel_l2(ref + o, f32 + o, (size_t)V), x = g - r;
+        for (int j = 0; j < 3; j++)
+            if (worst[j] < 0 || x > ex[j]) {
+                for (int q = 2; q > j; q--)
+                    worst[q] = worst[q - 1], ex[q] = ex[q - 1], eg[q] = eg[q - 1], er[q] = er[q - 1];
+                worst[j] = i, ex[j] = x, eg[j] = g, er[j] = r;
+                break;
+            }
+    }
+    printf("    worst positions against fp32:");
+    for (int j = 0; j < 3 && worst[j] >= 0; j++) printf(" %d: %.3g (N=1 %.3g)", worst[j], eg[j], er[j]);
+    printf("\n");
+}
+
 static void compare_shape(const char *preset, int default_layers) {
     const int n = gpus();
     if (n < 1) {
@@ -148,13 +181,21 @@ static void compare_shape(const char *preset, int default_layers) {
              * above), so two GPU runs may part at a near-tie in greedy decoding. What a
              * wrong split would change is the distance to fp32: N ranks must be as
              * close to it as one GPU (within 25%, plus 1e-3). */
-            const int ok = e32 <= 1.25 * e1[p] + 1e-3;
-            printf("  %s N=%d prompt %4d: against N=1 %.3g (%s 1e-2), against fp32 %.3g (N=1: %.3g) %s; greedy ", preset,
-                   N, prompt_len[p], e, e < 1e-2 ? "under" : "over", e32, e1[p], ok ? "ok" : "FAIL");
+            /* ... and at every position: a few wrong rows (a collective's tail, the
+             * longest attention rows) hide in the prompt's total */
+            const double w = worst_position(got.logits[p], f32.logits[p], prompt_len[p], V),
+                         w1 = worst_position(ref.logits[p], f32.logits[p], prompt_len[p], V);
+            const int ok = e32 <= 1.25 * e1[p] + 1e-3 && w <= 1.5 * w1 + 1e-3;
+            printf("  %s N=%d prompt %4d: against N=1 %.3g (%s 1e-2), against fp32 %.3g (N=1: %.3g), worst position "
+                   "%.3g (N=1: %.3g) %s; greedy ",
+                   preset, N, prompt_len[p], e, e < 1e-2 ? "under" : "over", e32, e1[p], w, w1, ok ? "ok" : "FAIL");
             if (first_diff < 0) printf("identical (%d tokens)\n", STEPS);
             else printf("as N=1's for %d tokens (then %d against %d)\n", first_diff, got.tokens[p * STEPS + first_diff],
                         ref.tokens[p * STEPS + first_diff]);
-            if (!ok) failed = 1;
+            if (!ok) {
+                print_worst_positions(got.logits[p], ref.logits[p], f32.logits[p], prompt_len[p], V);
+                failed = 1;
+            }
         }
     }
     for (int p = 0; p < NPROMPTS; p++) free(ids[p]), free(f32.logits[p]), free(ref.logits[p]), free(got.logits[p]);

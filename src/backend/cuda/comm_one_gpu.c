@@ -5,8 +5,8 @@
  * against one rank running the whole model where no multi-GPU machine is
  * at hand (tests/test_cuda_tp.c). NCCL refuses two ranks on one device.
  *
- * Each collective waits for the rank's stream, copies its device buffer to
- * host memory, meets the other ranks in the local communicator (comm.h:
+ * Each collective copies its device buffer to host memory on the rank's
+ * stream and waits for it, meets the other ranks in the local communicator (comm.h:
  * the same deterministic sums in rank order the CPU backend's shards use)
  * and copies the result back. That makes every collective a host round
  * trip, slow and impossible to capture in a graph: the harness runs with
@@ -42,28 +42,39 @@ static int cuda_ok(cudaError_t e, const char *what, rp_err *err) {
     return e == cudaSuccess ? 0 : rp_errf(err, "%s: %s", what, cudaGetErrorString(e));
 }
 
+/* Copies on the rank's stream, each waited for: a plain cudaMemcpy runs on
+ * the legacy stream, which the ranks' non-blocking streams do not wait for,
+ * and from pageable memory it may return before its DMA has finished (the
+ * next kernel on the rank's stream read the tail of a gathered buffer
+ * before it had arrived). */
+static int copy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t s, const char *what,
+                rp_err *err) {
+    if (cuda_ok(cudaMemcpyAsync(dst, src, bytes, kind, s), what, err)) return RP_ERR;
+    return cuda_ok(cudaStreamSynchronize(s), what, err);
+}
+
 static int one_gpu_all_reduce_sum(rp_comm *c, void *buf, size_t count, rp_comm_dtype dtype, void *stream,
                                   rp_err *err) {
     one_gpu_comm *oc = (one_gpu_comm *)c;
+    cudaStream_t s = (cudaStream_t)stream;
     const size_t bytes = count * elem_bytes(dtype);
     if (grow(&oc->send, &oc->send_cap, bytes, err) ||
-        cuda_ok(cudaStreamSynchronize((cudaStream_t)stream), "all-reduce: the rank's stream", err) ||
-        cuda_ok(cudaMemcpy(oc->send, buf, bytes, cudaMemcpyDeviceToHost), "all-reduce: to the host", err) ||
+        copy(oc->send, buf, bytes, cudaMemcpyDeviceToHost, s, "all-reduce: to the host", err) ||
         rp_comm_all_reduce_sum(oc->host, oc->send, count, dtype, NULL, err))
         return RP_ERR;
-    return cuda_ok(cudaMemcpy(buf, oc->send, bytes, cudaMemcpyHostToDevice), "all-reduce: back to the GPU", err);
+    return copy(buf, oc->send, bytes, cudaMemcpyHostToDevice, s, "all-reduce: back to the GPU", err);
 }
 
 static int one_gpu_all_gather(rp_comm *c, const void *send, void *recv, size_t send_count, rp_comm_dtype dtype,
                               void *stream, rp_err *err) {
     one_gpu_comm *oc = (one_gpu_comm *)c;
+    cudaStream_t s = (cudaStream_t)stream;
     const size_t bytes = send_count * elem_bytes(dtype), all = bytes * (size_t)c->size;
     if (grow(&oc->send, &oc->send_cap, bytes, err) || grow(&oc->recv, &oc->recv_cap, all, err) ||
-        cuda_ok(cudaStreamSynchronize((cudaStream_t)stream), "all-gather: the rank's stream", err) ||
-        cuda_ok(cudaMemcpy(oc->send, send, bytes, cudaMemcpyDeviceToHost), "all-gather: to the host", err) ||
+        copy(oc->send, send, bytes, cudaMemcpyDeviceToHost, s, "all-gather: to the host", err) ||
         rp_comm_all_gather(oc->host, oc->send, oc->recv, send_count, dtype, NULL, err))
         return RP_ERR;
-    return cuda_ok(cudaMemcpy(recv, oc->recv, all, cudaMemcpyHostToDevice), "all-gather: back to the GPU", err);
+    return copy(recv, oc->recv, all, cudaMemcpyHostToDevice, s, "all-gather: back to the GPU", err);
 }
 
 static int one_gpu_barrier(rp_comm *c, void *stream, rp_err *err) {
