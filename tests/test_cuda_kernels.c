@@ -294,22 +294,29 @@ static void test_fp8_blocks_quant(void **state) {
 }
 
 /* Activations per token and 128 k (the host's arithmetic: max|x| / 448,
- * then the nearest code), then cuBLASLt's block-scaled product against
- * float64 over those quantized activations; where cuBLASLt has no
- * algorithm the test says so (the backend then dequantizes: checked
- * above). */
+ * then the nearest code; the rows padding T to RP_GEMM_FP8_BLOCKS_T_ALIGN
+ * zeros with scale 1), then cuBLASLt's block-scaled product of the padded
+ * count against float64 over those quantized activations (the pad rows'
+ * outputs zero); where cuBLASLt has no algorithm the test says so (the
+ * backend then dequantizes: checked above). */
 static void check_gemm_blocks(rp_gemm *g, int T, int N, int K, int out_f32) {
     uint8_t *w;
     float *grid, *padded;
     rand_blocks(N, K, &w, &grid, &padded, 0.0f);
     uint16_t *x = rand_bf16((size_t)T * K, 1.0f);
-    const int groups = (K + 127) / 128, ldt = rp_fp8_act_ld(T);
+    const int Tp = rp_gemm_fp8_blocks_pad(T), groups = (K + 127) / 128, ldt = rp_fp8_act_ld(Tp);
     uint16_t *d_x = dup_to_dev(x, (size_t)T * K * 2);
-    uint8_t *d_xq = dalloc((size_t)T * K), *xq = malloc((size_t)T * K);
+    uint8_t *d_xq = dalloc((size_t)Tp * K), *xq = malloc((size_t)Tp * K);
     float *d_sx = dalloc((size_t)groups * ldt * 4), *sx = malloc((size_t)groups * ldt * 4);
-    LAUNCH(rp_k_quant_fp8_act_groups(d_x, T, K, d_xq, d_sx, 0));
-    to_host(xq, d_xq, (size_t)T * K);
+    LAUNCH(rp_k_quant_fp8_act_groups(d_x, T, Tp, K, d_xq, d_sx, 0));
+    to_host(xq, d_xq, (size_t)Tp * K);
     to_host(sx, d_sx, (size_t)groups * ldt * 4);
+    for (int t = T; t < Tp; t++) {
+        for (int gi = 0; gi < groups; gi++)
+            if (sx[(size_t)gi * ldt + t] != 1.0f) fail_msg("pad row %d's scale %d: %g", t, gi, sx[(size_t)gi * ldt + t]);
+        for (int k = 0; k < K; k++)
+            if (xq[(size_t)t * K + k]) fail_msg("pad row %d byte %d: %02x", t, k, xq[(size_t)t * K + k]);
+    }
     double *xd = malloc((size_t)T * K * 8); /* x as quantized: the reference's input */
     for (int t = 0; t < T; t++)
         for (int gi = 0; gi < groups; gi++) {
@@ -324,16 +331,18 @@ static void check_gemm_blocks(rp_gemm *g, int T, int N, int K, int out_f32) {
             }
         }
     rp_err err;
-    if (!rp_gemm_fp8_blocks_supported(g, T, N, K, out_f32, &err)) {
-        printf("  gemm fp8 blocks T=%d N=%d K=%d: %s (the backend dequantizes)\n", T, N, K, err.msg);
+    if (!rp_gemm_fp8_blocks_supported(g, Tp, N, K, out_f32, &err)) {
+        printf("  gemm fp8 blocks T=%d (padded %d) N=%d K=%d: %s (the backend dequantizes)\n", T, Tp, N, K, err.msg);
     } else {
-        const size_t n = (size_t)T * N, eb = out_f32 ? 4 : 2;
+        const size_t n = (size_t)T * N, eb = out_f32 ? 4 : 2, np = (size_t)Tp * N;
         uint8_t *d_w = dup_to_dev(w, (size_t)N * K);
         float *d_grid = dup_to_dev(padded, (size_t)((N + 127) / 128) * rp_fp8_grid_ld(K) * 4);
-        void *d_y = dalloc(n * eb), *y = malloc(n * eb);
-        if (rp_gemm_run_fp8_blocks(g, d_w, d_grid, d_xq, d_sx, d_y, T, N, K, out_f32, 0, &err)) fail_msg("%s", err.msg);
+        void *d_y = dalloc(np * eb), *y = malloc(np * eb);
+        if (rp_gemm_run_fp8_blocks(g, d_w, d_grid, d_xq, d_sx, d_y, Tp, N, K, out_f32, 0, &err)) fail_msg("%s", err.msg);
         CU(cudaDeviceSynchronize());
-        to_host(y, d_y, n * eb);
+        to_host(y, d_y, np * eb);
+        for (size_t i = n * eb; i < np * eb; i++)
+            if (((uint8_t *)y)[i]) fail_msg("pad rows' output not zero at byte %zu", i - n * eb);
         double *ref = malloc(n * 8);
         const int gc = (K + 127) / 128;
         for (int t = 0; t < T; t++)
@@ -344,7 +353,7 @@ static void check_gemm_blocks(rp_gemm *g, int T, int N, int K, int out_f32) {
                 ref[(size_t)t * N + nn] = acc;
             }
         char what[96];
-        snprintf(what, sizeof what, "gemm fp8 blocks T=%d N=%d K=%d %s", T, N, K, out_f32 ? "f32" : "bf16");
+        snprintf(what, sizeof what, "gemm fp8 blocks T=%d (%d) N=%d K=%d %s", T, Tp, N, K, out_f32 ? "f32" : "bf16");
         /* FP8 tensor cores sum a block's products at reduced precision; a
          * scale read from the wrong place is off by a factor up to 16 */
         expect_close(out_f32 ? rel_l2_f32(y, ref, n, what) : rel_l2_bf16(y, ref, n, what), out_f32 ? 2e-3 : 1e-2, "%s",
@@ -366,6 +375,69 @@ static void test_fp8_blocks_gemm(void **state) {
     check_gemm_blocks(&g, 64, 640, 1024, 0);
     check_gemm_blocks(&g, 24, 256, 320, 1);  /* K ends inside a block */
     check_gemm_blocks(&g, 9, 1024, 3072, 1); /* the fewest tokens it takes (past the GEMV's 8) */
+    rp_gemm_destroy(&g);
+}
+
+/* cuBLASLt's FP8 product with a scale per weight row and per token applied
+ * inside (outer vectors): activations quantized per token on the GPU (the
+ * bytes and scales read back are the reference's input), against float64.
+ * Where cuBLASLt has no such algorithm the test says so (the backend then
+ * takes the raw sums and rp_k_scale_outer, test_fp8_vs_cpu). */
+static void check_gemm_outer(rp_gemm *g, int T, int N, int K, int out_f32) {
+    uint8_t *w = malloc((size_t)N * K), *xq = malloc((size_t)T * K);
+    float *sw = malloc((size_t)N * 4), *sx = malloc((size_t)T * 4);
+    for (size_t i = 0; i < (size_t)N * K; i++) {
+        uint8_t b = (uint8_t)urand(256);
+        if ((b & 0x7f) == 0x7f) b ^= 1; /* NaN -> 448 */
+        w[i] = b;
+    }
+    for (int n = 0; n < N; n++) sw[n] = ldexpf(1.0f + 0.5f * (frand() + 1.0f), (int)urand(4) - 9);
+    uint16_t *x = rand_bf16((size_t)T * K, 1.0f);
+    uint16_t *d_x = dup_to_dev(x, (size_t)T * K * 2);
+    uint8_t *d_xq = dalloc((size_t)T * K), *d_w = dup_to_dev(w, (size_t)N * K);
+    float *d_sx = dalloc((size_t)T * 4), *d_sw = dup_to_dev(sw, (size_t)N * 4);
+    LAUNCH(rp_k_quant_fp8_rows(d_x, T, K, d_xq, d_sx, 0));
+    to_host(xq, d_xq, (size_t)T * K);
+    to_host(sx, d_sx, (size_t)T * 4);
+    rp_err err;
+    if (!rp_gemm_fp8_outer_supported(g, T, N, K, out_f32, &err)) {
+        printf("  gemm fp8 outer T=%d N=%d K=%d: %s (the backend scales cuBLASLt's raw sums)\n", T, N, K, err.msg);
+    } else {
+        const size_t n = (size_t)T * N, eb = out_f32 ? 4 : 2;
+        void *d_y = dalloc(n * eb), *y = malloc(n * eb);
+        if (rp_gemm_run_fp8_outer(g, d_w, d_sw, d_xq, d_sx, d_y, T, N, K, out_f32, 0, &err)) fail_msg("%s", err.msg);
+        CU(cudaDeviceSynchronize());
+        to_host(y, d_y, n * eb);
+        double *ref = malloc(n * 8);
+        for (int t = 0; t < T; t++)
+            for (int nn = 0; nn < N; nn++) {
+                double acc = 0;
+                for (int k = 0; k < K; k++)
+                    acc += (double)rp_f8e4m3_to_f32(xq[(size_t)t * K + k]) * rp_f8e4m3_to_f32(w[(size_t)nn * K + k]);
+                ref[(size_t)t * N + nn] = acc * sx[t] * sw[nn];
+            }
+        char what[96];
+        snprintf(what, sizeof what, "gemm fp8 outer T=%d N=%d K=%d %s", T, N, K, out_f32 ? "f32" : "bf16");
+        /* a scale taken per column instead of per row (or none) is off by
+         * factors up to 16 */
+        expect_close(out_f32 ? rel_l2_f32(y, ref, n, what) : rel_l2_bf16(y, ref, n, what), out_f32 ? 2e-3 : 1e-2, "%s",
+                     what);
+        free(ref), free(y);
+        cudaFree(d_y);
+    }
+    free(w), free(xq), free(sw), free(sx), free(x);
+    cudaFree(d_x), cudaFree(d_xq), cudaFree(d_w), cudaFree(d_sx), cudaFree(d_sw);
+}
+
+static void test_fp8_outer_gemm(void **state) {
+    (void)state;
+    NEED_GPU();
+    rp_gemm g;
+    rp_err err;
+    if (rp_gemm_init(&g, 32u << 20, &err)) fail_msg("%s", err.msg);
+    check_gemm_outer(&g, 37, 384, 1024, 1); /* an odd token count */
+    check_gemm_outer(&g, 64, 640, 1024, 0);
+    check_gemm_outer(&g, 17, 1024, 3072, 1); /* the fewest tokens it takes (past the fp8 GEMV's 16) */
     rp_gemm_destroy(&g);
 }
 
@@ -1485,6 +1557,7 @@ int main(void) {
         cmocka_unit_test(test_fill_dummy_slice),
         cmocka_unit_test(test_fp8_blocks_gemv),        cmocka_unit_test(test_fp8_blocks_quant),
         cmocka_unit_test(test_fp8_blocks_gemm),
+        cmocka_unit_test(test_fp8_outer_gemm),
         cmocka_unit_test(test_qk_norm_rope_store_fp8), cmocka_unit_test(test_attn_decode_fp8),
         cmocka_unit_test(test_attn_prefill_fp8),       cmocka_unit_test(test_attn_step_fp8),
     };

@@ -332,7 +332,8 @@ rp_kv_cache rp_cuda_kv_layer(const rp_cuda_backend *cb, int l) {
 
 static int alloc_activations(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
-    const size_t T = (size_t)cb->base.cfg.max_batched_tokens, H = (size_t)c->hidden_size,
+    /* rows for the block-scaled FP8 products' padding too (gemm.h) */
+    const size_t T = (size_t)rp_gemm_fp8_blocks_pad(cb->base.cfg.max_batched_tokens), H = (size_t)c->hidden_size,
                  F = (size_t)c->intermediate_size, Lg = (size_t)cb->max_logits, V = (size_t)cb->vocab;
     /* tensor parallelism: the lm_head's shard of the logits and every rank's (0 bytes without) */
     const size_t Vs = cb->comm ? (size_t)cb->vocab_per_rank : 0, ranks = cb->comm ? (size_t)cb->base.cfg.tp.size : 0;

@@ -41,8 +41,11 @@ typedef struct rp_cuda_weights {
      * (xq [max tokens][widest K], x_scale [max tokens]; block-scaled: per
      * token and 128 k, [ceil(widest K / 128)][max tokens rounded up to 4]);
      * without it, one matrix dequantized to bf16 (deq, the largest's size:
-     * gate_up; also the upload's staging for generated weights) */
-    int fp8_lt;
+     * gate_up; also the upload's staging for generated weights). Rows:
+     * fp8_outer where cuBLASLt applies both scales itself (its outer-vector
+     * mode) from RP_FP8_OUTER_MIN_T tokens, else its raw sums and
+     * rp_k_scale_outer. */
+    int fp8_lt, fp8_outer;
     uint8_t *xq;
     float *x_scale;
     rp_bf16 *deq;

@@ -211,17 +211,18 @@ int rp_cuda_upload_weights(rp_cuda_backend *cb, rp_err *err) {
 
 /* Block-scaled fp8: products of more than RP_GEMV_MAX_T tokens take
  * cuBLASLt's block-scaled FP8 matmul where it has an algorithm for the
- * model's products at 9 tokens and at the most (asked now, as for row
- * scales; other counts are asked as they come, and one it refuses then
- * fails the step, naming the shape), with
+ * model's products at the fewest tokens and at the most, each padded to a
+ * multiple of RP_GEMM_FP8_BLOCKS_T_ALIGN as every product is (asked now, as
+ * for row scales; other counts are asked as they come, and one it refuses
+ * then fails the step, naming the shape), with
  * the activations quantized per token and 128 k; otherwise each matrix is
  * dequantized to bf16 first (deq). */
 static int fp8_blocks_setup(rp_cuda_backend *cb, int T, int kmax, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     const int H = c->hidden_size, F = c->intermediate_size;
     rp_err why;
-    /* the fewest tokens it takes (an odd count) and the most */
-    const int counts[2] = {RP_GEMV_MAX_T + 1, T};
+    /* the fewest tokens it takes and the most, padded as the products are */
+    const int counts[2] = {rp_gemm_fp8_blocks_pad(RP_GEMV_MAX_T + 1), rp_gemm_fp8_blocks_pad(T)};
     cb->w.fp8_lt = T > RP_GEMV_MAX_T;
     for (int i = 0; i < 2 && cb->w.fp8_lt; i++)
         cb->w.fp8_lt = rp_gemm_fp8_blocks_supported(&cb->gemm, counts[i], cb->qkv_dim, H, 0, &why) &&
@@ -236,8 +237,9 @@ static int fp8_blocks_setup(rp_cuda_backend *cb, int T, int kmax, rp_err *err) {
         return 0;
     }
     const size_t groups = (size_t)((kmax + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK);
-    if (rp_cuda_malloc((void **)&cb->w.xq, (size_t)T * (size_t)kmax, "fp8 activations", err) ||
-        rp_cuda_malloc((void **)&cb->w.x_scale, groups * (size_t)rp_fp8_act_ld(T) * sizeof(float),
+    const int Tp = rp_gemm_fp8_blocks_pad(T);
+    if (rp_cuda_malloc((void **)&cb->w.xq, (size_t)Tp * (size_t)kmax, "fp8 activations", err) ||
+        rp_cuda_malloc((void **)&cb->w.x_scale, groups * (size_t)rp_fp8_act_ld(Tp) * sizeof(float),
                        "fp8 activation scales", err))
         return RP_ERR;
     rp_cuda_free(cb->w.deq); /* the upload's staging: cuBLASLt reads the fp8 bytes as they are */
@@ -267,6 +269,19 @@ int rp_cuda_fp8_setup(rp_cuda_backend *cb, rp_err *err) {
                     why.msg, RP_GEMV_FP8_MAX_T);
         return 0;
     }
+    /* cuBLASLt applying both scales (outer vectors) from RP_FP8_OUTER_MIN_T
+     * tokens, asked for the model's products at that count and at the most;
+     * fewer tokens, or none such, take its raw sums and a scaling pass */
+    const int F = c->intermediate_size, counts[2] = {RP_FP8_OUTER_MIN_T, T};
+    cb->w.fp8_outer = T >= RP_FP8_OUTER_MIN_T;
+    for (int i = 0; i < 2 && cb->w.fp8_outer; i++)
+        cb->w.fp8_outer = rp_gemm_fp8_outer_supported(&cb->gemm, counts[i], cb->qkv_dim, H, 0, &why) &&
+                          rp_gemm_fp8_outer_supported(&cb->gemm, counts[i], H, cb->q_dim, 1, &why) &&
+                          rp_gemm_fp8_outer_supported(&cb->gemm, counts[i], 2 * F, H, 1, &why) &&
+                          rp_gemm_fp8_outer_supported(&cb->gemm, counts[i], H, F, 1, &why);
+    if (!cb->w.fp8_outer && T >= RP_FP8_OUTER_MIN_T)
+        rp_log_info("cuda: %s: fp8 products of %d tokens and more take cuBLASLt's raw sums and a scaling pass",
+                    why.msg, RP_FP8_OUTER_MIN_T);
     if (rp_cuda_malloc((void **)&cb->w.xq, (size_t)T * (size_t)kmax, "fp8 activations", err) ||
         rp_cuda_malloc((void **)&cb->w.x_scale, (size_t)T * sizeof(float), "fp8 activation scales", err))
         return RP_ERR;

@@ -136,9 +136,10 @@ static int mat_product_blocks(rp_cuda_backend *cb, const rp_cuda_mat *mat, const
         RP_LAUNCH(rp_k_gemv_fused_fp8_blocks(mat->w, mat->grid, in, out, T, N, K, cb->stream), err);
         return 0;
     }
-    if (cb->w.fp8_lt) {
-        RP_LAUNCH(rp_k_quant_fp8_act_groups(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
-        return rp_gemm_run_fp8_blocks(&cb->gemm, mat->w, mat->grid, cb->w.xq, cb->w.x_scale, y, T, N, K, out_f32,
+    if (cb->w.fp8_lt) { /* y's buffers have room for the pad rows (alloc_activations) */
+        const int Tp = rp_gemm_fp8_blocks_pad(T);
+        RP_LAUNCH(rp_k_quant_fp8_act_groups(x, T, Tp, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
+        return rp_gemm_run_fp8_blocks(&cb->gemm, mat->w, mat->grid, cb->w.xq, cb->w.x_scale, y, Tp, N, K, out_f32,
                                       cb->stream, err);
     }
     RP_LAUNCH(rp_k_dequant_fp8_blocks(mat->w, mat->grid, rp_fp8_grid_ld(K), N, K, cb->w.deq, cb->stream), err);
@@ -152,6 +153,11 @@ static int mat_product(rp_cuda_backend *cb, const rp_cuda_mat *mat, const rp_bf1
     if (T <= RP_GEMV_FP8_MAX_T) {
         RP_LAUNCH(rp_k_gemv_fp8(mat->w, mat->scale, x, y, out_f32, T, N, K, cb->stream), err);
         return 0;
+    }
+    if (cb->w.fp8_outer && T >= RP_FP8_OUTER_MIN_T) { /* W8A8, both scales applied by cuBLASLt */
+        RP_LAUNCH(rp_k_quant_fp8_rows(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
+        return rp_gemm_run_fp8_outer(&cb->gemm, mat->w, mat->scale, cb->w.xq, cb->w.x_scale, y, T, N, K, out_f32,
+                                     cb->stream, err);
     }
     if (cb->w.fp8_lt) {
         /* W8A8: x quantized per token (vLLM's dynamic FP8), the raw sums in

@@ -44,7 +44,9 @@ void rp_gemm_destroy(rp_gemm *g) {
  * algorithm for it), in the layout cuBLASLt's FP8 takes on Hopper (A
  * transposed, B not: "TN"). RP_GEMM_FP8_BLOCKS: the same with A's 128 x
  * 128 block scales and B's 1 x 128 group scales applied by cuBLASLt (their
- * pointers are set per call: rp_gemm_run_fp8_blocks), output bf16 or fp32. */
+ * pointers are set per call: rp_gemm_run_fp8_blocks), output bf16 or fp32.
+ * RP_GEMM_FP8_OUTER: a scale per row of W and per token (outer vectors),
+ * likewise. */
 static int make_plan_in(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int out_f32, int fp8, rp_err *err) {
     memset(p, 0, sizeof *p);
     p->T = T;
@@ -56,10 +58,20 @@ static int make_plan_in(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int ou
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), err);
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), err);
-    if (fp8 == RP_GEMM_FP8_BLOCKS) {
-        const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    if (fp8 == RP_GEMM_FP8_BLOCKS || fp8 == RP_GEMM_FP8_OUTER) {
+        const int outer = fp8 == RP_GEMM_FP8_OUTER;
+        const int32_t a_mode = outer ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                     : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                      b_mode = outer ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                                     : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode), err);
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode), err);
+        /* The heuristic refuses these modes without scale pointers (status 7,
+         * "requires a custom pointer"): any device address will do until
+         * rp_gemm_run_fp8_blocks sets the call's own. */
+        const void *any = g->workspace;
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &any, sizeof any), err);
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &any, sizeof any), err);
     }
     const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
     LT_TRY(cublasLtMatrixLayoutCreate(&p->a, in, (uint64_t)K, (uint64_t)N, K), err);
@@ -75,7 +87,11 @@ static int make_plan_in(rp_gemm *g, rp_gemm_plan *p, int T, int N, int K, int ou
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0)
         return rp_errf(err, "cuBLASLt has no %salgorithm for %dx%dx%d (status %d)",
-                       fp8 == RP_GEMM_FP8_BLOCKS ? "block-scaled FP8 " : fp8 ? "FP8 " : "", T, N, K, (int)st);
+                       fp8 == RP_GEMM_FP8_BLOCKS  ? "block-scaled FP8 "
+                       : fp8 == RP_GEMM_FP8_OUTER ? "outer-vector scaled FP8 "
+                       : fp8                      ? "FP8 "
+                                                  : "",
+                       T, N, K, (int)st);
     p->algo = res.algo;
     return 0;
 }
@@ -207,13 +223,12 @@ int rp_gemm_fp8_supported(rp_gemm *g, int T, int N, int K, rp_err *err) {
     return 1;
 }
 
-int rp_gemm_run_fp8_blocks(rp_gemm *g, const uint8_t *W, const float *grid, const uint8_t *xq, const float *sx,
-                           void *y, int T, int N, int K, int out_f32, cudaStream_t stream, rp_err *err) {
-    rp_gemm_plan *p = find_plan(g, T, N, K, out_f32, RP_GEMM_FP8_BLOCKS, err);
-    if (!p) return RP_ERR;
-    /* the scales belong to this matrix and these activations: set on the
-     * cached descriptor before each launch (a captured graph keeps them) */
-    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &grid, sizeof grid), err);
+/* Both scaled modes: the scales belong to this matrix and these
+ * activations, set on the cached descriptor before each launch (a captured
+ * graph keeps them). */
+static int run_scaled(rp_gemm *g, rp_gemm_plan *p, const uint8_t *W, const float *sw, const uint8_t *xq,
+                      const float *sx, void *y, cudaStream_t stream, rp_err *err) {
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw), err);
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx), err);
     const float alpha = 1.0f, beta = 0.0f;
     LT_TRY(cublasLtMatmul(g->lt, p->desc, &alpha, W, p->a, xq, p->b, &beta, y, p->c, y, p->c, &p->algo,
@@ -222,7 +237,35 @@ int rp_gemm_run_fp8_blocks(rp_gemm *g, const uint8_t *W, const float *grid, cons
     return 0;
 }
 
+int rp_gemm_run_fp8_outer(rp_gemm *g, const uint8_t *W, const float *sw, const uint8_t *xq, const float *sx, void *y,
+                          int T, int N, int K, int out_f32, cudaStream_t stream, rp_err *err) {
+    rp_gemm_plan *p = find_plan(g, T, N, K, out_f32, RP_GEMM_FP8_OUTER, err);
+    return p ? run_scaled(g, p, W, sw, xq, sx, y, stream, err) : RP_ERR;
+}
+
+int rp_gemm_fp8_outer_supported(rp_gemm *g, int T, int N, int K, int out_f32, rp_err *err) {
+    rp_gemm_plan p;
+    if (make_plan(g, &p, T, N, K, out_f32, RP_GEMM_FP8_OUTER, err)) return 0;
+    plan_destroy(&p);
+    return 1;
+}
+
+static int blocks_t_ok(int T, rp_err *err) {
+    if (T > 0 && T % RP_GEMM_FP8_BLOCKS_T_ALIGN == 0) return 1;
+    rp_errf(err, "block-scaled FP8 matmul of %d tokens: the count must be padded to a multiple of %d", T,
+            RP_GEMM_FP8_BLOCKS_T_ALIGN);
+    return 0;
+}
+
+int rp_gemm_run_fp8_blocks(rp_gemm *g, const uint8_t *W, const float *grid, const uint8_t *xq, const float *sx,
+                           void *y, int T, int N, int K, int out_f32, cudaStream_t stream, rp_err *err) {
+    if (!blocks_t_ok(T, err)) return RP_ERR;
+    rp_gemm_plan *p = find_plan(g, T, N, K, out_f32, RP_GEMM_FP8_BLOCKS, err);
+    return p ? run_scaled(g, p, W, grid, xq, sx, y, stream, err) : RP_ERR;
+}
+
 int rp_gemm_fp8_blocks_supported(rp_gemm *g, int T, int N, int K, int out_f32, rp_err *err) {
+    if (!blocks_t_ok(T, err)) return 0;
     rp_gemm_plan p;
     if (make_plan(g, &p, T, N, K, out_f32, RP_GEMM_FP8_BLOCKS, err)) return 0;
     plan_destroy(&p);

@@ -22,9 +22,17 @@
  * 6144 gate_up: all of it through cuBLASLt took batch 8 1.36 -> 1.49 ms;
  * qwen3-4b's 2560 x 4096 o is faster through cuBLASLt). bench/RESULTS.md. */
 #define RP_GEMM_LT_ELEMS (8LL << 20)
+/* FP8 with row scales (W8A8, past the fp8 GEMV): from this many tokens
+ * cuBLASLt applies both scales itself (rp_gemm_run_fp8_outer); below, its
+ * raw sums and rp_k_scale_outer's pass are faster, its outer-vector
+ * algorithms being slow at few tokens. llama3-8b decode on an H200, ms a
+ * step raw+pass / outer: batch 32 5.37 / 6.41, 64 6.31 / 6.78, 128 8.30 /
+ * 8.08, 256 12.62 / 11.88; 16 x 4096-token prefill 10.77 / 12.24
+ * requests/s (bench/RESULTS.md). */
+#define RP_FP8_OUTER_MIN_T 128
 
 /* A plan's kind of product (rp_gemm_plan.fp8). */
-enum { RP_GEMM_BF16 = 0, RP_GEMM_FP8_RAW = 1, RP_GEMM_FP8_BLOCKS = 2 };
+enum { RP_GEMM_BF16 = 0, RP_GEMM_FP8_RAW = 1, RP_GEMM_FP8_BLOCKS = 2, RP_GEMM_FP8_OUTER = 3 };
 
 typedef struct rp_gemm_plan {
     int T, N, K, out_f32, fp8; /* fp8: RP_GEMM_* */
@@ -64,6 +72,13 @@ int rp_gemm_run_fp8(rp_gemm *g, const uint8_t *W, const uint8_t *xq, float *y, i
 /* Whether cuBLASLt has such an FP8 algorithm for this product: 0 with err
  * saying why not. */
 int rp_gemm_fp8_supported(rp_gemm *g, int T, int N, int K, rp_err *err);
+/* FP8 with a scale per weight row and per token applied by cuBLASLt
+ * (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F on both, Hopper only): y[t][n]
+ * = sum_k xq[t][k] W[n][k] * sx[t] * sw[n], y bf16 or fp32; the raw sums and
+ * rp_k_scale_outer's pass over them in one launch. K % 16 == 0. */
+int rp_gemm_run_fp8_outer(rp_gemm *g, const uint8_t *W, const float *sw, const uint8_t *xq, const float *sx, void *y,
+                          int T, int N, int K, int out_f32, cudaStream_t stream, rp_err *err);
+int rp_gemm_fp8_outer_supported(rp_gemm *g, int T, int N, int K, int out_f32, rp_err *err);
 /* Block-scaled FP8 tensor cores (cuBLASLt from CUDA 12.9, Hopper): y[t][n]
  * = sum_k (xq[t][k] sx) (W[n][k] grid), the scales applied inside: W's one
  * per 128 x 128 block (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, the
@@ -72,8 +87,17 @@ int rp_gemm_fp8_supported(rp_gemm *g, int T, int N, int K, rp_err *err);
  * writes them). y bf16, or fp32 with out_f32. K % 16 == 0. */
 int rp_gemm_run_fp8_blocks(rp_gemm *g, const uint8_t *W, const float *grid, const uint8_t *xq, const float *sx,
                            void *y, int T, int N, int K, int out_f32, cudaStream_t stream, rp_err *err);
+/* cuBLASLt (CUDA 13.0, an H200) has block-scaled algorithms for 24 and 64
+ * tokens but none for 9 or 37 (status 15): callers pad the token count to a
+ * multiple of this, with zero rows (rp_k_quant_fp8_act_groups' T_pad), and
+ * their y has room for the pad rows. */
+#define RP_GEMM_FP8_BLOCKS_T_ALIGN 8
+static inline int rp_gemm_fp8_blocks_pad(int T) {
+    return (T + RP_GEMM_FP8_BLOCKS_T_ALIGN - 1) / RP_GEMM_FP8_BLOCKS_T_ALIGN * RP_GEMM_FP8_BLOCKS_T_ALIGN;
+}
 /* Whether cuBLASLt has a block-scaled algorithm for this product (asked
- * at setup, as rp_gemm_fp8_supported): 0 with err saying why not. */
+ * at setup, as rp_gemm_fp8_supported): 0 with err saying why not. For
+ * both, T a multiple of RP_GEMM_FP8_BLOCKS_T_ALIGN (refused otherwise). */
 int rp_gemm_fp8_blocks_supported(rp_gemm *g, int T, int N, int K, int out_f32, rp_err *err);
 
 #endif

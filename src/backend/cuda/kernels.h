@@ -122,13 +122,16 @@ int rp_k_gemv_fused_fp8_blocks(const uint8_t *W, const float *grid, rp_gemv_in i
 int rp_k_quant_fp8_blocks(const rp_bf16 *w, int64_t rows, int64_t cols, uint8_t *q, float *grid, int ld,
                           cudaStream_t stream);
 /* Activations for cuBLASLt's block-scaled FP8 matmul: x [T][K] bf16 to
- * e4m3 xq [T][K] with one scale per token and 128 k (max |x| / 448 over the
- * group, 1 for zeros), sx[g * rp_fp8_act_ld(T) + t] for group g: the
- * groups' scales of a token side by side per group, as
+ * e4m3 xq [T_pad][K] with one scale per token and 128 k (max |x| / 448
+ * over the group, 1 for zeros), sx[g * rp_fp8_act_ld(T_pad) + t] for group
+ * g: the groups' scales of a token side by side per group, as
  * CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F reads them (the token dimension
- * padded to a multiple of 4). */
+ * padded to a multiple of 4). Rows T to T_pad - 1 (T_pad >= T: the product's
+ * token count rounded up, gemm.h's RP_GEMM_FP8_BLOCKS_T_ALIGN) are written as
+ * zeros with scale 1. */
 static inline int rp_fp8_act_ld(int T) { return (T + 3) / 4 * 4; }
-int rp_k_quant_fp8_act_groups(const rp_bf16 *x, int T, int K, uint8_t *xq, float *sx, cudaStream_t stream);
+int rp_k_quant_fp8_act_groups(const rp_bf16 *x, int T, int T_pad, int K, uint8_t *xq, float *sx,
+                              cudaStream_t stream);
 /* out[r][c] = bf16(e4m3(q[r][c]) * grid[r / 128][c / 128]) (grid rows ld
  * apart): the CPU backend's weights, for products cuBLASLt has no
  * block-scaled algorithm for. */

@@ -77,18 +77,18 @@ __global__ void quant_fp8_blocks_kernel(const uint16_t *__restrict__ w, int64_t 
 }
 
 /* One warp per (token, group of 128 k), 4 k a lane. */
-__global__ void quant_fp8_act_groups_kernel(const uint16_t *__restrict__ x, int T, int K, uint8_t *__restrict__ xq,
-                                            float *__restrict__ sx, int ld) {
+__global__ void quant_fp8_act_groups_kernel(const uint16_t *__restrict__ x, int T, int T_pad, int K,
+                                            uint8_t *__restrict__ xq, float *__restrict__ sx, int ld) {
     const int groups = (K + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK;
     const int64_t item = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (item >= (int64_t)T * groups) return; /* warp-uniform */
+    if (item >= (int64_t)T_pad * groups) return; /* warp-uniform */
     const int t = (int)(item / groups), g = (int)(item % groups), lane = threadIdx.x & 31;
-    const uint16_t *xr = x + (int64_t)t * K;
+    const uint16_t *xr = x + (int64_t)t * K; /* read below T only: a pad row is zeros */
     float v[4], amax = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         const int k = g * RP_FP8_BLOCK + lane * 4 + j;
-        v[j] = k < K ? rp_bf16_f32(xr[k]) : 0.0f;
+        v[j] = k < K && t < T ? rp_bf16_f32(xr[k]) : 0.0f;
         amax = fmaxf(amax, fabsf(v[j]));
     }
     for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(RP_FULL_MASK, amax, m));
@@ -120,12 +120,13 @@ extern "C" int rp_k_quant_fp8_blocks(const rp_bf16 *w, int64_t rows, int64_t col
     return rp_launch_result();
 }
 
-extern "C" int rp_k_quant_fp8_act_groups(const rp_bf16 *x, int T, int K, uint8_t *xq, float *sx,
+extern "C" int rp_k_quant_fp8_act_groups(const rp_bf16 *x, int T, int T_pad, int K, uint8_t *xq, float *sx,
                                          cudaStream_t stream) {
-    if (T <= 0 || K <= 0) return cudaSuccess;
-    const int64_t items = (int64_t)T * ((K + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK), per_block = QUANT_THREADS / 32;
+    if (T_pad < T) return (int)cudaErrorInvalidValue;
+    if (T_pad <= 0 || K <= 0) return cudaSuccess;
+    const int64_t items = (int64_t)T_pad * ((K + RP_FP8_BLOCK - 1) / RP_FP8_BLOCK), per_block = QUANT_THREADS / 32;
     quant_fp8_act_groups_kernel<<<(unsigned)((items + per_block - 1) / per_block), QUANT_THREADS, 0, stream>>>(
-        x, T, K, xq, sx, rp_fp8_act_ld(T));
+        x, T, T_pad, K, xq, sx, rp_fp8_act_ld(T_pad));
     return rp_launch_result();
 }
 
