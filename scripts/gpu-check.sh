@@ -2,13 +2,15 @@
 # Runs on the GPU machine, from the repository root, after scripts/gpu-bundle.sh
 # packed .gpu/ here and the device tool carried it there:
 #   bash scripts/gpu-check.sh [tests] [server] [sanitize] [compare] [bench] [bench-quick] [tp] [tp-models]
-# (no argument: tests server compare bench). tp and tp-models need two GPUs (nvidia-h200-x2; with
-# one they say so and pass): tp is generate --tp 2 against one GPU, two "nodes" of a GPU each on
-# this host, node 1 killed mid-generation (node 0 must fail within seconds), SIGTERM to node 0
-# of a two-node serve (both exit 0), and profile --tp 2; tp-models is test_cuda_tp (qwen3-0.6b, qwen3-8b, llama3-8b shapes,
-# N = 2 against one GPU's logits and greedy tokens). sanitize is sanitize-main (the kernel tests, the
-# sampler's memcheck, a decode and a prefill forward) then sanitize-race (the sampler's
-# tests under racecheck, ~8 minutes): apart, each fits one 10-minute device call. Prints one table per stage; logs go to $OUT.
+# (no argument: tests server compare bench). tp needs two GPUs (nvidia-h200-x2; with one it says
+# so and passes): generate --tp 2 against one GPU, two "nodes" of a GPU each on this host, node 1
+# killed mid-generation (node 0 must fail within seconds), SIGTERM to node 0 of a two-node serve
+# (both exit 0), and profile --tp 2. tp-models is test_cuda_tp (qwen3-0.6b, qwen3-8b, llama3-8b
+# shapes, N = 2 against one GPU's logits and greedy tokens, and both against the CPU's fp32); on
+# one GPU its ranks share it. sanitize is sanitize-main (the kernel tests, the sampler's memcheck,
+# a decode and a prefill forward) then sanitize-race (the sampler's tests under racecheck, ~8
+# minutes): apart, each fits one 10-minute device call. Prints one table per stage; logs go to
+# $OUT.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
 export LD_LIBRARY_PATH="$PWD/$G/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -139,9 +141,14 @@ PY
         --steps 2 --warmup 1 --no-eager
       sanitize memcheck-prefill memcheck "$B/replay" logits --dummy-weights qwen3-0.6b \
         --prompt-ids "@$OUT/sanitize-ids.txt" --last 2 --out "$OUT/sanitize-logits.bin"
-      # --quantization fp8: the fp8 GEMV at 1 and 16 tokens, 8-token groups at 16, cuBLASLt past 32
-      sanitize memcheck-decode-fp8 memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b --batch 1,16,40 \
+      # --quantization fp8: the fp8 GEMV at 1 and 16 tokens, 8-token groups at 16, cuBLASLt past 16
+      # (raw sums and a scaling pass; from 128 tokens both scales applied by cuBLASLt)
+      sanitize memcheck-decode-fp8 memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b --batch 1,16,40,130 \
         --ctx 40 --steps 2 --warmup 1 --no-eager --quantization fp8
+      # 128x128 block scales: the block GEMV at 1 token, cuBLASLt's block-scaled matmul at 16 and
+      # 40 (padded to 8 tokens: zero rows)
+      sanitize memcheck-decode-fp8-blocks memcheck "$B/replay" bench decode --dummy-weights qwen3-0.6b \
+        --batch 1,16,37 --ctx 40 --steps 2 --warmup 1 --no-eager --fp8-blocks
       # the fp8 KV cache: its kernel tests (store, decode, prefill, a step's attention) and a
       # decode of e4m3 pages through the chain
       REPLAY_TEST_ONLY='*fp8*' sanitize memcheck-test_cuda_kernels-kv-fp8 memcheck "$B/test_cuda_kernels"
@@ -174,15 +181,26 @@ PY
       python3 tools/gpu_compare.py --replay "$B/replay" --decode --shapes qwen3-0.6b,llama3.2-1b,qwen3-4b,llama3-8b,qwen2.5-7b,mistral-7b \
         2>&1 | tee "$OUT/compare-decode.log" | tail -30
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      # FP8 checkpoints as their tools write them (docs/models.md): per channel (compressed-tensors)
+      # and 128x128 blocks (Qwen3 FP8). Up to 16 tokens (blocks: 8) the weights alone are e4m3
+      # (1e-2); longer prompts quantize the activations too, where random weights put the
+      # scheme's own error over the 3e-2: the table says so, and only W8A16 rows decide
+      for m in checkpoint blocks; do
+        python3 tools/gpu_compare.py --replay "$B/replay" --fp8 $m --shapes qwen3-0.6b,qwen3-8b --lens 1,7,1000 \
+          2>&1 | tee "$OUT/compare-fp8-$m.log" | tail -12
+        grep -E '^qwen3-[^ ]+ +(1|7) ' "$OUT/compare-fp8-$m.log" | grep -qiE 'FAIL' && status=1
+      done
       ;;
     tp|tp-models)
-      # tensor parallelism (docs/tensor-parallel.md): two GPUs at least
+      # tensor parallelism (docs/tensor-parallel.md): two GPUs at least; test_cuda_tp also runs on
+      # one, its ranks sharing it (collectives through the host, no graphs: the split checked,
+      # NCCL not)
+      if [ "$stage" = tp-models ]; then run_test test_cuda_tp; continue; fi
       ngpu=$(nvidia-smi -L | wc -l)
       if [ "$ngpu" -lt 2 ]; then
         summary+=("$stage: skipped: $ngpu GPU visible, tensor parallelism needs 2 (nvidia-h200-x2)")
         continue
       fi
-      if [ "$stage" = tp-models ]; then run_test test_cuda_tp; continue; fi
       # --tp 2 against one GPU: the same 128 greedy tokens
       A="generate --dummy-weights qwen3-0.6b --prompt-ids 1,2,3,4,5,6,7,8 --max-tokens 128 --temperature 0 --ignore-eos --print-ids -q"
       one=$("$B/replay" $A 2>"$OUT/tp1.err")

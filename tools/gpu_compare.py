@@ -25,6 +25,11 @@ script repeats) and transformers in float32 on the dequantized weights
 per-channel FP8 checkpoint (the FP8 Llama 3.1 layout: weight F8_E4M3,
 weight_scale f32 [rows, 1], lm_head and embedding bf16) and runs replay on
 it (--model DIR): the loader's path, and the same logits as quantize.
+--fp8 blocks writes the official Qwen3 FP8 layout instead (a scale per
+128 x 128 block, weight_scale_inv f32 [rows / 128, cols / 128],
+quant_method "fp8", weight_block_size [128, 128]); its W8A8 products
+quantize the activations per token and 128 k, and so does the "W8A8 fp32"
+run.
 Tolerance: up to 16 tokens the GPU quantizes only the weights (W8A16: the
 bf16 rule above); longer prompts quantize the activations per token too
 (W8A8: 3e-2, or 0.8x transformers' bf16 error, and argmax agreement at
@@ -363,15 +368,41 @@ def fp8_rows(w):
     return (wf / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 
-def quantize_model(model):
+FP8_BLOCK = 128  # the official FP8 checkpoints' weight_block_size, and replay's activation groups (RP_FP8_BLOCK)
+
+
+def expand_blocks(grid, rows, cols):
+    """A [ceil(rows / 128)][ceil(cols / 128)] scale grid as one scale per weight."""
+    return grid.repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)[:rows, :cols]
+
+
+def fp8_blocks(w):
+    """As the official Qwen3 FP8 checkpoints are quantized: a scale per 128 x 128 block (weight_scale_inv), max|w| /
+    448 over the block (1 for a block of zeros), q = e4m3(w / scale) rounded to nearest even, fp32 throughout."""
+    wf = w.float()
+    rows, cols = wf.shape
+    gr, gc = -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK)
+    pad = torch.zeros(gr * FP8_BLOCK, gc * FP8_BLOCK, dtype=wf.dtype, device=wf.device)
+    pad[:rows, :cols] = wf.abs()
+    amax = pad.view(gr, FP8_BLOCK, gc, FP8_BLOCK).amax(dim=(1, 3))
+    grid = torch.where(amax > 0, amax / torch.full_like(amax, 448.0), torch.ones_like(amax))
+    return (wf / expand_blocks(grid, rows, cols)).to(torch.float8_e4m3fn), grid
+
+
+def dequant(q, sc):
+    """q x scale in fp32: a scale per row ([rows]) or per block ([rows / 128][cols / 128])."""
+    return q.float() * (sc[:, None] if sc.dim() == 1 else expand_blocks(sc, *q.shape))
+
+
+def quantize_model(model, blocks=False):
     """The layer matrices in place: bf16(q * scale) (what replay's CPU backend computes with); returns {name: (q, scale)}."""
     qs = {}
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if is_layer_matrix(pname):
-                q, sc = fp8_rows(p)
+                q, sc = fp8_blocks(p) if blocks else fp8_rows(p)
                 qs[pname] = (q, sc)
-                p.copy_((q.float() * sc[:, None]).to(p.dtype))
+                p.copy_(dequant(q, sc).to(p.dtype))
     return qs
 
 
@@ -383,13 +414,17 @@ def write_fp8_checkpoint(model, qs, dst):
     from safetensors.torch import save_file
     os.makedirs(dst, exist_ok=True)
     tensors = {}
+    blocks = any(sc.dim() == 2 for _, sc in qs.values())
     for pname, p in model.state_dict().items():
         if pname == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
         if pname in qs:
             q, sc = qs[pname]
             tensors[pname] = q.contiguous().cpu()
-            tensors[pname + "_scale"] = sc[:, None].contiguous().cpu()
+            if blocks:
+                tensors[pname + "_scale_inv"] = sc.contiguous().cpu()
+            else:
+                tensors[pname + "_scale"] = sc[:, None].contiguous().cpu()
         else:
             tensors[pname] = p.to(torch.bfloat16).contiguous().cpu()
     save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
@@ -397,13 +432,17 @@ def write_fp8_checkpoint(model, qs, dst):
     cfg["architectures"] = [type(model).__name__]  # from_config leaves it unset
     cfg["torch_dtype"] = "bfloat16"
     cfg.pop("dtype", None)
-    cfg["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
-        "config_groups": {"group_0": {"targets": ["Linear"],
-                                      "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
-                                                  "symmetric": True, "dynamic": False},
-                                      "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
-                                                            "dynamic": True}}}}
+    if blocks:  # the official Qwen3 FP8 releases' config (their lm_head has no scale: it stays bf16)
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+    else:
+        cfg["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+            "config_groups": {"group_0": {"targets": ["Linear"],
+                                          "weights": {"num_bits": 8, "type": "float", "strategy": "channel",
+                                                      "symmetric": True, "dynamic": False},
+                                          "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                                                                "dynamic": True}}}}
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
 
@@ -417,14 +456,23 @@ def e4m3_per_token(x):
     return (x / scale).to(torch.float8_e4m3fn).to(x.dtype) * scale
 
 
-def w8a8_hooks(model):
+def e4m3_per_group(x):
+    """The block-scaled W8A8 products' input (kernels/quant.cu rp_k_quant_fp8_act_groups): a scale per token and
+    128 k, otherwise as e4m3_per_token."""
+    K = x.shape[-1]
+    g = -(-K // FP8_BLOCK)
+    xp = torch.nn.functional.pad(x, (0, g * FP8_BLOCK - K)).unflatten(-1, (g, FP8_BLOCK))
+    return e4m3_per_token(xp).flatten(-2)[..., :K]
+
+
+def w8a8_hooks(model, quant=e4m3_per_token):
     """Forward pre-hooks on every layer matrix: their inputs quantized per token as replay's W8A8 path does, so
     that transformers runs the same quantization scheme in fp32 (the yardstick for replay's W8A8 kernels: what is
     left between the two is replay's bf16, not the scheme). Returns the handles (remove them after)."""
     hs = []
     for name, mod in model.named_modules():
         if name.startswith("model.layers.") and name.split(".")[-1] in LAYER_MATRICES:
-            hs.append(mod.register_forward_pre_hook(lambda m, args: (e4m3_per_token(args[0]),) + tuple(args[1:])))
+            hs.append(mod.register_forward_pre_hook(lambda m, args: (quant(args[0]),) + tuple(args[1:])))
     return hs
 
 
@@ -456,9 +504,10 @@ def main():
     ap.add_argument("--lens", default="1,7,100,1000")
     ap.add_argument("--last", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--fp8", choices=["none", "quantize", "checkpoint"], default="none",
+    ap.add_argument("--fp8", choices=["none", "quantize", "checkpoint", "blocks"], default="none",
                     help="quantize: --quantization fp8 on the dummy weights; checkpoint: the same bytes written as a "
-                         "compressed-tensors FP8 checkpoint and loaded with --model (see the top of this file)")
+                         "compressed-tensors FP8 checkpoint and loaded with --model; blocks: a 128x128 block-scaled "
+                         "checkpoint (the Qwen3 FP8 layout; see the top of this file)")
     ap.add_argument("--decode", action="store_true",
                     help="feed replay the prompt one token per step (--max-num-batched-tokens 1): every position is a batch-1 "
                          "decode step, the one-kernel path where the shape allows it")
@@ -484,11 +533,11 @@ def main():
         model = build_model(name, args.seed, dev, args.layers).eval()
         vocab = model.config.vocab_size
         ckpt = None
-        if args.layers and args.fp8 != "checkpoint":  # before quantize_model: replay quantizes the bf16 weights
+        if args.layers and args.fp8 not in ("checkpoint", "blocks"):  # before quantize_model: replay quantizes the bf16 weights
             ckpt = os.path.join(tmp, name + "-bf16")
             write_bf16_checkpoint(model, ckpt)
-        qs = quantize_model(model) if args.fp8 != "none" else {}
-        if args.fp8 == "checkpoint":
+        qs = quantize_model(model, blocks=args.fp8 == "blocks") if args.fp8 != "none" else {}
+        if args.fp8 in ("checkpoint", "blocks"):
             ckpt = os.path.join(tmp, name + "-fp8")
             write_fp8_checkpoint(model, qs, ckpt)
         g = torch.Generator().manual_seed(1234)
@@ -502,7 +551,7 @@ def main():
         with torch.no_grad():  # fp32 on the dequantized weights: q x scale, unrounded to bf16
             for pname, p in model.named_parameters():
                 if pname in qs:
-                    p.copy_(qs[pname][0].float() * qs[pname][1][:, None])
+                    p.copy_(dequant(*qs[pname]))
         qs = None
         for ids, hb in zip(prompts, hf_bf16):
             L = len(ids)
@@ -510,7 +559,7 @@ def main():
                 ref = model(ids[None].to(dev)).logits[0, -min(args.last, L):].float().cpu()
             ref8 = None
             if args.fp8 != "none" and L > W8A8_FROM and not name.startswith("tiny"):  # the W8A8 scheme, in fp32
-                hooks = w8a8_hooks(model)
+                hooks = w8a8_hooks(model, e4m3_per_group if args.fp8 == "blocks" else e4m3_per_token)
                 with torch.no_grad():
                     ref8 = model(ids[None].to(dev)).logits[0, -min(args.last, L):].float().cpu()
                 for h in hooks:
