@@ -14,19 +14,25 @@
 
 #define QUANT_THREADS 256
 
-/* One block per row: the row's max |w|, then every element over it. */
-__global__ void quant_fp8_rows_kernel(const uint16_t *__restrict__ w, int64_t cols, uint8_t *__restrict__ q,
-                                      float *__restrict__ scale) {
+/* The block's scale from each thread's max |w| (QUANT_THREADS threads):
+ * max / 448 rounded as the host divides, 1 for all zeros. */
+static __device__ float block_scale(float amax) {
     __shared__ float part[QUANT_THREADS / 32];
-    const uint16_t *wr = w + blockIdx.x * cols;
-    float amax = 0.0f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(rp_bf16_f32(wr[c])));
     for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(RP_FULL_MASK, amax, m));
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = amax;
     __syncthreads();
     amax = 0.0f;
     for (int i = 0; i < QUANT_THREADS / 32; i++) amax = fmaxf(amax, part[i]);
-    const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+}
+
+/* One block per row: the row's max |w|, then every element over it. */
+__global__ void quant_fp8_rows_kernel(const uint16_t *__restrict__ w, int64_t cols, uint8_t *__restrict__ q,
+                                      float *__restrict__ scale) {
+    const uint16_t *wr = w + blockIdx.x * cols;
+    float amax = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(rp_bf16_f32(wr[c])));
+    const float s = block_scale(amax);
     if (threadIdx.x == 0) scale[blockIdx.x] = s;
     uint8_t *qr = q + blockIdx.x * cols;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
@@ -57,18 +63,12 @@ __global__ void scale_outer_kernel(const float *raw, const float *__restrict__ s
  * every element over it (rp_quant_fp8_blocks' arithmetic). */
 __global__ void quant_fp8_blocks_kernel(const uint16_t *__restrict__ w, int64_t rows, int64_t cols,
                                         uint8_t *__restrict__ q, float *__restrict__ grid, int ld) {
-    __shared__ float part[QUANT_THREADS / 32];
     const int64_t r0 = (int64_t)blockIdx.y * RP_FP8_BLOCK, c0 = (int64_t)blockIdx.x * RP_FP8_BLOCK;
     const int nr = (int)min((int64_t)RP_FP8_BLOCK, rows - r0), nc = (int)min((int64_t)RP_FP8_BLOCK, cols - c0);
     float amax = 0.0f;
     for (int i = threadIdx.x; i < nr * nc; i += blockDim.x)
         amax = fmaxf(amax, fabsf(rp_bf16_f32(w[(r0 + i / nc) * cols + c0 + i % nc])));
-    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(RP_FULL_MASK, amax, m));
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    amax = 0.0f;
-    for (int i = 0; i < QUANT_THREADS / 32; i++) amax = fmaxf(amax, part[i]);
-    const float s = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+    const float s = block_scale(amax);
     if (threadIdx.x == 0) grid[(int64_t)blockIdx.y * ld + blockIdx.x] = s;
     for (int i = threadIdx.x; i < nr * nc; i += blockDim.x) {
         const int64_t o = (r0 + i / nc) * cols + c0 + i % nc;
