@@ -160,7 +160,7 @@ static void test_lazy_dummy_shards(void **state) {
         rp_tp_plan plan;
         assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, 2, &err), 0);
         for (int rank = 0; rank < 2; rank++) {
-            rp_model *s = rp_tp_model_slice(m, &plan, rank, &err), *z = rp_tp_model_lazy_dummy(&plan, rank, 7, &err);
+            rp_model *s = rp_tp_model_slice(m, &plan, rank, &err), *z = rp_tp_model_lazy_dummy(&plan, rank, 7, RP_FP8_NONE, &err);
             assert_non_null(s);
             assert_non_null(z);
             assert_true(z->dummy);
@@ -191,10 +191,6 @@ static void test_refusals(void **state) {
     assert_null(rp_runner_new(&rc, &err));
     assert_string_equal(err.param, "tensor_parallel_size");
     rc.tensor_parallel_size = 2;
-    rc.quantize_fp8 = 1;
-    assert_null(rp_runner_new(&rc, &err));
-    assert_non_null(strstr(err.msg, "--quantization fp8"));
-    rc.quantize_fp8 = 0;
     rc.nnodes = 2;
     rc.dist_init_addr = "127.0.0.1:1";
     assert_null(rp_runner_new(&rc, &err)); /* several nodes run on GPUs only */

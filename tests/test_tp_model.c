@@ -71,7 +71,7 @@ static void check_fixture(const char *name, int max_n) {
         rp_tp_plan p;
         if (rp_tp_plan_make(&p, &full->cfg, n, &err)) fail_msg("%s N=%d: %s", name, n, err.msg);
         for (int r = 0; r < n; r++) {
-            rp_model *shard = rp_tp_model_load(dir, &p, r, &err);
+            rp_model *shard = rp_tp_model_load(dir, &p, r, RP_FP8_NONE, &err);
             if (!shard) fail_msg("%s N=%d rank %d: %s", name, n, r, err.msg);
             char what[128];
             snprintf(what, sizeof what, "%s N=%d (files)", name, n);
@@ -110,7 +110,7 @@ static void test_cpu_backend_runs_shard(void **state) {
     assert_non_null(full);
     rp_tp_plan p;
     assert_int_equal(rp_tp_plan_make(&p, &full->cfg, 1, &err), 0);
-    rp_model *shard = rp_tp_model_load(dir, &p, 0, &err);
+    rp_model *shard = rp_tp_model_load(dir, &p, 0, RP_FP8_NONE, &err);
     if (!shard) fail_msg("%s", err.msg);
     const int32_t prompt[5] = {1, 77, 300, 502, 9};
     const int V = full->cfg.vocab_size, VP = shard->cfg.vocab_size, n = 5;
@@ -146,7 +146,7 @@ static void test_refusals(void **state) {
     assert_int_equal(rp_config_preset(&other, "llama3-8b", &err), 0);
     rp_tp_plan p;
     assert_int_equal(rp_tp_plan_make(&p, &other, 2, &err), 0);
-    assert_null(rp_tp_model_load(dir, &p, 0, &err));
+    assert_null(rp_tp_model_load(dir, &p, 0, RP_FP8_NONE, &err));
     assert_non_null(strstr(err.msg, "the plan was made for another model"));
     rp_load_options lazy = {.lazy_dummy = 1};
     rp_model *m = rp_model_dummy("tiny-llama3", &lazy, &err);
