@@ -189,6 +189,12 @@ int rp_tp_slice_load(const rp_tp_slice *s, const char *name, const rp_st_tensor 
     return rc;
 }
 
+int rp_tp_slice_whole_blocks(const rp_tp_slice *s, int64_t block) {
+    if (s->split == RP_TP_REPLICATED) return 1;
+    const int64_t dim = s->split == RP_TP_SPLIT_COLS ? s->cols : s->rows;
+    return s->start % block == 0 && (s->count % block == 0 || s->start + s->count == dim);
+}
+
 /* Row r of tensor t (its whole row, every column) as bf16: a view of a
  * bf16 tensor, else converted into buf [t's columns]. */
 static const uint16_t *whole_row(const rp_tp_slice *s, const rp_st_tensor *t, int64_t r, uint16_t *buf) {
@@ -205,11 +211,11 @@ int rp_tp_slice_quantize(const rp_tp_slice *s, const char *name, const rp_st_ten
         return rp_errf(err, "weight \"%s\" is already fp8: --quantization fp8 does not re-quantize it", name);
     const int64_t rows = w->rows, cols = w->cols, B = RP_FP8_BLOCK, n = rows * cols;
     const int blocks = layout == RP_FP8_BLOCKS;
-    if (blocks && s->split != RP_TP_REPLICATED && s->start % B)
-        return rp_errf(err, "weight \"%s\": this GPU's %s start at %lld, inside a %lldx%lld fp8 block: tensor "
+    if (blocks && !rp_tp_slice_whole_blocks(s, B))
+        return rp_errf(err, "weight \"%s\": this GPU's %s [%lld, %lld) are not whole %lldx%lld fp8 blocks: tensor "
                             "parallelism needs each GPU's share of a block-quantized weight to be whole blocks",
-                       name, s->split == RP_TP_SPLIT_ROWS ? "rows" : "columns", (long long)s->start, (long long)B,
-                       (long long)B);
+                       name, s->split == RP_TP_SPLIT_ROWS ? "rows" : "columns", (long long)s->start,
+                       (long long)(s->start + s->count), (long long)B, (long long)B);
     const int64_t scales = blocks ? (rows + B - 1) / B * ((cols + B - 1) / B) : rows;
     uint8_t *q = malloc((size_t)(n ? n : 1));
     float *scale = malloc((size_t)(scales ? scales : 1) * sizeof(float));

@@ -53,6 +53,11 @@ int rp_tp_slice_copy(const rp_tp_slice *s, const rp_st_tensor *t, void *dst, rp_
 int rp_tp_slice_load(const rp_tp_slice *s, const char *name, const rp_st_tensor *t, const rp_st_tensor *scale,
                      const rp_quant_config *q, rp_tp_weight *out, rp_err *err);
 
+/* Whether slice s is whole blocks of `block` rows (a row slice) or
+ * columns (a column slice): it starts on a block boundary and ends on one
+ * or at the tensor's end. A replicated tensor is. */
+int rp_tp_slice_whole_blocks(const rp_tp_slice *s, int64_t block);
+
 /* --quantization fp8 under tensor parallelism: w (the bf16 slice s of
  * tensor t, from rp_tp_slice_load) quantized to e4m3 in `layout`, its data
  * replaced by the dequantized values, bytes and scales owned by w. The
@@ -60,8 +65,8 @@ int rp_tp_slice_load(const rp_tp_slice *s, const char *name, const rp_st_tensor 
  * model/weights.c quantizes it: per row (RP_FP8_ROWS), a column slice
  * takes each row's scale from the whole row of t (max|w| over every
  * column), not from its own columns; per 128 x 128 block (RP_FP8_BLOCKS)
- * the slice must start on a block boundary, and its blocks are then the
- * whole matrix's. */
+ * the slice must be whole blocks (rp_tp_slice_whole_blocks), and its
+ * blocks are then the whole matrix's. */
 int rp_tp_slice_quantize(const rp_tp_slice *s, const char *name, const rp_st_tensor *t, rp_fp8_layout layout,
                          rp_tp_weight *w, rp_err *err);
 

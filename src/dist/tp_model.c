@@ -117,16 +117,16 @@ static void settle_fp8(rp_model *m, int rank, const char *what) {
                     layout == RP_FP8_ROWS ? "row" : "128x128 block");
 }
 
-/* Whether every rank's share of every layer matrix starts on a 128 x 128
- * block (the slices of a block grid): NULL if so, else the first matrix
- * that does not. */
+/* Whether every rank's share of every layer matrix is whole 128 x 128
+ * blocks (rp_tp_slice_whole_blocks): NULL if so, else the first matrix
+ * whose share is not. */
 static const char *blocks_cut(const rp_tp_plan *plan) {
     for (int r = 0; r < plan->size; r++)
         for (int k = RP_W_FIRST_LAYER_KIND; k < RP_W_COUNT; k++) {
             if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)k)) continue;
             rp_tp_slice s;
             rp_tp_weight_slice(plan, (rp_weight_kind)k, r, &s);
-            if (s.split != RP_TP_REPLICATED && s.start % RP_FP8_BLOCK) return rp_weight_kind_name((rp_weight_kind)k);
+            if (!rp_tp_slice_whole_blocks(&s, RP_FP8_BLOCK)) return rp_weight_kind_name((rp_weight_kind)k);
         }
     return NULL;
 }
@@ -151,7 +151,7 @@ rp_model *rp_tp_model_slice(const rp_model *full, const rp_tp_plan *plan, int ra
     snprintf(q.desc, sizeof q.desc, "the model's fp8 weights");
     const char *cut = full->fp8 == RP_FP8_BLOCKS ? blocks_cut(plan) : NULL;
     if (cut && !rank)
-        rp_log_info("tensor parallelism: the shards run dequantized to bf16: %s's slices cut its 128x128 fp8 blocks",
+        rp_log_info("tensor parallelism: the shards run dequantized to bf16: %s's slices are not whole 128x128 fp8 blocks",
                     cut);
     const int fp8 = full->fp8 != RP_FP8_NONE && !cut;
     for (int k = 0; k < RP_W_COUNT; k++) {
