@@ -4,7 +4,9 @@
  * logits of the unsharded model within float rounding (the partial sums
  * are added in another order) and the same greedy tokens; a checkpoint
  * read slice by slice (the config-only engine model) gives those of the
- * checkpoint loaded whole; the step message that carries a call to other
+ * checkpoint loaded whole; fp8 models (per row, per 128 x 128 block, an
+ * FP8 checkpoint, --quantization fp8 through the runner) as N shards give
+ * N = 1's logits and tokens; the step message that carries a call to other
  * nodes survives a round trip and refuses corrupt input; another node's
  * worker loop follows node 0's calls over a link; refusals. */
 #include <math.h>
@@ -17,6 +19,7 @@
 #include "backend/tp_step_msg.h"
 #include "dist/tp_model.h"
 #include "engine/runner.h"
+#include "fp8_checkpoint.h"
 #include "test_util.h"
 
 /* 2 layers, 8 query heads over 2 KV heads (replicated at N = 4 and 8), a
@@ -120,6 +123,70 @@ static void test_checkpoint(void **state) {
     compare(NULL, dir, two, 1);
 }
 
+/* An fp8 model on the CPU (the dequantized values, as one device computes
+ * with them): quantized per row (--quantization fp8) and per 128 x 128
+ * block in memory, sliced with their bytes and scales, at N = 2, 4 against
+ * N = 1; and an FP8 checkpoint (per channel) read slice by slice. 128-wide
+ * heads and an MLP of 512 keep every rank's share whole blocks. */
+static void test_fp8(void **state) {
+    (void)state;
+    rp_err err = {0};
+    rp_model_config c;
+    assert_int_equal(rp_config_preset(&c, "tiny-qwen3", &err), 0);
+    c.num_layers = 2, c.head_dim = 128, c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2;
+    c.intermediate_size = 512, c.initializer_range = 0.15;
+    const int sizes[] = {2, 4};
+    char dir[] = "/tmp/rp_test_tp_backend_fp8_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    for (int lay = RP_FP8_ROWS; lay <= RP_FP8_BLOCKS; lay++) {
+        rp_load_options lo = {.seed = 7, .quantize_fp8 = (rp_fp8_layout)lay};
+        rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
+        if (!m) fail_msg("%s", err.msg);
+        compare(m, NULL, sizes, 2);
+        if (lay == RP_FP8_ROWS) {
+            write_fp8_checkpoint(dir, m);
+            compare(NULL, dir, sizes, 2);
+        }
+        rp_model_free(m);
+    }
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* --quantization fp8 with tensor parallelism, as the runner is asked
+ * (dummy weights made whole on the host, quantized, sliced): N = 2 against
+ * N = 1, logits and greedy tokens. */
+static void test_quantize_fp8(void **state) {
+    (void)state;
+    int V = 0;
+    float *ref[2], *got[2];
+    int32_t ref_tok[2 * STEPS], tok[2 * STEPS];
+    const int n[2] = {1, 7};
+    for (int i = 0; i < 2; i++) ref[i] = malloc((size_t)n[i] * 160000 * 4), got[i] = malloc((size_t)n[i] * 160000 * 4);
+    for (int k = 0; k < 2; k++) {
+        rp_err err = {0};
+        rp_runner_config rc = {.dummy_name = "tiny-llama3", .device = "cpu", .threads = 1, .page_size = 16,
+                               .num_pages = 8, .max_seqs = 2, .max_context = 64, .max_batched_tokens = 64,
+                               .max_logit_rows = 16, .tensor_parallel_size = k ? 2 : 1, .quantize_fp8 = RP_FP8_ROWS};
+        rp_runner *r = rp_runner_new(&rc, &err);
+        if (!r) fail_msg("runner: %s", err.msg);
+        assert_int_equal(r->model->fp8, RP_FP8_ROWS);
+        if (k) assert_int_equal(r->shards[0]->fp8, RP_FP8_ROWS);
+        V = r->model->cfg.vocab_size;
+        static const int32_t p0[1] = {5}, p1[7] = {1, 17, 3, 99, 250, 42, 8};
+        const int32_t *ids[2] = {p0, p1};
+        if (rp_runner_run_prompts(r, 2, ids, n, k ? got : ref, STEPS, k ? tok : ref_tok, &err)) fail_msg("%s", err.msg);
+        rp_runner_free(r);
+    }
+    for (int i = 0; i < 2; i++) {
+        const double e = rel_l2(got[i], ref[i], (size_t)n[i] * V);
+        if (e > 1e-5) fail_msg("prompt %d: logits relative L2 %.3g", i, e);
+    }
+    for (int i = 0; i < 2 * STEPS; i++) assert_int_equal(tok[i], ref_tok[i]);
+    for (int i = 0; i < 2; i++) free(ref[i]), free(got[i]);
+}
+
 /* Sampling (temperature, top-p) on every rank draws the same tokens as one
  * device does: the logits are gathered whole and the RNG is counter-based. */
 static void test_sampled_decode(void **state) {
@@ -160,7 +227,7 @@ static void test_lazy_dummy_shards(void **state) {
         rp_tp_plan plan;
         assert_int_equal(rp_tp_plan_make(&plan, &m->cfg, 2, &err), 0);
         for (int rank = 0; rank < 2; rank++) {
-            rp_model *s = rp_tp_model_slice(m, &plan, rank, &err), *z = rp_tp_model_lazy_dummy(&plan, rank, 7, &err);
+            rp_model *s = rp_tp_model_slice(m, &plan, rank, &err), *z = rp_tp_model_lazy_dummy(&plan, rank, 7, RP_FP8_NONE, &err);
             assert_non_null(s);
             assert_non_null(z);
             assert_true(z->dummy);
@@ -191,10 +258,6 @@ static void test_refusals(void **state) {
     assert_null(rp_runner_new(&rc, &err));
     assert_string_equal(err.param, "tensor_parallel_size");
     rc.tensor_parallel_size = 2;
-    rc.quantize_fp8 = 1;
-    assert_null(rp_runner_new(&rc, &err));
-    assert_non_null(strstr(err.msg, "--quantization fp8"));
-    rc.quantize_fp8 = 0;
     rc.nnodes = 2;
     rc.dist_init_addr = "127.0.0.1:1";
     assert_null(rp_runner_new(&rc, &err)); /* several nodes run on GPUs only */
@@ -735,7 +798,7 @@ static void test_distributed_argmax(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_qwen3_sizes),      cmocka_unit_test(test_llama3_and_qwen2),
-                                       cmocka_unit_test(test_checkpoint),       cmocka_unit_test(test_sampled_decode),
+                                       cmocka_unit_test(test_checkpoint), cmocka_unit_test(test_fp8), cmocka_unit_test(test_quantize_fp8),       cmocka_unit_test(test_sampled_decode),
                                        cmocka_unit_test(test_refusals),         cmocka_unit_test(test_step_msg),
                                        cmocka_unit_test(test_worker_link),      cmocka_unit_test(test_lazy_dummy_shards),
                                        cmocka_unit_test(test_watchdog_stalled_rank),

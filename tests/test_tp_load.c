@@ -3,9 +3,11 @@
  * slice equals the same rows or columns of the whole tensor converted as
  * model/weights.c converts it, and the ranks' slices put together are the
  * whole tensor; bf16, f16, f32, and FP8 e4m3 in its three scale layouts
- * (against rp_quant_dequant of the whole tensor); bf16 row slices are views
- * of the mapping (a real file, mmap'd); FP8 slices that cut a scale block
- * are refused. */
+ * (against rp_quant_dequant of the whole tensor), keeping the slice's e4m3
+ * bytes with its rows' scales or its part of a 128 x 128 block grid; bf16
+ * row slices are views of the mapping (a real file, mmap'd); FP8 slices
+ * that cut a scale block are refused; --quantization fp8 of a slice
+ * (rp_tp_slice_quantize) makes the whole matrix's bytes and scales. */
 #include <unistd.h>
 
 #include "dist/tp_load.h"
@@ -106,6 +108,69 @@ static void check_slice(const rp_tp_slice *s, const rp_tp_weight *w, const uint1
         }
 }
 
+/* --quantization fp8 of rank r's slice w (rp_tp_slice_quantize) against
+ * the whole matrix `whole` quantized per row: the slice's bytes, scales and
+ * values are those rows or columns of the whole's, a column slice's scales
+ * being its whole rows'. Per 128 x 128 block: the small shapes' slices
+ * start inside a block except at N = 1, which is the whole's blocks. On a
+ * copy of w (its data stays the bf16 slice). */
+static void check_quantized(const rp_tp_slice *s, const rp_st_tensor *t, const rp_tp_weight *w,
+                            const uint16_t *whole, const char *what) {
+    const int64_t R = s->rows, C = s->cols, n = R * C;
+    uint8_t *q = malloc((size_t)n);
+    float *sc = malloc((size_t)(R > 1 ? R : 1) * sizeof(float));
+    uint16_t *deq = malloc((size_t)n * 2);
+    rp_quant_fp8_rows(whole, R, C, q, sc, deq);
+    for (int blocks = 0; blocks < 2; blocks++) {
+        rp_tp_weight c = *w; /* the quantized buffers replace this copy's */
+        rp_err err;
+        uint16_t *data = malloc((size_t)(w->rows * w->cols) * 2 + 2);
+        memcpy(data, w->data, (size_t)(w->rows * w->cols) * 2);
+        c.data = c.owned = data;
+        if (blocks) {
+            const int rc = rp_tp_slice_quantize(s, "m", t, RP_FP8_BLOCKS, &c, &err);
+            if (!rp_tp_slice_whole_blocks(s, 128)) {
+                assert_int_equal(rc, RP_ERR);
+                if (!strstr(err.msg, "are not whole 128x128 fp8 blocks")) fail_msg("%s: %s", what, err.msg);
+                free(data);
+                continue;
+            }
+            assert_int_equal(rc, 0);
+            if (s->start || s->count != (s->split == RP_TP_SPLIT_COLS ? C : R)) fail_msg("%s: blocks cut", what);
+            uint8_t *qb = malloc((size_t)n);
+            float grid[4];
+            uint16_t *db = malloc((size_t)n * 2);
+            assert_true(R <= 128 && C <= 128);
+            rp_quant_fp8_blocks(whole, R, C, qb, grid, db);
+            assert_memory_equal(c.fp8, qb, (size_t)n);
+            assert_true(c.block_scale[0] == grid[0]);
+            assert_memory_equal(c.data, db, (size_t)n * 2);
+            assert_null(c.scale);
+            free(qb), free(db);
+        } else {
+            if (rp_tp_slice_quantize(s, "m", t, RP_FP8_ROWS, &c, &err)) fail_msg("%s: %s", what, err.msg);
+            assert_null(c.block_scale);
+            for (int64_t i = 0; i < c.rows; i++) {
+                const int64_t gr = s->split == RP_TP_SPLIT_COLS ? i : s->start + i;
+                if (c.scale[i] != sc[gr]) fail_msg("%s: row %lld's scale %g, the whole row's %g", what, (long long)i,
+                                                   (double)c.scale[i], (double)sc[gr]);
+                for (int64_t j = 0; j < c.cols; j++) {
+                    const int64_t g = gr * C + (s->split == RP_TP_SPLIT_COLS ? s->start + j : j);
+                    if (c.fp8[i * c.cols + j] != q[g] || c.data[i * c.cols + j] != deq[g])
+                        fail_msg("%s: quantized (%lld, %lld) is %02x/%04x, the whole's %02x/%04x", what, (long long)i,
+                                 (long long)j, c.fp8[i * c.cols + j], c.data[i * c.cols + j], q[g], deq[g]);
+                }
+            }
+        }
+        /* a slice already e4m3 is not quantized again */
+        assert_int_equal(rp_tp_slice_quantize(s, "m", t, RP_FP8_ROWS, &c, &err), RP_ERR);
+        assert_non_null(strstr(err.msg, "already fp8"));
+        c.data = NULL; /* w's, not the copy's */
+        rp_tp_weight_release(&c);
+    }
+    free(q), free(sc), free(deq);
+}
+
 /* Builds each kind's tensor in `dtype`, loads every rank's slice at N =
  * 1, 2, 4, checks them and their union. */
 static void run_dtype(const char *dtype) {
@@ -163,6 +228,7 @@ static void run_dtype(const char *dtype) {
                 char what[128];
                 snprintf(what, sizeof what, "%s %s N=%d rank %d", dtype, rp_weight_kind_name(kinds[k]), n, r);
                 check_slice(&s, &w, whole[k], joined, what);
+                if (rp_weight_kind_is_layer_matrix(kinds[k])) check_quantized(&s, t, &w, whole[k], what);
                 /* bf16 rows are views of the file's bytes, nothing copied */
                 if (!strcmp(dtype, "BF16") && s.split != RP_TP_SPLIT_COLS) {
                     assert_null(w.owned);
@@ -259,19 +325,61 @@ static void test_mmap_file(void **state) {
 
 typedef enum { L_BLOCK, L_TENSOR, L_CHANNEL } layout;
 
-/* Each matrix kind as e4m3 with a scale in `lay`, every rank's slice
- * against rp_quant_dequant of the whole tensor, at N = 1, 2, 4. */
-static void run_fp8(layout lay, int block) {
-    rp_model_config c = small_config();
+/* The e4m3 bytes and scales a slice keeps (rp_tp_weight): where the
+ * scales are per tensor, per channel or 128 x 128 blocks, the slice's bytes
+ * of the file, each of its rows' scale (a column slice: every row's), or
+ * its part of the grid; none for other block sizes. */
+static void check_kept(const rp_quant_config *q, const rp_tp_slice *s, const rp_st_tensor *t,
+                       const rp_st_tensor *sc, const rp_tp_weight *w, const char *what) {
+    rp_err err;
+    const int64_t R = s->rows, C = s->cols, B = 128;
+    if (q->block[0] && q->block[0] != B) {
+        assert_null(w->fp8);
+        assert_null(w->scale);
+        assert_null(w->block_scale);
+        return;
+    }
+    if (!w->fp8) fail_msg("%s: no e4m3 bytes kept", what);
+    uint8_t *bytes = malloc((size_t)(w->rows * w->cols) + 1);
+    assert_int_equal(rp_tp_slice_copy(s, t, bytes, &err), 0);
+    if (memcmp(bytes, w->fp8, (size_t)(w->rows * w->cols))) fail_msg("%s: kept bytes are not the slice's", what);
+    free(bytes);
+    const int64_t gc = (C + B - 1) / B, n = R > (R + B - 1) / B * gc ? R : (R + B - 1) / B * gc;
+    float *whole = malloc((size_t)n * sizeof(float));
+    if (q->block[0]) {
+        assert_int_equal(rp_quant_block_scales(q, "m", R, C, sc, whole, &err), 1);
+        assert_null(w->scale);
+        const int rows_split = s->split == RP_TP_SPLIT_ROWS, wgc = (int)((w->cols + B - 1) / B);
+        for (int64_t i = 0; i < (w->rows + B - 1) / B; i++)
+            for (int64_t j = 0; j < wgc; j++) {
+                const float want = whole[(i + (rows_split ? s->start / B : 0)) * gc + j + (rows_split ? 0 : s->start / B)];
+                if (w->block_scale[i * wgc + j] != want)
+                    fail_msg("%s: block (%lld, %lld) scale %g, want %g", what, (long long)i, (long long)j,
+                             (double)w->block_scale[i * wgc + j], (double)want);
+            }
+    } else {
+        assert_int_equal(rp_quant_row_scales(q, "m", R, C, sc, whole, &err), 1);
+        assert_null(w->block_scale);
+        for (int64_t i = 0; i < w->rows; i++)
+            if (w->scale[i] != whole[s->split == RP_TP_SPLIT_COLS ? i : s->start + i])
+                fail_msg("%s: row %lld's scale %g", what, (long long)i, (double)w->scale[i]);
+    }
+    free(whole);
+}
+
+/* Each matrix kind of config c (mats: the kinds) as e4m3 with a scale in
+ * `lay`, every rank's slice against rp_quant_dequant of the whole tensor,
+ * with the bytes and scales it keeps (check_kept), at N = 1, 2, 4. */
+static void run_fp8_model(layout lay, int block, rp_model_config c, const rp_weight_kind *mats, int nm) {
     rp_quant_config q = {0};
     q.method = lay == L_CHANNEL ? RP_QUANT_FP8_CT : RP_QUANT_FP8;
     if (lay == L_BLOCK) q.block[0] = q.block[1] = block;
     snprintf(q.desc, sizeof q.desc, "test fp8");
-    static const rp_weight_kind mats[] = {RP_W_EMBED, RP_W_Q, RP_W_K, RP_W_O, RP_W_GATE, RP_W_DOWN};
-    enum { NM = sizeof mats / sizeof mats[0] };
+    enum { NM = 8 };
+    assert_true(nm <= NM);
     builder b = {0};
     char names[NM][2][32];
-    for (int k = 0; k < NM; k++) {
+    for (int k = 0; k < nm; k++) {
         int64_t sh[2];
         rp_weight_shape(&c, mats[k], sh);
         uint8_t *w = malloc((size_t)(sh[0] * sh[1]));
@@ -295,7 +403,7 @@ static void run_fp8(layout lay, int block) {
     rp_err err;
     rp_safetensors *st = rp_safetensors_parse(file, len, &err);
     if (!st) fail_msg("%s", err.msg);
-    for (int k = 0; k < NM; k++) {
+    for (int k = 0; k < nm; k++) {
         const rp_st_tensor *t = rp_safetensors_find(st, names[k][0]), *sc = rp_safetensors_find(st, names[k][1]);
         uint16_t *whole = malloc((size_t)(t->shape[0] * t->shape[1]) * 2);
         if (rp_quant_dequant(&q, names[k][0], t, t->shape[0], t->shape[1], sc, whole, &err)) fail_msg("%s", err.msg);
@@ -312,6 +420,7 @@ static void run_fp8(layout lay, int block) {
                 char what[512];
                 snprintf(what, sizeof what, "fp8 layout %d %s N=%d rank %d", lay, names[k][0], n, r);
                 check_slice(&s, &w, whole, joined, what);
+                check_kept(&q, &s, t, sc, &w, what);
                 rp_tp_weight_release(&w);
             }
             if (memcmp(joined, whole, (size_t)(t->shape[0] * t->shape[1]) * 2))
@@ -323,6 +432,22 @@ static void run_fp8(layout lay, int block) {
     rp_safetensors_close(st);
     free(file);
     for (int i = 0; i < b.n; i++) free(b.data[i]);
+}
+
+static void run_fp8(layout lay, int block) {
+    static const rp_weight_kind mats[] = {RP_W_EMBED, RP_W_Q, RP_W_K, RP_W_O, RP_W_GATE, RP_W_DOWN};
+    run_fp8_model(lay, block, small_config(), mats, (int)(sizeof mats / sizeof mats[0]));
+}
+
+/* 128 x 128 blocks (the official FP8 layout, the one whose bytes are
+ * kept): heads of 128 and an MLP of 512, so every rank's share is whole
+ * blocks at N = 1, 2, 4 (the KV heads replicated at 4). */
+static void test_fp8_block128(void **state) {
+    (void)state;
+    rp_model_config c = small_config();
+    c.head_dim = 128, c.hidden_size = 256, c.intermediate_size = 512;
+    static const rp_weight_kind mats[] = {RP_W_Q, RP_W_K, RP_W_V, RP_W_O, RP_W_GATE, RP_W_UP, RP_W_DOWN};
+    run_fp8_model(L_BLOCK, 128, c, mats, (int)(sizeof mats / sizeof mats[0]));
 }
 
 static void test_fp8_block(void **state) {
@@ -409,6 +534,7 @@ int main(void) {
         cmocka_unit_test(test_bf16),        cmocka_unit_test(test_f32),         cmocka_unit_test(test_f16),
         cmocka_unit_test(test_mmap_file),   cmocka_unit_test(test_fp8_block),   cmocka_unit_test(test_fp8_tensor),
         cmocka_unit_test(test_fp8_channel), cmocka_unit_test(test_fp8_refused), cmocka_unit_test(test_shape_mismatch),
+        cmocka_unit_test(test_fp8_block128),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -399,9 +399,6 @@ static int tp_opts_check(const rp_model_opts *o, const char *cmd) {
             return rp_cli_usage_error(cmd, "--nnodes %d needs --dist-init-addr HOST:PORT (an address of node 0)",
                                       nnodes);
     }
-    if (n > 1 && o->quantize_fp8)
-        return rp_cli_usage_error(cmd, "--quantization fp8 with --tensor-parallel-size %d is not supported yet: the "
-                                       "shards hold bf16 weights", n);
     return 0;
 }
 

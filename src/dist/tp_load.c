@@ -110,19 +110,46 @@ static int scale_slice(const rp_tp_slice *s, const char *name, const rp_st_tenso
                    (long long)s->rows, (long long)s->cols, shape, q->desc);
 }
 
+/* The slice's e4m3 bytes kept with its scales in rp_weight's form, where
+ * the scales are per tensor, per row or 128 x 128 blocks (model/quant.h:
+ * what model/weights.c keeps of a whole tensor); otherwise only the
+ * dequantized values are kept and w_owned is freed. */
+static int keep_fp8(const char *name, const rp_st_tensor *w, uint8_t *w_owned, const rp_st_tensor *sc,
+                    const rp_quant_config *q, rp_tp_weight *out, rp_err *err) {
+    const int64_t rows = out->rows, cols = out->cols, B = RP_FP8_BLOCK;
+    const int64_t nb = (rows + B - 1) / B * ((cols + B - 1) / B), n = rows > nb ? rows : nb;
+    float *scales = malloc((size_t)(n ? n : 1) * sizeof(float));
+    if (!scales) {
+        free(w_owned);
+        return rp_errf(err, "out of memory reading the scales of \"%s\"", name);
+    }
+    int r = rp_quant_block_scales(q, name, rows, cols, sc, scales, err);
+    if (r > 0) out->block_scale = scales;
+    else if (!r && (r = rp_quant_row_scales(q, name, rows, cols, sc, scales, err)) > 0) out->scale = scales;
+    if (r <= 0) {
+        free(scales);
+        free(w_owned);
+        return r < 0 ? RP_ERR : 0;
+    }
+    out->fp8 = w->data;
+    out->owned_fp8 = w_owned;
+    out->owned_scales = scales;
+    return 0;
+}
+
 static int load_fp8(const rp_tp_slice *s, const char *name, const rp_st_tensor *t, const rp_st_tensor *scale,
-                    const rp_quant_config *q, uint16_t *dst, rp_err *err) {
+                    const rp_quant_config *q, rp_tp_weight *out, rp_err *err) {
     if (!q || q->method == RP_QUANT_NONE)
         return rp_errf(err, "weight \"%s\" is F8_E4M3 but config.json has no quantization_config", name);
     if (!scale) return rp_errf(err, "weight \"%s\" is F8_E4M3 but its scale is not in the checkpoint", name);
-    int64_t rows, cols;
-    slice_shape(s, &rows, &cols);
+    const int64_t rows = out->rows, cols = out->cols;
     rp_st_tensor w = *t;
     w.shape[0] = rows;
     w.shape[1] = cols;
     w.ndim = 2;
     w.nbytes = (size_t)(rows * cols);
-    void *w_owned = NULL, *s_owned = NULL;
+    uint8_t *w_owned = NULL;
+    void *s_owned = NULL;
     rp_st_tensor sc;
     int rc = scale_slice(s, name, scale, q, &sc, &s_owned, err);
     if (!rc && s->split == RP_TP_SPLIT_COLS) {
@@ -132,8 +159,9 @@ static int load_fp8(const rp_tp_slice *s, const char *name, const rp_st_tensor *
     } else if (!rc) {
         w.data = (const char *)t->data + (size_t)(s->start * s->cols);
     }
-    if (!rc) rc = rp_quant_dequant(q, name, &w, rows, cols, &sc, dst, err);
-    free(w_owned);
+    if (!rc) rc = rp_quant_dequant(q, name, &w, rows, cols, &sc, out->owned, err);
+    if (!rc) rc = keep_fp8(name, &w, w_owned, &sc, q, out, err);
+    else free(w_owned);
     free(s_owned);
     return rc;
 }
@@ -155,13 +183,67 @@ int rp_tp_slice_load(const rp_tp_slice *s, const char *name, const rp_st_tensor 
     case RP_DTYPE_BF16: rc = rp_tp_slice_copy(s, t, out->owned, err); break;
     case RP_DTYPE_F16:
     case RP_DTYPE_F32: convert(s, t, out->owned); break;
-    case RP_DTYPE_F8_E4M3: rc = load_fp8(s, name, t, scale, q, out->owned, err); break;
+    case RP_DTYPE_F8_E4M3: rc = load_fp8(s, name, t, scale, q, out, err); break;
     }
     if (rc) rp_tp_weight_release(out);
     return rc;
 }
 
+int rp_tp_slice_whole_blocks(const rp_tp_slice *s, int64_t block) {
+    if (s->split == RP_TP_REPLICATED) return 1;
+    const int64_t dim = s->split == RP_TP_SPLIT_COLS ? s->cols : s->rows;
+    return s->start % block == 0 && (s->count % block == 0 || s->start + s->count == dim);
+}
+
+/* Row r of tensor t (its whole row, every column) as bf16: a view of a
+ * bf16 tensor, else converted into buf [t's columns]. */
+static const uint16_t *whole_row(const rp_tp_slice *s, const rp_st_tensor *t, int64_t r, uint16_t *buf) {
+    if (t->dtype == RP_DTYPE_BF16) return (const uint16_t *)t->data + r * s->cols;
+    for (int64_t c = 0; c < s->cols; c++)
+        buf[c] = rp_f32_to_bf16(rp_dtype_elem_f32(t->data, t->dtype, (size_t)(r * s->cols + c)));
+    return buf;
+}
+
+int rp_tp_slice_quantize(const rp_tp_slice *s, const char *name, const rp_st_tensor *t, rp_fp8_layout layout,
+                         rp_tp_weight *w, rp_err *err) {
+    if (layout == RP_FP8_NONE) return 0;
+    if (t->dtype == RP_DTYPE_F8_E4M3 || w->fp8)
+        return rp_errf(err, "weight \"%s\" is already fp8: --quantization fp8 does not re-quantize it", name);
+    const int64_t rows = w->rows, cols = w->cols, B = RP_FP8_BLOCK, n = rows * cols;
+    const int blocks = layout == RP_FP8_BLOCKS;
+    if (blocks && !rp_tp_slice_whole_blocks(s, B))
+        return rp_errf(err, "weight \"%s\": this GPU's %s [%lld, %lld) are not whole %lldx%lld fp8 blocks: tensor "
+                            "parallelism needs each GPU's share of a block-quantized weight to be whole blocks",
+                       name, s->split == RP_TP_SPLIT_ROWS ? "rows" : "columns", (long long)s->start,
+                       (long long)(s->start + s->count), (long long)B, (long long)B);
+    const int64_t scales = blocks ? (rows + B - 1) / B * ((cols + B - 1) / B) : rows;
+    uint8_t *q = malloc((size_t)(n ? n : 1));
+    float *scale = malloc((size_t)(scales ? scales : 1) * sizeof(float));
+    uint16_t *deq = malloc((size_t)(n ? n : 1) * 2);
+    uint16_t *row = s->split == RP_TP_SPLIT_COLS && t->dtype != RP_DTYPE_BF16 ? malloc((size_t)s->cols * 2) : NULL;
+    if (!q || !scale || !deq || (s->split == RP_TP_SPLIT_COLS && t->dtype != RP_DTYPE_BF16 && !row)) {
+        free(q), free(scale), free(deq), free(row);
+        return rp_errf(err, "out of memory quantizing \"%s\" to fp8", name);
+    }
+    if (blocks) rp_quant_fp8_blocks(w->data, rows, cols, q, scale, deq);
+    else if (s->split != RP_TP_SPLIT_COLS) rp_quant_fp8_rows(w->data, rows, cols, q, scale, deq);
+    else { /* the whole rows' scales: the bytes are those of the whole matrix's columns */
+        for (int64_t r = 0; r < rows; r++) scale[r] = rp_quant_fp8_row_scale(whole_row(s, t, r, row), s->cols);
+        rp_quant_fp8_rows_scaled(w->data, rows, cols, scale, q, deq);
+    }
+    free(row);
+    free(w->owned);
+    w->owned = deq, w->data = deq;
+    w->owned_fp8 = q, w->fp8 = q;
+    w->owned_scales = scale;
+    if (blocks) w->block_scale = scale;
+    else w->scale = scale;
+    return 0;
+}
+
 void rp_tp_weight_release(rp_tp_weight *w) {
     free(w->owned);
+    free(w->owned_fp8);
+    free(w->owned_scales);
     memset(w, 0, sizeof *w);
 }

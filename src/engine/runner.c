@@ -89,10 +89,6 @@ static int tp_load(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
         if (rp_config_load_dir(&full, cfg->model_dir, err)) return RP_ERR;
     } else if (!cfg->dummy_name || rp_config_preset(&full, cfg->dummy_name, err))
         return cfg->dummy_name ? RP_ERR : rp_errf(err, "give exactly one of a model directory or a dummy model name");
-    if (cfg->quantize_fp8)
-        return rp_errp(err, "tensor_parallel_size",
-                       "--quantization fp8 is not supported with --tensor-parallel-size %d yet: the shards hold bf16 "
-                       "weights (docs/tensor-parallel.md)", N);
     r->tp_plan = calloc(1, sizeof *r->tp_plan);
     if (!r->tp_plan) return rp_errf(err, "out of memory");
     if (rp_tp_plan_make(r->tp_plan, &full, N, err)) return RP_ERR;
@@ -110,7 +106,7 @@ static int tp_load(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
     if (cfg->model) r->model = (rp_model *)cfg->model;
     else if (dummy) {
         rp_load_options lo = {.format = cfg->load_dummy ? RP_LOAD_DUMMY : RP_LOAD_AUTO, .seed = cfg->weight_seed,
-                              .progress = cfg->load_progress, .lazy_dummy = lazy};
+                              .progress = cfg->load_progress, .lazy_dummy = lazy, .quantize_fp8 = cfg->quantize_fp8};
         r->model = cfg->model_dir ? rp_model_load(cfg->model_dir, &lo, err) : rp_model_dummy(cfg->dummy_name, &lo, err);
         r->owns_model = 1;
     } else {
@@ -121,9 +117,10 @@ static int tp_load(rp_runner *r, const rp_runner_config *cfg, rp_err *err) {
     double t0 = rp_now_s();
     for (int i = 0; i < gpn; i++) {
         int rank = r->node_rank * gpn + i;
-        r->shards[i] = lazy                  ? rp_tp_model_lazy_dummy(r->tp_plan, rank, r->model->dummy_seed, err)
-                       : cfg->model || dummy ? rp_tp_model_slice(r->model, r->tp_plan, rank, err)
-                                             : rp_tp_model_load(cfg->model_dir, r->tp_plan, rank, err);
+        r->shards[i] = lazy ? rp_tp_model_lazy_dummy(r->tp_plan, rank, r->model->dummy_seed, r->model->fp8, err)
+                       : cfg->model || dummy
+                           ? rp_tp_model_slice(r->model, r->tp_plan, rank, err)
+                           : rp_tp_model_load(cfg->model_dir, r->tp_plan, rank, (rp_fp8_layout)cfg->quantize_fp8, err);
         if (!r->shards[i]) return rp_err_wrap(err, "tensor-parallel rank %d's shard", rank);
         r->num_shards = i + 1;
     }

@@ -8,6 +8,7 @@
 #ifndef RP_MODEL_MODEL_H
 #define RP_MODEL_MODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model/arch.h"
@@ -92,6 +93,28 @@ rp_model *rp_model_dummy(const char *preset, const rp_load_options *opts, rp_err
 /* Builds a model of the given config with seeded random weights. */
 rp_model *rp_model_dummy_from_config(const rp_model_config *cfg, const rp_load_options *opts, rp_err *err);
 void rp_model_free(rp_model *m);
+
+/* Whether RP_FP8_BLOCKS can be held for the GPU: the CUDA backend stacks
+ * q|k|v and gate|up into one matrix each, and their block grids stack with
+ * them only where every part's rows are whole 128-row blocks (true of the
+ * Qwen3 and Llama shapes, and of their tensor-parallel shards where each
+ * GPU's heads are whole blocks). NULL if so, else the part that is not. */
+const char *rp_fp8_blocks_unstackable(const rp_model_config *cfg);
+
+/* A model whose layer matrices were bound with their e4m3 bytes (an FP8
+ * checkpoint's: per-tensor or per-channel scales as row scales, or 128 x
+ * 128 block grids; or a tensor-parallel shard's slices of them): where
+ * every layer matrix has them in one layout, the model is fp8 of that
+ * layout and its held bytes are a byte per element plus the scales
+ * (weight_bytes counted at bf16's two before). Otherwise (other block
+ * sizes, block grids that cannot stack, some layer left bf16) every weight
+ * stays as dequantized, and why[why_size] says why. Returns m->fp8. */
+rp_fp8_layout rp_model_fp8_settle(rp_model *m, char *why, size_t why_size);
+
+/* m->fp8 set, weight_bytes counted at bf16's two bytes an element: each
+ * layer matrix recounted at a byte an element plus its scales (a float a
+ * row, or a float a block). */
+void rp_model_fp8_weight_bytes(rp_model *m);
 
 /* How dummy weight (kind, layer) is generated, so another backend (and
  * tools/gpu_compare.py) can make the identical values: norms (is_norm) are

@@ -227,20 +227,30 @@ int rp_quant_dequant(const rp_quant_config *q, const char *name, const rp_st_ten
     return 0;
 }
 
-void rp_quant_fp8_rows(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q, float *scale, uint16_t *deq) {
+float rp_quant_fp8_row_scale(const uint16_t *w, int64_t cols) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(rp_bf16_to_f32(w[c])));
+    return amax > 0.0f ? amax / 448.0f : 1.0f;
+}
+
+void rp_quant_fp8_rows_scaled(const uint16_t *w, int64_t rows, int64_t cols, const float *scale, uint8_t *q,
+                              uint16_t *deq) {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *wr = w + r * cols;
-        float amax = 0.0f;
-        for (int64_t c = 0; c < cols; c++) amax = fmaxf(amax, fabsf(rp_bf16_to_f32(wr[c])));
-        const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
-        scale[r] = s;
+        const float s = scale[r];
         for (int64_t c = 0; c < cols; c++) {
             const uint8_t v = rp_f32_to_f8e4m3(rp_bf16_to_f32(wr[c]) / s);
             q[r * cols + c] = v;
             deq[r * cols + c] = rp_f32_to_bf16(rp_f8e4m3_to_f32(v) * s);
         }
     }
+}
+
+void rp_quant_fp8_rows(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q, float *scale, uint16_t *deq) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) scale[r] = rp_quant_fp8_row_scale(w + r * cols, cols);
+    rp_quant_fp8_rows_scaled(w, rows, cols, scale, q, deq);
 }
 
 void rp_quant_fp8_blocks(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q, float *grid, uint16_t *deq) {

@@ -78,6 +78,15 @@ int rp_quant_kv_scale(const char *name, const rp_st_tensor *t, float *out, rp_er
  * backend's kernel (rp_k_quant_fp8_rows) makes the same bytes. */
 void rp_quant_fp8_rows(const uint16_t *w, int64_t rows, int64_t cols, uint8_t *q, float *scale, uint16_t *deq);
 
+/* Its two halves: the scale of one row of cols bf16 values (max|w| / 448,
+ * 1 for zeros), and rows quantized with scales given (scale[rows]). A
+ * column slice of a matrix (tensor parallelism's o_proj and down_proj,
+ * dist/tp_model.c) is quantized with its whole rows' scales, so that its
+ * bytes are those columns of the whole matrix's. */
+float rp_quant_fp8_row_scale(const uint16_t *w, int64_t cols);
+void rp_quant_fp8_rows_scaled(const uint16_t *w, int64_t rows, int64_t cols, const float *scale, uint8_t *q,
+                              uint16_t *deq);
+
 /* The same per RP_FP8_BLOCK x RP_FP8_BLOCK block (the official FP8
  * checkpoints' layout, for tests and benchmarks on dummy weights): block
  * (i, j)'s scale grid[i * ceil(cols / 128) + j] = max|w| / 448 over the

@@ -72,11 +72,7 @@ static rp_weight *slot(rp_model *m, rp_weight_kind kind, int layer) {
         for (int layer = 0; layer < (kind < RP_W_FIRST_LAYER_KIND ? 1 : (cfg)->num_layers); layer++) \
             if (kind_present((cfg), (rp_weight_kind)kind))
 
-/* Whether RP_FP8_BLOCKS can be held for the GPU: the CUDA backend stacks
- * q|k|v and gate|up into one matrix each, and their block grids stack with
- * them only where every part's rows are whole 128-row blocks (true of the
- * Qwen3 and Llama shapes). NULL if so, else what is not. */
-static const char *fp8_blocks_unstackable(const rp_model_config *cfg) {
+const char *rp_fp8_blocks_unstackable(const rp_model_config *cfg) {
     static const rp_weight_kind stacked[] = {RP_W_Q, RP_W_K, RP_W_V, RP_W_GATE, RP_W_UP};
     for (size_t i = 0; i < sizeof stacked / sizeof stacked[0]; i++) {
         int64_t shape[2];
@@ -86,9 +82,7 @@ static const char *fp8_blocks_unstackable(const rp_model_config *cfg) {
     return NULL;
 }
 
-/* An fp8 model's held bytes: each layer matrix at a byte an element plus
- * its scales (a float a row, or a float a block) instead of bf16's two. */
-static void fp8_weight_bytes(rp_model *m) {
+void rp_model_fp8_weight_bytes(rp_model *m) {
     FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
         if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
         int64_t shape[2];
@@ -111,12 +105,12 @@ static int quantize_fp8(rp_model *m, const rp_load_options *opts, rp_err *err) {
         return rp_errf(err, "--quantization fp8: the checkpoint is already quantized (%s): replay runs it as it is "
                             "and does not re-quantize it",
                        m->cfg.quant.desc);
-    const char *part = blocks ? fp8_blocks_unstackable(&m->cfg) : NULL;
+    const char *part = blocks ? rp_fp8_blocks_unstackable(&m->cfg) : NULL;
     if (part)
         return rp_errf(err, "fp8 128x128 blocks: %s's rows are not whole 128-row blocks, which the GPU's stacked "
                             "q|k|v and gate|up grids need", part);
     m->fp8 = blocks ? RP_FP8_BLOCKS : RP_FP8_ROWS;
-    fp8_weight_bytes(m);
+    rp_model_fp8_weight_bytes(m);
     if (opts->lazy_dummy) return 0;
     FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
         if (!rp_weight_kind_is_layer_matrix((rp_weight_kind)kind)) continue;
@@ -137,13 +131,7 @@ static int quantize_fp8(rp_model *m, const rp_load_options *opts, rp_err *err) {
     return 0;
 }
 
-/* An FP8 checkpoint whose every layer matrix kept its bytes (bind_weight:
- * per-tensor or per-channel scales as row scales, or 128 x 128 block
- * grids) runs as e4m3 on the GPU: the model is fp8 of that layout, and its
- * held bytes are a byte per element plus the scales. Otherwise (other block
- * sizes, block grids that cannot stack, some layer left bf16) every weight
- * stays as dequantized, and why[why_size] says why. Returns m->fp8. */
-static rp_fp8_layout fp8_checkpoint(rp_model *m, char *why, size_t why_size) {
+rp_fp8_layout rp_model_fp8_settle(rp_model *m, char *why, size_t why_size) {
     why[0] = 0;
     int rows = 0, blocks = 0, total = 0;
     FOR_EACH_WEIGHT(&m->cfg, kind, layer) {
@@ -154,7 +142,7 @@ static rp_fp8_layout fp8_checkpoint(rp_model *m, char *why, size_t why_size) {
         blocks += w->block_scale != NULL;
     }
     rp_fp8_layout layout = rows == total ? RP_FP8_ROWS : blocks == total ? RP_FP8_BLOCKS : RP_FP8_NONE;
-    const char *part = layout == RP_FP8_BLOCKS ? fp8_blocks_unstackable(&m->cfg) : NULL;
+    const char *part = layout == RP_FP8_BLOCKS ? rp_fp8_blocks_unstackable(&m->cfg) : NULL;
     if (part) {
         snprintf(why, why_size, "%s's rows are not whole 128-row blocks, which the GPU's stacked grids need", part);
         layout = RP_FP8_NONE;
@@ -172,7 +160,7 @@ static rp_fp8_layout fp8_checkpoint(rp_model *m, char *why, size_t why_size) {
         return RP_FP8_NONE;
     }
     m->fp8 = layout;
-    fp8_weight_bytes(m);
+    rp_model_fp8_weight_bytes(m);
     return layout;
 }
 
@@ -498,7 +486,7 @@ rp_model *rp_model_load(const char *dir, const rp_load_options *opts, rp_err *er
     }
     if (cfg.quant.method != RP_QUANT_NONE) {
         char why[160];
-        switch (fp8_checkpoint(m, why, sizeof why)) {
+        switch (rp_model_fp8_settle(m, why, sizeof why)) {
         case RP_FP8_ROWS:
             rp_log_info("%s: %s weights, run as e4m3 with a scale per row on the GPU (bf16 on the CPU)", dir,
                         cfg.quant.desc);

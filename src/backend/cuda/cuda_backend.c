@@ -496,11 +496,6 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     cb->vocab_start = tv.start, cb->vocab_count = tv.count, cb->vocab_per_rank = tv.per_rank;
     if (cfg->tp.size > 1) {
         const rp_tp_plan *plan = cfg->tp.plan;
-        if (model->fp8) {
-            rp_errf(err, "cuda backend: --quantization fp8 shards are not supported yet");
-            free(cb);
-            return NULL;
-        }
         cb->comm = cfg->tp.comm;
         if (cfg->tp.rank == 0)
             rp_log_info("cuda: tensor parallel rank 0 of %d: decode runs the chain of kernels (the one-token fused "
