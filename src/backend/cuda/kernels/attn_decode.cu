@@ -104,23 +104,55 @@ static __device__ __forceinline__ dec_block dec_block_of(const rp_attn_meta &met
 template <bool FP8> struct dec_kv_elem { typedef uint16_t type; };
 template <> struct dec_kv_elem<true> { typedef uint8_t type; };
 
-/* 8 cache elements at p as the mma's operands: one 16-byte load of bf16,
- * or one 8-byte load of e4m3 widened to 8 f16 in registers. */
+/* 8 cache elements as loaded: one 16-byte load of bf16, or one 8-byte
+ * load of e4m3. A tile stays like this in registers until its products,
+ * and e4m3 is widened there (dec_widen8), not at the load: the cvts then sat
+ * in each load's branch (keys past the end load nothing), and ptxas issued
+ * the split kernel's next loads only after they had waited for the data,
+ * 12 dependent rounds of loads per two tiles instead of one (bench/RESULTS.md,
+ * issue 39). */
+template <bool FP8> struct dec_kv_raw { typedef uint4 type; };
+template <> struct dec_kv_raw<true> { typedef uint2 type; };
+
 template <bool FP8>
-static __device__ __forceinline__ uint4 dec_load8(const typename dec_kv_elem<FP8>::type *p) {
+static __device__ __forceinline__ typename dec_kv_raw<FP8>::type dec_load8(const typename dec_kv_elem<FP8>::type *p) {
+    if constexpr (FP8) return rp_ld_act8(p);
+    else return rp_ld_act(p);
+}
+
+/* Nothing loaded (a key past the end): zeros, which widen to zeros. */
+template <bool FP8> static __device__ __forceinline__ typename dec_kv_raw<FP8>::type dec_zero8(void) {
+    if constexpr (FP8) return make_uint2(0, 0);
+    else return make_uint4(0, 0, 0, 0);
+}
+
+/* 8 loaded cache elements as the mma's operands: bf16 as they are, e4m3
+ * widened to 8 f16 by four cvts. */
+template <bool FP8> static __device__ __forceinline__ uint4 dec_widen8(const typename dec_kv_raw<FP8>::type &w) {
+    if constexpr (FP8) return rp_e4m3x8_f16x8(w.x, w.y);
+    else return w;
+}
+
+/* A tile's 4 V rows (N loads each) as the mma's operands: the loaded
+ * bf16 rows themselves, or the e4m3 rows widened into w. */
+template <bool FP8, int N>
+static __device__ __forceinline__ const uint4 (*dec_widen_rows(const typename dec_kv_raw<FP8>::type (&vr)[4][N],
+                                                               uint4 (&w)[4][N]))[N] {
     if constexpr (FP8) {
-        const uint2 w = rp_ld_act8(p);
-        return rp_e4m3x8_f16x8(w.x, w.y);
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int u = 0; u < N; u++) w[r][u] = dec_widen8<FP8>(vr[r][u]);
+        return w;
     } else {
-        return rp_ld_act(p);
+        return vr;
     }
 }
 
-/* 8 q elements (bf16 in qkv) as the mma's operands: f16 against an e4m3
- * cache. */
-template <bool FP8>
-static __device__ __forceinline__ uint4 dec_load_q8(const uint16_t *p) {
-    const uint4 q = rp_ld_act(p);
+/* 8 q elements (bf16 in qkv, loaded as they are) as the mma's operands:
+ * f16 against an e4m3 cache, converted after all of q's loads were issued
+ * (zeros stay zeros). */
+template <bool FP8> static __device__ __forceinline__ uint4 dec_q8(const uint4 &q) {
     return FP8 ? rp_bf16x8_f16x8_sat(q) : q;
 }
 
@@ -140,14 +172,15 @@ static __device__ __forceinline__ void dec_mma(float (&d)[4], uint32_t a0, uint3
 }
 
 /* This thread's part of the tile at key base (< end; keys past end:
- * zeros): K rows of keys base + g (kr[0]) and base + g + 8 (kr[1]), 8 dims
- * at c * 8 + 32 ch each; V rows of keys base + 2c, + 1, + 8, + 9 (vr[0..3]),
- * dims g * HD / 8 .. + HD / 8 - 1. */
+ * zeros), as loaded (dec_kv_raw): K rows of keys base + g (kr[0]) and
+ * base + g + 8 (kr[1]), 8 dims at c * 8 + 32 ch each; V rows of keys
+ * base + 2c, + 1, + 8, + 9 (vr[0..3]), dims g * HD / 8 .. + HD / 8 - 1. */
 template <int HD, bool FP8>
 static __device__ __forceinline__ void dec_load_tile(const dec_block &b, const rp_attn_meta &meta,
                                                      const typename dec_kv_elem<FP8>::type *k_cache,
                                                      const typename dec_kv_elem<FP8>::type *v_cache, int base,
-                                                     uint4 (&kr)[2][HD / 32], uint4 (&vr)[4][HD / 64]) {
+                                                     typename dec_kv_raw<FP8>::type (&kr)[2][HD / 32],
+                                                     typename dec_kv_raw<FP8>::type (&vr)[4][HD / 64]) {
     typedef typename dec_kv_elem<FP8>::type KV;
     const int64_t slot0 = b.tile_in_page ? key_slot(b.prow, meta.page_size, base) - base : 0;
     auto slot = [&](int j) { return b.tile_in_page ? slot0 + j : key_slot(b.prow, meta.page_size, j); };
@@ -157,7 +190,7 @@ static __device__ __forceinline__ void dec_load_tile(const dec_block &b, const r
         const bool ok = j < b.end;
         const KV *kp = k_cache + (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.c * 8;
 #pragma unroll
-        for (int ch = 0; ch < HD / 32; ch++) kr[h][ch] = ok ? dec_load8<FP8>(kp + ch * 32) : make_uint4(0, 0, 0, 0);
+        for (int ch = 0; ch < HD / 32; ch++) kr[h][ch] = ok ? dec_load8<FP8>(kp + ch * 32) : dec_zero8<FP8>();
     }
 #pragma unroll
     for (int r = 0; r < 4; r++) {
@@ -165,7 +198,7 @@ static __device__ __forceinline__ void dec_load_tile(const dec_block &b, const r
         const bool ok = j < b.end;
         const KV *vp = v_cache + (ok ? slot(j) : 0) * b.kv_stride + (int64_t)b.kvh * HD + b.g * (HD / 8);
 #pragma unroll
-        for (int u = 0; u < HD / 64; u++) vr[r][u] = ok ? dec_load8<FP8>(vp + u * 8) : make_uint4(0, 0, 0, 0);
+        for (int u = 0; u < HD / 64; u++) vr[r][u] = ok ? dec_load8<FP8>(vp + u * 8) : dec_zero8<FP8>();
     }
 }
 
@@ -243,9 +276,11 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 #pragma unroll
     for (int ch = 0; ch < KCH; ch++) {
         const uint4 z = make_uint4(0, 0, 0, 0);
-        q_lo[ch] = g < G ? dec_load_q8<FP8>(qbase + (int64_t)g * HD + ch * 32 + c * 8) : z;
-        q_hi[ch] = g + 8 < G ? dec_load_q8<FP8>(qbase + (int64_t)(g + 8) * HD + ch * 32 + c * 8) : z;
+        q_lo[ch] = g < G ? rp_ld_act(qbase + (int64_t)g * HD + ch * 32 + c * 8) : z;
+        q_hi[ch] = g + 8 < G ? rp_ld_act(qbase + (int64_t)(g + 8) * HD + ch * 32 + c * 8) : z;
     }
+#pragma unroll
+    for (int ch = 0; ch < KCH; ch++) q_lo[ch] = dec_q8<FP8>(q_lo[ch]), q_hi[ch] = dec_q8<FP8>(q_hi[ch]);
     /* exp2 domain; an e4m3 cache's k_scale folded in (bf16: the product as it was) */
     const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * (FP8 ? k_scale : 1.0f);
 
@@ -255,7 +290,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
     const int end = b.end;
-    auto tile = [&](int base, const uint4 (&kr)[2][KCH], const uint4 (&vr)[4][DPT / 8]) {
+    typedef typename dec_kv_raw<FP8>::type KVR;
+    auto tile = [&](int base, const KVR (&kr)[2][KCH], const KVR (&vr)[4][DPT / 8]) {
 
         /* S = Q K^T for the 16 keys: two n-tiles of 8. */
         float sc[2][4];
@@ -264,8 +300,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
             for (int ch = 0; ch < KCH; ch++) {
-                dec_mma<FP8>(sc[nt], q_lo[ch].x, q_hi[ch].x, q_lo[ch].y, q_hi[ch].y, kr[nt][ch].x, kr[nt][ch].y);
-                dec_mma<FP8>(sc[nt], q_lo[ch].z, q_hi[ch].z, q_lo[ch].w, q_hi[ch].w, kr[nt][ch].z, kr[nt][ch].w);
+                const uint4 k = dec_widen8<FP8>(kr[nt][ch]);
+                dec_mma<FP8>(sc[nt], q_lo[ch].x, q_hi[ch].x, q_lo[ch].y, q_hi[ch].y, k.x, k.y);
+                dec_mma<FP8>(sc[nt], q_lo[ch].z, q_hi[ch].z, q_lo[ch].w, q_hi[ch].w, k.z, k.w);
             }
         }
         /* Column n of n-tile nt is key base + nt*8 + n. */
@@ -305,10 +342,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         const uint32_t p2 = dec_pack_p<FP8>(sc[1][0], sc[1][1]), p3 = dec_pack_p<FP8>(sc[1][2], sc[1][3]);
 
         /* O = O * alpha + P V; n-tile j takes element j of each V row. */
-        const uint32_t *v0 = reinterpret_cast<const uint32_t *>(vr[0]);
-        const uint32_t *v1 = reinterpret_cast<const uint32_t *>(vr[1]);
-        const uint32_t *v2 = reinterpret_cast<const uint32_t *>(vr[2]);
-        const uint32_t *v3 = reinterpret_cast<const uint32_t *>(vr[3]);
+        uint4 vw[4][DPT / 8];
+        const uint4 (*const vrow)[DPT / 8] = dec_widen_rows<FP8>(vr, vw);
+        const uint32_t *v0 = reinterpret_cast<const uint32_t *>(vrow[0]);
+        const uint32_t *v1 = reinterpret_cast<const uint32_t *>(vrow[1]);
+        const uint32_t *v2 = reinterpret_cast<const uint32_t *>(vrow[2]);
+        const uint32_t *v3 = reinterpret_cast<const uint32_t *>(vrow[3]);
 #pragma unroll
         for (int j = 0; j < DPT; j++) {
             o[j][0] *= a_lo;
@@ -330,8 +369,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
      * bench/RESULTS.md). An L2 prefetch of the next tile instead lost
      * everywhere but there (batch 128 at 4096: 728 -> 777 us). */
     for (int base = b.begin + warp * DEC_TILE; base < end; base += 2 * DEC_WARPS * DEC_TILE) {
-        uint4 kr0[2][KCH], kr1[2][KCH];
-        uint4 vr0[4][DPT / 8], vr1[4][DPT / 8];
+        KVR kr0[2][KCH], kr1[2][KCH];
+        KVR vr0[4][DPT / 8], vr1[4][DPT / 8];
         const int base1 = base + DEC_WARPS * DEC_TILE;
         dec_load_tile<HD, FP8>(b, meta, k_cache, v_cache, base, kr0, vr0);
         if (base1 < end) dec_load_tile<HD, FP8>(b, meta, k_cache, v_cache, base1, kr1, vr1);
@@ -401,8 +440,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int ch = 0; ch < KCH; ch++)
-            qb[nt][ch] = nt * 8 + g < G ? dec_load_q8<FP8>(qbase + (int64_t)(nt * 8 + g) * HD + ch * 32 + c * 8)
+            qb[nt][ch] = nt * 8 + g < G ? rp_ld_act(qbase + (int64_t)(nt * 8 + g) * HD + ch * 32 + c * 8)
                                         : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int ch = 0; ch < KCH; ch++) qb[nt][ch] = dec_q8<FP8>(qb[nt][ch]);
     /* exp2 domain; an e4m3 cache's k_scale folded in (bf16: the product as it was) */
     const float qk_scale = rsqrtf((float)HD) * 1.4426950408889634f * (FP8 ? k_scale : 1.0f);
 
@@ -416,8 +459,17 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, DEC_T_MIN_BLOCKS)
         for (int mt = 0; mt < MT; mt++) o[nt][mt][0] = o[nt][mt][1] = o[nt][mt][2] = o[nt][mt][3] = 0.0f;
     }
     for (int base = b.begin + warp * DEC_TILE; base < end; base += DEC_WARPS * DEC_TILE) {
+        typename dec_kv_raw<FP8>::type kl[2][KCH], vl[4][VU4];
+        dec_load_tile<HD, FP8>(b, meta, k_cache, v_cache, base, kl, vl);
         uint4 kr[2][KCH], vr[4][VU4];
-        dec_load_tile<HD, FP8>(b, meta, k_cache, v_cache, base, kr, vr);
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int ch = 0; ch < KCH; ch++) kr[h][ch] = dec_widen8<FP8>(kl[h][ch]);
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int u = 0; u < VU4; u++) vr[r][u] = dec_widen8<FP8>(vl[r][u]);
         /* S^T: rows keys base + g, + 8; columns heads nt * 8 + 2c, + 1 */
         float sc[NT][4];
 #pragma unroll

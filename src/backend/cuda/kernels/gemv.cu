@@ -41,8 +41,8 @@
  * (exact: every e4m3 value is a normal f16) and fed to the f16 mma, two per
  * 8 k; the row's scale multiplies the finished fp32 sum. x is f16 there:
  * the RMSNORM and SILU inputs make it as f16 (from fp32, so more precise
- * than bf16's 8 bits) when they stage it, a BF16 input is converted as a
- * lane loads it (once per 16 rows); either way saturated to +-65504
+ * than bf16's 8 bits) when they stage it, a BF16 input is converted after a
+ * lane has loaded it (once per 16 rows); either way saturated to +-65504
  * (fp8.cuh). The step reads half the bytes, and widening costs one
  * instruction per weight pair (through bf16 it cost four, which the 9-16
  * token kernel below still pays: its x is loaded per lane and group, and
@@ -243,9 +243,18 @@ __global__ void __launch_bounds__(WARPS * 32) gemv_kernel(const void *__restrict
                 const int k = ch * CK + c * (CK / 4) + h * 8;
                 const bool ok = ch < c1 && k < K && xt;
                 if (STAGED) vx[u][h] = ok ? *reinterpret_cast<const uint4 *>(xrow + (k - kb)) : make_uint4(0, 0, 0, 0);
-                else vx[u][h] = ok ? make_x<IN, W8>(p.in, g, k, K, 1.0f) : make_uint4(0, 0, 0, 0);
+                else vx[u][h] = ok ? make_x<IN, false>(p.in, g, k, K, 1.0f) : make_uint4(0, 0, 0, 0);
             }
         }
+        /* A BF16 input against e4m3 weights becomes f16 here, after the
+         * batch's loads are all out (zeros stay zeros): converted beside its
+         * load, inside the load's branch, each load waited for the one
+         * before it (bench/RESULTS.md, issue 39). */
+        if constexpr (W8 && !STAGED)
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+                for (int h = 0; h < XV; h++) vx[u][h] = rp_bf16x8_f16x8_sat(vx[u][h]);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++) {
             if (W8) {
