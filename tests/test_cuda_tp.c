@@ -10,7 +10,8 @@
  * 1e-2) and how long 128 greedy tokens after each prompt stay the same
  * (random weights amplify any change of summation order; bench/RESULTS.md).
  *
- * test_small (qwen3-0.6b's shape), test_qwen3_8b and test_llama3_8b (their
+ * test_small (qwen3-0.6b's shape; test_small_fp8 the same with e4m3 weights
+ * quantized per row), test_qwen3_8b and test_llama3_8b (their
  * full shapes; REPLAY_TP_LAYERS=L cuts their depth), test_llama3_70b (its
  * first 8 layers unless REPLAY_TP_LAYERS says otherwise). N = 2, and 4
  * where 4 GPUs are visible (REPLAY_TP_SIZES="2,4" picks; REPLAY_TEST_ONLY
@@ -119,7 +120,13 @@ static void print_worst_positions(const float *got, const float *ref, const floa
     printf("\n");
 }
 
-static void compare_shape(const char *preset, int default_layers) {
+/* fp8: the layer matrices quantized to e4m3 per row on the host (as
+ * --quantization fp8 makes them), every rank's shard keeping its slices'
+ * bytes and scales; the CPU reference computes with the dequantized
+ * weights, and the 1000-token prompt's products quantize their
+ * activations on the GPU (W8A8), on each rank over its slice of the
+ * reduced dimension for o_proj and down_proj. */
+static void compare_shape(const char *preset, int default_layers, rp_fp8_layout fp8) {
     const int n = gpus();
     if (n < 1) {
         printf("  no GPU visible (skipped)\n");
@@ -131,8 +138,8 @@ static void compare_shape(const char *preset, int default_layers) {
     const char *layers = getenv("REPLAY_TP_LAYERS");
     const int want_layers = layers && atoi(layers) > 0 ? atoi(layers) : default_layers;
     if (want_layers > 0 && want_layers < c.num_layers) c.num_layers = want_layers;
-    printf("  %s, %d layers\n", preset, c.num_layers);
-    rp_load_options lo = {.seed = 11};
+    printf("  %s, %d layers%s\n", preset, c.num_layers, fp8 ? ", fp8 e4m3 with a scale per row" : "");
+    rp_load_options lo = {.seed = 11, .quantize_fp8 = fp8};
     rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
     if (!m) fail_msg("%s", err.msg);
     const int V = c.vocab_size;
@@ -205,17 +212,23 @@ static void compare_shape(const char *preset, int default_layers) {
 
 static void test_small(void **state) {
     (void)state;
-    compare_shape("qwen3-0.6b", 0);
+    compare_shape("qwen3-0.6b", 0, RP_FP8_NONE);
 }
 
 static void test_qwen3_8b(void **state) {
     (void)state;
-    compare_shape("qwen3-8b", 0);
+    compare_shape("qwen3-8b", 0, RP_FP8_NONE);
 }
 
 static void test_llama3_8b(void **state) {
     (void)state;
-    compare_shape("llama3-8b", 0);
+    compare_shape("llama3-8b", 0, RP_FP8_NONE);
+}
+
+/* qwen3-0.6b's shape with fp8 weights: shards of e4m3 slices */
+static void test_small_fp8(void **state) {
+    (void)state;
+    compare_shape("qwen3-0.6b", 0, RP_FP8_ROWS);
 }
 
 /* Llama 3.1 70B's shape (hidden 8192, 64 / 8 heads, intermediate 28672, a
@@ -223,7 +236,7 @@ static void test_llama3_8b(void **state) {
  * reference. */
 static void test_llama3_70b(void **state) {
     (void)state;
-    compare_shape("llama3-70b", 8);
+    compare_shape("llama3-70b", 8, RP_FP8_NONE);
 }
 
 /* More GPUs than there are: a clear error, before anything loads on them. */
@@ -244,7 +257,8 @@ int main(void) {
     /* REPLAY_TEST_ONLY=test_small (a cmocka pattern) runs a part: each
      * 8B shape takes minutes */
     if (getenv("REPLAY_TEST_ONLY")) cmocka_set_test_filter(getenv("REPLAY_TEST_ONLY"));
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_small), cmocka_unit_test(test_qwen3_8b),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_small), cmocka_unit_test(test_small_fp8),
+                                       cmocka_unit_test(test_qwen3_8b),
                                        cmocka_unit_test(test_llama3_8b), cmocka_unit_test(test_llama3_70b),
                                        cmocka_unit_test(test_too_many)};
     return cmocka_run_group_tests(tests, NULL, NULL);
