@@ -15,6 +15,7 @@
 #include "util/dtype.h"
 #include "util/rng.h"
 #include "test_util.h"
+#include "fp8_checkpoint.h"
 
 static const char *fixture = "tests/fixtures/models/qwen3-tied";
 
@@ -781,95 +782,6 @@ static void test_quant_blocks(void **state) {
     free(q);
 }
 
-/* Model q (block-quantized: its bytes and grids) as an official-style FP8
- * checkpoint in dir: config.json (the fixture's, with q's shape and
- * quantization_config {fp8, e4m3, dynamic, [128, 128]}), every layer
- * matrix F8_E4M3 with its weight_scale_inv grid (f32), the rest bf16.
- * bad: 0; 1 the first grid one row of blocks too many; 2 a NaN in it;
- * 3 a negative scale in it. */
-static void write_block_checkpoint(const char *dir, const rp_model *q, int bad) {
-    char src[1024], path[1300];
-    test_path(src, sizeof src, fixture);
-    mkdir(dir, 0755);
-    snprintf(path, sizeof path, "%s/config.json", src);
-    json_error_t je;
-    json_t *cfg = json_load_file(path, 0, &je);
-    assert_non_null(cfg);
-    const rp_model_config *c = &q->cfg;
-    json_object_del(cfg, "layer_types");
-    json_object_set_new(cfg, "hidden_size", json_integer(c->hidden_size));
-    json_object_set_new(cfg, "intermediate_size", json_integer(c->intermediate_size));
-    json_object_set_new(cfg, "num_attention_heads", json_integer(c->num_heads));
-    json_object_set_new(cfg, "num_key_value_heads", json_integer(c->num_kv_heads));
-    json_object_set_new(cfg, "head_dim", json_integer(c->head_dim));
-    json_object_set_new(cfg, "num_hidden_layers", json_integer(c->num_layers));
-    json_object_set_new(cfg, "vocab_size", json_integer(c->vocab_size));
-    json_object_set_new(cfg, "tie_word_embeddings", json_boolean(c->tie_word_embeddings));
-    json_object_set_new(cfg, "quantization_config",
-                        json_loads("{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "
-                                   "\"weight_block_size\": [128, 128]}", 0, &je));
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    assert_int_equal(json_dump_file(cfg, path, JSON_INDENT(1)), 0);
-    json_decref(cfg);
-    char *hdr = malloc(1 << 17);
-    size_t hl = (size_t)snprintf(hdr, 1 << 17, "{"), off = 0;
-    FILE *f = NULL;
-    for (int pass = 0; pass < 2; pass++) {
-        int first = 1;
-        for (int k = 0; k < RP_W_COUNT; k++)
-            for (int l = 0; l < (k < RP_W_FIRST_LAYER_KIND ? 1 : c->num_layers); l++) {
-                const rp_weight *w = rp_model_weight(q, (rp_weight_kind)k, l);
-                char name[256];
-                if (!w->data || (k == RP_W_LM_HEAD && c->tie_word_embeddings) ||
-                    !c->arch->tensor_name((rp_weight_kind)k, l, name, sizeof name))
-                    continue;
-                const long long rows = w->rows, cols = w->cols, n = rows * cols;
-                if (!w->fp8) {
-                    char shape[64];
-                    if (cols > 1) snprintf(shape, sizeof shape, "[%lld, %lld]", rows, cols);
-                    else snprintf(shape, sizeof shape, "[%lld]", rows);
-                    if (!pass)
-                        hl += (size_t)snprintf(hdr + hl, (1 << 17) - hl, "%s\"%s\": {\"dtype\": \"BF16\", \"shape\": %s, "
-                                               "\"data_offsets\": [%zu, %zu]}", hl > 1 ? ", " : "", name, shape, off,
-                                               off + (size_t)n * 2);
-                    else fwrite(w->data, 2, (size_t)n, f);
-                    off += pass ? 0 : (size_t)n * 2;
-                    continue;
-                }
-                const long long gr = (rows + 127) / 128, gc = (cols + 127) / 128, extra = bad == 1 && first ? gc : 0;
-                if (!pass) {
-                    hl += (size_t)snprintf(hdr + hl, (1 << 17) - hl, "%s\"%s\": {\"dtype\": \"F8_E4M3\", \"shape\": [%lld, "
-                                           "%lld], \"data_offsets\": [%zu, %zu]}, \"%s_scale_inv\": {\"dtype\": \"F32\", "
-                                           "\"shape\": [%lld, %lld], \"data_offsets\": [%zu, %zu]}", hl > 1 ? ", " : "",
-                                           name, rows, cols, off, off + (size_t)n, name, gr + (extra ? 1 : 0), gc,
-                                           off + (size_t)n, off + (size_t)n + (size_t)(gr * gc + extra) * 4);
-                    off += (size_t)n + (size_t)(gr * gc + extra) * 4;
-                } else {
-                    fwrite(w->fp8, 1, (size_t)n, f);
-                    float *grid = malloc((size_t)(gr * gc + extra) * 4);
-                    memcpy(grid, w->block_scale, (size_t)(gr * gc) * 4);
-                    for (long long e = 0; e < extra; e++) grid[gr * gc + e] = 1.0f;
-                    if (first && bad == 2) grid[gr * gc - 1] = NAN;
-                    if (first && bad == 3) grid[0] = -grid[0];
-                    fwrite(grid, 4, (size_t)(gr * gc + extra), f);
-                    free(grid);
-                }
-                first = 0;
-            }
-        if (!pass) {
-            hl += (size_t)snprintf(hdr + hl, (1 << 17) - hl, "}");
-            snprintf(path, sizeof path, "%s/model.safetensors", dir);
-            f = fopen(path, "wb");
-            assert_non_null(f);
-            const uint64_t len = hl;
-            fwrite(&len, 8, 1, f);
-            fwrite(hdr, 1, hl, f);
-        }
-    }
-    fclose(f);
-    free(hdr);
-}
-
 /* RP_FP8_BLOCKS: dummy weights quantized per block hold the bytes, the
  * grid and the dequantized values rp_quant_fp8_blocks makes; a shape whose
  * stacked parts are not whole blocks is refused; an official-style
@@ -917,7 +829,7 @@ static void test_fp8_blocks(void **state) {
     assert_non_null(mkdtemp(dir));
     char sub[1200];
     snprintf(sub, sizeof sub, "%s/good", dir);
-    write_block_checkpoint(sub, q, 0);
+    write_fp8_checkpoint_bad(sub, q, 0);
     rp_load_options plain = {0};
     rp_model *m = rp_model_load(sub, &plain, &err);
     if (!m) fail_msg("%s", err.msg);
@@ -939,7 +851,7 @@ static void test_fp8_blocks(void **state) {
     const char *want[] = {"", "does not explain", "negative, infinite or NaN", "negative, infinite or NaN"};
     for (int bad = 1; bad <= 3; bad++) {
         snprintf(sub, sizeof sub, "%s/bad%d", dir, bad);
-        write_block_checkpoint(sub, q, bad);
+        write_fp8_checkpoint_bad(sub, q, bad);
         assert_null(rp_model_load(sub, &plain, &err));
         if (!strstr(err.msg, want[bad]) || !strstr(err.msg, "proj.weight"))
             fail_msg("bad %d: %s", bad, err.msg);
@@ -968,7 +880,7 @@ static void test_fp8_blocks(void **state) {
             keep[nkeep++] = b, keep[nkeep++] = grid;
         }
     snprintf(sub, sizeof sub, "%s/odd", dir);
-    write_block_checkpoint(sub, a, 0);
+    write_fp8_checkpoint_bad(sub, a, 0);
     m = rp_model_load(sub, &plain, &err);
     if (!m) fail_msg("%s", err.msg);
     assert_int_equal(m->fp8, RP_FP8_NONE);
