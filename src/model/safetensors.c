@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -115,6 +116,14 @@ static int parse_header(rp_safetensors *st, const uint8_t *buf, size_t len, rp_e
         t->data = data + begin;
         t->nbytes = (size_t)(end - begin);
         st->num_tensors++;
+        if ((uintptr_t)t->data % esize) { /* bf16/f32 loads must not be misaligned (C, UBSan) */
+            if (!(t->copy = malloc(t->nbytes ? t->nbytes : 1))) {
+                rc = rp_errf(err, "out of memory");
+                break;
+            }
+            memcpy(t->copy, t->data, t->nbytes);
+            t->data = t->copy;
+        }
     }
     json_decref(root);
     return rc;
@@ -166,7 +175,7 @@ rp_safetensors *rp_safetensors_open(const char *path, rp_err *err) {
 
 void rp_safetensors_close(rp_safetensors *st) {
     if (!st) return;
-    for (int i = 0; i < st->num_tensors; i++) free(st->tensors[i].name);
+    for (int i = 0; i < st->num_tensors; i++) free(st->tensors[i].name), free(st->tensors[i].copy);
     free(st->tensors);
     if (st->map) munmap(st->map, st->map_bytes);
     free(st->path);

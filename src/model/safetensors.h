@@ -24,6 +24,11 @@ typedef struct rp_st_tensor {
     int64_t shape[RP_MAX_DIMS];
     const void *data;
     size_t nbytes;
+    /* where the file puts the tensor at an offset its element size does
+     * not divide (a writer that did not pad its header, as safetensors'
+     * own does to 8 bytes): an aligned copy, which data points to; NULL
+     * for a tensor read in place */
+    void *copy;
 } rp_st_tensor;
 
 typedef struct rp_safetensors {
