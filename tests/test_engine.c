@@ -983,7 +983,10 @@ static void long_params(long_run *run, rp_request_params *p) {
 }
 
 /* The clock (200 tokens, far more than the long prefill's steps), then the
- * long prompt unless the action submits it. */
+ * long prompt unless the action submits it. Both are submitted with the
+ * engine held: otherwise, on a loaded machine, the clock could reach its
+ * action before this thread had submitted the long prompt (and its id, the
+ * abort's target, was set). */
 static void start_long_run(long_run *run, void (*act)(result *, const rp_token_event *), int submit_long) {
     memset(run, 0, sizeof *run);
     g_step_tokens = STEP_TOKENS;
@@ -994,11 +997,14 @@ static void start_long_run(long_run *run, void (*act)(result *, const rp_token_e
     p.max_tokens = 200;
     run->clock = (result){.act_at = CLOCK_AT, .act = act, .act_ctx = run};
     run->long_one.clock = run->newcomer.clock = &run->clock;
+    rp_engine_hold(run->e, 1);
     submit_or_fail(run->e, &p, &run->clock);
-    if (!submit_long) return;
-    long_params(run, &p);
-    rp_error err;
-    if (rp_engine_submit(run->e, &p, collect, &run->long_one, &run->long_id, &err)) fail_msg("%s", err.message);
+    if (submit_long) {
+        long_params(run, &p);
+        rp_error err;
+        if (rp_engine_submit(run->e, &p, collect, &run->long_one, &run->long_id, &err)) fail_msg("%s", err.message);
+    }
+    rp_engine_hold(run->e, 0);
 }
 
 /* Starts the run and waits for its end; the action's engine call must have
