@@ -3,7 +3,9 @@
 # there; nsys is not): warp-stall samples per SASS instruction and per
 # source line (tools/ncu_top.py), and the details page, into OUT (default
 # $OUT or /tmp/ncu).
-#   bash bench/ncu_step.sh "qwen3-4b qwen3-0.6b" [N]
+#   bash bench/ncu_step.sh "qwen3-4b qwen3-0.6b" [N] ["EXTRA BENCH OPTIONS"]
+# (e.g. "--quantization fp8" for the e4m3 kernels; the run is batch 1 unless
+# the options name another --batch)
 # The kernel is built with -lineinfo. Samples of the 13th decode_step launch
 # (past the warm-up and the graph capture); ncu replays it with memory saved
 # and restored, so the step's counters and barriers start as they would.
@@ -17,14 +19,16 @@ D=/tmp/ncu_elf && rm -rf $D && mkdir -p $D && (cd $D && cuobjdump -xelf all "$OL
 for m in $1; do
   timeout 200 ncu -k regex:decode_step --launch-skip 12 --launch-count 1 --set full --import-source yes \
     --source-folders "$PWD/src/backend/cuda/kernels" -f -o "/tmp/ncu_$m" \
-    "$G/bin/replay" bench decode --dummy-weights "$m" --batch 1 --ctx 512 --no-eager --steps 16 >"$O/run_$m.txt" 2>&1
+    "$G/bin/replay" bench decode --dummy-weights "$m" --batch 1 --ctx 512 --no-eager --steps 16 ${3:-} >"$O/run_$m.txt" 2>&1
   echo "ncu $m: rc $?"
   ncu -i "/tmp/ncu_$m.ncu-rep" --page details >"$O/details_$m.txt" 2>&1
-  # decode_step_kernel<G, HD, NB, DYNK, PK> -> its mangled name
-  k=$(grep -m1 -o 'decode_step_kernel<[0-9]*, [0-9]*, [0-9]*, [a-z0-9]*, [a-z0-9]*>' "$O/details_$m.txt" |
-    sed 's/.*<//; s/>//; s/,//g; s/false/0/g; s/true/1/g')
-  read -r kg khd knb kdy kpk <<<"$k"
-  f="_Z18decode_step_kernelILi${kg}ELi${khd}ELi${knb}ELb${kdy}ELb${kpk}EEv7ds_args"
+  # decode_step_kernel<G, HD, NB, DYNK, PK, W8> -> its mangled name (ints Li..E, bools Lb..E)
+  k=$(grep -m1 -o 'decode_step_kernel<[0-9a-z, ]*>' "$O/details_$m.txt" | sed 's/.*<//; s/>//; s/,//g')
+  f=_Z18decode_step_kernelI
+  for t in $k; do
+    case $t in true) f+=Lb1E ;; false) f+=Lb0E ;; *) f+=Li${t}E ;; esac
+  done
+  f+=Ev7ds_args
   for c in $D/*.cubin; do
     nvdisasm -gi "$c" 2>/dev/null | awk -v f=".text.$f:" '$1 == f {on = 1; next} /^[ \t]*\.text\./ {on = 0} on' \
       >"/tmp/ncu_dis_$m.txt"
