@@ -22,11 +22,13 @@ for m in $1; do
     "$G/bin/replay" bench decode --dummy-weights "$m" --batch 1 --ctx 512 --no-eager --steps 16 ${3:-} >"$O/run_$m.txt" 2>&1
   echo "ncu $m: rc $?"
   ncu -i "/tmp/ncu_$m.ncu-rep" --page details >"$O/details_$m.txt" 2>&1
-  # decode_step_kernel<G, HD, NB, DYNK, PK, W8> -> its mangled name (ints Li..E, bools Lb..E)
+  # decode_step_kernel<G, HD, NB, DYNK, PK, W8> -> its mangled name 
   k=$(grep -m1 -o 'decode_step_kernel<[0-9a-z, ]*>' "$O/details_$m.txt" | sed 's/.*<//; s/>//; s/,//g')
-  f=_Z18decode_step_kernelI
+  # G, HD, NB are ints; the rest are bools, which ncu prints as true/false or 1/0
+  f=_Z18decode_step_kernelI i=0
   for t in $k; do
-    case $t in true) f+=Lb1E ;; false) f+=Lb0E ;; *) f+=Li${t}E ;; esac
+    case $t in true) t=1 ;; false) t=0 ;; esac
+    if ((i++ < 3)); then f+=Li${t}E; else f+=Lb${t}E; fi
   done
   f+=Ev7ds_args
   for c in $D/*.cubin; do
