@@ -293,6 +293,37 @@ static void test_fp8_blocks_quant(void **state) {
     cudaFree(d_w), cudaFree(d_q), cudaFree(d_grid), cudaFree(d_deq);
 }
 
+/* Activations per token (W8A8's x): the host's bytes and scales
+ * (model/quant.c's rp_quant_fp8_rows, as the weights), from the
+ * registers kernel (K % 8 == 0, up to 32,768) and the row-by-row one it
+ * falls back to (K = 1004, 40,000), zero rows included. */
+static void test_fp8_act_rows(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int Ts[] = {1, 5, 32, 33}, Ks[] = {4096, 14336, 1000, 1004, 24, 40000};
+    for (int ti = 0; ti < 4; ti++)
+        for (int ki = 0; ki < 6; ki++) {
+            const int T = Ts[ti], K = Ks[ki];
+            uint16_t *x = rand_bf16((size_t)T * K, 3.0f);
+            if (T > 1) memset(x + K, 0, (size_t)K * 2); /* a zero row: scale 1 */
+            uint8_t *q = malloc((size_t)T * K), *gq = malloc((size_t)T * K);
+            float *sc = malloc((size_t)T * 4), *gsc = malloc((size_t)T * 4);
+            uint16_t *deq = malloc((size_t)T * K * 2);
+            rp_quant_fp8_rows(x, T, K, q, sc, deq);
+            uint16_t *d_x = dup_to_dev(x, (size_t)T * K * 2);
+            uint8_t *d_q = dalloc((size_t)T * K);
+            float *d_sc = dalloc((size_t)T * 4);
+            LAUNCH(rp_k_quant_fp8_act_rows(d_x, T, K, d_q, d_sc, 0));
+            to_host(gq, d_q, (size_t)T * K);
+            to_host(gsc, d_sc, (size_t)T * 4);
+            if (memcmp(q, gq, (size_t)T * K) || memcmp(sc, gsc, (size_t)T * 4))
+                fail_msg("fp8 activations T=%d K=%d: not the host's bytes and scales", T, K);
+            free(x), free(q), free(gq), free(sc), free(gsc), free(deq);
+            cudaFree(d_x), cudaFree(d_q), cudaFree(d_sc);
+        }
+    printf("  fp8 activations per token: the host's bytes and scales at T = 1..33, K = 24..40000\n");
+}
+
 /* Activations per token and 128 k (the host's arithmetic: max|x| / 448,
  * then the nearest code; the rows padding T to RP_GEMM_FP8_BLOCKS_T_ALIGN
  * zeros with scale 1), then cuBLASLt's block-scaled product of the padded
@@ -1549,7 +1580,7 @@ int main(void) {
         cmocka_unit_test(test_embed),           cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_silu_mul_gather), cmocka_unit_test(test_fill_dummy),
         cmocka_unit_test(test_gemv),            cmocka_unit_test(test_gemv_fused),
-        cmocka_unit_test(test_gemv_fp8),        cmocka_unit_test(test_gemv_fused_fp8),
+        cmocka_unit_test(test_gemv_fp8),        cmocka_unit_test(test_fp8_act_rows),        cmocka_unit_test(test_gemv_fused_fp8),
         cmocka_unit_test(test_qk_norm_rope_store),
         cmocka_unit_test(test_attn_decode),     cmocka_unit_test(test_attn_prefill),
         cmocka_unit_test(test_attn_prefill_split), cmocka_unit_test(test_attn_prefill_split_bound),

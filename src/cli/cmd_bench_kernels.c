@@ -353,7 +353,8 @@ static void run_all(const rp_model_config cfg, const char *name) {
                     float us[16];
                     int same[16];
                     const int T = As[ti], N = shapes[si].N, K = shapes[si].K;
-                    const int n = rp_gemm_algo_sweep(&gm, pool, xa, ya, T, N, K, f32s[si], 16, us, same, &gerr);
+                    const int n = rp_gemm_algo_sweep(&gm, pool, xa, ya, T, N, K, f32s[si], RP_GEMM_BF16, 16, us, same,
+                                                     NULL, &gerr);
                     if (n < 0) {
                         snprintf(g_fail_msg, sizeof g_fail_msg, "%s", gerr.msg);
                         longjmp(g_fail, 1);
@@ -367,6 +368,30 @@ static void run_all(const rp_model_config cfg, const char *name) {
                     printf("%-24s %5d %5d %6.1f %4.0fT %8.1f %4.0fT (%2d) %8.1f %4.0fT (%2d)\n", shapes[si].name, T, n,
                            us[0], fl / us[0], us[best], fl / us[best], best, us[best_same], fl / us[best_same],
                            best_same);
+                }
+            /* the FP8 products of --quantization fp8 past the GEMV's 16
+             * tokens (raw sums below RP_FP8_OUTER_MIN_T, outer-vector scales
+             * from it): their rate in weight bytes read, GB/s */
+            const int Fs[] = {16, 32, 64, 128, 256};
+            printf("\n%-24s %5s %5s %11s %17s   (FP8: GB/s of weights)\n", "fp8 gemm candidates", "T", "algos",
+                   "first us", "fastest us (i)");
+            for (size_t si = 0; si < 4; si++)
+                for (int ti = 0; ti < 5; ti++) {
+                    float us[32];
+                    int same[32], sk[32];
+                    const int T = Fs[ti], N = shapes[si].N, K = shapes[si].K;
+                    const int mode = T >= RP_FP8_OUTER_MIN_T ? RP_GEMM_FP8_OUTER : RP_GEMM_FP8_RAW;
+                    const int n = rp_gemm_algo_sweep(&gm, pool, xa, ya, T, N, K, 1, mode, 32, us, same, sk, &gerr);
+                    if (n < 0) {
+                        printf("%-24s %5d  none: %s\n", shapes[si].name, T, gerr.msg);
+                        continue;
+                    }
+                    int best = 0;
+                    for (int i = 1; i < n; i++)
+                        if (us[i] < us[best]) best = i;
+                    const double mb = (double)N * K / 1e3; /* weight bytes / 1e3: / us = GB/s */
+                    printf("%-24s %5d %5d %6.1f %5.0f %8.1f %5.0f (%2d, split-K %d)\n", shapes[si].name, T, n, us[0],
+                           mb / us[0], us[best], mb / us[best], best, sk[best]);
                 }
         }
         CHECK(cudaFree(xa));
@@ -580,7 +605,8 @@ static void help(FILE *f) {
                "                         kernels, and prefill attention with every block shape (and\n"
                "                         after a cached prefix, every split count)\n"
                "  --gemm-algos           also time every cuBLASLt candidate for the projections at\n"
-               "                         128-2048 rows (decode and mixed steps) against its first choice\n"
+               "                         128-2048 rows (decode and mixed steps) against its first choice,\n"
+               "                         and the FP8 products (--quantization fp8) at 16-256 rows, split-K too\n"
                "\n" RP_COMMON_OPTIONS_HELP);
 }
 

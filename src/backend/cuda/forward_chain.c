@@ -155,7 +155,7 @@ static int mat_product(rp_cuda_backend *cb, const rp_cuda_mat *mat, const rp_bf1
         return 0;
     }
     if (cb->w.fp8_outer && T >= RP_FP8_OUTER_MIN_T) { /* W8A8, both scales applied by cuBLASLt */
-        RP_LAUNCH(rp_k_quant_fp8_rows(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
+        RP_LAUNCH(rp_k_quant_fp8_act_rows(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
         return rp_gemm_run_fp8_outer(&cb->gemm, mat->w, mat->scale, cb->w.xq, cb->w.x_scale, y, T, N, K, out_f32,
                                      cb->stream, err);
     }
@@ -164,7 +164,7 @@ static int mat_product(rp_cuda_backend *cb, const rp_cuda_mat *mat, const rp_bf1
          * fp32 (in y itself, or in gate_up's buffer, free until the gate_up
          * product, for qkv's bf16 y), then both scales */
         float *raw = out_f32 ? y : cb->gate_up;
-        RP_LAUNCH(rp_k_quant_fp8_rows(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
+        RP_LAUNCH(rp_k_quant_fp8_act_rows(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
         if (rp_gemm_run_fp8(&cb->gemm, mat->w, cb->w.xq, raw, T, N, K, cb->stream, err)) return RP_ERR;
         RP_LAUNCH(rp_k_scale_outer(raw, cb->w.x_scale, mat->scale, y, out_f32, T, N, cb->stream), err);
         return 0;

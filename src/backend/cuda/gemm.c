@@ -123,21 +123,40 @@ static rp_gemm_plan *find_plan(rp_gemm *g, int T, int N, int K, int out_f32, int
     return p;
 }
 
-int rp_gemm_algo_sweep(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,
-                       int max, float *us, int *identical, rp_err *err) {
+int rp_gemm_algo_sweep(rp_gemm *g, const void *W, const void *x, void *y, int T, int N, int K, int out_f32, int fp8,
+                       int max, float *us, int *identical, int *splitk, rp_err *err) {
     enum { MAX_ALGOS = 32, WARM = 3, REPS = 20 };
     if (max > MAX_ALGOS) max = MAX_ALGOS;
+    if (fp8 == RP_GEMM_FP8_RAW) out_f32 = 1;
     rp_gemm_plan p;
-    if (make_plan(g, &p, T, N, K, out_f32, 0, err)) return -1;
+    if (make_plan(g, &p, T, N, K, out_f32, fp8, err)) return -1;
     cublasLtMatmulPreference_t pref;
     cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
     int found = 0, n = -1;
     const size_t bytes = (size_t)T * N * (out_f32 ? 4 : 2);
     void *ref = malloc(bytes), *got = malloc(bytes);
+    float *scales = NULL; /* the outer mode's: zeros, N for W then T for x */
     cudaEvent_t e0 = NULL, e1 = NULL;
     const float alpha = 1.0f, beta = 0.0f;
     if (!ref || !got) {
         rp_errf(err, "out of memory");
+        goto out;
+    }
+    if (fp8 == RP_GEMM_FP8_OUTER) {
+        if (cudaMalloc((void **)&scales, (size_t)(N + T) * sizeof(float)) != cudaSuccess ||
+            cudaMemset(scales, 0, (size_t)(N + T) * sizeof(float)) != cudaSuccess) {
+            cudaGetLastError();
+            rp_errf(err, "cudaMalloc of %d scales failed", N + T);
+            goto out;
+        }
+        const float *sw = scales, *sx = scales + N;
+        if (cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw) ||
+            cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx)) {
+            rp_errf(err, "cuBLASLt refused the scale pointers");
+            goto out;
+        }
+    } else if (fp8 != RP_GEMM_BF16 && fp8 != RP_GEMM_FP8_RAW) {
+        rp_errf(err, "the algorithm sweep takes bf16, raw FP8 or outer-vector FP8 products");
         goto out;
     }
     if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) {
@@ -146,7 +165,9 @@ int rp_gemm_algo_sweep(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, 
     }
     size_t ws = g->workspace_bytes;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p.desc, p.a, p.b, p.c, p.c, pref, max, res, &found);
+    /* FP8: half the room for the split-K variants below */
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(g->lt, p.desc, p.a, p.b, p.c, p.c, pref, fp8 ? max / 2 : max, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
         rp_errf(err, "cuBLASLt has no algorithm for %dx%dx%d", T, N, K);
@@ -156,7 +177,26 @@ int rp_gemm_algo_sweep(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, 
         rp_errf(err, "cudaEventCreate failed");
         goto out;
     }
-    for (int i = 0; i < found; i++) {
+    /* split-K variants of the first candidates (FP8: few tiles along N
+     * at decode's token counts), reduced through the workspace in fp32 (a
+     * fixed order, unlike the in-place scheme's) */
+    int total = found;
+    for (int i = 0; i < found && i < 4 && fp8; i++)
+        for (int32_t sk = 2; sk <= 16 && total < max; sk *= 2) {
+            cublasLtMatmulAlgo_t a = res[i].algo;
+            const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+            cublasLtMatmulHeuristicResult_t chk;
+            if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme) ||
+                cublasLtMatmulAlgoCheck(g->lt, p.desc, p.a, p.b, p.c, p.c, &a, &chk) ||
+                chk.workspaceSize > g->workspace_bytes)
+                continue;
+            res[total].algo = a;
+            if (splitk) splitk[total] = sk;
+            total++;
+        }
+    for (int i = 0; i < total; i++) {
+        if (splitk && i < found) splitk[i] = 1;
         cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
         for (int r = 0; r < WARM + REPS && s == CUBLAS_STATUS_SUCCESS; r++) {
             if (r == WARM) cudaEventRecord(e0, 0);
@@ -174,10 +214,11 @@ int rp_gemm_algo_sweep(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, 
         us[i] = ms * 1e3f / REPS;
         identical[i] = i == 0 || memcmp(ref, got, bytes) == 0;
     }
-    n = found;
+    n = total;
 out:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
+    if (scales) cudaFree(scales);
     free(ref);
     free(got);
     plan_destroy(&p);

@@ -57,10 +57,13 @@ int rp_gemm_uses_gemv(const rp_gemm *g, int T, int N, int K);
  * cuBLASLt's candidates for this shape, in its heuristic order (candidate
  * 0 is what rp_gemm_run uses), each the mean of 20 runs after 3; us[i] its
  * time, identical[i] whether its output is bit-identical to candidate 0's
- * (the same sums: swapping it in would change no result). Returns how many
- * were timed, or -1 with err. */
-int rp_gemm_algo_sweep(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,
-                       int max, float *us, int *identical, rp_err *err);
+ * (the same sums: swapping it in would change no result). fp8
+ * (RP_GEMM_FP8_RAW or RP_GEMM_FP8_OUTER; W and x then e4m3 bytes, the
+ * outer mode's scales zeros): the FP8 products' candidates, then split-K
+ * variants of the first four (splitk[i], if not NULL: 1, or the split).
+ * Returns how many were timed, or -1 with err. */
+int rp_gemm_algo_sweep(rp_gemm *g, const void *W, const void *x, void *y, int T, int N, int K, int out_f32, int fp8,
+                       int max, float *us, int *identical, int *splitk, rp_err *err);
 /* y is bf16 ([T][N]) unless out_f32, then fp32. */
 int rp_gemm_run(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,
                 cudaStream_t stream, rp_err *err);

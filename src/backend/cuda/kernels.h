@@ -149,6 +149,10 @@ int rp_k_gemv_fp8(const uint8_t *W, const float *scale, const rp_bf16 *x, void *
  * q[r][:] = e4m3(w[r][:] / scale[r]), scale[r] = max|w[r][:]| / 448 (1 for
  * a zero row), rows x cols. */
 int rp_k_quant_fp8_rows(const rp_bf16 *w, int64_t rows, int64_t cols, uint8_t *q, float *scale, cudaStream_t stream);
+/* The same bytes and scales for a step's activations (W8A8's x, T rows of
+ * K): a row in one block's registers, read once with 16-byte loads, under
+ * PDL (rows past 32,768 or unaligned ones take rp_k_quant_fp8_rows). */
+int rp_k_quant_fp8_act_rows(const rp_bf16 *x, int T, int K, uint8_t *xq, float *sx, cudaStream_t stream);
 /* y[t][n] = raw[t][n] * sx[t] * sw[n] ([T][N]; y bf16, or fp32 with
  * out_f32, and then may be raw itself): an FP8 matmul's raw sums scaled
  * per token and per weight row. */

@@ -47,10 +47,60 @@ __global__ void dequant_fp8_rows_kernel(const uint8_t *__restrict__ q, const flo
     }
 }
 
-/* y[t][n] = raw[t][n] * sx[t] * sw[n], fp32 or bf16 out (y may be raw). */
+/* Activations per token (W8A8's x, a step's T rows): the weights'
+ * arithmetic (rp_quant_fp8_rows), but a row is one block's registers, read
+ * once with 16-byte loads: V uint4 (8 k) a thread. The weights' kernel
+ * (a row read twice with 2-byte loads, one block per row) took 10 us at
+ * K = 4096 and 23 at 14336 for 32 tokens, half the FP8 product's time at
+ * decode batch sizes (bench/RESULTS.md, issue 39). Launched under PDL: x
+ * is the previous kernel's output. */
+template <int V>
+__global__ void __launch_bounds__(QUANT_THREADS) quant_fp8_act_rows_kernel(const uint16_t *__restrict__ x, int K,
+                                                                           uint8_t *__restrict__ xq,
+                                                                           float *__restrict__ sx) {
+    rp_pdl_trigger();
+    rp_pdl_wait();
+    const int n8 = K / 8;
+    const uint16_t *xr = x + (int64_t)blockIdx.x * K;
+    uint4 v[V];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int i = threadIdx.x + j * QUANT_THREADS;
+        v[j] = i < n8 ? rp_ld_act(xr + 8 * i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+        for (int h = 0; h < 4; h++) amax = fmaxf(amax, fmaxf(fabsf(rp_bf16_lo(w[h])), fabsf(rp_bf16_hi(w[h]))));
+    }
+    const float s = block_scale(amax);
+    if (threadIdx.x == 0) sx[blockIdx.x] = s;
+    uint8_t *qr = xq + (int64_t)blockIdx.x * K;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int i = threadIdx.x + j * QUANT_THREADS;
+        if (i >= n8) break;
+        const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+        uint32_t q[2] = {0, 0};
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const uint32_t lo = rp_f32_e4m3(__fdiv_rn(rp_bf16_lo(w[h]), s)),
+                           hi = rp_f32_e4m3(__fdiv_rn(rp_bf16_hi(w[h]), s));
+            q[h / 2] |= (lo | hi << 8) << (16 * (h & 1));
+        }
+        *reinterpret_cast<uint2 *>(qr + 8 * i) = make_uint2(q[0], q[1]);
+    }
+}
+
+/* y[t][n] = raw[t][n] * sx[t] * sw[n], fp32 or bf16 out (y may be raw).
+ * Launched under PDL (raw is the matmul's output). */
 template <bool F32>
 __global__ void scale_outer_kernel(const float *raw, const float *__restrict__ sx, const float *__restrict__ sw,
                                    void *y, int T, int N) {
+    rp_pdl_trigger();
+    rp_pdl_wait();
     const int64_t n = (int64_t)T * N;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float v = raw[i] * (sx[i / N] * sw[i % N]);
@@ -144,9 +194,20 @@ extern "C" int rp_k_scale_outer(const float *raw, const float *sx, const float *
     if (T <= 0 || N <= 0) return cudaSuccess;
     const int64_t blocks = ((int64_t)T * N + 255) / 256;
     const int grid = (int)(blocks > 16384 ? 16384 : blocks);
-    if (out_f32) scale_outer_kernel<true><<<grid, 256, 0, stream>>>(raw, sx, sw, y, T, N);
-    else scale_outer_kernel<false><<<grid, 256, 0, stream>>>(raw, sx, sw, y, T, N);
-    return rp_launch_result();
+    return out_f32 ? rp_launch(scale_outer_kernel<true>, dim3(grid), dim3(256), 0, stream, raw, sx, sw, y, T, N)
+                   : rp_launch(scale_outer_kernel<false>, dim3(grid), dim3(256), 0, stream, raw, sx, sw, y, T, N);
+}
+
+extern "C" int rp_k_quant_fp8_act_rows(const rp_bf16 *x, int T, int K, uint8_t *xq, float *sx, cudaStream_t stream) {
+    if (T <= 0 || K <= 0) return cudaSuccess;
+    const int per_thread = (K / 8 + QUANT_THREADS - 1) / QUANT_THREADS;
+    if (K % 8 != 0 || (uintptr_t)x % 16 != 0 || (uintptr_t)xq % 8 != 0 || per_thread > 16) /* the row-by-row kernel */
+        return rp_k_quant_fp8_rows(x, T, K, xq, sx, stream);
+    const dim3 grid((unsigned)T), block(QUANT_THREADS);
+    if (per_thread <= 2) return rp_launch(quant_fp8_act_rows_kernel<2>, grid, block, 0, stream, x, K, xq, sx);
+    if (per_thread <= 4) return rp_launch(quant_fp8_act_rows_kernel<4>, grid, block, 0, stream, x, K, xq, sx);
+    if (per_thread <= 8) return rp_launch(quant_fp8_act_rows_kernel<8>, grid, block, 0, stream, x, K, xq, sx);
+    return rp_launch(quant_fp8_act_rows_kernel<16>, grid, block, 0, stream, x, K, xq, sx);
 }
 
 extern "C" int rp_k_quant_fp8_rows(const rp_bf16 *w, int64_t rows, int64_t cols, uint8_t *q, float *scale,
