@@ -555,6 +555,65 @@ static void test_add_rmsnorm(void **state) {
         }
 }
 
+/* The W8A8 folds (rp_k_add_rmsnorm_fp8): a raw FP8 delta scaled and added,
+ * the output quantized per token, in every combination, against the
+ * kernels they replace run one after another (rp_k_scale_outer,
+ * rp_k_add_rmsnorm, rp_k_quant_fp8_act_rows): the same bits in residual,
+ * out, the e4m3 bytes and the scales; sx written over dsx (the chain's
+ * one scale buffer). */
+static void test_add_rmsnorm_fp8(void **state) {
+    (void)state;
+    NEED_GPU();
+    const int Hs[] = {4096, 1000, 30};
+    for (size_t hi = 0; hi < sizeof Hs / sizeof Hs[0]; hi++)
+        for (int mode = 1; mode < 4; mode++) {
+            const int H = Hs[hi], T = 5, ds = mode & 1, q = mode & 2;
+            const float eps = 1e-6f;
+            float *res = rand_f32((size_t)T * H, 3.0f), *raw = rand_f32((size_t)T * H, 50.0f);
+            float *sx = rand_scales(T, 1e-2f), *sw = rand_scales(H, 1e-2f);
+            uint16_t *w = rand_bf16(H, 1.0f);
+            float *d_res[2], *d_raw[2], *d_sx[2];
+            uint16_t *d_out[2];
+            uint8_t *d_q[2];
+            uint16_t *d_w = dup_to_dev(w, (size_t)H * 2);
+            float *d_sw = dup_to_dev(sw, (size_t)H * 4);
+            for (int k = 0; k < 2; k++) {
+                d_res[k] = dup_to_dev(res, (size_t)T * H * 4);
+                d_raw[k] = dup_to_dev(raw, (size_t)T * H * 4);
+                d_sx[k] = dup_to_dev(sx, (size_t)T * 4);
+                d_out[k] = dalloc((size_t)T * H * 2);
+                d_q[k] = dalloc((size_t)T * H);
+            }
+            /* k = 0: the separate kernels; k = 1: the fold */
+            if (ds) LAUNCH(rp_k_scale_outer(d_raw[0], d_sx[0], d_sw, d_raw[0], 1, T, H, 0));
+            LAUNCH(rp_k_add_rmsnorm(d_res[0], d_raw[0], d_w, d_out[0], T, H, eps, 0));
+            if (q) LAUNCH(rp_k_quant_fp8_act_rows(d_out[0], T, H, d_q[0], d_sx[0], 0));
+            LAUNCH(rp_k_add_rmsnorm_fp8(d_res[1], d_raw[1], ds ? d_sx[1] : NULL, ds ? d_sw : NULL, d_w, d_out[1],
+                                        q ? d_q[1] : NULL, q ? d_sx[1] : NULL, T, H, eps, 0));
+            const size_t sizes[4] = {(size_t)T * H * 4, (size_t)T * H * 2, (size_t)T * H, (size_t)T * 4};
+            for (int b = 0; b < 4; b++) {
+                if (b >= 2 && !q) continue;
+                void *h[2];
+                for (int k = 0; k < 2; k++) {
+                    h[k] = malloc(sizes[b]);
+                    const void *src = b == 0 ? (void *)d_res[k] : b == 1 ? (void *)d_out[k] : b == 2 ? (void *)d_q[k]
+                                                                                                      : (void *)d_sx[k];
+                    to_host(h[k], src, sizes[b]);
+                }
+                static const char *what[4] = {"residual", "out", "e4m3 bytes", "scales"};
+                if (memcmp(h[0], h[1], sizes[b]))
+                    fail_msg("add_rmsnorm_fp8 H=%d%s%s: %s differ from the separate kernels'", H,
+                             ds ? " scaled delta" : "", q ? " quantized" : "", what[b]);
+                free(h[0]), free(h[1]);
+            }
+            free(res), free(raw), free(sx), free(sw), free(w);
+            cudaFree(d_w), cudaFree(d_sw);
+            for (int k = 0; k < 2; k++)
+                cudaFree(d_res[k]), cudaFree(d_raw[k]), cudaFree(d_sx[k]), cudaFree(d_out[k]), cudaFree(d_q[k]);
+        }
+    printf("  add_rmsnorm_fp8: the separate kernels' bits (H = 4096, 1000, 30)\n");
+}
+
 static void test_silu_mul_gather(void **state) {
     (void)state;
     NEED_GPU();
@@ -1580,7 +1639,7 @@ int main(void) {
         cmocka_unit_test(test_embed),           cmocka_unit_test(test_add_rmsnorm),
         cmocka_unit_test(test_silu_mul_gather), cmocka_unit_test(test_fill_dummy),
         cmocka_unit_test(test_gemv),            cmocka_unit_test(test_gemv_fused),
-        cmocka_unit_test(test_gemv_fp8),        cmocka_unit_test(test_fp8_act_rows),        cmocka_unit_test(test_gemv_fused_fp8),
+        cmocka_unit_test(test_gemv_fp8),        cmocka_unit_test(test_fp8_act_rows), cmocka_unit_test(test_add_rmsnorm_fp8),        cmocka_unit_test(test_gemv_fused_fp8),
         cmocka_unit_test(test_qk_norm_rope_store),
         cmocka_unit_test(test_attn_decode),     cmocka_unit_test(test_attn_prefill),
         cmocka_unit_test(test_attn_prefill_split), cmocka_unit_test(test_attn_prefill_split_bound),

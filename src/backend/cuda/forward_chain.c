@@ -146,27 +146,46 @@ static int mat_product_blocks(rp_cuda_backend *cb, const rp_cuda_mat *mat, const
     return rp_gemm_run(&cb->gemm, cb->w.deq, x, y, T, N, K, out_f32, cb->stream, err);
 }
 
+/* Row-scaled W8A8 (--quantization fp8 past the GEMV): whether the product
+ * runs through cuBLASLt with x quantized per token (mat_w8a8), and whether
+ * it leaves raw sums for a scaling pass (mat_w8a8_raw; else cuBLASLt's
+ * outer-vector mode scales). The chain folds that quantization into the
+ * norm before qkv and gate_up and that scaling into the norm after o and
+ * down (rp_k_add_rmsnorm_fp8): each was a kernel of its own, 4 of a
+ * layer's 17 at 32 tokens (bench/RESULTS.md, issue 39). */
+static int mat_w8a8(const rp_cuda_backend *cb, const rp_cuda_mat *mat, int T) {
+    return mat->scale && !mat->grid && T > RP_GEMV_FP8_MAX_T &&
+           ((cb->w.fp8_outer && T >= RP_FP8_OUTER_MIN_T) || cb->w.fp8_lt);
+}
+static int mat_w8a8_raw(const rp_cuda_backend *cb, const rp_cuda_mat *mat, int T) {
+    return mat_w8a8(cb, mat, T) && !(cb->w.fp8_outer && T >= RP_FP8_OUTER_MIN_T);
+}
+/* mat_product's flags for such products: FP8_XQ, x is already quantized in
+ * cb->w.xq / x_scale; FP8_RAW, y (fp32) keeps the raw sums, which the next
+ * norm scales by x_scale and mat->scale. */
+enum { FP8_XQ = 1, FP8_RAW = 2 };
+
 static int mat_product(rp_cuda_backend *cb, const rp_cuda_mat *mat, const rp_bf16 *x, void *y, int T, int N, int K,
-                       int out_f32, rp_err *err) {
+                       int out_f32, int flags, rp_err *err) {
     if (mat->grid) return mat_product_blocks(cb, mat, x, y, T, N, K, out_f32, err);
     if (!mat->scale) return rp_gemm_run(&cb->gemm, mat->w, x, y, T, N, K, out_f32, cb->stream, err);
     if (T <= RP_GEMV_FP8_MAX_T) {
         RP_LAUNCH(rp_k_gemv_fp8(mat->w, mat->scale, x, y, out_f32, T, N, K, cb->stream), err);
         return 0;
     }
-    if (cb->w.fp8_outer && T >= RP_FP8_OUTER_MIN_T) { /* W8A8, both scales applied by cuBLASLt */
+    if (mat_w8a8(cb, mat, T) && !(flags & FP8_XQ)) /* vLLM's dynamic FP8: x per token */
         RP_LAUNCH(rp_k_quant_fp8_act_rows(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
+    if (cb->w.fp8_outer && T >= RP_FP8_OUTER_MIN_T) /* W8A8, both scales applied by cuBLASLt */
         return rp_gemm_run_fp8_outer(&cb->gemm, mat->w, mat->scale, cb->w.xq, cb->w.x_scale, y, T, N, K, out_f32,
                                      cb->stream, err);
-    }
     if (cb->w.fp8_lt) {
-        /* W8A8: x quantized per token (vLLM's dynamic FP8), the raw sums in
-         * fp32 (in y itself, or in gate_up's buffer, free until the gate_up
-         * product, for qkv's bf16 y), then both scales */
+        /* W8A8: the raw sums in fp32 (in y itself, or in gate_up's buffer,
+         * free until the gate_up product, for qkv's bf16 y), then both scales
+         * (or, with FP8_RAW, the next norm applies them) */
         float *raw = out_f32 ? y : cb->gate_up;
-        RP_LAUNCH(rp_k_quant_fp8_act_rows(x, T, K, cb->w.xq, cb->w.x_scale, cb->stream), err);
         if (rp_gemm_run_fp8(&cb->gemm, mat->w, cb->w.xq, raw, T, N, K, cb->stream, err)) return RP_ERR;
-        RP_LAUNCH(rp_k_scale_outer(raw, cb->w.x_scale, mat->scale, y, out_f32, T, N, cb->stream), err);
+        if (!(flags & FP8_RAW) || !out_f32)
+            RP_LAUNCH(rp_k_scale_outer(raw, cb->w.x_scale, mat->scale, y, out_f32, T, N, cb->stream), err);
         return 0;
     }
     RP_LAUNCH(rp_k_dequant_fp8_rows(mat->w, mat->scale, N, K, cb->w.deq, cb->stream), err);
@@ -287,28 +306,46 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
         rp_cuda_prof_mark(cb, "embed");
         RP_LAUNCH(rp_k_embed(cb->w.embed, tokens, cb->d_tokens, cb->residual, NULL, 0, T, H, st), err);
     }
+    /* W8A8 folds (mat_w8a8): not under tensor parallelism, where the o and
+     * down sums are all-reduced before the norm and each rank's activation
+     * scales are its own */
+    const int fold = !cb->comm;
+    float *xq_scale = cb->w.x_scale;
+    const float *raw_sw = NULL; /* cb->tmp holds raw sums of a matrix with these row scales */
     for (int l = 0; l < c->num_layers; l++) {
         const rp_cuda_layer *ly = &cb->w.layers[l];
+        const int q_qkv = fold && mat_w8a8(cb, &ly->qkv, T), q_gu = fold && mat_w8a8(cb, &ly->gu, T);
         rp_cuda_prof_mark(cb, "add_rmsnorm");
-        RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, l ? cb->tmp : NULL, ly->attn_norm, cb->xn, T, H, eps, st), err);
+        RP_LAUNCH(rp_k_add_rmsnorm_fp8(cb->residual, l ? cb->tmp : NULL, raw_sw ? xq_scale : NULL, raw_sw,
+                                       ly->attn_norm, cb->xn, q_qkv ? cb->w.xq : NULL, q_qkv ? xq_scale : NULL, T, H,
+                                       eps, st),
+                  err);
         rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->qkv, T, cb->qkv_dim, H) ? "gemv qkv" : "gemm qkv");
-        if (mat_product(cb, &ly->qkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, err)) return RP_ERR;
+        if (mat_product(cb, &ly->qkv, cb->xn, cb->qkv, T, cb->qkv_dim, H, 0, q_qkv ? FP8_XQ : 0, err)) return RP_ERR;
         if (launch_attention(cb, l, T, S, step, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->o, T, H, cb->q_dim) ? "gemv o" : "gemm o");
-        if (mat_product(cb, &ly->o, cb->attn, cb->tmp, T, H, cb->q_dim, 1, err)) return RP_ERR;
+        const int raw_o = fold && mat_w8a8_raw(cb, &ly->o, T);
+        if (mat_product(cb, &ly->o, cb->attn, cb->tmp, T, H, cb->q_dim, 1, raw_o ? FP8_RAW : 0, err)) return RP_ERR;
+        raw_sw = raw_o ? ly->o.scale : NULL;
         if (cb->comm && tp_all_reduce(cb, cb->tmp, (size_t)T * H, "all_reduce o", err)) return RP_ERR;
         rp_cuda_prof_mark(cb, "add_rmsnorm");
-        RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, ly->mlp_norm, cb->xn, T, H, eps, st), err);
+        RP_LAUNCH(rp_k_add_rmsnorm_fp8(cb->residual, cb->tmp, raw_sw ? xq_scale : NULL, raw_sw, ly->mlp_norm, cb->xn,
+                                       q_gu ? cb->w.xq : NULL, q_gu ? xq_scale : NULL, T, H, eps, st),
+                  err);
         rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->gu, T, 2 * F, H) ? "gemv gate_up" : "gemm gate_up");
-        if (mat_product(cb, &ly->gu, cb->xn, cb->gate_up, T, 2 * F, H, 1, err)) return RP_ERR;
+        if (mat_product(cb, &ly->gu, cb->xn, cb->gate_up, T, 2 * F, H, 1, q_gu ? FP8_XQ : 0, err)) return RP_ERR;
         rp_cuda_prof_mark(cb, "silu_mul");
         RP_LAUNCH(rp_k_silu_mul(cb->gate_up, cb->act, T, F, st), err);
         rp_cuda_prof_mark(cb, mat_uses_gemv(cb, &ly->down, T, H, F) ? "gemv down" : "gemm down");
-        if (mat_product(cb, &ly->down, cb->act, cb->tmp, T, H, F, 1, err)) return RP_ERR;
+        const int raw_down = fold && mat_w8a8_raw(cb, &ly->down, T);
+        if (mat_product(cb, &ly->down, cb->act, cb->tmp, T, H, F, 1, raw_down ? FP8_RAW : 0, err)) return RP_ERR;
+        raw_sw = raw_down ? ly->down.scale : NULL;
         if (cb->comm && tp_all_reduce(cb, cb->tmp, (size_t)T * H, "all_reduce down", err)) return RP_ERR;
     }
     rp_cuda_prof_mark(cb, "add_rmsnorm");
-    RP_LAUNCH(rp_k_add_rmsnorm(cb->residual, cb->tmp, cb->w.final_norm, cb->xn, T, H, eps, st), err);
+    RP_LAUNCH(rp_k_add_rmsnorm_fp8(cb->residual, cb->tmp, raw_sw ? xq_scale : NULL, raw_sw, cb->w.final_norm, cb->xn,
+                                   NULL, NULL, T, H, eps, st),
+              err);
     rp_cuda_prof_mark(cb, "gather_rows");
     RP_LAUNCH(rp_k_gather_rows(cb->xn, logit_token, cb->logit_in, num_logits, H, st), err);
     rp_cuda_prof_mark(cb, rp_gemm_uses_gemv(&cb->gemm, num_logits, c->vocab_size, H) ? "gemv lm_head" : "gemm lm_head");

@@ -56,6 +56,14 @@ int rp_k_tp_unshard_logits(const float *gathered, float *logits, int rows, int r
  * Then out = bf16(rmsnorm(residual) * w) with transformers' RMSNorm in fp32. */
 int rp_k_add_rmsnorm(float *residual, const float *delta, const rp_bf16 *w, rp_bf16 *out, int T, int H,
                      float eps, cudaStream_t stream);
+/* rp_k_add_rmsnorm for W8A8 products (--quantization fp8, forward_chain.c):
+ * with dsx / dsw, delta is an FP8 matmul's raw sums, added as delta[t][i] *
+ * (dsx[t] * dsw[i]) (rp_k_scale_outer's arithmetic, so the same bits as
+ * scaling first); with xq / sx, out's rows are also quantized per token
+ * into xq / sx (rp_k_quant_fp8_act_rows' bytes and scales). sx may be
+ * dsx: a row's old scale is read before its new one is written. */
+int rp_k_add_rmsnorm_fp8(float *residual, const float *delta, const float *dsx, const float *dsw, const rp_bf16 *w,
+                         rp_bf16 *out, uint8_t *xq, float *sx, int T, int H, float eps, cudaStream_t stream);
 
 /* y[t][n] = sum_k x[t][k] * W[n][k] for small T (decode): streams W once at
  * close to HBM bandwidth. T <= RP_GEMV_MAX_T. Output bf16 or fp32. */
