@@ -123,9 +123,10 @@ static void print_worst_positions(const float *got, const float *ref, const floa
 /* fp8: the layer matrices quantized to e4m3 per row on the host (as
  * --quantization fp8 makes them), every rank's shard keeping its slices'
  * bytes and scales; the CPU reference computes with the dequantized
- * weights, and the 1000-token prompt's products quantize their
- * activations on the GPU (W8A8), on each rank over its slice of the
- * reduced dimension for o_proj and down_proj. */
+ * weights. The three prompts are prefilled together (one step of 1,008
+ * tokens), so every prompt's products quantize their activations on the
+ * GPU (W8A8), on each rank over its slice of the reduced dimension for
+ * o_proj and down_proj; the fp8 GEMV (W8A16) runs in the decode steps. */
 static void compare_shape(const char *preset, int default_layers, rp_fp8_layout fp8) {
     const int n = gpus();
     if (n < 1) {
