@@ -28,6 +28,12 @@ rp_comm *rp_comm_one_gpu_new(rp_comm_local_group *g, int rank, int device, rp_er
     return NULL;
 }
 
+rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_bytes, rp_err *err) {
+    (void)inner, (void)host, (void)device, (void)slot_bytes;
+    rp_errf(err, "this replay was built without CUDA");
+    return NULL;
+}
+
 int rp_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes) {
     (void)device;
     *free_bytes = *total_bytes = 0;

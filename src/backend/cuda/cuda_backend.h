@@ -33,4 +33,15 @@ int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_
  * harness for machines with one GPU (comm_one_gpu.c). */
 rp_comm *rp_comm_one_gpu_new(rp_comm_local_group *g, int rank, int device, rp_err *err);
 
+/* The one-shot all-reduce through peer memory over `inner` (comm_p2p.c):
+ * sums of at most slot_bytes (in 16-byte vectors) go through one kernel
+ * that reads the other ranks' slots over NVLink; everything else goes to
+ * inner. `host` is this process's communicator of the same ranks (they
+ * swap their device addresses through it; every rank calls this at once).
+ * Returns a communicator that owns inner, or inner itself where some pair
+ * of the GPUs cannot reach each other's memory (logged), or NULL on an
+ * error (inner still the caller's). */
+#define RP_P2P_SLOT_BYTES (1 << 20)
+rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_bytes, rp_err *err);
+
 #endif

@@ -52,6 +52,28 @@ int rp_k_embed_shard(const rp_bf16 *embed, const int32_t *tokens, const int32_t 
 int rp_k_tp_unshard_logits(const float *gathered, float *logits, int rows, int ranks, int vocab_per_rank, int vocab,
                            cudaStream_t stream);
 
+/* The one-shot all-reduce through peer memory (kernels/p2p.cu,
+ * comm_p2p.c): each rank's slot region (two slots of slot_bytes) and flag
+ * array ([RP_P2P_BLOCKS][RP_P2P_MAX_RANKS] words, its peers write it) as
+ * this rank's device addresses them (peer memory for the others), this
+ * rank's per-block call counters (its device only) and the host-mapped
+ * abort word the spin gives up on. */
+#define RP_P2P_MAX_RANKS 8
+#define RP_P2P_BLOCKS 32 /* every call's grid: block b's call numbers must agree on every rank */
+typedef struct rp_p2p_args {
+    uint8_t *slot[RP_P2P_MAX_RANKS];
+    uint32_t *flags[RP_P2P_MAX_RANKS];
+    uint32_t *calls; /* [RP_P2P_BLOCKS] */
+    const int *abort;
+    size_t slot_bytes;
+    int rank, size;
+} rp_p2p_args;
+/* buf (n16 16-byte vectors of f32, or of bf16 if bf16; 16-byte aligned,
+ * n16 * 16 <= slot_bytes) = the sum over the ranks, in rank order in f32
+ * (bf16: rounded once), the same bits on every rank. Every rank of the
+ * group must make the same calls. */
+int rp_k_p2p_all_reduce(const rp_p2p_args *a, void *buf, int n16, int bf16, cudaStream_t stream);
+
 /* If delta != NULL: residual += delta (a projection's fp32 output) first.
  * Then out = bf16(rmsnorm(residual) * w) with transformers' RMSNorm in fp32. */
 int rp_k_add_rmsnorm(float *residual, const float *delta, const rp_bf16 *w, rp_bf16 *out, int T, int H,
