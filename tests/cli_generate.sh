@@ -407,6 +407,9 @@ t2=$("$BIN" $A --tp 2 --dist-timeout 5 2>/dev/null); check "--tp 2 --dist-timeou
 [ -n "$t1" ] && [ "$t1" = "$t2" ]; check "--dist-timeout changes no token" 0 $?
 out=$("$BIN" $A --tp 2 --dist-timeout 0 2>&1); check "--dist-timeout 0" 2 $?
 contains "--dist-timeout message" "$out" "--dist-timeout must be a number of seconds"
+# the CPU's ranks sum in host memory: the GPUs' peer-memory path is not theirs, and the flag changes nothing
+t3=$("$BIN" $A --tp 2 --disable-custom-all-reduce 2>/dev/null); check "--tp 2 --disable-custom-all-reduce" 0 $?
+[ -n "$t1" ] && [ "$t1" = "$t3" ]; check "--disable-custom-all-reduce changes no token" 0 $?
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -96,6 +96,9 @@ typedef struct rp_engine_config {
      * the run on every rank (0: 60 s; the setup and the first step get at
      * least 300 s). */
     int dist_timeout_s;
+    /* --disable-custom-all-reduce: every all-reduce of tensor parallelism
+     * through NCCL (default: small ones through peer memory, one node) */
+    int disable_custom_all_reduce;
     int quiet_model_warning; /* 1: do not log that dummy weights are random */
     int disable_overlap;     /* 1: wait for each step's tokens before preparing the next */
     /* 1: structured output's token masks are applied on the host, each

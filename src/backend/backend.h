@@ -283,6 +283,12 @@ typedef struct rp_tp_backend_config {
      * that checks the split on a machine with one GPU; NCCL and the speed
      * need one GPU per rank. */
     int one_gpu;
+    /* CUDA, one node: 0 (the default) sends the all-reduces of at most
+     * RP_P2P_SLOT_BYTES through peer memory (rp_comm_p2p_new: one kernel, no
+     * NCCL protocol), where every pair of the GPUs can reach each other's;
+     * 1 sends every collective through NCCL (vLLM's
+     * --disable-custom-all-reduce). */
+    int disable_custom_all_reduce;
 } rp_tp_backend_config;
 rp_backend *rp_backend_tp_new(const rp_model *model, const rp_tp_backend_config *tcfg, const rp_backend_config *cfg,
                               rp_err *err);

@@ -179,6 +179,15 @@ static int rank_run(tp_backend *tb, tp_rank *r, tp_op op) {
         r->owns_comm = comm != NULL;
         pthread_mutex_unlock(&tb->mu);
         if (!comm) return RP_ERR;
+        /* one node: small sums through peer memory (every rank makes it at
+         * once, over the host communicator; comm then belongs to it) */
+        if (cuda && tb->tcfg.ranks == tb->tcfg.plan->size && !tb->tcfg.disable_custom_all_reduce) {
+            rp_comm *p2p = rp_comm_p2p_new(comm, host, cfg.device_id, RP_P2P_SLOT_BYTES, &r->err);
+            if (!p2p) return RP_ERR;
+            pthread_mutex_lock(&tb->mu);
+            r->comm = p2p;
+            pthread_mutex_unlock(&tb->mu);
+        }
         cfg.tp = (rp_backend_tp){
             .size = tb->tcfg.plan->size, .rank = global, .comm = r->comm, .plan = tb->tcfg.plan, .host = r->host};
         r->be = cuda ? rp_backend_cuda_new(tb->tcfg.shards[r->index], &cfg, &r->err)

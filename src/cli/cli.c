@@ -299,6 +299,9 @@ int rp_model_opts_parse(rp_model_opts *o, int opt, const char *arg, const char *
         }
         o->dist_timeout_s = (int)v;
         return 1;
+    case 0x10f:
+        o->disable_custom_all_reduce = 1;
+        return 1;
     case 0x10d: {
         rp_kv_dtype d;
         rp_err err;
@@ -512,6 +515,7 @@ void rp_cli_runner_config(const rp_model_opts *o, rp_runner_config *rc) {
     rc->node_rank = o->node_rank;
     rc->dist_init_addr = o->dist_init_addr;
     rc->dist_timeout_ms = o->dist_timeout_s * 1000;
+    rc->disable_custom_all_reduce = o->disable_custom_all_reduce;
 }
 
 int rp_cli_engine_worker(const rp_engine_config *ec, const char *cmd) {
@@ -703,6 +707,7 @@ void rp_cli_engine_model(const rp_model_opts *o, rp_engine_config *ec) {
     ec->node_rank = o->node_rank;
     ec->dist_init_addr = o->dist_init_addr;
     ec->dist_timeout_s = o->dist_timeout_s;
+    ec->disable_custom_all_reduce = o->disable_custom_all_reduce;
 }
 
 void rp_cli_request_sampling(rp_request_params *rq, const rp_sampling_params *sp) {

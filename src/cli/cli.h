@@ -61,6 +61,7 @@ typedef struct rp_model_opts {
     int nnodes, node_rank;
     const char *dist_init_addr;
     int dist_timeout_s; /* --dist-timeout; 0: the default */
+    int disable_custom_all_reduce; /* --disable-custom-all-reduce */
     rp_model_config cfg;     /* read by rp_model_opts_check, before anything loads */
     int have_cfg;
 } rp_model_opts;
@@ -76,7 +77,7 @@ typedef struct rp_model_opts {
         {"tensor-parallel-size", required_argument, 0, 0x109}, {"tp", required_argument, 0, 0x109}, \
         {"nnodes", required_argument, 0, 0x10a}, {"node-rank", required_argument, 0, 0x10b},       \
         {"dist-init-addr", required_argument, 0, 0x10c}, {"kv-cache-dtype", required_argument, 0, 0x10d}, \
-        {"dist-timeout", required_argument, 0, 0x10e}
+        {"dist-timeout", required_argument, 0, 0x10e}, {"disable-custom-all-reduce", no_argument, 0, 0x10f}
 #define RP_MODEL_LONG_OPTIONS RP_MODEL_SOURCE_LONG_OPTIONS, {"threads", required_argument, 0, 0x105}
 #define RP_GPU_MODEL_LONG_OPTIONS RP_MODEL_SOURCE_LONG_OPTIONS
 
@@ -104,7 +105,9 @@ typedef struct rp_model_opts {
     "                         required with --nnodes, no default)\n"                             \
     "  --dist-timeout S       with --tp: a step that takes longer than S seconds, or a node silent\n" \
     "                         that long, fails the run on every rank (default 60; the setup and\n" \
-    "                         the first step get at least 300)\n"
+    "                         the first step get at least 300)\n"                             \
+    "  --disable-custom-all-reduce  with --tp on one machine: every all-reduce through NCCL (default:\n" \
+    "                         sums up to 1 MiB read the other GPUs' memory directly, one kernel)\n"
 
 #define RP_MODEL_OPTIONS_HELP                                                                          \
     RP_MODEL_SOURCE_HELP                                                                               \

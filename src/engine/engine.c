@@ -293,7 +293,8 @@ static int engine_runner_config(const rp_engine_config *cfg, int backend_seqs, r
                              .nnodes = cfg->nnodes,
                              .node_rank = cfg->node_rank,
                              .dist_init_addr = cfg->dist_init_addr,
-                             .dist_timeout_ms = cfg->dist_timeout_s * 1000};
+                             .dist_timeout_ms = cfg->dist_timeout_s * 1000,
+                             .disable_custom_all_reduce = cfg->disable_custom_all_reduce};
     return 0;
 }
 

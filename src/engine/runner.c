@@ -223,7 +223,8 @@ rp_runner *rp_runner_new(const rp_runner_config *cfg, rp_err *err) {
                                    .nccl_id = id, .links = links, .num_links = num_links,
                                    .node0_link = r->link >= 0 ? &r->link : NULL,
                                    .step_timeout_ms = r->dist_timeout_ms,
-                                   .one_gpu = cfg->tp_one_gpu};
+                                   .one_gpu = cfg->tp_one_gpu,
+                                   .disable_custom_all_reduce = cfg->disable_custom_all_reduce};
         r->backend = rp_backend_tp_new(r->model, &tc, &bc, err);
     } else
         r->backend = use_cuda ? rp_backend_cuda_new(r->model, &bc, err) : rp_backend_cpu_new(r->model, &bc, err);

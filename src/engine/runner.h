@@ -67,6 +67,8 @@ typedef struct rp_runner_config {
      * RP_TP_STEP_TIMEOUT_MS. The bootstrap, the setup and the first step
      * get at least RP_TP_SETUP_TIMEOUT_MS. */
     int dist_timeout_ms;
+    /* --disable-custom-all-reduce (rp_tp_backend_config) */
+    int disable_custom_all_reduce;
     int device_id;       /* the first GPU (CUDA) */
     /* CUDA: every rank on GPU device_id, collectives through the host, with
      * disable_cuda_graph set (rp_tp_backend_config.one_gpu): the split
