@@ -215,6 +215,17 @@ PY
         else summary+=("generate --tp 2 (qwen3-0.6b): DIFFERS from one GPU (see tp2.err)"); status=1
           echo "one GPU: $one"; echo "--tp 2:  $two"; tail -5 "$OUT/tp2.err"; fi
       fi
+      # every all-reduce through NCCL (--disable-custom-all-reduce) against the peer-memory one for
+      # the small sums: two ranks' sums are the same bits in any order, so the same tokens
+      nccl=$("$B/replay" $A --tp 2 --disable-custom-all-reduce 2>"$OUT/tp2-nccl.err")
+      if [ -n "$two" ] && [ "$nccl" = "$two" ]; then summary+=("generate --tp 2 --disable-custom-all-reduce: --tp 2's tokens")
+      else summary+=("generate --tp 2 --disable-custom-all-reduce: DIFFERS (see tp2-nccl.err)"); status=1; tail -5 "$OUT/tp2-nccl.err"; fi
+      # their speed: batch 1 and 32 on llama3-8b, one GPU and two with each all-reduce
+      for v in "" "--tp 2" "--tp 2 --disable-custom-all-reduce"; do
+        echo "llama3-8b ${v:---tp 1}:"
+        "$B/replay" bench decode --dummy-weights llama3-8b --batch 1,32 --ctx 512 --no-eager --steps 32 $v 2>&1 \
+          | awk '$2 == "graph"' | tee -a "$OUT/tp-bench.log"
+      done
       # two "nodes" on this host, a GPU each: the bootstrap over TCP, NCCL between them, node 0
       # sending every step to node 1 over the control link (the path two machines take)
       port=$((29500 + RANDOM % 400))
