@@ -122,7 +122,7 @@ static rp_comm *make(rank_ctx *c, rp_err *err) {
     }
     rp_comm *inner = rp_comm_one_gpu_new(c->g->inner_g, c->rank, c->device, err);
     rp_comm *host = inner ? rp_comm_local_new(c->g->host_g, c->rank, err) : NULL;
-    rp_comm *p = host ? rp_comm_p2p_new(inner, host, c->device, RP_P2P_SLOT_BYTES, err) : NULL;
+    rp_comm *p = host ? rp_comm_p2p_new(inner, host, c->device, RP_P2P_SLOT_BYTES, 0, err) : NULL;
     rp_comm_free(host);
     if (!p) rp_comm_free(inner);
     if (p == inner) {

@@ -240,6 +240,92 @@ static void test_llama3_70b(void **state) {
     compare_shape("llama3-70b", 8, RP_FP8_NONE);
 }
 
+/* The one-kernel decode step under tensor parallelism (its sums through
+ * peer memory inside the kernel: rp_decode_step_tp): one sequence, a
+ * prompt of 40 tokens, then STEP_N decode steps fed fixed tokens (every
+ * run sees the same inputs), each step's logits from the CPU (fp32), one
+ * GPU's one-kernel step and N ranks' (N = 2, and 4 where asked). N ranks
+ * must have run every decode step in the kernel and be as close to fp32 as
+ * one GPU (over all steps within 1.25x plus 1e-3, the worst step within
+ * 1.5x plus 1e-3). */
+#define STEP_N 24
+#define STEP_PROMPT 40
+static void decode_logits(const rp_model *m, int N, int decode_step, const int32_t *ids, const int32_t *forced,
+                          float *out, uint64_t *step_forwards) {
+    rp_err err = {0};
+    const int one_gpu = N > gpus(), cpu = N == 0;
+    rp_runner_config rc = {.model = m, .device = cpu ? "cpu" : "cuda", .page_size = 16, .memory_ratio = 0.5, .max_seqs = 1,
+                           .max_context = 256, .max_batched_tokens = 256, .max_logit_rows = 256,
+                           .cuda_graph_max_bs = 1, .tensor_parallel_size = N,
+                           .tuning = {.disable_decode_step = !decode_step},
+                           .tp_one_gpu = one_gpu, .disable_cuda_graph = one_gpu, .num_pages = one_gpu ? 64 : 0};
+    rp_runner *r = rp_runner_new(&rc, &err);
+    if (!r) fail_msg("runner N=%d: %s", N, err.msg);
+    if (rp_runner_forced_decode(r, ids, STEP_PROMPT, forced, STEP_N, out, &err)) fail_msg("N=%d: %s", N, err.msg);
+    rp_backend_stats st = {0};
+    if (r->backend->ops->stats) r->backend->ops->stats(r->backend, &st);
+    *step_forwards = st.decode_step_forwards;
+    rp_runner_free(r);
+}
+
+static void compare_step(const char *preset, int layers) {
+    if (gpus() < 1) skip();
+    rp_err err = {0};
+    rp_model_config c;
+    if (rp_config_preset(&c, preset, &err)) fail_msg("%s", err.msg);
+    const char *env_layers = getenv("REPLAY_TP_LAYERS");
+    if (env_layers && atoi(env_layers) > 0) layers = atoi(env_layers);
+    if (layers > 0 && layers < c.num_layers) c.num_layers = layers;
+    rp_load_options lo = {.seed = 13};
+    rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
+    if (!m) fail_msg("%s", err.msg);
+    const int V = c.vocab_size;
+    int32_t ids[STEP_PROMPT], forced[STEP_N];
+    for (int i = 0; i < STEP_PROMPT; i++) ids[i] = (int32_t)((i * 7919 + 31) % V);
+    /* tokens of every rank's vocabulary shard */
+    for (int k = 0; k < STEP_N; k++) forced[k] = (int32_t)(((int64_t)k * V / STEP_N + k * 13) % V);
+    const size_t n_el = (size_t)STEP_N * V;
+    float *f32 = malloc(n_el * 4), *ref = malloc(n_el * 4), *got = malloc(n_el * 4);
+    uint64_t fw = 0;
+    printf("  %s, %d layers: one sequence, %d decode steps after %d prompt tokens\n", preset, c.num_layers, STEP_N,
+           STEP_PROMPT);
+    decode_logits(m, 0, 0, ids, forced, f32, &fw);
+    decode_logits(m, 1, 1, ids, forced, ref, &fw);
+    if (fw != STEP_N) fail_msg("one GPU ran %llu of %d decode steps in the one-kernel step", (unsigned long long)fw, STEP_N);
+    const double e1 = rel_l2(ref, f32, n_el), w1 = worst_position(ref, f32, STEP_N, V);
+    printf("  N=1 (one kernel): against fp32 %.3g, worst step %.3g\n", e1, w1);
+    const char *env = getenv("REPLAY_TP_SIZES");
+    int failed = 0;
+    for (int N = 2; N <= 4; N *= 2) {
+        if (N == 4 && !(env && strstr(env, "4"))) break;
+        decode_logits(m, N, 1, ids, forced, got, &fw);
+        const double e = rel_l2(got, ref, n_el), e32 = rel_l2(got, f32, n_el), w = worst_position(got, f32, STEP_N, V);
+        const int ok = fw == STEP_N && e32 <= 1.25 * e1 + 1e-3 && w <= 1.5 * w1 + 1e-3;
+        printf("  N=%d%s: %llu of %d steps in the one-kernel step; against N=1 %.3g, against fp32 %.3g, worst step "
+               "%.3g %s\n",
+               N, N > gpus() ? " (ranks sharing GPU 0)" : "", (unsigned long long)fw, STEP_N, e, e32, w,
+               ok ? "ok" : "FAIL");
+        if (!ok) {
+            print_worst_positions(got, ref, f32, STEP_N, V);
+            failed = 1;
+        }
+    }
+    free(f32), free(ref), free(got);
+    rp_model_free(m);
+    if (failed) fail_msg("%s: the tensor-parallel one-kernel step (above)", preset);
+}
+
+static void test_step_small(void **state) {
+    (void)state;
+    compare_step("qwen3-0.6b", 0);
+}
+
+/* llama3-8b's shape at 4 layers (the CPU reference is fp32) */
+static void test_step_llama3_8b(void **state) {
+    (void)state;
+    compare_step("llama3-8b", 4);
+}
+
 /* More GPUs than there are: a clear error, before anything loads on them. */
 static void test_too_many(void **state) {
     (void)state;
@@ -261,6 +347,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_small), cmocka_unit_test(test_small_fp8),
                                        cmocka_unit_test(test_qwen3_8b),
                                        cmocka_unit_test(test_llama3_8b), cmocka_unit_test(test_llama3_70b),
+                                       cmocka_unit_test(test_step_small), cmocka_unit_test(test_step_llama3_8b),
                                        cmocka_unit_test(test_too_many)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -101,6 +101,9 @@ typedef struct rp_backend_tp {
      * pinned memory: calls that may wait for the whole device) while
      * another rank's collective waits for its kernels. Not owned. */
     rp_comm *host;
+    /* CUDA: every rank on one GPU (rp_tp_backend_config.one_gpu), so a
+     * persistent kernel takes its share of the SMs */
+    int shared_gpu;
 } rp_backend_tp;
 
 typedef struct rp_backend_config {
@@ -147,6 +150,7 @@ typedef struct rp_backend_stats {
     uint64_t forwards;
     uint64_t graph_replays;      /* forwards that were one CUDA graph replay */
     uint64_t device_allocs;      /* device allocations since the backend finished starting */
+    uint64_t decode_step_forwards; /* CUDA: forwards that ran the one-kernel decode step */
     double last_gpu_ms;          /* device time of the last forward (CUDA events) */
     /* host time of the last forward: packing the metadata block, enqueueing
      * the work (kernel launches or one graph launch), waiting for results */

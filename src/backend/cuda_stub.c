@@ -28,8 +28,9 @@ rp_comm *rp_comm_one_gpu_new(rp_comm_local_group *g, int rank, int device, rp_er
     return NULL;
 }
 
-rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_bytes, rp_err *err) {
-    (void)inner, (void)host, (void)device, (void)slot_bytes;
+rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_bytes, size_t step_floats,
+                         rp_err *err) {
+    (void)inner, (void)host, (void)device, (void)slot_bytes, (void)step_floats;
     rp_errf(err, "this replay was built without CUDA");
     return NULL;
 }

@@ -182,14 +182,19 @@ static int rank_run(tp_backend *tb, tp_rank *r, tp_op op) {
         /* one node: small sums through peer memory (every rank makes it at
          * once, over the host communicator; comm then belongs to it) */
         if (cuda && tb->tcfg.ranks == tb->tcfg.plan->size && !tb->tcfg.disable_custom_all_reduce) {
-            rp_comm *p2p = rp_comm_p2p_new(comm, host, cfg.device_id, RP_P2P_SLOT_BYTES, &r->err);
+            rp_comm *p2p = rp_comm_p2p_new(comm, host, cfg.device_id, RP_P2P_SLOT_BYTES,
+                                           (size_t)tb->tcfg.shards[r->index]->cfg.hidden_size, &r->err);
             if (!p2p) return RP_ERR;
             pthread_mutex_lock(&tb->mu);
             r->comm = p2p;
             pthread_mutex_unlock(&tb->mu);
         }
-        cfg.tp = (rp_backend_tp){
-            .size = tb->tcfg.plan->size, .rank = global, .comm = r->comm, .plan = tb->tcfg.plan, .host = r->host};
+        cfg.tp = (rp_backend_tp){.size = tb->tcfg.plan->size,
+                                 .rank = global,
+                                 .comm = r->comm,
+                                 .plan = tb->tcfg.plan,
+                                 .host = r->host,
+                                 .shared_gpu = cuda && tb->tcfg.one_gpu};
         r->be = cuda ? rp_backend_cuda_new(tb->tcfg.shards[r->index], &cfg, &r->err)
                      : rp_backend_cpu_new(tb->tcfg.shards[r->index], &cfg, &r->err);
         if (!r->be) return RP_ERR;

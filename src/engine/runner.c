@@ -604,6 +604,50 @@ int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k,
     return rc;
 }
 
+int rp_runner_forced_decode(rp_runner *r, const int32_t *ids, int n, const int32_t *forced, int steps, float *logits,
+                            rp_err *err) {
+    const int vocab = r->model->cfg.vocab_size;
+    if (n < 1 || steps < 0 || n + steps > r->max_context)
+        return rp_errf(err, "%d prompt tokens and %d steps in a context of %d", n, steps, r->max_context);
+    for (int i = 0; i < n + steps; i++) {
+        const int32_t t = i < n ? ids[i] : forced[i - n];
+        if (t < 0 || t >= vocab) return rp_errf(err, "token id %d is outside the vocabulary (0..%d)", t, vocab - 1);
+    }
+    rp_runner_seq seq;
+    memset(&seq, 0, sizeof seq);
+    if (rp_runner_seqs_begin(r, &seq, 1, err)) return RP_ERR;
+    int rc = RP_OK;
+    /* the prompt in chunks, no logits */
+    for (int done = 0; !rc && done < n;) {
+        rp_batch_begin(r->bb);
+        int k = n - done, room = rp_batch_tokens_left(r->bb);
+        if (k > room) k = room;
+        if ((rc = rp_page_table_reserve(r->table, seq.row, done + k, err))) break;
+        if (rp_batch_add(r->bb, seq.row, ids + done, k, done, 0) < 0) {
+            rc = rp_errf(err, "a prompt chunk of %d does not fit", k);
+            break;
+        }
+        if ((rc = rp_backend_forward(r->backend, rp_batch_finish(r->bb), err)) ||
+            (rc = rp_backend_read_logits(r->backend, r->logits, err)))
+            break;
+        done += k;
+    }
+    seq.len = n;
+    for (int k = 0; !rc && k < steps; k++) {
+        seq.last = forced[k];
+        rp_batch *bt = decode_batch(r, &seq, 1, NULL, err);
+        if (!bt || (rc = rp_backend_forward(r->backend, bt, err)) ||
+            (rc = rp_backend_read_logits(r->backend, r->logits, err))) {
+            rc = RP_ERR;
+            break;
+        }
+        memcpy(logits + (size_t)k * vocab, r->logits, (size_t)vocab * sizeof *logits);
+        seq.len++;
+    }
+    rp_runner_seqs_end(r, &seq, 1);
+    return rc;
+}
+
 int rp_runner_run_prompts(rp_runner *r, int num_prompts, const int32_t *const *ids, const int *n, float *const *logits,
                           int steps, int32_t *tokens, rp_err *err) {
     const int vocab = r->model->cfg.vocab_size;

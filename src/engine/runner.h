@@ -175,6 +175,13 @@ int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k,
  * logits != NULL, logits[p] receives the logits at every prompt position
  * ([n[p]][vocab]). The pages are given back afterwards. For `replay logits`
  * and the tests; the engine is what serves requests. */
+/* One prompt (n tokens of ids) prefilled, then `steps` decode steps fed
+ * forced[k] instead of a sampled token (every run sees the same inputs,
+ * whatever its logits), each step's logits into logits + k * vocab. The
+ * pages are given back afterwards. For the tests that compare decode paths
+ * (tests/test_cuda_tp.c). */
+int rp_runner_forced_decode(rp_runner *r, const int32_t *ids, int n, const int32_t *forced, int steps, float *logits,
+                            rp_err *err);
 int rp_runner_run_prompts(rp_runner *r, int num_prompts, const int32_t *const *ids, const int *n, float *const *logits,
                           int steps, int32_t *tokens, rp_err *err);
 

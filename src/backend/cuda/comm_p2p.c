@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_state.h"
 #include "backend/cuda/kernels.h"
 #include "dist/comm.h"
 #include "util/log.h"
@@ -26,7 +27,14 @@ typedef struct p2p_comm {
     rp_comm base;
     rp_comm *inner;
     rp_p2p_args args;
-    uint8_t *region; /* this rank's: two slots, then the flags */
+    /* this rank's: two slots, the flags, then the one-kernel decode step's
+     * part (step_floats > 0): recv [2][size][step_floats], the residual
+     * after sums of each parity [2][step_floats], its arrival counter */
+    uint8_t *region;
+    size_t step_floats;
+    float *step_recv[RP_P2P_MAX_RANKS];
+    unsigned *step_ctr[RP_P2P_MAX_RANKS];
+    float *step_res;
     uint32_t *calls;
     int *abort_word; /* host-mapped */
     atomic_int aborted;
@@ -92,7 +100,7 @@ static const rp_comm_ops p2p_ops = {.all_reduce_sum = p2p_all_reduce_sum,
 
 /* What each rank tells the others (host comm all-gather: 4-byte words). */
 typedef struct p2p_info {
-    uint64_t slot, flags;
+    uint64_t slot, flags, step_recv, step_ctr;
     int32_t device, ok;
 } p2p_info;
 #define INFO_WORDS ((int)(sizeof(p2p_info) / 4))
@@ -116,7 +124,8 @@ static int peers_reachable(const p2p_info *all, int n) {
     return 1;
 }
 
-rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_bytes, rp_err *err) {
+rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_bytes, size_t step_floats,
+                         rp_err *err) {
     const int n = host->size, rank = host->rank;
     if (n != inner->size || rank != inner->rank || n > RP_P2P_MAX_RANKS || slot_bytes % 16 || !slot_bytes) {
         rp_errf(err, "peer all-reduce: rank %d of %d over rank %d of %d, %zu-byte slots", rank, n, inner->rank,
@@ -132,7 +141,8 @@ rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_
         return NULL;
     }
     p2p_info me = {.device = device, .ok = 0};
-    const size_t region = 2 * slot_bytes + flag_bytes();
+    const size_t step_recv = 2 * (size_t)n * step_floats * 4, step_res = 2 * step_floats * 4,
+                 step_off = 2 * slot_bytes + flag_bytes(), region = step_off + step_recv + step_res + 256;
     void *abort_dev = NULL;
     if (cudaSetDevice(device) == cudaSuccess && cudaMalloc((void **)&pc->region, region) == cudaSuccess &&
         cudaMemset(pc->region, 0, region) == cudaSuccess &&
@@ -143,6 +153,9 @@ rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_
         *pc->abort_word = 0;
         me.slot = (uint64_t)(uintptr_t)pc->region;
         me.flags = (uint64_t)(uintptr_t)(pc->region + 2 * slot_bytes);
+        me.step_recv = (uint64_t)(uintptr_t)(pc->region + step_off);
+        me.step_ctr = (uint64_t)(uintptr_t)(pc->region + step_off + step_recv + step_res);
+        pc->step_res = (float *)(pc->region + step_off + step_recv);
         me.ok = 1;
     }
     cudaGetLastError();
@@ -183,7 +196,10 @@ rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_
     for (int k = 0; k < n; k++) {
         pc->args.slot[k] = (uint8_t *)(uintptr_t)all[k].slot;
         pc->args.flags[k] = (uint32_t *)(uintptr_t)all[k].flags;
+        pc->step_recv[k] = (float *)(uintptr_t)all[k].step_recv;
+        pc->step_ctr[k] = (unsigned *)(uintptr_t)all[k].step_ctr;
     }
+    pc->step_floats = step_floats;
     pc->args.calls = pc->calls;
     pc->args.abort = (const int *)abort_dev;
     pc->args.slot_bytes = slot_bytes;
@@ -197,4 +213,19 @@ fail:
     free(pc);
     free(all);
     return NULL;
+}
+
+int rp_comm_p2p_decode_step(rp_comm *c, int H, rp_decode_step_tp *out) {
+    if (!c || c->ops != &p2p_ops) return -1;
+    p2p_comm *pc = (p2p_comm *)c;
+    if (H <= 0 || (size_t)H > pc->step_floats || c->size > RP_DECODE_STEP_TP_MAX) return -1;
+    *out = (rp_decode_step_tp){.n = c->size, .rank = c->rank, .abort = pc->args.abort};
+    for (int k = 0; k < c->size; k++) {
+        out->recv[k] = pc->step_recv[k];
+        out->ctr[k] = pc->step_ctr[k];
+    }
+    /* the residual's two parities, H floats apart */
+    out->res[0] = pc->step_res;
+    out->res[1] = pc->step_res + H;
+    return 0;
 }

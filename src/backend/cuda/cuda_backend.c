@@ -260,6 +260,7 @@ static void cuda_stats(rp_backend *b, rp_backend_stats *out) {
     rp_cuda_backend *cb = (rp_cuda_backend *)b;
     *out = cb->stats;
     out->device_allocs = rp_cuda_alloc_count() - cb->allocs_at_ready;
+    out->decode_step_forwards = cb->decode_step_forwards;
 }
 
 static int cuda_profile(rp_backend *b, rp_profile_entry *out, int max) {
@@ -498,8 +499,9 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
         const rp_tp_plan *plan = cfg->tp.plan;
         cb->comm = cfg->tp.comm;
         if (cfg->tp.rank == 0)
-            rp_log_info("cuda: tensor parallel rank 0 of %d: decode runs the chain of kernels (the one-token fused "
-                        "path and the one-kernel decode step have no point for the all-reduces)",
+            rp_log_info("cuda: tensor parallel rank 0 of %d: one sequence decodes in the one-kernel step (its sums "
+                        "through peer memory, where the GPUs allow), several in the chain of kernels (the one-token "
+                        "fused path has no point for the all-reduces)",
                         plan->size);
     }
     cb->w.layers = calloc((size_t)c->num_layers, sizeof *cb->w.layers);

@@ -38,10 +38,13 @@ rp_comm *rp_comm_one_gpu_new(rp_comm_local_group *g, int rank, int device, rp_er
  * that reads the other ranks' slots over NVLink; everything else goes to
  * inner. `host` is this process's communicator of the same ranks (they
  * swap their device addresses through it; every rank calls this at once).
+ * step_floats > 0 also makes the one-kernel decode step's buffers for
+ * hidden sizes up to it (rp_decode_step_tp: cuda_state.h).
  * Returns a communicator that owns inner, or inner itself where some pair
  * of the GPUs cannot reach each other's memory (logged), or NULL on an
  * error (inner still the caller's). */
 #define RP_P2P_SLOT_BYTES (1 << 20)
-rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_bytes, rp_err *err);
+rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_bytes, size_t step_floats,
+                         rp_err *err);
 
 #endif

@@ -152,6 +152,10 @@ typedef struct rp_cuda_backend {
     int decode_step_pick; /* the one-kernel step may pick greedily (the results' pinned buffers are mapped) */
     int decode_chain;     /* this forward (or capture) decodes with the chain even where the step could */
     rp_decode_step ds;
+    /* the SMs the step's grid takes: all, or under tensor parallelism with
+     * the ranks sharing one GPU, their share (each rank's kernel resident
+     * beside the others') */
+    int ds_sms;
     rp_decode_step_tuning ds_tuning; /* resolved from base.cfg.tuning (tuning.c) */
     rp_decode_layer *d_layers;
     void *ds_ws;
@@ -283,6 +287,14 @@ int rp_cuda_pack_and_upload(rp_cuda_backend *cb, const rp_batch *bt, int padded_
 /* A batch with prompt chunks, padded to bucket bk, its attention planned */
 int rp_cuda_pack_step(rp_cuda_backend *cb, const rp_batch *bt, const rp_cuda_step_bucket *bk, rp_err *err);
 rp_attn_meta rp_cuda_device_attn_meta(const rp_cuda_backend *cb);
+
+/* comm_p2p.c: the one-kernel decode step's buffers and counters of the
+ * peer-memory communicator c (made with step_floats >= H): 0, or -1 where c
+ * is another kind (every sum then goes through the chain). */
+int rp_comm_p2p_decode_step(rp_comm *c, int H, rp_decode_step_tp *out);
+/* forward_chain.c: tensor parallelism: every rank's logit shard of the rows
+ * (cb->logits_shard), gathered and laid out whole in cb->logits */
+int rp_cuda_tp_gather_logits(rp_cuda_backend *cb, int rows, rp_err *err);
 
 /* tuning.c: the decode step's plan values from cfg.tuning (0: by model
  * shape and SM count); RP_ERR for an explicit value out of range */

@@ -82,7 +82,7 @@ static int tp_embed(rp_cuda_backend *cb, const int32_t *tokens, int T, int H, rp
 
 /* Tensor parallelism: every rank's logit shard of the rows, gathered and
  * laid out whole in cb->logits. */
-static int tp_gather_logits(rp_cuda_backend *cb, int rows, rp_err *err) {
+int rp_cuda_tp_gather_logits(rp_cuda_backend *cb, int rows, rp_err *err) {
     rp_cuda_prof_mark(cb, "all_gather logits");
     if (rp_comm_all_gather(cb->comm, cb->logits_shard, cb->logits_gather, (size_t)rows * cb->vocab_per_rank,
                            RP_COMM_F32, cb->stream, err))
@@ -352,7 +352,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     if (rp_gemm_run(&cb->gemm, cb->w.lm_head, cb->logit_in, cb->comm ? cb->logits_shard : cb->logits, num_logits,
                     c->vocab_size, H, 1, st, err))
         return RP_ERR;
-    if (cb->comm && tp_gather_logits(cb, num_logits, err)) return RP_ERR;
+    if (cb->comm && rp_cuda_tp_gather_logits(cb, num_logits, err)) return RP_ERR;
     if (sample && rp_cuda_launch_sample(cb, num_logits, RP_META(cb, d, off_skip_sample, int32_t), err)) return RP_ERR;
     rp_cuda_prof_mark(cb, NULL);
     return 0;

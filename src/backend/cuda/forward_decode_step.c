@@ -18,11 +18,27 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     uint8_t *d = cb->meta.dev;
     if (rp_cuda_tuning_resolve(&cb->base.cfg.tuning, c, cb->num_sms, cb->hbm_peak_gbs, &cb->ds_tuning, err)) return RP_ERR;
-    if (cb->comm) return 0; /* tensor parallelism: no collective point inside it (rp_cuda_decode_step_nb) */
+    cb->ds_sms = cb->num_sms;
     if (cb->base.cfg.tuning.disable_decode_step) {
         rp_log_info("cuda: the one-kernel decode step is off (tuning.disable_decode_step): decode runs a chain of "
                     "kernels");
         return 0;
+    }
+    /* Tensor parallelism: the step's sums over the ranks go through peer
+     * memory inside the kernel (rp_decode_step_tp), so it needs the
+     * peer-memory communicator; one sequence (its stagings hold one row). */
+    rp_decode_step_tp tp = {0};
+    if (cb->comm) {
+        if (rp_comm_p2p_decode_step(cb->comm, c->hidden_size, &tp)) {
+            if (cb->base.cfg.tp.rank == 0)
+                rp_log_info("cuda: tensor parallelism without the peer-memory all-reduce (--disable-custom-all-reduce, "
+                            "or GPUs that cannot reach each other's memory): decode runs a chain of kernels");
+            return 0;
+        }
+        tp.vocab_start = cb->vocab_start;
+        tp.vocab_count = cb->vocab_count;
+        tp.shared_gpu = cb->base.cfg.tp.shared_gpu;
+        if (tp.shared_gpu) cb->ds_sms = cb->num_sms / cb->base.cfg.tp.size;
     }
     if (cb->kv_format != RP_KV_FORMAT_BF16) {
         /* its attention phase reads bf16 K/V rows: with an e4m3 cache every
@@ -39,7 +55,7 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
                     "block-scaled fp8 weights decode runs a chain of kernels");
         return 0;
     }
-    cb->decode_step_pick = 1;
+    cb->decode_step_pick = !cb->comm; /* the pick needs the whole vocabulary's logits */
     rp_decode_layer *h = calloc((size_t)c->num_layers, sizeof *h);
     if (!h) return rp_errf(err, "out of memory");
     for (int l = 0; l < c->num_layers; l++) {
@@ -92,7 +108,7 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
         .v_cache = cb->v_cache,
         .kv_layer_elems = cb->kv_layer_elems,
         .residual = cb->residual,
-        .logits = cb->logits,
+        .logits = cb->comm ? cb->logits_shard : cb->logits, /* tensor parallelism: gathered after the kernel */
         .qkv = cb->qkv,
         .attn = cb->attn,
         .act = cb->act,
@@ -106,6 +122,7 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
         .V = c->vocab_size,
         .eps = (float)c->rms_norm_eps,
         .rope_scale = cb->rope_scale,
+        .tp = tp,
     };
     /* the greedy pick writes into the slot's result buffer; without a
      * mapped one, decode steps sample with the sampling kernels */
@@ -123,7 +140,7 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
     }
 #endif
     for (int nb = 1; nb <= 4; nb *= 2) { /* 3 sequences run the kernel for 4 */
-        const char *why = rp_decode_step_check_device(&cb->ds, &cb->ds_tuning, nb, cb->num_sms);
+        const char *why = rp_decode_step_check_device(&cb->ds, &cb->ds_tuning, nb, cb->ds_sms);
         if (!why) cb->decode_step_ok |= 1 << nb;
         else rp_log_info("cuda: decode of %d sequence%s runs as a chain of kernels (%s)", nb, nb > 1 ? "s" : "", why);
     }
@@ -135,8 +152,7 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
  * rp_k_decode_step takes that many on this model and device, unless this
  * forward runs the chain (cb->decode_chain: long contexts); else 0. */
 int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logits, int decode) {
-    /* tensor parallelism: the all-reduces between layers need the chain */
-    return decode && !cb->comm && !cb->decode_chain && T == S && num_logits == S && S <= 4 &&
+    return decode && !cb->decode_chain && T == S && num_logits == S && S <= 4 &&
                    (cb->decode_step_ok >> (S == 3 ? 4 : S) & 1)
                ? S
                : 0;
@@ -144,7 +160,7 @@ int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logi
 
 /* Whether that kernel may pick the greedy token itself for nb sequences. */
 int rp_cuda_decode_step_can_pick(const rp_cuda_backend *cb, int nb) {
-    return cb->decode_step_pick && rp_decode_step_pick_ok(&cb->ds, nb, cb->num_sms);
+    return cb->decode_step_pick && rp_decode_step_pick_ok(&cb->ds, nb, cb->ds_sms);
 }
 
 /* The step of S sequences as one kernel, then the sampling kernels unless
@@ -154,7 +170,9 @@ int rp_cuda_decode_step_can_pick(const rp_cuda_backend *cb, int nb) {
 int rp_cuda_launch_decode_step(rp_cuda_backend *cb, int S, int num_logits, int sample, rp_err *err) {
     const int pick = sample == RP_SAMPLE_PICK && rp_cuda_decode_step_can_pick(cb, S);
     rp_cuda_prof_mark(cb, pick ? "decode step (one kernel, greedy pick)" : "decode step (one kernel)");
-    RP_LAUNCH(rp_k_decode_step(&cb->ds, &cb->ds_tuning, S, cb->num_sms, pick, cb->stream), err);
+    RP_LAUNCH(rp_k_decode_step(&cb->ds, &cb->ds_tuning, S, cb->ds_sms, pick, cb->stream), err);
+    /* tensor parallelism: the kernel wrote the rank's logit shard */
+    if (cb->comm && rp_cuda_tp_gather_logits(cb, num_logits, err)) return RP_ERR;
     if (sample && !pick &&
         rp_cuda_launch_sample(cb, num_logits, RP_META(cb, cb->meta.dev, off_skip_sample, int32_t), err))
         return RP_ERR;
@@ -189,10 +207,10 @@ int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_
     /* the slots' events are free: no forward is in flight */
     cudaEvent_t e0 = cb->slots[0].ev_start, e1 = cb->slots[0].ev_end;
     const rp_decode_step_tuning *t = &cb->ds_tuning;
-    for (int i = 0; i < 3; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, t, nb, cb->num_sms, 0, cb->stream), err);
+    for (int i = 0; i < 3; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, t, nb, cb->ds_sms, 0, cb->stream), err);
     for (int r = 0; r < reps; r++) {
         RP_CUDA_TRY(cudaEventRecord(e0, cb->stream), err);
-        for (int i = 0; i < inner; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, t, nb, cb->num_sms, 0, cb->stream), err);
+        for (int i = 0; i < inner; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, t, nb, cb->ds_sms, 0, cb->stream), err);
         RP_CUDA_TRY(cudaEventRecord(e1, cb->stream), err);
         RP_CUDA_TRY(cudaEventSynchronize(e1), err);
         RP_CUDA_TRY(cudaEventElapsedTime(&ms[r], e0, e1), err);

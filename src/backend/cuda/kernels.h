@@ -277,6 +277,29 @@ typedef struct rp_decode_layer { /* the matrices; the norms are in rp_decode_ste
     const rp_bf16 *bqkv; /* q, k and v biases side by side [qkv_dim] (Qwen2), or NULL */
     const float *sqkv, *so, *sgu, *sdown; /* fp8: each matrix's row scales; else NULL */
 } rp_decode_layer;
+/* Tensor parallelism inside the one-kernel step (one sequence; the model
+ * is the rank's shard, its embedding and lm_head its vocabulary rows):
+ * the 2 L + 1 sums of a step (the embedding, every o and down product)
+ * through peer memory (comm_p2p.c). Each rank writes its partial rows into
+ * every rank's recv[c & 1][its rank][:H] (c: the sum's number in the step),
+ * then arrives at every rank's counter (the grid barriers after those
+ * phases count all ranks' blocks); each block then reads the N partials
+ * from its own GPU's memory, adds them to the residual of the sum before
+ * (res[(c - 1) & 1]) in rank order, and writes its share of res[c & 1].
+ * n = 0: none. */
+#define RP_DECODE_STEP_TP_MAX 8
+typedef struct rp_decode_step_tp {
+    int n, rank;
+    float *recv[RP_DECODE_STEP_TP_MAX];   /* rank k's [2][n][H] (peer memory for k != rank) */
+    unsigned *ctr[RP_DECODE_STEP_TP_MAX]; /* rank k's arrival counter */
+    float *res[2];                        /* this rank's residual after sums of each parity [H] */
+    int64_t vocab_start, vocab_count;     /* the embedding's rows: global token ids */
+    int shared_gpu;                       /* the ranks share one GPU: no cooperative launch, grid split */
+    /* host-mapped, set by the communicator's abort: a wait for a rank that
+     * is gone gives up (the step's results are then garbage; it fails) */
+    const int *abort;
+} rp_decode_step_tp;
+
 typedef struct rp_decode_step {
     const rp_decode_layer *layers; /* device array [num_layers] */
     /* the RMSNorm weights again, side by side, so that the kernel computes
@@ -321,6 +344,7 @@ typedef struct rp_decode_step {
     int fp8; /* the layers' matrices are e4m3 with row scales (--quantization fp8); lm_head stays bf16 */
     float eps;
     float rope_scale; /* cos and sin times this (yarn's attention factor; 1 otherwise) */
+    rp_decode_step_tp tp;
 } rp_decode_step;
 size_t rp_decode_step_workspace_bytes(int nh, int nkv);
 /* The step's plan values, concrete: rp_cuda_tuning_resolve (tuning.c) makes

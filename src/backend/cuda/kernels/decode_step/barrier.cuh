@@ -64,4 +64,38 @@ __device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int g
     grid_wait(ctr, target, grid, bt, t0);
 }
 
+/* Under tensor parallelism, the barrier after a phase whose rows are
+ * summed over the ranks (the embedding, o, down: rp_decode_step_tp): every
+ * block of every rank arrives at every rank's counter, after a release at
+ * system scope (its partial rows went to the other GPUs' memory), and waits
+ * on its own GPU's counter for all ranks' blocks (tp_target: every sum of
+ * every earlier launch and of this one counted, wrapping). With `local`
+ * (the o and down barriers) the local counter is counted as by grid_sync,
+ * so the barriers after it and the producer's count of arrivals (arrived:
+ * five a layer) stay as they are; the embedding's barrier, which the
+ * kernel has only under tensor parallelism, counts neither. */
+template <class F>
+__device__ __forceinline__ void grid_sync_tp(const rp_decode_step_tp &tp, unsigned *ctr, unsigned &target, int grid,
+                                             unsigned tp_target, bool local, volatile int *arrived, F &&between) {
+    cbar();
+    if (threadIdx.x == 0) {
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        if (local) {
+            target += (unsigned)grid;
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+        }
+        for (int k = 0; k < tp.n; k++) asm volatile("red.relaxed.sys.global.add.u32 [%0], 1;" ::"l"(tp.ctr[k]) : "memory");
+        if (local && arrived) *arrived = (int)(target / (unsigned)grid);
+    }
+    between();
+    if (threadIdx.x == 0) {
+        unsigned v;
+        for (unsigned spins = 0;; spins++) {
+            asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(tp.ctr[tp.rank]) : "memory");
+            if ((int)(v - tp_target) >= 0 || ((spins & 255) == 255 && *(const volatile int *)tp.abort)) break;
+        }
+    }
+    cbar();
+}
+
 #endif

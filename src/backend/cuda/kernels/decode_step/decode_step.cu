@@ -84,13 +84,15 @@ typedef void (*ds_kernel_fn)(const ds_args);
  * 1.5B) at 128. Groups of 7 (Qwen2.5-0.5B, 7B) are not built: their
  * attention scratch (8 warps x 7 heads x 128 floats) does not fit beside the
  * ring. */
-#define DS_KERNELS_128(NB, D, P, W)                                                                                    \
-    {decode_step_kernel<1, 128, NB, D, P, W>, decode_step_kernel<2, 128, NB, D, P, W>,                                 \
-     decode_step_kernel<4, 128, NB, D, P, W>, decode_step_kernel<8, 128, NB, D, P, W>,                                 \
-     decode_step_kernel<5, 128, NB, D, P, W>, decode_step_kernel<6, 128, NB, D, P, W>}
+#define DS_KERNELS_128T(NB, D, P, W, T)                                                                                \
+    {decode_step_kernel<1, 128, NB, D, P, W, T>, decode_step_kernel<2, 128, NB, D, P, W, T>,                           \
+     decode_step_kernel<4, 128, NB, D, P, W, T>, decode_step_kernel<8, 128, NB, D, P, W, T>,                           \
+     decode_step_kernel<5, 128, NB, D, P, W, T>, decode_step_kernel<6, 128, NB, D, P, W, T>}
+#define DS_KERNELS_128(NB, D, P, W) DS_KERNELS_128T(NB, D, P, W, false)
 #define DS_KERNELS(NB, D, P)                                                                                           \
-    {{decode_step_kernel<1, 64, NB, D, P, false>, decode_step_kernel<2, 64, NB, D, P, false>,                          \
-      decode_step_kernel<4, 64, NB, D, P, false>, decode_step_kernel<8, 64, NB, D, P, false>, nullptr, nullptr},       \
+    {{decode_step_kernel<1, 64, NB, D, P, false, false>, decode_step_kernel<2, 64, NB, D, P, false, false>,            \
+      decode_step_kernel<4, 64, NB, D, P, false, false>, decode_step_kernel<8, 64, NB, D, P, false, false>, nullptr,   \
+      nullptr},                                                                                                        \
      DS_KERNELS_128(NB, D, P, false)}
 
 /* The kernel for a GQA group, head size and sequence count, its dynamic
@@ -100,8 +102,12 @@ typedef void (*ds_kernel_fn)(const ds_args);
  * (--quantization fp8), built at head size 128 only (every shape fp8 is
  * used with here; 64 would add 36 kernels to the build). Each is a kernel
  * of its own so that the others carry none of its code: switched off but
- * compiled in, it costs the others 0.3-2% through code layout alone. */
-static ds_kernel_fn kernel_for(int G, int HD, int nb, bool dyn, bool pick, bool w8, size_t smem, cudaError_t *e) {
+ * compiled in, it costs the others 0.3-2% through code layout alone (the
+ * tensor-parallel sums too: 1-3% as run-time branches, bench/RESULTS.md).
+ * tp: one sequence, the sums over the ranks inside (rp_decode_step_tp),
+ * built at head size 128, without the pick. */
+static ds_kernel_fn kernel_for(int G, int HD, int nb, bool dyn, bool pick, bool w8, bool tp, size_t smem,
+                               cudaError_t *e) {
     static const ds_kernel_fn fns[6][2][6] = {DS_KERNELS(1, false, false), DS_KERNELS(2, false, false),
                                               DS_KERNELS(4, false, false), DS_KERNELS(1, true, false),
                                               DS_KERNELS(1, false, true),  DS_KERNELS(1, true, true)};
@@ -109,30 +115,41 @@ static ds_kernel_fn kernel_for(int G, int HD, int nb, bool dyn, bool pick, bool 
         DS_KERNELS_128(1, false, false, true), DS_KERNELS_128(2, false, false, true),
         DS_KERNELS_128(4, false, false, true), DS_KERNELS_128(1, true, false, true),
         DS_KERNELS_128(1, false, true, true),  DS_KERNELS_128(1, true, true, true)};
-    static size_t set_for[2][6][2][6];
+    static const ds_kernel_fn fnstp[2][2][6] = {
+        {DS_KERNELS_128T(1, false, false, false, true), DS_KERNELS_128T(1, false, false, true, true)},
+        {DS_KERNELS_128T(1, true, false, false, true), DS_KERNELS_128T(1, true, false, true, true)}};
+    static size_t set_for[2][6][2][6], set_for_tp[2][2][6];
     const int v = nb == 1 ? (pick ? (dyn ? 5 : 4) : dyn ? 3 : 0) : nb == 2 ? 1 : 2, h = HD == 128;
     const int g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : G - 1; /* 5, 6 -> 4, 5 */
     *e = cudaSuccess;
-    const ds_kernel_fn fn = w8 ? (h ? fns8[v][g] : nullptr) : fns[v][h][g];
+    const ds_kernel_fn fn = tp ? (h && nb == 1 && !pick ? fnstp[dyn][w8][g] : nullptr)
+                            : w8 ? (h ? fns8[v][g] : nullptr)
+                                 : fns[v][h][g];
     if (!fn) {
         *e = cudaErrorInvalidValue;
         return nullptr;
     }
-    if (set_for[w8][v][h][g] != smem) {
+    size_t *set = tp ? &set_for_tp[dyn][w8][g] : &set_for[w8][v][h][g];
+    if (*set != smem) {
         *e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (*e != cudaSuccess) return nullptr;
-        set_for[w8][v][h][g] = smem;
+        *set = smem;
     }
     return fn;
 }
 #undef DS_KERNELS
 #undef DS_KERNELS_128
+#undef DS_KERNELS_128T
 
 extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, const rp_decode_step_tuning *t, int nb,
                                                    int num_sms) {
     const char *why = rp_decode_step_check(s);
     if (why) return why;
     if (nb < 1 || nb > 4) return "more than 4 sequences";
+    if (s->tp.n && nb > 1) return "tensor parallelism (the kernel's sums over the ranks take one sequence)";
+    if (s->tp.n > RP_DECODE_STEP_TP_MAX || (s->tp.n && (!s->tp.abort || s->tp.rank < 0 || s->tp.rank >= s->tp.n)))
+        return "a tensor-parallel group the kernel cannot take";
+    if (s->tp.n && s->hd != 128) return "tensor parallelism at head size 64 (its kernels are built for 128)";
     if (s->fp8 && s->hd != 128) return "e4m3 weights at head size 64 (the fp8 kernels are built for 128)";
     if (nb > 1 && s->H > ds_max_h_nb(ds_nb_kernel(nb)))
         return nb > 2 ? "hidden size above 2048 (3-4 sequences)" : "hidden size above 4096 (2 sequences)";
@@ -146,7 +163,7 @@ extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, cons
     cudaError_t e;
     ds_kernel_fn fn =
         kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), a.poll_ns > 0 || a.apace_ns > 0, false, s->fp8 != 0,
-                   smem, &e);
+                   s->tp.n > 0, smem, &e);
     if (!fn || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, DS_THREADS, smem) != cudaSuccess ||
         per_sm < 1) {
         cudaGetLastError();
@@ -161,7 +178,7 @@ extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, cons
  * workspace holds every block's pick, and a block's slice of the vocabulary
  * fits pick_slice's registers. */
 extern "C" int rp_decode_step_pick_ok(const rp_decode_step *s, int nb, int num_sms) {
-    return nb == 1 && !s->trace && num_sms >= 1 && num_sms <= DS_PICK_MAX_GRID && !rp_decode_step_check(s) &&
+    return nb == 1 && !s->trace && !s->tp.n && num_sms >= 1 && num_sms <= DS_PICK_MAX_GRID && !rp_decode_step_check(s) &&
            (s->V + num_sms - 1) / num_sms <= DS_PICK_PER_THREAD * DS_CONSUMERS * 32;
 }
 
@@ -169,26 +186,29 @@ extern "C" int rp_k_decode_step(const rp_decode_step *s, const rp_decode_step_tu
                                 int greedy, cudaStream_t stream) {
     ds_args a;
     size_t smem;
-    if (rp_decode_step_check(s) || num_sms <= 0 || nb < 1 || nb > 4 || ds_make_args(s, t, nb, num_sms, &a, &smem) ||
+    if (rp_decode_step_check(s) || num_sms <= 0 || nb < 1 || nb > 4 || (s->tp.n && nb > 1) ||
+        ds_make_args(s, t, nb, num_sms, &a, &smem) ||
         (greedy && (!s->pick_tokens || !s->pick_logprobs || !s->pick_slot || !s->pick_host[0] || !s->pick_host[1] ||
                     !rp_decode_step_pick_ok(s, nb, num_sms))))
         return (int)cudaErrorInvalidValue;
     cudaError_t e;
     ds_kernel_fn fn =
         kernel_for(s->nh / s->nkv, s->hd, ds_nb_kernel(nb), a.poll_ns > 0 || a.apace_ns > 0, greedy != 0,
-                   s->fp8 != 0, smem, &e);
+                   s->fp8 != 0, s->tp.n > 0, smem, &e);
     if (!fn) return (int)e;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(a.grid);
     cfg.blockDim = dim3(DS_THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    /* every block must be resident at once (grid barriers) */
+    /* every block must be resident at once (grid barriers); tensor-parallel
+     * ranks sharing one GPU launch each a share of the SMs' blocks side by
+     * side, which the cooperative launch does not promise to run at once */
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = s->tp.shared_gpu ? 0 : 1;
     e = cudaLaunchKernelEx(&cfg, fn, a);
     if (e != cudaSuccess) {
         cudaGetLastError();

@@ -15,9 +15,13 @@
  * not carry that code. PK: every sequence samples greedily and asks for no
  * top logprobs, so the kernel picks the token itself (pick_slice,
  * pick_finish) and no sampling kernel follows; a kernel of its own, so
- * that the others keep their code. In the trace build (DS_TRACE) the
- * one-sequence kernels record where their time goes into s.trace. */
-template <int G, int HD, int NB, bool DYNK, bool PK, bool W8>
+ * that the others keep their code. TP: one sequence of a tensor-parallel
+ * shard, the embedding, o and down sums over the ranks inside the kernel
+ * (rp_decode_step_tp: partial rows into every rank's memory, barriers that
+ * count every rank's blocks, the stagings adding the ranks' rows); a
+ * kernel of its own too. In the trace build (DS_TRACE) the one-sequence
+ * kernels record where their time goes into s.trace. */
+template <int G, int HD, int NB, bool DYNK, bool PK, bool W8, bool TP>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
     constexpr bool TRACE = DS_TRACE && NB == 1;
     extern __shared__ __align__(128) uint8_t smem[];
@@ -52,8 +56,10 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    /* sampling (launched with PDL) may be placed as this grid's blocks exit */
-    rp_pdl_trigger();
+    /* sampling (launched with PDL) may be placed as this grid's blocks exit;
+     * not where tensor-parallel ranks share the GPU: the next kernel's
+     * waiting blocks could take the SMs the other rank's step needs */
+    if (!TP || !a.s.tp.shared_gpu) rp_pdl_trigger();
     if (warp >= DS_CONSUMERS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(DS_PRODUCER_REGS));
         /* weights are constant: stream them before (and regardless of) the
@@ -74,17 +80,35 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     int i = threadIdx.x >> 5; /* this warp's next ring piece */
     unsigned target = 0;
     int32_t token[NB];
+    /* tensor parallelism (one sequence): sum c's barrier waits for every
+     * rank's blocks of every sum so far, this launch's and the earlier ones'
+     * (2 L + 1 a launch; wrapping) */
+    const rp_decode_step_tp &tp = s.tp;
+    const unsigned tp_all = (unsigned)a.grid * (unsigned)tp.n, tp_base = launch * (2u * (unsigned)L + 1u) * tp_all;
 #pragma unroll
     for (int b = 0; b < NB; b++) {
         if (b >= nb) break;
         token[b] = rp_step_token(s.tokens, s.prev_sampled, b);
+        const int h0 = (int)((int64_t)blockIdx.x * H / a.grid), h1 = (int)((int64_t)(blockIdx.x + 1) * H / a.grid);
+        if constexpr (TP) {
+            /* the shard's row (zeros for another rank's token) into every
+             * rank's recv: sum 0 */
+            const int64_t row = (int64_t)token[0] - tp.vocab_start;
+            const bool mine = row >= 0 && row < tp.vocab_count;
+            const uint16_t *e = s.embed + (mine ? row : 0) * H;
+            for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32) {
+                const float v = mine ? rp_bf16_f32(e[k]) : 0.0f;
+                for (int r = 0; r < tp.n; r++) tp.recv[r][(size_t)tp.rank * H + k] = v;
+            }
+            break;
+        }
         /* the residual stream starts as the embedding row: each block
          * writes its share (first read after two grid barriers) */
         const uint16_t *e = s.embed + (int64_t)token[b] * H;
-        const int h0 = (int)((int64_t)blockIdx.x * H / a.grid), h1 = (int)((int64_t)(blockIdx.x + 1) * H / a.grid);
         for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32)
             s.residual[(int64_t)b * H + k] = rp_bf16_f32(e[k]);
     }
+    if constexpr (TP) grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + tp_all, false, arrived, [] {});
     /* trace: thread 0's time per kind of work (its warp's view) */
     uint64_t trl[TR_PIECES + 1] = {}, *tr = TRACE && threadIdx.x == 0 ? trl : nullptr;
     uint64_t *bt = tr ? s.trace + blockIdx.x * TR_N + 16 : nullptr;
@@ -104,10 +128,13 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     if constexpr (NB == 1) load_nw(nw, ds_norm(s, 0, 0), H);
 /* f16: x for an e4m3 phase (the f16 mma's operand); lm_head stays bf16 */
 #define DS_NORM(first, l_, which, keep, f16)                                                                           \
-    if constexpr (NB == 1)                                                                                             \
-        stage_norm<f16>(xs, s.residual, first ? s.embed + (int64_t)token[0] * H : nullptr, nw, H, s.eps, red,          \
-                        keep ? rs : nullptr);                                                                          \
-    else                                                                                                               \
+    if constexpr (NB == 1) {                                                                                           \
+        if constexpr (TP)                                                                                              \
+            stage_norm_tp<f16>(xs, tp, 2 * (l_) + (which), nw, H, s.eps, red, a.grid);                                 \
+        else                                                                                                           \
+            stage_norm<f16>(xs, s.residual, first ? s.embed + (int64_t)token[0] * H : nullptr, nw, H, s.eps, red,      \
+                            keep ? rs : nullptr);                                                                      \
+    } else                                                                                                             \
         stage_norm_nb<NB, f16>(xs, xst, nb, s.residual, first ? s.embed : nullptr, token, ds_norm(s, l_, which), H,    \
                                s.eps, red, keep ? rs : nullptr)
 #define DS_BF16(src, K, f16)                                                                                           \
@@ -118,7 +145,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     for (int l = 0; l < L; l++) {
         DS_T(TR_STAGE, DS_NORM(l == 0, l, 0, rs, W8));
         DS_T(TR_GEMV,
-             gemv_phase<NB, DYNK, W8>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+             gemv_phase<NB, DYNK, W8, TP>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
         if (DYNK && threadIdx.x == 0) *pace_flag = 1;
         lane_row<HD / 32> kr[ATT_UNROLL], vr[ATT_UNROLL];
         ds_qkw<HD> qw;
@@ -136,17 +163,21 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (DYNK && threadIdx.x == 0) *pace_flag = 0;
         DS_T(TR_STAGE, DS_BF16(s.attn, q_dim, W8));
         DS_T(TR_GEMV,
-             gemv_phase<NB, DYNK, W8>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
+             gemv_phase<NB, DYNK, W8, TP>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
-                 if constexpr (NB == 1) load_nw(nw, ds_norm(s, l, 1), H);
-             }));
+        if constexpr (TP)
+            grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + (2u * l + 2u) * tp_all, true, arrived,
+                         [&] { load_nw(nw, ds_norm(s, l, 1), H); });
+        else
+            DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
+                     if constexpr (NB == 1) load_nw(nw, ds_norm(s, l, 1), H);
+                 }));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
         DS_T(TR_STAGE, DS_NORM(false, l, 1, rs, W8));
         DS_T(TR_GEMV,
-             gemv_phase<NB, DYNK, W8>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
+             gemv_phase<NB, DYNK, W8, TP>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [] {}));
@@ -154,18 +185,22 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, DS_BF16(s.act, s.F, false) /* f16 already with W8 */);
         DS_T(TR_GEMV,
-             gemv_phase<NB, DYNK, W8>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
+             gemv_phase<NB, DYNK, W8, TP>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
-                 if constexpr (NB == 1) load_nw(nw, ds_norm(s, l + 1, 0), H);
-             }));
+        if constexpr (TP)
+            grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + (2u * l + 3u) * tp_all, true, arrived,
+                         [&] { load_nw(nw, ds_norm(s, l + 1, 0), H); });
+        else
+            DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
+                     if constexpr (NB == 1) load_nw(nw, ds_norm(s, l + 1, 0), H);
+                 }));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
         if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
     DS_T(TR_STAGE, DS_NORM(false, L, 0, false, false));
     DS_T(TR_GEMV,
-         gemv_phase<NB, DYNK, W8>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+         gemv_phase<NB, DYNK, W8, TP>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
 #undef DS_NORM
 #undef DS_BF16
 #undef DS_T

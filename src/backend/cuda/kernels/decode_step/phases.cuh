@@ -107,6 +107,63 @@ __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, 
     cbar(); /* x is complete before any warp multiplies with it */
 }
 
+/* stage_norm under tensor parallelism (rp_decode_step_tp), after sum c:
+ * the row is the residual before it (none for c = 0, the embedding) plus
+ * the ranks' partial rows in rank order (the one-shot all-reduce's sums:
+ * kernels/p2p.cu), read from this GPU's recv; every block computes the
+ * same row and writes its share (chunks of 8, chunk % grid == block) as the
+ * residual after c, which sum c + 1's staging reads. */
+template <bool F16>
+__device__ void stage_norm_tp(uint16_t *xs, const rp_decode_step_tp &tp, int c, const ds_nw &nw, int H, float eps,
+                              float *red, int grid) {
+    constexpr int J = DS_MAX_H / (DS_CONSUMERS * 32 * 8);
+    const float *prev = c > 0 ? tp.res[(c - 1) & 1] : nullptr;
+    float *next = tp.res[c & 1];
+    const float *rv = tp.recv[tp.rank] + (size_t)(c & 1) * tp.n * H;
+    float v[J][8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
+        if (i < H) {
+            float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            for (int k = 0; k < tp.n; k++) {
+                const float4 r0 = rp_ld_act_f4(rv + (size_t)k * H + i), r1 = rp_ld_act_f4(rv + (size_t)k * H + i + 4);
+                s[0] += r0.x, s[1] += r0.y, s[2] += r0.z, s[3] += r0.w;
+                s[4] += r1.x, s[5] += r1.y, s[6] += r1.z, s[7] += r1.w;
+            }
+            if (prev) {
+                const float4 r0 = rp_ld_act_f4(prev + i), r1 = rp_ld_act_f4(prev + i + 4);
+                s[0] = r0.x + s[0], s[1] = r0.y + s[1], s[2] = r0.z + s[2], s[3] = r0.w + s[3];
+                s[4] = r1.x + s[4], s[5] = r1.y + s[5], s[6] = r1.z + s[6], s[7] = r1.w + s[7];
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                v[j][e] = s[e];
+                ss += s[e] * s[e];
+            }
+            if ((i >> 3) % grid == (int)blockIdx.x) {
+                *reinterpret_cast<float4 *>(next + i) = make_float4(s[0], s[1], s[2], s[3]);
+                *reinterpret_cast<float4 *>(next + i + 4) = make_float4(s[4], s[5], s[6], s[7]);
+            }
+        }
+    }
+    const float inv = 1.0f / sqrtf(csum(ss, red) / (float)H + eps);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
+        if (i < H) {
+            const uint4 g = nw.g[j];
+            *reinterpret_cast<uint4 *>(xs + i) =
+                make_uint4(pack_xs<F16>(rp_bf16_lo(g.x) * (v[j][0] * inv), rp_bf16_hi(g.x) * (v[j][1] * inv)),
+                           pack_xs<F16>(rp_bf16_lo(g.y) * (v[j][2] * inv), rp_bf16_hi(g.y) * (v[j][3] * inv)),
+                           pack_xs<F16>(rp_bf16_lo(g.z) * (v[j][4] * inv), rp_bf16_hi(g.z) * (v[j][5] * inv)),
+                           pack_xs<F16>(rp_bf16_lo(g.w) * (v[j][6] * inv), rp_bf16_hi(g.w) * (v[j][7] * inv)));
+        }
+    }
+    cbar(); /* x is complete before any warp multiplies with it */
+}
+
 /* x copied from a 2-byte buffer; F16: the buffer is bf16 (attention's
  * output) and the phase's weights e4m3, so it is converted to f16 here,
  * once per block (the SwiGLU output needs none: the e4m3 step writes it as
@@ -247,7 +304,7 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
  * NB sequences (up to 4): B's columns 2b and 2b + 1 hold sequence b's x
  * halves, so the same mma covers all of them, and lane (g, b) holds row
  * g of sequence b. */
-template <int NB, bool DYNK, bool W8>
+template <int NB, bool DYNK, bool W8, bool TP>
 __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, int &iw, const uint8_t *ring,
                            uint64_t *full, uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt,
                            const ds_info *info, volatile int *pend, uint64_t *tr, uint64_t *tl) {
@@ -293,7 +350,7 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
          * shared memory). Only the unit's own epilogue writes these rows, and
          * it runs after every piece's load. */
         float rres = 0.0f;
-        if (epi == EPI_RESIDUAL && !rs && lane < DS_ROWS * (NB == 1 ? 1 : a.nb))
+        if (epi == EPI_RESIDUAL && !rs && !TP && lane < DS_ROWS * (NB == 1 ? 1 : a.nb))
             rres = __ldcg(a.s.residual + (NB == 1 ? 0 : (lane >> 3) * m.N) + in.unit * DS_ROWS + (lane & 7));
         const uint8_t *wrow = ring + (size_t)slot * stage_b + g * row_b + c * 16;
         const uint8_t *x0 = reinterpret_cast<const uint8_t *>(xs + (NB == 1 ? 0 : tb * a.xstride) + kc);
@@ -374,7 +431,15 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
                 break;
             }
             case EPI_RESIDUAL:
-                a.s.residual[n] = (rs ? rs[n] : rres) + v0;
+                if constexpr (TP) {
+                    /* tensor parallelism: this rank's partial row into every
+                     * rank's recv (sum 2l + 1 after o, 2l + 2 after down) */
+                    const int c = 2 * (p >> 2) + ((p & 3) == 1 ? 1 : 2);
+                    const size_t off = ((size_t)(c & 1) * a.s.tp.n + a.s.tp.rank) * m.N + n;
+                    for (int k = 0; k < a.s.tp.n; k++) a.s.tp.recv[k][off] = v0;
+                } else {
+                    a.s.residual[n] = (rs ? rs[n] : rres) + v0;
+                }
                 break;
             case EPI_SWIGLU: {
                 /* e4m3: f16 (saturated), the down product's operand as is */

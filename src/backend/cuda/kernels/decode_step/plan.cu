@@ -103,7 +103,9 @@ int ds_make_args(const rp_decode_step *s, const rp_decode_step_tuning *t, int nb
      * o and down epilogues then skip an L2 round trip. */
     const bool res_fits =
         ds_plan(a->stages, a->kmax, G, plan_phases, s->H, nb, a->stage_bytes).total <= (size_t)optin;
-    a->keep_res = res_fits;
+    /* (under tensor parallelism the epilogues write partial rows and the
+     * stagings read the sums: no residual row to keep) */
+    a->keep_res = res_fits && !s->tp.n;
     *smem = ds_plan(a->stages, a->kmax, G, plan_phases, a->keep_res ? s->H : 0, nb, a->stage_bytes).total;
     return *smem > (size_t)optin ? -1 : 0;
 }
