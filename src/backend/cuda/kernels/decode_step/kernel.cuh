@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
             const uint16_t *e = s.embed + (mine ? row : 0) * H;
             for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32) {
                 const float v = mine ? rp_bf16_f32(e[k]) : 0.0f;
-                for (int r = 0; r < tp.n; r++) tp.recv[r][(size_t)tp.rank * H + k] = v;
+                for (int r = 0; r < tp.n; r++) tp.recv[r][((size_t)(launch & 1u) * tp.n + tp.rank) * H + k] = v;
             }
             break;
         }
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
 #define DS_NORM(first, l_, which, keep, f16)                                                                           \
     if constexpr (NB == 1) {                                                                                           \
         if constexpr (TP)                                                                                              \
-            stage_norm_tp<f16>(xs, tp, 2 * (l_) + (which), nw, H, s.eps, red, a.grid);                                 \
+            stage_norm_tp<f16>(xs, tp, 2 * (l_) + (which), launch, nw, H, s.eps, red, a.grid);                              \
         else                                                                                                           \
             stage_norm<f16>(xs, s.residual, first ? s.embed + (int64_t)token[0] * H : nullptr, nw, H, s.eps, red,      \
                             keep ? rs : nullptr);                                                                      \
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     for (int l = 0; l < L; l++) {
         DS_T(TR_STAGE, DS_NORM(l == 0, l, 0, rs, W8));
         DS_T(TR_GEMV,
-             gemv_phase<NB, DYNK, W8, TP>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+             gemv_phase<NB, DYNK, W8, TP>(a, 4 * l, EPI_BF16, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl, launch));
         if (DYNK && threadIdx.x == 0) *pace_flag = 1;
         lane_row<HD / 32> kr[ATT_UNROLL], vr[ATT_UNROLL];
         ds_qkw<HD> qw;
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_STAGE, DS_BF16(s.attn, q_dim, W8));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK, W8, TP>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
-                                  tl));
+                                  tl, launch));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         if constexpr (TP)
             grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + (2u * l + 2u) * tp_all, true, arrived,
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_STAGE, DS_NORM(false, l, 1, rs, W8));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK, W8, TP>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
-                                  tl));
+                                  tl, launch));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [] {}));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         DS_T(TR_STAGE, DS_BF16(s.act, s.F, false) /* f16 already with W8 */);
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK, W8, TP>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
-                                  tl));
+                                  tl, launch));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         if constexpr (TP)
             grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + (2u * l + 3u) * tp_all, true, arrived,
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     }
     DS_T(TR_STAGE, DS_NORM(false, L, 0, false, false));
     DS_T(TR_GEMV,
-         gemv_phase<NB, DYNK, W8, TP>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl));
+         gemv_phase<NB, DYNK, W8, TP>(a, 4 * L, EPI_F32, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr, tl, launch));
 #undef DS_NORM
 #undef DS_BF16
 #undef DS_T

@@ -112,14 +112,18 @@ __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, 
  * the ranks' partial rows in rank order (the one-shot all-reduce's sums:
  * kernels/p2p.cu), read from this GPU's recv; every block computes the
  * same row and writes its share (chunks of 8, chunk % grid == block) as the
- * residual after c, which sum c + 1's staging reads. */
+ * residual after c, which sum c + 1's staging reads. The buffers' parity
+ * is the sum's number counted over launches, c + launch (2 L + 1 sums a
+ * launch, odd): a rank's next launch writes its embedding into the parity
+ * the others' last staging of this launch does not read. */
 template <bool F16>
-__device__ void stage_norm_tp(uint16_t *xs, const rp_decode_step_tp &tp, int c, const ds_nw &nw, int H, float eps,
-                              float *red, int grid) {
+__device__ void stage_norm_tp(uint16_t *xs, const rp_decode_step_tp &tp, int c, unsigned launch, const ds_nw &nw,
+                              int H, float eps, float *red, int grid) {
     constexpr int J = DS_MAX_H / (DS_CONSUMERS * 32 * 8);
-    const float *prev = c > 0 ? tp.res[(c - 1) & 1] : nullptr;
-    float *next = tp.res[c & 1];
-    const float *rv = tp.recv[tp.rank] + (size_t)(c & 1) * tp.n * H;
+    const unsigned par = ((unsigned)c + launch) & 1u;
+    const float *prev = c > 0 ? tp.res[par ^ 1u] : nullptr;
+    float *next = tp.res[par];
+    const float *rv = tp.recv[tp.rank] + (size_t)par * tp.n * H;
     float v[J][8];
     float ss = 0.0f;
 #pragma unroll
@@ -307,7 +311,7 @@ enum { EPI_BF16, EPI_RESIDUAL, EPI_SWIGLU, EPI_F32 };
 template <int NB, bool DYNK, bool W8, bool TP>
 __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, int &iw, const uint8_t *ring,
                            uint64_t *full, uint64_t *empty, const uint16_t *xs, float *part, unsigned *ucnt,
-                           const ds_info *info, volatile int *pend, uint64_t *tr, uint64_t *tl) {
+                           const ds_info *info, volatile int *pend, uint64_t *tr, uint64_t *tl, unsigned launch) {
     const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
     const ds_mat m = phase_mat<W8>(a.s, p);
     const int kcm = ds_kc(a, m), nch = (m.K + kcm - 1) / kcm, P = m.runs * nch;
@@ -434,8 +438,8 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
                 if constexpr (TP) {
                     /* tensor parallelism: this rank's partial row into every
                      * rank's recv (sum 2l + 1 after o, 2l + 2 after down) */
-                    const int c = 2 * (p >> 2) + ((p & 3) == 1 ? 1 : 2);
-                    const size_t off = ((size_t)(c & 1) * a.s.tp.n + a.s.tp.rank) * m.N + n;
+                    const unsigned sc = 2u * (unsigned)(p >> 2) + ((p & 3) == 1 ? 1u : 2u);
+                    const size_t off = ((size_t)((sc + launch) & 1u) * a.s.tp.n + a.s.tp.rank) * m.N + n;
                     for (int k = 0; k < a.s.tp.n; k++) a.s.tp.recv[k][off] = v0;
                 } else {
                     a.s.residual[n] = (rs ? rs[n] : rres) + v0;
