@@ -300,10 +300,13 @@ static void compare_step(const char *preset, int layers) {
         if (N == 4 && !(env && strstr(env, "4"))) break;
         decode_logits(m, N, 1, ids, forced, got, &fw);
         const double e = rel_l2(got, ref, n_el), e32 = rel_l2(got, f32, n_el), w = worst_position(got, f32, STEP_N, V);
-        const int ok = fw == STEP_N && e32 <= 1.25 * e1 + 1e-3 && w <= 1.5 * w1 + 1e-3;
+        /* ranks sharing one GPU decode in the chain (forward_decode_step.c):
+         * there the chain's sums are what is compared */
+        const int want = N > gpus() ? 0 : STEP_N;
+        const int ok = fw == (uint64_t)want && e32 <= 1.25 * e1 + 1e-3 && w <= 1.5 * w1 + 1e-3;
         printf("  N=%d%s: %llu of %d steps in the one-kernel step; against N=1 %.3g, against fp32 %.3g, worst step "
                "%.3g %s\n",
-               N, N > gpus() ? " (ranks sharing GPU 0)" : "", (unsigned long long)fw, STEP_N, e, e32, w,
+               N, N > gpus() ? " (ranks sharing GPU 0: the chain)" : "", (unsigned long long)fw, STEP_N, e, e32, w,
                ok ? "ok" : "FAIL");
         if (!ok) {
             print_worst_positions(got, ref, f32, STEP_N, V);
@@ -324,6 +327,14 @@ static void test_step_small(void **state) {
 static void test_step_llama3_8b(void **state) {
     (void)state;
     compare_step("llama3-8b", 4);
+}
+
+/* llama3-70b's shape at 2 layers: a shard's down product (k 14336 at
+ * N = 2) leaves no room for full-width ring stages beside x, so the kernel
+ * runs with narrower ones (plan.cu) */
+static void test_step_llama3_70b(void **state) {
+    (void)state;
+    compare_step("llama3-70b", 2);
 }
 
 /* More GPUs than there are: a clear error, before anything loads on them. */
@@ -348,6 +359,7 @@ int main(void) {
                                        cmocka_unit_test(test_qwen3_8b),
                                        cmocka_unit_test(test_llama3_8b), cmocka_unit_test(test_llama3_70b),
                                        cmocka_unit_test(test_step_small), cmocka_unit_test(test_step_llama3_8b),
+                                       cmocka_unit_test(test_step_llama3_70b),
                                        cmocka_unit_test(test_too_many)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -101,8 +101,8 @@ typedef struct rp_backend_tp {
      * pinned memory: calls that may wait for the whole device) while
      * another rank's collective waits for its kernels. Not owned. */
     rp_comm *host;
-    /* CUDA: every rank on one GPU (rp_tp_backend_config.one_gpu), so a
-     * persistent kernel takes its share of the SMs */
+    /* CUDA: every rank on one GPU (rp_tp_backend_config.one_gpu), where
+     * a persistent kernel that waits on the other ranks' cannot run */
     int shared_gpu;
 } rp_backend_tp;
 

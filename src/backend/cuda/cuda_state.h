@@ -152,10 +152,6 @@ typedef struct rp_cuda_backend {
     int decode_step_pick; /* the one-kernel step may pick greedily (the results' pinned buffers are mapped) */
     int decode_chain;     /* this forward (or capture) decodes with the chain even where the step could */
     rp_decode_step ds;
-    /* the SMs the step's grid takes: all, or under tensor parallelism with
-     * the ranks sharing one GPU, their share (each rank's kernel resident
-     * beside the others') */
-    int ds_sms;
     rp_decode_step_tuning ds_tuning; /* resolved from base.cfg.tuning (tuning.c) */
     rp_decode_layer *d_layers;
     void *ds_ws;

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_state.h"
 #include "backend/cuda/cuda_util.h"
+#include "dist/comm.h"
 #include "util/log.h"
 
 /* The step's argument block (fixed device addresses, like every launch),
@@ -18,7 +19,6 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     uint8_t *d = cb->meta.dev;
     if (rp_cuda_tuning_resolve(&cb->base.cfg.tuning, c, cb->num_sms, cb->hbm_peak_gbs, &cb->ds_tuning, err)) return RP_ERR;
-    cb->ds_sms = cb->num_sms;
     if (cb->base.cfg.tuning.disable_decode_step) {
         rp_log_info("cuda: the one-kernel decode step is off (tuning.disable_decode_step): decode runs a chain of "
                     "kernels");
@@ -28,6 +28,14 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
      * memory inside the kernel (rp_decode_step_tp), so it needs the
      * peer-memory communicator; one sequence (its stagings hold one row). */
     rp_decode_step_tp tp = {0};
+    if (cb->comm && cb->base.cfg.tp.shared_gpu) {
+        /* ranks sharing one GPU (the test harness): each rank's kernel spins
+         * on the others' blocks, and nothing makes two grids resident at
+         * once (a cooperative launch promises it for one) */
+        if (cb->base.cfg.tp.rank == 0)
+            rp_log_info("cuda: tensor-parallel ranks sharing one GPU: decode runs a chain of kernels");
+        return 0;
+    }
     if (cb->comm) {
         if (rp_comm_p2p_decode_step(cb->comm, c->hidden_size, &tp)) {
             if (cb->base.cfg.tp.rank == 0)
@@ -37,8 +45,6 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
         }
         tp.vocab_start = cb->vocab_start;
         tp.vocab_count = cb->vocab_count;
-        tp.shared_gpu = cb->base.cfg.tp.shared_gpu;
-        if (tp.shared_gpu) cb->ds_sms = cb->num_sms / cb->base.cfg.tp.size;
     }
     if (cb->kv_format != RP_KV_FORMAT_BF16) {
         /* its attention phase reads bf16 K/V rows: with an e4m3 cache every
@@ -140,9 +146,24 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
     }
 #endif
     for (int nb = 1; nb <= 4; nb *= 2) { /* 3 sequences run the kernel for 4 */
-        const char *why = rp_decode_step_check_device(&cb->ds, &cb->ds_tuning, nb, cb->ds_sms);
+        const char *why = rp_decode_step_check_device(&cb->ds, &cb->ds_tuning, nb, cb->num_sms);
         if (!why) cb->decode_step_ok |= 1 << nb;
         else rp_log_info("cuda: decode of %d sequence%s runs as a chain of kernels (%s)", nb, nb > 1 ? "s" : "", why);
+    }
+    if (cb->comm) {
+        /* Every rank must decode the same way: a rank in the chain never
+         * meets a rank in the kernel, whose sums wait on it. The same shard
+         * shapes on the same GPUs decide the same; GPUs of different kinds
+         * might not, so the ranks keep what all of them can run. */
+        rp_comm *host = cb->base.cfg.tp.host;
+        int32_t all[RP_DECODE_STEP_TP_MAX], mine = cb->decode_step_ok;
+        if (!host || host->size > RP_DECODE_STEP_TP_MAX ||
+            rp_comm_all_gather(host, &mine, all, 1, RP_COMM_F32, NULL, err))
+            return host ? RP_ERR : rp_errf(err, "tensor parallelism: the one-kernel decode step has no host comm");
+        for (int k = 0; k < host->size; k++) cb->decode_step_ok &= all[k];
+        if (cb->decode_step_ok != mine)
+            rp_log_warn("cuda: rank %d: another rank's GPU cannot run the one-kernel decode step: decode runs a "
+                        "chain of kernels", cb->base.cfg.tp.rank);
     }
     return 0;
 }
@@ -160,7 +181,7 @@ int rp_cuda_decode_step_nb(const rp_cuda_backend *cb, int T, int S, int num_logi
 
 /* Whether that kernel may pick the greedy token itself for nb sequences. */
 int rp_cuda_decode_step_can_pick(const rp_cuda_backend *cb, int nb) {
-    return cb->decode_step_pick && rp_decode_step_pick_ok(&cb->ds, nb, cb->ds_sms);
+    return cb->decode_step_pick && rp_decode_step_pick_ok(&cb->ds, nb, cb->num_sms);
 }
 
 /* The step of S sequences as one kernel, then the sampling kernels unless
@@ -170,7 +191,7 @@ int rp_cuda_decode_step_can_pick(const rp_cuda_backend *cb, int nb) {
 int rp_cuda_launch_decode_step(rp_cuda_backend *cb, int S, int num_logits, int sample, rp_err *err) {
     const int pick = sample == RP_SAMPLE_PICK && rp_cuda_decode_step_can_pick(cb, S);
     rp_cuda_prof_mark(cb, pick ? "decode step (one kernel, greedy pick)" : "decode step (one kernel)");
-    RP_LAUNCH(rp_k_decode_step(&cb->ds, &cb->ds_tuning, S, cb->ds_sms, pick, cb->stream), err);
+    RP_LAUNCH(rp_k_decode_step(&cb->ds, &cb->ds_tuning, S, cb->num_sms, pick, cb->stream), err);
     /* tensor parallelism: the kernel wrote the rank's logit shard */
     if (cb->comm && rp_cuda_tp_gather_logits(cb, num_logits, err)) return RP_ERR;
     if (sample && !pick &&
@@ -207,10 +228,10 @@ int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_
     /* the slots' events are free: no forward is in flight */
     cudaEvent_t e0 = cb->slots[0].ev_start, e1 = cb->slots[0].ev_end;
     const rp_decode_step_tuning *t = &cb->ds_tuning;
-    for (int i = 0; i < 3; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, t, nb, cb->ds_sms, 0, cb->stream), err);
+    for (int i = 0; i < 3; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, t, nb, cb->num_sms, 0, cb->stream), err);
     for (int r = 0; r < reps; r++) {
         RP_CUDA_TRY(cudaEventRecord(e0, cb->stream), err);
-        for (int i = 0; i < inner; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, t, nb, cb->ds_sms, 0, cb->stream), err);
+        for (int i = 0; i < inner; i++) RP_LAUNCH(rp_k_decode_step(&cb->ds, t, nb, cb->num_sms, 0, cb->stream), err);
         RP_CUDA_TRY(cudaEventRecord(e1, cb->stream), err);
         RP_CUDA_TRY(cudaEventSynchronize(e1), err);
         RP_CUDA_TRY(cudaEventElapsedTime(&ms[r], e0, e1), err);

@@ -294,7 +294,6 @@ typedef struct rp_decode_step_tp {
     unsigned *ctr[RP_DECODE_STEP_TP_MAX]; /* rank k's arrival counter */
     float *res[2];                        /* this rank's residual after sums of each parity [H] */
     int64_t vocab_start, vocab_count;     /* the embedding's rows: global token ids */
-    int shared_gpu;                       /* the ranks share one GPU: no cooperative launch, grid split */
     /* host-mapped, set by the communicator's abort: a wait for a rank that
      * is gone gives up (the step's results are then garbage; it fails) */
     const int *abort;

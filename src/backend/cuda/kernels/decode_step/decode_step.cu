@@ -118,7 +118,16 @@ static ds_kernel_fn kernel_for(int G, int HD, int nb, bool dyn, bool pick, bool 
     static const ds_kernel_fn fnstp[2][2][6] = {
         {DS_KERNELS_128T(1, false, false, false, true), DS_KERNELS_128T(1, false, false, true, true)},
         {DS_KERNELS_128T(1, true, false, false, true), DS_KERNELS_128T(1, true, false, true, true)}};
-    static size_t set_for[2][6][2][6], set_for_tp[2][2][6];
+    /* the shared-memory opt-in each kernel was given, per device: an
+     * attribute holds for the current device only, and tensor-parallel ranks
+     * launch the same kernels on theirs (common.cuh, rp_first_on_device).
+     * Recorded per process, a rank would skip its own device's opt-in and
+     * find the kernel unfit there while the others run it (a rank of the
+     * chain against ranks in the kernel: they never meet). */
+    static size_t set_for[32][2][6][2][6], set_for_tp[32][2][2][6];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+    dev &= 31;
     const int v = nb == 1 ? (pick ? (dyn ? 5 : 4) : dyn ? 3 : 0) : nb == 2 ? 1 : 2, h = HD == 128;
     const int g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : G - 1; /* 5, 6 -> 4, 5 */
     *e = cudaSuccess;
@@ -129,11 +138,11 @@ static ds_kernel_fn kernel_for(int G, int HD, int nb, bool dyn, bool pick, bool 
         *e = cudaErrorInvalidValue;
         return nullptr;
     }
-    size_t *set = tp ? &set_for_tp[dyn][w8][g] : &set_for[w8][v][h][g];
-    if (*set != smem) {
+    size_t *set = tp ? &set_for_tp[dev][dyn][w8][g] : &set_for[dev][w8][v][h][g];
+    if (__atomic_load_n(set, __ATOMIC_RELAXED) != smem) {
         *e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (*e != cudaSuccess) return nullptr;
-        *set = smem;
+        __atomic_store_n(set, smem, __ATOMIC_RELAXED);
     }
     return fn;
 }
@@ -201,14 +210,12 @@ extern "C" int rp_k_decode_step(const rp_decode_step *s, const rp_decode_step_tu
     cfg.blockDim = dim3(DS_THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    /* every block must be resident at once (grid barriers); tensor-parallel
-     * ranks sharing one GPU launch each a share of the SMs' blocks side by
-     * side, which the cooperative launch does not promise to run at once */
+    /* every block must be resident at once (grid barriers) */
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = s->tp.shared_gpu ? 0 : 1;
+    cfg.numAttrs = 1;
     e = cudaLaunchKernelEx(&cfg, fn, a);
     if (e != cudaSuccess) {
         cudaGetLastError();

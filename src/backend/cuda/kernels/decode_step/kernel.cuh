@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     constexpr bool TRACE = DS_TRACE && NB == 1;
     extern __shared__ __align__(128) uint8_t smem[];
     const ds_layout Lo = ds_plan(a.stages, a.kmax, G, 4 * a.s.num_layers + 1, a.keep_res ? a.s.H : 0, NB,
-                                 NB == 1 ? DS_STAGE : a.stage_bytes);
+                                 NB == 1 && !TP ? DS_STAGE : a.stage_bytes);
     uint64_t *full = reinterpret_cast<uint64_t *>(smem), *empty = full + DS_MAX_STAGES;
     uint8_t *ring = smem + Lo.ring;
     uint16_t *xs = reinterpret_cast<uint16_t *>(smem + Lo.xs);
@@ -56,16 +56,14 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    /* sampling (launched with PDL) may be placed as this grid's blocks exit;
-     * not where tensor-parallel ranks share the GPU: the next kernel's
-     * waiting blocks could take the SMs the other rank's step needs */
-    if (!TP || !a.s.tp.shared_gpu) rp_pdl_trigger();
+    /* sampling (launched with PDL) may be placed as this grid's blocks exit */
+    rp_pdl_trigger();
     if (warp >= DS_CONSUMERS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(DS_PRODUCER_REGS));
         /* weights are constant: stream them before (and regardless of) the
          * wait for the previous kernel */
         if (warp == DS_CONSUMERS && lane == 0)
-            produce<NB, DYNK, W8>(a, ws, ring, full, empty, info, pend, pace_flag, arrived);
+            produce<NB, DYNK, W8, TP>(a, ws, ring, full, empty, info, pend, pace_flag, arrived);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(DS_CONSUMER_REGS));

@@ -315,7 +315,8 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
     const int lane = threadIdx.x & 31, st = a.stages, g = lane >> 2, c = lane & 3;
     const ds_mat m = phase_mat<W8>(a.s, p);
     const int kcm = ds_kc(a, m), nch = (m.K + kcm - 1) / kcm, P = m.runs * nch;
-    const int stage_b = NB == 1 ? DS_STAGE : a.stage_bytes, row_b = NB == 1 ? DS_ROW_STRIDE : a.row_stride;
+    constexpr bool fixed = NB == 1 && !TP; /* the stage's size a constant (ds_make_args) */
+    const int stage_b = fixed ? DS_STAGE : a.stage_bytes, row_b = fixed ? DS_ROW_STRIDE : a.row_stride;
     /* this lane's B column g: sequence g / 2 (past 2 NB, columns that are
      * never read) */
     const int tb = min(g >> 1, NB - 1);

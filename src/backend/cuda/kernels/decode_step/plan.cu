@@ -21,6 +21,9 @@ static int kmax_of(const rp_decode_step *s) {
 /* The pieces of the longest unit at piece width kc: with those the other
  * warps can take meanwhile (< 8 + stages) they must fit the 32 partial-sum
  * slots, so at most 16. */
+/* The narrowest ring piece ds_make_args narrows to where x does not fit. */
+#define DS_KC_MIN 1024
+
 static bool ds_pieces_fit(const rp_decode_step *s, int kc) {
     const int gu = 2 * ((s->H + kc - 1) / kc), dn = (kmax_of(s) + kc - 1) / kc;
     return gu <= 16 && dn <= 16;
@@ -38,7 +41,10 @@ extern "C" const char *rp_decode_step_check(const rp_decode_step *s) {
     /* a unit's pieces must fit the partial-sum slots (gemv_phase) */
     if (!ds_pieces_fit(s, DS_KC)) return "a matrix width above 24576";
     /* shared memory: the ring and x (227 KiB on Hopper) */
-    if (ds_plan(DS_STAGES, kmax_of(s), G, 4 * s->num_layers + 1, 0).total > 227 * 1024)
+    /* (a tensor-parallel shard's stages may narrow to DS_KC_MIN: ds_make_args) */
+    if (ds_plan(DS_STAGES, kmax_of(s), G, 4 * s->num_layers + 1, 0, 1,
+                s->tp.n ? DS_ROWS * ds_row_stride(DS_KC_MIN) : DS_STAGE)
+            .total > 227 * 1024)
         return "x does not fit beside the ring";
     if (s->V % DS_ROWS) return "vocabulary not a multiple of 8";
     return NULL;
@@ -69,13 +75,18 @@ int ds_make_args(const rp_decode_step *s, const rp_decode_step_tuning *t, int nb
     a->xstride = ds_xstride(a->kmax, nb);
     a->row_stride = DS_ROW_STRIDE;
     a->stage_bytes = DS_STAGE;
-    if (nb > 1) {
+    if (nb > 1 ||
+        (s->tp.n && ds_plan(a->stages, a->kmax, G, plan_phases, 0, nb, a->stage_bytes).total > (size_t)optin)) {
         /* x for every sequence beside the ring: stages as wide as the
-         * piece, and narrower pieces where that does not fit, down to 1024
-         * (below it the chain of kernels is faster: qwen3-8b's 4 sequences
-         * at 768 take 7.71 ms against 7.07; bench/RESULTS.md) */
+         * piece, and narrower pieces where that does not fit, down to
+         * DS_KC_MIN (below it the chain of kernels is faster: qwen3-8b's 4
+         * sequences at 768 take 7.71 ms against 7.07; bench/RESULTS.md).
+         * One sequence's x does not fit at DS_STAGE only in a wide shard
+         * under tensor parallelism (llama3-70b's down product at TP = 2: k
+         * 14336), whose kernels take the stage's size as an argument; the
+         * one-GPU kernels keep it a constant. */
         bool fits = false;
-        for (int kc = a->kc; kc >= 1024 && !fits; kc -= 256) {
+        for (int kc = a->kc; kc >= DS_KC_MIN && !fits; kc -= 256) {
             a->kc = kc;
             a->row_stride = ds_row_stride(kc);
             a->stage_bytes = DS_ROWS * a->row_stride;

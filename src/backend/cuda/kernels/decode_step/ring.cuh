@@ -133,14 +133,16 @@ template <bool W8> __device__ __forceinline__ void prefetch_ahead(const ds_args 
  * each time try_wait gives up, up to a.prefetch. (try_wait sleeps until
  * the stage is free or a long system time limit passes, so the second kind
  * is rare: about one per stall.) */
-template <int NB, bool DYNK, bool W8>
+template <int NB, bool DYNK, bool W8, bool TP>
 __device__ void produce(const ds_args &a, const ds_ws &ws, uint8_t *ring, uint64_t *full, uint64_t *empty,
                         ds_info *info, volatile int *pend, volatile int *pace_flag, volatile int *arrived) {
     constexpr bool TRACE = DS_TRACE && NB == 1; /* the trace build traces one sequence */
     uint64_t policy, waited = 0;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     const int NP = 4 * a.s.num_layers + 1, st = a.stages;
-    const int stage_b = NB == 1 ? DS_STAGE : a.stage_bytes, row_b = NB == 1 ? DS_ROW_STRIDE : a.row_stride;
+    /* one sequence on one GPU: the stage's size a constant (ds_make_args) */
+    constexpr bool fixed = NB == 1 && !TP;
+    const int stage_b = fixed ? DS_STAGE : a.stage_bytes, row_b = fixed ? DS_ROW_STRIDE : a.row_stride;
     int i = 0, useq = 0, n_static = 0, n_walked = 0;
     bool tail = false;
     ds_walk pw;
