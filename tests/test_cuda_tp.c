@@ -291,9 +291,12 @@ static void compare_step(const char *preset, int layers) {
            STEP_PROMPT);
     decode_logits(m, 0, 0, ids, forced, f32, &fw);
     decode_logits(m, 1, 1, ids, forced, ref, &fw);
-    if (fw != STEP_N) fail_msg("one GPU ran %llu of %d decode steps in the one-kernel step", (unsigned long long)fw, STEP_N);
+    /* one GPU is the yardstick of the distance to fp32, in whichever path
+     * it decodes: llama3-70b's whole down product (k 28672) is too wide for
+     * the one-kernel step, which only its shards take */
     const double e1 = rel_l2(ref, f32, n_el), w1 = worst_position(ref, f32, STEP_N, V);
-    printf("  N=1 (one kernel): against fp32 %.3g, worst step %.3g\n", e1, w1);
+    printf("  N=1 (%llu of %d steps in the one-kernel step): against fp32 %.3g, worst step %.3g\n",
+           (unsigned long long)fw, STEP_N, e1, w1);
     const char *env = getenv("REPLAY_TP_SIZES");
     int failed = 0;
     for (int N = 2; N <= 4; N *= 2) {
