@@ -39,6 +39,9 @@ static size_t flag_bytes(void) {
 static int p2p_all_reduce_sum(rp_comm *c, void *buf, size_t count, rp_comm_dtype dtype, void *stream, rp_err *err) {
     p2p_comm *pc = (p2p_comm *)c;
     const size_t bytes = count * (dtype == RP_COMM_F32 ? 4 : 2);
+    /* Every rank must take the same path: the size is the same on all of
+     * them, and so is the buffer's alignment, since the ranks' backends
+     * allocate the same buffers for shards of the same shapes. */
     if (bytes == 0 || bytes > pc->args.slot_bytes || bytes % 16 || ((uintptr_t)buf & 15))
         return rp_comm_all_reduce_sum(pc->inner, buf, count, dtype, stream, err);
     if (atomic_load(&pc->aborted)) return rp_errf(err, "all-reduce: the tensor-parallel group was aborted");
