@@ -159,17 +159,9 @@ rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_
         if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
         else if (e != cudaSuccess) me.ok = 0, cudaGetLastError();
     }
-    p2p_info *again = calloc((size_t)n, sizeof *again);
-    if (!again) {
-        rp_errf(err, "out of memory");
-        goto fail;
-    }
-    if (rp_comm_all_gather(host, &me, again, INFO_WORDS, RP_COMM_F32, NULL, err)) {
-        free(again);
-        goto fail;
-    }
-    use = use && all_ok(again, n);
-    free(again);
+    /* the same addresses again, with each rank's ok after enabling */
+    if (rp_comm_all_gather(host, &me, all, INFO_WORDS, RP_COMM_F32, NULL, err)) goto fail;
+    use = use && all_ok(all, n);
     if (!use) {
         if (rank == 0)
             rp_log_warn("tensor parallel: the GPUs cannot all reach each other's memory; every all-reduce "
