@@ -47,6 +47,9 @@ static size_t flag_bytes(void) {
 static int p2p_all_reduce_sum(rp_comm *c, void *buf, size_t count, rp_comm_dtype dtype, void *stream, rp_err *err) {
     p2p_comm *pc = (p2p_comm *)c;
     const size_t bytes = count * (dtype == RP_COMM_F32 ? 4 : 2);
+    /* Every rank must take the same path: the size is the same on all of
+     * them, and so is the buffer's alignment, since the ranks' backends
+     * allocate the same buffers for shards of the same shapes. */
     if (bytes == 0 || bytes > pc->args.slot_bytes || bytes % 16 || ((uintptr_t)buf & 15))
         return rp_comm_all_reduce_sum(pc->inner, buf, count, dtype, stream, err);
     if (atomic_load(&pc->aborted)) return rp_errf(err, "all-reduce: the tensor-parallel group was aborted");
@@ -169,17 +172,9 @@ rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_
         if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
         else if (e != cudaSuccess) me.ok = 0, cudaGetLastError();
     }
-    p2p_info *again = calloc((size_t)n, sizeof *again);
-    if (!again) {
-        rp_errf(err, "out of memory");
-        goto fail;
-    }
-    if (rp_comm_all_gather(host, &me, again, INFO_WORDS, RP_COMM_F32, NULL, err)) {
-        free(again);
-        goto fail;
-    }
-    use = use && all_ok(again, n);
-    free(again);
+    /* the same addresses again, with each rank's ok after enabling */
+    if (rp_comm_all_gather(host, &me, all, INFO_WORDS, RP_COMM_F32, NULL, err)) goto fail;
+    use = use && all_ok(all, n);
     if (!use) {
         if (rank == 0)
             rp_log_warn("tensor parallel: the GPUs cannot all reach each other's memory; every all-reduce "

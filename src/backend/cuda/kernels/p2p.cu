@@ -36,8 +36,8 @@ __device__ __forceinline__ void acc16(float s[8], uint4 v, bool bf16) {
     if (bf16) {
         const uint32_t w[4] = {v.x, v.y, v.z, v.w};
         for (int i = 0; i < 4; i++) {
-            s[2 * i] += __uint_as_float(w[i] << 16);
-            s[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+            s[2 * i] += rp_bf16_lo(w[i]);
+            s[2 * i + 1] += rp_bf16_hi(w[i]);
         }
     } else {
         s[0] += __uint_as_float(v.x), s[1] += __uint_as_float(v.y);
@@ -48,9 +48,8 @@ __device__ __forceinline__ void acc16(float s[8], uint4 v, bool bf16) {
 __device__ __forceinline__ uint4 pack16(const float s[8], bool bf16) {
     if (!bf16) return make_uint4(__float_as_uint(s[0]), __float_as_uint(s[1]), __float_as_uint(s[2]),
                                  __float_as_uint(s[3]));
-    uint32_t w[4];
-    for (int i = 0; i < 4; i++) w[i] = (uint32_t)rp_f32_bf16(s[2 * i]) | (uint32_t)rp_f32_bf16(s[2 * i + 1]) << 16;
-    return make_uint4(w[0], w[1], w[2], w[3]);
+    return make_uint4(rp_pack_bf16x2(s[0], s[1]), rp_pack_bf16x2(s[2], s[3]), rp_pack_bf16x2(s[4], s[5]),
+                      rp_pack_bf16x2(s[6], s[7]));
 }
 
 /* buf: n16 16-byte vectors, 16-byte aligned (comm_p2p.c sends the rest to
