@@ -210,12 +210,17 @@ extern "C" int rp_k_decode_step(const rp_decode_step *s, const rp_decode_step_tu
     cfg.blockDim = dim3(DS_THREADS);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    /* every block must be resident at once (grid barriers) */
+    /* every block must be resident at once (grid barriers): one block an
+     * SM (check_device's occupancy), which the cooperative launch also
+     * promises. Not under tensor parallelism (experiment): an eager
+     * cooperative launch may block the rank's host thread, in the driver,
+     * until the GPU can take the grid, while the other rank's thread needs
+     * the same driver to launch what this GPU's last kernel waits for. */
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = s->tp.n ? 0 : 1;
     e = cudaLaunchKernelEx(&cfg, fn, a);
     if (e != cudaSuccess) {
         cudaGetLastError();
