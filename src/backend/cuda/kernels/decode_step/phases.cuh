@@ -58,6 +58,28 @@ __device__ __forceinline__ uint32_t pack_xs(float lo, float hi) {
     else return rp_pack_bf16x2(lo, hi);
 }
 
+/* The end of a staging: this thread's values of the row (v: its chunks of
+ * 8, ss: the sum of their squares) normalised by the whole row's RMS and
+ * the norm's weights, into x. */
+template <bool F16, int J>
+__device__ __forceinline__ void store_normed(uint16_t *xs, const float (&v)[J][8], float ss, const ds_nw &nw, int H,
+                                             float eps, float *red) {
+    const float inv = 1.0f / sqrtf(csum(ss, red) / (float)H + eps);
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
+        if (i < H) {
+            const uint4 g = nw.g[j];
+            *reinterpret_cast<uint4 *>(xs + i) =
+                make_uint4(pack_xs<F16>(rp_bf16_lo(g.x) * (v[j][0] * inv), rp_bf16_hi(g.x) * (v[j][1] * inv)),
+                           pack_xs<F16>(rp_bf16_lo(g.y) * (v[j][2] * inv), rp_bf16_hi(g.y) * (v[j][3] * inv)),
+                           pack_xs<F16>(rp_bf16_lo(g.z) * (v[j][4] * inv), rp_bf16_hi(g.z) * (v[j][5] * inv)),
+                           pack_xs<F16>(rp_bf16_lo(g.w) * (v[j][6] * inv), rp_bf16_hi(g.w) * (v[j][7] * inv)));
+        }
+    }
+    cbar(); /* x is complete before any warp multiplies with it */
+}
+
 /* x = bf16(w * (row * inv)) (F16: f16), row from the fp32 residual or
  * (layer 0) the embedding row; the same expression as the RMSNORM GEMV
  * input. rs, if given, keeps the row: the residual does not change between
@@ -91,20 +113,7 @@ __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, 
             }
         }
     }
-    const float inv = 1.0f / sqrtf(csum(ss, red) / (float)H + eps);
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
-        if (i < H) {
-            const uint4 g = nw.g[j];
-            *reinterpret_cast<uint4 *>(xs + i) =
-                make_uint4(pack_xs<F16>(rp_bf16_lo(g.x) * (v[j][0] * inv), rp_bf16_hi(g.x) * (v[j][1] * inv)),
-                           pack_xs<F16>(rp_bf16_lo(g.y) * (v[j][2] * inv), rp_bf16_hi(g.y) * (v[j][3] * inv)),
-                           pack_xs<F16>(rp_bf16_lo(g.z) * (v[j][4] * inv), rp_bf16_hi(g.z) * (v[j][5] * inv)),
-                           pack_xs<F16>(rp_bf16_lo(g.w) * (v[j][6] * inv), rp_bf16_hi(g.w) * (v[j][7] * inv)));
-        }
-    }
-    cbar(); /* x is complete before any warp multiplies with it */
+    store_normed<F16>(xs, v, ss, nw, H, eps, red);
 }
 
 /* stage_norm under tensor parallelism (rp_decode_step_tp), after sum c:
@@ -152,20 +161,7 @@ __device__ void stage_norm_tp(uint16_t *xs, const rp_decode_step_tp &tp, int c, 
             }
         }
     }
-    const float inv = 1.0f / sqrtf(csum(ss, red) / (float)H + eps);
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
-        if (i < H) {
-            const uint4 g = nw.g[j];
-            *reinterpret_cast<uint4 *>(xs + i) =
-                make_uint4(pack_xs<F16>(rp_bf16_lo(g.x) * (v[j][0] * inv), rp_bf16_hi(g.x) * (v[j][1] * inv)),
-                           pack_xs<F16>(rp_bf16_lo(g.y) * (v[j][2] * inv), rp_bf16_hi(g.y) * (v[j][3] * inv)),
-                           pack_xs<F16>(rp_bf16_lo(g.z) * (v[j][4] * inv), rp_bf16_hi(g.z) * (v[j][5] * inv)),
-                           pack_xs<F16>(rp_bf16_lo(g.w) * (v[j][6] * inv), rp_bf16_hi(g.w) * (v[j][7] * inv)));
-        }
-    }
-    cbar(); /* x is complete before any warp multiplies with it */
+    store_normed<F16>(xs, v, ss, nw, H, eps, red);
 }
 
 /* x copied from a 2-byte buffer; F16: the buffer is bf16 (attention's
