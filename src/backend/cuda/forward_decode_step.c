@@ -157,9 +157,10 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
          * might not, so the ranks keep what all of them can run. */
         rp_comm *host = cb->base.cfg.tp.host;
         int32_t all[RP_DECODE_STEP_TP_MAX], mine = cb->decode_step_ok;
-        if (!host || host->size > RP_DECODE_STEP_TP_MAX ||
-            rp_comm_all_gather(host, &mine, all, 1, RP_COMM_F32, NULL, err))
-            return host ? RP_ERR : rp_errf(err, "tensor parallelism: the one-kernel decode step has no host comm");
+        if (!host || host->size > RP_DECODE_STEP_TP_MAX)
+            return rp_errf(err, "tensor parallelism: the one-kernel decode step needs the host comm of at most %d "
+                                "ranks", RP_DECODE_STEP_TP_MAX);
+        if (rp_comm_all_gather(host, &mine, all, 1, RP_COMM_F32, NULL, err)) return RP_ERR;
         for (int k = 0; k < host->size; k++) cb->decode_step_ok &= all[k];
         if (cb->decode_step_ok != mine)
             rp_log_warn("cuda: rank %d: another rank's GPU cannot run the one-kernel decode step: decode runs a "
