@@ -197,7 +197,7 @@ PY
       # NCCL not)
       # (apart, so that each may fit one 10-minute device call: on two H200s the others took ~5
       # minutes; llama3-70b's 8 layers, with their fp32 reference on the CPU, did not finish in the
-      # ~1.5 minutes left of such a call)
+      # time left of such a call)
       if [ "$stage" = tp-models ]; then
         for t in "test_small*" test_qwen3_8b test_llama3_8b test_too_many; do
           REPLAY_TEST_ONLY="$t" run_test test_cuda_tp "test_cuda_tp-${t%\*}"
