@@ -7,9 +7,10 @@
 # killed mid-generation (node 0 must fail within seconds), SIGTERM to node 0 of a two-node serve
 # (both exit 0), and profile --tp 2. tp-models is test_cuda_tp (qwen3-0.6b, qwen3-8b, llama3-8b
 # shapes, N = 2 against one GPU's logits and greedy tokens, and both against the CPU's fp32); on
-# one GPU its ranks share it; tp-70b is its llama3-70b shape (8 layers) alone. sanitize is sanitize-main (the kernel tests, the sampler's memcheck,
-# a decode and a prefill forward) then sanitize-race (the sampler's tests under racecheck, ~8
-# minutes): apart, each fits one 10-minute device call. Prints one table per stage; logs go to
+# one GPU its ranks share it; tp-70b is its llama3-70b shape (8 layers) alone. sanitize is
+# sanitize-main (the kernel tests, the sampler's memcheck, a decode and a prefill forward) then
+# sanitize-race (the sampler's tests under racecheck, ~8 minutes): apart, each fits one
+# 10-minute device call. Prints one table per stage; logs go to
 # $OUT.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
