@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after scripts/gpu-bundle.sh
 # packed .gpu/ here and the device tool carried it there:
-#   bash scripts/gpu-check.sh [tests] [server] [sanitize] [compare] [bench] [bench-quick] [tp] [tp-models]
+#   bash scripts/gpu-check.sh [tests] [server] [sanitize] [compare] [bench] [bench-quick] [tp] [tp-models] [tp-70b]
 # (no argument: tests server compare bench). tp needs two GPUs (nvidia-h200-x2; with one it says
 # so and passes): generate --tp 2 against one GPU, two "nodes" of a GPU each on this host, node 1
 # killed mid-generation (node 0 must fail within seconds), SIGTERM to node 0 of a two-node serve
 # (both exit 0), and profile --tp 2. tp-models is test_cuda_tp (qwen3-0.6b, qwen3-8b, llama3-8b
 # shapes, N = 2 against one GPU's logits and greedy tokens, and both against the CPU's fp32); on
-# one GPU its ranks share it. sanitize is sanitize-main (the kernel tests, the sampler's memcheck,
-# a decode and a prefill forward) then sanitize-race (the sampler's tests under racecheck, ~8
-# minutes): apart, each fits one 10-minute device call. Prints one table per stage; logs go to
+# one GPU its ranks share it; tp-70b is its llama3-70b shape (8 layers) alone. sanitize is
+# sanitize-main (the kernel tests, the sampler's memcheck, a decode and a prefill forward) then
+# sanitize-race (the sampler's tests under racecheck, ~8 minutes): apart, each fits one
+# 10-minute device call. Prints one table per stage; logs go to
 # $OUT.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}
@@ -25,10 +26,10 @@ summary=()
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 
-run_test() { # name
-  local t0=$SECONDS
-  if "$B/$1" >"$OUT/$1.log" 2>&1; then summary+=("$1: ok ($((SECONDS - t0))s)")
-  else summary+=("$1: FAILED (see $1.log)"); status=1; tail -30 "$OUT/$1.log"; fi
+run_test() { # name [label: the log's name and the summary's, default the name]
+  local t0=$SECONDS l=${2:-$1}
+  if "$B/$1" >"$OUT/$l.log" 2>&1; then summary+=("$l: ok ($((SECONDS - t0))s)")
+  else summary+=("$l: FAILED (see $l.log)"); status=1; tail -30 "$OUT/$l.log"; fi
 }
 
 for stage in $stages; do
@@ -191,11 +192,20 @@ PY
         grep -E '^qwen3-[^ ]+ +(1|7) ' "$OUT/compare-fp8-$m.log" | grep -qiE 'FAIL' && status=1
       done
       ;;
-    tp|tp-models)
+    tp|tp-models|tp-70b)
       # tensor parallelism (docs/tensor-parallel.md): two GPUs at least; test_cuda_tp also runs on
       # one, its ranks sharing it (collectives through the host, no graphs: the split checked,
       # NCCL not)
-      if [ "$stage" = tp-models ]; then run_test test_cuda_tp; continue; fi
+      # (apart, so that each may fit one 10-minute device call: on two H200s the others took ~5
+      # minutes; llama3-70b's 8 layers, with their fp32 reference on the CPU, did not finish in the
+      # time left of such a call)
+      if [ "$stage" = tp-models ]; then
+        for t in "test_small*" test_qwen3_8b test_llama3_8b test_too_many; do
+          REPLAY_TEST_ONLY="$t" run_test test_cuda_tp "test_cuda_tp-${t%\*}"
+        done
+        continue
+      fi
+      if [ "$stage" = tp-70b ]; then REPLAY_TEST_ONLY=test_llama3_70b run_test test_cuda_tp test_cuda_tp-test_llama3_70b; continue; fi
       ngpu=$(nvidia-smi -L | wc -l)
       if [ "$ngpu" -lt 2 ]; then
         summary+=("$stage: skipped: $ngpu GPU visible, tensor parallelism needs 2 (nvidia-h200-x2)")
