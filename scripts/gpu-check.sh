@@ -6,8 +6,10 @@
 # so and passes): generate --tp 2 against one GPU, two "nodes" of a GPU each on this host, node 1
 # killed mid-generation (node 0 must fail within seconds), SIGTERM to node 0 of a two-node serve
 # (both exit 0), and profile --tp 2. tp-models is test_cuda_tp (qwen3-0.6b, qwen3-8b, llama3-8b
-# shapes, N = 2 against one GPU's logits and greedy tokens, and both against the CPU's fp32); on
-# one GPU its ranks share it; tp-70b is its llama3-70b shape (8 layers) alone. sanitize is
+# shapes, N = 2 (and 4 with four GPUs) against one GPU's logits and greedy tokens, and both
+# against the CPU's fp32; the one-kernel decode step of a shard); on one GPU its ranks share it;
+# tp-70b is llama3-70b's first 8 layers against transformers at --tp 1, 2 (and 4), then its 2
+# layers in test_cuda_tp. sanitize is
 # sanitize-main (the kernel tests, the sampler's memcheck, a decode and a prefill forward) then
 # sanitize-race (the sampler's tests under racecheck, ~8 minutes): apart, each fits one
 # 10-minute device call. Prints one table per stage; logs go to
@@ -196,16 +198,34 @@ PY
       # tensor parallelism (docs/tensor-parallel.md): two GPUs at least; test_cuda_tp also runs on
       # one, its ranks sharing it (collectives through the host, no graphs: the split checked,
       # NCCL not)
-      # (apart, so that each may fit one 10-minute device call: on two H200s the others took ~5
-      # minutes; llama3-70b's 8 layers, with their fp32 reference on the CPU, did not finish in the
-      # time left of such a call)
+      # (apart, so that each may fit one 10-minute device call: on two H200s tp-models took ~5
+      # minutes)
       if [ "$stage" = tp-models ]; then
-        for t in "test_small*" test_qwen3_8b test_llama3_8b test_too_many; do
+        for t in "test_small*" test_qwen3_8b test_llama3_8b "test_step*" test_too_many; do
           REPLAY_TEST_ONLY="$t" run_test test_cuda_tp "test_cuda_tp-${t%\*}"
         done
         continue
       fi
-      if [ "$stage" = tp-70b ]; then REPLAY_TEST_ONLY=test_llama3_70b run_test test_cuda_tp test_cuda_tp-test_llama3_70b; continue; fi
+      if [ "$stage" = tp-70b ]; then
+        # llama3-70b's first 8 layers against transformers (fp32, on the GPU) on one GPU and over 2
+        # (and 4 where visible): the split as close to fp32 as one GPU, test_cuda_tp's rule (within
+        # 1.25x plus 1e-3) on gpu_compare.py's replay column (its own rule, against transformers'
+        # bf16, is the one-GPU check's: the compare stage)
+        ngpu=$(nvidia-smi -L | wc -l)
+        for n in 1 2 4; do
+          [ "$n" -le "$ngpu" ] || continue
+          python3 tools/gpu_compare.py --replay "$B/replay" --shapes llama3-70b --layers 8 --lens 1,7,1000 --tp $n \
+            >"$OUT/compare-70b-tp$n.log" 2>&1
+          [ "$n" = 1 ] && continue
+          if awk 'FNR == 1 { f++ } $1 == "llama3-70b" && $2 ~ /^[0-9]+$/ { if (f == 1) one[$2] = $3; else { n++; if ($3 > 1.25 * one[$2] + 1e-3) bad++ } }
+                  END { exit !(n == 3 && !bad) }' "$OUT/compare-70b-tp1.log" "$OUT/compare-70b-tp$n.log"; then
+            summary+=("llama3-70b (8 layers) --tp $n against transformers: as close as one GPU ($(awk '$1 == "llama3-70b" && $2 ~ /^[0-9]+$/ { printf "%s ", $3 }' "$OUT/compare-70b-tp$n.log")against $(awk '$1 == "llama3-70b" && $2 ~ /^[0-9]+$/ { printf "%s ", $3 }' "$OUT/compare-70b-tp1.log"))")
+          else summary+=("llama3-70b (8 layers) --tp $n against transformers: FAILED (see compare-70b-tp$n.log, compare-70b-tp1.log)"); status=1
+            tail -8 "$OUT/compare-70b-tp1.log" "$OUT/compare-70b-tp$n.log"; fi
+        done
+        REPLAY_TEST_ONLY=test_llama3_70b run_test test_cuda_tp test_cuda_tp-test_llama3_70b
+        continue
+      fi
       ngpu=$(nvidia-smi -L | wc -l)
       if [ "$ngpu" -lt 2 ]; then
         summary+=("$stage: skipped: $ngpu GPU visible, tensor parallelism needs 2 (nvidia-h200-x2)")

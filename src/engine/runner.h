@@ -169,12 +169,6 @@ int rp_runner_forward_greedy(rp_runner *r, rp_batch *bt, int rows, int32_t *tok,
  * is a plain decode step). Wall and device milliseconds of the step. */
 int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k, const int *ks, const int32_t *drafts,
                           int32_t *out, double *wall_ms, double *gpu_ms, rp_err *err);
-/* Runs each prompt (n[p] tokens of ids[p]): prefilled together in chunks
- * as the batch's tokens and logit rows allow, then `steps` greedy tokens
- * each (tokens[p * steps + k]) decoded together, one step per token. With
- * logits != NULL, logits[p] receives the logits at every prompt position
- * ([n[p]][vocab]). The pages are given back afterwards. For `replay logits`
- * and the tests; the engine is what serves requests. */
 /* One prompt (n tokens of ids) prefilled, then `steps` decode steps fed
  * forced[k] instead of a sampled token (every run sees the same inputs,
  * whatever its logits), each step's logits into logits + k * vocab. The
@@ -182,6 +176,12 @@ int rp_runner_verify_step(rp_runner *r, const rp_runner_seq *seqs, int B, int k,
  * (tests/test_cuda_tp.c). */
 int rp_runner_forced_decode(rp_runner *r, const int32_t *ids, int n, const int32_t *forced, int steps, float *logits,
                             rp_err *err);
+/* Runs each prompt (n[p] tokens of ids[p]): prefilled together in chunks
+ * as the batch's tokens and logit rows allow, then `steps` greedy tokens
+ * each (tokens[p * steps + k]) decoded together, one step per token. With
+ * logits != NULL, logits[p] receives the logits at every prompt position
+ * ([n[p]][vocab]). The pages are given back afterwards. For `replay logits`
+ * and the tests; the engine is what serves requests. */
 int rp_runner_run_prompts(rp_runner *r, int num_prompts, const int32_t *const *ids, const int *n, float *const *logits,
                           int steps, int32_t *tokens, rp_err *err);
 

@@ -211,11 +211,13 @@ extern "C" int rp_k_decode_step(const rp_decode_step *s, const rp_decode_step_tu
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     /* every block must be resident at once (grid barriers): one block an
-     * SM (check_device's occupancy), which the cooperative launch also
-     * promises. Not under tensor parallelism (experiment): an eager
-     * cooperative launch may block the rank's host thread, in the driver,
-     * until the GPU can take the grid, while the other rank's thread needs
-     * the same driver to launch what this GPU's last kernel waits for. */
+     * SM, which check_device's occupancy makes sure of and the cooperative
+     * launch also promises. Not under tensor parallelism: there an eager
+     * cooperative launch hung roughly every other test run, both ranks'
+     * host threads inside the launch while one GPU's kernel waited for the
+     * other's (the driver holding one rank's thread until its GPU could
+     * take the grid, by the debugger's stacks); without the attribute, every
+     * run passed (bench/RESULTS.md, issue 42). */
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;
