@@ -905,6 +905,12 @@ static int bench_offline_with(int argc, char **argv, rp_structured_opts *so) {
     if (!strcmp(dev, "cuda")) {
         if (rp_cuda_read_bandwidth(0, &read_gbs, &copy_gbs)) rp_log_warn("could not measure the read bandwidth");
         if (rp_cuda_matmul_tflops(0, &tflops)) rp_log_warn("could not measure the matrix rate");
+        /* tensor parallelism: the workload runs on every GPU of the group at
+         * once, each with its share of the weights and the FLOPs; their
+         * ceilings add up (GPU 0's, times the ranks: GPUs of one kind) */
+        const int ranks = mo.tp_size > 1 ? mo.tp_size : 1;
+        read_gbs *= ranks;
+        tflops *= ranks;
     }
 #endif
     rp_cli_engine_model(&mo, &ec);
@@ -1077,7 +1083,8 @@ static int bench_offline_with(int argc, char **argv, rp_structured_opts *so) {
         double t_step = step_bytes / (read_gbs * 1e9);
         if (step_flops / (tflops * 1e12) > t_step) t_step = step_flops / (tflops * 1e12);
         double bound = prefill_flops / (tflops * 1e12) + steps * t_step;
-        printf("  %-34s %12.0f TFLOP/s, %.0f GB/s read\n", "measured ceilings", tflops, read_gbs);
+        printf("  %-34s %12.0f TFLOP/s, %.0f GB/s read%s\n", "measured ceilings", tflops, read_gbs,
+               mo.tp_size > 1 ? " (GPU 0's times the ranks)" : "");
         printf("  %-34s %12.2f s (prefill %.2f s + %.0f decode steps of %.2f ms at batch %.0f)\n", "lower bound",
                bound, prefill_flops / (tflops * 1e12), steps, t_step * 1e3, B);
         printf("  %-34s %12.1f%%\n", "bound / measured", 100.0 * bound / elapsed);
