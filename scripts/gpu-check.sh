@@ -338,11 +338,13 @@ PY
         summary+=("fault: SIGTERM to node 0 of a two-node serve mid-request: both exit 0, node 1 on node 0's shutdown")
       else summary+=("fault: SIGTERM to node 0: node 0 rc $rc0, node 1 rc $rc1 (want 0 and 0; see term-node*.err)"); status=1
         tail -5 "$OUT/term-node0.err" "$OUT/term-node1.err"; fi
-      # where a tensor-parallel step's time goes, the all-reduces beside the kernels
-      for s in qwen3-0.6b llama3-8b; do
-        "$B/replay" profile --dummy-weights $s --tp 2 --batch 1 --ctx 512 --steps 16 >"$OUT/tp-profile-$s.txt" 2>"$OUT/tp-profile-$s.err" \
-          && summary+=("profile --tp 2 ($s): $(grep -o 'all-reduces and the logit gather [0-9.]* us a step ([0-9.]*%' "$OUT/tp-profile-$s.txt"); step $(awk '/^  wall/ {print $3 " ms graph"}' "$OUT/tp-profile-$s.txt")") \
-          || { summary+=("profile --tp 2 ($s): FAILED (see tp-profile-$s.err)"); status=1; }
+      # where a tensor-parallel step's time goes, the all-reduces beside the kernels (batch 1: the
+      # one-kernel step, its sums inside; batch 8: the chain, each a collective of its own)
+      for sb in qwen3-0.6b:1 llama3-8b:1 llama3-8b:8; do
+        s=${sb%:*} b=${sb#*:} f="$OUT/tp-profile-${sb/:/-b}"
+        "$B/replay" profile --dummy-weights $s --tp 2 --batch $b --ctx 512 --steps 16 >"$f.txt" 2>"$f.err" \
+          && summary+=("profile --tp 2 ($s, batch $b): $(sed -n 's/^Tensor parallel over [0-9]* GPUs: //p' "$f.txt" | cut -d, -f1); step $(awk '/^  wall/ {print $3 " ms graph"}' "$f.txt")") \
+          || { summary+=("profile --tp 2 ($s, batch $b): FAILED (see $f.err)"); status=1; }
       done
       ;;
     bench|bench-quick)
