@@ -3,6 +3,7 @@
  * the metadata block, which sequence counts it takes on this model and GPU,
  * its launch inside a forward, its counters, its timing alone for `replay
  * bench kernels`, and in the trace build its trace and timeline. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -243,6 +244,17 @@ int rp_cuda_time_decode_step(rp_backend *b, int reps, int inner, double *us, rp_
 }
 
 #ifdef REPLAY_DECODE_STEP_TRACE
+/* Appends to a fixed buffer (the trace is written at once: tensor-parallel
+ * ranks print theirs from their own threads). */
+static void tr_append(char *buf, size_t cap, size_t *pos, const char *fmt, ...) {
+    if (*pos >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(buf + *pos, cap - *pos, fmt, ap);
+    va_end(ap);
+    if (n > 0) *pos += (size_t)n < cap - *pos ? (size_t)n : cap - *pos;
+}
+
 /* Where the blocks' time went in the last one-kernel step (mean and max
  * over blocks, microseconds). */
 static void print_decode_step_trace(rp_cuda_backend *cb) {
@@ -252,7 +264,13 @@ static void print_decode_step_trace(rp_cuda_backend *cb) {
         free(h);
         return;
     }
-    fprintf(stderr, "decode step trace (last launch, %d blocks): mean / max\n", cb->num_sms);
+    char out[4096];
+    size_t pos = 0;
+    if (cb->comm)
+        tr_append(out, sizeof out, &pos, "decode step trace, rank %d of %d (last launch, %d blocks): mean / max\n",
+                  cb->base.cfg.tp.rank, cb->base.cfg.tp.size, cb->num_sms);
+    else
+        tr_append(out, sizeof out, &pos, "decode step trace (last launch, %d blocks): mean / max\n", cb->num_sms);
     for (int k = 0; k < RP_DECODE_STEP_TRACE_SLOTS; k++) {
         double sum = 0, mx = 0, div = k == RP_DECODE_STEP_TRACE_SLOTS - 1 ? 1.0 : 1e3; /* the last is a count */
         for (int b = 0; b < cb->num_sms; b++) {
@@ -260,8 +278,8 @@ static void print_decode_step_trace(rp_cuda_backend *cb) {
             sum += v;
             if (v > mx) mx = v;
         }
-        fprintf(stderr, "  %-30s %10.1f %10.1f%s\n", rp_decode_step_trace_names[k], sum / cb->num_sms, mx,
-                k == RP_DECODE_STEP_TRACE_SLOTS - 1 ? "" : " us");
+        tr_append(out, sizeof out, &pos, "  %-30s %10.1f %10.1f%s\n", rp_decode_step_trace_names[k], sum / cb->num_sms,
+                  mx, k == RP_DECODE_STEP_TRACE_SLOTS - 1 ? "" : " us");
     }
     /* Each barrier: how far apart the blocks arrived, how long the last
      * arrival took to release the first waiter, and the work before it
@@ -292,11 +310,14 @@ static void print_decode_step_trace(rp_cuda_backend *cb) {
         after[k % 5] += ((double)rmin - (double)fmax) / 1e3 / L;
     }
     if (nb)
-        fprintf(stderr, "  per barrier, mean over layers (us): arrival spread / release latency / work before /"
-                        " fence mean / fence of the last / release after the last fence\n");
+        tr_append(out, sizeof out, &pos,
+                  "  per barrier, mean over layers (us): arrival spread / release latency / work before /"
+                  " fence mean / fence of the last / release after the last fence%s\n",
+                  cb->comm ? " (after o and down: the release waits for every rank's blocks)" : "");
     for (int k = 0; nb && k < 5; k++)
-        fprintf(stderr, "    %-16s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", kind[k], spread[k], latency[k], work[k],
-                fmean[k], flast[k], after[k]);
+        tr_append(out, sizeof out, &pos, "    %-16s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", kind[k], spread[k],
+                  latency[k], work[k], fmean[k], flast[k], after[k]);
+    fputs(out, stderr);
     free(h);
 }
 

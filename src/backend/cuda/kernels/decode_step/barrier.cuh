@@ -74,14 +74,20 @@ __device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int g
  * so the barriers after it and the producer's count of arrivals (arrived:
  * five a layer) stay as they are; the embedding's barrier, which the
  * kernel has only under tensor parallelism, counts neither. */
+/* bt (the trace build, local barriers): as grid_sync's, the release then
+ * counting the other ranks' blocks too. */
 template <class F>
 __device__ __forceinline__ void grid_sync_tp(const rp_decode_step_tp &tp, unsigned *ctr, unsigned &target, int grid,
-                                             unsigned tp_target, bool local, volatile int *arrived, F &&between) {
+                                             unsigned tp_target, bool local, uint64_t *bt, volatile int *arrived,
+                                             F &&between) {
     cbar();
+    uint64_t t0 = 0;
     if (threadIdx.x == 0) {
+        if (bt) t0 = ds_now();
         asm volatile("fence.acq_rel.sys;" ::: "memory");
         if (local) {
             target += (unsigned)grid;
+            if (bt) bt[RP_DECODE_STEP_TRACE_FENCE - 16 + target / (unsigned)grid - 1] = ds_now();
             asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
         }
         for (int k = 0; k < tp.n; k++) asm volatile("red.relaxed.sys.global.add.u32 [%0], 1;" ::"l"(tp.ctr[k]) : "memory");
@@ -93,6 +99,11 @@ __device__ __forceinline__ void grid_sync_tp(const rp_decode_step_tp &tp, unsign
         for (unsigned spins = 0;; spins++) {
             asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(tp.ctr[tp.rank]) : "memory");
             if ((int)(v - tp_target) >= 0 || ((spins & 255) == 255 && *(const volatile int *)tp.abort)) break;
+        }
+        if (bt && local) {
+            const unsigned k = target / (unsigned)grid - 1;
+            bt[2 * k] = t0;
+            bt[2 * k + 1] = ds_now();
         }
     }
     cbar();

@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32)
             s.residual[(int64_t)b * H + k] = rp_bf16_f32(e[k]);
     }
-    if constexpr (TP) grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + tp_all, false, arrived, [] {});
+    if constexpr (TP) grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + tp_all, false, nullptr, arrived, [] {});
     /* trace: thread 0's time per kind of work (its warp's view) */
     uint64_t trl[TR_PIECES + 1] = {}, *tr = TRACE && threadIdx.x == 0 ? trl : nullptr;
     uint64_t *bt = tr ? s.trace + blockIdx.x * TR_N + 16 : nullptr;
@@ -165,8 +165,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
                                   tl, launch));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         if constexpr (TP)
-            grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + (2u * l + 2u) * tp_all, true, arrived,
-                         [&] { load_nw(nw, ds_norm(s, l, 1), H); });
+            DS_T(TR_SYNC, grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + (2u * l + 2u) * tp_all, true, bt, arrived,
+                                       [&] { load_nw(nw, ds_norm(s, l, 1), H); }));
         else
             DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
                      if constexpr (NB == 1) load_nw(nw, ds_norm(s, l, 1), H);
@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
                                   tl, launch));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         if constexpr (TP)
-            grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + (2u * l + 3u) * tp_all, true, arrived,
-                         [&] { load_nw(nw, ds_norm(s, l + 1, 0), H); });
+            DS_T(TR_SYNC, grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + (2u * l + 3u) * tp_all, true, bt, arrived,
+                                       [&] { load_nw(nw, ds_norm(s, l + 1, 0), H); }));
         else
             DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
                      if constexpr (NB == 1) load_nw(nw, ds_norm(s, l + 1, 0), H);
