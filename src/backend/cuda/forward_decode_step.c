@@ -350,7 +350,9 @@ void rp_cuda_decode_step_trace_finish(rp_cuda_backend *cb) {
 #ifdef REPLAY_DECODE_STEP_TRACE
     if (!cb->ds.trace) return;
     print_decode_step_trace(cb);
-    if (cb->ds.timeline) write_decode_step_timeline(cb, cb->base.cfg.trace_timeline_path);
+    /* (under tensor parallelism rank 0's: the ranks share the path) */
+    if (cb->ds.timeline && (!cb->comm || cb->base.cfg.tp.rank == 0))
+        write_decode_step_timeline(cb, cb->base.cfg.trace_timeline_path);
     rp_cuda_free(cb->ds.trace);
     rp_cuda_free(cb->ds.timeline);
     cb->ds.trace = cb->ds.timeline = NULL;
