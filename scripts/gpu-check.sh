@@ -9,10 +9,9 @@
 # shapes, N = 2 (and 4 with four GPUs) against one GPU's logits and greedy tokens, and both
 # against the CPU's fp32; the one-kernel decode step of a shard); on one GPU its ranks share it;
 # tp-70b is llama3-70b's first 8 layers against transformers at --tp 1, 2 (and 4), then its 2
-# layers in test_cuda_tp. sanitize is
-# sanitize-main (the kernel tests, the sampler's memcheck, a decode and a prefill forward) then
-# sanitize-race (the sampler's tests under racecheck, ~8 minutes): apart, each fits one
-# 10-minute device call. Prints one table per stage; logs go to
+# layers in test_cuda_tp. sanitize is sanitize-main (the kernel tests, the sampler's memcheck, a
+# decode and a prefill forward) then sanitize-race (the sampler's tests under racecheck, ~8
+# minutes): apart, each fits one 10-minute device call. Prints one table per stage; logs go to
 # $OUT.
 set -uo pipefail
 G=${GPU_DIR:-.gpu}

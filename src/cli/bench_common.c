@@ -20,6 +20,15 @@ double rp_bench_median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* (the names forward_chain.c and forward_decode_step.c mark) */
+int rp_bench_is_collective(const char *profile_name) {
+    return !strncmp(profile_name, "all_reduce", 10) || !strncmp(profile_name, "all_gather", 10);
+}
+
+int rp_bench_is_one_kernel_step(const char *profile_name) {
+    return !strncmp(profile_name, "decode step (one kernel", 23);
+}
+
 int rp_bench_parse_list(const char *s, int *out, int max) {
     int n = 0;
     const char *p = s;

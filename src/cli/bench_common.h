@@ -13,6 +13,11 @@
 
 /* The median of v[0..n) (sorts v). */
 double rp_bench_median(double *v, int n);
+/* Tensor parallelism, by a backend profile entry's name: a collective (an
+ * all-reduce or the logit gather), or the one-kernel decode step, whose
+ * sums run inside it where no event can time them apart. */
+int rp_bench_is_collective(const char *profile_name);
+int rp_bench_is_one_kernel_step(const char *profile_name);
 /* "1,8,32" -> sizes in 1..1024; the count, or -1. */
 int rp_bench_parse_list(const char *s, int *out, int max);
 

@@ -519,12 +519,11 @@ static int bench_decode(int argc, char **argv) {
                 rp_profile_entry ent[4096];
                 int n = be->ops->profile(be, ent, 4096);
                 double coll = 0, all = 0;
-                int one_kernel = 0; /* the one-kernel step sums inside, between its phases */
+                int one_kernel = 0;
                 for (int i = 0; i < n; i++) {
                     all += ent[i].ms;
-                    if (!strncmp(ent[i].name, "all_reduce", 10) || !strncmp(ent[i].name, "all_gather", 10))
-                        coll += ent[i].ms;
-                    if (!strncmp(ent[i].name, "decode step (one kernel", 23)) one_kernel = 1;
+                    if (rp_bench_is_collective(ent[i].name)) coll += ent[i].ms;
+                    if (rp_bench_is_one_kernel_step(ent[i].name)) one_kernel = 1;
                 }
                 printf("%5s  %-6s %s %.3f ms of the step's %.3f ms (rank 0's events)\n", "", "",
                        one_kernel ? "sums inside the one-kernel step; logit gather" : "all-reduces + logit gather",

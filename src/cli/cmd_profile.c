@@ -200,11 +200,10 @@ static int run(int argc, char **argv) {
     /* tensor parallelism: the collectives' share (rank 0's events: its time
      * in them includes waiting for the slowest rank) */
     double coll_ms = 0;
-    int one_kernel = 0; /* the one-kernel step makes its sums inside, between its phases */
+    int one_kernel = 0;
     for (int k = 0; k < nkinds; k++) {
-        if (!strncmp(kinds[k].name, "all_reduce", 10) || !strncmp(kinds[k].name, "all_gather", 10))
-            coll_ms += kinds[k].total_ms;
-        if (!strncmp(kinds[k].name, "decode step (one kernel", 23)) one_kernel = 1;
+        if (rp_bench_is_collective(kinds[k].name)) coll_ms += kinds[k].total_ms;
+        if (rp_bench_is_one_kernel_step(kinds[k].name)) one_kernel = 1;
     }
     if (mo.tp_size > 1)
         printf("Tensor parallel over %d GPUs: %s %.2f us a step (%.1f%% of the eager step), rank 0's events\n\n",

@@ -73,9 +73,9 @@ __device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int g
  * (the o and down barriers) the local counter is counted as by grid_sync,
  * so the barriers after it and the producer's count of arrivals (arrived:
  * five a layer) stay as they are; the embedding's barrier, which the
- * kernel has only under tensor parallelism, counts neither. */
-/* bt (the trace build, local barriers): as grid_sync's, the release then
- * counting the other ranks' blocks too. */
+ * kernel has only under tensor parallelism, counts neither. bt (the trace
+ * build; local barriers only): as grid_sync's, its release counting every
+ * rank's blocks. */
 template <class F>
 __device__ __forceinline__ void grid_sync_tp(const rp_decode_step_tp &tp, unsigned *ctr, unsigned &target, int grid,
                                              unsigned tp_target, bool local, uint64_t *bt, volatile int *arrived,
