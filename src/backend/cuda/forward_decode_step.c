@@ -19,7 +19,9 @@
 int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     uint8_t *d = cb->meta.dev;
-    if (rp_cuda_tuning_resolve(&cb->base.cfg.tuning, c, cb->num_sms, cb->hbm_peak_gbs, &cb->ds_tuning, err)) return RP_ERR;
+    if (rp_cuda_tuning_resolve(&cb->base.cfg.tuning, c, cb->num_sms, cb->hbm_peak_gbs, &cb->ds_tuning,
+                               &cb->tp_halves_min, err))
+        return RP_ERR;
     if (cb->base.cfg.tuning.disable_decode_step) {
         rp_log_info("cuda: the one-kernel decode step is off (tuning.disable_decode_step): decode runs a chain of "
                     "kernels");
@@ -317,7 +319,7 @@ static void print_decode_step_trace(rp_cuda_backend *cb) {
         tr_append(out, sizeof out, &pos,
                   "  per barrier, mean over layers (us): arrival spread / release latency / work before /"
                   " fence mean / fence of the last / release after the last fence%s\n",
-                  cb->comm ? " (after o and down no block waits: the next staging waits for the ranks' rows)" : "");
+                  cb->comm ? " (after o and down: the release waits for every rank's blocks)" : "");
     for (int k = 0; nb && k < 5; k++)
         tr_append(out, sizeof out, &pos, "    %-16s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f\n", kind[k], spread[k],
                   latency[k], work[k], fmean[k], flast[k], after[k]);

@@ -281,19 +281,20 @@ typedef struct rp_decode_layer { /* the matrices; the norms are in rp_decode_ste
  * is the rank's shard, its embedding and lm_head its vocabulary rows):
  * the 2 L + 1 sums of a step (the embedding, every o and down product)
  * through peer memory (comm_p2p.c). Each rank writes its partial rows into
- * every rank's recv[c & 1][its rank][:H] (c: the sum's number in the step)
- * as tagged 64-bit words (the float and the sum's number over launches:
- * kernels/decode_step/sync.cuh), so no fence and no counter publish them;
- * each block then reads the N partials from its own GPU's memory, each
- * word until it carries the sum's tag, adds them to the residual of the
- * sum before (res[(c - 1) & 1]) in rank order, and writes its share of
- * res[c & 1]. With the greedy pick, each rank's best token of its
- * vocabulary rows goes the same way into every rank's pick[its rank], and
- * every rank takes the best of the N in rank order. n = 0: none. */
+ * every rank's recv[c & 1][its rank][:H] (c: the sum's number in the step),
+ * then arrives at every rank's counter (the grid barriers after those
+ * phases count all ranks' blocks); each block then reads the N partials
+ * from its own GPU's memory, adds them to the residual of the sum before
+ * (res[(c - 1) & 1]) in rank order, and writes its share of res[c & 1].
+ * With the greedy pick, each rank's best token of its vocabulary rows goes
+ * into every rank's pick[its rank] as tagged 64-bit words (the value and
+ * the launch: kernels/decode_step/sync.cuh), and every rank takes the best
+ * of the N in rank order. n = 0: none. */
 #define RP_DECODE_STEP_TP_MAX 8
 typedef struct rp_decode_step_tp {
     int n, rank;
-    unsigned long long *recv[RP_DECODE_STEP_TP_MAX]; /* rank k's [2][n][H] words (peer memory for k != rank) */
+    float *recv[RP_DECODE_STEP_TP_MAX];               /* rank k's [2][n][H] (peer memory for k != rank) */
+    unsigned *ctr[RP_DECODE_STEP_TP_MAX];             /* rank k's arrival counter */
     unsigned long long *pick[RP_DECODE_STEP_TP_MAX]; /* rank k's [n][4] words: each rank's pick */
     float *res[2];                                    /* this rank's residual after sums of each parity [H] */
     int64_t vocab_start, vocab_count;                 /* the embedding's rows: global token ids */

@@ -64,33 +64,49 @@ __device__ __forceinline__ void grid_sync(unsigned *ctr, unsigned &target, int g
     grid_wait(ctr, target, grid, bt, t0);
 }
 
-/* Under tensor parallelism, the end of a phase whose rows are summed over
- * the ranks (o, down): its epilogues sent the partial rows to every rank as
- * tagged words (rp_decode_step_tp), which the next staging waits for word
- * by word (stage_norm_tp), so no block waits here and no fence publishes
- * them (a barrier over every rank's blocks, a system-scope fence and
- * counters on every GPU, cost 2.5-3.8 us of release a sum on two H200s:
- * bench/RESULTS.md, issue 42). The consumers finish the phase (x is staged
- * next), and the block still counts its arrival on the local counter, as
- * grid_sync does, so that the barriers after it and the producer's count
- * of arrivals (arrived: five a layer) stay as they are. bt (the trace
- * build): arrival and release both now; the wait for the ranks' rows is in
- * the staging's time. */
-__device__ __forceinline__ void tp_arrive(unsigned *ctr, unsigned &target, int grid, uint64_t *bt,
-                                          volatile int *arrived) {
+/* Under tensor parallelism, the barrier after a phase whose rows are
+ * summed over the ranks (the embedding, o, down: rp_decode_step_tp): every
+ * block of every rank arrives at every rank's counter, after a release at
+ * system scope (its partial rows went to the other GPUs' memory), and waits
+ * on its own GPU's counter for all ranks' blocks (tp_target: every sum of
+ * every earlier launch and of this one counted, wrapping). With `local`
+ * (the o and down barriers) the local counter is counted as by grid_sync,
+ * so the barriers after it and the producer's count of arrivals (arrived:
+ * five a layer) stay as they are; the embedding's barrier, which the
+ * kernel has only under tensor parallelism, counts neither. bt (the trace
+ * build; local barriers only): as grid_sync's, its release counting every
+ * rank's blocks. */
+template <class F>
+__device__ __forceinline__ void grid_sync_tp(const rp_decode_step_tp &tp, unsigned *ctr, unsigned &target, int grid,
+                                             unsigned tp_target, bool local, uint64_t *bt, volatile int *arrived,
+                                             F &&between) {
     cbar();
+    uint64_t t0 = 0;
     if (threadIdx.x == 0) {
-        target += (unsigned)grid;
-        asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
-        if (arrived) *arrived = (int)(target / (unsigned)grid);
-        if (bt) {
+        if (bt) t0 = ds_now();
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+        if (local) {
+            target += (unsigned)grid;
+            if (bt) bt[RP_DECODE_STEP_TRACE_FENCE - 16 + target / (unsigned)grid - 1] = ds_now();
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+        }
+        for (int k = 0; k < tp.n; k++) asm volatile("red.relaxed.sys.global.add.u32 [%0], 1;" ::"l"(tp.ctr[k]) : "memory");
+        if (local && arrived) *arrived = (int)(target / (unsigned)grid);
+    }
+    between();
+    if (threadIdx.x == 0) {
+        unsigned v;
+        for (unsigned spins = 0;; spins++) {
+            asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(tp.ctr[tp.rank]) : "memory");
+            if ((int)(v - tp_target) >= 0 || ((spins & 255) == 255 && *(const volatile int *)tp.abort)) break;
+        }
+        if (bt && local) {
             const unsigned k = target / (unsigned)grid - 1;
-            const uint64_t t = ds_now();
-            bt[RP_DECODE_STEP_TRACE_FENCE - 16 + k] = t;
-            bt[2 * k] = t;
-            bt[2 * k + 1] = t;
+            bt[2 * k] = t0;
+            bt[2 * k + 1] = ds_now();
         }
     }
+    cbar();
 }
 
 #endif

@@ -17,9 +17,9 @@
  * pick_finish) and no sampling kernel follows; a kernel of its own, so
  * that the others keep their code. TP: one sequence of a tensor-parallel
  * shard, the embedding, o and down sums over the ranks inside the kernel
- * (rp_decode_step_tp: partial rows into every rank's memory as tagged
- * words, which the stagings wait for and add; with PK each rank's best
- * token goes the same way); a kernel of its own too. In the trace build (DS_TRACE) the one-sequence
+ * (rp_decode_step_tp: partial rows into every rank's memory, barriers that
+ * count every rank's blocks, the stagings adding the ranks' rows; with
+ * PK the ranks' best tokens meet in pick_finish); a kernel of its own too. In the trace build (DS_TRACE) the one-sequence
  * kernels record where their time goes into s.trace. */
 template <int G, int HD, int NB, bool DYNK, bool PK, bool W8, bool TP>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
@@ -78,7 +78,11 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
     int i = threadIdx.x >> 5; /* this warp's next ring piece */
     unsigned target = 0;
     int32_t token[NB];
+    /* tensor parallelism (one sequence): sum c's barrier waits for every
+     * rank's blocks of every sum so far, this launch's and the earlier ones'
+     * (2 L + 1 a launch; wrapping) */
     const rp_decode_step_tp &tp = s.tp;
+    const unsigned tp_all = (unsigned)a.grid * (unsigned)tp.n, tp_base = launch * (2u * (unsigned)L + 1u) * tp_all;
 #pragma unroll
     for (int b = 0; b < NB; b++) {
         if (b >= nb) break;
@@ -86,16 +90,13 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         const int h0 = (int)((int64_t)blockIdx.x * H / a.grid), h1 = (int)((int64_t)(blockIdx.x + 1) * H / a.grid);
         if constexpr (TP) {
             /* the shard's row (zeros for another rank's token) into every
-             * rank's recv as tagged words: sum 0, which layer 0's staging
-             * waits for */
+             * rank's recv: sum 0 */
             const int64_t row = (int64_t)token[0] - tp.vocab_start;
             const bool mine = row >= 0 && row < tp.vocab_count;
             const uint16_t *e = s.embed + (mine ? row : 0) * H;
-            const unsigned tag = tp_tag(launch, L, 0);
             for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32) {
                 const float v = mine ? rp_bf16_f32(e[k]) : 0.0f;
-                for (int r = 0; r < tp.n; r++)
-                    ll_store_sys(tp.recv[r] + ((size_t)(launch & 1u) * tp.n + tp.rank) * H + k, __float_as_uint(v), tag);
+                for (int r = 0; r < tp.n; r++) tp.recv[r][((size_t)(launch & 1u) * tp.n + tp.rank) * H + k] = v;
             }
             break;
         }
@@ -105,6 +106,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         for (int k = h0 + (int)threadIdx.x; k < h1; k += DS_CONSUMERS * 32)
             s.residual[(int64_t)b * H + k] = rp_bf16_f32(e[k]);
     }
+    if constexpr (TP) grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + tp_all, false, nullptr, arrived, [] {});
     /* trace: thread 0's time per kind of work (its warp's view) */
     uint64_t trl[TR_PIECES + 1] = {}, *tr = TRACE && threadIdx.x == 0 ? trl : nullptr;
     uint64_t *bt = tr ? s.trace + blockIdx.x * TR_N + 16 : nullptr;
@@ -126,8 +128,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
 #define DS_NORM(first, l_, which, keep, f16)                                                                           \
     if constexpr (NB == 1) {                                                                                           \
         if constexpr (TP)                                                                                              \
-            stage_norm_tp<f16>(xs, tp, 2 * (l_) + (which), launch, tp_tag(launch, L, 2 * (l_) + (which)), nw, H, s.eps, \
-                               red, a.grid);                                                                   \
+            stage_norm_tp<f16>(xs, tp, 2 * (l_) + (which), launch, nw, H, s.eps, red, a.grid);                              \
         else                                                                                                           \
             stage_norm<f16>(xs, s.residual, first ? s.embed + (int64_t)token[0] * H : nullptr, nw, H, s.eps, red,      \
                             keep ? rs : nullptr);                                                                      \
@@ -150,13 +151,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
                  first_kv<HD>(a, l, sq, kr, vr);
                  load_qkw<HD>(qw, s, l);
              }));
-        /* Past a phase's barrier no producer takes from its counter again
-         * (under tensor parallelism the o and down phases have none: their
-         * counters are reset at the next barrier) */
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            ws.claim[4 * l] = 0;
-            if (TP && l > 0) ws.claim[4 * l - 1] = 0;
-        }
+        /* Past a phase's barrier no producer takes from its counter again. */
+        if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l] = 0;
         DS_T(TR_ATTN, attention_phase<G, HD, NB>(a, l, smem + Lo.attn, ws, tr, launch, sq, kr, vr, qw));
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
                  if (l + 1 < L) prefetch_kv<HD, NB>(a, l + 1, sq);
@@ -168,15 +164,15 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
              gemv_phase<NB, DYNK, W8, TP>(a, 4 * l + 1, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl, launch));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        if constexpr (TP) {
-            DS_T(TR_SYNC, tp_arrive(ws.sync, target, a.grid, bt, arrived));
-            load_nw(nw, ds_norm(s, l, 1), H);
-        } else
+        if constexpr (TP)
+            DS_T(TR_SYNC, grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + (2u * l + 2u) * tp_all, true, bt, arrived,
+                                       [&] { load_nw(nw, ds_norm(s, l, 1), H); }));
+        else
             DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
                      if constexpr (NB == 1) load_nw(nw, ds_norm(s, l, 1), H);
                  }));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
-        if (!TP && blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
+        if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 1] = 0;
         DS_T(TR_STAGE, DS_NORM(false, l, 1, rs, W8));
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK, W8, TP>(a, 4 * l + 2, EPI_SWIGLU, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
@@ -184,24 +180,21 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
         DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [] {}));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
-        if (blockIdx.x == 0 && threadIdx.x == 0) {
-            ws.claim[4 * l + 2] = 0;
-            if (TP) ws.claim[4 * l + 1] = 0;
-        }
+        if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 2] = 0;
         DS_T(TR_STAGE, DS_BF16(s.act, s.F, false) /* f16 already with W8 */);
         DS_T(TR_GEMV,
              gemv_phase<NB, DYNK, W8, TP>(a, 4 * l + 3, EPI_RESIDUAL, rs, i, ring, full, empty, xs, part, ucnt, info, pend, tr,
                                   tl, launch));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 1;
-        if constexpr (TP) {
-            DS_T(TR_SYNC, tp_arrive(ws.sync, target, a.grid, bt, arrived));
-            load_nw(nw, ds_norm(s, l + 1, 0), H);
-        } else
+        if constexpr (TP)
+            DS_T(TR_SYNC, grid_sync_tp(tp, ws.sync, target, a.grid, tp_base + (2u * l + 3u) * tp_all, true, bt, arrived,
+                                       [&] { load_nw(nw, ds_norm(s, l + 1, 0), H); }));
+        else
             DS_T(TR_SYNC, grid_sync(ws.sync, target, a.grid, bt, arrived, [&] {
                      if constexpr (NB == 1) load_nw(nw, ds_norm(s, l + 1, 0), H);
                  }));
         if (DYNK && a.apace_all && threadIdx.x == 0) *pace_flag = 0;
-        if (!TP && blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
+        if (blockIdx.x == 0 && threadIdx.x == 0) ws.claim[4 * l + 3] = 0;
     }
     DS_T(TR_STAGE, DS_NORM(false, L, 0, false, false));
     DS_T(TR_GEMV,
@@ -237,7 +230,6 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
                 *ws.exitc = 0;
                 *ws.launch += 1; /* every block read it at its start */
                 ws.claim[4 * L] = 0;
-                if (TP) ws.claim[4 * L - 1] = 0; /* the last down phase had no barrier */
                 if (PK) __threadfence();
             }
         }

@@ -116,77 +116,48 @@ __device__ void stage_norm(uint16_t *xs, const float *res, const uint16_t *emb, 
     store_normed<F16>(xs, v, ss, nw, H, eps, red);
 }
 
-/* Sum c's tag over launches (2 L + 1 sums a launch): a word of recv never
- * held it before (the sums of its parity are two apart), and the words
- * start at 0, which no sum's tag is until 2^32 sums later. */
-__device__ __forceinline__ unsigned tp_tag(unsigned launch, int L, int c) {
-    return launch * (2u * (unsigned)L + 1u) + (unsigned)c + 1u;
-}
-
 /* stage_norm under tensor parallelism (rp_decode_step_tp), after sum c:
  * the row is the residual before it (none for c = 0, the embedding) plus
  * the ranks' partial rows in rank order (the one-shot all-reduce's sums:
- * kernels/p2p.cu), read from this GPU's recv, each word once it carries
- * sum c's tag (all of a rank's words in flight at once: one round trip a
- * rank); every block computes the same row and writes its share (chunks
- * of 8, chunk % grid == block) as the residual after c, which sum c + 1's
- * staging reads. The buffers' parity is the sum's number counted over
- * launches, c + launch (2 L + 1 sums a launch, odd): a rank writes sum c +
- * 2 only after every rank's rows of sum c + 1, which each rank's blocks
- * write only past a grid barrier that follows all its stagings of sum c,
- * and a rank's next launch writes its embedding into the parity the
- * others' last staging of this launch does not read. */
+ * kernels/p2p.cu), read from this GPU's recv; every block computes the
+ * same row and writes its share (chunks of 8, chunk % grid == block) as the
+ * residual after c, which sum c + 1's staging reads. The buffers' parity
+ * is the sum's number counted over launches, c + launch (2 L + 1 sums a
+ * launch, odd): a rank's next launch writes its embedding into the parity
+ * the others' last staging of this launch does not read. */
 template <bool F16>
-__device__ void stage_norm_tp(uint16_t *xs, const rp_decode_step_tp &tp, int c, unsigned launch, unsigned tag,
-                              const ds_nw &nw, int H, float eps, float *red, int grid) {
+__device__ void stage_norm_tp(uint16_t *xs, const rp_decode_step_tp &tp, int c, unsigned launch, const ds_nw &nw,
+                              int H, float eps, float *red, int grid) {
     constexpr int J = DS_MAX_H / (DS_CONSUMERS * 32 * 8);
     const unsigned par = ((unsigned)c + launch) & 1u;
     const float *prev = c > 0 ? tp.res[par ^ 1u] : nullptr;
     float *next = tp.res[par];
-    const unsigned long long *rv = tp.recv[tp.rank] + (size_t)par * tp.n * H;
-    float v[J][8], r[J][8];
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
-#pragma unroll
-        for (int e = 0; e < 8; e++) v[j][e] = r[j][e] = 0.0f;
-        if (prev && i < H) {
-            const float4 r0 = rp_ld_act_f4(prev + i), r1 = rp_ld_act_f4(prev + i + 4);
-            r[j][0] = r0.x, r[j][1] = r0.y, r[j][2] = r0.z, r[j][3] = r0.w;
-            r[j][4] = r1.x, r[j][5] = r1.y, r[j][6] = r1.z, r[j][7] = r1.w;
-        }
-    }
-    for (int k = 0; k < tp.n; k++) {
-        const unsigned long long *w = rv + (size_t)k * H;
-        unsigned long long x[J][8];
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
-            if (i < H)
-#pragma unroll
-                for (int q = 0; q < 4; q++) ll_load2_sys(w + i + 2 * q, x[j][2 * q], x[j][2 * q + 1]);
-        }
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
-            if (i < H)
-#pragma unroll
-                for (int e = 0; e < 8; e++) v[j][e] += __uint_as_float(ll_wait_sys(x[j][e], w + i + e, tag, tp.abort));
-        }
-    }
+    const float *rv = tp.recv[tp.rank] + (size_t)par * tp.n * H;
+    float v[J][8];
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < J; j++) {
         const int i = (threadIdx.x + j * DS_CONSUMERS * 32) * 8;
         if (i < H) {
+            float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            for (int k = 0; k < tp.n; k++) {
+                const float4 r0 = rp_ld_act_f4(rv + (size_t)k * H + i), r1 = rp_ld_act_f4(rv + (size_t)k * H + i + 4);
+                s[0] += r0.x, s[1] += r0.y, s[2] += r0.z, s[3] += r0.w;
+                s[4] += r1.x, s[5] += r1.y, s[6] += r1.z, s[7] += r1.w;
+            }
+            if (prev) {
+                const float4 r0 = rp_ld_act_f4(prev + i), r1 = rp_ld_act_f4(prev + i + 4);
+                s[0] = r0.x + s[0], s[1] = r0.y + s[1], s[2] = r0.z + s[2], s[3] = r0.w + s[3];
+                s[4] = r1.x + s[4], s[5] = r1.y + s[5], s[6] = r1.z + s[6], s[7] = r1.w + s[7];
+            }
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                if (prev) v[j][e] = r[j][e] + v[j][e];
-                ss += v[j][e] * v[j][e];
+                v[j][e] = s[e];
+                ss += s[e] * s[e];
             }
             if ((i >> 3) % grid == (int)blockIdx.x) {
-                *reinterpret_cast<float4 *>(next + i) = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
-                *reinterpret_cast<float4 *>(next + i + 4) = make_float4(v[j][4], v[j][5], v[j][6], v[j][7]);
+                *reinterpret_cast<float4 *>(next + i) = make_float4(s[0], s[1], s[2], s[3]);
+                *reinterpret_cast<float4 *>(next + i + 4) = make_float4(s[4], s[5], s[6], s[7]);
             }
         }
     }
@@ -463,12 +434,10 @@ __device__ void gemv_phase(const ds_args &a, int p, int epi, const float *rs, in
             case EPI_RESIDUAL:
                 if constexpr (TP) {
                     /* tensor parallelism: this rank's partial row into every
-                     * rank's recv as tagged words (sum 2l + 1 after o, 2l + 2
-                     * after down) */
+                     * rank's recv (sum 2l + 1 after o, 2l + 2 after down) */
                     const unsigned sc = 2u * (unsigned)(p >> 2) + ((p & 3) == 1 ? 1u : 2u);
                     const size_t off = ((size_t)((sc + launch) & 1u) * a.s.tp.n + a.s.tp.rank) * m.N + n;
-                    const unsigned tag = tp_tag(launch, a.s.num_layers, (int)sc);
-                    for (int k = 0; k < a.s.tp.n; k++) ll_store_sys(a.s.tp.recv[k] + off, __float_as_uint(v0), tag);
+                    for (int k = 0; k < a.s.tp.n; k++) a.s.tp.recv[k][off] = v0;
                 } else {
                     a.s.residual[n] = (rs ? rs[n] : rres) + v0;
                 }

@@ -30,9 +30,10 @@ __device__ __forceinline__ float ll_value(unsigned long long x, const unsigned l
     return __uint_as_float((unsigned)x);
 }
 
-/* The same across GPUs (tensor parallelism: rp_decode_step_tp), at system
- * scope: a rank stores into another GPU's memory through NVLink, and a
- * reader polls its own. A reader of a rank that is gone gives up when the
+/* The same across GPUs (tensor parallelism: rp_decode_step_tp's picks), at
+ * system scope: a rank stores into another GPU's memory through NVLink,
+ * and a reader polls its own (one warp a rank: every block's threads
+ * polling the sums' rows this way cost 4.8 us a sum, bench/RESULTS.md). A reader of a rank that is gone gives up when the
  * host sets the abort word (its results are then garbage; the step fails). */
 __device__ __forceinline__ void ll_store_sys(unsigned long long *w, unsigned lo, unsigned tag) {
     const unsigned long long x = ((unsigned long long)tag << 32) | lo;
@@ -42,11 +43,6 @@ __device__ __forceinline__ unsigned long long ll_load_sys(const unsigned long lo
     unsigned long long x;
     asm volatile("ld.relaxed.sys.global.b64 %0, [%1];" : "=l"(x) : "l"(w) : "memory");
     return x;
-}
-/* two words at once (16-byte aligned), each single-copy atomic */
-__device__ __forceinline__ void ll_load2_sys(const unsigned long long *w, unsigned long long &a,
-                                             unsigned long long &b) {
-    asm volatile("ld.relaxed.sys.global.v2.b64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(w) : "memory");
 }
 /* x's low half once w carries tag (x: w's first load) */
 __device__ __forceinline__ unsigned ll_wait_sys(unsigned long long x, const unsigned long long *w, unsigned tag,
