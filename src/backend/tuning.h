@@ -35,11 +35,6 @@ typedef struct rp_tuning {
     int decode_step_max_kv;       /* the one-kernel step while one sequence holds at most this many
                                    * K/V tokens (2-4 sequences: half of it, together); longer
                                    * batches run the chain of kernels: 1-16777216 */
-    /* Tensor parallelism: a step of at least this many tokens runs each
-     * layer in two halves of its tokens, one half's all-reduce beside the
-     * other's products (forward_chain.c): 2-16777216, or RP_TUNING_NONE
-     * (every step in one pass) */
-    int tp_halves_min_tokens;
 } rp_tuning;
 
 #endif

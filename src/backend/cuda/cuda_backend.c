@@ -311,11 +311,6 @@ static void cuda_destroy(rp_backend *b) {
     if (cb->ev_mask_ready) cudaEventDestroy(cb->ev_mask_ready);
     if (cb->ev_mask_free) cudaEventDestroy(cb->ev_mask_free);
     if (cb->mask_stream) cudaStreamDestroy(cb->mask_stream);
-    for (int k = 0; k < 4; k++) {
-        if (cb->ev_prod[k / 2][k % 2]) cudaEventDestroy(cb->ev_prod[k / 2][k % 2]);
-        if (cb->ev_sum[k / 2][k % 2]) cudaEventDestroy(cb->ev_sum[k / 2][k % 2]);
-    }
-    if (cb->comm_stream) cudaStreamDestroy(cb->comm_stream);
 
     if (cb->stream) cudaStreamDestroy(cb->stream);
     free(cb->w.layers);
@@ -549,11 +544,7 @@ rp_backend *rp_backend_cuda_new(const rp_model *model, const rp_backend_config *
     int streams_ok = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking) == cudaSuccess &&
                      cudaStreamCreateWithFlags(&cb->mask_stream, cudaStreamNonBlocking) == cudaSuccess &&
                      cudaEventCreateWithFlags(&cb->ev_mask_ready, cudaEventDisableTiming) == cudaSuccess &&
-                     cudaEventCreateWithFlags(&cb->ev_mask_free, cudaEventDisableTiming) == cudaSuccess &&
-                     cudaStreamCreateWithFlags(&cb->comm_stream, cudaStreamNonBlocking) == cudaSuccess;
-    for (int k = 0; k < 4 && streams_ok; k++)
-        streams_ok = cudaEventCreateWithFlags(&cb->ev_prod[k / 2][k % 2], cudaEventDisableTiming) == cudaSuccess &&
-                     cudaEventCreateWithFlags(&cb->ev_sum[k / 2][k % 2], cudaEventDisableTiming) == cudaSuccess;
+                     cudaEventCreateWithFlags(&cb->ev_mask_free, cudaEventDisableTiming) == cudaSuccess;
     for (int k = 0; k < 2 && streams_ok; k++)
         streams_ok = cudaEventCreate(&cb->slots[k].ev_start) == cudaSuccess &&
                      cudaEventCreate(&cb->slots[k].ev_end) == cudaSuccess;

@@ -164,14 +164,6 @@ typedef struct rp_cuda_backend {
      * largest errors against transformers after the products' bf16 inputs
      * (bench/RESULTS.md) */
     float *tmp, *gate_up;
-    /* Tensor parallelism: steps of at least tp_halves_min tokens (0: none)
-     * run each layer in two halves, the all-reduces on comm_stream beside
-     * the other half's products (forward_chain.c); ev_prod[sum][half]: a
-     * half's o (0) or down (1) product is done, ev_sum[sum][half]: its
-     * all-reduce is */
-    int tp_halves_min;
-    cudaStream_t comm_stream;
-    cudaEvent_t ev_prod[2][2], ev_sum[2][2];
     /* sampled tokens [max_logits], then their logprobs (d_logprobs) right
      * after: one 2-D copy brings both back into the slot's pinned buffers */
     int32_t *d_tokens;
@@ -303,11 +295,11 @@ int rp_comm_p2p_decode_step(rp_comm *c, int H, rp_decode_step_tp *out);
  * (cb->logits_shard), gathered and laid out whole in cb->logits */
 int rp_cuda_tp_gather_logits(rp_cuda_backend *cb, int rows, rp_err *err);
 
-/* tuning.c: the decode step's plan values and the chain's token count for
- * halves under tensor parallelism from cfg.tuning (0: by model shape and
- * SM count); RP_ERR for an explicit value out of range */
+/* tuning.c: the decode step's plan values from cfg.tuning (0: by model
+ * shape and SM count); RP_ERR for an explicit value out of range */
 int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num_sms, double hbm_peak_gbs,
-                           rp_decode_step_tuning *out, int *tp_halves_min_tokens, rp_err *err);
+                           rp_decode_step_tuning *out,
+                           rp_err *err);
 
 /* graph_runner.c */
 int rp_cuda_decode_buckets_plan(rp_cuda_backend *cb, rp_err *err);

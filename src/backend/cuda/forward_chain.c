@@ -277,78 +277,6 @@ static int launch_forward_fused(rp_cuda_backend *cb, int T, int S, int num_logit
 
 /* sample: RP_SAMPLE_PICK is every row greedy with no top logprobs, which
  * the one-kernel step picks itself. */
-/* Under tensor parallelism, a step of at least cb->tp_halves_min tokens
- * runs every layer's row-wise work (norms, products, SwiGLU) in two halves
- * of its tokens, so that one half's all-reduce runs on comm_stream beside
- * the other half's products (SGLang's two-batch overlap, within one step):
- * the o sum of half 0 beside half 1's o product, half 1's beside half 0's
- * MLP, half 0's down sum beside half 1's MLP, half 1's beside the next
- * layer's half-0 qkv. At a large batch the sums are a third of a step
- * (llama3-70b at TP = 4: ~180 us each, bench/RESULTS.md), and in one pass
- * nothing runs while they do. Attention takes all the tokens at once (a
- * prompt chunk's rows attend to each other). Both streams are in the
- * step's graph (the events fork and join the capture), and every rank
- * issues its sums in the same order, as NCCL requires. Leaves the last
- * layer's down sums joined and the final norm to the caller. */
-static int tp_layers_in_halves(rp_cuda_backend *cb, int T, int S, const rp_attn_step_shape *step, rp_err *err) {
-    const rp_model_config *c = &cb->base.model->cfg;
-    const size_t H = (size_t)c->hidden_size, F = (size_t)c->intermediate_size, QKV = (size_t)cb->qkv_dim,
-                 Q = (size_t)cb->q_dim;
-    const float eps = (float)c->rms_norm_eps;
-    cudaStream_t st = cb->stream, cs = cb->comm_stream;
-    const int r0[2] = {0, T / 2}, n[2] = {T / 2, T - T / 2};
-    for (int l = 0; l < c->num_layers; l++) {
-        const rp_cuda_layer *ly = &cb->w.layers[l];
-        for (int h = 0; h < 2; h++) {
-            const size_t r = (size_t)r0[h];
-            if (l) RP_CUDA_TRY(cudaStreamWaitEvent(st, cb->ev_sum[1][h], 0), err);
-            rp_cuda_prof_mark(cb, "add_rmsnorm");
-            RP_LAUNCH(rp_k_add_rmsnorm_fp8(cb->residual + r * H, l ? cb->tmp + r * H : NULL, NULL, NULL, ly->attn_norm,
-                                           cb->xn + r * H, NULL, NULL, n[h], (int)H, eps, st),
-                      err);
-            rp_cuda_prof_mark(cb, "gemm qkv");
-            if (mat_product(cb, &ly->qkv, cb->xn + r * H, cb->qkv + r * QKV, n[h], (int)QKV, (int)H, 0, 0, err))
-                return RP_ERR;
-        }
-        if (launch_attention(cb, l, T, S, step, err)) return RP_ERR;
-        for (int h = 0; h < 2; h++) {
-            const size_t r = (size_t)r0[h];
-            rp_cuda_prof_mark(cb, "gemm o");
-            if (mat_product(cb, &ly->o, cb->attn + r * Q, cb->tmp + r * H, n[h], (int)H, (int)Q, 1, 0, err))
-                return RP_ERR;
-            RP_CUDA_TRY(cudaEventRecord(cb->ev_prod[0][h], st), err);
-            RP_CUDA_TRY(cudaStreamWaitEvent(cs, cb->ev_prod[0][h], 0), err);
-            if (rp_comm_all_reduce_sum(cb->comm, cb->tmp + r * H, (size_t)n[h] * H, RP_COMM_F32, cs, err))
-                return RP_ERR;
-            RP_CUDA_TRY(cudaEventRecord(cb->ev_sum[0][h], cs), err);
-        }
-        for (int h = 0; h < 2; h++) {
-            const size_t r = (size_t)r0[h];
-            RP_CUDA_TRY(cudaStreamWaitEvent(st, cb->ev_sum[0][h], 0), err);
-            rp_cuda_prof_mark(cb, "add_rmsnorm");
-            RP_LAUNCH(rp_k_add_rmsnorm_fp8(cb->residual + r * H, cb->tmp + r * H, NULL, NULL, ly->mlp_norm,
-                                           cb->xn + r * H, NULL, NULL, n[h], (int)H, eps, st),
-                      err);
-            rp_cuda_prof_mark(cb, "gemm gate_up");
-            if (mat_product(cb, &ly->gu, cb->xn + r * H, cb->gate_up + r * 2 * F, n[h], (int)(2 * F), (int)H, 1, 0,
-                            err))
-                return RP_ERR;
-            rp_cuda_prof_mark(cb, "silu_mul");
-            RP_LAUNCH(rp_k_silu_mul(cb->gate_up + r * 2 * F, cb->act + r * F, n[h], (int)F, st), err);
-            rp_cuda_prof_mark(cb, "gemm down");
-            if (mat_product(cb, &ly->down, cb->act + r * F, cb->tmp + r * H, n[h], (int)H, (int)F, 1, 0, err))
-                return RP_ERR;
-            RP_CUDA_TRY(cudaEventRecord(cb->ev_prod[1][h], st), err);
-            RP_CUDA_TRY(cudaStreamWaitEvent(cs, cb->ev_prod[1][h], 0), err);
-            if (rp_comm_all_reduce_sum(cb->comm, cb->tmp + r * H, (size_t)n[h] * H, RP_COMM_F32, cs, err))
-                return RP_ERR;
-            RP_CUDA_TRY(cudaEventRecord(cb->ev_sum[1][h], cs), err);
-        }
-    }
-    for (int h = 0; h < 2; h++) RP_CUDA_TRY(cudaStreamWaitEvent(st, cb->ev_sum[1][h], 0), err);
-    return 0;
-}
-
 int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, int decode,
                            const rp_attn_step_shape *step, int sample, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
@@ -384,9 +312,7 @@ int rp_cuda_launch_forward(rp_cuda_backend *cb, int T, int S, int num_logits, in
     const int fold = !cb->comm;
     float *xq_scale = cb->w.x_scale;
     const float *raw_sw = NULL; /* cb->tmp holds raw sums of a matrix with these row scales */
-    const int halves = cb->comm && cb->tp_halves_min && T >= cb->tp_halves_min;
-    if (halves && tp_layers_in_halves(cb, T, S, step, err)) return RP_ERR;
-    for (int l = 0; l < c->num_layers && !halves; l++) {
+    for (int l = 0; l < c->num_layers; l++) {
         const rp_cuda_layer *ly = &cb->w.layers[l];
         const int q_qkv = fold && mat_w8a8(cb, &ly->qkv, T), q_gu = fold && mat_w8a8(cb, &ly->gu, T);
         rp_cuda_prof_mark(cb, "add_rmsnorm");

@@ -19,9 +19,7 @@
 int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
     const rp_model_config *c = &cb->base.model->cfg;
     uint8_t *d = cb->meta.dev;
-    if (rp_cuda_tuning_resolve(&cb->base.cfg.tuning, c, cb->num_sms, cb->hbm_peak_gbs, &cb->ds_tuning,
-                               &cb->tp_halves_min, err))
-        return RP_ERR;
+    if (rp_cuda_tuning_resolve(&cb->base.cfg.tuning, c, cb->num_sms, cb->hbm_peak_gbs, &cb->ds_tuning, err)) return RP_ERR;
     if (cb->base.cfg.tuning.disable_decode_step) {
         rp_log_info("cuda: the one-kernel decode step is off (tuning.disable_decode_step): decode runs a chain of "
                     "kernels");

@@ -30,7 +30,7 @@ static int pick(int set, int lo, int hi, int dflt, const char *name, int *bad, r
 }
 
 int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num_sms, double hbm_peak_gbs,
-                           rp_decode_step_tuning *out, int *tp_halves_min_tokens, rp_err *err) {
+                           rp_decode_step_tuning *out, rp_err *err) {
     const int64_t lb = layer_bytes_per_sm(c, num_sms);
     const int F = c->intermediate_size;
     int bad = 0;
@@ -101,16 +101,5 @@ int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num
      * half that together (the value applies to one sequence; 2-4 take half
      * of it: cuda_backend.c). */
     out->max_kv = pick(t->decode_step_max_kv, 1, 1 << 24, 16384, "decode_step_max_kv", &bad, err);
-    /* Tensor parallelism, steps of many tokens: the all-reduces of one half
-     * of the tokens beside the other half's products (forward_chain.c).
-     * From 512 tokens a half's products are still matrix products, not
-     * GEMVs, and compute-bound on the 8B-70B shards; below, halves would
-     * read the weights twice. */
-    *tp_halves_min_tokens =
-        pick(t->tp_halves_min_tokens, 0, 1 << 24, 512, "tp_halves_min_tokens", &bad, err);
-    if (*tp_halves_min_tokens == 1) {
-        if (!bad) rp_errf(err, "tuning: tp_halves_min_tokens = 1 (halves need 2 tokens)");
-        bad = 1;
-    }
     return bad ? RP_ERR : 0;
 }
