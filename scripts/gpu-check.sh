@@ -200,7 +200,7 @@ PY
       # (apart, so that each may fit one 10-minute device call: on two H200s tp-models took ~5
       # minutes)
       if [ "$stage" = tp-models ]; then
-        for t in "test_small*" test_qwen3_8b test_llama3_8b "test_step*" test_too_many; do
+        for t in "test_small*" test_qwen3_8b test_llama3_8b "test_step*" "test_pick*" test_too_many; do
           REPLAY_TEST_ONLY="$t" run_test test_cuda_tp "test_cuda_tp-${t%\*}"
         done
         continue

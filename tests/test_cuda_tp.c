@@ -20,7 +20,10 @@
  * one test). With fewer GPUs than N, the N ranks share GPU 0
  * (rp_runner_config.tp_one_gpu: collectives through the host, no graphs):
  * the same split and the same checks, NCCL and the graphs' collectives
- * aside. Label "gpu"; skipped with a message without CUDA or NCCL. */
+ * aside. test_step_* hold the one-kernel step's logits under tensor
+ * parallelism to the same rule, test_pick_* its greedy pick across the
+ * ranks to the sampling kernels' tokens. Label "gpu"; skipped with a
+ * message without CUDA or NCCL. */
 #include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,6 +39,7 @@
 
 #include "backend/backend.h"
 #include "engine/runner.h"
+#include "engine/sampler.h"
 #include "util/log.h"
 
 #define STEPS 128
@@ -344,6 +348,85 @@ static void test_step_llama3_70b(void **state) {
     compare_step("llama3-70b", 2);
 }
 
+/* The greedy pick across the ranks inside the kernel (rp_decode_step_tp
+ * .pick): N ranks, one sequence, PICK_STEPS greedy steps with the kernel's
+ * own pick must give the tokens the sampling kernels draw from the
+ * gathered logits (top_logprobs 1 keeps the pick off) with the same
+ * kernel's logits, token for token; and the logits of a picked step, read
+ * afterwards, are gathered then (cuda_read_logits) and argmax to the
+ * picked token. */
+#define PICK_STEPS 32
+static void greedy_tokens(const rp_model *m, int N, int pick, int32_t *tok, uint64_t *picks, float *last_logits) {
+    rp_err err = {0};
+    rp_runner_config rc = {.model = m, .device = "cuda", .page_size = 16, .memory_ratio = 0.5, .max_seqs = 1,
+                           .max_context = 256, .max_batched_tokens = 256, .max_logit_rows = 256,
+                           .cuda_graph_max_bs = 1, .tensor_parallel_size = N};
+    rp_runner *r = rp_runner_new(&rc, &err);
+    if (!r) fail_msg("runner N=%d: %s", N, err.msg);
+    rp_runner_seq seq;
+    double secs, wall, gpu;
+    if (rp_runner_seqs_begin(r, &seq, 1, &err) || rp_runner_prefill_random(r, &seq, 1, STEP_PROMPT, &secs, &err))
+        fail_msg("N=%d: %s", N, err.msg);
+    rp_sampling_params sp;
+    rp_sampling_params_default(&sp);
+    sp.temperature = 0.0f;
+    sp.top_logprobs = pick ? 0 : 1;
+    for (int k = 0; k < PICK_STEPS; k++) {
+        if (rp_runner_decode_steps(r, &seq, 1, 1, &sp, &wall, &gpu, &err)) fail_msg("N=%d: %s", N, err.msg);
+        tok[k] = seq.last;
+    }
+    if (last_logits && rp_backend_read_logits(r->backend, last_logits, &err)) fail_msg("N=%d: %s", N, err.msg);
+    rp_backend_stats st = {0};
+    if (r->backend->ops->stats) r->backend->ops->stats(r->backend, &st);
+    *picks = st.decode_step_picks;
+    rp_runner_seqs_end(r, &seq, 1);
+    rp_runner_free(r);
+}
+
+static void compare_pick(const char *preset, int layers) {
+    if (gpus() < 2) skip(); /* ranks sharing a GPU decode in the chain */
+    rp_err err = {0};
+    rp_model_config c;
+    if (rp_config_preset(&c, preset, &err)) fail_msg("%s", err.msg);
+    if (layers > 0 && layers < c.num_layers) c.num_layers = layers;
+    rp_load_options lo = {.seed = 17};
+    rp_model *m = rp_model_dummy_from_config(&c, &lo, &err);
+    if (!m) fail_msg("%s", err.msg);
+    const char *env = getenv("REPLAY_TP_SIZES");
+    float *lg = malloc((size_t)c.vocab_size * 4);
+    for (int N = 2; N <= 4 && N <= gpus(); N *= 2) {
+        if (N == 4 && !(env && strstr(env, "4"))) break;
+        int32_t a[PICK_STEPS], b[PICK_STEPS];
+        uint64_t pa = 0, pb = 0;
+        greedy_tokens(m, N, 1, a, &pa, lg);
+        greedy_tokens(m, N, 0, b, &pb, NULL);
+        int best = 0;
+        for (int i = 1; i < c.vocab_size; i++)
+            if (lg[i] > lg[best]) best = i;
+        int same = 0;
+        while (same < PICK_STEPS && a[same] == b[same]) same++;
+        printf("  %s, %d layers, N=%d: %llu of %d steps picked in the kernel, %llu with the sampling kernels; "
+               "%d of %d tokens the same; the last picked step's gathered logits argmax %d, picked %d\n",
+               preset, c.num_layers, N, (unsigned long long)pa, PICK_STEPS, (unsigned long long)pb, same, PICK_STEPS,
+               best, a[PICK_STEPS - 1]);
+        if (pa != PICK_STEPS || pb != 0 || same != PICK_STEPS || best != a[PICK_STEPS - 1])
+            fail_msg("%s N=%d: the greedy pick across the ranks (above)", preset, N);
+    }
+    free(lg);
+    rp_model_free(m);
+}
+
+static void test_pick_small(void **state) {
+    (void)state;
+    compare_pick("qwen3-0.6b", 0);
+}
+
+/* dynamic units (the 8B shard's plan) */
+static void test_pick_llama3_8b(void **state) {
+    (void)state;
+    compare_pick("llama3-8b", 4);
+}
+
 /* More GPUs than there are: a clear error, before anything loads on them. */
 static void test_too_many(void **state) {
     (void)state;
@@ -366,8 +449,8 @@ int main(void) {
                                        cmocka_unit_test(test_qwen3_8b),
                                        cmocka_unit_test(test_llama3_8b), cmocka_unit_test(test_llama3_70b),
                                        cmocka_unit_test(test_step_small), cmocka_unit_test(test_step_llama3_8b),
-                                       cmocka_unit_test(test_step_llama3_70b),
-                                       cmocka_unit_test(test_too_many)};
+                                       cmocka_unit_test(test_step_llama3_70b), cmocka_unit_test(test_pick_small),
+                                       cmocka_unit_test(test_pick_llama3_8b), cmocka_unit_test(test_too_many)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
 

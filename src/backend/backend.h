@@ -151,6 +151,7 @@ typedef struct rp_backend_stats {
     uint64_t graph_replays;      /* forwards that were one CUDA graph replay */
     uint64_t device_allocs;      /* device allocations since the backend finished starting */
     uint64_t decode_step_forwards; /* CUDA: forwards that ran the one-kernel decode step */
+    uint64_t decode_step_picks;    /* of those, sampled by the kernel's own greedy pick */
     double last_gpu_ms;          /* device time of the last forward (CUDA events) */
     /* host time of the last forward: packing the metadata block, enqueueing
      * the work (kernel launches or one graph launch), waiting for results */

@@ -29,11 +29,13 @@ typedef struct p2p_comm {
     rp_p2p_args args;
     /* this rank's: two slots, the flags, then the one-kernel decode step's
      * part (step_floats > 0): recv [2][size][step_floats], the residual
-     * after sums of each parity [2][step_floats], its arrival counter */
+     * after sums of each parity [2][step_floats], the picks [size][4]
+     * tagged words, its arrival counter */
     uint8_t *region;
     size_t step_floats;
     float *step_recv[RP_P2P_MAX_RANKS];
     unsigned *step_ctr[RP_P2P_MAX_RANKS];
+    unsigned long long *step_pick[RP_P2P_MAX_RANKS];
     float *step_res;
     uint32_t *calls;
     int *abort_word; /* host-mapped */
@@ -103,7 +105,7 @@ static const rp_comm_ops p2p_ops = {.all_reduce_sum = p2p_all_reduce_sum,
 
 /* What each rank tells the others (host comm all-gather: 4-byte words). */
 typedef struct p2p_info {
-    uint64_t slot, flags, step_recv, step_ctr;
+    uint64_t slot, flags, step_recv, step_pick, step_ctr;
     int32_t device, ok;
 } p2p_info;
 #define INFO_WORDS ((int)(sizeof(p2p_info) / 4))
@@ -145,7 +147,8 @@ rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_
     }
     p2p_info me = {.device = device, .ok = 0};
     const size_t step_recv = 2 * (size_t)n * step_floats * 4, step_res = 2 * step_floats * 4,
-                 step_off = 2 * slot_bytes + flag_bytes(), region = step_off + step_recv + step_res + 256;
+                 step_pick = 32 * (size_t)n, step_off = 2 * slot_bytes + flag_bytes(),
+                 region = step_off + step_recv + step_res + step_pick + 256;
     void *abort_dev = NULL;
     if (cudaSetDevice(device) == cudaSuccess && cudaMalloc((void **)&pc->region, region) == cudaSuccess &&
         cudaMemset(pc->region, 0, region) == cudaSuccess &&
@@ -157,7 +160,8 @@ rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_
         me.slot = (uint64_t)(uintptr_t)pc->region;
         me.flags = (uint64_t)(uintptr_t)(pc->region + 2 * slot_bytes);
         me.step_recv = (uint64_t)(uintptr_t)(pc->region + step_off);
-        me.step_ctr = (uint64_t)(uintptr_t)(pc->region + step_off + step_recv + step_res);
+        me.step_pick = (uint64_t)(uintptr_t)(pc->region + step_off + step_recv + step_res);
+        me.step_ctr = (uint64_t)(uintptr_t)(pc->region + step_off + step_recv + step_res + step_pick);
         pc->step_res = (float *)(pc->region + step_off + step_recv);
         me.ok = 1;
     }
@@ -193,6 +197,7 @@ rp_comm *rp_comm_p2p_new(rp_comm *inner, rp_comm *host, int device, size_t slot_
         pc->args.flags[k] = (uint32_t *)(uintptr_t)all[k].flags;
         pc->step_recv[k] = (float *)(uintptr_t)all[k].step_recv;
         pc->step_ctr[k] = (unsigned *)(uintptr_t)all[k].step_ctr;
+        pc->step_pick[k] = (unsigned long long *)(uintptr_t)all[k].step_pick;
     }
     pc->step_floats = step_floats;
     pc->args.calls = pc->calls;
@@ -218,6 +223,7 @@ int rp_comm_p2p_decode_step(rp_comm *c, int H, rp_decode_step_tp *out) {
     for (int k = 0; k < c->size; k++) {
         out->recv[k] = pc->step_recv[k];
         out->ctr[k] = pc->step_ctr[k];
+        out->pick[k] = pc->step_pick[k];
     }
     /* the residual's two parities, H floats apart */
     out->res[0] = pc->step_res;

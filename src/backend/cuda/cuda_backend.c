@@ -120,6 +120,7 @@ static int cuda_forward(rp_backend *b, const rp_batch *bt, rp_err *err) {
     greedy = greedy && cb->last_decode_step && rp_cuda_decode_step_can_pick(cb, P) && (!replay || g->exec_pick);
     if (cb->last_decode_step) cb->decode_step_forwards++;
     if (greedy) cb->decode_step_picks++;
+    cb->logits_ungathered = greedy && cb->comm;
     if (replay) {
         cudaGraphExec_t ex = cb->decode_chain ? g->exec_chain : greedy && g->exec_pick ? g->exec_pick : g->exec;
         RP_CUDA_TRY(cudaGraphLaunch(ex, cb->stream), err);
@@ -250,6 +251,11 @@ static int cuda_read_logits(rp_backend *b, float *dst, rp_err *err) {
     if (cb->num_pending > 1) return rp_errf(err, "logits of an overlapped forward cannot be read");
     cb->num_pending = 0;
     if (finish_step(cb, err)) return RP_ERR;
+    if (cb->logits_ungathered) { /* every rank reads them (tp_backend.c): a collective */
+        if (rp_cuda_tp_gather_logits(cb, cb->slots[cb->cur_slot].num_logits, err)) return RP_ERR;
+        RP_CUDA_TRY(cudaStreamSynchronize(cb->stream), err);
+        cb->logits_ungathered = 0;
+    }
     RP_CUDA_TRY(cudaMemcpy(dst, cb->logits, (size_t)cb->slots[cb->cur_slot].num_logits * cb->vocab * 4,
                            cudaMemcpyDeviceToHost),
                 err);
@@ -261,6 +267,7 @@ static void cuda_stats(rp_backend *b, rp_backend_stats *out) {
     *out = cb->stats;
     out->device_allocs = rp_cuda_alloc_count() - cb->allocs_at_ready;
     out->decode_step_forwards = cb->decode_step_forwards;
+    out->decode_step_picks = cb->decode_step_picks;
 }
 
 static int cuda_profile(rp_backend *b, rp_profile_entry *out, int max) {

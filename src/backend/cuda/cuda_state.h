@@ -151,6 +151,9 @@ typedef struct rp_cuda_backend {
     int decode_step_ok;
     int decode_step_pick; /* the one-kernel step may pick greedily (the results' pinned buffers are mapped) */
     int decode_chain;     /* this forward (or capture) decodes with the chain even where the step could */
+    /* tensor parallelism: the last forward picked inside the kernel, so
+     * logits holds no gathered rows (cuda_read_logits gathers them) */
+    int logits_ungathered;
     rp_decode_step ds;
     rp_decode_step_tuning ds_tuning; /* resolved from base.cfg.tuning (tuning.c) */
     rp_decode_layer *d_layers;

@@ -62,7 +62,9 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
                     "block-scaled fp8 weights decode runs a chain of kernels");
         return 0;
     }
-    cb->decode_step_pick = !cb->comm; /* the pick needs the whole vocabulary's logits */
+    /* under tensor parallelism the ranks' picks meet inside the kernel
+     * (rp_decode_step_tp.pick), and the logits stay ungathered */
+    cb->decode_step_pick = 1;
     rp_decode_layer *h = calloc((size_t)c->num_layers, sizeof *h);
     if (!h) return rp_errf(err, "out of memory");
     for (int l = 0; l < c->num_layers; l++) {
@@ -194,8 +196,10 @@ int rp_cuda_launch_decode_step(rp_cuda_backend *cb, int S, int num_logits, int s
     const int pick = sample == RP_SAMPLE_PICK && rp_cuda_decode_step_can_pick(cb, S);
     rp_cuda_prof_mark(cb, pick ? "decode step (one kernel, greedy pick)" : "decode step (one kernel)");
     RP_LAUNCH(rp_k_decode_step(&cb->ds, &cb->ds_tuning, S, cb->num_sms, pick, cb->stream), err);
-    /* tensor parallelism: the kernel wrote the rank's logit shard */
-    if (cb->comm && rp_cuda_tp_gather_logits(cb, num_logits, err)) return RP_ERR;
+    /* tensor parallelism: the kernel wrote the rank's logit shard, which
+     * the sampling kernels need whole (a picked step's are gathered only if
+     * they are read: cuda_read_logits) */
+    if (cb->comm && !pick && rp_cuda_tp_gather_logits(cb, num_logits, err)) return RP_ERR;
     if (sample && !pick &&
         rp_cuda_launch_sample(cb, num_logits, RP_META(cb, cb->meta.dev, off_skip_sample, int32_t), err))
         return RP_ERR;

@@ -286,14 +286,18 @@ typedef struct rp_decode_layer { /* the matrices; the norms are in rp_decode_ste
  * phases count all ranks' blocks); each block then reads the N partials
  * from its own GPU's memory, adds them to the residual of the sum before
  * (res[(c - 1) & 1]) in rank order, and writes its share of res[c & 1].
- * n = 0: none. */
+ * With the greedy pick, each rank's best token of its vocabulary rows goes
+ * into every rank's pick[its rank] as tagged 64-bit words (the value and
+ * the launch: kernels/decode_step/sync.cuh), and every rank takes the best
+ * of the N in rank order. n = 0: none. */
 #define RP_DECODE_STEP_TP_MAX 8
 typedef struct rp_decode_step_tp {
     int n, rank;
-    float *recv[RP_DECODE_STEP_TP_MAX];   /* rank k's [2][n][H] (peer memory for k != rank) */
-    unsigned *ctr[RP_DECODE_STEP_TP_MAX]; /* rank k's arrival counter */
-    float *res[2];                        /* this rank's residual after sums of each parity [H] */
-    int64_t vocab_start, vocab_count;     /* the embedding's rows: global token ids */
+    float *recv[RP_DECODE_STEP_TP_MAX];               /* rank k's [2][n][H] (peer memory for k != rank) */
+    unsigned *ctr[RP_DECODE_STEP_TP_MAX];             /* rank k's arrival counter */
+    unsigned long long *pick[RP_DECODE_STEP_TP_MAX]; /* rank k's [n][4] words: each rank's pick */
+    float *res[2];                                    /* this rank's residual after sums of each parity [H] */
+    int64_t vocab_start, vocab_count;                 /* the embedding's rows: global token ids */
     /* host-mapped, set by the communicator's abort: a wait for a rank that
      * is gone gives up (the step's results are then garbage; it fails) */
     const int *abort;

@@ -105,7 +105,7 @@ typedef void (*ds_kernel_fn)(const ds_args);
  * compiled in, it costs the others 0.3-2% through code layout alone (the
  * tensor-parallel sums too: 1-3% as run-time branches, bench/RESULTS.md).
  * tp: one sequence, the sums over the ranks inside (rp_decode_step_tp),
- * built at head size 128, without the pick. */
+ * built at head size 128, with and without the pick. */
 static ds_kernel_fn kernel_for(int G, int HD, int nb, bool dyn, bool pick, bool w8, bool tp, size_t smem,
                                cudaError_t *e) {
     static const ds_kernel_fn fns[6][2][6] = {DS_KERNELS(1, false, false), DS_KERNELS(2, false, false),
@@ -115,30 +115,32 @@ static ds_kernel_fn kernel_for(int G, int HD, int nb, bool dyn, bool pick, bool 
         DS_KERNELS_128(1, false, false, true), DS_KERNELS_128(2, false, false, true),
         DS_KERNELS_128(4, false, false, true), DS_KERNELS_128(1, true, false, true),
         DS_KERNELS_128(1, false, true, true),  DS_KERNELS_128(1, true, true, true)};
-    static const ds_kernel_fn fnstp[2][2][6] = {
-        {DS_KERNELS_128T(1, false, false, false, true), DS_KERNELS_128T(1, false, false, true, true)},
-        {DS_KERNELS_128T(1, true, false, false, true), DS_KERNELS_128T(1, true, false, true, true)}};
+    static const ds_kernel_fn fnstp[2][2][2][6] = {
+        {{DS_KERNELS_128T(1, false, false, false, true), DS_KERNELS_128T(1, false, false, true, true)},
+         {DS_KERNELS_128T(1, true, false, false, true), DS_KERNELS_128T(1, true, false, true, true)}},
+        {{DS_KERNELS_128T(1, false, true, false, true), DS_KERNELS_128T(1, false, true, true, true)},
+         {DS_KERNELS_128T(1, true, true, false, true), DS_KERNELS_128T(1, true, true, true, true)}}};
     /* the shared-memory opt-in each kernel was given, per device: an
      * attribute holds for the current device only, and tensor-parallel ranks
      * launch the same kernels on theirs (common.cuh, rp_first_on_device).
      * Recorded per process, a rank would skip its own device's opt-in and
      * find the kernel unfit there while the others run it (a rank of the
      * chain against ranks in the kernel: they never meet). */
-    static size_t set_for[32][2][6][2][6], set_for_tp[32][2][2][6];
+    static size_t set_for[32][2][6][2][6], set_for_tp[32][2][2][2][6];
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
     dev &= 31;
     const int v = nb == 1 ? (pick ? (dyn ? 5 : 4) : dyn ? 3 : 0) : nb == 2 ? 1 : 2, h = HD == 128;
     const int g = G == 1 ? 0 : G == 2 ? 1 : G == 4 ? 2 : G == 8 ? 3 : G - 1; /* 5, 6 -> 4, 5 */
     *e = cudaSuccess;
-    const ds_kernel_fn fn = tp ? (h && nb == 1 && !pick ? fnstp[dyn][w8][g] : nullptr)
+    const ds_kernel_fn fn = tp ? (h && nb == 1 ? fnstp[pick][dyn][w8][g] : nullptr)
                             : w8 ? (h ? fns8[v][g] : nullptr)
                                  : fns[v][h][g];
     if (!fn) {
         *e = cudaErrorInvalidValue;
         return nullptr;
     }
-    size_t *set = tp ? &set_for_tp[dev][dyn][w8][g] : &set_for[dev][w8][v][h][g];
+    size_t *set = tp ? &set_for_tp[dev][pick][dyn][w8][g] : &set_for[dev][w8][v][h][g];
     if (__atomic_load_n(set, __ATOMIC_RELAXED) != smem) {
         *e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (*e != cudaSuccess) return nullptr;
@@ -187,7 +189,8 @@ extern "C" const char *rp_decode_step_check_device(const rp_decode_step *s, cons
  * workspace holds every block's pick, and a block's slice of the vocabulary
  * fits pick_slice's registers. */
 extern "C" int rp_decode_step_pick_ok(const rp_decode_step *s, int nb, int num_sms) {
-    return nb == 1 && !s->trace && !s->tp.n && num_sms >= 1 && num_sms <= DS_PICK_MAX_GRID && !rp_decode_step_check(s) &&
+    return nb == 1 && !s->trace && (!s->tp.n || s->tp.pick[s->tp.rank]) && num_sms >= 1 &&
+           num_sms <= DS_PICK_MAX_GRID && !rp_decode_step_check(s) &&
            (s->V + num_sms - 1) / num_sms <= DS_PICK_PER_THREAD * DS_CONSUMERS * 32;
 }
 

@@ -18,8 +18,8 @@
  * that the others keep their code. TP: one sequence of a tensor-parallel
  * shard, the embedding, o and down sums over the ranks inside the kernel
  * (rp_decode_step_tp: partial rows into every rank's memory, barriers that
- * count every rank's blocks, the stagings adding the ranks' rows); a
- * kernel of its own too. In the trace build (DS_TRACE) the one-sequence
+ * count every rank's blocks, the stagings adding the ranks' rows; with
+ * PK the ranks' best tokens meet in pick_finish); a kernel of its own too. In the trace build (DS_TRACE) the one-sequence
  * kernels record where their time goes into s.trace. */
 template <int G, int HD, int NB, bool DYNK, bool PK, bool W8, bool TP>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid
                 if (PK) __threadfence();
             }
         }
-        if (PK && __shfl_sync(RP_FULL_MASK, last, 0)) pick_finish(s, ws, nb, a.grid);
+        if (PK && __shfl_sync(RP_FULL_MASK, last, 0)) pick_finish(s, ws, nb, a.grid, launch);
     }
 }
 

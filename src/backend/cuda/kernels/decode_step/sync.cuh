@@ -30,6 +30,30 @@ __device__ __forceinline__ float ll_value(unsigned long long x, const unsigned l
     return __uint_as_float((unsigned)x);
 }
 
+/* The same across GPUs (tensor parallelism: rp_decode_step_tp's picks), at
+ * system scope: a rank stores into another GPU's memory through NVLink,
+ * and a reader polls its own (one warp a rank: every block's threads
+ * polling the sums' rows this way cost 4.8 us a sum, bench/RESULTS.md). A reader of a rank that is gone gives up when the
+ * host sets the abort word (its results are then garbage; the step fails). */
+__device__ __forceinline__ void ll_store_sys(unsigned long long *w, unsigned lo, unsigned tag) {
+    const unsigned long long x = ((unsigned long long)tag << 32) | lo;
+    asm volatile("st.relaxed.sys.global.b64 [%0], %1;" ::"l"(w), "l"(x) : "memory");
+}
+__device__ __forceinline__ unsigned long long ll_load_sys(const unsigned long long *w) {
+    unsigned long long x;
+    asm volatile("ld.relaxed.sys.global.b64 %0, [%1];" : "=l"(x) : "l"(w) : "memory");
+    return x;
+}
+/* x's low half once w carries tag (x: w's first load) */
+__device__ __forceinline__ unsigned ll_wait_sys(unsigned long long x, const unsigned long long *w, unsigned tag,
+                                                const int *abort) {
+    for (unsigned spins = 1; (unsigned)(x >> 32) != tag; spins++) {
+        if ((spins & 255) == 0 && *(const volatile int *)abort) break;
+        x = ll_load_sys(w);
+    }
+    return (unsigned)x;
+}
+
 /* ---- mbarriers and the bulk copy (PTX ISA 8.0, sm_90) -------------------- */
 
 __device__ __forceinline__ uint32_t ds_saddr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
