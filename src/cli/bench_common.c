@@ -26,7 +26,8 @@ int rp_bench_is_collective(const char *profile_name) {
 }
 
 int rp_bench_is_one_kernel_step(const char *profile_name) {
-    return !strncmp(profile_name, "decode step (one kernel", 23);
+    if (strncmp(profile_name, "decode step (one kernel", 23)) return 0;
+    return strstr(profile_name, "greedy pick") ? 2 : 1;
 }
 
 int rp_bench_parse_list(const char *s, int *out, int max) {

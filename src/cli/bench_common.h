@@ -15,7 +15,8 @@
 double rp_bench_median(double *v, int n);
 /* Tensor parallelism, by a backend profile entry's name: a collective (an
  * all-reduce or the logit gather), or the one-kernel decode step, whose
- * sums run inside it where no event can time them apart. */
+ * sums run inside it where no event can time them apart (2: with the
+ * greedy pick across the ranks inside it too, 1: without, 0: not it). */
 int rp_bench_is_collective(const char *profile_name);
 int rp_bench_is_one_kernel_step(const char *profile_name);
 /* "1,8,32" -> sizes in 1..1024; the count, or -1. */

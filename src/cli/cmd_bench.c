@@ -523,10 +523,12 @@ static int bench_decode(int argc, char **argv) {
                 for (int i = 0; i < n; i++) {
                     all += ent[i].ms;
                     if (rp_bench_is_collective(ent[i].name)) coll += ent[i].ms;
-                    if (rp_bench_is_one_kernel_step(ent[i].name)) one_kernel = 1;
+                    if (!one_kernel) one_kernel = rp_bench_is_one_kernel_step(ent[i].name);
                 }
                 printf("%5s  %-6s %s %.3f ms of the step's %.3f ms (rank 0's events)\n", "", "",
-                       one_kernel ? "sums inside the one-kernel step; logit gather" : "all-reduces + logit gather",
+                       one_kernel == 2 ? "sums and greedy pick inside the one-kernel step; logit gather"
+                       : one_kernel    ? "sums inside the one-kernel step; logit gather"
+                                       : "all-reduces + logit gather",
                        coll, all);
             }
             fflush(stdout);

@@ -203,13 +203,16 @@ static int run(int argc, char **argv) {
     int one_kernel = 0;
     for (int k = 0; k < nkinds; k++) {
         if (rp_bench_is_collective(kinds[k].name)) coll_ms += kinds[k].total_ms;
-        if (rp_bench_is_one_kernel_step(kinds[k].name)) one_kernel = 1;
+        const int o = rp_bench_is_one_kernel_step(kinds[k].name);
+        if (o > one_kernel) one_kernel = o;
     }
     if (mo.tp_size > 1)
         printf("Tensor parallel over %d GPUs: %s %.2f us a step (%.1f%% of the eager step), rank 0's events\n\n",
                mo.tp_size,
-               one_kernel ? "the sums run inside the one-kernel step (not timed apart); the logit gather"
-                          : "all-reduces and the logit gather",
+               one_kernel == 2 ? "the sums and the greedy pick run inside the one-kernel step (not timed apart); "
+                                 "the logit gather"
+               : one_kernel    ? "the sums run inside the one-kernel step (not timed apart); the logit gather"
+                               : "all-reduces and the logit gather",
                coll_ms * 1e3 / steps, kernel_total > 0 ? 100.0 * coll_ms / kernel_total : 0.0);
     printf("Per step (medians, ms)      %10s %10s\n", "eager", "graph");
     printf("  wall                      %10.3f %10.3f\n", results[0][0], results[1][0]);
