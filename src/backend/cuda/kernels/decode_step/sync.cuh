@@ -33,8 +33,9 @@ __device__ __forceinline__ float ll_value(unsigned long long x, const unsigned l
 /* The same across GPUs (tensor parallelism: rp_decode_step_tp's picks), at
  * system scope: a rank stores into another GPU's memory through NVLink,
  * and a reader polls its own (one warp a rank: every block's threads
- * polling the sums' rows this way cost 4.8 us a sum, bench/RESULTS.md). A reader of a rank that is gone gives up when the
- * host sets the abort word (its results are then garbage; the step fails). */
+ * polling the sums' rows this way cost 4.8 us a sum, bench/RESULTS.md). A
+ * reader of a rank that is gone gives up when the host sets the abort word
+ * (its results are then garbage; the step fails). */
 __device__ __forceinline__ void ll_store_sys(unsigned long long *w, unsigned lo, unsigned tag) {
     const unsigned long long x = ((unsigned long long)tag << 32) | lo;
     asm volatile("st.relaxed.sys.global.b64 [%0], %1;" ::"l"(w), "l"(x) : "memory");
