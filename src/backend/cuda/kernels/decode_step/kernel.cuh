@@ -19,8 +19,9 @@
  * shard, the embedding, o and down sums over the ranks inside the kernel
  * (rp_decode_step_tp: partial rows into every rank's memory, barriers that
  * count every rank's blocks, the stagings adding the ranks' rows; with
- * PK the ranks' best tokens meet in pick_finish); a kernel of its own too. In the trace build (DS_TRACE) the one-sequence
- * kernels record where their time goes into s.trace. */
+ * PK the ranks' best tokens meet in pick_finish); a kernel of its own too.
+ * In the trace build (DS_TRACE) the one-sequence kernels record where
+ * their time goes into s.trace. */
 template <int G, int HD, int NB, bool DYNK, bool PK, bool W8, bool TP>
 __global__ void __launch_bounds__(DS_THREADS, 1) decode_step_kernel(const __grid_constant__ ds_args a) {
     constexpr bool TRACE = DS_TRACE && NB == 1;
