@@ -35,6 +35,7 @@
  * REPLAY_TEST_ONLY=pattern runs only the tests it names (test_util.h). */
 #include <jansson.h>
 #include <math.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
@@ -120,9 +121,11 @@ static void unmake(setup *s) {
  * sequences of 1024 tokens: the chain of kernels (tuning.disable_decode_step)
  * and the default, which runs the one kernel. */
 static void begin_comparison(setup *chain, setup *one, rp_model *m, int max_seqs) {
-    const rp_tuning no_step = {.disable_decode_step = 1};
+    /* the kernel for every count its shapes allow (by default an H200 runs
+     * the 8B shapes' two sequences as the chain: docs/tuning.md) */
+    const rp_tuning no_step = {.disable_decode_step = 1}, every_count = {.decode_step_max_seqs = 4};
     make_tuned(chain, m, 1, max_seqs, 1024 + 16, 0, &no_step);
-    make(one, m, 1, max_seqs, 1024 + 16, 1);
+    make_tuned(one, m, 1, max_seqs, 1024 + 16, 1, &every_count);
 }
 
 /* The end of a one-kernel-vs-chain comparison: its buffers, both backends
@@ -1078,11 +1081,12 @@ static void test_tuning_defaults(void **state) {
 #ifdef REPLAY_HAVE_CUDA
     static const struct {
         const char *name;
-        rp_decode_step_tuning want; /* kc, prefetch, prefetch_now, dyn_eighths, pace_ns, tail_hold, max_kv */
+        /* kc, prefetch, prefetch_now, dyn_eighths, pace_ns, tail_hold, max_kv, max_seqs */
+        rp_decode_step_tuning want;
     } shapes[] = {
-        {"qwen3-0.6b", {1024, 8, 4, 0, 0, 0, 16384}},   {"llama3.2-1b", {1024, 4, 0, 0, 0, 0, 16384}},
-        {"qwen3-1.7b", {1536, 4, 0, 0, 0, 0, 16384}},   {"qwen3-4b", {1536, 4, 1, 6, 500, 33, 16384}},
-        {"llama3-8b", {1536, 4, 0, 7, 500, 33, 16384}},
+        {"qwen3-0.6b", {1024, 8, 4, 0, 0, 0, 16384, 4}},   {"llama3.2-1b", {1024, 4, 0, 0, 0, 0, 16384, 4}},
+        {"qwen3-1.7b", {1536, 4, 0, 0, 0, 0, 16384, 4}},   {"qwen3-4b", {1536, 4, 1, 6, 500, 33, 16384, 4}},
+        {"llama3-8b", {1536, 4, 0, 7, 500, 33, 16384, 4}},
     };
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         rp_model_config c;
@@ -1094,23 +1098,29 @@ static void test_tuning_defaults(void **state) {
         if (memcmp(&t, &shapes[k].want, sizeof t) != 0)
             fail_msg("%s: kc %d prefetch %d/%d dyn %d pace %d hold %d", shapes[k].name, t.kc, t.prefetch,
                      t.prefetch_now, t.dyn_eighths, t.pace_ns, t.tail_hold);
+        /* on an H200: no pacing, and the 8B shapes' two sequences in the chain */
         rp_decode_step_tuning h200 = shapes[k].want;
         h200.pace_ns = 0;
+        if (strcmp(shapes[k].name, "llama3-8b") == 0) h200.max_seqs = 1;
         assert_int_equal(rp_cuda_tuning_resolve(&dflt, &c, 132, 4915, &t, &err), 0);
-        if (memcmp(&t, &h200, sizeof t) != 0) fail_msg("%s on an H200: pace %d", shapes[k].name, t.pace_ns);
+        if (memcmp(&t, &h200, sizeof t) != 0)
+            fail_msg("%s on an H200: pace %d max_seqs %d", shapes[k].name, t.pace_ns, t.max_seqs);
     }
     rp_model_config c;
     rp_err err;
     assert_int_equal(rp_config_preset(&c, "qwen3-4b", &err), 0);
     rp_decode_step_tuning t;
     const rp_tuning set = {.decode_step_kc = 1024, .decode_step_prefetch_now = RP_TUNING_NONE,
-                           .decode_step_dyn_eighths = RP_TUNING_NONE};
+                           .decode_step_dyn_eighths = RP_TUNING_NONE, .decode_step_max_seqs = 2};
     assert_int_equal(rp_cuda_tuning_resolve(&set, &c, 132, 3352, &t, &err), 0);
     /* without dynamic units, no pacing and no tail hold by default */
-    assert_true(t.kc == 1024 && t.prefetch_now == 0 && t.dyn_eighths == 0 && t.pace_ns == 0 && t.tail_hold == 0);
-    const rp_tuning bad_kc = {.decode_step_kc = 300}, bad_pf = {.decode_step_prefetch = 65};
+    assert_true(t.kc == 1024 && t.prefetch_now == 0 && t.dyn_eighths == 0 && t.pace_ns == 0 && t.tail_hold == 0 &&
+                t.max_seqs == 2);
+    const rp_tuning bad_kc = {.decode_step_kc = 300}, bad_pf = {.decode_step_prefetch = 65},
+                    bad_seqs = {.decode_step_max_seqs = 5};
     assert_int_equal(rp_cuda_tuning_resolve(&bad_kc, &c, 132, 3352, &t, &err), RP_ERR);
     assert_int_equal(rp_cuda_tuning_resolve(&bad_pf, &c, 132, 3352, &t, &err), RP_ERR);
+    assert_int_equal(rp_cuda_tuning_resolve(&bad_seqs, &c, 132, 3352, &t, &err), RP_ERR);
 #else
     skip();
 #endif

@@ -35,6 +35,9 @@ typedef struct rp_tuning {
     int decode_step_max_kv;       /* the one-kernel step while one sequence holds at most this many
                                    * K/V tokens (2-4 sequences: half of it, together); longer
                                    * batches run the chain of kernels: 1-16777216 */
+    int decode_step_max_seqs;     /* the one-kernel step for at most this many sequences (1, 2 or
+                                   * 4; 3 run the kernel for 4), more run the chain of kernels:
+                                   * 1-4 */
 } rp_tuning;
 
 #endif

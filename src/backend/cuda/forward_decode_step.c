@@ -149,7 +149,9 @@ int rp_cuda_decode_step_setup(rp_cuda_backend *cb, rp_err *err) {
     }
 #endif
     for (int nb = 1; nb <= 4; nb *= 2) { /* 3 sequences run the kernel for 4 */
-        const char *why = rp_decode_step_check_device(&cb->ds, &cb->ds_tuning, nb, cb->num_sms);
+        const char *why = nb > cb->ds_tuning.max_seqs
+                              ? "faster that way on this GPU and shape: decode_step_max_seqs, docs/tuning.md"
+                              : rp_decode_step_check_device(&cb->ds, &cb->ds_tuning, nb, cb->num_sms);
         if (!why) cb->decode_step_ok |= 1 << nb;
         else rp_log_info("cuda: decode of %d sequence%s runs as a chain of kernels (%s)", nb, nb > 1 ? "s" : "", why);
     }

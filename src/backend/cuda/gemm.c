@@ -227,7 +227,7 @@ out:
 
 int rp_gemm_uses_gemv(const rp_gemm *g, int T, int N, int K) {
     (void)g;
-    return T <= RP_GEMV_MAX_T && (T <= 2 || (long long)N * K < RP_GEMM_LT_ELEMS);
+    return T <= RP_GEMV_MAX_T && (T <= 1 || (long long)N * K < RP_GEMM_LT_ELEMS);
 }
 
 int rp_gemm_run(rp_gemm *g, const rp_bf16 *W, const rp_bf16 *x, void *y, int T, int N, int K, int out_f32,

@@ -1,7 +1,7 @@
 /* Matrix products for the CUDA backend: y[T][N] = x[T][K] . W[N][K]^T.
  *
  * Small T (decode) goes to replay's GEMV kernel, which streams W once near
- * HBM bandwidth; larger T, and from 3 tokens the large matrices
+ * HBM bandwidth; larger T, and from 2 tokens the large matrices
  * (RP_GEMM_LT_ELEMS), go to cuBLASLt (tensor cores). The choice depends on
  * T and the shape only, so a graph and an eager run agree. cuBLASLt
  * descriptors and the chosen algorithm are cached per shape, so a prefill
@@ -15,12 +15,15 @@
 #include "util/err.h"
 
 #define RP_GEMM_CACHE 96
-/* From 3 tokens, matrices of at least this many elements go to cuBLASLt:
- * at 3-8 tokens it streams them faster than the GEMV (llama3-8b 7.13 ->
- * 6.62 ms per step at batch 8, qwen3-4b 4.82 -> 4.43, llama3.2-1b 1.50 ->
- * 1.45), while the GEMV stays ahead on the small ones (qwen3-0.6b's 1024 x
- * 6144 gate_up: all of it through cuBLASLt took batch 8 1.36 -> 1.49 ms;
- * qwen3-4b's 2560 x 4096 o is faster through cuBLASLt). bench/RESULTS.md. */
+/* From 2 tokens, matrices of at least this many elements go to cuBLASLt:
+ * at 2-8 tokens it streams them faster than the GEMV (H100: llama3-8b
+ * 7.13 -> 6.62 ms per step at batch 8, qwen3-4b 4.82 -> 4.43, llama3.2-1b
+ * 1.50 -> 1.45; H200, the chain at batch 2: llama3-8b 5.07 -> 4.91,
+ * qwen3-8b 5.24 -> 4.98, llama3.2-1b 1.14 -> 1.07), while the GEMV stays
+ * ahead on the small ones (qwen3-0.6b's 1024 x 6144 gate_up: all of it
+ * through cuBLASLt took batch 8 1.36 -> 1.49 ms; qwen3-4b's 2560 x 4096 o
+ * is faster through cuBLASLt). One token stays on the GEMV.
+ * bench/RESULTS.md. */
 #define RP_GEMM_LT_ELEMS (8LL << 20)
 /* FP8 with row scales (W8A8, past the fp8 GEMV): from this many tokens
  * cuBLASLt applies both scales itself (rp_gemm_run_fp8_outer); below, its

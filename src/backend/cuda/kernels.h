@@ -365,6 +365,8 @@ typedef struct rp_decode_step_tuning {
     int max_kv;       /* the step runs while one sequence's K/V tokens are at most this (2-4
                        * sequences: half of it, together); the backend runs the chain beyond
                        * (cuda_backend.c) */
+    int max_seqs;     /* the step for at most this many sequences (1, 2 or 4), the chain beyond
+                       * (forward_decode_step.c) */
 } rp_decode_step_tuning;
 /* NULL when the shapes are supported, else why not; _device also asks the
  * current device for nb sequences (shared memory, cooperative launch, a

@@ -101,5 +101,16 @@ int rp_cuda_tuning_resolve(const rp_tuning *t, const rp_model_config *c, int num
      * half that together (the value applies to one sequence; 2-4 take half
      * of it: cuda_backend.c). */
     out->max_kv = pick(t->decode_step_max_kv, 1, 1 << 24, 16384, "decode_step_max_kv", &bad, err);
+    /* How many sequences the one-kernel step takes, where the shapes allow
+     * (two up to hidden 4096, three or four up to 2048: plan.cu). On an
+     * H200 the 8B shapes (~3 MiB per block per layer) decode two sequences
+     * faster as the chain, cuBLASLt streaming their matrices at two rows
+     * (llama3-8b 5.22 -> 4.91 ms, qwen3-8b 5.32 -> 4.98, graph ms a step),
+     * while the smaller ones keep the kernel (qwen3-4b 3.15 against the
+     * chain's 3.39, qwen3-1.7b 1.49 against 1.74). On an H100 the kernel
+     * was ahead at two sequences of llama3-8b (5.75 against the chain's
+     * 6.42 at three), so it keeps them. */
+    const int chain2 = lb >= (2 << 20) && hbm_peak_gbs >= 4000;
+    out->max_seqs = pick(t->decode_step_max_seqs, 1, 4, chain2 ? 1 : 4, "decode_step_max_seqs", &bad, err);
     return bad ? RP_ERR : 0;
 }
