@@ -119,10 +119,9 @@ static void unmake(setup *s) {
 
 /* A one-kernel-vs-chain comparison's two CUDA backends for up to max_seqs
  * sequences of 1024 tokens: the chain of kernels (tuning.disable_decode_step)
- * and the default, which runs the one kernel. */
+ * and the one kernel for every count of sequences its shapes allow (by
+ * default an H200 runs the 8B shapes' two as the chain: docs/tuning.md). */
 static void begin_comparison(setup *chain, setup *one, rp_model *m, int max_seqs) {
-    /* the kernel for every count its shapes allow (by default an H200 runs
-     * the 8B shapes' two sequences as the chain: docs/tuning.md) */
     const rp_tuning no_step = {.disable_decode_step = 1}, every_count = {.decode_step_max_seqs = 4};
     make_tuned(chain, m, 1, max_seqs, 1024 + 16, 0, &no_step);
     make_tuned(one, m, 1, max_seqs, 1024 + 16, 1, &every_count);
